@@ -1,0 +1,40 @@
+"""The ``trl-padfree`` command: ``train``, ``check`` and ``bench`` sub-commands.
+
+Each sub-command lives in its own module and exposes ``main(argv: list[str]) -> int``; this module only
+dispatches, so ``trl-padfree --help`` stays fast (no torch import).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("trl_padfree.launch", "fine-tune a model from a YAML config (SFTTrainer + this collator)"),
+    "check": ("trl_padfree.probe", "probe whether a model keeps packed examples apart"),
+    "bench": ("trl_padfree.bench", "padded vs padding-free benchmark (throughput, memory, loss)"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: trl-padfree {" + ",".join(SUBCOMMANDS) + "} [options]", "", "sub-commands:"]
+    lines += [f"  {name:<7} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines.append("\nRun `trl-padfree SUBCOMMAND --help` for the options of one sub-command.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"trl-padfree: unknown sub-command {name!r}.\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
