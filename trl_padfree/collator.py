@@ -1,0 +1,229 @@
+"""``DataCollatorForCompletionOnlyLM``: TRL 0.19.1's collator, back for TRL 1.x and transformers 5.x.
+
+Same call as before (``DataCollatorForCompletionOnlyLM(response_template, tokenizer=tok, padding_free=True)``),
+without the old class's silent failures:
+
+- string templates are found whatever tokenization context precedes them (see :mod:`trl_padfree.templates`);
+- multi-turn masking trains every assistant turn whatever the order of turns (see :mod:`trl_padfree.masking`);
+- padding is masked by position, never by token id, so with ``pad == eos`` the real EOS is still trained (TRL #976);
+- examples without the response template are reported in one warning per batch (or raise, if asked);
+- the padding-free batch carries ``cu_seq_lens_q/k`` with the shape varlen kernels want (TRL #3243), max lengths
+  as Python ints (no device sync), and ``use_cache=False`` so that ``model(**batch)`` in a hand-written loop never
+  builds a cache, which would make sdpa/eager attend across examples (FIELD-NOTES, "the cache trap").
+
+Example:
+    >>> from trl_padfree.testing import tiny_byte_level_tokenizer
+    >>> tok = tiny_byte_level_tokenizer()
+    >>> collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    >>> texts = ["### Question: hi\\n### Answer: yes", "### Question: 2+2?\\n### Answer: 4"]
+    >>> batch = collator([tok(t) for t in texts])
+    >>> tok.decode([t for t, lab in zip(batch["input_ids"][0], batch["labels"][0]) if lab != -100])
+    ' yes 4'
+    >>> batch["position_ids"][0].tolist()[:4], batch["cu_seq_lens_q"].tolist(), batch["max_length_q"]
+    ([0, 1, 2, 3], [0, 11, 25], 14)
+    >>> sorted(k for k in batch)
+    ['cu_seq_lens_k', 'cu_seq_lens_q', 'input_ids', 'labels', 'max_length_k', 'max_length_q', 'position_ids', 'seq_idx', 'use_cache']
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from transformers.data.data_collator import DataCollatorMixin
+
+from .flattening import flatten_features, packed_batch, padded_batch, padded_length
+from .masking import trained_mask
+from .templates import DecodedBatch, Template, concat_matches, find_matches, verify_text_matching
+from .token_text import TokenText
+
+TemplateLike = str | Sequence[int]
+
+
+class TemplateNotFoundError(ValueError):
+    """Raised by the collator with ``on_template_not_found="raise"``."""
+
+
+@dataclass
+class CollatorStats:
+    """Running counts over every batch this collator built (in the process that ran it)."""
+
+    batches: int = 0
+    examples: int = 0
+    tokens: int = 0  # real tokens
+    padded_tokens: int = 0  # tokens a padded batch of the same examples would have had
+    trained_tokens: int = 0
+    templates_not_found: int = 0
+
+    @property
+    def padding_share(self) -> float:
+        """Share of a padded batch's tokens that would have been padding."""
+        return 1.0 - self.tokens / self.padded_tokens if self.padded_tokens else 0.0
+
+
+class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
+    """Masks prompts so only completions are trained; optionally flattens the batch into one padding-free row.
+
+    Args:
+        response_template: the text (or token ids) that precedes every completion, e.g. ``"### Answer:"``.
+        instruction_template: for multi-turn data, the text (or ids) that starts a non-assistant turn; or a list of
+            them (user, system, tool headers): any of them ends an assistant turn.
+        tokenizer: the tokenizer that produced ``input_ids`` (needed for string templates and for padding).
+        mlm: must be False (kept for compatibility with TRL 0.19.1's signature).
+        ignore_index: label value of tokens that are not trained.
+        padding_free: return one row without padding, with ``position_ids`` and sequence boundaries.
+        pad_to_multiple_of: round the padded length up (padded batches only).
+        return_tensors: only ``"pt"``.
+        on_template_not_found: ``"warn"`` (default: the example is masked entirely, one warning per batch with a
+            count and the first offender decoded), ``"raise"`` (a :class:`TemplateNotFoundError` with the example's
+            index and decoded head) or ``"ignore"``.
+        disable_cache: put ``use_cache=False`` in padding-free batches (keep True unless your model's forward
+            rejects the argument).
+    """
+
+    def __init__(
+        self,
+        response_template: TemplateLike,
+        instruction_template: TemplateLike | Sequence[TemplateLike] | None = None,
+        *args: Any,
+        mlm: bool = False,
+        ignore_index: int = -100,
+        padding_free: bool = False,
+        tokenizer: Any = None,
+        pad_to_multiple_of: int | None = None,
+        return_tensors: str = "pt",
+        on_template_not_found: Literal["warn", "raise", "ignore"] = "warn",
+        disable_cache: bool = True,
+    ):
+        if args:  # TRL 0.19.1 forwarded extra positionals to DataCollatorForLanguageModeling(tokenizer, ...)
+            if len(args) > 1 or tokenizer is not None:
+                raise TypeError(
+                    "DataCollatorForCompletionOnlyLM takes at most one extra positional argument (the tokenizer); "
+                    "pass the others by keyword (mlm=..., pad_to_multiple_of=..., return_tensors=...)."
+                )
+            tokenizer = args[0]
+        if mlm:
+            raise ValueError("mlm=True is not supported: completion-only training is causal language modelling.")
+        if return_tensors != "pt":
+            raise ValueError(f"return_tensors={return_tensors!r} is not supported; use 'pt' (PyTorch tensors).")
+        if on_template_not_found not in ("warn", "raise", "ignore"):
+            raise ValueError(
+                f"on_template_not_found must be 'warn', 'raise' or 'ignore', got {on_template_not_found!r}"
+            )
+        self.tokenizer = tokenizer
+        self.mlm = False
+        self.ignore_index = ignore_index
+        self.padding_free = padding_free
+        self.pad_to_multiple_of = pad_to_multiple_of
+        self.return_tensors = return_tensors
+        self.on_template_not_found = on_template_not_found
+        self.disable_cache = disable_cache
+        self.response_template = response_template
+        self.instruction_template = instruction_template
+        self.stats = CollatorStats()
+
+        self._response = Template.from_user(response_template)
+        if instruction_template is None:
+            self._instructions: list[Template] | None = None
+        elif isinstance(instruction_template, str) or (
+            isinstance(instruction_template, Sequence) and instruction_template and isinstance(instruction_template[0], int)
+        ):
+            self._instructions = [Template.from_user(instruction_template)]  # type: ignore[arg-type]
+        else:
+            self._instructions = [Template.from_user(t) for t in instruction_template]  # type: ignore[union-attr]
+            if not self._instructions:
+                raise ValueError("instruction_template is an empty list; pass None for single-turn data")
+        templates = [self._response, *(self._instructions or [])]
+        self._text: TokenText | None = None
+        if any(t.text is not None for t in templates):
+            if tokenizer is None:
+                raise ValueError(
+                    "String templates need the tokenizer that tokenized the dataset: "
+                    "DataCollatorForCompletionOnlyLM(response_template, tokenizer=tokenizer, ...)."
+                )
+            self._text = TokenText.from_tokenizer(tokenizer)
+            for t in templates:
+                if t.text is not None:
+                    verify_text_matching(t, tokenizer, self._text)
+
+    # ------------------------------------------------------------------ core
+    def torch_call(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        ids, existing_labels, cu = flatten_features(features)
+        labels, found = self._labels(ids, existing_labels, cu)
+        self._report_missing(ids, cu, found)
+        lengths = np.diff(cu)
+        self.stats.batches += 1
+        self.stats.examples += int(lengths.size)
+        self.stats.tokens += int(ids.size)
+        self.stats.padded_tokens += int(lengths.size) * padded_length(lengths, self.pad_to_multiple_of)
+        self.stats.trained_tokens += int((labels != self.ignore_index).sum())
+        if self.padding_free:
+            batch = packed_batch(ids, labels, cu)
+            if self.disable_cache:
+                batch["use_cache"] = False
+            return batch
+        return padded_batch(
+            ids,
+            labels,
+            cu,
+            pad_id=self._pad_id(),
+            ignore_index=self.ignore_index,
+            padding_side=getattr(self.tokenizer, "padding_side", "right") or "right",
+            pad_to_multiple_of=self.pad_to_multiple_of,
+        )
+
+    def _labels(
+        self, ids: np.ndarray, existing: np.ndarray | None, cu: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        decoded = DecodedBatch.decode(self._text, ids) if self._text is not None else None
+        responses = find_matches(self._response, ids, cu, decoded)
+        instructions = None
+        if self._instructions is not None:
+            instructions = concat_matches([find_matches(t, ids, cu, decoded) for t in self._instructions])
+        mask, found = trained_mask(ids.size, cu, responses, instructions)
+        if existing is not None:
+            mask &= existing != self.ignore_index
+        mask[cu[:-1]] = False  # the first token of an example is never a target (packed rows need this)
+        labels = np.where(mask, ids, self.ignore_index)
+        return labels, found
+
+    def _pad_id(self) -> int:
+        tok = self.tokenizer
+        for attr in ("pad_token_id", "eos_token_id"):
+            value = getattr(tok, attr, None)
+            if value is not None:
+                return int(value)
+        return 0  # padding is masked by position, so its id never matters
+
+    # ------------------------------------------------------------ reporting
+    def _head(self, ids: np.ndarray, cu: np.ndarray, i: int, n: int = 60) -> str:
+        piece = ids[cu[i] : cu[i + 1]]
+        if self.tokenizer is not None:
+            return repr(self.tokenizer.decode(piece[:n].tolist()))
+        return str(piece[:n].tolist())
+
+    def _report_missing(self, ids: np.ndarray, cu: np.ndarray, found: np.ndarray) -> None:
+        missing = np.flatnonzero(~found)
+        if missing.size == 0:
+            return
+        self.stats.templates_not_found += int(missing.size)
+        if self.on_template_not_found == "ignore":
+            return
+        first = int(missing[0])
+        where = f"example {first} of this batch, which begins {self._head(ids, cu, first)}"
+        if self.on_template_not_found == "raise":
+            raise TemplateNotFoundError(
+                f"The response template {self._response} was not found in {where}. Check that the "
+                "formatted text contains the template exactly (spaces and newlines included), or pass "
+                "on_template_not_found='warn' to train without such examples."
+            )
+        warnings.warn(
+            f"{missing.size} of {found.size} examples in this batch contain no response template "
+            f"{self._response} and are ignored in the loss (first: {where}). "
+            f"{self.stats.templates_not_found} so far. Pass on_template_not_found='raise' to stop instead.",
+            UserWarning,
+            stacklevel=3,
+        )

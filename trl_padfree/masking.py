@@ -1,0 +1,91 @@
+"""Which tokens of a flat row are trained: pure functions over template matches.
+
+Single-turn (no instruction template), as TRL 0.19.1: everything up to the end of the **last** response template
+is masked; the rest of the example is trained.
+
+Multi-turn (one or more instruction templates): every assistant turn is trained, every other turn masked,
+whatever the order of turns. Walking through an example, the end of a response template switches training on;
+the start of any instruction template (user, system, tool ...) or of another response template switches it off.
+So repeated roles, a leading system turn, tool turns and text cut mid-turn by truncation (the last assistant turn
+runs to the end of the example) all come out right.
+
+Example (two examples: tokens 0..5 and 6..9; response template at 1..2 and 7..8, an instruction at 4):
+    >>> from trl_padfree.templates import Matches
+    >>> resp = Matches(np.array([0, 1]), np.array([1, 7]), np.array([2, 8]))
+    >>> instr = Matches(np.array([0]), np.array([4]), np.array([5]))
+    >>> mask, found = trained_mask(10, np.array([0, 6, 10]), resp, instr)
+    >>> mask.astype(int).tolist(), found.tolist()
+    ([0, 0, 1, 1, 0, 0, 0, 0, 1, 1], [True, True])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .templates import Matches
+
+
+def _fill(n: int, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Boolean mask of length ``n`` that is True on every ``[begin[i], end[i])``."""
+    diff = np.zeros(n + 1, dtype=np.int32)
+    keep = end > begin
+    np.add.at(diff, begin[keep], 1)
+    np.add.at(diff, end[keep], -1)
+    return np.cumsum(diff[:n]) > 0
+
+
+def _single_turn(n: int, cu: np.ndarray, resp: Matches) -> tuple[np.ndarray, np.ndarray]:
+    num = cu.size - 1
+    last_end = np.full(num, -1, dtype=np.int64)
+    last_start = np.full(num, -1, dtype=np.int64)
+    # the last occurrence = the one that starts last in its example
+    order = np.lexsort((resp.start, resp.example))
+    last_start[resp.example[order]] = resp.start[order]
+    last_end[resp.example[order]] = resp.end[order]
+    found = last_start >= 0
+    idx = np.flatnonzero(found)
+    return _fill(n, last_end[idx], cu[idx + 1]), found
+
+
+def _multi_turn(n: int, cu: np.ndarray, resp: Matches, instr: Matches) -> tuple[np.ndarray, np.ndarray]:
+    num = cu.size - 1
+    # events: (example, position, priority, switches training on?); at one position "on" is applied before "off",
+    # so an empty assistant turn trains nothing.
+    ex = np.concatenate([resp.example, resp.example, instr.example])
+    pos = np.concatenate([resp.end, resp.start, instr.start])
+    on = np.concatenate([np.ones(resp.end.size, bool), np.zeros(resp.start.size + instr.start.size, bool)])
+    order = np.lexsort((on == 0, pos, ex))
+    begins: list[int] = []
+    ends: list[int] = []
+    current_ex, training, begin = -1, False, 0
+    for e, p, o in zip(ex[order].tolist(), pos[order].tolist(), on[order].tolist(), strict=True):
+        if e != current_ex:
+            if training:
+                begins.append(begin)
+                ends.append(int(cu[current_ex + 1]))
+            current_ex, training = e, False
+        if o and not training:
+            training, begin = True, p
+        elif not o and training:
+            training = False
+            begins.append(begin)
+            ends.append(p)
+    if training:
+        begins.append(begin)
+        ends.append(int(cu[current_ex + 1]))
+    found = np.zeros(num, dtype=bool)
+    found[resp.example] = True
+    return _fill(n, np.array(begins, dtype=np.int64), np.array(ends, dtype=np.int64)), found
+
+
+def trained_mask(
+    n_tokens: int, cu: np.ndarray, responses: Matches, instructions: Matches | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Tokens to train in a flat row of ``n_tokens`` whose examples start at ``cu[:-1]``.
+
+    Returns ``(mask, found)``: ``mask[t]`` is True where token ``t`` is part of a completion, ``found[i]`` is True
+    where example ``i`` contains the response template at least once (examples without it are fully masked).
+    """
+    if instructions is None:
+        return _single_turn(n_tokens, cu, responses)
+    return _multi_turn(n_tokens, cu, responses, instructions)

@@ -1,0 +1,158 @@
+"""Finding response / instruction templates in a flattened batch.
+
+A template is given either as a string or as a list of token ids (TRL 0.19.1 accepted both).
+
+- **String templates are matched on text**, whatever tokenization context precedes them: the batch is decoded to
+  bytes once (:class:`~trl_padfree.token_text.TokenText`) and the template's bytes are searched there. So
+  ``"\\n### Answer:"`` is found even where a sentencepiece-style tokenizer merged the ``"\\n"`` with the characters
+  before it, and no hand-slicing of token ids (``encode(...)[2:]``) is needed.
+- **Token-id templates are matched on ids**, exactly as TRL 0.19.1 did.
+
+Every match is reported in token coordinates of the flat row: ``start`` is the first token of the template and
+``end`` the first token after it. For string templates a token belongs to the span in which its *first byte*
+lies; so a token that straddles the template's end (``":P"`` in ``"### Answer:Paris"``) starts inside the
+template and is treated as part of it (masked), and a token that straddles an instruction template's start
+(``".\\n"`` before ``"\\n### Question:"``) starts in the answer and is trained.
+
+Example:
+    >>> t = Template.from_user([7, 8])
+    >>> ids = np.array([1, 7, 8, 3, 7, 8, 4,   7, 5])
+    >>> find_matches(t, ids, np.array([0, 7, 9]), None)  # two examples: tokens 0..6 and 7..8
+    Matches(example=[0, 0], start=[1, 4], end=[3, 6])
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .token_text import TokenText
+
+
+@dataclass(frozen=True)
+class Template:
+    """A response or instruction template: text (matched on decoded bytes) or token ids (matched exactly)."""
+
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+
+    @classmethod
+    def from_user(cls, value: str | Sequence[int]) -> Template:
+        if isinstance(value, str):
+            if not value:
+                raise ValueError("a template string must not be empty")
+            return cls(text=value)
+        try:
+            ids = tuple(int(i) for i in value)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"a template must be a string or a list of token ids, got {type(value).__name__}: {value!r}"
+            ) from None
+        if not ids:
+            raise ValueError("a template token-id list must not be empty")
+        return cls(ids=ids)
+
+    @property
+    def pattern(self) -> bytes:
+        assert self.text is not None
+        return self.text.encode("utf-8")
+
+    def __str__(self) -> str:
+        return repr(self.text) if self.text is not None else f"token ids {list(self.ids or ())}"
+
+
+@dataclass
+class Matches:
+    """Template occurrences in a flat row: example index, first template token, first token after it."""
+
+    example: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+
+    def __repr__(self) -> str:
+        return f"Matches(example={self.example.tolist()}, start={self.start.tolist()}, end={self.end.tolist()})"
+
+
+@dataclass
+class DecodedBatch:
+    """The bytes of a flat row and the byte offset where each token starts (plus the total)."""
+
+    data: bytes
+    starts: np.ndarray
+
+    @classmethod
+    def decode(cls, text: TokenText, ids: np.ndarray) -> DecodedBatch:
+        return cls(*text.decode(ids))
+
+
+def _empty() -> Matches:
+    e = np.zeros(0, dtype=np.int64)
+    return Matches(e, e, e)
+
+
+def _match_ids(ids_template: tuple[int, ...], ids: np.ndarray, cu: np.ndarray) -> Matches:
+    n, length = ids.size, len(ids_template)
+    if n < length:
+        return _empty()
+    cand = np.flatnonzero(ids[: n - length + 1] == ids_template[0])
+    for j in range(1, length):
+        cand = cand[ids[cand + j] == ids_template[j]]
+    example = np.searchsorted(cu, cand, side="right") - 1
+    keep = cand + length <= cu[example + 1]  # never across an example boundary
+    cand, example = cand[keep], example[keep]
+    return Matches(example, cand, cand + length)
+
+
+def _match_text(pattern: bytes, decoded: DecodedBatch, cu: np.ndarray) -> Matches:
+    spans = [(m.start(), m.end()) for m in re.finditer(re.escape(pattern), decoded.data)]
+    if not spans:
+        return _empty()
+    s, e = np.array(spans, dtype=np.int64).T
+    example_bytes = decoded.starts[cu]
+    example = np.searchsorted(example_bytes, s, side="right") - 1
+    keep = e <= example_bytes[example + 1]
+    s, e, example = s[keep], e[keep], example[keep]
+    start = np.searchsorted(decoded.starts, s, side="left")
+    end = np.searchsorted(decoded.starts, e, side="left")
+    end = np.minimum(end, cu[example + 1])
+    return Matches(example, start, end)
+
+
+def find_matches(template: Template, ids: np.ndarray, cu: np.ndarray, decoded: DecodedBatch | None) -> Matches:
+    """All occurrences of ``template`` in the flat row ``ids`` whose examples start at ``cu[:-1]``.
+
+    ``decoded`` (the row decoded to bytes) is needed for string templates only.
+    """
+    if template.ids is not None:
+        return _match_ids(template.ids, ids, cu)
+    if decoded is None:
+        raise ValueError(f"matching the string template {template} needs the batch decoded to text")
+    return _match_text(template.pattern, decoded, cu)
+
+
+def concat_matches(parts: Sequence[Matches]) -> Matches:
+    parts = [p for p in parts if p.example.size]
+    if not parts:
+        return _empty()
+    return Matches(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("example", "start", "end")))
+
+
+def verify_text_matching(template: Template, tokenizer, text: TokenText) -> None:
+    """Check on real text that this tokenizer's tokens decode back to the bytes the template is searched in.
+
+    Raises a ``ValueError`` that names the fix when the tokenizer normalizes text (lower-casing, unicode
+    normalization) or uses an unknown decoder, so a string template could silently never be found.
+    """
+    probe = f"Some prompt text.{template.text} The answer."
+    ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    data, _ = text.decode(np.asarray(ids))
+    if template.pattern not in data:
+        raise ValueError(
+            f"The template {template} cannot be located in text tokenized by {type(tokenizer).__name__}: its tokens "
+            f"decode to {data[:80]!r}, which does not contain the template (the tokenizer normalizes text or uses a "
+            "decoder this package does not know). Pass the template as the exact token ids it has inside your "
+            "formatted examples instead, e.g. `tokenizer.encode(text_with_template)[i:j]`."
+        )

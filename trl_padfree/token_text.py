@@ -1,0 +1,139 @@
+"""Token ids -> the exact text bytes they stand for, vectorised.
+
+Template matching works on text, not on token ids: ``"\\n### Answer:"`` is tokenized differently depending on
+the characters before it (TRL #1820, #1550), but the *bytes* it occupies in the decoded text are always the same.
+:class:`TokenText` maps every vocabulary entry to its bytes once, so decoding a whole batch is one numpy gather,
+and byte offsets map back to token indices with ``searchsorted``.
+
+Supported tokenizer families (read from the tokenizer's own decoder, then verified on real text):
+
+- byte-level BPE (GPT-2, Llama-3, Qwen, Mistral-Nemo ...): the GPT-2 byte <-> unicode table is inverted;
+- metaspace / sentencepiece-style (Llama-2, Mistral-7B, Gemma ...): ``"▁"`` is a space and ``<0xNN>`` byte-fallback
+  tokens are the byte ``NN``;
+- WordPiece-style ``"##"`` continuations, and plain vocabularies whose tokens are their own text.
+
+Added/special tokens (``<|im_start|>``, ``</s>``) are their literal content.
+
+Example:
+    >>> from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    >>> from transformers import PreTrainedTokenizerFast
+    >>> vocab = {"<eos>": 0, "▁###": 1, "▁Answer": 2, ":": 3, "▁4": 4, "<0x0A>": 5}
+    >>> raw = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    >>> raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    >>> raw.decoder = decoders.Sequence([decoders.Metaspace(), decoders.ByteFallback(), decoders.Fuse()])
+    >>> tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>")
+    >>> text = TokenText.from_tokenizer(tok)
+    >>> data, starts = text.decode(np.array([5, 1, 2, 3, 4, 0]))
+    >>> data
+    b'\\n ### Answer: 4<eos>'
+    >>> starts.tolist()  # byte offset where each token starts, plus the total
+    [0, 1, 5, 12, 13, 15, 20]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _gpt2_unicode_to_byte() -> dict[str, int]:
+    """Inverse of GPT-2's ``bytes_to_unicode`` table (printable stand-ins for the 256 byte values)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    table: dict[str, int] = {chr(b): b for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            table[chr(256 + n)] = b
+            n += 1
+    return table
+
+
+def _decoder_kinds(tokenizer) -> set[str]:
+    """Names of the decoder steps of a fast tokenizer (``{"ByteLevel"}``, ``{"Metaspace", "ByteFallback"}`` ...)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return set()
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    kinds: set[str] = set()
+
+    def walk(node: dict) -> None:
+        kinds.add(node.get("type", ""))
+        if node.get("type") == "Replace" and node.get("pattern", {}).get("String") == "▁":
+            kinds.add("Metaspace")
+        for child in node.get("decoders", []) or []:
+            walk(child)
+
+    walk(decoder)
+    return kinds
+
+
+def token_bytes(tokenizer) -> list[bytes]:
+    """The bytes each token id stands for, for ids ``0 .. len(tokenizer) - 1``."""
+    size = len(tokenizer)
+    pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
+    added = {int(i): str(t) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
+    kinds = _decoder_kinds(tokenizer)
+    if not kinds:  # slow tokenizer: guess from the vocabulary itself
+        if any(p and p.startswith("Ġ") for p in pieces):
+            kinds = {"ByteLevel"}
+        elif any(p and "▁" in p for p in pieces):
+            kinds = {"Metaspace", "ByteFallback"}
+    byte_level = "ByteLevel" in kinds
+    unicode_to_byte = _gpt2_unicode_to_byte() if byte_level else {}
+    out: list[bytes] = []
+    for i, piece in enumerate(pieces):
+        if i in added:
+            out.append(added[i].encode("utf-8"))
+        elif piece is None:
+            out.append(b"")
+        elif byte_level:
+            try:
+                out.append(bytes(unicode_to_byte[c] for c in piece))
+            except KeyError:  # a vocabulary entry outside the byte alphabet: take it literally
+                out.append(piece.encode("utf-8"))
+        else:
+            m = _BYTE_FALLBACK.match(piece)
+            if m and "ByteFallback" in kinds:
+                out.append(bytes([int(m.group(1), 16)]))
+            elif "WordPiece" in kinds:
+                out.append(piece[2:].encode() if piece.startswith("##") else b" " + piece.encode())
+            else:
+                out.append(piece.replace("▁", " ").encode("utf-8"))
+    return out
+
+
+class TokenText:
+    """A vocabulary's token bytes packed in one buffer, for vectorised decoding of id arrays."""
+
+    def __init__(self, table: Sequence[bytes]):
+        lengths = np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
+        self.lengths = lengths
+        self.offsets = np.zeros(len(table), dtype=np.int64)
+        if len(table) > 1:
+            np.cumsum(lengths[:-1], out=self.offsets[1:])
+        self.buffer = np.frombuffer(b"".join(table), dtype=np.uint8)
+        self.vocab_size = len(table)
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> TokenText:
+        return cls(token_bytes(tokenizer))
+
+    def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """Concatenated bytes of ``ids`` and the byte offset where each token starts (length ``len(ids) + 1``)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+            bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
+            raise ValueError(
+                f"token id {bad} is outside the tokenizer's vocabulary (size {self.vocab_size}); the collator's "
+                "tokenizer must be the one that tokenized the dataset."
+            )
+        lengths = self.lengths[ids]
+        starts = np.zeros(ids.size + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        gather = np.repeat(self.offsets[ids] - starts[:-1], lengths) + np.arange(starts[-1], dtype=np.int64)
+        return self.buffer[gather].tobytes(), starts
