@@ -1,0 +1,374 @@
+"""Tests for trl_padfree.probe: the packing probe, assert_packing_safe and `trl-padfree check`.
+
+Every model here is a tiny random model built from a config (no hub access); each probe takes well under a
+second on CPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import (
+    DataCollatorWithFlattening,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Mamba2Config,
+    Mamba2ForCausalLM,
+    OPTConfig,
+    OPTForCausalLM,
+)
+
+from trl_padfree import cli
+from trl_padfree.probe import (
+    DEFAULT_LENGTHS,
+    PackingLeakError,
+    PackingReport,
+    assert_packing_safe,
+    check_packing,
+    main,
+    packed_batch,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def llama(attn: str = "sdpa", dtype: torch.dtype = torch.float32, **overrides: object) -> LlamaForCausalLM:
+    """Tiny random Llama; a fresh config each time (``_from_config`` writes the dtype into the config)."""
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128, **overrides,
+    )  # fmt: skip
+    return LlamaForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype)
+
+
+def opt(attn: str = "sdpa", dtype: torch.dtype = torch.float32, **overrides: object) -> OPTForCausalLM:
+    """Tiny random OPT: its sdpa/eager mask never sees position_ids, so packed examples leak."""
+    torch.manual_seed(0)
+    config = OPTConfig(
+        vocab_size=128, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+        word_embed_proj_dim=64, max_position_embeddings=128, **overrides,
+    )  # fmt: skip
+    return OPTForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype)
+
+
+FLATTENING = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
+
+
+# ------------------------------------------------------------------------------------------ batch format
+
+
+def test_packed_batch_matches_transformers_flattening_collator_plus_use_cache_false() -> None:
+    sequences = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
+    ours = packed_batch(sequences)
+    theirs = FLATTENING([{"input_ids": s} for s in sequences], return_tensors="pt")
+    assert set(ours) == set(theirs) | {"use_cache"}
+    assert ours["use_cache"] is False and "attention_mask" not in ours
+    for key, value in theirs.items():
+        if isinstance(value, torch.Tensor):
+            assert ours[key].dtype == value.dtype and ours[key].shape == value.shape, key
+            assert torch.equal(ours[key], value), key
+        else:
+            assert type(ours[key]) is type(value) and ours[key] == value, key
+    assert ours["cu_seq_lens_q"].tolist() == [0, 3, 8, 10] and ours["cu_seq_lens_q"].dtype == torch.int32
+    assert ours["max_length_q"] == ours["max_length_k"] == 5
+
+
+def test_packed_batch_rejects_empty_input() -> None:
+    with pytest.raises(ValueError, match="no empty sequence"):
+        packed_batch([[1, 2], []])
+    with pytest.raises(ValueError, match="at least one sequence"):
+        packed_batch([])
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_llama_is_safe_in_fp32(attn: str) -> None:
+    report = check_packing(llama(attn))
+    assert isinstance(report, PackingReport)
+    assert (report.ok, report.status, report.model_type, report.attn_implementation) == (
+        True,
+        "safe",
+        "llama",
+        attn,
+    )
+    assert report.max_abs_diff < 1e-5 and report.max_abs_diff <= report.tolerance
+    assert report.max_abs_diff == max(report.example_diffs) and len(report.example_diffs) == len(
+        DEFAULT_LENGTHS
+    )
+    assert report.noise == 0.0 and report.error is None
+    assert (report.dtype, report.device, report.lengths) == ("float32", "cpu", DEFAULT_LENGTHS)
+    assert str(report).startswith(f"SAFE: llama (attn_implementation='{attn}', float32 on cpu)")
+    assert report.advice == f"padding_free=True is safe for llama with attn_implementation='{attn}'."
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_opt_leaks_and_advice_names_the_fixes(attn: str) -> None:
+    report = check_packing(opt(attn))
+    assert (report.ok, report.status, report.model_type, report.attn_implementation) == (
+        False,
+        "leaks",
+        "opt",
+        attn,
+    )
+    first, *later = report.example_diffs
+    assert first < 1e-5  # the first example has nothing before it to attend to
+    assert min(later) > 0.05 and report.max_abs_diff > 1000 * report.tolerance  # the leak signal is large
+    assert f"opt builds its {attn} attention mask without position_ids" in report.advice
+    for fix in ('attn_implementation="padfree"', '"flash_attention_2"', "padding_free=False"):
+        assert fix in report.advice
+    text = str(report)
+    assert text.startswith(f"LEAKS: opt (attn_implementation='{attn}', float32 on cpu)")
+    assert f"advice: {report.advice}" in text and "tolerance" in text
+
+
+def test_bf16_tolerance_is_looser_but_still_separates() -> None:
+    safe = check_packing(llama("sdpa", torch.bfloat16))
+    leak = check_packing(opt("sdpa", torch.bfloat16))
+    assert safe.ok and safe.dtype == "bfloat16" and 0 < safe.max_abs_diff < safe.tolerance
+    assert not leak.ok and leak.dtype == "bfloat16" and leak.max_abs_diff > 3 * leak.tolerance
+    # tolerance = rtol * max|logits alone|: 5e-2 for bf16 vs 1e-4 for fp32 on a logit scale of ~0.5-1
+    assert 0.01 < safe.tolerance < 0.06
+    assert check_packing(llama("sdpa")).tolerance < 1e-4
+
+
+def test_explicit_rtol_and_lengths_are_used() -> None:
+    report = check_packing(opt(), lengths=[3, 5], rtol=10.0, seed=3)
+    assert (
+        report.ok and report.lengths == (3, 5) and len(report.example_diffs) == 2
+    )  # tolerance swallows the leak
+    with pytest.raises(ValueError, match=r"at least 2 sequences of length >= 1; got lengths=\[5\]"):
+        check_packing(opt(), lengths=[5])
+
+
+def test_state_space_model_leaks_with_specific_advice() -> None:
+    torch.manual_seed(0)
+    config = Mamba2Config(
+        vocab_size=128, hidden_size=64, num_hidden_layers=1, state_size=16, expand=2, n_groups=1, head_dim=16,
+        num_heads=8, chunk_size=8,
+    )  # fmt: skip
+    report = check_packing(Mamba2ForCausalLM(config))
+    assert report.status == "leaks" and report.model_type == "mamba2"
+    assert "state-space" in report.advice and "padding_free=False" in report.advice
+
+
+# ------------------------------------------------------------------------------------------ the cache trap
+
+
+def test_probe_batch_sets_use_cache_false_and_a_batch_without_it_falls_into_the_cache_trap() -> None:
+    model = llama("sdpa")
+    trapped = check_packing(model, collate_fn=lambda f: FLATTENING(f, return_tensors="pt"))
+    assert trapped.status == "leaks" and trapped.max_abs_diff > 0.05
+    assert "use_cache=False" in trapped.advice and "cache trap" in trapped.advice
+    fixed = check_packing(
+        model, collate_fn=lambda f: {**FLATTENING(f, return_tensors="pt"), "use_cache": False}
+    )
+    default = check_packing(model)
+    assert fixed.ok and default.ok and fixed.max_abs_diff == default.max_abs_diff
+
+
+# ------------------------------------------------------------------------------------------ determinism and state
+
+
+def test_dropout_layerdrop_and_flags_are_neutralised_then_restored() -> None:
+    model = opt("eager", dropout=0.5, attention_dropout=0.5, layerdrop=0.5)
+    model.eval()
+    model.model.decoder.layers[1].train()  # a mixed state must come back exactly as it was
+    flags = {name: m.training for name, m in model.named_modules()}
+    rng = torch.get_rng_state()
+    report = check_packing(model)
+    assert (
+        report.noise == 0.0 and report.status == "leaks"
+    )  # deterministic: the difference is the leak itself
+    assert report.example_diffs[0] < 1e-5  # layerdrop/dropout would make even the first example differ
+    assert {name: m.training for name, m in model.named_modules()} == flags
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert (
+        model.config.dropout == 0.5
+        and model.config.attention_dropout == 0.5
+        and model.config.layerdrop == 0.5
+    )
+    assert model.model.decoder.layerdrop == 0.5 and model.model.decoder.dropout == 0.5
+    assert model.model.decoder.layers[0].self_attn.dropout == 0.5
+
+
+def test_llama_with_attention_dropout_in_train_mode_is_safe_and_stays_in_train_mode() -> None:
+    model = llama("sdpa", attention_dropout=0.5)
+    model.train()
+    report = check_packing(model)
+    assert report.ok and report.noise == 0.0
+    assert model.training and all(m.training for m in model.modules())
+    assert model.model.layers[0].self_attn.attention_dropout == 0.5
+
+
+def test_peft_lora_dropout_is_neutralised() -> None:
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(
+        llama("sdpa"), peft.LoraConfig(r=4, lora_dropout=0.5, target_modules=["q_proj"])
+    )
+    report = check_packing(model)
+    assert report.ok and report.noise == 0.0 and report.model_type == "llama"
+    assert {m.p for m in model.modules() if isinstance(m, nn.Dropout)} == {0.5}
+
+
+class _Wrapper(nn.Module):
+    """A causal LM wrapper whose forward either rejects packed kwargs or adds train-mode noise."""
+
+    def __init__(self, inner: nn.Module, mode: str) -> None:
+        super().__init__()
+        self.inner, self.mode, self.config = inner, mode, inner.config
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.inner.get_input_embeddings()
+
+    def forward(self, input_ids, attention_mask=None, labels=None, use_cache=None, **kwargs):  # noqa: ANN001
+        if self.mode == "strict" and kwargs:
+            raise TypeError(f"forward() got an unexpected keyword argument {sorted(kwargs)[0]!r}")
+        out = self.inner(input_ids=input_ids, attention_mask=attention_mask, use_cache=use_cache, **kwargs)
+        if self.mode == "noisy" and self.training:
+            out.logits = out.logits + 0.1 * torch.rand_like(out.logits)
+        return out
+
+
+def test_forward_that_rejects_the_packed_batch_is_reported_as_error() -> None:
+    model = _Wrapper(llama("sdpa"), "strict").eval()
+    report = check_packing(model)
+    assert (report.ok, report.status) == (False, "error")
+    assert report.error == "TypeError: forward() got an unexpected keyword argument 'cu_seq_lens_k'"
+    assert math.isinf(report.max_abs_diff) and report.to_dict()["max_abs_diff"] is None
+    assert str(report).startswith("ERROR: llama") and "padding_free=False" in report.advice
+    json.dumps(report.to_dict())  # JSON-safe
+    assert not any(m.training for m in model.modules())  # restored although the forward raised
+
+
+def test_leftover_randomness_is_inconclusive_not_safe() -> None:
+    report = check_packing(_Wrapper(llama("sdpa"), "noisy"))
+    assert (report.ok, report.status) == (False, "inconclusive") and report.noise > report.tolerance
+    assert str(report).startswith("INCONCLUSIVE") and "padding_free=False" in report.advice
+
+
+# ------------------------------------------------------------------------------------------ assert_packing_safe
+
+
+def test_assert_packing_safe_returns_the_report_or_raises_a_value_error() -> None:
+    assert assert_packing_safe(llama("eager"), seed=1).ok
+    with pytest.raises(PackingLeakError) as info:
+        assert_packing_safe(opt("sdpa"))
+    assert isinstance(info.value, ValueError) and info.value.report.status == "leaks"
+    message = str(info.value)
+    for needle in (
+        "LEAKS: opt",
+        "attn_implementation='sdpa'",
+        'attn_implementation="padfree"',
+        "padding_free=False",
+    ):
+        assert needle in message
+
+
+# ------------------------------------------------------------------------------------------ padfree attention
+
+
+def test_llama_is_safe_with_padfree_attention() -> None:
+    if importlib.util.find_spec("trl_padfree.attention") is None:
+        pytest.skip("trl_padfree/attention.py (the 'padfree' attention) does not exist yet")
+    importlib.import_module("trl_padfree.attention")  # registers attn_implementation="padfree"
+    report = check_packing(llama("padfree"))
+    assert (report.ok, report.attn_implementation) == (True, "padfree")
+    assert report.max_abs_diff < 1e-5
+
+
+# ------------------------------------------------------------------------------------------ CLI
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("models")
+    paths = {"llama": root / "llama", "opt": root / "opt"}
+    llama("sdpa").save_pretrained(paths["llama"])
+    opt("sdpa").save_pretrained(paths["opt"])
+    return paths
+
+
+CPU32 = ["--dtype", "float32", "--device", "cpu"]
+
+
+def test_cli_safe_model_exits_0(saved: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", str(saved["llama"]), "--attn-implementation", "sdpa", *CPU32]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(
+        "SAFE: llama (attn_implementation='sdpa', float32 on cpu) keeps packed examples apart."
+    )
+    assert "advice: padding_free=True is safe" in out
+
+
+def test_cli_leaking_model_exits_1_with_type_and_advice(saved: dict[str, Path], capsys) -> None:  # noqa: ANN001
+    assert cli.main(["check", "--model", str(saved["opt"]), "--attn-implementation", "eager", *CPU32]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("LEAKS: opt (attn_implementation='eager', float32 on cpu)")
+    assert 'attn_implementation="padfree"' in out and "padding_free=False" in out
+
+
+def test_cli_json_output(saved: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--model", str(saved["opt"]), "--json", "--lengths", "4,6,3", *CPU32]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert (data["ok"], data["status"], data["model_type"], data["lengths"]) == (
+        False,
+        "leaks",
+        "opt",
+        [4, 6, 3],
+    )
+    assert data["attn_implementation"] == "sdpa"  # the checkpoint's default
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "{missing}"], "model path '{missing}' does not exist"),
+        (["--model", "{llama}", "--lengths", "4,x"], "--lengths must be comma-separated integers"),
+        (["--model", "{llama}", "--lengths", "4"], "--lengths needs at least 2 lengths >= 1"),
+        (["--model", "{llama}", "--attn-implementation", "nonsense"], "cannot load '{llama}'"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(
+    saved: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    names = {"missing": str(tmp_path / "missing"), "llama": str(saved["llama"])}
+    assert main([a.format(**names) for a in args] + CPU32) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trl-padfree check: " + message.format(**names))
+    assert err.count("\n") == 1
+
+
+def test_cli_missing_path_in_a_real_process_prints_no_traceback(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trl_padfree.cli", "check", "--model", str(missing)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == (
+        f"trl-padfree check: model path '{missing}' does not exist; pass a model directory (config.json + weights)."
+    )
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+# ------------------------------------------------------------------------------------------ CUDA (when present)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_bf16_inputs_follow_the_model() -> None:
+    safe = check_packing(llama("sdpa", torch.bfloat16).to("cuda"))
+    leak = check_packing(opt("sdpa", torch.bfloat16).to("cuda"))
+    assert safe.ok and safe.device.startswith("cuda") and safe.dtype == "bfloat16"
+    assert leak.status == "leaks" and leak.device.startswith("cuda")

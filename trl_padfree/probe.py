@@ -1,0 +1,579 @@
+"""Probe whether a model keeps padding-free packed examples apart.
+
+Padding-free training concatenates a mini-batch into one row and relies on the model to keep the examples
+apart (``position_ids`` restarting at 0, ``cu_seq_lens_*`` for varlen kernels, no ``attention_mask``). Whether
+it does depends on the model's modeling code *and* the attention implementation, and nothing in a config says
+so: OPT under ``sdpa`` silently lets every example attend to the ones before it, Llama does not. The only
+reliable answer is to run the model, which is what this module does:
+
+* :func:`check_packing` feeds a few short random sequences packed into one row (exactly the batch format of
+  the project's padding-free collator) and each sequence alone, and compares the logits;
+* :func:`assert_packing_safe` does the same and raises :class:`PackingLeakError` unless the model is safe;
+* ``trl-padfree check --model PATH`` (:func:`main`) does it from the command line.
+
+The model runs in train mode, as the Trainer calls it, so any train-only routing is exercised, but with every
+source of randomness neutralised (dropout modules, ``*dropout*``/``*drop*``/``layerdrop``/``*jitter*`` numbers
+on modules and configs set to 0) and the global RNG untouched. All of that, and each module's training flag,
+is restored afterwards. Gradients are off.
+
+Tolerance: a packed example and the same example alone go through different kernels/masks, so their logits
+differ by rounding noise, which scales with the logits' magnitude and the compute dtype. The tolerance is
+``rtol * max|logits of the examples alone|`` with ``rtol`` = 1e-4 for float32/float64, 1e-2 for float16 and
+5e-2 for bfloat16 (:data:`DEFAULT_RTOL`). Measured on tiny random Llama/OPT models (logit scale ~0.5-1):
+noise is ~2e-7 (fp32) and ~2e-3 (bf16), i.e. relative 3e-7 / 3e-3, while a leak moves logits by 0.2-0.4,
+i.e. relative 0.3-0.5: both margins are more than an order of magnitude.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    "DEFAULT_LENGTHS",
+    "DEFAULT_RTOL",
+    "PackingLeakError",
+    "PackingReport",
+    "assert_packing_safe",
+    "check_packing",
+    "main",
+    "packed_batch",
+]
+
+DEFAULT_LENGTHS: tuple[int, ...] = (7, 12, 4, 9)
+"""Lengths of the probe's sequences: different, so ``max_length`` and the boundaries matter; 32 tokens."""
+
+DEFAULT_RTOL: dict[torch.dtype, float] = {
+    torch.float64: 1e-4,
+    torch.float32: 1e-4,
+    torch.float16: 1e-2,
+    torch.bfloat16: 5e-2,
+}
+"""Tolerance relative to ``max|logits|``, by compute dtype (see the module docstring for the measurements)."""
+
+# Attention implementations that take the packed boundaries from cu_seq_lens / position_ids themselves.
+_VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "padfree", "paged|", "kernels-community/")
+
+# Model types whose sdpa/eager/flex mask is built without position_ids (see FIELD-NOTES section 4).
+_MASK_IGNORES_POSITION_IDS = frozenset(
+    {"opt", "bloom", "mpt", "biogpt", "xglm", "gpt_oss", "granitemoehybrid"}
+)
+
+# Model types with state-space / linear-attention / convolution layers that carry state across tokens.
+_STATEFUL_LAYERS = frozenset(
+    {
+        "mamba", "mamba2", "falcon_mamba", "bamba", "jamba", "zamba", "zamba2", "falcon_h1", "nemotron_h",
+        "granitemoehybrid", "qwen3_next", "lfm2", "lfm2_moe", "minimax", "kimi_linear", "olmo_hybrid",
+        "recurrent_gemma", "rwkv",
+    }
+)  # fmt: skip
+
+# Attribute names of numbers that make a forward pass random in train mode.
+_RANDOM_KNOB = re.compile(r"drop|jitter", re.IGNORECASE)
+
+_FIX = 'attn_implementation="padfree" (this package\'s varlen attention) or "flash_attention_2"'
+
+
+class PackingLeakError(ValueError):
+    """Raised by :func:`assert_packing_safe` when packed examples do not stay apart; ``.report`` has details."""
+
+    def __init__(self, report: PackingReport) -> None:
+        super().__init__(str(report))
+        self.report = report
+
+
+@dataclass(frozen=True)
+class PackingReport:
+    """Outcome of :func:`check_packing`.
+
+    Attributes:
+        ok: True when every packed example's logits match the example run alone (within ``tolerance``).
+        status: ``"safe"``, ``"leaks"``, ``"error"`` (the model rejected the packed batch) or
+            ``"inconclusive"`` (two identical runs differed, so randomness is left that the probe cannot remove).
+        max_abs_diff: Largest absolute logit difference, packed vs alone, over all examples and positions
+            (``inf`` when the packed forward raised).
+        tolerance: The threshold ``max_abs_diff`` was compared with (``rtol * max|logits alone|``).
+        model_type: ``model.config.model_type``.
+        attn_implementation: ``model.config._attn_implementation``.
+        advice: One line: what to do.
+        dtype: Compute dtype the tolerance was chosen for.
+        device: Device the inputs were put on.
+        lengths: Lengths of the probe's sequences.
+        example_diffs: ``max_abs_diff`` per example (the first example has nothing before it to leak from).
+        noise: Largest logit difference between two identical runs of the last example alone.
+        seconds: Wall time of the probe.
+        error: ``"ExceptionType: message"`` when the packed forward raised, else None.
+    """
+
+    ok: bool
+    status: str
+    max_abs_diff: float
+    tolerance: float
+    model_type: str
+    attn_implementation: str
+    advice: str
+    dtype: str
+    device: str
+    lengths: tuple[int, ...]
+    example_diffs: tuple[float, ...]
+    noise: float
+    seconds: float
+    error: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.model_type} (attn_implementation={self.attn_implementation!r}, {self.dtype} on {self.device})"
+        headline = {
+            "safe": f"SAFE: {where} keeps packed examples apart.",
+            "leaks": f"LEAKS: {where} lets packed examples attend to each other.",
+            "error": f"ERROR: {where} rejects the padding-free batch: {self.error}",
+            "inconclusive": f"INCONCLUSIVE: {where} is not deterministic in train mode, so the probe cannot tell.",
+        }[self.status]
+        lines = [headline]
+        if self.status != "error":
+            per_example = ", ".join(f"{d:.2g}" for d in self.example_diffs)
+            lines.append(
+                f"  max |logit diff| packed vs alone: {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}; "
+                f"per example: {per_example}; two identical runs differ by {self.noise:.3g})"
+            )
+        lines.append(
+            f"  {len(self.lengths)} random sequences of lengths {list(self.lengths)}, {self.seconds:.2f}s"
+        )
+        lines.append(f"  advice: {self.advice}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-JSON dict of the report (``inf`` becomes None)."""
+        out = dataclasses.asdict(self)
+        out["lengths"], out["example_diffs"] = list(self.lengths), list(self.example_diffs)
+        return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
+
+
+def packed_batch(
+    sequences: Sequence[Sequence[int]], device: torch.device | str | None = None
+) -> dict[str, Any]:
+    """Build the padding-free batch for ``sequences``, in the project collator's format.
+
+    ``input_ids``/``labels``/``position_ids`` (1, T) int64 (first label of every example -100, positions
+    restarting at 0), ``seq_idx`` (1, T) int32, ``cu_seq_lens_q/k`` 1-D int32 (N+1), ``max_length_q/k`` ints,
+    ``use_cache=False``, no ``attention_mask``. Same tensors as transformers'
+    ``DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)`` plus ``use_cache``.
+
+    >>> b = packed_batch([[5, 6, 7], [8, 9]])
+    >>> b["position_ids"].tolist(), b["labels"].tolist(), b["cu_seq_lens_q"].tolist(), b["max_length_k"]
+    ([[0, 1, 2, 0, 1]], [[-100, 6, 7, -100, 9]], [0, 3, 5], 3)
+    >>> b["seq_idx"].tolist(), b["use_cache"], "attention_mask" in b
+    ([[0, 0, 0, 1, 1]], False, False)
+    """
+    if not sequences or any(len(s) == 0 for s in sequences):
+        raise ValueError("packed_batch needs at least one sequence and no empty sequence.")
+    input_ids = [int(t) for s in sequences for t in s]
+    labels = [t if j else -100 for s in sequences for j, t in enumerate(int(x) for x in s)]
+    cu = [0]
+    for s in sequences:
+        cu.append(cu[-1] + len(s))
+    cu_seq_lens = torch.tensor(cu, dtype=torch.int32, device=device)
+    max_length = max(len(s) for s in sequences)
+    return {
+        "input_ids": torch.tensor([input_ids], dtype=torch.int64, device=device),
+        "labels": torch.tensor([labels], dtype=torch.int64, device=device),
+        "position_ids": torch.tensor([[j for s in sequences for j in range(len(s))]], device=device),
+        "seq_idx": torch.tensor(
+            [[i for i, s in enumerate(sequences) for _ in s]], dtype=torch.int32, device=device
+        ),
+        "cu_seq_lens_q": cu_seq_lens,
+        "cu_seq_lens_k": cu_seq_lens.clone(),
+        "max_length_q": max_length,
+        "max_length_k": max_length,
+        "use_cache": False,
+    }
+
+
+def _model_device(model: nn.Module) -> torch.device:
+    """Device the inputs must go to: the input embeddings' (first shard under a device map), else a parameter's."""
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    weight = getattr(emb, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return weight.device
+    for p in model.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def _compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
+    """Lowest floating precision the model computes in (autocast counts), to choose the tolerance."""
+    if torch.is_autocast_enabled(device.type):
+        return torch.get_autocast_dtype(device.type)
+    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+        if dtype in dtypes:
+            return dtype
+    return torch.float32
+
+
+def _vocab_size(model: nn.Module) -> int:
+    sizes = []
+    get = getattr(model, "get_input_embeddings", None)
+    emb = get() if callable(get) else None
+    if isinstance(getattr(emb, "num_embeddings", None), int):
+        sizes.append(emb.num_embeddings)
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if isinstance(getattr(text_config, "vocab_size", None), int):
+        sizes.append(text_config.vocab_size)
+    if not sizes or min(sizes) < 2:
+        raise ValueError(
+            "check_packing: cannot tell the model's vocabulary size (no input embeddings, no vocab_size)."
+        )
+    return min(sizes)
+
+
+def _random_sequences(
+    lengths: Sequence[int], vocab_size: int, pad_id: int | None, seed: int
+) -> list[list[int]]:
+    """Seeded random token ids in ``[0, vocab_size)``, never the pad id (some models treat it specially)."""
+    gen = torch.Generator().manual_seed(seed)
+    avoid = pad_id if isinstance(pad_id, int) and 0 <= pad_id < vocab_size else None
+    high = vocab_size - 1 if avoid is not None else vocab_size
+    out = []
+    for n in lengths:
+        ids = torch.randint(0, high, (n,), generator=gen)
+        if avoid is not None:
+            ids = ids + (ids >= avoid).long()
+        out.append(ids.tolist())
+    return out
+
+
+@contextlib.contextmanager
+def _deterministic_train_mode(model: nn.Module) -> Iterator[None]:
+    """Train mode with dropout/layerdrop/jitter at 0 and the global RNG untouched; everything restored after."""
+    changed: list[tuple[Any, str, Any]] = []
+
+    def zero(obj: Any, name: str) -> None:
+        value = getattr(obj, name, None)
+        if isinstance(value, float | int) and not isinstance(value, bool) and value > 0:
+            changed.append((obj, name, value))
+            setattr(obj, name, 0.0)
+
+    training = [(m, m.training) for m in model.modules()]
+    configs: dict[int, Any] = {}
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd):
+            zero(module, "p")
+        for name in list(vars(module)):
+            if _RANDOM_KNOB.search(name):
+                zero(module, name)
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            configs[id(config)] = config
+            for sub in vars(config).values():  # sub-configs (text_config, vision_config, ...)
+                if hasattr(sub, "to_dict") and hasattr(sub, "model_type"):
+                    configs[id(sub)] = sub
+    for config in configs.values():
+        for name in list(vars(config)):
+            if _RANDOM_KNOB.search(name):
+                zero(config, name)
+    device = _model_device(model)
+    rng_devices = [device.index or 0] if device.type == "cuda" else []
+    try:
+        model.train()
+        with torch.random.fork_rng(devices=rng_devices), torch.no_grad(), warnings.catch_warnings():
+            # Gradient checkpointing under no_grad warns that no input requires grad: expected here.
+            warnings.filterwarnings("ignore", message=".*requires_grad.*")
+            torch.manual_seed(0)
+            yield
+    finally:
+        for obj, name, value in reversed(changed):
+            setattr(obj, name, value)
+        for module, flag in training:
+            module.training = flag
+
+
+def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+    out = model(**batch)
+    logits = out.logits if hasattr(out, "logits") else out[0]
+    return logits.detach().float()[0]
+
+
+def _attn_name(model: nn.Module) -> str:
+    config = getattr(model, "config", None)
+    attn = getattr(config, "_attn_implementation", None)
+    if isinstance(attn, dict):  # composite configs: the text model's is the one that matters here
+        text_config = config.get_text_config() if hasattr(config, "get_text_config") else None
+        attn = getattr(text_config, "_attn_implementation", None) or next(iter(attn.values()), None)
+    return str(attn) if attn else "unknown"
+
+
+def _advice(status: str, model_type: str, attn: str, noise: float, cache_off: bool = True) -> str:
+    if status == "safe":
+        return f"padding_free=True is safe for {model_type} with attn_implementation={attn!r}."
+    if status == "inconclusive":
+        return (
+            f"two identical forward passes differed by {noise:.3g} even with dropout/layerdrop/jitter set to 0; "
+            "find the remaining randomness (a custom stochastic module?) or use padding_free=False."
+        )
+    if status == "error":
+        return (
+            f"{model_type}'s forward does not accept the padding-free batch (position_ids, cu_seq_lens_*, "
+            f"max_length_*, seq_idx without attention_mask); try {_FIX}, or set padding_free=False."
+        )
+    if not cache_off and not attn.startswith(_VARLEN_ATTENTION):
+        return (
+            "the packed batch does not set use_cache=False, so the model builds a KV cache and transformers "
+            "skips its packed-sequence mask (the cache trap); pass use_cache=False with every padding-free "
+            "batch (this package's collator does) and re-run the check."
+        )
+    if model_type in _STATEFUL_LAYERS:
+        return (
+            f"{model_type} has state-space/linear-attention layers that carry state across packed examples "
+            "unless they get seq_idx/cu_seq_lens from their CUDA kernels (mamba-ssm, causal-conv1d); "
+            "set padding_free=False."
+        )
+    if attn.startswith(_VARLEN_ATTENTION):
+        return (
+            f"even the varlen attention {attn!r} does not keep {model_type}'s examples apart (its layers do not "
+            "pass position_ids/cu_seq_lens through, or positions are computed from the mask); set padding_free=False."
+        )
+    if model_type in _MASK_IGNORES_POSITION_IDS:
+        return (
+            f"{model_type} builds its {attn} attention mask without position_ids, so packed examples see each "
+            f"other; load it with {_FIX} and re-run `trl-padfree check`, or set padding_free=False."
+        )
+    return (
+        f"the {attn} attention mask of {model_type} does not separate packed examples; load it with {_FIX} "
+        "and re-run `trl-padfree check`, or set padding_free=False."
+    )
+
+
+def check_packing(
+    model: nn.Module,
+    *,
+    lengths: Sequence[int] = DEFAULT_LENGTHS,
+    seed: int = 0,
+    rtol: float | None = None,
+    collate_fn: Callable[[list[dict[str, list[int]]]], Mapping[str, Any]] | None = None,
+) -> PackingReport:
+    """Run random sequences packed into one row and each alone, and report whether the packed ones stay apart.
+
+    Args:
+        model: A causal LM (``transformers`` ``PreTrainedModel``, PEFT-wrapped or not), on any device/dtype.
+        lengths: Lengths of the random sequences (at least 2, all >= 1).
+        seed: Seed for the random token ids (the global RNG is not touched).
+        rtol: Tolerance relative to ``max|logits|``; default from :data:`DEFAULT_RTOL` by compute dtype.
+        collate_fn: Builds the packed batch from ``[{"input_ids": [...]}, ...]``; default :func:`packed_batch`
+            (the project collator's format, with ``use_cache=False``). Use it to probe another collator.
+
+    Each example alone runs as the padded path would see it: ``input_ids``, ``attention_mask`` of ones,
+    ``labels``, ``use_cache=False``. The model's training flags and every number zeroed for determinism are
+    restored afterwards, also when the forward raises.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    ...                      num_attention_heads=2, num_key_value_heads=2)
+    >>> report = check_packing(LlamaForCausalLM._from_config(config, attn_implementation="sdpa"))
+    >>> report.ok, report.status, report.model_type, report.attn_implementation
+    (True, 'safe', 'llama', 'sdpa')
+    """
+    lengths = tuple(int(n) for n in lengths)
+    if len(lengths) < 2 or min(lengths) < 1:
+        raise ValueError(
+            f"check_packing needs at least 2 sequences of length >= 1; got lengths={list(lengths)}."
+        )
+    start = time.perf_counter()
+    device = _model_device(model)
+    dtype = _compute_dtype(model, device)
+    if rtol is None:
+        rtol = DEFAULT_RTOL.get(dtype, DEFAULT_RTOL[torch.float32])
+    config = getattr(model, "config", None)
+    model_type = str(getattr(config, "model_type", None) or type(model).__name__)
+    attn = _attn_name(model)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    sequences = _random_sequences(
+        lengths, _vocab_size(model), getattr(text_config, "pad_token_id", None), seed
+    )
+
+    def to_device(batch: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+    error: str | None = None
+    with _deterministic_train_mode(model):
+        alone = []
+        for seq in sequences:
+            ids = torch.tensor([seq], dtype=torch.int64)
+            labels = ids.clone()
+            labels[0, 0] = -100
+            batch = {
+                "input_ids": ids,
+                "attention_mask": torch.ones_like(ids),
+                "labels": labels,
+                "use_cache": False,
+            }
+            alone.append(_logits(model, to_device(batch)))
+        noise = (_logits(model, to_device(batch)) - alone[-1]).abs().max().item()
+        features = [{"input_ids": list(seq)} for seq in sequences]
+        packed_inputs = to_device(collate_fn(features) if collate_fn is not None else packed_batch(sequences))
+        try:
+            packed = _logits(model, packed_inputs)
+        except Exception as exc:  # the Trainer would hit the same error: report it instead of crashing
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    tolerance = rtol * max(a.abs().max().item() for a in alone) + 1e-12
+    if error is not None:
+        diffs = tuple(math.inf for _ in sequences)
+    else:
+        bounds = [0]
+        for n in lengths:
+            bounds.append(bounds[-1] + n)
+        if packed.shape[0] != bounds[-1]:
+            raise ValueError(
+                f"check_packing: packed logits have {packed.shape[0]} positions, expected {bounds[-1]}."
+            )
+        diffs = tuple((packed[bounds[i] : bounds[i + 1]] - a).abs().max().item() for i, a in enumerate(alone))
+    max_diff = max(diffs)
+    if error is not None:
+        status = "error"
+    elif noise > tolerance:
+        status = "inconclusive"
+    elif max_diff > tolerance or math.isnan(max_diff):
+        status = "leaks"
+    else:
+        status = "safe"
+    return PackingReport(
+        ok=status == "safe",
+        status=status,
+        max_abs_diff=max_diff,
+        tolerance=tolerance,
+        model_type=model_type,
+        attn_implementation=attn,
+        advice=_advice(status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False),
+        dtype=str(dtype).removeprefix("torch."),
+        device=str(device),
+        lengths=lengths,
+        example_diffs=diffs,
+        noise=noise,
+        seconds=time.perf_counter() - start,
+        error=error,
+    )
+
+
+def assert_packing_safe(model: nn.Module, **kwargs: Any) -> PackingReport:
+    """Like :func:`check_packing` (same keyword arguments), but raise :class:`PackingLeakError` unless safe.
+
+    Call it once before padding-free training: the error message names the model type, the attention
+    implementation and what to change.
+    """
+    report = check_packing(model, **kwargs)
+    if not report.ok:
+        raise PackingLeakError(report)
+    return report
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+
+
+_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trl-padfree check",
+        description="Probe whether a causal LM keeps padding-free packed examples apart: random sequences packed "
+        "into one row vs each alone. Exit status: 0 safe, 1 leaks (or cannot tell), 2 bad input.",
+    )
+    parser.add_argument("--model", required=True, help="local model directory or hub name")
+    parser.add_argument(
+        "--attn-implementation",
+        default=None,
+        help="e.g. sdpa, eager, flash_attention_2, padfree (default: the model's own choice)",
+    )
+    parser.add_argument(
+        "--dtype", choices=sorted(_DTYPES), default="auto", help="default: the checkpoint's dtype"
+    )
+    parser.add_argument(
+        "--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)"
+    )
+    parser.add_argument(
+        "--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="comma-separated lengths"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def _looks_like_path(name: str) -> bool:
+    """True when ``name`` can only be a local path (hub names are ``name`` or ``org/name``)."""
+    return name.startswith(("/", ".", "~")) or os.path.isabs(name) or name.count("/") > 1 or "\\" in name
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``trl-padfree check``: print the verdict; return 0 when safe, 1 when not, 2 on bad input."""
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+
+    def bad(message: str) -> int:
+        print(f"trl-padfree check: {message}", file=sys.stderr)
+        return 2
+
+    try:
+        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
+    except ValueError:
+        return bad(f"--lengths must be comma-separated integers, got {args.lengths!r}.")
+    if len(lengths) < 2 or min(lengths) < 1:
+        return bad(f"--lengths needs at least 2 lengths >= 1, got {args.lengths!r}.")
+    model_path = os.path.expanduser(args.model)
+    if _looks_like_path(args.model) and not os.path.exists(model_path):
+        return bad(
+            f"model path {args.model!r} does not exist; pass a model directory (config.json + weights)."
+        )
+    if args.device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    else:
+        device = args.device
+    try:
+        torch.device(device)
+    except RuntimeError:
+        return bad(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N.")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        return bad(f"--device {args.device!r} asked for, but CUDA is not available here; use --device cpu.")
+    if args.attn_implementation == "padfree":
+        try:
+            import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
+        except ImportError as exc:
+            return bad(
+                f'attn_implementation "padfree" needs trl_padfree.attention, which failed to import: {exc}'
+            )
+
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"dtype": _DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
+    if args.attn_implementation:
+        kwargs["attn_implementation"] = args.attn_implementation
+    try:
+        model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return bad(f"cannot load {args.model!r}: {first_line}")
+    try:
+        report = check_packing(model, lengths=lengths, seed=args.seed)
+    except ValueError as exc:
+        return bad(str(exc))
+    print(json.dumps(report.to_dict(), indent=2) if args.json else str(report))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
