@@ -68,7 +68,8 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
     """Masks prompts so only completions are trained; optionally flattens the batch into one padding-free row.
 
     Args:
-        response_template: the text (or token ids) that precedes every completion, e.g. ``"### Answer:"``.
+        response_template: the text (or token ids) that precedes every completion, e.g. ``"### Answer:"``; or
+            None to keep the labels the dataset brings (SFTTrainer's prompt/completion datasets) and only flatten.
         instruction_template: for multi-turn data, the text (or ids) that starts a non-assistant turn; or a list of
             them (user, system, tool headers): any of them ends an assistant turn.
         tokenizer: the tokenizer that produced ``input_ids`` (needed for string templates and for padding).
@@ -86,7 +87,7 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
 
     def __init__(
         self,
-        response_template: TemplateLike,
+        response_template: TemplateLike | None,
         instruction_template: TemplateLike | Sequence[TemplateLike] | None = None,
         *args: Any,
         mlm: bool = False,
@@ -125,7 +126,7 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         self.instruction_template = instruction_template
         self.stats = CollatorStats()
 
-        self._response = Template.from_user(response_template)
+        self._response = None if response_template is None else Template.from_user(response_template)
         if instruction_template is None:
             self._instructions: list[Template] | None = None
         elif isinstance(instruction_template, str) or (
@@ -136,7 +137,9 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
             self._instructions = [Template.from_user(t) for t in instruction_template]  # type: ignore[union-attr]
             if not self._instructions:
                 raise ValueError("instruction_template is an empty list; pass None for single-turn data")
-        templates = [self._response, *(self._instructions or [])]
+        if self._response is None and self._instructions is not None:
+            raise ValueError("instruction_template needs a response_template (the header of assistant turns)")
+        templates = [t for t in (self._response, *(self._instructions or [])) if t is not None]
         self._text: TokenText | None = None
         if any(t.text is not None for t in templates):
             if tokenizer is None:
@@ -178,6 +181,10 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
     def _labels(
         self, ids: np.ndarray, existing: np.ndarray | None, cu: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
+        if self._response is None:  # no template: the labels the dataset brought (or every token) are trained
+            mask = np.ones(ids.size, dtype=bool) if existing is None else existing != self.ignore_index
+            mask[cu[:-1]] = False
+            return np.where(mask, ids, self.ignore_index), np.ones(cu.size - 1, dtype=bool)
         decoded = DecodedBatch.decode(self._text, ids) if self._text is not None else None
         responses = find_matches(self._response, ids, cu, decoded)
         instructions = None

@@ -87,7 +87,7 @@ def token_bytes(tokenizer) -> list[bytes]:
     unicode_to_byte = _gpt2_unicode_to_byte() if byte_level else {}
     out: list[bytes] = []
     for i, piece in enumerate(pieces):
-        if i in added:
+        if i in added and not (_BYTE_FALLBACK.match(added[i]) and "ByteFallback" in kinds):
             out.append(added[i].encode("utf-8"))
         elif piece is None:
             out.append(b"")

@@ -1,0 +1,304 @@
+"""Exact labels, positions and boundaries from DataCollatorForCompletionOnlyLM."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from trl_padfree import DataCollatorForCompletionOnlyLM, TemplateNotFoundError
+from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_metaspace_tokenizer
+
+IGNORE = -100
+
+
+@pytest.fixture(scope="module", params=["byte_level", "metaspace"])
+def tok(request):
+    return tiny_byte_level_tokenizer() if request.param == "byte_level" else tiny_metaspace_tokenizer()
+
+
+def trained_spans(tokenizer, ids, labels) -> list[str]:
+    """Decoded runs of consecutive trained tokens."""
+    spans, run = [], []
+    for t, lab in zip(ids, labels, strict=True):
+        if lab != IGNORE:
+            assert lab == t
+            run.append(int(t))
+        elif run:
+            spans.append(tokenizer.decode(run))
+            run = []
+    if run:
+        spans.append(tokenizer.decode(run))
+    return spans
+
+
+def oracle_labels(tokenizer, text: str, template: str) -> list[int]:
+    """Independent oracle from the tokenizer's own character offsets: a token is trained iff it starts at or
+    after the end of the last template occurrence; the first token is never a target."""
+    enc = tokenizer(text, return_offsets_mapping=True)
+    end = text.rindex(template) + len(template)
+    labels = [t if start >= end else IGNORE for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=True)]
+    labels[0] = IGNORE
+    return labels
+
+
+TEXTS = [
+    "### Question: what is the capital city of france?\n### Answer: paris.",
+    "### Question: reverse these words: cat mat sit.\n### Answer: sit mat cat.",
+    "### Question: why?\n### Answer: because it is true.",
+    "### Question: a question about ### Answer: inside the question\n### Answer: yes.",
+]
+
+
+@pytest.mark.parametrize("template", ["### Answer:", "\n### Answer:", " Answer:"])
+def test_single_turn_labels_match_offset_oracle(tok, template):
+    collator = DataCollatorForCompletionOnlyLM(template, tokenizer=tok, padding_free=True)
+    features = [tok(t) for t in TEXTS]
+    batch = collator(features)
+    expected = sum((oracle_labels(tok, t, template) for t in TEXTS), [])
+    assert batch["labels"][0].tolist() == expected
+    # the last occurrence wins (example 3 mentions the template inside its question)
+    spans = trained_spans(tok, batch["input_ids"][0].tolist(), batch["labels"][0].tolist())
+    assert [s.strip() for s in spans] == ["paris.", "sit mat cat.", "because it is true.", "yes."]
+
+
+def test_metaspace_newline_template_differs_in_context_but_is_found():
+    tok = tiny_metaspace_tokenizer()
+    alone = tok.encode("\n### Answer:", add_special_tokens=False)
+    ids = tok("### Question: why?\n### Answer: because")["input_ids"]
+    assert not any(ids[i : i + len(alone)] == alone for i in range(len(ids))), "the tokenizer no longer shows the bug"
+    # the token-id template (TRL 0.19.1 semantics) is never found: the example is masked and reported
+    by_ids = DataCollatorForCompletionOnlyLM(alone, tokenizer=tok, padding_free=True)
+    with pytest.warns(UserWarning, match="1 of 1 examples in this batch contain no response template"):
+        assert (by_ids([{"input_ids": ids}])["labels"] == IGNORE).all()
+    # the string template is found
+    by_text = DataCollatorForCompletionOnlyLM("\n### Answer:", tokenizer=tok, padding_free=True)
+    batch = by_text([{"input_ids": ids}])
+    assert trained_spans(tok, ids, batch["labels"][0].tolist()) == ["because"]
+
+
+def test_packed_layout_exact(tok):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    features = [tok(t) for t in TEXTS[:3]]
+    lengths = [len(f["input_ids"]) for f in features]
+    batch = collator(features)
+    total = sum(lengths)
+    assert "attention_mask" not in batch
+    assert batch["use_cache"] is False
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (1, total)
+    assert batch["input_ids"].dtype == batch["position_ids"].dtype == torch.int64
+    assert batch["input_ids"][0].tolist() == sum((f["input_ids"] for f in features), [])
+    assert batch["position_ids"][0].tolist() == sum((list(range(n)) for n in lengths), [])
+    cu = [0, *np.cumsum(lengths).tolist()]
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        assert batch[key].dtype == torch.int32 and batch[key].dim() == 1
+        assert batch[key].tolist() == cu
+    assert batch["max_length_q"] == batch["max_length_k"] == max(lengths)
+    assert type(batch["max_length_q"]) is int
+    assert batch["seq_idx"].dtype == torch.int32
+    assert batch["seq_idx"][0].tolist() == sum(([i] * n for i, n in enumerate(lengths)), [])
+    assert all(batch["labels"][0, c].item() == IGNORE for c in cu[:-1])
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padded_labels_identical_to_packed_and_pad_eq_eos_trains_eos(side):
+    tok = tiny_byte_level_tokenizer()
+    tok.pad_token = tok.eos_token  # the TRL #976 setting
+    tok.padding_side = side
+    eos = tok.eos_token_id
+    features = [{"input_ids": tok(t)["input_ids"] + [eos]} for t in TEXTS]
+    packed = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)(features)
+    padded = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, pad_to_multiple_of=8)(features)
+    lengths = [len(f["input_ids"]) for f in features]
+    width = -(-max(lengths) // 8) * 8
+    assert padded["input_ids"].shape == (4, width)
+    mask = padded["attention_mask"].bool()
+    assert mask.sum(1).tolist() == lengths
+    assert padded["labels"][mask].tolist() == packed["labels"][0].tolist()
+    assert (padded["labels"][~mask] == IGNORE).all()
+    assert (padded["input_ids"][~mask] == eos).all()
+    # every example's real EOS is trained although pad == eos
+    for row, n in zip(range(4), lengths, strict=True):
+        last = (width - 1) if side == "left" else (n - 1)
+        assert padded["labels"][row, last].item() == eos
+    if side == "left":
+        assert mask[:, -1].all() and not mask[:, 0].all()
+
+
+CHAT = {
+    "user_assistant": ("<|user|>hi there<|assistant|>hello<eos><|user|>more please<|assistant|>sure<eos>", ["hello<eos>", "sure<eos>"]),
+    "leading_system": ("<|system|>be brief<|user|>hi<|assistant|>yes<eos>", ["yes<eos>"]),
+    "tool_turn": ("<|user|>sum 2 3<|assistant|>call sum<|tool|>5<|assistant|>it is 5<eos>", ["call sum", "it is 5<eos>"]),
+    "repeated_assistant": ("<|user|>q<|assistant|>part one<|assistant|>part two<eos>", ["part one", "part two<eos>"]),
+    "repeated_user": ("<|user|>a<|user|>b<|assistant|>answer<eos>", ["answer<eos>"]),
+    "cut_mid_assistant": ("<|user|>q<|assistant|>a long answer that was trun", ["a long answer that was trun"]),
+    "cut_mid_user": ("<|user|>q<|assistant|>done<eos><|user|>and then", ["done<eos>"]),
+    "assistant_first": ("<|assistant|>greeting<eos><|user|>q<|assistant|>a", ["greeting<eos>", "a"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHAT))
+def test_multi_turn_trains_every_assistant_turn(tok, name):
+    text, expected = CHAT[name]
+    collator = DataCollatorForCompletionOnlyLM(
+        "<|assistant|>", ["<|user|>", "<|system|>", "<|tool|>"], tokenizer=tok, padding_free=True
+    )
+    ids = tok(text)["input_ids"]
+    batch = collator([{"input_ids": ids}, {"input_ids": tok(CHAT["user_assistant"][0])["input_ids"]}])
+    n = len(ids)
+    assert trained_spans(tok, ids, batch["labels"][0, :n].tolist()) == expected
+    assert trained_spans(tok, batch["input_ids"][0, n:].tolist(), batch["labels"][0, n:].tolist()) == [
+        "hello<eos>",
+        "sure<eos>",
+    ]
+
+
+def test_multi_turn_with_plain_text_headers(tok):
+    text = "### Human: hi\n### Assistant: hello there\n### Human: why?\n### Assistant: because."
+    collator = DataCollatorForCompletionOnlyLM("### Assistant:", "### Human:", tokenizer=tok, padding_free=True)
+    ids = tok(text)["input_ids"]
+    spans = trained_spans(tok, ids, collator([{"input_ids": ids}])["labels"][0].tolist())
+    # a token belongs to the span its first byte lies in: where the tokenizer glued "\n" to "###" (the metaspace
+    # tokenizer's merges do), that token starts in the answer and is trained
+    pieces = [tok.decode([i]) for i in ids]
+    glued = next((p for p in pieces if p.startswith("\n") and "#" in p), None)
+    first = "hello there" + (glued.rstrip() if glued else "")
+    assert [s.strip() for s in spans] == [first, "because."]
+
+
+def _hand_tokenizer() -> PreTrainedTokenizerFast:
+    """Metaspace vocabulary with a token (':P') that straddles the template's end and one ('.\\n') that straddles
+    an instruction template's start."""
+    vocab = {"<eos>": 0, "▁###": 1, "▁Answer": 2, ":P": 3, "aris": 4, ".\n": 5, "###": 6, "▁Q": 7, ":": 8}
+    vocab.update({f"<0x{b:02X}>": 9 + b for b in range(256)})
+    vocab.update({c: 265 + i for i, c in enumerate("▁" + "".join(map(chr, range(33, 127)))) if c not in vocab})
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=[], byte_fallback=True))
+    raw.pre_tokenizer = pre_tokenizers.Metaspace()
+    raw.decoder = decoders.Sequence([decoders.Metaspace(), decoders.ByteFallback(), decoders.Fuse()])
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>")
+
+
+def test_token_straddling_template_end_is_masked_and_instruction_start_is_trained():
+    tok = _hand_tokenizer()
+    # " ### Answer:Paris.\n### Q:" as tokens: ▁### ▁Answer :P aris .\n ### ▁Q :
+    ids = [1, 2, 3, 4, 5, 6, 7, 8, 0]
+    assert tok.decode(ids) == "### Answer:Paris.\n### Q:<eos>"
+    collator = DataCollatorForCompletionOnlyLM(" ### Answer:", "\n### Q:", tokenizer=tok, padding_free=True)
+    labels = collator([{"input_ids": ids}])["labels"][0].tolist()
+    # ':P' starts inside the template -> masked; '.\n' starts in the answer -> trained; '###' starts inside the
+    # instruction template -> masked
+    assert labels == [IGNORE, IGNORE, IGNORE, 4, 5, IGNORE, IGNORE, IGNORE, IGNORE]
+
+
+def test_token_id_template_exact_match_seed_call():
+    tok = tiny_byte_level_tokenizer()
+    text = "### Question: why?\n### Answer: because"
+    ids = tok(text)["input_ids"]
+    template_ids = tok.encode("\n### Answer:", add_special_tokens=False)
+    assert any(ids[i : i + len(template_ids)] == template_ids for i in range(len(ids)))
+    collator = DataCollatorForCompletionOnlyLM(template_ids, tokenizer=tok, padding_free=True)  # the seed's call
+    labels = collator([{"input_ids": ids}])["labels"][0].tolist()
+    assert trained_spans(tok, ids, labels) == [" because"]
+
+
+def test_existing_labels_are_kept():
+    tok = tiny_byte_level_tokenizer()
+    ids = tok("### Question: why?\n### Answer: because it is true")["input_ids"]
+    existing = list(ids)
+    existing[-2] = IGNORE  # e.g. masked by SFTTrainer's dataset preparation
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    labels = collator([{"input_ids": ids, "labels": existing}])["labels"][0].tolist()
+    plain = collator([{"input_ids": ids}])["labels"][0].tolist()
+    assert labels[-2] == IGNORE and plain[-2] == ids[-2]
+    assert labels[:-2] == plain[:-2] and labels[-1] == plain[-1]
+
+
+def test_no_response_template_uses_existing_labels_only():
+    tok = tiny_byte_level_tokenizer()
+    ids = tok("prompt text then the completion")["input_ids"]
+    existing = [IGNORE] * 3 + ids[3:]
+    batch = DataCollatorForCompletionOnlyLM(None, tokenizer=tok, padding_free=True)([{"input_ids": ids, "labels": existing}])
+    assert batch["labels"][0].tolist() == existing
+
+
+def test_template_not_found_one_aggregated_warning_per_batch():
+    tok = tiny_byte_level_tokenizer()
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    features = [tok(t) for t in ["no template here", TEXTS[0], "nor here at all"]]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch = collator(features)
+    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert len(messages) == 1
+    assert "2 of 3 examples in this batch contain no response template '### Answer:'" in messages[0]
+    assert "example 0 of this batch, which begins 'no template here'" in messages[0]
+    n0 = len(features[0]["input_ids"])
+    assert (batch["labels"][0, :n0] == IGNORE).all()
+    assert collator.stats.templates_not_found == 2
+
+
+def test_template_not_found_raise_names_example_and_head():
+    tok = tiny_byte_level_tokenizer()
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, on_template_not_found="raise")
+    with pytest.raises(TemplateNotFoundError, match=r"not found in example 1 of this batch, which begins 'oops"):
+        collator([tok(TEXTS[0]), tok("oops, no answer header")])
+
+
+def test_seq_lengths_split_a_prepacked_row():
+    tok = tiny_byte_level_tokenizer()
+    a, b = tok(TEXTS[0])["input_ids"], tok(TEXTS[2])["input_ids"]
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    prepacked = collator([{"input_ids": a + b, "seq_lengths": [len(a), len(b)]}])
+    separate = collator([{"input_ids": a}, {"input_ids": b}])
+    for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "seq_idx"):
+        assert prepacked[key].tolist() == separate[key].tolist()
+
+
+def test_stats_count_tokens_and_padding_share():
+    tok = tiny_byte_level_tokenizer()
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    features = [tok(t) for t in TEXTS]
+    batch = collator(features)
+    lengths = [len(f["input_ids"]) for f in features]
+    s = collator.stats
+    assert (s.batches, s.examples, s.tokens) == (1, 4, sum(lengths))
+    assert s.padded_tokens == 4 * max(lengths)
+    assert s.trained_tokens == int((batch["labels"] != IGNORE).sum())
+    assert s.padding_share == pytest.approx(1 - sum(lengths) / (4 * max(lengths)))
+
+
+def test_bad_arguments_have_clear_errors():
+    tok = tiny_byte_level_tokenizer()
+    with pytest.raises(ValueError, match="String templates need the tokenizer"):
+        DataCollatorForCompletionOnlyLM("### Answer:")
+    with pytest.raises(ValueError, match="mlm=True is not supported"):
+        DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, mlm=True)
+    with pytest.raises(ValueError, match="return_tensors='np' is not supported"):
+        DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, return_tensors="np")
+    with pytest.raises(TypeError, match="a template must be a string or a list of token ids"):
+        DataCollatorForCompletionOnlyLM(3.5, tokenizer=tok)
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok)
+    with pytest.raises(ValueError, match="token id 99999 is outside the tokenizer's vocabulary"):
+        collator([{"input_ids": [1, 99999]}])
+    with pytest.raises(KeyError, match="example 0 has no 'input_ids'"):
+        collator([{"text": "raw"}])
+
+
+def test_positional_tokenizer_like_trl_0_19():
+    tok = tiny_byte_level_tokenizer()
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", None, tok)
+    assert collator.tokenizer is tok and collator.padding_free is False
+    assert collator([tok(TEXTS[0])])["attention_mask"].shape[0] == 1
+
+
+def test_non_ascii_text_is_handled(tok):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    text = "### Question: café ☕ naïve?\n### Answer: déjà vu ✓"
+    ids = tok(text)["input_ids"]
+    labels = collator([{"input_ids": ids}])["labels"][0].tolist()
+    assert labels == oracle_labels(tok, text, "### Answer:")
+    assert "".join(trained_spans(tok, ids, labels)).strip() == "déjà vu ✓"
