@@ -279,11 +279,16 @@ def test_assert_packing_safe_returns_the_report_or_raises_a_value_error() -> Non
 # ------------------------------------------------------------------------------------------ padfree attention
 
 
-def test_llama_is_safe_with_padfree_attention() -> None:
+def _needs_padfree() -> None:
     if importlib.util.find_spec("trl_padfree.attention") is None:
         pytest.skip("trl_padfree/attention.py (the 'padfree' attention) does not exist yet")
     importlib.import_module("trl_padfree.attention")  # registers attn_implementation="padfree"
-    report = check_packing(llama("padfree"))
+
+
+@pytest.mark.parametrize("model_fn", [llama, opt], ids=["llama", "opt"])
+def test_padfree_attention_is_safe_even_for_opt(model_fn) -> None:  # noqa: ANN001
+    _needs_padfree()
+    report = check_packing(model_fn("padfree"))
     assert (report.ok, report.attn_implementation) == (True, "padfree")
     assert report.max_abs_diff < 1e-5
 
@@ -317,6 +322,12 @@ def test_cli_leaking_model_exits_1_with_type_and_advice(saved: dict[str, Path], 
     out = capsys.readouterr().out
     assert out.startswith("LEAKS: opt (attn_implementation='eager', float32 on cpu)")
     assert 'attn_implementation="padfree"' in out and "padding_free=False" in out
+
+
+def test_cli_follows_the_advice_padfree_makes_opt_exit_0(saved: dict[str, Path], capsys) -> None:  # noqa: ANN001
+    _needs_padfree()
+    assert main(["--model", str(saved["opt"]), "--attn-implementation", "padfree", *CPU32]) == 0
+    assert capsys.readouterr().out.startswith("SAFE: opt (attn_implementation='padfree', float32 on cpu)")
 
 
 def test_cli_json_output(saved: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -85,7 +85,10 @@ _STATEFUL_LAYERS = frozenset(
 # Attribute names of numbers that make a forward pass random in train mode.
 _RANDOM_KNOB = re.compile(r"drop|jitter", re.IGNORECASE)
 
-_FIX = 'attn_implementation="padfree" (this package\'s varlen attention) or "flash_attention_2"'
+_FIX = (
+    'attn_implementation="padfree" (this package\'s varlen attention, registered by `import trl_padfree.attention`) '
+    'or "flash_attention_2"'
+)
 
 
 class PackingLeakError(ValueError):
