@@ -1,0 +1,153 @@
+"""The collator inside TRL 1.x's SFTTrainer and transformers' Trainer: runs, learns, and matches padding exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import OPTConfig, OPTForCausalLM, Trainer, TrainingArguments
+from trl import SFTConfig
+
+import trl_padfree
+from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
+from trl_padfree.probe import PackingLeakError
+from trl_padfree.testing import demo_corpus, tiny_byte_level_tokenizer, tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_byte_level_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def text_ds():
+    return Dataset.from_dict({"text": demo_corpus(48)})
+
+
+def config(tmp_path, **kw) -> SFTConfig:
+    base = dict(
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        learning_rate=5e-3,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
+        data_seed=0,
+        max_length=256,
+        dataloader_drop_last=True,
+        bf16=False,  # fp32 on CPU, so padded and padding-free runs can be compared tightly
+    )
+    base.update(kw)
+    return SFTConfig(**base)
+
+
+def train(tok, ds, tmp_path, padding_free: bool, eval_ds=None, **kw):
+    model = tiny_llama(vocab_size=len(tok))
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=padding_free)
+    trainer = SFTTrainer(
+        model,
+        args=config(tmp_path, **kw),
+        train_dataset=ds,
+        eval_dataset=eval_ds,
+        processing_class=tok,
+        data_collator=collator,
+    )
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return trainer, losses
+
+
+def test_sft_text_dataset_learns_and_probe_runs(tok, text_ds, tmp_path):
+    trainer, losses = train(tok, text_ds, tmp_path, True, max_steps=12, bf16=True)  # TRL's default, autocast on CPU
+    assert len(losses) == 12
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
+    probe = [c for c in trainer.callback_handler.callbacks if isinstance(c, trl_padfree.PackingCheckCallback)]
+    assert probe and probe[0].report.ok
+    assert trainer.data_collator.stats.templates_not_found == 0
+    assert 0 < trainer.data_collator.stats.padding_share < 1
+
+
+def test_padding_free_equals_padded_with_grad_accumulation_and_eval(tok, text_ds, tmp_path):
+    eval_ds = Dataset.from_dict({"text": demo_corpus(16, seed=1)})
+    runs = {}
+    for pf in (True, False):
+        trainer, losses = train(
+            tok, text_ds, tmp_path / str(pf), pf, eval_ds=eval_ds, max_steps=3,
+            per_device_train_batch_size=4, gradient_accumulation_steps=2, eval_strategy="no",
+        )
+        params = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        runs[pf] = (losses, trainer.evaluate()["eval_loss"], params)
+    (l_pf, e_pf, p_pf), (l_pad, e_pad, p_pad) = runs[True], runs[False]
+    assert l_pf == pytest.approx(l_pad, rel=1e-4)
+    assert e_pf == pytest.approx(e_pad, rel=1e-5)
+    for name in p_pf:
+        # Adam divides by sqrt(v): gradients near zero amplify 1e-7 differences; 1e-4 is 2% of one step
+        torch.testing.assert_close(p_pf[name], p_pad[name], rtol=1e-4, atol=1e-4)
+
+
+def test_gradient_checkpointing_same_loss(tok, text_ds, tmp_path):
+    _, plain = train(tok, text_ds, tmp_path / "a", True, max_steps=2)
+    _, ckpt = train(tok, text_ds, tmp_path / "b", True, max_steps=2, gradient_checkpointing=True)
+    assert ckpt == pytest.approx(plain, rel=1e-5)
+
+
+def test_prompt_completion_dataset_without_template(tok, tmp_path):
+    texts = demo_corpus(32)
+    prompts = [t.split("### Answer:")[0] + "### Answer:" for t in texts]
+    completions = [t.split("### Answer:")[1] for t in texts]
+    ds = Dataset.from_dict({"prompt": prompts, "completion": completions})
+    collator = DataCollatorForCompletionOnlyLM(None, tokenizer=tok, padding_free=True)
+    trainer = SFTTrainer(
+        tiny_llama(vocab_size=len(tok)), args=config(tmp_path, max_steps=2), train_dataset=ds,
+        processing_class=tok, data_collator=collator,
+    )
+    batch = next(iter(trainer.get_train_dataloader()))
+    cu = batch["cu_seq_lens_q"].tolist()
+    ids, labels = batch["input_ids"][0], batch["labels"][0]
+    for s, e in zip(cu[:-1], cu[1:], strict=True):
+        trained = ids[s:e][labels[s:e] != -100].tolist()
+        text = tok.decode(trained)
+        assert "Answer:" not in text and "Question" not in text
+        assert text.strip() and trained[-1] == tok.eos_token_id  # the completion and its EOS are trained
+    trainer.train()
+
+
+def test_plain_transformers_trainer(tok, tmp_path):
+    features = [tok(t) for t in demo_corpus(32)]
+    ds = Dataset.from_list([{"input_ids": f["input_ids"]} for f in features])
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=3, per_device_train_batch_size=8, report_to=[], use_cpu=True,
+        save_strategy="no", logging_steps=1, remove_unused_columns=False,
+    )
+    trainer = Trainer(model=tiny_llama(vocab_size=len(tok)), args=args, train_dataset=ds, data_collator=collator)
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    assert len(losses) == 3 and all(0 < x < 10 for x in losses)
+
+
+def test_sftconfig_padding_free_conflict_names_the_fix(tok, text_ds, tmp_path):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    with pytest.raises(ValueError, match="Set padding_free=False in SFTConfig"):
+        SFTTrainer(
+            tiny_llama(vocab_size=len(tok)), args=config(tmp_path, padding_free=True, max_steps=1),
+            train_dataset=text_ds, processing_class=tok, data_collator=collator,
+        )
+
+
+def test_leaking_model_stops_training_before_the_first_step(tok, text_ds, tmp_path):
+    torch.manual_seed(0)
+    opt = OPTForCausalLM(OPTConfig(
+        vocab_size=len(tok), hidden_size=32, ffn_dim=64, num_hidden_layers=2, num_attention_heads=4,
+        max_position_embeddings=256, word_embed_proj_dim=32, attn_implementation="sdpa",
+    ))
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    trainer = SFTTrainer(
+        opt, args=config(tmp_path, max_steps=2), train_dataset=text_ds, processing_class=tok, data_collator=collator
+    )
+    with pytest.raises(PackingLeakError, match="opt") as err:
+        trainer.train()
+    assert "sdpa" in str(err.value) and "padding_free=False" in str(err.value)
+    assert trainer.state.global_step == 0
