@@ -1,0 +1,292 @@
+"""``trl-padfree train``: config parsing, validation and every bad-input case (exit 2, one line, nothing written).
+
+Runs ``main(argv)`` in-process (one import of torch/transformers for the whole file) plus one real subprocess
+of the ``trl-padfree`` command, so the "one line, no traceback" promise is checked end to end too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
+from accelerate.utils import DistributedType
+
+from trl_padfree.launch import ConfigError, load_config, main
+from trl_padfree.launch.config import describe_type
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs"
+DEMO = Path(os.environ.get("TRL_PADFREE_DEMO_DIR", ROOT / "trl_padfree" / "demo"))  # TODO drop env
+DEMO_YAML = CONFIGS / "demo.yaml"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A few demo records as local JSONL (train + eval)."""
+    out = tmp_path_factory.mktemp("launch-data")
+    for name, n in (("train", 24), ("eval", 8)):
+        lines = (DEMO / "data" / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+        (out / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def demo_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
+    """The demo config on tiny local data, with absolute paths (independent of the current directory)."""
+    return [
+        "--config", str(DEMO_YAML),
+        "--model_name_or_path", str(DEMO / "model"),
+        "--train_file", str(data_dir / "train.jsonl"),
+        "--eval_file", str(data_dir / "eval.jsonl"),
+        "--output_dir", str(output_dir),
+        "--max_steps", "2",
+        *extra,
+    ]  # fmt: skip
+
+
+def run_bad(capsys: pytest.CaptureFixture[str], argv: list[str], output_dir: Path) -> str:
+    """Run main(argv), expect exit 2 with exactly one stderr line and no output_dir; return that line."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("trl-padfree train: error: ")
+    assert not output_dir.exists()
+    return lines[0].removeprefix("trl-padfree train: error: ")
+
+
+def write_yaml(path: Path, **changes: object) -> Path:
+    config = yaml.safe_load(DEMO_YAML.read_text(encoding="utf-8"))
+    config.update(changes)
+    path.write_text(yaml.safe_dump(config), encoding="utf-8")
+    return path
+
+
+# ------------------------------------------------------------------------------------------- bad input
+
+
+def test_unknown_key_in_yaml_names_the_closest(capsys, tmp_path, data_dir):
+    config = write_yaml(tmp_path / "c.yaml", learning_rat=1e-3)
+    argv = demo_argv(data_dir, tmp_path / "out")
+    argv[1] = str(config)
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert message == f"unknown key 'learning_rat' in {config}; did you mean 'learning_rate'?"
+
+
+def test_unknown_option_on_the_command_line(capsys, tmp_path, data_dir):
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--response_templat", "x"), tmp_path / "out")
+    assert message == "unknown option '--response_templat' on the command line; did you mean 'response_template'?"
+
+
+def test_wrong_type_in_yaml(capsys, tmp_path, data_dir):
+    config = write_yaml(tmp_path / "c.yaml", per_device_train_batch_size="four")
+    argv = demo_argv(data_dir, tmp_path / "out")
+    argv[1] = str(config)
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert message == (
+        f"wrong type for 'per_device_train_batch_size' in {config}: expected an integer, got 'four' (a string)"
+    )
+
+
+def test_wrong_type_on_the_command_line(capsys, tmp_path, data_dir):
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--learning_rate", "fast"), tmp_path / "out")
+    assert message == "command line: argument --learning_rate/--learning-rate: invalid float value: 'fast'"
+
+
+def test_invalid_choice_suggests_the_closest(capsys, tmp_path, data_dir):
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--lr_scheduler_type", "cosin"), tmp_path / "out")
+    assert message.startswith("command line: argument --lr_scheduler_type")
+    config = write_yaml(tmp_path / "c.yaml", dtype="bf16")
+    argv = demo_argv(data_dir, tmp_path / "out")
+    argv[1] = str(config)
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert message == (
+        f"invalid value for 'dtype' in {config}: 'bf16' is not one of 'auto', 'bfloat16', 'float16', 'float32'; "
+        "did you mean 'bfloat16'?"
+    )
+
+
+def test_missing_data_file(capsys, tmp_path, data_dir):
+    missing = tmp_path / "nope.jsonl"
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(missing)), tmp_path / "out")
+    assert message.startswith(f"data file not found: train_file={str(missing)!r}")
+
+
+def test_missing_config_file(capsys, tmp_path):
+    message = run_bad(capsys, ["--config", str(tmp_path / "none.yaml")], tmp_path / "out")
+    assert message.startswith(f"config file not found: {str(tmp_path / 'none.yaml')!r}")
+
+
+def test_template_found_in_no_example(capsys, tmp_path, data_dir):
+    argv = demo_argv(data_dir, tmp_path / "out", "--response_template", "### Reply:")
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert message.startswith("response_template '### Reply:' was found in none of the first 24 examples")
+
+
+def test_template_field_missing_from_data(capsys, tmp_path, data_dir):
+    argv = demo_argv(data_dir, tmp_path / "out", "--template", "Q: {question}\n### Answer: {output}")
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert message == "template uses field(s) 'question' that the data does not have; its fields are: instruction, output"
+
+
+@pytest.fixture(scope="module")
+def leaky_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random OPT (its sdpa mask ignores position_ids, so packed examples leak) with the demo tokenizer."""
+    from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
+
+    out = tmp_path_factory.mktemp("opt")
+    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
+    config = OPTConfig(
+        vocab_size=len(tokenizer), hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2,
+        word_embed_proj_dim=32, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    OPTForCausalLM(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_model_that_leaks_under_padding_free(capsys, tmp_path, data_dir, leaky_model):
+    argv = demo_argv(data_dir, tmp_path / "out", "--model_name_or_path", str(leaky_model), "--attn_implementation", "sdpa")
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert message.startswith("padding-free training is unsafe for this model: LEAKS: opt (attn_implementation='sdpa'")
+    assert "padfree" in message  # the advice names the fix
+
+
+def test_flash_attention_where_it_cannot_run(capsys, tmp_path, data_dir):
+    message = run_bad(
+        capsys, demo_argv(data_dir, tmp_path / "out", "--attn_implementation", "flash_attention_2"), tmp_path / "out"
+    )
+    if not torch.cuda.is_available():
+        assert message.startswith("attn_implementation 'flash_attention_2' needs a CUDA GPU and this run has none")
+    else:  # a GPU without the flash-attn package
+        assert "needs the flash-attn package" in message
+
+
+def test_missing_checkpoint_to_resume(capsys, tmp_path, data_dir):
+    missing = tmp_path / "ckpt"
+    argv = demo_argv(data_dir, tmp_path / "out", "--resume_from_checkpoint", str(missing))
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert message == f"checkpoint not found: resume_from_checkpoint={str(missing)!r} is not a directory"
+
+
+def test_packing_conflicts_with_the_collator(capsys, tmp_path, data_dir):
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--packing", "true"), tmp_path / "out")
+    assert message.startswith("packing is not supported by trl-padfree train")
+
+
+def test_bad_input_through_the_real_command(tmp_path, data_dir):
+    """The installed-command path: a subprocess prints one line on stderr, no traceback, exit code 2."""
+    argv = demo_argv(data_dir, tmp_path / "out", "--max_step", "3")
+    proc = subprocess.run(
+        [sys.executable, "-m", "trl_padfree.cli", "train", *argv],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "trl-padfree train: error: unknown option '--max_step' on the command line; did you mean 'max_steps'?"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------- resolution
+
+
+def test_demo_config_resolves(data_dir, tmp_path):
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--learning_rate", "5e-4"))
+    assert cfg.padding_free is True and cfg.training.padding_free is False  # moved to the collator
+    assert cfg.attn_implementation == ("padfree" if not torch.cuda.is_available() else cfg.attn_implementation)
+    assert cfg.training.learning_rate == 5e-4  # the command line wins over the file (3e-3)
+    assert cfg.training.max_steps == 2
+    assert cfg.training.dataset_kwargs == {"skip_prepare_dataset": True}
+    assert cfg.collator.response_template == "### Answer:"
+    assert cfg.data.template == "### Question: {instruction}\n### Answer: {output}"
+    assert not (tmp_path / "out").exists()
+
+
+def test_padding_free_false_reaches_the_collator(data_dir, tmp_path):
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--padding_free", "false"))
+    assert cfg.padding_free is False and cfg.training.padding_free is False
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("llama3-8b-flash.yaml", {"attn": "flash_attention_2", "peft": False, "data": "HuggingFaceH4/ultrachat_200k"}),
+        ("mistral-7b-lora.yaml", {"attn": "auto", "peft": True, "data": "tatsu-lab/alpaca"}),
+    ],
+)
+def test_real_model_configs_parse_and_resolve(name, expected):
+    """Every key and type goes through the same path as a run; nothing is downloaded or loaded.
+
+    ``use_cpu`` is overridden because ``SFTConfig`` itself refuses bf16 without a GPU at construction.
+    """
+    cfg = load_config(["--config", str(CONFIGS / name), "--use_cpu", "true"], check_environment=False)
+    assert cfg.attn_implementation == expected["attn"]
+    assert cfg.model.dtype == "bfloat16" and cfg.training.bf16 is True
+    assert cfg.model.use_peft is expected["peft"]
+    assert cfg.data.dataset_name == expected["data"]
+    assert cfg.padding_free is True and cfg.training.padding_free is False
+    assert cfg.training.gradient_checkpointing is True
+    if expected["peft"]:
+        assert cfg.model.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        assert cfg.data.eval_fraction == 0.02
+    else:
+        assert cfg.collator.instruction_template == [
+            "<|start_header_id|>user<|end_header_id|>\n\n",
+            "<|start_header_id|>system<|end_header_id|>\n\n",
+        ]
+
+
+def test_real_model_config_fails_clearly_on_this_machine():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the CPU-only message does not apply")
+    with pytest.raises(ConfigError, match=r"^invalid settings: bf16: true needs a GPU with bfloat16 support"):
+        load_config(["--config", str(CONFIGS / "llama3-8b-flash.yaml")])
+
+
+@pytest.mark.parametrize(
+    ("name", "kind"),
+    [("ddp", DistributedType.MULTI_GPU), ("fsdp", DistributedType.FSDP), ("deepspeed-zero3", DistributedType.DEEPSPEED)],
+)
+def test_accelerate_configs_load_with_accelerate(name, kind):
+    config = load_config_from_file(str(CONFIGS / "accelerate" / f"{name}.yaml"))
+    assert isinstance(config, ClusterConfig)
+    assert config.distributed_type == kind
+    assert config.num_machines == 1 and config.mixed_precision == "bf16"
+    if kind == DistributedType.FSDP:
+        assert config.fsdp_config["fsdp_version"] == 2
+        assert config.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    if kind == DistributedType.DEEPSPEED:
+        assert config.deepspeed_config["zero_stage"] == 3
+
+
+def test_every_shipped_config_is_checked():
+    shipped = {p.name for p in CONFIGS.glob("*.yaml")} | {f"accelerate/{p.name}" for p in (CONFIGS / "accelerate").glob("*.yaml")}
+    assert shipped == {
+        "demo.yaml", "llama3-8b-flash.yaml", "mistral-7b-lora.yaml",
+        "accelerate/ddp.yaml", "accelerate/fsdp.yaml", "accelerate/deepspeed-zero3.yaml",
+    }  # fmt: skip
+
+
+def test_env_mapping_sets_variables(tmp_path, data_dir, monkeypatch):
+    monkeypatch.delenv("TRL_PADFREE_TEST_ENV", raising=False)
+    config = write_yaml(tmp_path / "c.yaml", env={"TRL_PADFREE_TEST_ENV": 7})
+    argv = demo_argv(data_dir, tmp_path / "out")
+    argv[1] = str(config)
+    load_config(argv)
+    assert os.environ["TRL_PADFREE_TEST_ENV"] == "7"
+
+
+def test_describe_type_words():
+    assert describe_type(float | None) == "a number or null"
+    assert describe_type(dict | str | None) == "a mapping or a string or null"
+    assert json.dumps(describe_type(list[str])) == '"a list"'

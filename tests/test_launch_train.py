@@ -1,0 +1,155 @@
+"""``trl-padfree train`` end to end on CPU: a run, SIGTERM + resume (same losses), and DDP over gloo.
+
+Runs share a module-scoped tiny setup (the demo model, 40 demo records + one that truncation empties, 6 steps),
+so the whole file stays within a few tens of seconds on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trl_padfree.launch import main
+from trl_padfree.launch.callbacks import TEST_SIGTERM_ENV
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = Path(os.environ.get("TRL_PADFREE_DEMO_DIR", ROOT / "trl_padfree" / "demo"))  # TODO drop env
+STEPS = 6
+MAX_LENGTH = 96
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """40 short demo records + one whose answer lies beyond max_length (so it is dropped), and 8 eval records."""
+    out = tmp_path_factory.mktemp("launch-train-data")
+    records = [json.loads(line) for line in (DEMO / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    short = [r for r in records if len(r["instruction"]) + len(r["output"]) < 160][:40]
+    long_question = {"instruction": "Copy the text exactly: " + "red blue green " * 60, "output": "red blue green"}
+    rows = short[:20] + [long_question] + short[20:]
+    (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    eval_lines = (DEMO / "data" / "eval.jsonl").read_text(encoding="utf-8").splitlines()[:8]
+    (out / "eval.jsonl").write_text("\n".join(eval_lines) + "\n", encoding="utf-8")
+    return out
+
+
+def train_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(ROOT / "configs" / "demo.yaml"),
+        "--model_name_or_path", str(DEMO / "model"),
+        "--train_file", str(data_dir / "train.jsonl"),
+        "--eval_file", str(data_dir / "eval.jsonl"),
+        "--output_dir", str(output_dir),
+        "--max_steps", str(STEPS),
+        "--max_length", str(MAX_LENGTH),
+        "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "8",
+        "--learning_rate", "2e-3",
+        "--warmup_steps", "0",
+        "--logging_steps", "1",
+        "--eval_steps", "3",
+        *extra,
+    ]  # fmt: skip
+
+
+def losses(output_dir: Path) -> dict[int, float]:
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
+
+
+@pytest.fixture(scope="module")
+def full_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """One uninterrupted in-process run; returns (output_dir, stdout)."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("full") / "out"
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = main(train_argv(data_dir, out))
+    assert code == 0, buffer.getvalue()[-3000:]
+    return out, buffer.getvalue()
+
+
+def test_run_trains_saves_and_summarises(full_run):
+    out, stdout = full_run
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["global_step"] == STEPS and summary["interrupted"] is None and summary["saved_to"] == str(out)
+    assert "[trl-padfree] dropped 1 of 41 train examples with no trained token left" in stdout
+    assert "[trl-padfree] data: 40 training examples, 8 eval examples (format: template)" in stdout
+    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
+    assert f"[trl-padfree] model saved to {out}" in stdout
+    assert "[trl-padfree] padding avoided: " in stdout and "[trl-padfree] real tokens/s: " in stdout
+    assert "[trl-padfree] eval loss: " in stdout and " -> " in stdout  # eval on start, then at steps 3 and 6
+
+
+def test_logs_have_loss_tokens_per_second_and_padding_share(full_run):
+    out, _ = full_run
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    train_logs = [e for e in history if "loss" in e]
+    assert [e["step"] for e in train_logs] == list(range(1, STEPS + 1))
+    for entry in train_logs:
+        assert entry["real_tokens_per_second"] > 0
+        assert 0.0 <= entry["padding_share"] < 1.0
+    assert [e["step"] for e in history if "eval_loss" in e] == [0, 3, 6]
+    final = history[-1]
+    assert final["train_real_tokens"] > 0 and final["train_padded_tokens"] >= final["train_real_tokens"]
+    assert final["train_padding_share"] == pytest.approx(1 - final["train_real_tokens"] / final["train_padded_tokens"], abs=1e-4)
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_matches(full_run, data_dir, tmp_path):
+    """A subprocess run gets SIGTERM after step 3 (test hook), exits 0 with checkpoint-3; resuming reproduces
+    the losses of the uninterrupted run step for step."""
+    out = tmp_path / "out"
+    env = {**os.environ, TEST_SIGTERM_ENV: "3"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trl_padfree.cli", "train", *train_argv(data_dir, out)],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[trl-padfree] SIGTERM received: saving a checkpoint at the end of this step" in proc.stdout
+    assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-3'}" in proc.stdout
+    assert "Traceback" not in proc.stderr
+    assert (out / "checkpoint-3" / "trainer_state.json").is_file()
+    assert not (out / "model.safetensors").exists()  # an interrupted run leaves a checkpoint, not a final model
+    assert sorted(losses(out)) == [1, 2, 3]
+
+    code = main(train_argv(data_dir, out, "--resume_from_checkpoint", str(out / "checkpoint-3")))
+    assert code == 0
+    assert (out / "model.safetensors").is_file()
+    expected, resumed = losses(full_run[0]), losses(out)
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert resumed[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
+
+
+def test_ddp_on_cpu_trains_one_model_and_logs_once(data_dir, tmp_path):
+    """accelerate launch --cpu --num_processes 2 scripts/train.py: DDP over gloo, one model, main-process logs."""
+    out = tmp_path / "out"
+    argv = train_argv(data_dir, out, "--max_steps", "2", "--eval_steps", "2", "--eval_on_start", "false")
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            str(ROOT / "scripts" / "train.py"), *argv,
+        ],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    stdout = proc.stdout
+    assert stdout.count("[trl-padfree] run: ") == 1
+    assert stdout.count(f"[trl-padfree] model saved to {out}") == 1
+    assert stdout.count("[trl-padfree] steps: 2/2") == 1
+    assert stdout.count("'loss': ") == 2  # one log line per step, from the main process only
+    assert (out / "model.safetensors").is_file()
+    assert sorted(p.name for p in out.glob("*.safetensors")) == ["model.safetensors"]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert [e["step"] for e in history if "loss" in e] == [1, 2]
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["global_step"] == 2

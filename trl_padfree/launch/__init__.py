@@ -1,0 +1,56 @@
+"""``trl-padfree train --config configs/NAME.yaml [--field value ...]``: one-command fine-tuning.
+
+The same entry point serves ``trl-padfree train``, ``python scripts/train.py`` and
+``accelerate launch scripts/train.py``. The config is TRL's (``trl sft --config``): the fields of ``SFTConfig``,
+``ModelConfig`` and this launcher's :class:`~.config.DataArguments` / :class:`~.config.CollatorArguments`, flat
+in one YAML file, overridable on the command line. See :mod:`.run` for the stages of a run.
+
+Exit codes: 0 done (or stopped cleanly by SIGTERM / Ctrl-C with a checkpoint saved), 2 bad input (one line on
+stderr, nothing written).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from .config import CollatorArguments, ConfigError, DataArguments, LaunchConfig, parse_arguments
+
+__all__ = [
+    "CollatorArguments",
+    "ConfigError",
+    "DataArguments",
+    "LaunchConfig",
+    "load_config",
+    "main",
+    "parse_arguments",
+]
+
+
+def load_config(argv: Sequence[str], check_environment: bool = True) -> LaunchConfig:
+    """Parse and validate ``argv`` exactly as ``main`` does, without loading tokenizer, data or model.
+
+    With ``check_environment=False`` the checks that depend on this machine (CUDA, flash-attn, optional
+    packages, existing checkpoints) are skipped, so a config for another machine can be checked anywhere.
+    """
+    from .validate import validate_config
+
+    return validate_config(parse_arguments(argv), check_environment=check_environment)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``trl-padfree train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+    from .run import print_error, say, train
+    from .validate import describe
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(argv)
+        say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items()))
+        train(cfg)
+    except ConfigError as exc:
+        print_error(str(exc))
+        return 2
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    return 0

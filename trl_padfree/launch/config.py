@@ -1,0 +1,413 @@
+"""Config parsing for ``trl-padfree train``: YAML + command line -> dataclasses, with strict key and type checks.
+
+The launcher follows ``trl sft``'s conventions: every field of :class:`DataArguments`, :class:`CollatorArguments`,
+TRL's ``SFTConfig`` and ``ModelConfig`` is one flat key of the YAML file (``--config``) and one ``--flag`` of the
+command line; command-line values win over the file. Parsing is TRL's own :class:`~trl.TrlParser` (an
+``HfArgumentParser``), with three differences that make bad input fail fast and clearly:
+
+- a key that no dataclass knows is an error naming the closest valid key (``difflib``), in the file and on the
+  command line alike (TRL only warns, or fails on a pile of leftover strings);
+- a YAML value of the wrong type is an error (TRL sets YAML values as argparse defaults, which argparse never
+  converts nor checks);
+- argparse errors raise :class:`ConfigError` (one line) instead of printing the usage and exiting.
+
+The launcher's own defaults differ from ``SFTConfig``/``ModelConfig`` in three places: ``padding_free`` is True
+(and is applied by this project's collator; TRL's own ``SFTConfig.padding_free`` is always turned off, since TRL
+refuses a custom collator with it), ``attn_implementation`` is ``"auto"``, and ``bf16`` is True only where a GPU
+supports it (TRL's default, True, makes ``SFTConfig`` refuse to start on a CPU-only machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+
+__all__ = [
+    "CollatorArguments",
+    "ConfigError",
+    "DataArguments",
+    "LaunchConfig",
+    "build_parser",
+    "parse_arguments",
+]
+
+
+class ConfigError(ValueError):
+    """Bad user input: ``main`` prints the message as one line and exits with code 2, before any work starts."""
+
+
+@dataclass
+class DataArguments:
+    """Where the data comes from and how each record becomes one training text."""
+
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "Local training data: a .json/.jsonl/.csv/.parquet file or a glob pattern of them."},
+    )
+    eval_file: str | None = field(
+        default=None, metadata={"help": "Local evaluation data, in the same formats as train_file."}
+    )
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "A Hugging Face Hub dataset id or a local dataset directory (instead of train_file)."},
+    )
+    dataset_config: str | None = field(
+        default=None, metadata={"help": "Configuration name of dataset_name (the `name` of load_dataset)."}
+    )
+    dataset_train_split: str = field(default="train", metadata={"help": "Split of dataset_name to train on."})
+    dataset_test_split: str | None = field(
+        default=None, metadata={"help": "Split of dataset_name to evaluate on (e.g. 'test'); none by default."}
+    )
+    eval_fraction: float | None = field(
+        default=None,
+        metadata={"help": "Hold out this fraction (0-1) of the training data for evaluation (seeded by `seed`)."},
+    )
+    max_train_examples: int | None = field(
+        default=None, metadata={"help": "Use only the first N training examples (after the eval split)."}
+    )
+    max_eval_examples: int | None = field(default=None, metadata={"help": "Use only the first N eval examples."})
+    template: str | None = field(
+        default=None,
+        metadata={
+            "help": "Python format string over the dataset's fields giving each example's text, e.g. "
+            "'### Question: {instruction}\\n### Answer: {output}'. Without it the dataset's own `text` "
+            "(dataset_text_field), `prompt`+`completion` or `messages` (chat template) fields are used."
+        },
+    )
+
+
+@dataclass
+class CollatorArguments:
+    """Settings of :class:`trl_padfree.DataCollatorForCompletionOnlyLM` and the pre-flight checks."""
+
+    response_template: str | None = field(
+        default=None,
+        metadata={"help": "Text that precedes every completion, e.g. '### Answer:'. Tokens up to it are not trained."},
+    )
+    instruction_template: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Multi-turn data: the text (or several) that starts every non-assistant turn, e.g. "
+            "'### Question:'. Every assistant turn is then trained."
+        },
+    )
+    template_check_examples: int = field(
+        default=256,
+        metadata={"help": "Fail before training if the response template is in none of the first N examples."},
+    )
+    check_packing: bool = field(
+        default=True,
+        metadata={"help": "Probe the loaded model once: fail if packed examples leak into each other."},
+    )
+
+
+@dataclass
+class LaunchConfig:
+    """Everything ``trl-padfree train`` was asked to do, parsed and (after validation) resolved."""
+
+    data: DataArguments
+    collator: CollatorArguments
+    training: Any  # trl.SFTConfig (imported lazily: importing TRL takes seconds)
+    model: Any  # trl.ModelConfig
+    config_path: str | None = None
+    padding_free: bool = True
+    attn_implementation: str = "auto"
+    resume_from_checkpoint: str | bool | None = None
+
+
+#: Defaults of the launcher that differ from those of the dataclasses.
+LAUNCH_DEFAULTS: dict[str, Any] = {"padding_free": True, "attn_implementation": "auto"}
+
+#: String fields for which a YAML boolean means something (``resume_from_checkpoint: true`` = the latest one).
+_BOOL_AS_STRING = frozenset({"resume_from_checkpoint"})
+
+
+class _Parser:
+    """Factory for a ``TrlParser`` whose argparse errors raise :class:`ConfigError` (built lazily)."""
+
+    @staticmethod
+    def create(dataclass_types: Sequence[type], prog: str) -> Any:
+        from trl import TrlParser
+
+        class StrictTrlParser(TrlParser):
+            def error(self, message: str) -> typing.NoReturn:  # argparse would print usage and exit(2)
+                raise ConfigError(message)
+
+        return StrictTrlParser(dataclass_types, prog=prog, allow_abbrev=False)
+
+
+def argument_classes() -> tuple[type, ...]:
+    """The dataclasses whose fields make up the config, in parsing order."""
+    from trl import ModelConfig, SFTConfig
+
+    return (DataArguments, CollatorArguments, SFTConfig, ModelConfig)
+
+
+def build_parser(prog: str = "trl-padfree train") -> Any:
+    """The launcher's ``TrlParser`` over :func:`argument_classes`, with the launcher's defaults."""
+    from transformers.utils import is_torch_bf16_gpu_available
+
+    parser = _Parser.create(argument_classes(), prog)
+    parser.set_defaults(**LAUNCH_DEFAULTS, bf16=is_torch_bf16_gpu_available())
+    return parser
+
+
+def _split_config_flag(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Take ``--config PATH`` (or ``--config=PATH``) out of ``argv``."""
+    args = list(argv)
+    path = None
+    for i, arg in enumerate(args):
+        if arg == "--config":
+            if i + 1 >= len(args):
+                raise ConfigError("--config needs a path: trl-padfree train --config configs/NAME.yaml")
+            path = args[i + 1]
+            del args[i : i + 2]
+            break
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+            del args[i]
+            break
+    if any(a == "--config" or a.startswith("--config=") for a in args):
+        raise ConfigError("--config was given twice; pass one config file and override fields with --field value")
+    return path, args
+
+
+def read_yaml_config(path: str) -> dict[str, Any]:
+    """Read a launcher YAML file: a mapping of field names to values (an ``env`` mapping is allowed too)."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file not found: {path!r} (relative paths start at {os.getcwd()})")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            config = yaml.safe_load(handle)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: not valid YAML{where}: {problem}") from None
+    if config is None:
+        return {}
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a mapping of field names to values, got a {type(config).__name__}")
+    for key in config:
+        if not isinstance(key, str):
+            raise ConfigError(f"{path}: field names must be strings, got {key!r}")
+    return config
+
+
+def _field_types() -> dict[str, Any]:
+    """Resolved type annotation of every config field, by name (first dataclass wins, like the parser)."""
+    types_: dict[str, Any] = {}
+    for cls in argument_classes():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            types_.setdefault(f.name, hints.get(f.name, f.type))
+    return types_
+
+
+def _closest(name: str, candidates: Sequence[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest candidate, or ``""``."""
+    match = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _union_args(tp: Any) -> tuple[Any, ...]:
+    return get_args(tp) if get_origin(tp) in (Union, types.UnionType) else (tp,)
+
+
+def _mentions(tp: Any, kind: type) -> bool:
+    """Whether the annotation ``tp`` admits values of container type ``kind`` (dict or list)."""
+    return any(a is kind or get_origin(a) is kind for a in _union_args(tp))
+
+
+def describe_type(tp: Any, choices: Sequence[Any] | None = None) -> str:
+    """Human wording of a field's expected value, e.g. ``'an integer or null'``.
+
+    >>> describe_type(int | None)
+    'an integer or null'
+    >>> describe_type(bool)
+    'true or false'
+    >>> describe_type(str, choices=["no", "steps", "epoch"])
+    "one of 'no', 'steps', 'epoch'"
+    """
+    if choices:
+        return "one of " + ", ".join(repr(c.value if isinstance(c, Enum) else c) for c in choices)
+    words = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    parts: list[str] = []
+    for arg in _union_args(tp):
+        if arg is type(None):
+            continue
+        origin = get_origin(arg)
+        if arg in words:
+            parts.append(words[arg])
+        elif arg is dict or origin is dict:
+            parts.append("a mapping")
+        elif arg is list or origin is list:
+            parts.append("a list")
+        elif origin is Literal:
+            parts.append("one of " + ", ".join(repr(a) for a in get_args(arg)))
+        elif isinstance(arg, type) and issubclass(arg, Enum):
+            parts.append("one of " + ", ".join(repr(m.value) for m in arg))
+        else:
+            parts.append(getattr(arg, "__name__", str(arg)))
+    text = " or ".join(dict.fromkeys(parts)) or "a value"
+    if type(None) in _union_args(tp):
+        text += " or null"
+    return text
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    return {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}.get(
+        type(value), type(value).__name__
+    )
+
+
+class _ValueChecker:
+    """Checks and converts YAML values with the parser's own argparse converters."""
+
+    def __init__(self, parser: Any, source: str) -> None:
+        self.actions: dict[str, argparse.Action] = {}
+        for action in parser._actions:  # the first action of a dest is the field's (``--no_x`` comes after)
+            if action.dest != "help" and action.option_strings:
+                self.actions.setdefault(action.dest, action)
+        self.types = _field_types()
+        self.source = source
+
+    def wrong(self, key: str, value: Any, expected: str) -> ConfigError:
+        return ConfigError(
+            f"wrong type for {key!r} in {self.source}: expected {expected}, got {value!r} ({_kind(value)})"
+        )
+
+    def check(self, key: str, value: Any) -> Any:
+        action = self.actions[key]
+        tp = self.types.get(key, Any)
+        expected = describe_type(tp, action.choices)
+        if value is None:
+            if type(None) in _union_args(tp) or action.default is None:
+                return None
+            raise self.wrong(key, value, expected)
+        if isinstance(value, dict):
+            if _mentions(tp, dict):
+                return value
+            raise self.wrong(key, value, expected)
+        if isinstance(value, list):
+            if action.nargs in ("+", "*"):
+                return [self.scalar(key, v, action, expected) for v in value]
+            if _mentions(tp, list):
+                return value
+            raise self.wrong(key, value, expected)
+        if action.nargs in ("+", "*"):
+            return [self.scalar(key, value, action, expected)]
+        return self.scalar(key, value, action, expected)
+
+    def scalar(self, key: str, value: Any, action: argparse.Action, expected: str) -> Any:
+        from trl.scripts._hf_argparser import string_to_bool
+
+        convert = action.type or str
+        if isinstance(value, bool) and convert is not string_to_bool:
+            if key in _BOOL_AS_STRING:
+                return str(value).lower()
+            raise self.wrong(key, value, expected)
+        if convert is string_to_bool and not isinstance(value, (bool, str)):
+            raise self.wrong(key, value, expected)
+        if convert is int and isinstance(value, float):
+            raise self.wrong(key, value, expected)
+        if isinstance(value, (list, dict)):
+            raise self.wrong(key, value, expected)
+        try:
+            converted = convert(value if isinstance(value, (str, bool)) else str(value))
+        except (ValueError, TypeError, argparse.ArgumentTypeError):
+            raise self.wrong(key, value, expected) from None
+        if action.choices is not None and converted not in action.choices:
+            names = [str(c.value if isinstance(c, Enum) else c) for c in action.choices]
+            raise ConfigError(
+                f"invalid value for {key!r} in {self.source}: {value!r} is not {expected}{_closest(str(value), names)}"
+            )
+        return converted
+
+
+def _check_config_values(parser: Any, config: dict[str, Any], source: str) -> dict[str, Any]:
+    """Reject unknown keys and wrongly typed values of a YAML config; return the values converted."""
+    checker = _ValueChecker(parser, source)
+    valid = sorted(checker.actions)
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if key not in checker.actions:
+            raise ConfigError(f"unknown key {key!r} in {source}{_closest(key, valid)}")
+        out[key] = checker.check(key, value)
+    return out
+
+
+def _apply_env(config: dict[str, Any], source: str) -> None:
+    """TRL's convention: an ``env`` mapping in the YAML sets environment variables."""
+    env = config.pop("env", None)
+    if env is None:
+        return
+    if not isinstance(env, dict):
+        raise ConfigError(f"'env' in {source} must be a mapping of variable names to values, got {_kind(env)}")
+    for name, value in env.items():
+        os.environ[str(name)] = str(value)
+
+
+def _reject_unknown_flags(parser: Any, remaining: Sequence[str]) -> None:
+    """Name the first leftover command-line argument that the parser did not take."""
+    if not remaining:
+        return
+    valid = sorted(a.dest for a in parser._actions if a.option_strings and a.dest != "help")
+    first = remaining[0]
+    if first.startswith("--"):
+        name = first[2:].split("=", 1)[0]
+        raise ConfigError(f"unknown option '--{name}' on the command line{_closest(name, valid)}")
+    raise ConfigError(f"unexpected argument {first!r} on the command line; options look like --field value")
+
+
+def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> LaunchConfig:
+    """Parse ``[--config FILE] [--field value ...]`` into a :class:`LaunchConfig` (no validation beyond types).
+
+    Raises :class:`ConfigError` for an unknown key, a wrongly typed value, a missing or malformed config file,
+    and for errors raised by the dataclasses' own checks (e.g. ``SFTConfig``'s).
+    """
+    config_path, args = _split_config_flag(argv)
+    parser = build_parser(prog)
+    if config_path is not None:
+        config = read_yaml_config(config_path)
+        _apply_env(config, config_path)
+        config = _check_config_values(parser, config, config_path)
+        parser.set_defaults_with_config(**config)
+    try:
+        *parsed, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
+    except ConfigError as exc:
+        raise ConfigError(f"command line: {exc}") from None
+    except (ValueError, TypeError) as exc:  # raised by a dataclass's __post_init__
+        message = " ".join(str(exc).split())
+        if "bf16/gpu" in message:
+            message = (
+                "bf16: true needs a GPU with bfloat16 support and this machine has none; set bf16: false "
+                "(or use_cpu: true for bfloat16 autocast on the CPU)"
+            )
+        raise ConfigError(f"invalid settings: {message}") from None
+    _reject_unknown_flags(parser, remaining)
+    data, collator, training, model = parsed
+    return LaunchConfig(
+        data=data,
+        collator=collator,
+        training=training,
+        model=model,
+        config_path=config_path,
+        padding_free=bool(training.padding_free),
+        attn_implementation=model.attn_implementation or "auto",
+        resume_from_checkpoint=training.resume_from_checkpoint,
+    )

@@ -1,0 +1,358 @@
+"""Data for ``trl-padfree train``: load, format into text, tokenize, label with the collator, drop the untrainable.
+
+The pipeline, run once before training (the datasets handed to ``SFTTrainer`` are final: TRL's own preparation
+is skipped):
+
+1. :func:`load_splits`: local JSON/JSONL/CSV/Parquet files (``train_file``/``eval_file``) or ``dataset_name``
+   (hub id or local directory) with its splits; an ``eval_fraction`` is held out with the run's seed.
+2. :func:`make_formatter`: each record becomes one text, from ``template`` (a format string over the record's
+   fields) or the record's own ``text`` / ``prompt`` + ``completion`` / ``messages`` (chat template).
+3. :func:`tokenize_split`: ``input_ids`` (EOS appended to plain text, like TRL) and ``labels`` (the prompt
+   already masked for prompt/completion records).
+4. :func:`check_template`: the response template must occur in at least one of the first N examples, otherwise
+   the config is wrong (a typo, a missing newline...) and the run stops before loading the model.
+5. :func:`label_and_filter`: truncation to ``max_length`` and the collator's own labels; examples left without a
+   single trained token are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import string
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .config import ConfigError, DataArguments, LaunchConfig
+from .validate import data_builder
+
+__all__ = [
+    "PreparedData",
+    "check_template",
+    "label_and_filter",
+    "load_splits",
+    "make_formatter",
+    "prepare_data",
+    "template_fields",
+    "tokenize_split",
+]
+
+IGNORE_INDEX = -100
+_MAP_BATCH = 256
+
+
+@dataclass
+class PreparedData:
+    """Tokenized, labelled datasets ready for ``SFTTrainer`` (columns ``input_ids`` and ``labels``)."""
+
+    train: Any  # datasets.Dataset
+    eval: Any | None
+    text_format: str
+    dropped: dict[str, int] = field(default_factory=dict)
+    loaded: dict[str, int] = field(default_factory=dict)
+    template_missing_in_check: int = 0
+    checked: int = 0
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
+
+
+def _load_files(key: str, pattern: str) -> Any:
+    from datasets import load_dataset
+
+    try:
+        return load_dataset(data_builder(pattern), data_files={"data": pattern}, split="data")
+    except ConfigError:
+        raise
+    except Exception as exc:  # datasets raises many types for unreadable files
+        raise ConfigError(f"could not read {key}={pattern!r}: {_one_line(exc)}") from None
+
+
+def load_splits(data: DataArguments, seed: int) -> tuple[Any, Any | None]:
+    """Load the training split and the eval split (or None) described by ``data``."""
+    from datasets import load_dataset
+
+    eval_ds = None
+    if data.train_file:
+        train = _load_files("train_file", data.train_file)
+    else:
+        try:
+            splits = load_dataset(data.dataset_name, data.dataset_config)
+        except Exception as exc:
+            raise ConfigError(f"could not load dataset_name={data.dataset_name!r}: {_one_line(exc)}") from None
+        names = sorted(splits)
+        for key in ("dataset_train_split", "dataset_test_split"):
+            split = getattr(data, key)
+            if split is not None and split not in splits:
+                raise ConfigError(f"{key}={split!r} is not a split of {data.dataset_name!r}; it has: {', '.join(names)}")
+        train = splits[data.dataset_train_split]
+        if data.dataset_test_split is not None:
+            eval_ds = splits[data.dataset_test_split]
+    if data.eval_file:
+        eval_ds = _load_files("eval_file", data.eval_file)
+    if data.eval_fraction is not None:
+        if len(train) < 2:
+            raise ConfigError(f"eval_fraction needs at least 2 training records, the data has {len(train)}")
+        parts = train.train_test_split(test_size=data.eval_fraction, seed=seed, shuffle=True)
+        train, eval_ds = parts["train"], parts["test"]
+    if data.max_train_examples is not None:
+        train = train.select(range(min(data.max_train_examples, len(train))))
+    if eval_ds is not None and data.max_eval_examples is not None:
+        eval_ds = eval_ds.select(range(min(data.max_eval_examples, len(eval_ds))))
+    if len(train) == 0:
+        raise ConfigError("the training data has no records")
+    if eval_ds is not None and len(eval_ds) == 0:
+        raise ConfigError("the eval data has no records")
+    return train, eval_ds
+
+
+def template_fields(template: str) -> list[str]:
+    """Names of the record fields a ``template`` (a ``str.format`` string) uses.
+
+    >>> template_fields("### Question: {instruction}\\n### Answer: {output}")
+    ['instruction', 'output']
+    >>> template_fields("{a[0]} {b.x} {{literal}}")
+    ['a', 'b']
+    """
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ConfigError(f"template is not a valid format string ({exc}); write literal braces as {{{{ }}}}") from None
+    names: list[str] = []
+    for _, name, _, _ in parsed:
+        if name is None:
+            continue
+        if name == "" or name.isdigit():
+            raise ConfigError("template fields must be named, e.g. {instruction}; positional {} is not allowed")
+        base = name.split(".", 1)[0].split("[", 1)[0]
+        if base not in names:
+            names.append(base)
+    return names
+
+
+#: A formatter maps one record to ``(text, prompt_text_or_None, rendered_by_chat_template)``.
+Formatter = Callable[[dict[str, Any]], tuple[str, str | None, bool]]
+
+
+def _chat_text(tokenizer: Any, messages: Any, add_generation_prompt: bool = False) -> str:
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def make_formatter(columns: Sequence[str], template: str | None, text_field: str, tokenizer: Any) -> tuple[str, Formatter]:
+    """Pick how records become text: ``(format_name, formatter)``.
+
+    Order: ``template`` if set; else the ``text_field`` column; else ``prompt`` + ``completion``; else
+    ``messages`` (rendered with the tokenizer's chat template).
+    """
+    columns = list(columns)
+    if template is not None:
+        missing = [name for name in template_fields(template) if name not in columns]
+        if missing:
+            raise ConfigError(
+                f"template uses field(s) {', '.join(map(repr, missing))} that the data does not have; its fields "
+                f"are: {', '.join(columns)}"
+            )
+        return "template", lambda record: (template.format(**record), None, False)
+    if text_field in columns:
+        return text_field, lambda record: (str(record[text_field]), None, False)
+    if "prompt" in columns and "completion" in columns:
+
+        def prompt_completion(record: dict[str, Any]) -> tuple[str, str | None, bool]:
+            prompt, completion = record["prompt"], record["completion"]
+            if isinstance(prompt, list):  # conversational prompt/completion
+                _require_chat_template(tokenizer)
+                return _chat_text(tokenizer, prompt + completion), _chat_text(tokenizer, prompt, True), True
+            return str(prompt) + str(completion), str(prompt), False
+
+        return "prompt+completion", prompt_completion
+    if "messages" in columns:
+        _require_chat_template(tokenizer)
+        return "messages", lambda record: (_chat_text(tokenizer, record["messages"]), None, True)
+    raise ConfigError(
+        f"cannot tell how to turn the data's fields ({', '.join(columns)}) into text: set template, e.g. "
+        "'### Question: {instruction}\\n### Answer: {output}', or provide a text, prompt+completion or messages field"
+    )
+
+
+def _require_chat_template(tokenizer: Any) -> None:
+    if not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(
+            "the data has messages but the tokenizer has no chat template: set chat_template_path to a .jinja file "
+            "or use template to format the records"
+        )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class _Tokenize:
+    """Batched ``datasets.map`` function: records -> ``input_ids`` + ``labels`` (prompt pre-masked).
+
+    Plain text gets the tokenizer's special tokens and an EOS at the end (as TRL does); text rendered by a chat
+    template already has them.
+    """
+
+    def __init__(self, tokenizer: Any, formatter: Formatter) -> None:
+        self.tokenizer = tokenizer
+        self.formatter = formatter
+        self.eos = tokenizer.eos_token_id
+
+    def _encode(self, texts: list[str], chat: list[bool]) -> list[list[int]]:
+        """Tokenize in (at most two) batched calls: chat-rendered texts without added special tokens."""
+        out: list[list[int]] = [[] for _ in texts]
+        for flag in (False, True):
+            index = [i for i, c in enumerate(chat) if c is flag]
+            if index:
+                encoded = self.tokenizer([texts[i] for i in index], add_special_tokens=not flag)["input_ids"]
+                for i, ids in zip(index, encoded, strict=True):
+                    out[i] = list(ids)
+        return out
+
+    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
+        keys = list(batch)
+        try:
+            rows = [self.formatter(dict(zip(keys, values, strict=True))) for values in zip(*batch.values(), strict=True)]
+        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
+            raise ConfigError(f"could not format a record: {type(exc).__name__}: {_one_line(exc)}") from None
+        chat = [c for _, _, c in rows]
+        input_ids = self._encode([t for t, _, _ in rows], chat)
+        with_prompt = [i for i, (_, p, _) in enumerate(rows) if p is not None]
+        prompt_ids = self._encode([rows[i][1] for i in with_prompt], [chat[i] for i in with_prompt])
+        prompt_of = dict(zip(with_prompt, prompt_ids, strict=True))
+        labels = []
+        for i, ids in enumerate(input_ids):
+            if not chat[i] and self.eos is not None and (not ids or ids[-1] != self.eos):
+                ids.append(self.eos)
+            lab = list(ids)
+            if i in prompt_of:
+                n = _common_prefix(prompt_of[i], ids)
+                lab[:n] = [IGNORE_INDEX] * n
+            labels.append(lab)
+        return {"input_ids": input_ids, "labels": labels}
+
+
+def tokenize_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str) -> Any:
+    """Tokenize one split: every original column is replaced by ``input_ids`` and ``labels``."""
+    return dataset.map(
+        _Tokenize(tokenizer, formatter),
+        batched=True,
+        batch_size=_MAP_BATCH,
+        remove_columns=dataset.column_names,
+        desc=f"Tokenizing {name} data",
+    )
+
+
+def _chunks(dataset: Any, size: int) -> Iterator[list[dict[str, Any]]]:
+    for start in range(0, len(dataset), size):
+        part = dataset[start : start + size]
+        yield [{"input_ids": i, "labels": lab} for i, lab in zip(part["input_ids"], part["labels"], strict=True)]
+
+
+def check_template(dataset: Any, make_collator: Callable[[], Any], tokenizer: Any, n: int, response: str) -> int:
+    """Fail unless the response template occurs in at least one of the first ``n`` examples (untruncated).
+
+    Returns how many of those examples lack it (they will be dropped, see :func:`label_and_filter`).
+    """
+    head = dataset.select(range(min(n, len(dataset))))
+    collator = make_collator()
+    for features in _chunks(head, 64):
+        collator(features)
+    missing = collator.stats.templates_not_found
+    if missing == len(head):
+        first = tokenizer.decode(head[0]["input_ids"][:60])
+        raise ConfigError(
+            f"response_template {response!r} was found in none of the first {len(head)} examples (the first one "
+            f"starts {first!r}); make it match the formatted text exactly (spaces, newlines, case)"
+        )
+    return missing
+
+
+class _Label:
+    """Batched ``datasets.map`` function: truncate, then label with the collator exactly as training will."""
+
+    def __init__(self, make_collator: Callable[[], Any], max_length: int | None, keep_end: bool) -> None:
+        self.make_collator = make_collator
+        self.max_length = max_length
+        self.keep_end = keep_end
+        self._collator: Any = None
+
+    def _cut(self, seq: list[int]) -> list[int]:
+        if self.max_length is None or len(seq) <= self.max_length:
+            return seq
+        return seq[-self.max_length :] if self.keep_end else seq[: self.max_length]
+
+    def __call__(self, batch: dict[str, list[list[int]]]) -> dict[str, list[Any]]:
+        if self._collator is None:
+            self._collator = self.make_collator()
+        ids = [self._cut(list(x)) for x in batch["input_ids"]]
+        labels = [self._cut(list(x)) for x in batch["labels"]]
+        out = self._collator([{"input_ids": i, "labels": lab} for i, lab in zip(ids, labels, strict=True)])
+        flat = out["labels"].reshape(-1).numpy()
+        cu = out["cu_seq_lens_q"].numpy()
+        new_labels = [flat[cu[k] : cu[k + 1]].tolist() for k in range(len(ids))]
+        trained = [bool(np.any(flat[cu[k] : cu[k + 1]] != IGNORE_INDEX)) for k in range(len(ids))]
+        return {"input_ids": ids, "labels": new_labels, "trained": trained}
+
+
+def label_and_filter(dataset: Any, make_collator: Callable[[], Any], max_length: int | None, keep_end: bool,
+                     name: str) -> tuple[Any, int]:
+    """Truncate, label with the collator and drop examples with no trained token; returns ``(dataset, dropped)``."""
+    labelled = dataset.map(
+        _Label(make_collator, max_length, keep_end), batched=True, batch_size=_MAP_BATCH, desc=f"Labelling {name} data"
+    )
+    kept = labelled.filter(lambda flags: flags, input_columns="trained", batched=True, desc=f"Filtering {name} data")
+    return kept.remove_columns("trained"), len(labelled) - len(kept)
+
+
+def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], Any]) -> PreparedData:
+    """Run the whole pipeline (see the module docstring); raises :class:`ConfigError` on bad data."""
+    training = cfg.training
+    train_raw, eval_raw = load_splits(cfg.data, training.seed)
+    text_format, formatter = make_formatter(
+        train_raw.column_names, cfg.data.template, training.dataset_text_field, tokenizer
+    )
+    if eval_raw is not None:
+        missing = sorted(set(train_raw.column_names) - set(eval_raw.column_names))
+        if text_format != "template" and missing:
+            raise ConfigError(f"the eval data lacks field(s) {', '.join(missing)} that the training data has")
+        make_formatter(eval_raw.column_names, cfg.data.template, training.dataset_text_field, tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
+        train_tok = tokenize_split(train_raw, tokenizer, formatter, "train")
+        eval_tok = tokenize_split(eval_raw, tokenizer, formatter, "eval") if eval_raw is not None else None
+    n_check = cfg.collator.template_check_examples
+    missing_in_check = check_template(train_tok, make_collator, tokenizer, n_check, cfg.collator.response_template)
+    keep_end = training.truncation_mode == "keep_end"
+    train, dropped_train = label_and_filter(train_tok, make_collator, training.max_length, keep_end, "train")
+    if len(train) == 0:
+        raise ConfigError(
+            f"no training example has a trained token left (response template missing, or every completion cut "
+            f"off by max_length={training.max_length}); check response_template and max_length"
+        )
+    dropped = {"train": dropped_train}
+    loaded = {"train": len(train_raw)}
+    eval_ds = None
+    if eval_tok is not None:
+        eval_ds, dropped["eval"] = label_and_filter(eval_tok, make_collator, training.max_length, keep_end, "eval")
+        loaded["eval"] = len(eval_raw)
+        if len(eval_ds) == 0:
+            raise ConfigError("no eval example has a trained token left; check the eval data and max_length")
+    return PreparedData(
+        train=train,
+        eval=eval_ds,
+        text_format=text_format,
+        dropped=dropped,
+        loaded=loaded,
+        template_missing_in_check=missing_in_check,
+        checked=min(n_check, len(train_tok)),
+    )

@@ -1,0 +1,105 @@
+"""``PadfreeSFTTrainer``: the project's ``SFTTrainer`` (TRL's, checked for this collator) that also logs real tokens/s and the padding a padded batch would add.
+
+Token counts are taken from the training inputs themselves, so they are exact (no prefetched or eval batches
+counted, any number of dataloader workers) and summed over all processes:
+
+- ``real_tokens_per_second``: real (non-padding) tokens trained per second since the previous log;
+- ``padding_share``: the share of a padded batch's tokens that would be padding (padding-free runs avoid all of
+  it; padded runs spend it), over the same interval.
+
+The end-of-training metrics get the same two figures over the whole run (``train_real_tokens_per_second``,
+``train_padding_share``) and the totals (``train_real_tokens``, ``train_padded_tokens``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from trl_padfree.trainer import SFTTrainer
+
+__all__ = ["PadfreeSFTTrainer", "batch_token_counts"]
+
+
+def batch_token_counts(inputs: dict[str, Any]) -> tuple[int, int]:
+    """``(real tokens, tokens of the same examples padded to the longest)`` of one collated batch.
+
+    >>> import torch
+    >>> batch_token_counts({"input_ids": torch.ones(1, 7), "cu_seq_lens_q": torch.tensor([0, 2, 7])})
+    (7, 10)
+    >>> batch_token_counts({"input_ids": torch.ones(2, 5), "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
+    (7, 10)
+    """
+    cu = inputs.get("cu_seq_lens_q")
+    if cu is not None:
+        lengths = torch.diff(cu.reshape(-1))
+        return int(lengths.sum()), int(lengths.numel() * lengths.max())
+    mask = inputs.get("attention_mask")
+    ids = inputs["input_ids"]
+    if mask is not None:
+        return int(mask.sum()), int(ids.numel())
+    return int(ids.numel()), int(ids.numel())
+
+
+class PadfreeSFTTrainer(SFTTrainer):
+    """``SFTTrainer`` + token throughput and padding metrics in the training logs (see the module docstring).
+
+    Throughput counts training time only: time spent in evaluation is left out. The launcher probes the model
+    itself before building the trainer (so that a leaking model stops the run before anything is written), hence
+    ``check_packing=False`` by default here.
+    """
+
+    def __init__(self, *args: Any, check_packing: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, check_packing=check_packing, **kwargs)
+        self._token_counts = torch.zeros(2, dtype=torch.float64)  # real, padded: this process, since last log
+        self._token_totals = torch.zeros(2, dtype=torch.float64)  # all processes, whole run
+        self._interval_start: float | None = None  # start of the current logging interval
+        self._eval_seconds = 0.0  # evaluation time inside the current interval
+        self._train_seconds = 0.0  # training time of all finished intervals
+
+    def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
+        real, padded = batch_token_counts(inputs)
+        self._token_counts += torch.tensor([real, padded], dtype=torch.float64)
+        if self._interval_start is None:  # the first step (an eval on start does not count)
+            self._interval_start, self._eval_seconds = time.perf_counter(), 0.0
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
+        start = time.perf_counter()
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self._eval_seconds += time.perf_counter() - start
+
+    def _close_interval(self) -> tuple[torch.Tensor, float]:
+        """Token counts (all processes) and training seconds since the previous log; starts a new interval."""
+        counts = self._token_counts
+        self._token_counts = torch.zeros(2, dtype=torch.float64)
+        if self.accelerator.num_processes > 1:
+            counts = self.accelerator.reduce(counts.to(self.accelerator.device), reduction="sum").cpu()
+        now = time.perf_counter()
+        seconds = max(0.0, now - (self._interval_start or now) - self._eval_seconds)
+        self._interval_start, self._eval_seconds = now, 0.0
+        self._token_totals += counts
+        self._train_seconds += seconds
+        return counts, seconds
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # a periodic training log
+            (real, padded), seconds = self._close_interval()
+            if seconds > 0:
+                logs["real_tokens_per_second"] = round(float(real) / seconds, 1)
+            if padded > 0:
+                logs["padding_share"] = round(1.0 - float(real / padded), 4)
+        elif "train_runtime" in logs:  # the end-of-training metrics
+            self._close_interval()
+            real, padded = (float(x) for x in self._token_totals)
+            logs["train_real_tokens"] = int(real)
+            logs["train_padded_tokens"] = int(padded)
+            if self._train_seconds > 0:
+                logs["train_real_tokens_per_second"] = round(real / self._train_seconds, 1)
+            if padded > 0:
+                logs["train_padding_share"] = round(1.0 - real / padded, 4)
+        super().log(logs, start_time)
