@@ -35,9 +35,9 @@ from typing import Any, Literal
 import numpy as np
 from transformers.data.data_collator import DataCollatorMixin
 
-from .flattening import flatten_features, packed_batch, padded_batch, padded_length
+from .flattening import example_index, flatten_features, packed_batch, padded_batch, padded_length
 from .masking import trained_mask
-from .templates import DecodedBatch, Template, concat_matches, find_matches, verify_text_matching
+from .templates import RowText, Template, concat_matches, find_matches, verify_text_matching
 from .token_text import TokenText
 
 TemplateLike = str | Sequence[int]
@@ -155,16 +155,17 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
     # ------------------------------------------------------------------ core
     def torch_call(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         ids, existing_labels, cu = flatten_features(features)
-        labels, found = self._labels(ids, existing_labels, cu)
+        seq_idx = example_index(cu)
+        labels, found = self._labels(ids, existing_labels, cu, seq_idx)
         self._report_missing(ids, cu, found)
-        lengths = np.diff(cu)
+        lengths = cu[1:] - cu[:-1]
         self.stats.batches += 1
         self.stats.examples += int(lengths.size)
         self.stats.tokens += int(ids.size)
         self.stats.padded_tokens += int(lengths.size) * padded_length(lengths, self.pad_to_multiple_of)
         self.stats.trained_tokens += int((labels != self.ignore_index).sum())
         if self.padding_free:
-            batch = packed_batch(ids, labels, cu)
+            batch = packed_batch(ids, labels, cu, seq_idx)
             if self.disable_cache:
                 batch["use_cache"] = False
             return batch
@@ -179,18 +180,18 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         )
 
     def _labels(
-        self, ids: np.ndarray, existing: np.ndarray | None, cu: np.ndarray
+        self, ids: np.ndarray, existing: np.ndarray | None, cu: np.ndarray, seq_idx: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         if self._response is None:  # no template: the labels the dataset brought (or every token) are trained
             mask = np.ones(ids.size, dtype=bool) if existing is None else existing != self.ignore_index
             mask[cu[:-1]] = False
             return np.where(mask, ids, self.ignore_index), np.ones(cu.size - 1, dtype=bool)
-        decoded = DecodedBatch.decode(self._text, ids) if self._text is not None else None
-        responses = find_matches(self._response, ids, cu, decoded)
+        row = RowText.build(self._text, ids) if self._text is not None else None
+        responses = find_matches(self._response, ids, cu, row)
         instructions = None
         if self._instructions is not None:
-            instructions = concat_matches([find_matches(t, ids, cu, decoded) for t in self._instructions])
-        mask, found = trained_mask(ids.size, cu, responses, instructions)
+            instructions = concat_matches([find_matches(t, ids, cu, row) for t in self._instructions])
+        mask, found = trained_mask(ids.size, cu, responses, instructions, seq_idx)
         if existing is not None:
             mask &= existing != self.ignore_index
         mask[cu[:-1]] = False  # the first token of an example is never a target (packed rows need this)

@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -33,6 +34,12 @@ def _as_array(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.int64).reshape(-1)
 
 
+def _concat(values: list[Any], total: int | None) -> np.ndarray:
+    if total is not None and all(type(v) is list for v in values):  # the common case: lists from `datasets`
+        return np.fromiter(chain.from_iterable(values), dtype=np.int64, count=total)
+    return np.concatenate([_as_array(v) for v in values])
+
+
 def flatten_features(
     features: Sequence[Mapping[str, Any]],
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
@@ -43,53 +50,66 @@ def flatten_features(
     """
     if not features:
         raise ValueError("the collator received an empty list of examples")
-    arrays, label_arrays, lengths = [], [], []
-    has_labels = all("labels" in f and f["labels"] is not None for f in features)
-    for i, f in enumerate(features):
-        if "input_ids" not in f:
-            raise KeyError(
-                f"example {i} has no 'input_ids' (keys: {sorted(f)}); tokenize the dataset first, or let "
-                "SFTTrainer prepare it (do not set dataset_kwargs={'skip_prepare_dataset': True})."
-            )
-        ids = _as_array(f["input_ids"])
-        arrays.append(ids)
-        if has_labels:
-            lab = _as_array(f["labels"])
-            if lab.size != ids.size:
-                raise ValueError(f"example {i}: 'labels' has {lab.size} entries but 'input_ids' has {ids.size}")
-            label_arrays.append(lab)
-        seq_lengths = f.get("seq_lengths")
-        if seq_lengths is not None and len(seq_lengths) > 0:
-            seq = [int(s) for s in seq_lengths]
-            if sum(seq) != ids.size:
-                raise ValueError(f"example {i}: seq_lengths {seq} do not add up to its {ids.size} tokens")
-            lengths.extend(seq)
-        else:
-            lengths.append(ids.size)
-    ids = np.concatenate(arrays)
-    labels = np.concatenate(label_arrays) if has_labels else None
+    try:
+        id_values = [f["input_ids"] for f in features]
+    except KeyError:
+        i, f = next((i, f) for i, f in enumerate(features) if "input_ids" not in f)
+        raise KeyError(
+            f"example {i} has no 'input_ids' (keys: {sorted(f)}); tokenize the dataset first, or let "
+            "SFTTrainer prepare it (do not set dataset_kwargs={'skip_prepare_dataset': True})."
+        ) from None
+    sizes = [len(v) if type(v) is list else _as_array(v).size for v in id_values]
+    total = sum(sizes)
+    ids = _concat(id_values, total)
+    labels = None
+    if all(f.get("labels") is not None for f in features):
+        label_values = [f["labels"] for f in features]
+        label_sizes = [len(v) if type(v) is list else _as_array(v).size for v in label_values]
+        if label_sizes != sizes:
+            i = next(i for i, (a, b) in enumerate(zip(label_sizes, sizes, strict=True)) if a != b)
+            raise ValueError(f"example {i}: 'labels' has {label_sizes[i]} entries but 'input_ids' has {sizes[i]}")
+        labels = _concat(label_values, total)
+    lengths: list[int] = sizes
+    if any("seq_lengths" in f for f in features):
+        lengths = []
+        for i, (f, size) in enumerate(zip(features, sizes, strict=True)):
+            seq_lengths = f.get("seq_lengths")
+            if seq_lengths is not None and len(seq_lengths) > 0:
+                seq = [int(s) for s in seq_lengths]
+                if sum(seq) != size:
+                    raise ValueError(f"example {i}: seq_lengths {seq} do not add up to its {size} tokens")
+                lengths.extend(seq)
+            else:
+                lengths.append(size)
     cu = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=cu[1:])
     return ids, labels, cu
 
 
-def packed_batch(ids: np.ndarray, labels: np.ndarray, cu: np.ndarray) -> dict[str, Any]:
+def example_index(cu: np.ndarray) -> np.ndarray:
+    """The example each token belongs to (``seq_idx``)."""
+    return np.repeat(np.arange(cu.size - 1, dtype=np.int64), cu[1:] - cu[:-1])
+
+
+def packed_batch(
+    ids: np.ndarray, labels: np.ndarray, cu: np.ndarray, seq_idx: np.ndarray | None = None
+) -> dict[str, Any]:
     """One row of all examples, with the sequence boundaries varlen attention needs (no attention mask)."""
-    lengths = np.diff(cu)
     n = int(cu[-1])
-    position_ids = np.arange(n, dtype=np.int64) - np.repeat(cu[:-1], lengths)
-    seq_idx = np.repeat(np.arange(lengths.size, dtype=np.int32), lengths)
+    if seq_idx is None:
+        seq_idx = example_index(cu)
+    position_ids = np.arange(n, dtype=np.int64) - cu[seq_idx]
     cu_t = torch.from_numpy(cu.astype(np.int32))
-    max_len = int(lengths.max()) if lengths.size else 0
+    max_len = int((cu[1:] - cu[:-1]).max()) if cu.size > 1 else 0
     return {
-        "input_ids": torch.from_numpy(ids).view(1, n),
-        "labels": torch.from_numpy(labels).view(1, n),
-        "position_ids": torch.from_numpy(position_ids).view(1, n),
+        "input_ids": torch.from_numpy(ids.reshape(1, n)),
+        "labels": torch.from_numpy(labels.reshape(1, n)),
+        "position_ids": torch.from_numpy(position_ids.reshape(1, n)),
         "cu_seq_lens_q": cu_t,
-        "cu_seq_lens_k": cu_t.clone(),
+        "cu_seq_lens_k": cu_t,  # the same boundaries for queries and keys (read-only)
         "max_length_q": max_len,
         "max_length_k": max_len,
-        "seq_idx": torch.from_numpy(seq_idx).view(1, n),
+        "seq_idx": torch.from_numpy(seq_idx.astype(np.int32).reshape(1, n)),
     }
 
 

@@ -27,24 +27,21 @@ from .templates import Matches
 
 def _fill(n: int, begin: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Boolean mask of length ``n`` that is True on every ``[begin[i], end[i])``."""
-    diff = np.zeros(n + 1, dtype=np.int32)
     keep = end > begin
-    np.add.at(diff, begin[keep], 1)
-    np.add.at(diff, end[keep], -1)
+    diff = np.bincount(begin[keep], minlength=n + 1) - np.bincount(end[keep], minlength=n + 1)
     return np.cumsum(diff[:n]) > 0
 
 
-def _single_turn(n: int, cu: np.ndarray, resp: Matches) -> tuple[np.ndarray, np.ndarray]:
-    num = cu.size - 1
-    last_end = np.full(num, -1, dtype=np.int64)
-    last_start = np.full(num, -1, dtype=np.int64)
-    # the last occurrence = the one that starts last in its example
-    order = np.lexsort((resp.start, resp.example))
-    last_start[resp.example[order]] = resp.start[order]
-    last_end[resp.example[order]] = resp.end[order]
-    found = last_start >= 0
-    idx = np.flatnonzero(found)
-    return _fill(n, last_end[idx], cu[idx + 1]), found
+_NEVER = np.iinfo(np.int64).max
+
+
+def _single_turn(n: int, cu: np.ndarray, resp: Matches, seq_idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    threshold = np.full(cu.size - 1, _NEVER, dtype=np.int64)  # first trained token of each example
+    # matches come in row order, so assigning in order leaves the last occurrence of each example in place
+    order = np.argsort(resp.start, kind="stable")
+    threshold[resp.example[order]] = resp.end[order]
+    found = threshold != _NEVER
+    return np.arange(n, dtype=np.int64) >= threshold[seq_idx], found
 
 
 def _multi_turn(n: int, cu: np.ndarray, resp: Matches, instr: Matches) -> tuple[np.ndarray, np.ndarray]:
@@ -79,13 +76,20 @@ def _multi_turn(n: int, cu: np.ndarray, resp: Matches, instr: Matches) -> tuple[
 
 
 def trained_mask(
-    n_tokens: int, cu: np.ndarray, responses: Matches, instructions: Matches | None = None
+    n_tokens: int,
+    cu: np.ndarray,
+    responses: Matches,
+    instructions: Matches | None = None,
+    seq_idx: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Tokens to train in a flat row of ``n_tokens`` whose examples start at ``cu[:-1]``.
 
     Returns ``(mask, found)``: ``mask[t]`` is True where token ``t`` is part of a completion, ``found[i]`` is True
     where example ``i`` contains the response template at least once (examples without it are fully masked).
+    ``seq_idx`` (the example of every token) is computed when not given.
     """
     if instructions is None:
-        return _single_turn(n_tokens, cu, responses)
+        if seq_idx is None:
+            seq_idx = np.repeat(np.arange(cu.size - 1), np.diff(cu))
+        return _single_turn(n_tokens, cu, responses, seq_idx)
     return _multi_turn(n_tokens, cu, responses, instructions)

@@ -23,7 +23,6 @@ Example:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -77,15 +76,17 @@ class Matches:
 
 
 @dataclass
-class DecodedBatch:
-    """The bytes of a flat row and the byte offset where each token starts (plus the total)."""
+class RowText:
+    """A flat row's token ids with the byte offset where each token starts (plus the total), for text search."""
 
-    data: bytes
+    text: TokenText
+    ids: np.ndarray
     starts: np.ndarray
 
     @classmethod
-    def decode(cls, text: TokenText, ids: np.ndarray) -> DecodedBatch:
-        return cls(*text.decode(ids))
+    def build(cls, text: TokenText, ids: np.ndarray) -> RowText:
+        text.check_ids(ids)
+        return cls(text, ids, text.starts(ids))
 
 
 def _empty() -> Matches:
@@ -106,31 +107,30 @@ def _match_ids(ids_template: tuple[int, ...], ids: np.ndarray, cu: np.ndarray) -
     return Matches(example, cand, cand + length)
 
 
-def _match_text(pattern: bytes, decoded: DecodedBatch, cu: np.ndarray) -> Matches:
-    spans = [(m.start(), m.end()) for m in re.finditer(re.escape(pattern), decoded.data)]
-    if not spans:
+def _match_text(pattern: bytes, row: RowText, cu: np.ndarray) -> Matches:
+    s = row.text.find(pattern, row.ids, row.starts)
+    if not s.size:
         return _empty()
-    s, e = np.array(spans, dtype=np.int64).T
-    example_bytes = decoded.starts[cu]
+    e = s + len(pattern)
+    example_bytes = row.starts[cu]
     example = np.searchsorted(example_bytes, s, side="right") - 1
-    keep = e <= example_bytes[example + 1]
+    keep = e <= example_bytes[example + 1]  # never across an example boundary
     s, e, example = s[keep], e[keep], example[keep]
-    start = np.searchsorted(decoded.starts, s, side="left")
-    end = np.searchsorted(decoded.starts, e, side="left")
-    end = np.minimum(end, cu[example + 1])
+    start = np.searchsorted(row.starts, s, side="left")
+    end = np.minimum(np.searchsorted(row.starts, e, side="left"), cu[example + 1])
     return Matches(example, start, end)
 
 
-def find_matches(template: Template, ids: np.ndarray, cu: np.ndarray, decoded: DecodedBatch | None) -> Matches:
+def find_matches(template: Template, ids: np.ndarray, cu: np.ndarray, row: RowText | None) -> Matches:
     """All occurrences of ``template`` in the flat row ``ids`` whose examples start at ``cu[:-1]``.
 
-    ``decoded`` (the row decoded to bytes) is needed for string templates only.
+    ``row`` (the row's byte offsets, :class:`RowText`) is needed for string templates only.
     """
     if template.ids is not None:
         return _match_ids(template.ids, ids, cu)
-    if decoded is None:
-        raise ValueError(f"matching the string template {template} needs the batch decoded to text")
-    return _match_text(template.pattern, decoded, cu)
+    if row is None:
+        raise ValueError(f"matching the string template {template} needs the tokenizer's text table")
+    return _match_text(template.pattern, row, cu)
 
 
 def concat_matches(parts: Sequence[Matches]) -> Matches:

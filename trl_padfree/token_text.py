@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -107,10 +108,21 @@ def token_bytes(tokenizer) -> list[bytes]:
     return out
 
 
+@dataclass(frozen=True)
+class _Anchor:
+    """Where one byte of a pattern (its rarest in the vocabulary) occurs inside every token."""
+
+    index: int  # position of the anchor byte in the pattern
+    count: np.ndarray  # per token id: how often the anchor byte occurs in it
+    first: np.ndarray  # per token id: offset of its first entry in ``inner``
+    inner: np.ndarray  # byte offsets of the anchor inside the tokens, concatenated
+
+
 class TokenText:
-    """A vocabulary's token bytes packed in one buffer, for vectorised decoding of id arrays."""
+    """A vocabulary's token bytes packed in one buffer, for vectorised decoding and searching of id arrays."""
 
     def __init__(self, table: Sequence[bytes]):
+        self.table = list(table)
         lengths = np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
         self.lengths = lengths
         self.offsets = np.zeros(len(table), dtype=np.int64)
@@ -118,22 +130,77 @@ class TokenText:
             np.cumsum(lengths[:-1], out=self.offsets[1:])
         self.buffer = np.frombuffer(b"".join(table), dtype=np.uint8)
         self.vocab_size = len(table)
+        self._anchors: dict[bytes, _Anchor] = {}
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> TokenText:
         return cls(token_bytes(tokenizer))
 
-    def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
-        """Concatenated bytes of ``ids`` and the byte offset where each token starts (length ``len(ids) + 1``)."""
-        ids = np.asarray(ids, dtype=np.int64)
+    def check_ids(self, ids: np.ndarray) -> None:
         if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
             bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
             raise ValueError(
                 f"token id {bad} is outside the tokenizer's vocabulary (size {self.vocab_size}); the collator's "
                 "tokenizer must be the one that tokenized the dataset."
             )
-        lengths = self.lengths[ids]
+
+    def starts(self, ids: np.ndarray) -> np.ndarray:
+        """Byte offset where each token of ``ids`` starts in the decoded text, plus the total length."""
         starts = np.zeros(ids.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=starts[1:])
+        np.cumsum(self.lengths[ids], out=starts[1:])
+        return starts
+
+    def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
+        """Concatenated bytes of ``ids`` and the byte offset where each token starts (length ``len(ids) + 1``)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        self.check_ids(ids)
+        starts = self.starts(ids)
+        lengths = starts[1:] - starts[:-1]
         gather = np.repeat(self.offsets[ids] - starts[:-1], lengths) + np.arange(starts[-1], dtype=np.int64)
         return self.buffer[gather].tobytes(), starts
+
+    def _anchor(self, pattern: bytes) -> _Anchor:
+        if pattern not in self._anchors:
+            counts = {b: sum(1 for t in self.table if b in t) for b in set(pattern)}
+            index = min(range(len(pattern)), key=lambda i: (counts[pattern[i]], i))
+            byte = pattern[index]
+            inner = [[i for i, c in enumerate(t) if c == byte] for t in self.table]
+            count = np.fromiter((len(x) for x in inner), dtype=np.int64, count=len(inner))
+            first = np.zeros(len(inner), dtype=np.int64)
+            np.cumsum(count[:-1], out=first[1:])
+            flat = np.fromiter((i for x in inner for i in x), dtype=np.int64, count=int(count.sum()))
+            self._anchors[pattern] = _Anchor(index, count, first, flat)
+        return self._anchors[pattern]
+
+    def find(self, pattern: bytes, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+        """Byte offsets of every (possibly overlapping) occurrence of ``pattern`` in the text of ``ids``.
+
+        Only the tokens holding the pattern's rarest byte are looked at: each of them proposes where an occurrence
+        would start, and the proposals are checked byte by byte, all at once. Equivalent to searching the fully
+        decoded text (which is what happens when too many tokens hold that byte).
+        """
+        anchor = self._anchor(pattern)
+        per_token = anchor.count[ids]
+        tokens = np.flatnonzero(per_token)
+        m = len(pattern)
+        if tokens.size * m > starts[-1]:  # the anchor is everywhere: a plain search is cheaper
+            data = self.buffer[
+                np.repeat(self.offsets[ids] - starts[:-1], starts[1:] - starts[:-1]) + np.arange(starts[-1])
+            ].tobytes()
+            found, i = [], data.find(pattern)
+            while i >= 0:
+                found.append(i)
+                i = data.find(pattern, i + 1)
+            return np.array(found, dtype=np.int64)
+        counts = per_token[tokens]
+        if counts.size and counts.max() > 1:  # tokens holding the anchor byte several times: one proposal each
+            token = np.repeat(tokens, counts)
+            rank = np.arange(token.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        else:
+            token, rank = tokens, 0
+        begin = starts[token] + anchor.inner[anchor.first[ids[token]] + rank] - anchor.index
+        begin = begin[(begin >= 0) & (begin + m <= starts[-1])]
+        window = begin[:, None] + np.arange(m)
+        holder = np.searchsorted(starts, window, side="right") - 1
+        data = self.buffer[self.offsets[ids[holder]] + window - starts[holder]]
+        return begin[(data == np.frombuffer(pattern, dtype=np.uint8)).all(axis=1)]
