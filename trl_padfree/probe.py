@@ -183,26 +183,10 @@ def packed_batch(
     """
     if not sequences or any(len(s) == 0 for s in sequences):
         raise ValueError("packed_batch needs at least one sequence and no empty sequence.")
-    input_ids = [int(t) for s in sequences for t in s]
-    labels = [t if j else -100 for s in sequences for j, t in enumerate(int(x) for x in s)]
-    cu = [0]
-    for s in sequences:
-        cu.append(cu[-1] + len(s))
-    cu_seq_lens = torch.tensor(cu, dtype=torch.int32, device=device)
-    max_length = max(len(s) for s in sequences)
-    return {
-        "input_ids": torch.tensor([input_ids], dtype=torch.int64, device=device),
-        "labels": torch.tensor([labels], dtype=torch.int64, device=device),
-        "position_ids": torch.tensor([[j for s in sequences for j in range(len(s))]], device=device),
-        "seq_idx": torch.tensor(
-            [[i for i, s in enumerate(sequences) for _ in s]], dtype=torch.int32, device=device
-        ),
-        "cu_seq_lens_q": cu_seq_lens,
-        "cu_seq_lens_k": cu_seq_lens.clone(),
-        "max_length_q": max_length,
-        "max_length_k": max_length,
-        "use_cache": False,
-    }
+    from .collator import DataCollatorForCompletionOnlyLM  # the real collator: the probe tests what trains
+
+    batch = DataCollatorForCompletionOnlyLM(None, padding_free=True)([{"input_ids": list(s)} for s in sequences])
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) and device is not None else v) for k, v in batch.items()}
 
 
 def _model_device(model: nn.Module) -> torch.device:
