@@ -290,3 +290,21 @@ def test_describe_type_words():
     assert describe_type(float | None) == "a number or null"
     assert describe_type(dict | str | None) == "a mapping or a string or null"
     assert json.dumps(describe_type(list[str])) == '"a list"'
+
+
+def test_help_lists_the_launcher_fields(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: trl-padfree train --config configs/NAME.yaml [--field value ...]")
+    for name in ("--response_template", "--padding_free", "--template", "--model_name_or_path", "--learning_rate"):
+        assert name in out
+
+
+def test_resume_true_means_the_latest_checkpoint(tmp_path, data_dir):
+    out = tmp_path / "out"
+    for step in (2, 10, 4):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+    cfg = load_config(demo_argv(data_dir, out, "--resume_from_checkpoint", "true"))
+    assert cfg.resume_from_checkpoint == str(out / "checkpoint-10")
+    with pytest.raises(ConfigError, match=r"holds no checkpoint-N directory"):
+        load_config(demo_argv(data_dir, tmp_path / "empty", "--resume_from_checkpoint", "last"))

@@ -153,3 +153,24 @@ def test_ddp_on_cpu_trains_one_model_and_logs_once(data_dir, tmp_path):
     assert [e["step"] for e in history if "loss" in e] == [1, 2]
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["global_step"] == 2
+
+
+def test_padded_lora_run(data_dir, tmp_path, capsys):
+    """padding_free: false pads the batches (same collator); use_peft trains and saves a LoRA adapter only."""
+    out = tmp_path / "out"
+    argv = train_argv(
+        data_dir, out, "--max_steps", "2", "--padding_free", "false", "--eval_strategy", "no",
+        "--eval_on_start", "false", "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8",
+        "--lora_target_modules", "q_proj", "v_proj",
+    )  # fmt: skip
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "[trl-padfree] padding spent: " in stdout  # padded batches: the padding is paid, not avoided
+    assert "packing probe" not in stdout  # nothing is packed, nothing to probe
+    assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert all(0.0 < e["padding_share"] < 1.0 for e in history if "loss" in e)
+    # the eval loss is still computed at the end when eval data is given (eval_strategy "no")
+    assert "[trl-padfree] eval loss: " in stdout

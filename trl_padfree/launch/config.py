@@ -143,7 +143,15 @@ class _Parser:
             def error(self, message: str) -> typing.NoReturn:  # argparse would print usage and exit(2)
                 raise ConfigError(message)
 
-        return StrictTrlParser(dataclass_types, prog=prog, allow_abbrev=False)
+        return StrictTrlParser(
+            dataclass_types,
+            prog=prog,
+            allow_abbrev=False,
+            usage=f"{prog} --config configs/NAME.yaml [--field value ...]",
+            description="Fine-tune a causal LM with SFTTrainer and the padding-free completion-only collator. "
+            "--config FILE: a YAML mapping of any of the fields below (plus an optional `env` mapping of "
+            "environment variables); command-line values override the file. Exit code 2 on bad input.",
+        )
 
 
 def argument_classes() -> tuple[type, ...]:

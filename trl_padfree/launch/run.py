@@ -231,7 +231,8 @@ class RunResult:
     metrics: dict[str, Any]
     first_eval_loss: float | None
     last_eval_loss: float | None
-    train_loss: float | None
+    train_loss: float | None  # mean over the steps this process ran (Trainer's train_loss)
+    last_train_loss: float | None  # the last logged training loss
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -251,7 +252,7 @@ def summary_lines(result: RunResult, padding_free: bool) -> list[str]:
     if share is not None:
         verb = "padding avoided" if padding_free else "padding spent"
         lines.append(f"{verb}: {100 * share:.1f}% of the tokens a padded batch would have had")
-    lines.append(f"train loss: {_fmt(result.train_loss)}")
+    lines.append(f"train loss: {_fmt(result.train_loss)} (mean over the run), last logged {_fmt(result.last_train_loss)}")
     if result.last_eval_loss is not None:
         lines.append(f"eval loss: {_fmt(result.first_eval_loss)} -> {_fmt(result.last_eval_loss)}"
                      if result.first_eval_loss is not None and result.first_eval_loss != result.last_eval_loss
@@ -344,6 +345,7 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any) -> RunResult:
         first_eval_loss=first_eval,
         last_eval_loss=last_eval,
         train_loss=metrics.get("train_loss"),
+        last_train_loss=next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
     )
     if trainer.is_world_process_zero():
         with open(os.path.join(training.output_dir, "launch_summary.json"), "w", encoding="utf-8") as handle:

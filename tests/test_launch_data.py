@@ -1,0 +1,124 @@
+"""``trl-padfree train`` data pipeline: sources, formats, labels, truncation drops (no model, no training)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from trl_padfree.launch import ConfigError, load_config
+from trl_padfree.launch.data import make_formatter, prepare_data
+from trl_padfree.launch.run import make_collator_factory
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = Path(os.environ.get("TRL_PADFREE_DEMO_DIR", ROOT / "trl_padfree" / "demo"))  # TODO drop env
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(DEMO / "model")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def prepare(tokenizer, argv: list[str]):
+    cfg = load_config(["--model_name_or_path", str(DEMO / "model"), "--output_dir", "/nonexistent/out", *argv])
+    return cfg, prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+
+
+def trained_text(tokenizer, example: dict) -> str:
+    return tokenizer.decode([t for t, lab in zip(example["input_ids"], example["labels"], strict=True) if lab != -100])
+
+
+QA = [{"instruction": f"Copy the text exactly: cat {i}", "output": f"cat {i}"} for i in range(10)]
+
+
+def test_template_format_labels_only_the_answer(tokenizer, tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", QA)
+    _, data = prepare(tokenizer, [
+        "--train_file", str(train), "--template", "### Question: {instruction}\n### Answer: {output}",
+        "--response_template", "### Answer:", "--eval_fraction", "0.2", "--seed", "0",
+    ])  # fmt: skip
+    assert data.text_format == "template"
+    assert (len(data.train), len(data.eval)) == (8, 2)
+    assert data.train.column_names == ["input_ids", "labels"]
+    example = data.train[0]
+    text = tokenizer.decode(example["input_ids"])
+    assert text.startswith("### Question: Copy the text exactly: cat ") and text.endswith(tokenizer.eos_token)
+    number = text.split("cat ")[1].split("\n")[0]
+    assert trained_text(tokenizer, example) == f" cat {number}{tokenizer.eos_token}"
+
+
+def test_prompt_completion_format(tokenizer, tmp_path):
+    rows = [{"prompt": f"### Question: {r['instruction']}\n### Answer:", "completion": " " + r["output"]} for r in QA]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    _, data = prepare(tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
+    assert data.text_format == "prompt+completion"
+    assert trained_text(tokenizer, data.train[3]) == f" cat 3{tokenizer.eos_token}"
+
+
+def test_text_format(tokenizer, tmp_path):
+    rows = [{"text": f"### Question: {r['instruction']}\n### Answer: {r['output']}"} for r in QA]
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    _, data = prepare(tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
+    assert data.text_format == "text"
+    assert trained_text(tokenizer, data.train[5]) == f" cat 5{tokenizer.eos_token}"
+
+
+def test_messages_format_trains_every_assistant_turn(tokenizer, tmp_path):
+    conversation = [
+        {"role": "user", "content": "Copy: a"}, {"role": "assistant", "content": "a"},
+        {"role": "user", "content": "Copy: b"}, {"role": "assistant", "content": "b"},
+    ]  # fmt: skip
+    train = write_jsonl(tmp_path / "train.jsonl", [{"messages": conversation}] * 3)
+    _, data = prepare(tokenizer, [
+        "--train_file", str(train), "--response_template", "### Answer:", "--instruction_template", "### Question:",
+    ])  # fmt: skip
+    assert data.text_format == "messages"
+    eos = tokenizer.eos_token
+    assert trained_text(tokenizer, data.train[0]).split() == f"a{eos} b{eos}".split()
+
+
+def test_dataset_directory_with_splits(tokenizer, tmp_path):
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    write_jsonl(folder / "train.jsonl", QA[:6])
+    write_jsonl(folder / "test.jsonl", QA[6:])
+    _, data = prepare(tokenizer, [
+        "--dataset_name", str(folder), "--dataset_test_split", "test", "--response_template", "### Answer:",
+        "--template", "### Question: {instruction}\n### Answer: {output}",
+    ])  # fmt: skip
+    assert (len(data.train), len(data.eval)) == (6, 4)
+    with pytest.raises(ConfigError, match=r"^dataset_test_split='validation' is not a split of .*; it has: test, train$"):
+        prepare(tokenizer, [
+            "--dataset_name", str(folder), "--dataset_test_split", "validation", "--response_template", "x",
+        ])  # fmt: skip
+
+
+def test_truncation_drops_examples_without_trained_tokens(tokenizer, tmp_path):
+    long = {"instruction": "Copy the text exactly: " + "red " * 80, "output": "red"}
+    train = write_jsonl(tmp_path / "train.jsonl", [*QA[:4], long, QA[4]])
+    cfg, data = prepare(tokenizer, [
+        "--train_file", str(train), "--template", "### Question: {instruction}\n### Answer: {output}",
+        "--response_template", "### Answer:", "--max_length", "32",
+    ])  # fmt: skip
+    assert data.dropped == {"train": 1} and data.loaded == {"train": 6}
+    assert len(data.train) == 5
+    assert max(len(x) for x in data.train["input_ids"]) <= 32
+
+
+def test_records_without_a_known_text_field(tokenizer, tmp_path):
+    train = write_jsonl(tmp_path / "train.jsonl", QA)
+    with pytest.raises(ConfigError, match=r"^cannot tell how to turn the data's fields \(instruction, output\) into text"):
+        prepare(tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
+
+
+def test_formatter_rejects_positional_fields(tokenizer):
+    with pytest.raises(ConfigError, match="template fields must be named"):
+        make_formatter(["a"], "{} and {a}", "text", tokenizer)
