@@ -1,0 +1,21 @@
+#!/usr/bin/env python
+"""Padded vs padding-free training benchmark: the same as ``trl-padfree bench`` (see ``trl_padfree/bench.py``).
+
+    python scripts/bench.py                                            # CPU defaults, a few minutes on 2 cores
+    python scripts/bench.py --datasets flan --steps 20 --repeats 3
+    python scripts/bench.py --device cuda --dtype bfloat16 --model-size 0.5b
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+try:
+    from trl_padfree.bench import main
+except ImportError:  # running from a source checkout without `pip install -e .`
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from trl_padfree.bench import main
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
