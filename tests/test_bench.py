@@ -186,3 +186,40 @@ def test_cli_dispatches_bench(capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "usage: trl-padfree bench" in out and "--model-size {tiny,0.5b}" in out
+
+
+def test_bfloat16_runs_the_same_device_agnostic_path(tmp_path):
+    """The GPU mode's dtype path (bf16 weights and AdamW), exercised on CPU with a tiny model."""
+    config = BenchConfig(
+        datasets=["flan"], variants=["padded-sdpa", "packed-padfree"], layers=1, hidden=32, heads=4, kv_heads=2,
+        intermediate=64, vocab_size=128, batch_size=4, steps=2, warmup=1, eval_batches=1, length_scale=0.1,
+        max_length=160, dtype="bfloat16", subprocess=False,
+    )  # fmt: skip
+    report = run_benchmark(config, log=lambda _: None)
+    assert report["config"]["loss_rtol"] == 1e-2
+    entry = report["datasets"]["flan"]
+    padded, packed = entry["variants"]["padded-sdpa"], entry["variants"]["packed-padfree"]
+    assert padded["optimizer_steps"] == packed["optimizer_steps"] == 3
+    np.testing.assert_allclose(packed["train_loss"], padded["train_loss"], rtol=1e-2)
+    assert entry["comparison"]["packed-padfree"]["train_loss_max_rel_diff"] < 1e-2
+
+
+def test_model_size_preset_and_overrides():
+    from trl_padfree.bench import build_parser, config_from_args
+
+    big = config_from_args(build_parser().parse_args(["--model-size", "0.5b", "--device", "cuda", "--dtype", "bfloat16"]))
+    assert (big.layers, big.hidden, big.heads, big.kv_heads, big.vocab_size) == (24, 1280, 10, 2, 32000)
+    assert 0.45e9 < big.parameter_count() < 0.55e9
+    small = config_from_args(build_parser().parse_args(["--model-size", "0.5b", "--layers", "2"]))
+    assert (small.layers, small.hidden) == (2, 1280)
+    default = config_from_args(build_parser().parse_args([]))
+    assert (default.layers, default.hidden, default.heads, default.kv_heads, default.batch_size) == (4, 256, 8, 4, 8)
+    assert (default.dtype, default.device, default.subprocess) == ("float32", "cpu", True)
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the message shown without CUDA")
+def test_cuda_without_a_gpu_is_a_clear_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", "cuda", "--dtype", "bfloat16", "--model-size", "0.5b"])
+    assert exc.value.code == 2
+    assert "--device cuda but torch.cuda.is_available() is False; use --device cpu" in capsys.readouterr().err

@@ -368,6 +368,8 @@ def run_variant(config: BenchConfig, dataset: str, variant: str, *, isolated: bo
     device = torch.device(config.device)
     cuda = device.type == "cuda"
     if cuda:
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(device)
         torch.cuda.reset_peak_memory_stats(device)
     if config.threads:
@@ -400,9 +402,9 @@ def run_variant(config: BenchConfig, dataset: str, variant: str, *, isolated: bo
         eos_token_id=EOS_ID,
         tie_word_embeddings=False,
     )
-    torch.manual_seed(config.seed)  # the same initial weights for every variant
-    model = LlamaForCausalLM._from_config(llama, attn_implementation=spec.attn_implementation, dtype=torch.float32)
-    model.to(device=device, dtype=dtype)
+    torch.manual_seed(config.seed)  # the same initial weights for every variant (initialised on the CPU)
+    model = LlamaForCausalLM._from_config(llama, attn_implementation=spec.attn_implementation, dtype=dtype)
+    model.to(device)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
 
@@ -478,7 +480,8 @@ def run_variant(config: BenchConfig, dataset: str, variant: str, *, isolated: bo
         "target_tokens": target_tokens,
         "timed_seconds": seconds,
         "tokens_per_second": sum(real_tokens[timed]) / seconds,
-        "tokens_per_cpu_second": sum(real_tokens[timed]) / sum(cpu_seconds[timed]),
+        # Host CPU time says little about GPU work: only reported for CPU runs.
+        "tokens_per_cpu_second": None if cuda else sum(real_tokens[timed]) / sum(cpu_seconds[timed]),
     }
     if cuda:
         peak = torch.cuda.max_memory_allocated(device)
@@ -580,7 +583,9 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
             continue
         out[name] = {
             "throughput_ratio": res["tokens_per_second"] / base["tokens_per_second"],
-            "cpu_throughput_ratio": res["tokens_per_cpu_second"] / base["tokens_per_cpu_second"],
+            "cpu_throughput_ratio": None
+            if res["tokens_per_cpu_second"] is None
+            else res["tokens_per_cpu_second"] / base["tokens_per_cpu_second"],
             "memory_ratio": res["peak_memory_mb"] / base["peak_memory_mb"],
             "train_loss_max_rel_diff": _max_rel_diff(res["train_loss"], base["train_loss"]),
             "eval_loss_rel_diff": abs(res["eval_loss"] - base["eval_loss"]) / abs(base["eval_loss"]),
@@ -733,10 +738,12 @@ def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
                         first.get("repeat_loss_max_rel_diff", 0.0),
                         _max_rel_diff(result["train_loss"], first["train_loss"]))
                     first["tokens_per_second"] = statistics.median(first["tokens_per_second_runs"])
-                    first["tokens_per_cpu_second"] = statistics.median(first["tokens_per_cpu_second_runs"])
+                    if first["tokens_per_cpu_second"] is not None:
+                        first["tokens_per_cpu_second"] = statistics.median(first["tokens_per_cpu_second_runs"])
                 rep = f" (run {repeat + 1}/{config.repeats})" if config.repeats > 1 else ""
-                log(f"  {name:<15} {result['tokens_per_second']:>9,.0f} real tok/s "
-                    f"({result['tokens_per_cpu_second']:,.0f} per CPU-s), peak "
+                per_cpu = result["tokens_per_cpu_second"]
+                cpu_note = "" if per_cpu is None else f" ({per_cpu:,.0f} per CPU-s)"
+                log(f"  {name:<15} {result['tokens_per_second']:>9,.0f} real tok/s{cpu_note}, peak "
                     f"{result['peak_memory_mb']:,.0f} MB, final loss {result['train_loss'][-1]:.6f}, eval "
                     f"{result['eval_loss']:.6f}, {result['optimizer_steps']} steps [{wall:.0f} s]{rep}")
         ordered = {name: variants[name] for name in config.variants}
@@ -753,6 +760,10 @@ def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------- output
 def _fmt_ratio(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}x"
+
+
+def _fmt_number(value: float | None) -> str:
+    return "" if value is None else f"{value:,.0f}"
 
 
 def _fmt_params(n: int) -> str:
@@ -786,7 +797,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         f"steps, eval on {c['eval_batches']} batches, seed {c['seed']}; loss = model(**batch).loss over "
         "completion tokens (the collator's completion-only labels, identical in both layouts)",
         "- Real tokens/s counts non-padding tokens over the timed steps (collation + forward + backward + "
-        "optimizer step), per second of wall-clock time and per second of this process's CPU time (less "
+        "optimizer step), per second of wall-clock time and, on CPU, per second of this process's CPU time (less "
         "sensitive to other load on a shared machine)"
         + (f"; median of {c['repeats']} interleaved runs" if c["repeats"] > 1 else ""),
         "",
@@ -815,7 +826,7 @@ def to_markdown(report: dict[str, Any]) -> str:
             above = res.get("memory_above_start_mb")
             lines.append(
                 f"| {name} | {res['tokens_per_second']:,.0f} | "
-                f"{_fmt_ratio(cmp and cmp['throughput_ratio'])} | {res['tokens_per_cpu_second']:,.0f} | "
+                f"{_fmt_ratio(cmp and cmp['throughput_ratio'])} | {_fmt_number(res['tokens_per_cpu_second'])} | "
                 f"{_fmt_ratio(cmp and cmp['cpu_throughput_ratio'])} | {res['peak_memory_mb']:,.0f} | "
                 f"{_fmt_ratio(cmp and cmp['memory_ratio'])} | {'' if above is None else f'{above:,.0f}'} | "
                 f"{res['train_loss'][-1]:.6f} | {res['eval_loss']:.6f} | {diff} | {res['optimizer_steps']} |"
