@@ -106,9 +106,10 @@ def test_sigterm_saves_a_checkpoint_and_resume_matches(full_run, data_dir, tmp_p
     """A subprocess run gets SIGTERM after step 3 (test hook), exits 0 with checkpoint-3; resuming reproduces
     the losses of the uninterrupted run step for step."""
     out = tmp_path / "out"
+    no_eval = ("--eval_strategy", "no", "--eval_on_start", "false")  # evaluation does not change training losses
     env = {**os.environ, TEST_SIGTERM_ENV: "3"}
     proc = subprocess.run(
-        [sys.executable, "-m", "trl_padfree.cli", "train", *train_argv(data_dir, out)],
+        [sys.executable, "-m", "trl_padfree.cli", "train", *train_argv(data_dir, out, *no_eval)],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -119,7 +120,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_matches(full_run, data_dir, tmp_p
     assert not (out / "model.safetensors").exists()  # an interrupted run leaves a checkpoint, not a final model
     assert sorted(losses(out)) == [1, 2, 3]
 
-    code = main(train_argv(data_dir, out, "--resume_from_checkpoint", str(out / "checkpoint-3")))
+    code = main(train_argv(data_dir, out, *no_eval, "--resume_from_checkpoint", str(out / "checkpoint-3")))
     assert code == 0
     assert (out / "model.safetensors").is_file()
     expected, resumed = losses(full_run[0]), losses(out)

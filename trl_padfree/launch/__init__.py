@@ -40,7 +40,8 @@ def load_config(argv: Sequence[str], check_environment: bool = True) -> LaunchCo
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``trl-padfree train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    from .run import print_error, say, train
+    from .console import print_error, say
+    from .run import train
     from .validate import describe
 
     argv = list(sys.argv[1:] if argv is None else argv)

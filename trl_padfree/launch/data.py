@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from .config import ConfigError, DataArguments, LaunchConfig
+from .console import one_line
 from .validate import data_builder
 
 __all__ = [
@@ -56,11 +57,6 @@ class PreparedData:
     checked: int = 0
 
 
-def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return text[:300] + ("..." if len(text) > 300 else "")
-
-
 def _load_files(key: str, pattern: str) -> Any:
     from datasets import load_dataset
 
@@ -69,7 +65,7 @@ def _load_files(key: str, pattern: str) -> Any:
     except ConfigError:
         raise
     except Exception as exc:  # datasets raises many types for unreadable files
-        raise ConfigError(f"could not read {key}={pattern!r}: {_one_line(exc)}") from None
+        raise ConfigError(f"could not read {key}={pattern!r}: {one_line(exc)}") from None
 
 
 def load_splits(data: DataArguments, seed: int) -> tuple[Any, Any | None]:
@@ -83,7 +79,7 @@ def load_splits(data: DataArguments, seed: int) -> tuple[Any, Any | None]:
         try:
             splits = load_dataset(data.dataset_name, data.dataset_config)
         except Exception as exc:
-            raise ConfigError(f"could not load dataset_name={data.dataset_name!r}: {_one_line(exc)}") from None
+            raise ConfigError(f"could not load dataset_name={data.dataset_name!r}: {one_line(exc)}") from None
         names = sorted(splits)
         for key in ("dataset_train_split", "dataset_test_split"):
             split = getattr(data, key)
@@ -223,7 +219,7 @@ class _Tokenize:
         try:
             rows = [self.formatter(dict(zip(keys, values, strict=True))) for values in zip(*batch.values(), strict=True)]
         except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
-            raise ConfigError(f"could not format a record: {type(exc).__name__}: {_one_line(exc)}") from None
+            raise ConfigError(f"could not format a record: {type(exc).__name__}: {one_line(exc)}") from None
         chat = [c for _, _, c in rows]
         input_ids = self._encode([t for t, _, _ in rows], chat)
         with_prompt = [i for i, (_, p, _) in enumerate(rows) if p is not None]

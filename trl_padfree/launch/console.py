@@ -1,0 +1,69 @@
+"""Console output of ``trl-padfree train``: main-process messages, one-line errors, quiet replicas."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import warnings
+from collections.abc import Iterator
+
+__all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quiet_replicas", "say"]
+
+
+def is_main_process() -> bool:
+    """True on the process that logs (rank 0), also before the Trainer has set up distribution."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def say(message: str) -> None:
+    """Print a launcher message on the main process only."""
+    if is_main_process():
+        print(f"[trl-padfree] {message}", flush=True)
+
+
+def quiet_replicas() -> None:
+    """Silence library logging, warnings and progress bars on every process but the main one."""
+    if is_main_process():
+        return
+    import datasets
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    datasets.logging.set_verbosity_error()
+    datasets.disable_progress_bars()
+    warnings.filterwarnings("ignore")
+
+
+@contextlib.contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No progress bars from datasets / transformers loading (pre-flight stages print one line each instead)."""
+    import datasets
+    import transformers
+
+    datasets_on = datasets.is_progress_bar_enabled()
+    transformers_on = transformers.utils.logging.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if datasets_on:
+            datasets.enable_progress_bars()
+        if transformers_on:
+            transformers.utils.logging.enable_progress_bar()
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception's message on one line, at most 300 characters.
+
+    >>> one_line(ValueError("a\\n  b"))
+    'a b'
+    """
+    text = " ".join(str(exc).split())
+    return text[:300] + ("..." if len(text) > 300 else "")
+
+
+def print_error(message: str) -> None:
+    """The one-line error of bad input."""
+    print(f"trl-padfree train: error: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,159 @@
+"""Tokenizer, collator and model for ``trl-padfree train``, and the pre-flight packing probe.
+
+Every failure here is bad input (a wrong path, a template the collator rejects, a model whose attention lets
+packed examples see each other) and raises :class:`~.config.ConfigError` before anything is written.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from typing import Any
+
+from .config import ConfigError, LaunchConfig
+from .console import one_line, say
+
+__all__ = ["load_model", "load_tokenizer", "make_collator_factory", "probe_model"]
+
+
+def load_tokenizer(cfg: LaunchConfig) -> Any:
+    """The tokenizer of ``model_name_or_path`` with the ``eos_token`` / ``pad_token`` / chat template overrides."""
+    from transformers import AutoTokenizer
+
+    name = cfg.model.model_name_or_path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(
+            name, revision=cfg.model.model_revision, trust_remote_code=cfg.training.trust_remote_code
+        )
+    except Exception as exc:
+        raise ConfigError(f"could not load the tokenizer of {name!r}: {one_line(exc)}") from None
+    training = cfg.training
+    for attr in ("eos_token", "pad_token"):
+        value = getattr(training, attr)
+        if value is not None:
+            if value not in tokenizer.get_vocab():
+                raise ConfigError(f"{attr}={value!r} is not in the vocabulary of {name!r}")
+            setattr(tokenizer, attr, value)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if training.chat_template_path is not None:
+        path = training.chat_template_path
+        if not (os.path.isfile(path) and path.endswith((".jinja", ".j2"))):
+            raise ConfigError(f"chat_template_path={path!r} must be an existing .jinja file")
+        with open(path, encoding="utf-8") as handle:
+            tokenizer.chat_template = handle.read()
+    return tokenizer
+
+
+def make_collator_factory(cfg: LaunchConfig, tokenizer: Any, padding_free: bool, quiet: bool) -> Any:
+    """A picklable zero-argument factory of the project's collator with the run's settings."""
+    from trl_padfree.collator import DataCollatorForCompletionOnlyLM
+
+    instruction = cfg.collator.instruction_template
+    if instruction is not None and len(instruction) == 1:
+        instruction = instruction[0]
+    kwargs = {
+        "tokenizer": tokenizer,
+        "padding_free": padding_free,
+        "on_template_not_found": "ignore" if quiet else "warn",
+    }
+    if not padding_free and isinstance(cfg.training.pad_to_multiple_of, int):
+        kwargs["pad_to_multiple_of"] = cfg.training.pad_to_multiple_of
+    factory = functools.partial(DataCollatorForCompletionOnlyLM, cfg.collator.response_template, instruction, **kwargs)
+    try:
+        factory()
+    except ValueError as exc:
+        raise ConfigError(f"collator settings rejected: {one_line(exc)}") from None
+    return factory
+
+
+def load_model(cfg: LaunchConfig) -> Any:
+    """Load the model with the resolved attention implementation and dtype (the ``padfree`` attention registered)."""
+    from transformers import AutoModelForCausalLM
+    from trl import get_quantization_config
+
+    import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
+
+    model_args = cfg.model
+    quantization = get_quantization_config(model_args)
+    kwargs: dict[str, Any] = {
+        "revision": model_args.model_revision,
+        "trust_remote_code": cfg.training.trust_remote_code,
+        "attn_implementation": cfg.attn_implementation,
+        "dtype": model_args.dtype,
+    }
+    if quantization is not None:
+        from accelerate import PartialState
+
+        # k-bit weights are placed at load time, one full copy per process (TRL's own scripts do the same)
+        kwargs.update(quantization_config=quantization, device_map={"": PartialState().local_process_index})
+    kwargs.update(cfg.training.model_init_kwargs or {})
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **kwargs)
+    except Exception as exc:
+        raise ConfigError(f"could not load model {model_args.model_name_or_path!r}: {one_line(exc)}") from None
+
+
+def _materialized(model: Any) -> bool:
+    """Whether this process holds the model's real weights (not meta tensors, not DeepSpeed ZeRO-3 shards)."""
+    return all(p.device.type != "meta" and not hasattr(p, "ds_id") for p in model.parameters())
+
+
+def _sharded_launch(training: Any) -> bool:
+    env = os.environ
+    return (
+        env.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+        or env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+        or bool(training.deepspeed)
+        or bool(training.fsdp)
+    )
+
+
+def _failed_anywhere(failure: str | None) -> str | None:
+    """Share a probe failure between processes, so that every rank stops (none waits in a collective)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return failure
+    device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
+    flag = torch.tensor([0 if failure is None else 1], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() and failure is None:
+        return "padding-free training is unsafe for this model (the packing probe failed on another process)"
+    return failure
+
+
+def probe_model(model: Any, training: Any) -> None:
+    """Raise :class:`ConfigError` if packed examples leak under the model's attention implementation.
+
+    Judged at the training precision (bf16/fp16 mixed precision gets that dtype's tolerance), on the training
+    device where the Trainer would put the model anyway. A process that holds no real weights (FSDP loading on
+    rank 0 only, DeepSpeed ZeRO-3 shards) skips the probe; any process's failure stops every process.
+    """
+    import torch
+
+    from trl_padfree.probe import DEFAULT_RTOL, PackingLeakError, assert_packing_safe
+
+    failure = None
+    if _materialized(model):
+        quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
+        if training.device.type != "cpu" and not quantized and not _sharded_launch(training):
+            model.to(training.device)
+        kwargs = {}
+        if training.bf16 or training.fp16:
+            kwargs["rtol"] = DEFAULT_RTOL[torch.bfloat16 if training.bf16 else torch.float16]
+        try:
+            report = assert_packing_safe(model, **kwargs)
+        except PackingLeakError as exc:
+            headline = str(exc.report).splitlines()[0]
+            failure = f"padding-free training is unsafe for this model: {headline} {exc.report.advice}"
+        else:
+            say(f"packing probe: {report.model_type} with {report.attn_implementation!r} keeps packed examples "
+                f"apart (max logit diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
+    else:
+        say("packing probe skipped: the weights are sharded at load time here (DeepSpeed ZeRO-3 / FSDP); check the "
+            "model once with `trl-padfree check --model NAME`")
+    failure = _failed_anywhere(failure)
+    if failure is not None:
+        raise ConfigError(failure)

@@ -1,0 +1,67 @@
+"""The end-of-run summary of ``trl-padfree train`` (printed, and saved as ``launch_summary.json``)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["RunResult", "eval_losses", "summary_lines", "write_summary"]
+
+
+@dataclass
+class RunResult:
+    """What a finished (or interrupted) run did."""
+
+    global_step: int
+    max_steps: int
+    interrupted: str | None
+    checkpoint: str | None
+    saved_to: str | None
+    metrics: dict[str, Any]
+    first_eval_loss: float | None
+    last_eval_loss: float | None
+    train_loss: float | None  # mean over the steps this process ran (Trainer's train_loss)
+    last_train_loss: float | None  # the last logged training loss
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def summary_lines(result: RunResult, padding_free: bool) -> list[str]:
+    """The end-of-run summary (a few lines)."""
+    m = result.metrics
+    tokens_s = m.get("train_real_tokens_per_second")
+    share = m.get("train_padding_share")
+    lines = [
+        f"steps: {result.global_step}/{result.max_steps} in {m.get('train_runtime', 0.0):.1f} s"
+        + (f" (stopped by {result.interrupted})" if result.interrupted else ""),
+        f"real tokens/s: {tokens_s:,.0f}" if tokens_s is not None else "real tokens/s: n/a",
+    ]
+    if share is not None:
+        verb = "padding avoided" if padding_free else "padding spent"
+        lines.append(f"{verb}: {100 * share:.1f}% of the tokens a padded batch would have had")
+    lines.append(f"train loss: {_fmt(result.train_loss)} (mean over the run), last logged {_fmt(result.last_train_loss)}")
+    if result.last_eval_loss is not None:
+        lines.append(f"eval loss: {_fmt(result.first_eval_loss)} -> {_fmt(result.last_eval_loss)}"
+                     if result.first_eval_loss is not None and result.first_eval_loss != result.last_eval_loss
+                     else f"eval loss: {_fmt(result.last_eval_loss)}")
+    if result.checkpoint:
+        lines.append(f"checkpoint saved to {result.checkpoint}; resume with --resume_from_checkpoint {result.checkpoint}")
+    if result.saved_to:
+        lines.append(f"model saved to {result.saved_to}")
+    return lines
+
+
+def eval_losses(history: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    losses = [entry["eval_loss"] for entry in history if "eval_loss" in entry]
+    return (losses[0], losses[-1]) if losses else (None, None)
+
+
+def write_summary(result: RunResult, output_dir: str, **extra: Any) -> None:
+    """Save ``result`` (and ``extra`` fields) as ``output_dir/launch_summary.json``."""
+    with open(os.path.join(output_dir, "launch_summary.json"), "w", encoding="utf-8") as handle:
+        json.dump({**asdict(result), **extra}, handle, indent=2, default=str)
