@@ -401,6 +401,7 @@ def run_variant(config: BenchConfig, dataset: str, variant: str, *, isolated: bo
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
         tie_word_embeddings=False,
+        use_cache=False,  # as Trainer/SFTTrainer do; the packed batches also carry use_cache=False
     )
     torch.manual_seed(config.seed)  # the same initial weights for every variant (initialised on the CPU)
     model = LlamaForCausalLM._from_config(llama, attn_implementation=spec.attn_implementation, dtype=dtype)
