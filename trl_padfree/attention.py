@@ -1,0 +1,349 @@
+"""The ``"padfree"`` attention implementation: varlen attention for padding-free batches on every device.
+
+Importing this module registers ``"padfree"`` with transformers, both as an attention function
+(``AttentionInterface``) and as a mask builder (``AttentionMaskInterface``), so that
+``AutoModelForCausalLM.from_config(cfg, attn_implementation="padfree")``, ``from_pretrained(...,
+attn_implementation="padfree")`` and ``config._attn_implementation = "padfree"`` all work.
+
+Design
+======
+A padding-free batch is one row of concatenated examples (``input_ids`` ``(1, T)``), with ``position_ids``
+restarting at 0 for every example and, from this project's collator, ``cu_seq_lens_q/k`` + ``max_length_q/k``.
+transformers' own ``sdpa`` handles such a batch by materialising a dense ``(1, 1, T, T)`` block-diagonal mask
+(quadratic in the *batch* length, and no fast causal kernel); ``flash_attention_2`` needs the flash-attn package
+and a GPU. ``"padfree"`` runs true varlen attention instead, each example attending only to itself.
+
+**Mask builder** (:func:`padfree_mask`). transformers calls it once per forward with the mask *pattern*
+(``mask_function``). When there is no padding mask, no cache offset and no custom overlay, it returns no dense mask:
+it probes the pattern on the two diagonals next to the main one (``O(T)``, not ``O(T^2)``) and returns ``None``
+(plain causal) or, when examples are packed (``position_ids`` restart), a 1-D int32 ``cu_seq_lens`` tensor over the
+flattened ``B*T`` tokens. In every other case (a padded batch, generation with a cache, a non-causal overlay,
+tracing) it returns exactly what ``sdpa`` would get (``transformers.masking_utils.sdpa_mask``).
+
+**Attention function** (:func:`padfree_attention_forward`). Sequence boundaries are taken from, in order:
+
+1. the ``cu_seq_lens_q/k`` + ``max_length_q/k`` keyword arguments (the collator's; no device sync);
+2. the 1-D ``cu_seq_lens`` tensor produced by :func:`padfree_mask` (packing seen in ``position_ids``);
+3. ``position_ids`` among the keyword arguments (batch size 1, no cache) when they restart; transformers 5.x
+   decoder layers forward ``position_ids`` to the attention function (verified for llama, mistral and qwen2 in
+   transformers 5.24), so this also covers models whose mask builder never sees ``position_ids``.
+
+With boundaries it runs the fastest correct varlen kernel (:func:`~trl_padfree.attention_backends.select_backend`):
+flash-attn's ``flash_attn_varlen_func`` (CUDA, flash-attn installed), else PyTorch's ``varlen_attn`` (CUDA sm80+,
+fp16/bf16, no dropout), else a per-sequence ``scaled_dot_product_attention`` loop (CPU and everything else) that
+batches similar lengths, uses ``enable_gqa`` and reads the boundaries once per call. Without boundaries (a dense
+mask from a padded batch, a decode step with a cache) it calls transformers' ``sdpa_attention_forward`` with the
+same arguments, so the result is the ``sdpa`` result. The only case handled by ``padfree`` itself without
+boundaries is a mask-free batch whose sliding window is shorter than the rows: each row is then one sequence.
+
+Supported: GQA/MQA, Mistral/Qwen2-style ``sliding_window`` (per example), dropout (``dropout`` argument of the
+call, i.e. only in training), non-causal modules. Not supported (clear :class:`PadfreeAttentionError`): attention
+logit soft-capping (Gemma-2) and attention sinks (GPT-OSS); use ``flash_attention_2`` or ``eager`` there.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, causal_mask_function, sdpa_mask
+from transformers.utils import is_flash_attn_2_available
+
+from .attention_backends import (
+    BACKENDS,
+    flash_attn_available,
+    run_varlen_attention,
+    select_backend,
+    torch_varlen_available,
+)
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "BACKENDS",
+    "PadfreeAttentionError",
+    "cu_seq_lens_from_position_ids",
+    "flash_attn_available",
+    "padfree_attention_forward",
+    "padfree_mask",
+    "pick_attn_implementation",
+    "register",
+    "select_backend",
+    "torch_varlen_available",
+]
+
+ATTN_IMPLEMENTATION = "padfree"
+
+
+class PadfreeAttentionError(ValueError):
+    """A model feature that the ``"padfree"`` attention implementation cannot compute exactly."""
+
+
+def pick_attn_implementation(device: str | torch.device | None = None) -> str:
+    """Best attention implementation for padding-free training on ``device``.
+
+    ``"flash_attention_2"`` where flash-attn is really usable (the package imports, CUDA is available and the
+    device is a CUDA device or unspecified), else ``"padfree"``.
+
+    >>> pick_attn_implementation("cpu")
+    'padfree'
+    """
+    if device is not None and torch.device(device).type != "cuda":
+        return ATTN_IMPLEMENTATION
+    if torch.cuda.is_available() and flash_attn_available() and is_flash_attn_2_available():
+        return "flash_attention_2"
+    return ATTN_IMPLEMENTATION
+
+
+def cu_seq_lens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:
+    """Cumulative sequence lengths (int32) over the flattened tokens of ``position_ids`` ``(B, T)``.
+
+    A new sequence starts at every row start and wherever the position does not follow the previous one
+    (the rule transformers uses for its packed-sequence masks).
+
+    >>> cu_seq_lens_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])).tolist()
+    [0, 3, 5, 9]
+    >>> cu_seq_lens_from_position_ids(torch.tensor([[0, 1], [0, 1]])).tolist()
+    [0, 2, 4]
+    """
+    batch, length = position_ids.shape
+    new_sequence = torch.ones(batch, length, dtype=torch.bool, device=position_ids.device)
+    new_sequence[:, 1:] = position_ids[:, 1:] - position_ids[:, :-1] != 1
+    starts = new_sequence.reshape(-1).nonzero().reshape(-1)
+    end = torch.tensor([batch * length], device=position_ids.device, dtype=starts.dtype)
+    return torch.cat([starts, end]).to(torch.int32)
+
+
+def _is_tracing() -> bool:
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def padfree_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int | torch.Tensor = 0,
+    kv_offset: int = 0,
+    mask_function=causal_mask_function,
+    attention_mask: torch.Tensor | None = None,
+    use_vmap: bool = False,
+    device: torch.device | str = "cpu",
+    **kwargs: Any,
+) -> torch.Tensor | None:
+    """Mask builder registered for ``"padfree"`` in ``AttentionMaskInterface`` (see the module docstring).
+
+    Returns ``None`` for plain causal attention without padding, a 1-D int32 ``cu_seq_lens`` tensor (attribute
+    ``padfree_max_length``) over the ``batch_size * q_length`` tokens when the pattern packs several sequences
+    per row, and otherwise exactly what ``sdpa`` gets from ``transformers.masking_utils.sdpa_mask``.
+    """
+    sdpa_kwargs = dict(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        mask_function=mask_function,
+        attention_mask=attention_mask,
+        use_vmap=use_vmap,
+        device=device,
+        **kwargs,
+    )
+    plain = (
+        attention_mask is None
+        and not use_vmap
+        and isinstance(q_offset, int)
+        and q_offset == 0
+        and kv_offset == 0
+        and kv_length == q_length
+        and not _is_tracing()
+    )
+    if not plain:
+        return sdpa_mask(**sdpa_kwargs)
+    if q_length == 1:
+        return None
+    # Probe the pattern next to the diagonal: (q=i, kv=i-1) is False exactly where a new sequence starts, and
+    # (q=i-1, kv=i) is True only for non-causal overlays (bidirectional blocks), which we leave to sdpa.
+    rows = torch.arange(batch_size, device=device)[:, None]
+    cols = torch.arange(1, q_length, device=device)[None, :]
+    head = torch.zeros((), dtype=torch.long, device=device)
+    shape = (batch_size, q_length - 1)
+    previous = torch.as_tensor(mask_function(rows, head, cols, cols - 1), device=device).expand(shape)
+    future = torch.as_tensor(mask_function(rows, head, cols - 1, cols), device=device).expand(shape)
+    sees_future, has_starts = torch.stack([future.any(), (~previous).any()]).tolist()
+    if sees_future:
+        return sdpa_mask(**sdpa_kwargs)
+    if not has_starts:
+        return None
+    new_sequence = torch.ones(batch_size, q_length, dtype=torch.bool, device=device)
+    new_sequence[:, 1:] = ~previous
+    starts = new_sequence.reshape(-1).nonzero().reshape(-1).tolist()
+    cu = starts + [batch_size * q_length]
+    cu_seq_lens = torch.tensor(cu, dtype=torch.int32, device=device)
+    cu_seq_lens.padfree_max_length = max(b - a for a, b in pairwise(cu))
+    return cu_seq_lens
+
+
+def _unsupported(module: torch.nn.Module, feature: str, advice: str) -> PadfreeAttentionError:
+    config = getattr(module, "config", None)
+    model_type = getattr(config, "model_type", None) or type(module).__name__
+    return PadfreeAttentionError(
+        f"attn_implementation='padfree' does not support {feature}, which model type {model_type!r} uses. "
+        f"{advice}"
+    )
+
+
+def _boundaries(
+    query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+    """``(cu_q, cu_k, max_q, max_k)`` over the flattened tokens, or ``None`` when there are no boundaries."""
+    batch, q_length, k_length = query.shape[0], query.shape[2], key.shape[2]
+    cu_q = kwargs.get("cu_seq_lens_q")
+    if cu_q is not None and (attention_mask is None or attention_mask.ndim == 1):
+        cu_k = kwargs.get("cu_seq_lens_k")
+        cu_k = cu_q if cu_k is None else cu_k
+        max_q, max_k = kwargs.get("max_length_q"), kwargs.get("max_length_k")
+        if cu_q.ndim != 1 or cu_k.ndim != 1:
+            raise ValueError(
+                f"cu_seq_lens_q/k must be 1-D (N+1,) tensors, got shapes {tuple(cu_q.shape)} and "
+                f"{tuple(cu_k.shape)}; flatten them (e.g. cu_seq_lens_q.view(-1)) in the collator."
+            )
+        max_q = _as_int(max_q, cu_q)
+        max_k = max_q if max_k is None and cu_k is cu_q else _as_int(max_k, cu_k)
+        if query.device.type == "cpu":
+            total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+            if total_q != batch * q_length or total_k != batch * k_length:
+                raise ValueError(
+                    f"cu_seq_lens_q/k cover {total_q}/{total_k} tokens but the batch has {batch}x{q_length} "
+                    f"query and {batch}x{k_length} key tokens; pass cu_seq_lens that describe exactly this batch."
+                )
+        return cu_q, cu_k, max_q, max_k
+    if attention_mask is not None and attention_mask.ndim == 1:
+        if q_length != k_length:
+            raise ValueError(
+                "A padfree sequence-boundary mask cannot be used with a cache (query length "
+                f"{q_length} != key length {k_length}); pass use_cache=False for packed batches."
+            )
+        max_length = getattr(attention_mask, "padfree_max_length", None)
+        if max_length is None:
+            max_length = int((attention_mask[1:] - attention_mask[:-1]).max())
+        return attention_mask, attention_mask, max_length, max_length
+    position_ids = kwargs.get("position_ids")
+    if (
+        attention_mask is None
+        and position_ids is not None
+        and batch == 1
+        and q_length == k_length > 1
+        and position_ids.shape[-1] == q_length
+        and not _is_tracing()
+    ):
+        position_ids = position_ids.reshape(1, -1)
+        if bool((position_ids[:, 1:] - position_ids[:, :-1] != 1).any()):
+            cu = cu_seq_lens_from_position_ids(position_ids)
+            cu_list = cu.tolist()
+            max_length = max(b - a for a, b in pairwise(cu_list))
+            return cu, cu, max_length, max_length
+    return None
+
+
+def _as_int(value: Any, cu: torch.Tensor) -> int:
+    if value is None:
+        return int((cu[1:] - cu[:-1]).max())
+    if isinstance(value, torch.Tensor):
+        return int(value.max())
+    return int(value)
+
+
+def padfree_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    is_causal: bool | None = None,
+    s_aux: torch.Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention function registered as ``"padfree"`` (see the module docstring).
+
+    Takes transformers' attention-function arguments (``query`` ``(B, H, Tq, D)``, ``key``/``value``
+    ``(B, H_kv, Tk, D)``) and returns ``((B, Tq, H, D_v), None)`` like ``sdpa_attention_forward``.
+    """
+    if softcap is not None:
+        raise _unsupported(
+            module,
+            f"attention logit soft-capping (softcap={softcap}, Gemma-2 style)",
+            "Use attn_implementation='flash_attention_2' (flash-attn supports softcap with packed sequences) or "
+            "'eager' with padded batches (DataCollatorForCompletionOnlyLM(..., padding_free=False)).",
+        )
+    if s_aux is not None:
+        raise _unsupported(
+            module,
+            "attention sinks (s_aux, GPT-OSS style)",
+            "Use attn_implementation='flash_attention_2' with a kernel that supports sinks, or 'eager' with "
+            "padded batches (DataCollatorForCompletionOnlyLM(..., padding_free=False)).",
+        )
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    batch, heads, q_length, _ = query.shape
+    k_length = key.shape[2]
+    bounds = _boundaries(query, key, attention_mask, kwargs)
+    if bounds is None:
+        window_binds = sliding_window is not None and max(q_length, k_length) > sliding_window
+        if attention_mask is None and window_binds and q_length == k_length:
+            # No dense mask was built (see padfree_mask): every row is one sequence with a binding window.
+            cu = torch.arange(0, (batch + 1) * q_length, q_length, dtype=torch.int32, device=query.device)
+            bounds = (cu, cu, q_length, k_length)
+        else:
+            return sdpa_attention_forward(
+                module,
+                query,
+                key,
+                value,
+                attention_mask,
+                dropout=dropout,
+                scaling=scaling,
+                is_causal=is_causal,
+                **kwargs,
+            )
+    cu_q, cu_k, max_q, max_k = bounds
+    cu_q = cu_q.to(device=query.device, dtype=torch.int32)
+    cu_k = cu_q if cu_k is bounds[0] else cu_k.to(device=query.device, dtype=torch.int32)
+    backend = select_backend(
+        query.device,
+        query.dtype,
+        dropout=dropout,
+        head_dim=max(query.shape[-1], value.shape[-1]),
+    )
+    # (B, H, T, D) -> token-major (B*T, H, D); a view when B == 1.
+    q = query.transpose(1, 2).reshape(batch * q_length, heads, query.shape[-1])
+    k = key.transpose(1, 2).reshape(batch * k_length, key.shape[1], key.shape[-1])
+    v = value.transpose(1, 2).reshape(batch * k_length, value.shape[1], value.shape[-1])
+    out = run_varlen_attention(
+        backend,
+        q,
+        k,
+        v,
+        cu_q,
+        cu_k,
+        max_q,
+        max_k,
+        scale=scaling,
+        causal=causal,
+        sliding_window=sliding_window,
+        dropout=dropout,
+    )
+    return out.reshape(batch, q_length, heads, value.shape[-1]), None
+
+
+def register() -> None:
+    """Register ``"padfree"`` in transformers' attention and mask interfaces (idempotent; done on import)."""
+    AttentionInterface.register(ATTN_IMPLEMENTATION, padfree_attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, padfree_mask)
+
+
+register()
