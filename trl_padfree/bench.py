@@ -533,6 +533,13 @@ def _run_in_subprocess(config: BenchConfig, dataset: str, variant: str) -> dict[
 
 
 # --------------------------------------------------------------------------------------------- analysis
+def _load_average() -> list[float] | None:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:  # pragma: no cover - not on every platform
+        return None
+
+
 def machine_info(device: str) -> dict[str, Any]:
     """CPU/GPU name, core count and library versions."""
     import torch
@@ -556,10 +563,17 @@ def machine_info(device: str) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "trl_padfree": __version__,
         "gpu": None,
+        "load_average_start": _load_average(),
     }
     if device.startswith("cuda") and torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(torch.device(device))
         info["cuda"] = torch.version.cuda
+    try:
+        git = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=_project_root(), capture_output=True,
+                             text=True, timeout=10)
+        info["git"] = git.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        info["git"] = None
     try:
         import flash_attn
 
@@ -754,6 +768,7 @@ def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
             "variants": ordered,
             "comparison": compare(ordered),
         }
+    report["machine"]["load_average_end"] = _load_average()
     report["targets"] = evaluate_targets(report)
     return report
 
@@ -790,7 +805,10 @@ def to_markdown(report: dict[str, Any]) -> str:
         "",
         f"- Machine: {device} ({m['cpu_count']} CPUs, {m['torch_threads']} torch threads); "
         f"torch {m['torch']}, transformers {m['transformers']}, trl-padfree {m['trl_padfree']}"
-        + (f", flash-attn {m['flash_attn']}" if m.get("flash_attn") else "") + f"; {m['platform']}",
+        + (f" (git {m['git']})" if m.get("git") else "")
+        + (f", flash-attn {m['flash_attn']}" if m.get("flash_attn") else "") + f"; {m['platform']}"
+        + (f"; load average (1/5/15 min) {m['load_average_start']} at start, {m.get('load_average_end')} at end"
+           if m.get("load_average_start") else ""),
         f"- Model: random-init Llama, {c['layers']} layers x {c['hidden']} hidden, {c['heads']} heads / "
         f"{c['kv_heads']} kv heads, MLP {c['intermediate']}, vocab {c['vocab_size']} "
         f"({_fmt_params(c['parameters'])} parameters), {c['dtype']} on {c['device']}",
