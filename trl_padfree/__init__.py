@@ -1,16 +1,27 @@
-"""trl-padfree: padding-free, completion-only fine-tuning for TRL's SFTTrainer."""
+"""trl-padfree: padding-free, completion-only fine-tuning for TRL's SFTTrainer.
 
+Importing the package registers the ``"padfree"`` attention implementation with transformers.
+"""
+
+from .attention import ATTN_IMPLEMENTATION, pick_attn_implementation  # registers "padfree"
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
+from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "ATTN_IMPLEMENTATION",
     "CollatorStats",
     "DataCollatorForCompletionOnlyLM",
     "PackingCheckCallback",
+    "PackingLeakError",
+    "PackingReport",
     "SFTTrainer",
     "TemplateNotFoundError",
     "__version__",
+    "assert_packing_safe",
+    "check_packing",
     "check_trainer_args",
+    "pick_attn_implementation",
 ]
