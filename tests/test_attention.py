@@ -129,7 +129,7 @@ def test_registered_with_transformers():
     assert AttentionInterface._global_mapping["padfree"] is padfree_attention_forward
 
 
-def test_attn_implementation_selectable_three_ways():
+def test_attn_implementation_selectable_four_ways(tmp_path):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="padfree")
     assert model.config._attn_implementation == "padfree"
@@ -141,6 +141,10 @@ def test_attn_implementation_selectable_three_ways():
     torch.testing.assert_close(other(**batch).logits, expected, rtol=0, atol=0)
     other.set_attn_implementation("padfree")
     torch.testing.assert_close(other(**batch).logits, expected, rtol=0, atol=0)
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="padfree")
+    assert loaded.config._attn_implementation == "padfree"
+    torch.testing.assert_close(loaded(**batch).logits, expected, rtol=0, atol=0)
 
 
 # ------------------------------------------------------------------------------- packed == padded sdpa (train)
@@ -512,3 +516,34 @@ def test_run_varlen_attention_rejects_unknown_backend_and_dropout_on_torch_varle
         run_varlen_attention("triton", q, k, v, cu, cu, 3, 3)
     with pytest.raises(ValueError, match="torch_varlen backend has no dropout"):
         run_varlen_attention("torch_varlen", q, k, v, cu, cu, 3, 3, dropout=0.1)
+
+
+# ------------------------------------------------------------------------ CUDA kernels (skipped without a GPU)
+
+
+def _cuda_backends() -> list[str]:
+    if not torch.cuda.is_available():
+        return []
+    backends = []
+    if attention.flash_attn_available():
+        backends.append("flash_attn")
+    if attention.torch_varlen_available() and torch.cuda.get_device_capability() >= (8, 0):
+        backends.append("torch_varlen")
+    return backends
+
+
+@pytest.mark.skipif(not _cuda_backends(), reason="needs CUDA with flash-attn or torch varlen_attn (sm80+)")
+@pytest.mark.parametrize("window", [None, 5])
+def test_cuda_varlen_kernels_match_the_sdpa_loop(window):
+    lengths = [5, 17, 16, 1, 9, 40]
+    cu = cu_of(lengths).cuda()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(sum(lengths), 8, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
+    k = torch.randn(sum(lengths), 2, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
+    v = torch.randn(sum(lengths), 2, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
+    expected = run_varlen_attention(
+        "sdpa_loop", q.float(), k.float(), v.float(), cu, cu, 40, 40, sliding_window=window
+    )
+    for backend in _cuda_backends():
+        got = run_varlen_attention(backend, q, k, v, cu, cu, 40, 40, sliding_window=window)
+        torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2, msg=backend)

@@ -137,6 +137,11 @@ def padfree_mask(
     Returns ``None`` for plain causal attention without padding, a 1-D int32 ``cu_seq_lens`` tensor (attribute
     ``padfree_max_length``) over the ``batch_size * q_length`` tokens when the pattern packs several sequences
     per row, and otherwise exactly what ``sdpa`` gets from ``transformers.masking_utils.sdpa_mask``.
+
+    >>> padfree_mask(batch_size=2, q_length=5, kv_length=5) is None  # causal, no padding, no cache
+    True
+    >>> padfree_mask(batch_size=1, q_length=3, kv_length=3, attention_mask=torch.tensor([[True, True, False]])).shape
+    torch.Size([1, 1, 3, 3])
     """
     sdpa_kwargs = dict(
         batch_size=batch_size,
