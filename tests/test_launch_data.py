@@ -122,3 +122,17 @@ def test_records_without_a_known_text_field(tokenizer, tmp_path):
 def test_formatter_rejects_positional_fields(tokenizer):
     with pytest.raises(ConfigError, match="template fields must be named"):
         make_formatter(["a"], "{} and {a}", "text", tokenizer)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "parquet", "json"])
+def test_csv_parquet_and_json_files(tokenizer, tmp_path, fmt):
+    from datasets import Dataset
+
+    path = tmp_path / f"train.{fmt}"
+    getattr(Dataset.from_list(QA), f"to_{fmt}")(str(path))
+    _, data = prepare(tokenizer, [
+        "--train_file", str(path), "--template", "### Question: {instruction}\n### Answer: {output}",
+        "--response_template", "### Answer:",
+    ])  # fmt: skip
+    assert len(data.train) == len(QA)
+    assert trained_text(tokenizer, data.train[7]) == f" cat 7{tokenizer.eos_token}"

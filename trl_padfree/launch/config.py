@@ -132,26 +132,23 @@ LAUNCH_DEFAULTS: dict[str, Any] = {"padding_free": True, "attn_implementation": 
 _BOOL_AS_STRING = frozenset({"resume_from_checkpoint"})
 
 
-class _Parser:
-    """Factory for a ``TrlParser`` whose argparse errors raise :class:`ConfigError` (built lazily)."""
+def _strict_parser(dataclass_types: Sequence[type], prog: str) -> Any:
+    """A ``TrlParser`` whose argparse errors raise :class:`ConfigError` instead of printing usage and exiting."""
+    from trl import TrlParser
 
-    @staticmethod
-    def create(dataclass_types: Sequence[type], prog: str) -> Any:
-        from trl import TrlParser
+    class StrictTrlParser(TrlParser):
+        def error(self, message: str) -> typing.NoReturn:
+            raise ConfigError(message)
 
-        class StrictTrlParser(TrlParser):
-            def error(self, message: str) -> typing.NoReturn:  # argparse would print usage and exit(2)
-                raise ConfigError(message)
-
-        return StrictTrlParser(
-            dataclass_types,
-            prog=prog,
-            allow_abbrev=False,
-            usage=f"{prog} --config configs/NAME.yaml [--field value ...]",
-            description="Fine-tune a causal LM with SFTTrainer and the padding-free completion-only collator. "
-            "--config FILE: a YAML mapping of any of the fields below (plus an optional `env` mapping of "
-            "environment variables); command-line values override the file. Exit code 2 on bad input.",
-        )
+    return StrictTrlParser(
+        dataclass_types,
+        prog=prog,
+        allow_abbrev=False,
+        usage=f"{prog} --config configs/NAME.yaml [--field value ...]",
+        description="Fine-tune a causal LM with SFTTrainer and the padding-free completion-only collator. "
+        "--config FILE: a YAML mapping of any of the fields below (plus an optional `env` mapping of "
+        "environment variables); command-line values override the file. Exit code 2 on bad input.",
+    )
 
 
 def argument_classes() -> tuple[type, ...]:
@@ -165,7 +162,7 @@ def build_parser(prog: str = "trl-padfree train") -> Any:
     """The launcher's ``TrlParser`` over :func:`argument_classes`, with the launcher's defaults."""
     from transformers.utils import is_torch_bf16_gpu_available
 
-    parser = _Parser.create(argument_classes(), prog)
+    parser = _strict_parser(argument_classes(), prog)
     parser.set_defaults(**LAUNCH_DEFAULTS, bf16=is_torch_bf16_gpu_available())
     return parser
 

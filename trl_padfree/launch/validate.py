@@ -199,6 +199,7 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
     if check_environment:
         cfg.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, _training_device(cfg))
+        cfg.model.attn_implementation = cfg.attn_implementation
         _check_resume(cfg)
     return cfg
 
