@@ -52,6 +52,7 @@ def train_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
         "--warmup_steps", "0",
         "--logging_steps", "1",
         "--eval_steps", "3",
+        "--eval_on_start", "false",
         *extra,
     ]  # fmt: skip
 
@@ -85,7 +86,7 @@ def test_run_trains_saves_and_summarises(full_run):
     assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
     assert f"[trl-padfree] model saved to {out}" in stdout
     assert "[trl-padfree] padding avoided: " in stdout and "[trl-padfree] real tokens/s: " in stdout
-    assert "[trl-padfree] eval loss: " in stdout and " -> " in stdout  # eval on start, then at steps 3 and 6
+    assert "[trl-padfree] eval loss: " in stdout and " -> " in stdout  # evaluated at steps 3 and 6
 
 
 def test_logs_have_loss_tokens_per_second_and_padding_share(full_run):
@@ -96,7 +97,7 @@ def test_logs_have_loss_tokens_per_second_and_padding_share(full_run):
     for entry in train_logs:
         assert entry["real_tokens_per_second"] > 0
         assert 0.0 <= entry["padding_share"] < 1.0
-    assert [e["step"] for e in history if "eval_loss" in e] == [0, 3, 6]
+    assert [e["step"] for e in history if "eval_loss" in e] == [3, 6]
     final = history[-1]
     assert final["train_real_tokens"] > 0 and final["train_padded_tokens"] >= final["train_real_tokens"]
     assert final["train_padding_share"] == pytest.approx(1 - final["train_real_tokens"] / final["train_padded_tokens"], abs=1e-4)
@@ -106,7 +107,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_matches(full_run, data_dir, tmp_p
     """A subprocess run gets SIGTERM after step 3 (test hook), exits 0 with checkpoint-3; resuming reproduces
     the losses of the uninterrupted run step for step."""
     out = tmp_path / "out"
-    no_eval = ("--eval_strategy", "no", "--eval_on_start", "false")  # evaluation does not change training losses
+    no_eval = ("--eval_strategy", "no")  # evaluation does not change training losses
     env = {**os.environ, TEST_SIGTERM_ENV: "3"}
     proc = subprocess.run(
         [sys.executable, "-m", "trl_padfree.cli", "train", *train_argv(data_dir, out, *no_eval)],
@@ -132,7 +133,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_matches(full_run, data_dir, tmp_p
 def test_ddp_on_cpu_trains_one_model_and_logs_once(data_dir, tmp_path):
     """accelerate launch --cpu --num_processes 2 scripts/train.py: DDP over gloo, one model, main-process logs."""
     out = tmp_path / "out"
-    argv = train_argv(data_dir, out, "--max_steps", "2", "--eval_steps", "2", "--eval_on_start", "false")
+    argv = train_argv(data_dir, out, "--max_steps", "2", "--eval_steps", "2")
     proc = subprocess.run(
         [
             sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
@@ -161,7 +162,7 @@ def test_padded_lora_run(data_dir, tmp_path, capsys):
     out = tmp_path / "out"
     argv = train_argv(
         data_dir, out, "--max_steps", "2", "--padding_free", "false", "--eval_strategy", "no",
-        "--eval_on_start", "false", "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8",
+        "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8",
         "--lora_target_modules", "q_proj", "v_proj",
     )  # fmt: skip
     assert main(argv) == 0

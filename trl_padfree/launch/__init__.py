@@ -40,11 +40,12 @@ def load_config(argv: Sequence[str], check_environment: bool = True) -> LaunchCo
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``trl-padfree train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-    from .console import print_error, say
+    from .console import print_error, quiet_replicas, say
     from .run import train
     from .validate import describe
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    quiet_replicas()  # under a distributed launcher only rank 0 logs, from the very start
     try:
         cfg = load_config(argv)
         say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items()))

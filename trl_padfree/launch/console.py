@@ -65,5 +65,6 @@ def one_line(exc: BaseException) -> str:
 
 
 def print_error(message: str) -> None:
-    """The one-line error of bad input."""
-    print(f"trl-padfree train: error: {message}", file=sys.stderr, flush=True)
+    """The one-line error of bad input (from the main process only: every rank reaches the same verdict)."""
+    if is_main_process():
+        print(f"trl-padfree train: error: {message}", file=sys.stderr, flush=True)

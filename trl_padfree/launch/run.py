@@ -16,7 +16,7 @@ import os
 from typing import Any
 
 from .config import LaunchConfig
-from .console import quiet_progress, quiet_replicas, say
+from .console import quiet_progress, say
 from .model import load_model, load_tokenizer, make_collator_factory, probe_model
 from .summary import RunResult, eval_losses, summary_lines, write_summary
 
@@ -25,7 +25,6 @@ __all__ = ["train"]
 
 def train(cfg: LaunchConfig) -> RunResult:
     """Stages 2-4 (see the module docstring) on a validated config."""
-    quiet_replicas()
     training = cfg.training
     with quiet_progress():
         say(f"preparing data (tokenizer of {cfg.model.model_name_or_path})")
