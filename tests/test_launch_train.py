@@ -176,3 +176,29 @@ def test_padded_lora_run(data_dir, tmp_path, capsys):
     assert all(0.0 < e["padding_share"] < 1.0 for e in history if "loss" in e)
     # the eval loss is still computed at the end when eval data is given (eval_strategy "no")
     assert "[trl-padfree] eval loss: " in stdout
+
+
+def test_ctrl_c_asks_for_a_checkpoint_then_aborts_on_the_second():
+    """SIGINT is handled like SIGTERM: first one -> save and stop at the step end; second one -> KeyboardInterrupt."""
+    import signal
+
+    from transformers import TrainerControl, TrainerState, TrainingArguments
+
+    from trl_padfree.launch.callbacks import GracefulStop
+
+    messages: list[str] = []
+    before = signal.getsignal(signal.SIGINT)
+    stop = GracefulStop(announce=messages.append)
+    args = TrainingArguments(output_dir="/nonexistent", use_cpu=True, report_to="none")
+    state, control = TrainerState(), TrainerControl()
+    with stop:
+        state.global_step = 4
+        stop.on_step_end(args, state, control)
+        assert not control.should_save and not control.should_training_stop
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested == "SIGINT" and messages[0].startswith("SIGINT received: saving a checkpoint")
+        stop.on_step_end(args, state, control)
+        assert control.should_save and control.should_training_stop and stop.stopped_at == 4
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGINT) is before  # handlers restored
