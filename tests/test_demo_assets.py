@@ -1,0 +1,267 @@
+"""The shipped demo assets (``trl_padfree/demo``): they load through the ordinary APIs and are what the generator makes.
+
+Everything is loaded from the shipped paths with ``AutoTokenizer`` / ``AutoModelForCausalLM`` / ``load_dataset``,
+exactly as the demo config does; the last test re-runs ``scripts/make_demo_assets.py`` into a temporary folder
+and compares bytes.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+from datasets import load_dataset
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+MODEL_DIR = DEMO / "model"
+DATA_DIR = DEMO / "data"
+SCRIPT = ROOT / "scripts" / "make_demo_assets.py"
+DATA_FILES = ("train.jsonl", "eval.jsonl", "chat_train.jsonl", "chat_eval.jsonl")
+
+
+def _load_generator() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("make_demo_assets", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load_generator()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PreTrainedTokenizerFast:
+    return AutoTokenizer.from_pretrained(MODEL_DIR)
+
+
+@pytest.fixture(scope="module")
+def demo_data():
+    return load_dataset(
+        "json", data_files={"train": str(DATA_DIR / "train.jsonl"), "eval": str(DATA_DIR / "eval.jsonl")}
+    )
+
+
+@pytest.fixture(scope="module")
+def train_lengths(tokenizer, demo_data) -> np.ndarray:
+    """Token count of every formatted training example, EOS included (what the trainer sees)."""
+    texts = [gen.format_example(row) for row in demo_data["train"]]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return np.array([len(x) + 1 for x in ids])
+
+
+def test_tokenizer_special_tokens(tokenizer) -> None:
+    assert isinstance(tokenizer, PreTrainedTokenizerFast)
+    assert len(tokenizer) == gen.VOCAB_SIZE
+    assert (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token) == (gen.PAD, gen.BOS, gen.EOS)
+    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
+    assert tokenizer.padding_side == "right"
+    # no special token is added implicitly: the trainer appends EOS itself, and templates match in context
+    assert tokenizer("cat dog")["input_ids"] == tokenizer("cat dog", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(tokenizer("### Answer:")["input_ids"]) == ["###", "ĠAnswer", ":"]
+
+
+def test_tokenizer_round_trips_demo_text(tokenizer, demo_data) -> None:
+    texts = [gen.format_example(row) for split in ("train", "eval") for row in demo_data[split]]
+    texts += ["Ünïcode and émoji 🙂 are byte-level: nothing is unknown.\n\ttabs too"]
+    encoded = tokenizer(texts)["input_ids"]
+    assert [tokenizer.decode(ids) for ids in encoded] == texts
+    eos = tokenizer.decode(tokenizer(texts[0] + gen.EOS)["input_ids"])
+    assert eos == texts[0] + gen.EOS
+
+
+def test_dataset_fields_and_sizes(demo_data) -> None:
+    assert demo_data["train"].column_names == ["instruction", "output"]
+    assert demo_data["eval"].column_names == ["instruction", "output"]
+    assert (demo_data["train"].num_rows, demo_data["eval"].num_rows) == (gen.N_TRAIN, gen.N_EVAL)
+    for split in ("train", "eval"):
+        assert all(row["instruction"].strip() and row["output"].strip() for row in demo_data[split])
+    # eval examples are not copies of training examples
+    assert not set(demo_data["train"]["instruction"]).intersection(demo_data["eval"]["instruction"])
+
+
+def _check_answer(instruction: str, output: str) -> str | None:
+    """Assert that ``output`` answers ``instruction``; return the task checked (None for tasks not checked)."""
+    words = instruction.split(": ", 1)[-1].split()
+    ints = [int(x) for x in re.findall(r"\d+", instruction)]
+    if instruction.startswith("Reverse the order"):
+        assert output.split() == words[::-1]
+        return "reverse"
+    if instruction.startswith("Sort the numbers"):
+        assert output.split() == [str(x) for x in sorted(map(int, words))]
+        return "sort"
+    if instruction.startswith("Write the words in capital"):
+        assert output == " ".join(words).upper()
+        return "upper"
+    if instruction.startswith("Copy the text"):
+        assert output == " ".join(words)
+        return "copy"
+    if instruction.startswith("Number the words"):
+        assert output == " ".join(f"{i}. {w}" for i, w in enumerate(words, 1)) + f". Count: {len(words)}"
+        return "number_words"
+    if instruction.startswith("What is the last word?"):
+        assert output == instruction.split()[-1]
+        return "last"
+    if instruction.startswith("What is the first word?"):
+        assert output == instruction.split()[5]
+        return "first"
+    if re.fullmatch(r"What is \d+ \+ \d+\?", instruction):
+        assert output == str(ints[0] + ints[1])
+        return "add"
+    if instruction.startswith("Count from"):
+        assert output.split() == [str(x) for x in range(ints[0], ints[1] + 1)]
+        return "count_up"
+    if instruction.startswith("Count down from"):
+        assert output.split() == [str(x) for x in range(ints[0], ints[1] - 1, -1)]
+        return "count_down"
+    if instruction.startswith("Count by"):
+        assert output.split() == [str(x) for x in range(ints[1], ints[2] + 1, ints[0])]
+        return "count_by"
+    if instruction.startswith("Write the") and "times table" in instruction:
+        k, n = ints
+        assert output == ", ".join(f"{k} x {i} = {k * i}" for i in range(1, n + 1)) + "."
+        return "times_table"
+    if instruction.startswith("Repeat the word"):
+        word = instruction.split("'")[1]
+        assert output.split() == [word] * ints[0]
+        return "repeat"
+    if instruction.startswith("List the letters"):
+        first, last = instruction.removesuffix(".").split()[-3::2]
+        assert output == " ".join(chr(c) for c in range(ord(first), ord(last) + 1))
+        return "letters"
+    return None
+
+
+def test_answers_are_correct(demo_data) -> None:
+    """Every output is the right answer to its instruction, and all 14 task kinds occur in train and eval."""
+    for split in ("train", "eval"):
+        tasks = [_check_answer(row["instruction"], row["output"]) for row in demo_data[split]]
+        assert None not in tasks
+        assert len(set(tasks)) == 14, sorted(set(tasks))
+
+
+def test_template_occurs_in_every_formatted_example(tokenizer, demo_data) -> None:
+    response_ids = tokenizer(gen.RESPONSE_TEMPLATE, add_special_tokens=False)["input_ids"]
+    for split in ("train", "eval"):
+        for row in demo_data[split]:
+            text = gen.format_example(row)
+            assert text.count(gen.RESPONSE_TEMPLATE) == 1
+            assert text.startswith(gen.INSTRUCTION_TEMPLATE)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            windows = [ids[i : i + len(response_ids)] for i in range(len(ids) - len(response_ids) + 1)]
+            assert windows.count(response_ids) == 1, text
+
+
+def test_length_spread_is_flan_like(train_lengths) -> None:
+    """Short typical examples and a heavy right tail (mean well above the median), all within the model's range."""
+    median, p95, mean = np.median(train_lengths), np.percentile(train_lengths, 95), train_lengths.mean()
+    assert 55 <= median <= 80, median
+    assert 170 <= p95 <= 280, p95
+    assert mean / median > 1.2
+    assert train_lengths.min() >= 10
+    assert 350 <= train_lengths.max() <= 420
+    assert (train_lengths > 300).sum() >= 30  # the tail is populated, not a single outlier
+
+
+def test_model_loads_and_is_tiny(tokenizer, train_lengths) -> None:
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR)
+    assert isinstance(model, LlamaForCausalLM)
+    cfg = model.config
+    assert model.dtype == torch.float32
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (
+        4,
+        128,
+        4,
+        2,
+    )
+    assert cfg.vocab_size == len(tokenizer)
+    assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.pad_token_id,
+    )
+    assert cfg.max_position_embeddings >= train_lengths.max()
+    assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
+    assert sum(p.numel() for p in model.parameters()) < 1_000_000
+    assert (MODEL_DIR / "model.safetensors").is_file()
+    total_bytes = sum(p.stat().st_size for p in DEMO.rglob("*") if p.is_file())
+    assert total_bytes < 5 * 1024 * 1024, total_bytes
+
+
+def test_random_init_loss_is_uniform(tokenizer, demo_data) -> None:
+    """A fresh random init predicts close to uniformly: its loss is about ln(vocab), the demo's starting point."""
+    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR).eval()
+    text = gen.format_example(demo_data["eval"][0]) + tokenizer.eos_token
+    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        out = model(input_ids=ids, labels=ids, use_cache=False)
+    assert out.logits.shape == (1, ids.shape[1], len(tokenizer))
+    assert abs(out.loss.item() - math.log(len(tokenizer))) < 0.2
+
+
+def test_chat_data_and_template(tokenizer) -> None:
+    rows = [json.loads(line) for line in (DATA_DIR / "chat_train.jsonl").read_text().splitlines()]
+    assert len(rows) == gen.N_CHAT_TRAIN
+    for row in rows:
+        roles = [m["role"] for m in row["messages"]]
+        assert roles == ["user", "assistant"] * (len(roles) // 2) and 4 <= len(roles) <= 6
+    messages = [
+        {"role": "user", "content": "Copy the text exactly: cat dog"},
+        {"role": "assistant", "content": "cat dog"},
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "5"},
+    ]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert text == (
+        "### Question: Copy the text exactly: cat dog\n### Answer: cat dog<|eos|>\n"
+        "### Question: What is 2 + 3?\n### Answer: 5<|eos|>\n"
+    )
+    prompt = tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    assert prompt == "### Question: Copy the text exactly: cat dog\n### Answer:"
+    out = tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    trained = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    assert trained == " cat dog<|eos|> 5<|eos|>"
+    with pytest.raises(Exception, match="only user and assistant roles"):
+        tokenizer.apply_chat_template([{"role": "system", "content": "x"}], tokenize=False)
+
+
+def test_generator_is_deterministic(tmp_path: Path) -> None:
+    """Re-running the script reproduces the shipped assets.
+
+    Data files, tokenizer and model config must be identical; the weights too, unless the installed transformers
+    differs from the one that made them (its random init may change between versions).
+    """
+    subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], check=True, capture_output=True)
+    for name in DATA_FILES:
+        assert (tmp_path / "data" / name).read_bytes() == (DATA_DIR / name).read_bytes(), name
+    new_tok = json.loads((tmp_path / "model" / "tokenizer.json").read_text())
+    old_tok = json.loads((MODEL_DIR / "tokenizer.json").read_text())
+    assert new_tok["model"] == old_tok["model"]  # vocab and merges
+    assert new_tok["added_tokens"] == old_tok["added_tokens"]
+    assert (tmp_path / "model" / "chat_template.jinja").read_text() == (
+        MODEL_DIR / "chat_template.jinja"
+    ).read_text()
+    new_cfg = json.loads((tmp_path / "model" / "config.json").read_text())
+    old_cfg = json.loads((MODEL_DIR / "config.json").read_text())
+    same_version = new_cfg.pop("transformers_version") == old_cfg.pop("transformers_version")
+    assert new_cfg == old_cfg
+    if same_version:
+        new_w, old_w = (
+            load_file(tmp_path / "model" / "model.safetensors"),
+            load_file(MODEL_DIR / "model.safetensors"),
+        )
+        assert new_w.keys() == old_w.keys()
+        assert all(torch.equal(new_w[k], old_w[k]) for k in new_w)
