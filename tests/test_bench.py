@@ -32,7 +32,7 @@ RESULT_FIELDS = {
     "train_loss", "eval_loss", "eval_target_tokens", "step_seconds", "cpu_seconds", "collate_seconds",
     "real_tokens", "input_tokens", "target_tokens", "timed_seconds", "tokens_per_second", "tokens_per_cpu_second",
     "tokens_per_cpu_second_runs",
-    "memory_kind", "peak_memory_mb", "memory_above_start_mb", "tokens_per_second_runs", "wall_seconds",
+    "memory_kind", "peak_memory_mb", "memory_above_start_mb", "tokens_per_second_runs",
 }  # fmt: skip
 
 
@@ -99,21 +99,27 @@ def test_loss_curves_of_padding_free_variants_equal_padded(smoke):
     assert [isinstance(t["holds"], bool) for t in throughput] == [True, True, True]
 
 
-def test_worker_subprocess_reproduces_the_in_process_run(smoke):
-    """The real (default) path: each variant in a fresh worker; same seed, same losses as in-process."""
+def test_interleaved_worker_processes_reproduce_the_in_process_run(smoke):
+    """The default path: each variant in a fresh worker, trained in lockstep; same seed, same losses."""
     _, report = smoke
     config = BenchConfig(
-        datasets=["orcamath"], variants=["packed-padfree"], layers=1, hidden=32, heads=4, kv_heads=2,
-        intermediate=64, vocab_size=128, batch_size=4, steps=2, warmup=1, eval_batches=1, length_scale=0.1,
-        max_length=160,
+        datasets=["orcamath"], variants=["padded-sdpa", "packed-padfree"], layers=1, hidden=32, heads=4,
+        kv_heads=2, intermediate=64, vocab_size=128, batch_size=4, steps=2, warmup=1, eval_batches=1,
+        length_scale=0.1, max_length=160,
     )  # fmt: skip
-    sub = run_benchmark(config, log=lambda _: None)
-    res = sub["datasets"]["orcamath"]["variants"]["packed-padfree"]
-    assert res["memory_kind"] == "peak RSS of a fresh worker process"
-    assert res["peak_memory_mb"] > 100  # python + torch + transformers, at least
-    expected = report["datasets"]["orcamath"]["variants"]["packed-padfree"]
-    np.testing.assert_allclose(res["train_loss"], expected["train_loss"], rtol=1e-6, atol=0)
-    assert res["optimizer_steps"] == 3
+    assert (config.subprocess, config.schedule) == (True, "interleaved")
+    logged: list[str] = []
+    sub = run_benchmark(config, log=logged.append)
+    assert "interleaved]" in logged[-1]
+    entry = sub["datasets"]["orcamath"]
+    for name in config.variants:
+        res = entry["variants"][name]
+        assert res["memory_kind"] == "peak RSS of a fresh worker process"
+        assert res["peak_memory_mb"] > 100  # python + torch + transformers, at least
+        expected = report["datasets"]["orcamath"]["variants"][name]
+        np.testing.assert_allclose(res["train_loss"], expected["train_loss"], rtol=1e-6, atol=0)
+        assert res["optimizer_steps"] == 3 and res["real_tokens"] == expected["real_tokens"]
+    assert entry["comparison"]["packed-padfree"]["median_step_speedup"] > 0
 
 
 def test_synthetic_datasets_follow_the_papers_length_statistics():

@@ -235,6 +235,7 @@ class BenchConfig:
     prompt_fraction: float = 0.7
     repeats: int = 1
     subprocess: bool = True
+    schedule: str = "interleaved"
     loss_rtol: float | None = None
 
     @property
@@ -280,6 +281,8 @@ class BenchConfig:
             raise ValueError(f"--prompt-fraction must be in (0, 1), got {self.prompt_fraction}")
         if self.length_scale <= 0:
             raise ValueError(f"--length-scale must be > 0, got {self.length_scale}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.dtype not in _DTYPES:
             raise ValueError(f"--dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
@@ -308,6 +311,7 @@ class BenchConfig:
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
+SCHEDULES = ("interleaved", "sequential")
 
 
 # --------------------------------------------------------------------------------------------- the worker
@@ -351,185 +355,324 @@ def _targets(batch: dict[str, Any]) -> int:
     return int((batch["labels"][..., 1:] != IGNORE_INDEX).sum())
 
 
-def run_variant(config: BenchConfig, dataset: str, variant: str, *, isolated: bool = False) -> dict[str, Any]:
-    """Train one variant on one dataset and return its measurements (a JSON-serialisable dict).
+class VariantRun:
+    """One variant trained on one dataset, one optimizer step at a time.
 
-    ``isolated`` says this process does nothing else (a fresh worker), so its lifetime peak RSS is the peak
-    memory of the variant; otherwise the peak RSS since the start of this call is used (CPU).
+    Building it makes the data (seeded), the collator, the model (seeded: the same initial weights for every
+    variant) and the AdamW optimizer; :meth:`step` trains on the next mini-batch; :meth:`finish` evaluates and
+    returns the measurements (a JSON-serialisable dict). ``isolated`` says this process does nothing else (a
+    fresh worker), so its lifetime peak RSS is the variant's peak memory; otherwise the peak RSS since the start
+    of the run is used (CPU).
     """
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
 
-    from .collator import DataCollatorForCompletionOnlyLM
+    def __init__(self, config: BenchConfig, dataset: str, variant: str, *, isolated: bool = False):
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
 
-    spec = VARIANTS[variant]
-    if spec.attn_implementation == "padfree":
-        from . import attention  # noqa: F401  (registers "padfree")
-    device = torch.device(config.device)
-    cuda = device.type == "cuda"
-    if cuda:
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-        torch.cuda.set_device(device)
-        torch.cuda.reset_peak_memory_stats(device)
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    dtype = getattr(torch, config.dtype)
+        from .collator import DataCollatorForCompletionOnlyLM
 
-    n_train = config.warmup + config.steps
-    common = dict(vocab_size=config.vocab_size, seed=config.seed, min_length=config.min_length,
-                  max_length=config.max_length, length_scale=config.length_scale,
-                  prompt_fraction=config.prompt_fraction)
-    train = make_examples(dataset, n_train * config.batch_size, split="train", **common)
-    evaluation = make_examples(dataset, config.eval_batches * config.batch_size, split="eval", **common)
-    bs = config.batch_size
-    train_batches = [train[i * bs : (i + 1) * bs] for i in range(n_train)]
-    eval_batches = [evaluation[i * bs : (i + 1) * bs] for i in range(config.eval_batches)]
-    collator = DataCollatorForCompletionOnlyLM(
-        list(TEMPLATE_IDS), padding_free=spec.padding_free, on_template_not_found="raise"
-    )
+        self.config, self.dataset, self.variant, self.isolated = config, dataset, variant, isolated
+        self.spec = spec = VARIANTS[variant]
+        if spec.attn_implementation == "padfree":
+            from . import attention  # noqa: F401  (registers "padfree")
+        device = torch.device(config.device)
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            if device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        self.device = device
+        if config.threads:
+            torch.set_num_threads(config.threads)
+        dtype = getattr(torch, config.dtype)
 
-    llama = LlamaConfig(
-        vocab_size=config.vocab_size,
-        hidden_size=config.hidden,
-        intermediate_size=config.intermediate,
-        num_hidden_layers=config.layers,
-        num_attention_heads=config.heads,
-        num_key_value_heads=config.kv_heads,
-        max_position_embeddings=max(4096, config.max_length),
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        tie_word_embeddings=False,
-        use_cache=False,  # as Trainer/SFTTrainer do; the packed batches also carry use_cache=False
-    )
-    torch.manual_seed(config.seed)  # the same initial weights for every variant (initialised on the CPU)
-    model = LlamaForCausalLM._from_config(llama, attn_implementation=spec.attn_implementation, dtype=dtype)
-    model.to(device)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr)
+        n_train = config.warmup + config.steps
+        common = dict(vocab_size=config.vocab_size, seed=config.seed, min_length=config.min_length,
+                      max_length=config.max_length, length_scale=config.length_scale,
+                      prompt_fraction=config.prompt_fraction)
+        train = make_examples(dataset, n_train * config.batch_size, split="train", **common)
+        evaluation = make_examples(dataset, config.eval_batches * config.batch_size, split="eval", **common)
+        bs = config.batch_size
+        self.train_batches = [train[i * bs : (i + 1) * bs] for i in range(n_train)]
+        self.eval_batches = [evaluation[i * bs : (i + 1) * bs] for i in range(config.eval_batches)]
+        self.collator = DataCollatorForCompletionOnlyLM(
+            list(TEMPLATE_IDS), padding_free=spec.padding_free, on_template_not_found="raise"
+        )
 
-    def to_device(batch: dict[str, Any]) -> dict[str, Any]:
-        return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        llama = LlamaConfig(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden,
+            intermediate_size=config.intermediate,
+            num_hidden_layers=config.layers,
+            num_attention_heads=config.heads,
+            num_key_value_heads=config.kv_heads,
+            max_position_embeddings=max(4096, config.max_length),
+            pad_token_id=PAD_ID,
+            bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID,
+            tie_word_embeddings=False,
+            use_cache=False,  # as Trainer/SFTTrainer do; the packed batches also carry use_cache=False
+        )
+        torch.manual_seed(config.seed)  # the same initial weights for every variant (initialised on the CPU)
+        model = LlamaForCausalLM._from_config(llama, attn_implementation=spec.attn_implementation, dtype=dtype)
+        self.model = model.to(device)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.lr)
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
+        self.start_rss = _current_rss()
+        self.rss_reset = not isolated and not self.cuda and _reset_peak_rss()
+        self.start_allocated = torch.cuda.memory_allocated(device) if self.cuda else None
+        self.losses: list[float] = []
+        self.step_seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
+        self.collate_seconds: list[float] = []
+        self.real_tokens: list[int] = []
+        self.input_tokens: list[int] = []
+        self.target_tokens: list[int] = []
+        self.optimizer_steps = 0
 
-    start_rss = _current_rss()
-    reset = not isolated and not cuda and _reset_peak_rss()
-    start_allocated = torch.cuda.memory_allocated(device) if cuda else None
+    @property
+    def steps_left(self) -> int:
+        return len(self.train_batches) - len(self.step_seconds)
 
-    losses: list[float] = []
-    step_seconds: list[float] = []
-    cpu_seconds: list[float] = []
-    collate_seconds: list[float] = []
-    real_tokens: list[int] = []
-    input_tokens: list[int] = []
-    target_tokens: list[int] = []
-    optimizer_steps = 0
-    for examples in train_batches:
+    def _to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        return {k: v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def _sync(self) -> None:
+        if self.cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def step(self) -> dict[str, Any]:
+        """Collate the next mini-batch, forward, backward, ``optimizer.step()``; timed (CUDA: synchronised)."""
+        if not self.steps_left:
+            raise RuntimeError(f"{self.variant}: all {len(self.train_batches)} steps are done")
+        examples = self.train_batches[len(self.step_seconds)]
         features = [{"input_ids": ids} for ids in examples]
-        sync()
+        self._sync()
         c0, t0 = time.process_time(), time.perf_counter()
-        batch = collator(features)
+        batch = self.collator(features)
         t1 = time.perf_counter()
-        batch = to_device(batch)
-        loss = model(**batch).loss
+        batch = self._to_device(batch)
+        loss = self.model(**batch).loss
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        optimizer_steps += 1
-        sync()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer_steps += 1
+        self._sync()
         t2, c2 = time.perf_counter(), time.process_time()
-        step_seconds.append(t2 - t0)
-        cpu_seconds.append(c2 - c0)
-        collate_seconds.append(t1 - t0)
-        losses.append(float(loss.detach().float().item()))
-        real_tokens.append(sum(map(len, examples)))
-        input_tokens.append(int(batch["input_ids"].numel()))
-        target_tokens.append(_targets(batch))
+        self.step_seconds.append(t2 - t0)
+        self.cpu_seconds.append(c2 - c0)
+        self.collate_seconds.append(t1 - t0)
+        self.losses.append(float(loss.detach().float().item()))
+        self.real_tokens.append(sum(map(len, examples)))
+        self.input_tokens.append(int(batch["input_ids"].numel()))
+        self.target_tokens.append(_targets(batch))
+        return {"step": len(self.step_seconds), "seconds": t2 - t0, "loss": self.losses[-1]}
 
-    model.eval()
-    loss_sum, target_sum = 0.0, 0
-    with torch.no_grad():
-        for examples in eval_batches:
-            batch = to_device(collator([{"input_ids": ids} for ids in examples]))
-            n = _targets(batch)
-            loss_sum += float(model(**batch).loss.float().item()) * n
-            target_sum += n
-    sync()
+    def finish(self) -> dict[str, Any]:
+        """Evaluate (token-weighted loss over the eval set) and return every measurement."""
+        import torch
 
-    timed = slice(config.warmup, None)
-    seconds = sum(step_seconds[timed])
-    result: dict[str, Any] = {
-        "dataset": dataset,
-        "variant": variant,
-        "attn_implementation": spec.attn_implementation,
-        "padding_free": spec.padding_free,
-        "optimizer_steps": optimizer_steps,
-        "timed_steps": len(step_seconds[timed]),
-        "warmup_steps": config.warmup,
-        "train_loss": losses,
-        "eval_loss": loss_sum / target_sum,
-        "eval_target_tokens": target_sum,
-        "step_seconds": step_seconds,
-        "cpu_seconds": cpu_seconds,
-        "collate_seconds": collate_seconds,
-        "real_tokens": real_tokens,
-        "input_tokens": input_tokens,
-        "target_tokens": target_tokens,
-        "timed_seconds": seconds,
-        "tokens_per_second": sum(real_tokens[timed]) / seconds,
-        # Host CPU time says little about GPU work: only reported for CPU runs.
-        "tokens_per_cpu_second": None if cuda else sum(real_tokens[timed]) / sum(cpu_seconds[timed]),
-    }
-    if cuda:
-        peak = torch.cuda.max_memory_allocated(device)
-        result.update(
-            memory_kind="torch.cuda.max_memory_allocated",
-            peak_memory_mb=peak / 2**20,
-            memory_above_start_mb=(peak - start_allocated) / 2**20,
-            peak_reserved_mb=torch.cuda.max_memory_reserved(device) / 2**20,
-        )
-    else:
-        since = _peak_rss_since_reset() if reset else None
-        if isolated or since is None:
-            peak, kind = _process_peak_rss(), "peak RSS of a fresh worker process" if isolated else "peak RSS"
+        self.model.eval()
+        loss_sum, target_sum = 0.0, 0
+        with torch.no_grad():
+            for examples in self.eval_batches:
+                batch = self._to_device(self.collator([{"input_ids": ids} for ids in examples]))
+                n = _targets(batch)
+                loss_sum += float(self.model(**batch).loss.float().item()) * n
+                target_sum += n
+        self._sync()
+
+        timed = slice(self.config.warmup, None)
+        seconds = sum(self.step_seconds[timed])
+        tokens = sum(self.real_tokens[timed])
+        result: dict[str, Any] = {
+            "dataset": self.dataset,
+            "variant": self.variant,
+            "attn_implementation": self.spec.attn_implementation,
+            "padding_free": self.spec.padding_free,
+            "optimizer_steps": self.optimizer_steps,
+            "timed_steps": len(self.step_seconds[timed]),
+            "warmup_steps": self.config.warmup,
+            "train_loss": self.losses,
+            "eval_loss": loss_sum / target_sum,
+            "eval_target_tokens": target_sum,
+            "step_seconds": self.step_seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "collate_seconds": self.collate_seconds,
+            "real_tokens": self.real_tokens,
+            "input_tokens": self.input_tokens,
+            "target_tokens": self.target_tokens,
+            "timed_seconds": seconds,
+            "tokens_per_second": tokens / seconds,
+            # Host CPU time says little about GPU work: only reported for CPU runs.
+            "tokens_per_cpu_second": None if self.cuda else tokens / sum(self.cpu_seconds[timed]),
+        }
+        if self.cuda:
+            peak = torch.cuda.max_memory_allocated(self.device)
+            result.update(
+                memory_kind="torch.cuda.max_memory_allocated",
+                peak_memory_mb=peak / 2**20,
+                memory_above_start_mb=(peak - self.start_allocated) / 2**20,
+                peak_reserved_mb=torch.cuda.max_memory_reserved(self.device) / 2**20,
+            )
         else:
-            peak, kind = since, "peak RSS since the run started (in-process)"
-        result.update(
-            memory_kind=kind,
-            peak_memory_mb=peak / 2**20,
-            memory_above_start_mb=None if start_rss is None else (peak - start_rss) / 2**20,
-        )
-    return result
+            since = _peak_rss_since_reset() if self.rss_reset else None
+            if self.isolated or since is None:
+                peak = _process_peak_rss()
+                kind = "peak RSS of a fresh worker process" if self.isolated else "peak RSS"
+            else:
+                peak, kind = since, "peak RSS since the run started (in-process)"
+            result.update(
+                memory_kind=kind,
+                peak_memory_mb=peak / 2**20,
+                memory_above_start_mb=None if self.start_rss is None else (peak - self.start_rss) / 2**20,
+            )
+        return result
 
 
-def _worker_main(spec_path: str, output_path: str) -> int:
+def run_variant(config: BenchConfig, dataset: str, variant: str, *, isolated: bool = False) -> dict[str, Any]:
+    """Train one variant on one dataset, all steps, and return its measurements (see :class:`VariantRun`)."""
+    run = VariantRun(config, dataset, variant, isolated=isolated)
+    while run.steps_left:
+        run.step()
+    return run.finish()
+
+
+_PROTOCOL = "@@trl-padfree-bench "
+
+
+def _worker_main(spec_path: str, output_path: str, interactive: bool) -> int:
+    """The worker: one variant in this (fresh) process; with ``interactive``, one step per ``step`` line on stdin."""
     spec = json.loads(Path(spec_path).read_text())
     config = BenchConfig.from_dict(spec["config"])
-    result = run_variant(config, spec["dataset"], spec["variant"], isolated=True)
-    Path(output_path).write_text(json.dumps(result))
-    return 0
+    if not interactive:
+        result = run_variant(config, spec["dataset"], spec["variant"], isolated=True)
+        Path(output_path).write_text(json.dumps(result))
+        return 0
+    channel, sys.stdout = sys.stdout, sys.stderr  # only protocol messages go to the parent's pipe
+
+    def send(message: dict[str, Any]) -> None:
+        channel.write(_PROTOCOL + json.dumps(message) + "\n")
+        channel.flush()
+
+    run = VariantRun(config, spec["dataset"], spec["variant"], isolated=True)
+    send({"ready": True})
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "step":
+            send(run.step())
+        elif command == "finish":
+            Path(output_path).write_text(json.dumps(run.finish()))
+            send({"done": True})
+            return 0
+        else:
+            raise ValueError(f"unknown worker command {command!r} (expected 'step' or 'finish')")
+    return 1  # the parent went away
 
 
 def _project_root() -> str:
     return str(Path(__file__).resolve().parents[1])
 
 
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_project_root(), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _worker_command(spec_path: Path, out_path: Path, interactive: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "trl_padfree.bench", "--worker", str(spec_path), "--worker-output", str(out_path)]
+    return [*cmd, "--interactive"] if interactive else cmd
+
+
+def _write_spec(tmp: str, config: BenchConfig, dataset: str, variant: str) -> tuple[Path, Path]:
+    spec_path, out_path = Path(tmp, f"{variant}.spec.json"), Path(tmp, f"{variant}.result.json")
+    spec_path.write_text(json.dumps({"config": config.to_dict(), "dataset": dataset, "variant": variant}))
+    return spec_path, out_path
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
 def _run_in_subprocess(config: BenchConfig, dataset: str, variant: str) -> dict[str, Any]:
+    """One variant, all steps, in a fresh worker process (the ``sequential`` schedule)."""
     with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-") as tmp:
-        spec_path, out_path = Path(tmp, "spec.json"), Path(tmp, "result.json")
-        spec_path.write_text(json.dumps({"config": config.to_dict(), "dataset": dataset, "variant": variant}))
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_project_root(), env.get("PYTHONPATH")) if p)
-        cmd = [sys.executable, "-m", "trl_padfree.bench", "--worker", str(spec_path), "--worker-output", str(out_path)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        spec_path, out_path = _write_spec(tmp, config, dataset, variant)
+        cmd = _worker_command(spec_path, out_path, interactive=False)
+        proc = subprocess.run(cmd, env=_worker_env(), capture_output=True, text=True)
         if proc.returncode != 0 or not out_path.exists():
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
-            raise RuntimeError(f"the {dataset}/{variant} worker failed (exit {proc.returncode}):\n{tail}")
+            raise RuntimeError(
+                f"the {dataset}/{variant} worker failed (exit {proc.returncode}):\n{_tail(proc.stderr or proc.stdout)}"
+            )
         return json.loads(out_path.read_text())
+
+
+class _Worker:
+    """A fresh worker process driven step by step over its stdin/stdout (the ``interleaved`` schedule)."""
+
+    def __init__(self, tmp: str, config: BenchConfig, dataset: str, variant: str):
+        self.name = f"{dataset}/{variant}"
+        spec_path, self.out_path = _write_spec(tmp, config, dataset, variant)
+        self.stderr = open(Path(tmp, f"{variant}.stderr"), "w+")  # noqa: SIM115 (closed in close())
+        self.proc = subprocess.Popen(
+            _worker_command(spec_path, self.out_path, interactive=True),
+            env=_worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+        )
+
+    def request(self, command: str | None) -> dict[str, Any]:
+        """Send ``command`` (None: only wait) and return the worker's next protocol message."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            if command is not None:
+                self.proc.stdin.write(command + "\n")
+                self.proc.stdin.flush()
+            for line in self.proc.stdout:
+                if line.startswith(_PROTOCOL):
+                    return json.loads(line[len(_PROTOCOL) :])
+        except BrokenPipeError:
+            pass
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        raise RuntimeError(f"the {self.name} worker failed (exit {code}):\n{_tail(self.stderr.read())}")
+
+    def result(self) -> dict[str, Any]:
+        self.request("finish")
+        self.proc.wait()
+        return json.loads(self.out_path.read_text())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
+def _run_interleaved(config: BenchConfig, dataset: str, variants: list[str]) -> dict[str, dict[str, Any]]:
+    """All variants in their own worker processes, trained in lockstep: step i of every variant, then step i+1.
+
+    Only one worker computes at a time; the others wait on their stdin. Drift of a shared machine's load then
+    hits every variant alike, step by step. The order of the variants rotates from step to step.
+    """
+    with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-") as tmp:
+        workers = [_Worker(tmp, config, dataset, name) for name in variants]
+        try:
+            for worker in workers:
+                worker.request(None)  # ready: data, model and optimizer built
+            for step in range(config.warmup + config.steps):
+                shift = step % len(workers)
+                for worker in workers[shift:] + workers[:shift]:
+                    worker.request("step")
+            return {name: worker.result() for name, worker in zip(variants, workers, strict=True)}
+        finally:
+            for worker in workers:
+                worker.close()
 
 
 # --------------------------------------------------------------------------------------------- analysis
@@ -540,8 +683,8 @@ def _load_average() -> list[float] | None:
         return None
 
 
-def machine_info(device: str) -> dict[str, Any]:
-    """CPU/GPU name, core count and library versions."""
+def machine_info(device: str, threads: int = 0) -> dict[str, Any]:
+    """CPU/GPU name, core count, torch threads (``threads`` if set, else torch's default) and library versions."""
     import torch
     import transformers
 
@@ -556,7 +699,7 @@ def machine_info(device: str) -> dict[str, Any]:
     info: dict[str, Any] = {
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads or torch.get_num_threads(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -593,11 +736,16 @@ def compare(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per variant of one dataset: ratios vs the padded baseline and loss differences (None without baseline)."""
     base = results.get(BASELINE)
     out: dict[str, dict[str, Any]] = {}
+    warmup = base["warmup_steps"] if base is not None and "skipped" not in base else 0
     for name, res in results.items():
         if "skipped" in res or base is None:
             continue
         out[name] = {
             "throughput_ratio": res["tokens_per_second"] / base["tokens_per_second"],
+            # Per timed step, baseline seconds / variant seconds (same examples in both): robust to load spikes.
+            "median_step_speedup": statistics.median(
+                b / v for b, v in zip(base["step_seconds"][warmup:], res["step_seconds"][warmup:], strict=True)
+            ),
             "cpu_throughput_ratio": None
             if res["tokens_per_cpu_second"] is None
             else res["tokens_per_cpu_second"] / base["tokens_per_cpu_second"],
@@ -703,10 +851,32 @@ PAPER = {
 }
 
 
-def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
-    """Run every (dataset, variant) pair (each in a fresh subprocess unless ``config.subprocess`` is False).
+def _merge_repeat(variants: dict[str, dict[str, Any]], name: str, result: dict[str, Any]) -> None:
+    """Keep the first run's details; collect every run's throughput (median), the worst peak memory."""
+    if name not in variants:
+        result["tokens_per_second_runs"] = [result["tokens_per_second"]]
+        result["tokens_per_cpu_second_runs"] = [result["tokens_per_cpu_second"]]
+        variants[name] = result
+        return
+    first = variants[name]
+    first["tokens_per_second_runs"].append(result["tokens_per_second"])
+    first["tokens_per_cpu_second_runs"].append(result["tokens_per_cpu_second"])
+    first["tokens_per_second"] = statistics.median(first["tokens_per_second_runs"])
+    if first["tokens_per_cpu_second"] is not None:
+        first["tokens_per_cpu_second"] = statistics.median(first["tokens_per_cpu_second_runs"])
+    first["peak_memory_mb"] = max(first["peak_memory_mb"], result["peak_memory_mb"])
+    first["repeat_loss_max_rel_diff"] = max(
+        first.get("repeat_loss_max_rel_diff", 0.0), _max_rel_diff(result["train_loss"], first["train_loss"])
+    )
 
-    With ``repeats > 1`` the variants run interleaved (A B C A B C ...) and tokens/s is the median.
+
+def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
+    """Run every (dataset, variant) pair and return the report (config, machine, results, comparisons, targets).
+
+    Each variant runs in a fresh worker process (``config.subprocess``), all variants of a dataset trained in
+    lockstep (``schedule="interleaved"``) or one after the other (``"sequential"``); or, for tests, in this
+    process one after the other. With ``repeats > 1`` the whole measurement is repeated and tokens/s is the
+    median of the runs.
     """
     config.validate()
     report: dict[str, Any] = {
@@ -714,12 +884,10 @@ def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "config": {**config.to_dict(), "loss_rtol": config.effective_loss_rtol,
                    "parameters": config.parameter_count()},
-        "machine": machine_info(config.device),
+        "machine": machine_info(config.device, threads=config.threads),
         "datasets": {},
         "paper": PAPER,
     }
-    runner = _run_in_subprocess if config.subprocess else (
-        lambda c, d, v: run_variant(c, d, v, isolated=False))
     for dataset in config.datasets:
         stats = length_stats(config, dataset)
         log(f"\n{DATASETS[dataset].label}: mean length {stats['mean']:.0f}, median {stats['median']:.0f}, "
@@ -734,33 +902,23 @@ def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
                 variants[name] = {"variant": name, "skipped": reason}
                 log(f"  {name:<15} skipped: {reason}")
         for repeat in range(config.repeats):
-            for name in runnable:
-                started = time.perf_counter()
-                result = runner(config, dataset, name)
-                wall = time.perf_counter() - started
-                if name not in variants:
-                    result["tokens_per_second_runs"] = [result["tokens_per_second"]]
-                    result["tokens_per_cpu_second_runs"] = [result["tokens_per_cpu_second"]]
-                    result["wall_seconds"] = [wall]
-                    variants[name] = result
-                else:
-                    first = variants[name]
-                    first["tokens_per_second_runs"].append(result["tokens_per_second"])
-                    first["tokens_per_cpu_second_runs"].append(result["tokens_per_cpu_second"])
-                    first["wall_seconds"].append(wall)
-                    first["peak_memory_mb"] = max(first["peak_memory_mb"], result["peak_memory_mb"])
-                    first["repeat_loss_max_rel_diff"] = max(
-                        first.get("repeat_loss_max_rel_diff", 0.0),
-                        _max_rel_diff(result["train_loss"], first["train_loss"]))
-                    first["tokens_per_second"] = statistics.median(first["tokens_per_second_runs"])
-                    if first["tokens_per_cpu_second"] is not None:
-                        first["tokens_per_cpu_second"] = statistics.median(first["tokens_per_cpu_second_runs"])
-                rep = f" (run {repeat + 1}/{config.repeats})" if config.repeats > 1 else ""
+            started = time.perf_counter()
+            if not config.subprocess:
+                results = {name: run_variant(config, dataset, name) for name in runnable}
+            elif config.schedule == "interleaved":
+                results = _run_interleaved(config, dataset, runnable)
+            else:
+                results = {name: _run_in_subprocess(config, dataset, name) for name in runnable}
+            wall = time.perf_counter() - started
+            for name, result in results.items():
+                _merge_repeat(variants, name, result)
                 per_cpu = result["tokens_per_cpu_second"]
                 cpu_note = "" if per_cpu is None else f" ({per_cpu:,.0f} per CPU-s)"
+                rep = f" (run {repeat + 1}/{config.repeats})" if config.repeats > 1 else ""
                 log(f"  {name:<15} {result['tokens_per_second']:>9,.0f} real tok/s{cpu_note}, peak "
                     f"{result['peak_memory_mb']:,.0f} MB, final loss {result['train_loss'][-1]:.6f}, eval "
-                    f"{result['eval_loss']:.6f}, {result['optimizer_steps']} steps [{wall:.0f} s]{rep}")
+                    f"{result['eval_loss']:.6f}, {result['optimizer_steps']} steps{rep}")
+            log(f"  [{wall:.0f} s, {'in-process' if not config.subprocess else config.schedule}]")
         ordered = {name: variants[name] for name in config.variants}
         report["datasets"][dataset] = {
             "label": DATASETS[dataset].label,
@@ -818,7 +976,13 @@ def to_markdown(report: dict[str, Any]) -> str:
         "- Real tokens/s counts non-padding tokens over the timed steps (collation + forward + backward + "
         "optimizer step), per second of wall-clock time and, on CPU, per second of this process's CPU time (less "
         "sensitive to other load on a shared machine)"
-        + (f"; median of {c['repeats']} interleaved runs" if c["repeats"] > 1 else ""),
+        + (f"; median of {c['repeats']} runs" if c["repeats"] > 1 else "")
+        + ". 'Median step speed-up' is the median over the timed steps of padded seconds / variant seconds "
+        "for the same mini-batch (robust to load spikes)",
+        "- Schedule: "
+        + ("in-process, one variant after the other (peak memory less exact)" if not c["subprocess"] else
+           "each variant in a fresh worker process, trained in lockstep (step i of every variant, then step i+1)"
+           if c["schedule"] == "interleaved" else "each variant in a fresh worker process, one after the other"),
         "",
     ]
     for entry in report["datasets"].values():
@@ -830,14 +994,15 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"{s['real_tokens_per_step']:.0f} real tokens per step; padded batches hold "
             f"{s['padding_ratio']:.2f} token slots per real token.",
             "",
-            "| variant | real tokens/s | vs padded | tokens/CPU-s | vs padded | peak memory (MB) | vs padded "
-            "| above start (MB) | final train loss | eval loss | max rel. loss diff vs padded | optimizer steps |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "| variant | real tokens/s | vs padded | median step speed-up | tokens/CPU-s | vs padded "
+            "| peak memory (MB) | vs padded | above start (MB) | final train loss | eval loss "
+            "| max rel. loss diff vs padded | optimizer steps |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         kind = None
         for name, res in entry["variants"].items():
             if "skipped" in res:
-                lines.append(f"| {name} | skipped: {res['skipped']} |" + " |" * 11)
+                lines.append(f"| {name} | skipped: {res['skipped']} |" + " |" * 12)
                 continue
             kind = res["memory_kind"]
             cmp = entry["comparison"].get(name)
@@ -845,7 +1010,8 @@ def to_markdown(report: dict[str, Any]) -> str:
             above = res.get("memory_above_start_mb")
             lines.append(
                 f"| {name} | {res['tokens_per_second']:,.0f} | "
-                f"{_fmt_ratio(cmp and cmp['throughput_ratio'])} | {_fmt_number(res['tokens_per_cpu_second'])} | "
+                f"{_fmt_ratio(cmp and cmp['throughput_ratio'])} | {_fmt_ratio(cmp and cmp['median_step_speedup'])} | "
+                f"{_fmt_number(res['tokens_per_cpu_second'])} | "
                 f"{_fmt_ratio(cmp and cmp['cpu_throughput_ratio'])} | {res['peak_memory_mb']:,.0f} | "
                 f"{_fmt_ratio(cmp and cmp['memory_ratio'])} | {'' if above is None else f'{above:,.0f}'} | "
                 f"{res['train_loss'][-1]:.6f} | {res['eval_loss']:.6f} | {diff} | {res['optimizer_steps']} |"
@@ -968,12 +1134,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=1, help="interleaved runs per variant; tokens/s is the median")
     p.add_argument("--loss-rtol", type=float, default=None,
                    help="tolerance of the loss-equality target (default 1e-5 in float32, 1e-2 otherwise)")
+    p.add_argument("--schedule", choices=SCHEDULES, default=d.schedule,
+                   help="interleaved: every variant in its own worker, trained in lockstep (step i of each, then "
+                   "step i+1), so load drift on a shared machine hits all alike; all workers are alive at once, "
+                   "each holding its model. sequential: one worker after the other")
     p.add_argument("--in-process", action="store_true",
                    help="run variants in this process (faster start; CPU peak memory is then less exact)")
     p.add_argument("--output-dir", type=Path, default=Path("bench-results"))
     p.add_argument("--name", default=None, help="output file stem (default: the device type, e.g. cpu)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--worker-output", help=argparse.SUPPRESS)
+    p.add_argument("--interactive", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -989,6 +1160,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         lr=args.lr, seed=args.seed, dtype=args.dtype, device=args.device, threads=args.threads,
         min_length=args.min_length, max_length=args.max_length, length_scale=args.length_scale,
         prompt_fraction=args.prompt_fraction, repeats=args.repeats, subprocess=not args.in_process,
+        schedule=args.schedule,
         loss_rtol=args.loss_rtol,
     )
 
@@ -998,7 +1170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker:
-        return _worker_main(args.worker, args.worker_output)
+        return _worker_main(args.worker, args.worker_output, args.interactive)
     config = config_from_args(args)
     try:
         config.validate()
