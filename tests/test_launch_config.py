@@ -23,7 +23,7 @@ from trl_padfree.launch.config import describe_type
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs"
-DEMO = Path(os.environ.get("TRL_PADFREE_DEMO_DIR", ROOT / "trl_padfree" / "demo"))  # TODO drop env
+DEMO = ROOT / "trl_padfree" / "demo"
 DEMO_YAML = CONFIGS / "demo.yaml"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,7 @@ from trl_padfree.launch.data import make_formatter, prepare_data
 from trl_padfree.launch.run import make_collator_factory
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = Path(os.environ.get("TRL_PADFREE_DEMO_DIR", ROOT / "trl_padfree" / "demo"))  # TODO drop env
+DEMO = ROOT / "trl_padfree" / "demo"
 
 
 @pytest.fixture(scope="module")

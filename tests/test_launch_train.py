@@ -18,7 +18,7 @@ from trl_padfree.launch import main
 from trl_padfree.launch.callbacks import TEST_SIGTERM_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
-DEMO = Path(os.environ.get("TRL_PADFREE_DEMO_DIR", ROOT / "trl_padfree" / "demo"))  # TODO drop env
+DEMO = ROOT / "trl_padfree" / "demo"
 STEPS = 6
 MAX_LENGTH = 96
 
