@@ -68,11 +68,15 @@ def full_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     import contextlib
     import io
 
+    import torch
+
     out = tmp_path_factory.mktemp("full") / "out"
     buffer = io.StringIO()
+    threads = torch.get_num_threads()
     with contextlib.redirect_stdout(buffer):
         code = main(train_argv(data_dir, out))
     assert code == 0, buffer.getvalue()[-3000:]
+    assert torch.get_num_threads() == threads  # the demo's torch_num_threads: 1 holds only during the run
     return out, buffer.getvalue()
 
 

@@ -2,7 +2,8 @@
 
 The same entry point serves ``trl-padfree train``, ``python scripts/train.py`` and
 ``accelerate launch scripts/train.py``. The config is TRL's (``trl sft --config``): the fields of ``SFTConfig``,
-``ModelConfig`` and this launcher's :class:`~.config.DataArguments` / :class:`~.config.CollatorArguments`, flat
+``ModelConfig`` and this launcher's :class:`~.config.DataArguments` / :class:`~.config.CollatorArguments` /
+:class:`~.config.LaunchArguments`, flat
 in one YAML file, overridable on the command line. See :mod:`.run` for the stages of a run.
 
 Exit codes: 0 done (or stopped cleanly by SIGTERM / Ctrl-C with a checkpoint saved), 2 bad input (one line on
@@ -14,12 +15,20 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from .config import CollatorArguments, ConfigError, DataArguments, LaunchConfig, parse_arguments
+from .config import (
+    CollatorArguments,
+    ConfigError,
+    DataArguments,
+    LaunchArguments,
+    LaunchConfig,
+    parse_arguments,
+)
 
 __all__ = [
     "CollatorArguments",
     "ConfigError",
     "DataArguments",
+    "LaunchArguments",
     "LaunchConfig",
     "load_config",
     "main",

@@ -1,7 +1,7 @@
 """Config parsing for ``trl-padfree train``: YAML + command line -> dataclasses, with strict key and type checks.
 
 The launcher follows ``trl sft``'s conventions: every field of :class:`DataArguments`, :class:`CollatorArguments`,
-TRL's ``SFTConfig`` and ``ModelConfig`` is one flat key of the YAML file (``--config``) and one ``--flag`` of the
+:class:`LaunchArguments`, TRL's ``SFTConfig`` and ``ModelConfig`` is one flat key of the YAML file (``--config``) and one ``--flag`` of the
 command line; command-line values win over the file. Parsing is TRL's own :class:`~trl.TrlParser` (an
 ``HfArgumentParser``), with three differences that make bad input fail fast and clearly:
 
@@ -36,6 +36,7 @@ __all__ = [
     "CollatorArguments",
     "ConfigError",
     "DataArguments",
+    "LaunchArguments",
     "LaunchConfig",
     "build_parser",
     "parse_arguments",
@@ -88,7 +89,7 @@ class DataArguments:
 
 @dataclass
 class CollatorArguments:
-    """Settings of :class:`trl_padfree.DataCollatorForCompletionOnlyLM` and the pre-flight checks."""
+    """Settings of :class:`trl_padfree.DataCollatorForCompletionOnlyLM` (``padding_free`` is SFTConfig's field)."""
 
     response_template: str | None = field(
         default=None,
@@ -101,6 +102,12 @@ class CollatorArguments:
             "'### Question:'. Every assistant turn is then trained."
         },
     )
+
+
+@dataclass
+class LaunchArguments:
+    """Pre-flight checks and run-time settings of the launcher itself."""
+
     template_check_examples: int = field(
         default=256,
         metadata={"help": "Fail before training if the response template is in none of the first N examples."},
@@ -108,6 +115,13 @@ class CollatorArguments:
     check_packing: bool = field(
         default=True,
         metadata={"help": "Probe the loaded model once: fail if packed examples leak into each other."},
+    )
+    torch_num_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "CPU threads of torch during the run (torch.set_num_threads). Tiny models on a shared CPU "
+            "train much faster with 1. Default: torch's own choice."
+        },
     )
 
 
@@ -117,6 +131,7 @@ class LaunchConfig:
 
     data: DataArguments
     collator: CollatorArguments
+    launch: LaunchArguments
     training: Any  # trl.SFTConfig (imported lazily: importing TRL takes seconds)
     model: Any  # trl.ModelConfig
     config_path: str | None = None
@@ -155,7 +170,7 @@ def argument_classes() -> tuple[type, ...]:
     """The dataclasses whose fields make up the config, in parsing order."""
     from trl import ModelConfig, SFTConfig
 
-    return (DataArguments, CollatorArguments, SFTConfig, ModelConfig)
+    return (DataArguments, CollatorArguments, LaunchArguments, SFTConfig, ModelConfig)
 
 
 def build_parser(prog: str = "trl-padfree train") -> Any:
@@ -405,10 +420,11 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> Lau
             )
         raise ConfigError(f"invalid settings: {message}") from None
     _reject_unknown_flags(parser, remaining)
-    data, collator, training, model = parsed
+    data, collator, launch, training, model = parsed
     return LaunchConfig(
         data=data,
         collator=collator,
+        launch=launch,
         training=training,
         model=model,
         config_path=config_path,

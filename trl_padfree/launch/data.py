@@ -326,7 +326,7 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], 
         warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
         train_tok = tokenize_split(train_raw, tokenizer, formatter, "train")
         eval_tok = tokenize_split(eval_raw, tokenizer, formatter, "eval") if eval_raw is not None else None
-    n_check = cfg.collator.template_check_examples
+    n_check = cfg.launch.template_check_examples
     missing_in_check = check_template(train_tok, make_collator, tokenizer, n_check, cfg.collator.response_template)
     keep_end = training.truncation_mode == "keep_end"
     train, dropped_train = label_and_filter(train_tok, make_collator, training.max_length, keep_end, "train")

@@ -12,7 +12,9 @@ code 2. Nothing is written (no ``output_dir``) before stage 4.
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from .config import LaunchConfig
@@ -23,8 +25,29 @@ from .summary import RunResult, eval_losses, summary_lines, write_summary
 __all__ = ["train"]
 
 
+@contextlib.contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """Run with ``n`` torch CPU threads (None: leave torch's choice), restoring the previous count afterwards."""
+    if n is None:
+        yield
+        return
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def train(cfg: LaunchConfig) -> RunResult:
     """Stages 2-4 (see the module docstring) on a validated config."""
+    with torch_threads(cfg.launch.torch_num_threads):
+        return _train(cfg)
+
+
+def _train(cfg: LaunchConfig) -> RunResult:
     training = cfg.training
     with quiet_progress():
         say(f"preparing data (tokenizer of {cfg.model.model_name_or_path})")
@@ -48,7 +71,7 @@ def train(cfg: LaunchConfig) -> RunResult:
         say(f"loading model {cfg.model.model_name_or_path} (attn_implementation={cfg.attn_implementation!r}, "
             f"dtype={cfg.model.dtype})")
         model = load_model(cfg)
-        if cfg.padding_free and cfg.collator.check_packing:
+        if cfg.padding_free and cfg.launch.check_packing:
             probe_model(model, training)
     return _fit(cfg, tokenizer, model, data)
 

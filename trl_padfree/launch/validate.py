@@ -86,8 +86,11 @@ def _check_collator_and_trl(cfg: LaunchConfig) -> None:
         raise ConfigError(
             "response_template is missing: set the text that precedes every completion, e.g. '### Answer:'"
         )
-    if cfg.collator.template_check_examples < 1:
-        raise ConfigError(f"template_check_examples must be at least 1, got {cfg.collator.template_check_examples}")
+    if cfg.launch.template_check_examples < 1:
+        raise ConfigError(f"template_check_examples must be at least 1, got {cfg.launch.template_check_examples}")
+    threads = cfg.launch.torch_num_threads
+    if threads is not None and threads < 1:
+        raise ConfigError(f"torch_num_threads must be at least 1 (or null for torch's default), got {threads}")
     if training.packing:
         raise ConfigError(
             "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "
