@@ -217,6 +217,14 @@ def test_demo_config_resolves(data_dir, tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_chat_demo_config_resolves(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the demo configs name their files relative to the repository root
+    cfg = load_config(["--config", str(CONFIGS / "demo-chat.yaml"), "--output_dir", str(tmp_path / "out")])
+    assert cfg.collator.instruction_template == ["### Question:"] and cfg.collator.response_template == "### Answer:"
+    assert cfg.data.train_file == "trl_padfree/demo/data/chat_train.jsonl" and cfg.data.template is None
+    assert cfg.launch.torch_num_threads == 1
+
+
 def test_padding_free_false_reaches_the_collator(data_dir, tmp_path):
     cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--padding_free", "false"))
     assert cfg.padding_free is False and cfg.training.padding_free is False
@@ -277,7 +285,7 @@ def test_accelerate_configs_load_with_accelerate(name, kind):
 def test_every_shipped_config_is_checked():
     shipped = {p.name for p in CONFIGS.glob("*.yaml")} | {f"accelerate/{p.name}" for p in (CONFIGS / "accelerate").glob("*.yaml")}
     assert shipped == {
-        "demo.yaml", "llama3-8b-flash.yaml", "mistral-7b-lora.yaml",
+        "demo.yaml", "demo-chat.yaml", "llama3-8b-flash.yaml", "mistral-7b-lora.yaml",
         "accelerate/ddp.yaml", "accelerate/fsdp.yaml", "accelerate/deepspeed-zero3.yaml",
     }  # fmt: skip
 
