@@ -119,6 +119,14 @@ def test_missing_data_file(capsys, tmp_path, data_dir):
     assert message.startswith(f"data file not found: train_file={str(missing)!r}")
 
 
+def test_evaluation_without_eval_data(capsys, tmp_path, data_dir):
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--eval_file", ""), tmp_path / "out")
+    assert message == (
+        "eval_strategy is 'steps' but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
+        "(or eval_strategy: 'no')"
+    )
+
+
 def test_missing_config_file(capsys, tmp_path):
     message = run_bad(capsys, ["--config", str(tmp_path / "none.yaml")], tmp_path / "out")
     assert message.startswith(f"config file not found: {str(tmp_path / 'none.yaml')!r}")

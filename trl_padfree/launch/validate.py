@@ -52,6 +52,9 @@ def _looks_local(name: str) -> bool:
 
 def _check_data(cfg: LaunchConfig) -> None:
     data = cfg.data
+    for key in ("train_file", "eval_file", "dataset_name", "dataset_config", "dataset_test_split", "template"):
+        if getattr(data, key) == "":  # `--eval_file ""` on the command line switches a file off
+            setattr(data, key, None)
     if data.train_file and data.dataset_name:
         raise ConfigError("set either train_file (local files) or dataset_name (hub or local dataset), not both")
     if not data.train_file and not data.dataset_name:
@@ -69,9 +72,10 @@ def _check_data(cfg: LaunchConfig) -> None:
         raise ConfigError(f"set only one source of eval data, got {' and '.join(sources)}")
     if data.dataset_test_split is not None and not data.dataset_name:
         raise ConfigError("dataset_test_split needs dataset_name; for local files use eval_file or eval_fraction")
-    if cfg.training.eval_strategy != "no" and not sources:
+    strategy = getattr(cfg.training.eval_strategy, "value", cfg.training.eval_strategy)
+    if strategy != "no" and not sources:
         raise ConfigError(
-            f"eval_strategy is {str(cfg.training.eval_strategy)!r} but there is no eval data: set eval_file, "
+            f"eval_strategy is {strategy!r} but there is no eval data: set eval_file, "
             "eval_fraction or dataset_test_split (or eval_strategy: 'no')"
         )
     for key in ("max_train_examples", "max_eval_examples"):
