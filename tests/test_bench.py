@@ -229,3 +229,14 @@ def test_cuda_without_a_gpu_is_a_clear_error(capsys):
         main(["--device", "cuda", "--dtype", "bfloat16", "--model-size", "0.5b"])
     assert exc.value.code == 2
     assert "--device cuda but torch.cuda.is_available() is False; use --device cpu" in capsys.readouterr().err
+
+
+def test_replot_rewrites_markdown_and_png_from_the_json(smoke, tmp_path):
+    out, _ = smoke
+    copy = tmp_path / "again.json"
+    copy.write_text((out / "cpu.json").read_text())
+    assert main(["--replot", str(copy)]) == 0
+    assert (tmp_path / "again.md").read_text() == (out / "cpu.md").read_text()
+    assert (tmp_path / "again.png").read_bytes()[:4] == b"\x89PNG"
+    with pytest.raises(SystemExit):
+        main(["--replot", str(tmp_path / "missing.json")])

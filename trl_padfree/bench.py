@@ -1084,7 +1084,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     c, m = report["config"], report["machine"]
     fig.suptitle(
         f"Padded vs padding-free: Llama {c['layers']}x{c['hidden']} ({_fmt_params(c['parameters'])}), {c['dtype']}, "
-        f"batch {c['batch_size']}, {c['steps']} timed steps; {m['gpu'] or m['cpu']}; torch {m['torch']}, "
+        f"batch {c['batch_size']}, {c['steps']} timed steps; {m['gpu'] or m['cpu']}"
+        + ("" if m["gpu"] else f" ({m['torch_threads']} torch threads)") + f"; torch {m['torch']}, "
         f"transformers {m['transformers']}", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -1142,6 +1143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run variants in this process (faster start; CPU peak memory is then less exact)")
     p.add_argument("--output-dir", type=Path, default=Path("bench-results"))
     p.add_argument("--name", default=None, help="output file stem (default: the device type, e.g. cpu)")
+    p.add_argument("--replot", type=Path, metavar="REPORT_JSON",
+                   help="only rewrite the Markdown and PNG next to an existing report JSON (no training)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--worker-output", help=argparse.SUPPRESS)
     p.add_argument("--interactive", action="store_true", help=argparse.SUPPRESS)
@@ -1171,6 +1174,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.worker:
         return _worker_main(args.worker, args.worker_output, args.interactive)
+    if args.replot:
+        if not args.replot.is_file():
+            parser.error(f"--replot {args.replot}: no such file; pass a JSON report written by trl-padfree bench")
+        report = json.loads(args.replot.read_text())
+        args.replot.with_suffix(".md").write_text(to_markdown(report))
+        plot(report, args.replot.with_suffix(".png"))
+        print(f"Wrote {args.replot.with_suffix('.md')}, {args.replot.with_suffix('.png')}")
+        return 0
     config = config_from_args(args)
     try:
         config.validate()
