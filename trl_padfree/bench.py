@@ -6,7 +6,7 @@ flash attention), and reports tokens/s, peak memory and validation loss. This mo
 randomly initialised Llama built from a config (nothing is downloaded) on synthetic data whose lengths follow
 the two datasets of the paper:
 
-- ``flan``: FLAN-like, lognormal lengths (median ~340 tokens, sigma 0.8, mean ~450): short, heavy right tail;
+- ``flan``: FLAN-like, lognormal lengths (median ~340 tokens, sigma 0.8, mean ~470): short, heavy right tail;
 - ``orcamath``: OrcaMath-like, normal lengths (400 +- 140 tokens): longer, narrower.
 
 Every example is ``<bos> prompt <response template> completion <eos>`` with the template (3 reserved token ids)
@@ -15,7 +15,9 @@ through the project's collator (:class:`~trl_padfree.DataCollatorForCompletionOn
 completion-only labels are identical in the padded and the packed layout), then ``model(**batch).loss`` (the
 token-weighted mean over completion tokens), ``backward()`` and ``AdamW.step()``.
 
-Variants (each one in a fresh subprocess, so that peak memory is its own):
+Variants (each one in a fresh worker process, so that peak memory is its own; by default the workers of a dataset
+are trained in lockstep, step i of every variant before step i+1, so that load drift on a shared machine hits them
+alike; ``--schedule sequential`` runs them one after the other):
 
 - ``padded-sdpa``: padded batches, ``attn_implementation="sdpa"`` (the baseline);
 - ``packed-sdpa``: padding-free batches, transformers' own ``sdpa`` (a dense block-diagonal mask);
