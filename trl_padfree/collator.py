@@ -163,7 +163,7 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         self.stats.examples += int(lengths.size)
         self.stats.tokens += int(ids.size)
         self.stats.padded_tokens += int(lengths.size) * padded_length(lengths, self.pad_to_multiple_of)
-        self.stats.trained_tokens += int((labels != self.ignore_index).sum())
+        self.stats.trained_tokens += int(np.count_nonzero(labels != self.ignore_index))
         if self.padding_free:
             batch = packed_batch(ids, labels, cu, seq_idx)
             if self.disable_cache:
@@ -214,9 +214,9 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         return str(piece[:n].tolist())
 
     def _report_missing(self, ids: np.ndarray, cu: np.ndarray, found: np.ndarray) -> None:
-        missing = np.flatnonzero(~found)
-        if missing.size == 0:
+        if found.all():
             return
+        missing = np.flatnonzero(~found)
         self.stats.templates_not_found += int(missing.size)
         if self.on_template_not_found == "ignore":
             return

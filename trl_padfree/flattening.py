@@ -88,7 +88,7 @@ def flatten_features(
 
 def example_index(cu: np.ndarray) -> np.ndarray:
     """The example each token belongs to (``seq_idx``)."""
-    return np.repeat(np.arange(cu.size - 1, dtype=np.int64), cu[1:] - cu[:-1])
+    return np.repeat(np.arange(cu.size - 1, dtype=np.int32), cu[1:] - cu[:-1])
 
 
 def packed_batch(
@@ -109,7 +109,7 @@ def packed_batch(
         "cu_seq_lens_k": cu_t,  # the same boundaries for queries and keys (read-only)
         "max_length_q": max_len,
         "max_length_k": max_len,
-        "seq_idx": torch.from_numpy(seq_idx.astype(np.int32).reshape(1, n)),
+        "seq_idx": torch.from_numpy(seq_idx.astype(np.int32, copy=False).reshape(1, n)),
     }
 
 

@@ -113,6 +113,7 @@ class _Anchor:
     """Where one byte of a pattern (its rarest in the vocabulary) occurs inside every token."""
 
     index: int  # position of the anchor byte in the pattern
+    has: np.ndarray  # per token id: does it hold the anchor byte at all (bool, cheap to gather)
     count: np.ndarray  # per token id: how often the anchor byte occurs in it
     first: np.ndarray  # per token id: offset of its first entry in ``inner``
     inner: np.ndarray  # byte offsets of the anchor inside the tokens, concatenated
@@ -137,7 +138,7 @@ class TokenText:
         return cls(token_bytes(tokenizer))
 
     def check_ids(self, ids: np.ndarray) -> None:
-        if ids.size and (ids.min() < 0 or ids.max() >= self.vocab_size):
+        if ids.size and not 0 <= ids.min() <= ids.max() < self.vocab_size:
             bad = int(ids[(ids < 0) | (ids >= self.vocab_size)][0])
             raise ValueError(
                 f"token id {bad} is outside the tokenizer's vocabulary (size {self.vocab_size}); the collator's "
@@ -169,7 +170,7 @@ class TokenText:
             first = np.zeros(len(inner), dtype=np.int64)
             np.cumsum(count[:-1], out=first[1:])
             flat = np.fromiter((i for x in inner for i in x), dtype=np.int64, count=int(count.sum()))
-            self._anchors[pattern] = _Anchor(index, count, first, flat)
+            self._anchors[pattern] = _Anchor(index, count > 0, count, first, flat)
         return self._anchors[pattern]
 
     def find(self, pattern: bytes, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -180,8 +181,7 @@ class TokenText:
         decoded text (which is what happens when too many tokens hold that byte).
         """
         anchor = self._anchor(pattern)
-        per_token = anchor.count[ids]
-        tokens = np.flatnonzero(per_token)
+        tokens = np.flatnonzero(anchor.has[ids])
         m = len(pattern)
         if tokens.size * m > starts[-1]:  # the anchor is everywhere: a plain search is cheaper
             data = self.buffer[
@@ -192,7 +192,7 @@ class TokenText:
                 found.append(i)
                 i = data.find(pattern, i + 1)
             return np.array(found, dtype=np.int64)
-        counts = per_token[tokens]
+        counts = anchor.count[ids[tokens]]
         if counts.size and counts.max() > 1:  # tokens holding the anchor byte several times: one proposal each
             token = np.repeat(tokens, counts)
             rank = np.arange(token.size) - np.repeat(np.cumsum(counts) - counts, counts)
