@@ -147,8 +147,13 @@ class TokenText:
 
     def starts(self, ids: np.ndarray) -> np.ndarray:
         """Byte offset where each token of ``ids`` starts in the decoded text, plus the total length."""
+        try:
+            lengths = self.lengths[ids]
+        except IndexError:
+            self.check_ids(ids)  # raises, naming the bad id
+            raise
         starts = np.zeros(ids.size + 1, dtype=np.int64)
-        np.cumsum(self.lengths[ids], out=starts[1:])
+        np.cumsum(lengths, out=starts[1:])
         return starts
 
     def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
