@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Padded vs padding-free training benchmark: the same as ``trl-padfree bench`` (see ``trl_padfree/bench.py``).
+"""Padded vs padding-free training benchmark: the same as ``trl-padfree bench`` (see ``trl_padfree/bench/``).
 
     python scripts/bench.py                                            # CPU defaults, a few minutes on 2 cores
     python scripts/bench.py --datasets flan --steps 20 --repeats 3

@@ -1,0 +1,71 @@
+"""Padded vs padding-free fine-tuning benchmark: the paper's comparison (arXiv 2407.09105, Table 2) on any machine.
+
+The paper trains the same examples, in the same mini-batches, for the same number of optimizer steps, once with
+padded batches and once with padding-free ones (examples concatenated, ``position_ids`` restarting per example,
+flash attention), and reports tokens/s, peak memory and validation loss. This module does the same with a
+randomly initialised Llama built from a config (nothing is downloaded) on synthetic data whose lengths follow
+the two datasets of the paper:
+
+- ``flan``: FLAN-like, lognormal lengths (median ~340 tokens, sigma 0.8, mean ~470): short, heavy right tail;
+- ``orcamath``: OrcaMath-like, normal lengths (400 +- 140 tokens): longer, narrower.
+
+Every example is ``<bos> prompt <response template> completion <eos>`` with the template (3 reserved token ids)
+at ~70% of the example; token ids are Zipf-distributed, so the loss falls visibly in a few steps. The batches go
+through the project's collator (:class:`~trl_padfree.DataCollatorForCompletionOnlyLM`, token-id template, so the
+completion-only labels are identical in the padded and the packed layout), then ``model(**batch).loss`` (the
+token-weighted mean over completion tokens), ``backward()`` and ``AdamW.step()``.
+
+Variants (each one in a fresh worker process, so that peak memory is its own; by default the workers of a dataset
+are trained in lockstep, step i of every variant before step i+1, so that load drift on a shared machine hits them
+alike; ``--schedule sequential`` runs them one after the other):
+
+- ``padded-sdpa``: padded batches, ``attn_implementation="sdpa"`` (the baseline);
+- ``packed-sdpa``: padding-free batches, transformers' own ``sdpa`` (a dense block-diagonal mask);
+- ``packed-padfree``: padding-free batches, this project's ``"padfree"`` attention (varlen, no mask);
+- ``packed-fa2``: padding-free batches, ``flash_attention_2`` (only with CUDA and flash-attn installed).
+
+Recorded per variant: real (non-padding) tokens/s over the timed steps (warm-up steps are trained but not timed;
+CUDA steps end with ``torch.cuda.synchronize()``), peak memory (CUDA: ``torch.cuda.max_memory_allocated``; CPU:
+peak RSS of the worker process), the train loss of every step, the final eval loss (token-weighted over the eval
+set) and the number of optimizer steps. Results go to ``<output-dir>/<name>.json``, ``.md`` and ``.png``.
+
+    trl-padfree bench                                   # CPU defaults (a few minutes on 2 cores)
+    python scripts/bench.py --datasets flan --steps 20
+    python scripts/bench.py --device cuda --dtype bfloat16 --model-size 0.5b
+"""
+
+from __future__ import annotations
+
+from .cli import build_parser as build_parser
+from .cli import config_from_args as config_from_args
+from .cli import main
+from .config import BASELINE as BASELINE
+from .config import MODEL_PRESETS, VARIANTS, BenchConfig, Variant
+from .config import SCHEDULES as SCHEDULES
+from .config import variant_unavailable as variant_unavailable
+from .data import DATASETS, LengthDistribution, make_examples
+from .data import TEMPLATE_IDS as TEMPLATE_IDS
+from .data import length_stats as length_stats
+from .plot import plot as plot
+from .report import PAPER as PAPER
+from .report import compare as compare
+from .report import evaluate_targets
+from .report import to_markdown as to_markdown
+from .report import write_outputs as write_outputs
+from .runner import run_benchmark
+from .worker import VariantRun as VariantRun
+from .worker import run_variant
+
+__all__ = [
+    "DATASETS",
+    "MODEL_PRESETS",
+    "VARIANTS",
+    "BenchConfig",
+    "LengthDistribution",
+    "Variant",
+    "evaluate_targets",
+    "main",
+    "make_examples",
+    "run_benchmark",
+    "run_variant",
+]

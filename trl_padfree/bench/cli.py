@@ -1,0 +1,116 @@
+"""``trl-padfree bench`` command line: arguments, the :class:`BenchConfig` they make, :func:`main`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .config import _DTYPES, MODEL_PRESETS, SCHEDULES, VARIANTS, BenchConfig, _fmt_params
+from .data import DATASETS
+from .plot import plot
+from .report import to_markdown, write_outputs
+from .runner import run_benchmark
+from .worker import _worker_main
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import bench  # the package docstring is the help text
+
+    p = argparse.ArgumentParser(
+        prog="trl-padfree bench", description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    d = BenchConfig()
+    p.add_argument("--datasets", type=_csv, default=d.datasets, help=f"comma list of {', '.join(DATASETS)}")
+    p.add_argument("--variants", type=_csv, default=d.variants,
+                   help=f"comma list of {', '.join(VARIANTS)} (packed-fa2 is skipped without CUDA + flash-attn)")
+    p.add_argument("--model-size", choices=list(MODEL_PRESETS), default="tiny",
+                   help="model preset; --layers/--hidden/... override single values")
+    for flag in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab-size"):
+        p.add_argument(f"--{flag}", type=int, default=None)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per optimizer step")
+    p.add_argument("--steps", type=int, default=d.steps, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="optimizer steps trained before timing starts")
+    p.add_argument("--eval-batches", type=int, default=d.eval_batches)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--dtype", choices=_DTYPES, default=d.dtype, help="model/optimizer dtype")
+    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
+    p.add_argument("--min-length", type=int, default=d.min_length)
+    p.add_argument("--max-length", type=int, default=d.max_length, help="examples are clipped to this length")
+    p.add_argument("--length-scale", type=float, default=d.length_scale,
+                   help="multiply the datasets' lengths (e.g. 0.1 for a quick smoke run)")
+    p.add_argument("--prompt-fraction", type=float, default=d.prompt_fraction)
+    p.add_argument("--repeats", type=int, default=1, help="interleaved runs per variant; tokens/s is the median")
+    p.add_argument("--loss-rtol", type=float, default=None,
+                   help="tolerance of the loss-equality target (default 1e-5 in float32, 1e-2 otherwise)")
+    p.add_argument("--schedule", choices=SCHEDULES, default=d.schedule,
+                   help="interleaved: every variant in its own worker, trained in lockstep (step i of each, then "
+                   "step i+1), so load drift on a shared machine hits all alike; all workers are alive at once, "
+                   "each holding its model. sequential: one worker after the other")
+    p.add_argument("--in-process", action="store_true",
+                   help="run variants in this process (faster start; CPU peak memory is then less exact)")
+    p.add_argument("--output-dir", type=Path, default=Path("bench-results"))
+    p.add_argument("--name", default=None, help="output file stem (default: the device type, e.g. cpu)")
+    p.add_argument("--replot", type=Path, metavar="REPORT_JSON",
+                   help="only rewrite the Markdown and PNG next to an existing report JSON (no training)")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--worker-output", help=argparse.SUPPRESS)
+    p.add_argument("--interactive", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    """A :class:`BenchConfig` from parsed arguments (model preset first, then explicit overrides)."""
+    model = dict(MODEL_PRESETS[args.model_size])
+    for key in model:
+        if getattr(args, key) is not None:
+            model[key] = getattr(args, key)
+    return BenchConfig(
+        datasets=args.datasets, variants=args.variants, model_size=args.model_size, **model,
+        batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, eval_batches=args.eval_batches,
+        lr=args.lr, seed=args.seed, dtype=args.dtype, device=args.device, threads=args.threads,
+        min_length=args.min_length, max_length=args.max_length, length_scale=args.length_scale,
+        prompt_fraction=args.prompt_fraction, repeats=args.repeats, subprocess=not args.in_process,
+        schedule=args.schedule,
+        loss_rtol=args.loss_rtol,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``trl-padfree bench``: run the benchmark, write JSON/Markdown/PNG, print the table and the targets."""
+    parser = build_parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.worker:
+        return _worker_main(args.worker, args.worker_output, args.interactive)
+    if args.replot:
+        if not args.replot.is_file():
+            parser.error(f"--replot {args.replot}: no such file; pass a JSON report written by trl-padfree bench")
+        report = json.loads(args.replot.read_text())
+        args.replot.with_suffix(".md").write_text(to_markdown(report))
+        plot(report, args.replot.with_suffix(".png"))
+        print(f"Wrote {args.replot.with_suffix('.md')}, {args.replot.with_suffix('.png')}")
+        return 0
+    config = config_from_args(args)
+    try:
+        config.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    if config.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device {config.device} but torch.cuda.is_available() is False; use --device cpu")
+    print(f"trl-padfree bench: Llama {config.layers}x{config.hidden} ({_fmt_params(config.parameter_count())} "
+          f"parameters), {config.dtype} on {config.device}, batch {config.batch_size}, {config.warmup} warm-up + "
+          f"{config.steps} timed steps, variants {', '.join(config.variants)}")
+    report = run_benchmark(config)
+    paths = write_outputs(report, args.output_dir, args.name or config.device.split(":")[0])
+    print("\n" + to_markdown(report))
+    print("Wrote " + ", ".join(str(p) for p in paths.values()))
+    return 0

@@ -1,0 +1,121 @@
+"""Synthetic data of the benchmark: the datasets' length distributions, the seeded examples, their statistics."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .config import BenchConfig
+
+
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+TEMPLATE_IDS: tuple[int, ...] = (3, 4, 5)  # the response template ("### Answer:"), never drawn as content
+FIRST_CONTENT_ID = 6
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Example lengths (tokens, template and special tokens included) of one synthetic dataset.
+
+    ``kind="lognormal"``: ``exp(N(log(center), spread))``; ``kind="normal"``: ``N(center, spread)``. Lengths are
+    rounded, multiplied by ``scale`` and clipped to ``[min_length, max_length]``.
+
+    >>> rng = np.random.default_rng(0)
+    >>> lengths = DATASETS["orcamath"].sample(rng, 20_000, min_length=16, max_length=2048)
+    >>> round(float(lengths.mean()) / 10) * 10, round(float(lengths.std()) / 10) * 10
+    (400, 140)
+    """
+
+    name: str
+    label: str
+    kind: str
+    center: float
+    spread: float
+
+    def sample(
+        self, rng: np.random.Generator, n: int, *, min_length: int, max_length: int, scale: float = 1.0
+    ) -> np.ndarray:
+        """``n`` lengths as an int64 array."""
+        if self.kind == "lognormal":
+            raw = np.exp(rng.normal(math.log(self.center), self.spread, size=n))
+        elif self.kind == "normal":
+            raw = rng.normal(self.center, self.spread, size=n)
+        else:  # pragma: no cover - the table below only holds the two kinds
+            raise ValueError(f"unknown length distribution kind {self.kind!r}")
+        return np.clip(np.rint(raw * scale), min_length, max_length).astype(np.int64)
+
+
+DATASETS: dict[str, LengthDistribution] = {
+    "flan": LengthDistribution("flan", "FLAN-like (lognormal, median 340, sigma 0.8)", "lognormal", 340.0, 0.8),
+    "orcamath": LengthDistribution("orcamath", "OrcaMath-like (normal, 400 +- 140)", "normal", 400.0, 140.0),
+}
+
+
+def _zipf_probabilities(vocab_size: int, exponent: float = 1.1) -> np.ndarray:
+    ranks = np.arange(1, vocab_size - FIRST_CONTENT_ID + 1, dtype=np.float64)
+    weights = 1.0 / (ranks + 2.7) ** exponent
+    return weights / weights.sum()
+
+
+def make_examples(
+    dataset: str,
+    n: int,
+    *,
+    vocab_size: int,
+    seed: int,
+    split: str = "train",
+    min_length: int = 16,
+    max_length: int = 2048,
+    length_scale: float = 1.0,
+    prompt_fraction: float = 0.7,
+) -> list[list[int]]:
+    """``n`` synthetic examples ``<bos> prompt <template> completion <eos>`` as token-id lists (seeded).
+
+    The same arguments give the same examples in every process.
+
+    >>> ex = make_examples("flan", 3, vocab_size=64, seed=0, length_scale=0.1)
+    >>> [len(e) for e in ex]
+    [16, 16, 66]
+    >>> ex[1]  # <bos>=1, 8 prompt tokens (70% of 11), template 3 4 5, 3 completion tokens, <eos>=2
+    [1, 30, 29, 15, 7, 22, 12, 6, 56, 3, 4, 5, 11, 26, 48, 2]
+    """
+    if dataset not in DATASETS:
+        raise ValueError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
+    rng = np.random.default_rng([seed, zlib.crc32(f"{dataset}/{split}".encode())])
+    lengths = DATASETS[dataset].sample(rng, n, min_length=min_length, max_length=max_length, scale=length_scale)
+    probabilities = _zipf_probabilities(vocab_size)
+    examples = []
+    for length in lengths.tolist():
+        body = length - 2 - len(TEMPLATE_IDS)  # minus <bos>, <eos> and the template
+        prompt = min(max(1, round(prompt_fraction * body)), body - 1)
+        content = rng.choice(probabilities.size, size=body, p=probabilities) + FIRST_CONTENT_ID
+        ids = [BOS_ID, *content[:prompt].tolist(), *TEMPLATE_IDS, *content[prompt:].tolist(), EOS_ID]
+        examples.append(ids)
+    return examples
+
+
+def length_stats(config: BenchConfig, dataset: str) -> dict[str, float]:
+    """Length statistics of the train examples, and the padding ratio of their padded mini-batches.
+
+    ``padding_ratio`` is padded tokens per real token over the timed steps (what padding costs in token slots).
+    """
+    n_train = config.warmup + config.steps
+    examples = make_examples(dataset, n_train * config.batch_size, vocab_size=config.vocab_size, seed=config.seed,
+                             split="train", min_length=config.min_length, max_length=config.max_length,
+                             length_scale=config.length_scale, prompt_fraction=config.prompt_fraction)
+    lengths = np.array([len(e) for e in examples])
+    timed = lengths[config.warmup * config.batch_size :].reshape(config.steps, config.batch_size)
+    return {
+        "mean": float(lengths.mean()),
+        "median": float(np.median(lengths)),
+        "std": float(lengths.std()),
+        "max": int(lengths.max()),
+        "real_tokens_per_step": float(timed.sum(axis=1).mean()),
+        "padding_ratio": float(timed.max(axis=1).sum() * config.batch_size / timed.sum()),
+    }

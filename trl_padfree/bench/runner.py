@@ -1,0 +1,196 @@
+"""Running the benchmark: worker processes (one per variant), the interleaved (lockstep) and sequential
+schedules, repeats, and the report of :func:`run_benchmark`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from .config import BenchConfig, variant_unavailable
+from .data import DATASETS, length_stats
+from .machine import _load_average, _project_root, machine_info
+from .report import PAPER, _max_rel_diff, compare, evaluate_targets
+from .worker import _PROTOCOL, run_variant
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_project_root(), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _worker_command(spec_path: Path, out_path: Path, interactive: bool) -> list[str]:
+    cmd = [sys.executable, "-m", "trl_padfree.bench", "--worker", str(spec_path), "--worker-output", str(out_path)]
+    return [*cmd, "--interactive"] if interactive else cmd
+
+
+def _write_spec(tmp: str, config: BenchConfig, dataset: str, variant: str) -> tuple[Path, Path]:
+    spec_path, out_path = Path(tmp, f"{variant}.spec.json"), Path(tmp, f"{variant}.result.json")
+    spec_path.write_text(json.dumps({"config": config.to_dict(), "dataset": dataset, "variant": variant}))
+    return spec_path, out_path
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
+def _run_in_subprocess(config: BenchConfig, dataset: str, variant: str) -> dict[str, Any]:
+    """One variant, all steps, in a fresh worker process (the ``sequential`` schedule)."""
+    with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-") as tmp:
+        spec_path, out_path = _write_spec(tmp, config, dataset, variant)
+        cmd = _worker_command(spec_path, out_path, interactive=False)
+        proc = subprocess.run(cmd, env=_worker_env(), capture_output=True, text=True)
+        if proc.returncode != 0 or not out_path.exists():
+            raise RuntimeError(
+                f"the {dataset}/{variant} worker failed (exit {proc.returncode}):\n{_tail(proc.stderr or proc.stdout)}"
+            )
+        return json.loads(out_path.read_text())
+
+
+class _Worker:
+    """A fresh worker process driven step by step over its stdin/stdout (the ``interleaved`` schedule)."""
+
+    def __init__(self, tmp: str, config: BenchConfig, dataset: str, variant: str):
+        self.name = f"{dataset}/{variant}"
+        spec_path, self.out_path = _write_spec(tmp, config, dataset, variant)
+        self.stderr = open(Path(tmp, f"{variant}.stderr"), "w+")  # noqa: SIM115 (closed in close())
+        self.proc = subprocess.Popen(
+            _worker_command(spec_path, self.out_path, interactive=True),
+            env=_worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+        )
+
+    def request(self, command: str | None) -> dict[str, Any]:
+        """Send ``command`` (None: only wait) and return the worker's next protocol message."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            if command is not None:
+                self.proc.stdin.write(command + "\n")
+                self.proc.stdin.flush()
+            for line in self.proc.stdout:
+                if line.startswith(_PROTOCOL):
+                    return json.loads(line[len(_PROTOCOL) :])
+        except BrokenPipeError:
+            pass
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        raise RuntimeError(f"the {self.name} worker failed (exit {code}):\n{_tail(self.stderr.read())}")
+
+    def result(self) -> dict[str, Any]:
+        self.request("finish")
+        self.proc.wait()
+        return json.loads(self.out_path.read_text())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
+def _run_interleaved(config: BenchConfig, dataset: str, variants: list[str]) -> dict[str, dict[str, Any]]:
+    """All variants in their own worker processes, trained in lockstep: step i of every variant, then step i+1.
+
+    Only one worker computes at a time; the others wait on their stdin. Drift of a shared machine's load then
+    hits every variant alike, step by step. The order of the variants rotates from step to step.
+    """
+    with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-") as tmp:
+        workers = [_Worker(tmp, config, dataset, name) for name in variants]
+        try:
+            for worker in workers:
+                worker.request(None)  # ready: data, model and optimizer built
+            for step in range(config.warmup + config.steps):
+                shift = step % len(workers)
+                for worker in workers[shift:] + workers[:shift]:
+                    worker.request("step")
+            return {name: worker.result() for name, worker in zip(variants, workers, strict=True)}
+        finally:
+            for worker in workers:
+                worker.close()
+
+
+def _merge_repeat(variants: dict[str, dict[str, Any]], name: str, result: dict[str, Any]) -> None:
+    """Keep the first run's details; collect every run's throughput (median), the worst peak memory."""
+    if name not in variants:
+        result["tokens_per_second_runs"] = [result["tokens_per_second"]]
+        result["tokens_per_cpu_second_runs"] = [result["tokens_per_cpu_second"]]
+        variants[name] = result
+        return
+    first = variants[name]
+    first["tokens_per_second_runs"].append(result["tokens_per_second"])
+    first["tokens_per_cpu_second_runs"].append(result["tokens_per_cpu_second"])
+    first["tokens_per_second"] = statistics.median(first["tokens_per_second_runs"])
+    if first["tokens_per_cpu_second"] is not None:
+        first["tokens_per_cpu_second"] = statistics.median(first["tokens_per_cpu_second_runs"])
+    first["peak_memory_mb"] = max(first["peak_memory_mb"], result["peak_memory_mb"])
+    first["repeat_loss_max_rel_diff"] = max(
+        first.get("repeat_loss_max_rel_diff", 0.0), _max_rel_diff(result["train_loss"], first["train_loss"])
+    )
+
+
+def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
+    """Run every (dataset, variant) pair and return the report (config, machine, results, comparisons, targets).
+
+    Each variant runs in a fresh worker process (``config.subprocess``), all variants of a dataset trained in
+    lockstep (``schedule="interleaved"``) or one after the other (``"sequential"``); or, for tests, in this
+    process one after the other. With ``repeats > 1`` the whole measurement is repeated and tokens/s is the
+    median of the runs.
+    """
+    config.validate()
+    report: dict[str, Any] = {
+        "benchmark": "trl-padfree: padded vs padding-free training (same examples, same mini-batches, same steps)",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": {**config.to_dict(), "loss_rtol": config.effective_loss_rtol,
+                   "parameters": config.parameter_count()},
+        "machine": machine_info(config.device, threads=config.threads),
+        "datasets": {},
+        "paper": PAPER,
+    }
+    for dataset in config.datasets:
+        stats = length_stats(config, dataset)
+        log(f"\n{DATASETS[dataset].label}: mean length {stats['mean']:.0f}, median {stats['median']:.0f}, "
+            f"{stats['real_tokens_per_step']:.0f} real tokens per step, padding ratio {stats['padding_ratio']:.2f}")
+        variants: dict[str, dict[str, Any]] = {}
+        runnable = []
+        for name in config.variants:
+            reason = variant_unavailable(name, config.device)
+            if reason is None:
+                runnable.append(name)
+            else:
+                variants[name] = {"variant": name, "skipped": reason}
+                log(f"  {name:<15} skipped: {reason}")
+        for repeat in range(config.repeats):
+            started = time.perf_counter()
+            if not config.subprocess:
+                results = {name: run_variant(config, dataset, name) for name in runnable}
+            elif config.schedule == "interleaved":
+                results = _run_interleaved(config, dataset, runnable)
+            else:
+                results = {name: _run_in_subprocess(config, dataset, name) for name in runnable}
+            wall = time.perf_counter() - started
+            for name, result in results.items():
+                _merge_repeat(variants, name, result)
+                per_cpu = result["tokens_per_cpu_second"]
+                cpu_note = "" if per_cpu is None else f" ({per_cpu:,.0f} per CPU-s)"
+                rep = f" (run {repeat + 1}/{config.repeats})" if config.repeats > 1 else ""
+                log(f"  {name:<15} {result['tokens_per_second']:>9,.0f} real tok/s{cpu_note}, peak "
+                    f"{result['peak_memory_mb']:,.0f} MB, final loss {result['train_loss'][-1]:.6f}, eval "
+                    f"{result['eval_loss']:.6f}, {result['optimizer_steps']} steps{rep}")
+            log(f"  [{wall:.0f} s, {'in-process' if not config.subprocess else config.schedule}]")
+        ordered = {name: variants[name] for name in config.variants}
+        report["datasets"][dataset] = {
+            "label": DATASETS[dataset].label,
+            "length_stats": stats,
+            "variants": ordered,
+            "comparison": compare(ordered),
+        }
+    report["machine"]["load_average_end"] = _load_average()
+    report["targets"] = evaluate_targets(report)
+    return report
