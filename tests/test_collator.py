@@ -286,6 +286,8 @@ def test_bad_arguments_have_clear_errors():
         collator([{"input_ids": [1, 99999]}])
     with pytest.raises(KeyError, match="example 0 has no 'input_ids'"):
         collator([{"text": "raw"}])
+    with pytest.raises(ValueError, match="example 1 has no tokens; drop empty examples"):
+        collator([{"input_ids": [1, 2]}, {"input_ids": []}])
 
 
 def test_positional_tokenizer_like_trl_0_19():

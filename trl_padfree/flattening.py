@@ -59,6 +59,11 @@ def flatten_features(
             "SFTTrainer prepare it (do not set dataset_kwargs={'skip_prepare_dataset': True})."
         ) from None
     sizes = [len(v) if type(v) is list else _as_array(v).size for v in id_values]
+    if 0 in sizes:
+        raise ValueError(
+            f"example {sizes.index(0)} has no tokens; drop empty examples from the dataset (SFTTrainer does this "
+            "during dataset preparation)."
+        )
     total = sum(sizes)
     ids = _concat(id_values, total)
     labels = None
