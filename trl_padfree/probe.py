@@ -52,6 +52,7 @@ __all__ = [
     "check_packing",
     "main",
     "packed_batch",
+    "training_rtol",
 ]
 
 DEFAULT_LENGTHS: tuple[int, ...] = (7, 12, 4, 9)
@@ -64,6 +65,23 @@ DEFAULT_RTOL: dict[torch.dtype, float] = {
     torch.bfloat16: 5e-2,
 }
 """Tolerance relative to ``max|logits|``, by compute dtype (see the module docstring for the measurements)."""
+
+
+def training_rtol(args: Any) -> float | None:
+    """The tolerance for a model trained with these ``TrainingArguments``, or None to judge by its weights.
+
+    accelerate runs the forward under bf16/fp16 autocast for mixed-precision training (on CPU too), so a probe run
+    on such a model computes in that dtype although its weights are float32.
+
+    >>> from types import SimpleNamespace
+    >>> training_rtol(SimpleNamespace(bf16=True, fp16=False)), training_rtol(SimpleNamespace(bf16=False, fp16=False))
+    (0.05, None)
+    """
+    if getattr(args, "bf16", False):
+        return DEFAULT_RTOL[torch.bfloat16]
+    if getattr(args, "fp16", False):
+        return DEFAULT_RTOL[torch.float16]
+    return None
 
 # Attention implementations that take the packed boundaries from cu_seq_lens / position_ids themselves.
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "padfree", "paged|", "kernels-community/")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-import torch
 import trl
 from transformers import TrainerCallback
 
@@ -54,12 +53,9 @@ class PackingCheckCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if model is not None and self.report is None:
-            from .probe import DEFAULT_RTOL, assert_packing_safe
+            from .probe import assert_packing_safe, training_rtol
 
-            kwargs = dict(self.probe_kwargs)
-            # accelerate runs the forward under autocast for bf16/fp16 training: judge at that precision
-            if "rtol" not in kwargs and (getattr(args, "bf16", False) or getattr(args, "fp16", False)):
-                kwargs["rtol"] = DEFAULT_RTOL[torch.bfloat16 if args.bf16 else torch.float16]
+            kwargs = {"rtol": training_rtol(args), **self.probe_kwargs}
             self.report = assert_packing_safe(model, **kwargs)
         return control
 

@@ -131,20 +131,15 @@ def probe_model(model: Any, training: Any) -> None:
     device where the Trainer would put the model anyway. A process that holds no real weights (FSDP loading on
     rank 0 only, DeepSpeed ZeRO-3 shards) skips the probe; any process's failure stops every process.
     """
-    import torch
-
-    from trl_padfree.probe import DEFAULT_RTOL, PackingLeakError, assert_packing_safe
+    from trl_padfree.probe import PackingLeakError, assert_packing_safe, training_rtol
 
     failure = None
     if _materialized(model):
         quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
         if training.device.type != "cpu" and not quantized and not _sharded_launch(training):
             model.to(training.device)
-        kwargs = {}
-        if training.bf16 or training.fp16:
-            kwargs["rtol"] = DEFAULT_RTOL[torch.bfloat16 if training.bf16 else torch.float16]
         try:
-            report = assert_packing_safe(model, **kwargs)
+            report = assert_packing_safe(model, rtol=training_rtol(training))
         except PackingLeakError as exc:
             headline = str(exc.report).splitlines()[0]
             failure = f"padding-free training is unsafe for this model: {headline} {exc.report.advice}"
