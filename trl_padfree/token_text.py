@@ -161,9 +161,12 @@ class TokenText:
         ids = np.asarray(ids, dtype=np.int64)
         self.check_ids(ids)
         starts = self.starts(ids)
-        lengths = starts[1:] - starts[:-1]
-        gather = np.repeat(self.offsets[ids] - starts[:-1], lengths) + np.arange(starts[-1], dtype=np.int64)
-        return self.buffer[gather].tobytes(), starts
+        return self._bytes(ids, starts), starts
+
+    def _bytes(self, ids: np.ndarray, starts: np.ndarray) -> bytes:
+        """The text of ``ids`` whose token byte offsets are ``starts``: one gather from the packed buffer."""
+        gather = np.repeat(self.offsets[ids] - starts[:-1], starts[1:] - starts[:-1])
+        return self.buffer[gather + np.arange(starts[-1], dtype=np.int64)].tobytes()
 
     def _anchor(self, pattern: bytes) -> _Anchor:
         if pattern not in self._anchors:
@@ -189,9 +192,7 @@ class TokenText:
         tokens = np.flatnonzero(anchor.has[ids])
         m = len(pattern)
         if tokens.size * m > starts[-1]:  # the anchor is everywhere: a plain search is cheaper
-            data = self.buffer[
-                np.repeat(self.offsets[ids] - starts[:-1], starts[1:] - starts[:-1]) + np.arange(starts[-1])
-            ].tobytes()
+            data = self._bytes(ids, starts)
             found, i = [], data.find(pattern)
             while i >= 0:
                 found.append(i)
