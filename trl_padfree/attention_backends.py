@@ -26,7 +26,8 @@ Batching several sequences of equal or similar length into one right-padded SDPA
 attention) was measured and rejected: on 1-2 CPU threads the stacking, padding and their backward cost more than
 the per-call overhead they save (about 2x slower for 64 sequences of 50 tokens, 1.2x for FLAN-like batches).
 
-Where the time goes (``scripts/bench_attention.py``, tiny Llama 4x256, FLAN-like batches of 8, fp32, 1 thread):
+Where the time goes (measured with a since-removed micro-benchmark that ran the same comparison as
+``trl-padfree bench --datasets flan``: tiny Llama 4x256, FLAN-like batches of 8, fp32, 1 thread):
 the loop costs about 12% more than the bare SDPA kernels on the same sequences, and the kernels themselves run
 at about 50-60 GFLOP/s (backward about 3x forward). The rest of a train step (projections, MLP, LM head) is
 proportional to the real tokens; with attention replaced by a no-op, a packed step is still ~40% of the
