@@ -183,20 +183,18 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         self, ids: np.ndarray, existing: np.ndarray | None, cu: np.ndarray, seq_idx: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
         if self._response is None:  # no template: the labels the dataset brought (or every token) are trained
-            mask = np.ones(ids.size, dtype=bool) if existing is None else existing != self.ignore_index
-            mask[cu[:-1]] = False
-            return np.where(mask, ids, self.ignore_index), np.ones(cu.size - 1, dtype=bool)
-        row = RowText.build(self._text, ids) if self._text is not None else None
-        responses = find_matches(self._response, ids, cu, row)
-        instructions = None
-        if self._instructions is not None:
-            instructions = concat_matches([find_matches(t, ids, cu, row) for t in self._instructions])
-        mask, found = trained_mask(ids.size, cu, responses, instructions, seq_idx)
+            mask, found = np.ones(ids.size, dtype=bool), np.ones(cu.size - 1, dtype=bool)
+        else:
+            row = RowText.build(self._text, ids) if self._text is not None else None
+            responses = find_matches(self._response, ids, cu, row)
+            instructions = None
+            if self._instructions is not None:
+                instructions = concat_matches([find_matches(t, ids, cu, row) for t in self._instructions])
+            mask, found = trained_mask(ids.size, cu, responses, instructions, seq_idx)
         if existing is not None:
             mask &= existing != self.ignore_index
         mask[cu[:-1]] = False  # the first token of an example is never a target (packed rows need this)
-        labels = np.where(mask, ids, self.ignore_index)
-        return labels, found
+        return np.where(mask, ids, self.ignore_index), found
 
     def _pad_id(self) -> int:
         tok = self.tokenizer
