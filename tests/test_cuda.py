@@ -1,0 +1,101 @@
+"""CUDA bf16 checks of the "padfree" attention on whole models (skipped without a GPU; run by scripts/gpu_check.sh).
+
+bf16 results cannot equal each other bit for bit, so each check follows flash-attn's own test rule: the padding-free
+bf16 computation must be about as close to an fp32 reference as the padded bf16 computation is (within 2x its error,
+plus a small floor), for the loss and for every parameter's gradient.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig
+
+import trl_padfree.attention as attention
+from trl_padfree.attention_backends import select_backend
+from trl_padfree.flattening import packed_batch, padded_batch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+LENGTHS = [37, 120, 5, 260, 64, 190, 1, 300]
+VOCAB = 512
+WINDOW = 48  # Mistral: shorter than most examples
+
+
+def model_config(kind: str):
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,  # GQA
+        max_position_embeddings=512,
+        pad_token_id=0,
+    )
+    if kind == "llama":
+        return LlamaConfig(**common)
+    return MistralConfig(**common, sliding_window=WINDOW)
+
+
+def batches(device: str) -> tuple[dict, dict]:
+    rng = np.random.default_rng(0)
+    cu = np.concatenate([[0], np.cumsum(LENGTHS)]).astype(np.int64)
+    ids = rng.integers(3, VOCAB, size=int(cu[-1]), dtype=np.int64)
+    labels = ids.copy()
+    labels[cu[:-1]] = -100  # a sequence's first token has no prediction (padded: removed by the shift)
+    packed = packed_batch(ids, labels, cu)
+    padded = padded_batch(ids, labels, cu, pad_id=0, ignore_index=-100)
+    move = lambda b: {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}  # noqa: E731
+    return move(packed), move(padded)
+
+
+def loss_and_grads(model, batch) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = model(**batch, use_cache=False).loss
+    loss.backward()
+    return loss.item(), {n: p.grad.float() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("kind", ["llama", "mistral"])
+def test_bf16_padfree_is_as_accurate_as_padded_sdpa(kind, monkeypatch):
+    torch.manual_seed(0)
+    reference = AutoModelForCausalLM.from_config(model_config(kind), attn_implementation="sdpa").cuda().train()
+    packed, padded = batches("cuda")
+    ref_loss, ref_grads = loss_and_grads(reference, padded)
+
+    bf16 = AutoModelForCausalLM.from_config(model_config(kind), attn_implementation="sdpa", dtype=torch.bfloat16)
+    bf16.load_state_dict(reference.state_dict())
+    bf16 = bf16.cuda().train()
+    pad_loss, pad_grads = loss_and_grads(bf16, padded)
+
+    used = []
+    run = attention.run_varlen_attention
+    monkeypatch.setattr(attention, "run_varlen_attention", lambda backend, *a, **k: used.append(backend) or run(backend, *a, **k))
+    bf16.set_attn_implementation("padfree")
+    pf_loss, pf_grads = loss_and_grads(bf16, packed)
+
+    expected = select_backend("cuda", torch.bfloat16)
+    assert expected in ("flash_attn", "torch_varlen"), "an sm80+ GPU should get a varlen kernel"
+    assert used and set(used) == {expected}
+    assert abs(pf_loss - ref_loss) <= 2 * abs(pad_loss - ref_loss) + 2e-3, (pf_loss, pad_loss, ref_loss)
+    for name, ref in ref_grads.items():
+        scale = ref.abs().max().clamp_min(1e-6)
+        pad_err = ((pad_grads[name] - ref).abs().max() / scale).item()
+        pf_err = ((pf_grads[name] - ref).abs().max() / scale).item()
+        assert pf_err <= 2 * pad_err + 2e-2, f"{name}: padfree error {pf_err:.2e}, padded error {pad_err:.2e}"
+
+
+def test_fp32_on_cuda_runs_the_sdpa_loop_exactly():
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(model_config("llama"), attn_implementation="sdpa").cuda().train()
+    packed, padded = batches("cuda")
+    pad_loss, pad_grads = loss_and_grads(model, padded)
+    model.set_attn_implementation("padfree")
+    pf_loss, pf_grads = loss_and_grads(model, packed)
+    assert select_backend("cuda", torch.float32) == "sdpa_loop"
+    assert abs(pf_loss - pad_loss) / abs(pad_loss) <= 1e-5
+    for name, grad in pad_grads.items():
+        rel = ((pf_grads[name] - grad).abs().max() / grad.abs().max().clamp_min(1e-12)).item()
+        assert rel <= 1e-3, f"{name}: relative gradient difference {rel:.2e}"
