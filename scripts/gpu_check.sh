@@ -45,12 +45,12 @@ EOF
 } 2>&1 | tee "$out/env.txt"
 
 echo "== CUDA tests"
-timeout 240 $py -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_attention.py tests/test_probe.py \
+timeout 120 $py -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py tests/test_attention.py tests/test_probe.py \
     -k cuda 2>&1 | tee "$out/cuda-tests.txt"
 
 echo "== benchmark"
-timeout 360 $py scripts/bench.py --device cuda --dtype bfloat16 --model-size 0.5b --warmup 3 --steps 20 \
+timeout 300 $py scripts/bench.py --device cuda --dtype bfloat16 --model-size 0.5b --warmup 3 --steps 20 \
     --name cuda --output-dir "$out" 2>&1 | tee "$out/bench.txt"
 
 echo "== full test suite"
-timeout 300 $py -m pytest -q -p no:cacheprovider 2>&1 | tail -60 | tee "$out/full-suite.txt"
+timeout 120 $py -m pytest -q -p no:cacheprovider 2>&1 | tail -60 | tee "$out/full-suite.txt"
