@@ -18,6 +18,7 @@ import yaml
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
 
+from trl_padfree.attention import flash_attn_available
 from trl_padfree.launch import ConfigError, load_config, main
 from trl_padfree.launch.config import describe_type
 
@@ -170,13 +171,20 @@ def test_model_that_leaks_under_padding_free(capsys, tmp_path, data_dir, leaky_m
 
 
 def test_flash_attention_where_it_cannot_run(capsys, tmp_path, data_dir):
+    # The demo config trains on the CPU (use_cpu: true), so this holds on a GPU machine too.
     message = run_bad(
         capsys, demo_argv(data_dir, tmp_path / "out", "--attn_implementation", "flash_attention_2"), tmp_path / "out"
     )
-    if not torch.cuda.is_available():
-        assert message.startswith("attn_implementation 'flash_attention_2' needs a CUDA GPU and this run has none")
-    else:  # a GPU without the flash-attn package
-        assert "needs the flash-attn package" in message
+    assert message.startswith("attn_implementation 'flash_attention_2' needs a CUDA GPU and this run has none")
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or flash_attn_available(), reason="needs a CUDA GPU without the flash-attn package"
+)
+def test_flash_attention_on_a_gpu_without_flash_attn(capsys, tmp_path, data_dir):
+    argv = demo_argv(data_dir, tmp_path / "out", "--attn_implementation", "flash_attention_2", "--use_cpu", "false")
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert message.startswith("attn_implementation 'flash_attention_2' needs the flash-attn package")
 
 
 def test_missing_checkpoint_to_resume(capsys, tmp_path, data_dir):
