@@ -31,7 +31,7 @@ tracing) it returns exactly what ``sdpa`` would get (``transformers.masking_util
 With boundaries it runs the fastest correct varlen kernel (:func:`~trl_padfree.attention_backends.select_backend`):
 flash-attn's ``flash_attn_varlen_func`` (CUDA, flash-attn installed), else PyTorch's ``varlen_attn`` (CUDA sm80+,
 fp16/bf16, no dropout), else a per-sequence ``scaled_dot_product_attention`` loop (CPU and everything else) that
-batches similar lengths, uses ``enable_gqa`` and reads the boundaries once per call. Without boundaries (a dense
+uses ``enable_gqa`` and reads the boundaries once per call. Without boundaries (a dense
 mask from a padded batch, a decode step with a cache) it calls transformers' ``sdpa_attention_forward`` with the
 same arguments, so the result is the ``sdpa`` result. The only case handled by ``padfree`` itself without
 boundaries is a mask-free batch whose sliding window is shorter than the rows: each row is then one sequence.
