@@ -28,13 +28,13 @@ from transformers import (
 )
 
 from trl_padfree import cli
+from trl_padfree.check import main
 from trl_padfree.probe import (
     DEFAULT_LENGTHS,
     PackingLeakError,
     PackingReport,
     assert_packing_safe,
     check_packing,
-    main,
     packed_batch,
 )
 

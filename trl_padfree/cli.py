@@ -11,7 +11,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trl_padfree.launch", "fine-tune a model from a YAML config (SFTTrainer + this collator)"),
-    "check": ("trl_padfree.probe", "probe whether a model keeps packed examples apart"),
+    "check": ("trl_padfree.check", "probe whether a model keeps packed examples apart"),
     "bench": ("trl_padfree.bench", "padded vs padding-free benchmark (throughput, memory, loss)"),
 }
 

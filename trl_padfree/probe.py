@@ -9,7 +9,7 @@ reliable answer is to run the model, which is what this module does:
 * :func:`check_packing` feeds a few short random sequences packed into one row (exactly the batch format of
   the project's padding-free collator) and each sequence alone, and compares the logits;
 * :func:`assert_packing_safe` does the same and raises :class:`PackingLeakError` unless the model is safe;
-* ``trl-padfree check --model PATH`` (:func:`main`) does it from the command line.
+* ``trl-padfree check --model PATH`` (:mod:`trl_padfree.check`) does it from the command line.
 
 The model runs in train mode, as the Trainer calls it, so any train-only routing is exercised, but with every
 source of randomness neutralised (dropout modules, ``*dropout*``/``*drop*``/``layerdrop``/``*jitter*`` numbers
@@ -26,14 +26,10 @@ i.e. relative 0.3-0.5: both margins are more than an order of magnitude.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
-import json
 import math
-import os
 import re
-import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -50,7 +46,6 @@ __all__ = [
     "PackingReport",
     "assert_packing_safe",
     "check_packing",
-    "main",
     "packed_batch",
     "training_rtol",
 ]
@@ -484,101 +479,3 @@ def assert_packing_safe(model: nn.Module, **kwargs: Any) -> PackingReport:
     if not report.ok:
         raise PackingLeakError(report)
     return report
-
-
-# ---------------------------------------------------------------------------------------------------- CLI
-
-
-_DTYPES = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="trl-padfree check",
-        description="Probe whether a causal LM keeps padding-free packed examples apart: random sequences packed "
-        "into one row vs each alone. Exit status: 0 safe, 1 leaks (or cannot tell), 2 bad input.",
-    )
-    parser.add_argument("--model", required=True, help="local model directory or hub name")
-    parser.add_argument(
-        "--attn-implementation",
-        default=None,
-        help="e.g. sdpa, eager, flash_attention_2, padfree (default: the model's own choice)",
-    )
-    parser.add_argument(
-        "--dtype", choices=sorted(_DTYPES), default="auto", help="default: the checkpoint's dtype"
-    )
-    parser.add_argument(
-        "--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)"
-    )
-    parser.add_argument(
-        "--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="comma-separated lengths"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trust-remote-code", action="store_true")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    return parser
-
-
-def _looks_like_path(name: str) -> bool:
-    """True when ``name`` can only be a local path (hub names are ``name`` or ``org/name``)."""
-    return name.startswith(("/", ".", "~")) or os.path.isabs(name) or name.count("/") > 1 or "\\" in name
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``trl-padfree check``: print the verdict; return 0 when safe, 1 when not, 2 on bad input."""
-    parser = _parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-
-    def bad(message: str) -> int:
-        print(f"trl-padfree check: {message}", file=sys.stderr)
-        return 2
-
-    try:
-        lengths = [int(x) for x in args.lengths.split(",") if x.strip()]
-    except ValueError:
-        return bad(f"--lengths must be comma-separated integers, got {args.lengths!r}.")
-    if len(lengths) < 2 or min(lengths) < 1:
-        return bad(f"--lengths needs at least 2 lengths >= 1, got {args.lengths!r}.")
-    model_path = os.path.expanduser(args.model)
-    if _looks_like_path(args.model) and not os.path.exists(model_path):
-        return bad(
-            f"model path {args.model!r} does not exist; pass a model directory (config.json + weights)."
-        )
-    if args.device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    else:
-        device = args.device
-    try:
-        torch.device(device)
-    except RuntimeError:
-        return bad(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N.")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        return bad(f"--device {args.device!r} asked for, but CUDA is not available here; use --device cpu.")
-    if args.attn_implementation == "padfree":
-        try:
-            import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
-        except ImportError as exc:
-            return bad(
-                f'attn_implementation "padfree" needs trl_padfree.attention, which failed to import: {exc}'
-            )
-
-    from transformers import AutoModelForCausalLM
-
-    kwargs: dict[str, Any] = {"dtype": _DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation:
-        kwargs["attn_implementation"] = args.attn_implementation
-    try:
-        model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)
-    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return bad(f"cannot load {args.model!r}: {first_line}")
-    try:
-        report = check_packing(model, lengths=lengths, seed=args.seed)
-    except ValueError as exc:
-        return bad(str(exc))
-    print(json.dumps(report.to_dict(), indent=2) if args.json else str(report))
-    return 0 if report.ok else 1
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
