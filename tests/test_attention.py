@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,6 +33,7 @@ from trl_padfree.attention import (
     padfree_mask,
     pick_attn_implementation,
     select_backend,
+    slow_cuda_reason,
 )
 from trl_padfree.attention_backends import run_varlen_attention, window_mask
 
@@ -498,6 +501,28 @@ def test_attention_sinks_raise_clear_error():
 )
 def test_select_backend(device, dtype, options, expected):
     assert select_backend(device, dtype, **options) == expected
+    reason = slow_cuda_reason(device, dtype, **options)
+    # A reason exactly when a CUDA call falls back to the loop; none on other devices, where the loop is the kernel.
+    assert (reason is not None) == (expected == "sdpa_loop" and device.startswith("cuda"))
+
+
+H100 = {"flash_attn_installed": False, "torch_varlen_installed": True, "cuda_capability": (9, 0)}
+
+
+@pytest.mark.parametrize(
+    ("dtype", "options", "expected"),
+    [
+        (torch.float32, H100, "torch.float32 inputs: the varlen kernels take float16/bfloat16 only; train in bf16"),
+        (torch.bfloat16, {**H100, "head_dim": 512}, "head dimension 512 is above the flash kernels' limit of 256"),
+        (torch.bfloat16, {**H100, "dropout": 0.1}, "attention dropout 0.1: torch's varlen_attn has none"),
+        (torch.bfloat16, {**H100, "torch_varlen_installed": False}, "no varlen kernel: flash-attn is not installed"),
+        (torch.float16, {**H100, "cuda_capability": (7, 5)}, "this GPU (compute capability 7.5) is older than"),
+    ],
+)
+def test_slow_cuda_reason_names_the_cause_and_the_fix(dtype, options, expected):
+    reason = slow_cuda_reason("cuda", dtype, **options)
+    assert reason.startswith(expected)
+    assert any(fix in reason for fix in ("bf16", "pip install flash-attn", "flash-attn is not installed", "above"))
 
 
 def test_pick_attn_implementation_on_this_machine():
@@ -547,3 +572,12 @@ def test_cuda_varlen_kernels_match_the_sdpa_loop(window):
     for backend in _cuda_backends():
         got = run_varlen_attention(backend, q, k, v, cu, cu, 40, 40, sliding_window=window)
         torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2, msg=backend)
+
+
+def test_the_slow_cuda_warning_is_given_once_per_reason():
+    reason = "a test reason (not a real GPU)"
+    with pytest.warns(UserWarning, match=r'attn_implementation="padfree" runs a per-sequence sdpa loop .*a test reason'):
+        attention._warn_slow_cuda(reason)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        attention._warn_slow_cuda(reason)  # the second time: silent

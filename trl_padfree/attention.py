@@ -43,6 +43,8 @@ logit soft-capping (Gemma-2) and attention sinks (GPT-OSS); use ``flash_attentio
 
 from __future__ import annotations
 
+import functools
+import warnings
 from itertools import pairwise
 from typing import Any
 
@@ -57,6 +59,7 @@ from .attention_backends import (
     flash_attn_available,
     run_varlen_attention,
     select_backend,
+    slow_cuda_reason,
     torch_varlen_available,
 )
 
@@ -71,6 +74,7 @@ __all__ = [
     "pick_attn_implementation",
     "register",
     "select_backend",
+    "slow_cuda_reason",
     "torch_varlen_available",
 ]
 
@@ -252,6 +256,16 @@ def _boundaries(
     return None
 
 
+@functools.cache
+def _warn_slow_cuda(reason: str | None) -> None:
+    """Say once per reason that a CUDA call runs the exact but slower per-sequence loop, and what to change."""
+    warnings.warn(
+        f'attn_implementation="padfree" runs a per-sequence sdpa loop on this GPU (exact, but slower than a '
+        f"varlen kernel): {reason}.",
+        stacklevel=4,
+    )
+
+
 def _as_int(value: Any, cu: torch.Tensor) -> int:
     if value is None:
         return int((cu[1:] - cu[:-1]).max())
@@ -318,12 +332,10 @@ def padfree_attention_forward(
     cu_q, cu_k, max_q, max_k = bounds
     cu_q = cu_q.to(device=query.device, dtype=torch.int32)
     cu_k = cu_q if cu_k is bounds[0] else cu_k.to(device=query.device, dtype=torch.int32)
-    backend = select_backend(
-        query.device,
-        query.dtype,
-        dropout=dropout,
-        head_dim=max(query.shape[-1], value.shape[-1]),
-    )
+    head_dim = max(query.shape[-1], value.shape[-1])
+    backend = select_backend(query.device, query.dtype, dropout=dropout, head_dim=head_dim)
+    if backend == "sdpa_loop" and query.device.type == "cuda":
+        _warn_slow_cuda(slow_cuda_reason(query.device, query.dtype, dropout=dropout, head_dim=head_dim))
     # (B, H, T, D) -> token-major (B*T, H, D); a view when B == 1.
     q = query.transpose(1, 2).reshape(batch * q_length, heads, query.shape[-1])
     k = key.transpose(1, 2).reshape(batch * k_length, key.shape[1], key.shape[-1])

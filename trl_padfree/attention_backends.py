@@ -132,24 +132,95 @@ def select_backend(
     ...                cuda_capability=(9, 0))
     'sdpa_loop'
     """
+    return _decide(
+        device,
+        dtype,
+        dropout=dropout,
+        head_dim=head_dim,
+        flash_attn_installed=flash_attn_installed,
+        torch_varlen_installed=torch_varlen_installed,
+        cuda_capability=cuda_capability,
+    )[0]
+
+
+def slow_cuda_reason(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    *,
+    dropout: float = 0.0,
+    head_dim: int = 64,
+    flash_attn_installed: bool | None = None,
+    torch_varlen_installed: bool | None = None,
+    cuda_capability: tuple[int, int] | None = None,
+) -> str | None:
+    """Why a CUDA call gets the per-sequence loop rather than a varlen kernel, and what to change; else ``None``.
+
+    Same arguments as :func:`select_backend`. The loop is exact, only slower; the ``"padfree"`` attention warns
+    once with this text.
+
+    >>> print(slow_cuda_reason("cuda", torch.bfloat16, flash_attn_installed=False, torch_varlen_installed=False,
+    ...                        cuda_capability=(9, 0)))
+    no varlen kernel: flash-attn is not installed and this PyTorch has no torch.nn.attention.varlen.varlen_attn with window_size (PyTorch 2.11+); pip install flash-attn, or upgrade torch
+    >>> slow_cuda_reason("cpu", torch.float32) is None
+    True
+    """
+    return _decide(
+        device,
+        dtype,
+        dropout=dropout,
+        head_dim=head_dim,
+        flash_attn_installed=flash_attn_installed,
+        torch_varlen_installed=torch_varlen_installed,
+        cuda_capability=cuda_capability,
+    )[1]
+
+
+def _decide(
+    device: torch.device | str,
+    dtype: torch.dtype,
+    *,
+    dropout: float,
+    head_dim: int,
+    flash_attn_installed: bool | None,
+    torch_varlen_installed: bool | None,
+    cuda_capability: tuple[int, int] | None,
+) -> tuple[Backend, str | None]:
+    """The backend and, when a CUDA call falls back to the loop, why (see :func:`slow_cuda_reason`)."""
     device = torch.device(device)
-    if device.type != "cuda" or dtype not in _HALF_DTYPES or head_dim > _MAX_FLASH_HEAD_DIM:
-        return "sdpa_loop"
+    if device.type != "cuda":
+        return "sdpa_loop", None
+    if dtype not in _HALF_DTYPES:
+        return "sdpa_loop", (
+            f"{dtype} inputs: the varlen kernels take float16/bfloat16 only; train in bf16 (e.g. bf16=True, "
+            "or load the model with dtype=torch.bfloat16)"
+        )
+    if head_dim > _MAX_FLASH_HEAD_DIM:
+        return "sdpa_loop", f"head dimension {head_dim} is above the flash kernels' limit of {_MAX_FLASH_HEAD_DIM}"
     if flash_attn_installed is None:
         flash_attn_installed = flash_attn_available()
     if flash_attn_installed:
-        return "flash_attn"
+        return "flash_attn", None
     if dropout > 0.0:  # varlen_attn has no dropout argument
-        return "sdpa_loop"
+        return "sdpa_loop", (
+            f"attention dropout {dropout:g}: torch's varlen_attn has none and flash-attn is not installed; "
+            "pip install flash-attn, or set the model's attention_dropout to 0"
+        )
     if torch_varlen_installed is None:
         torch_varlen_installed = torch_varlen_available()
     if not torch_varlen_installed:
-        return "sdpa_loop"
+        return "sdpa_loop", (
+            "no varlen kernel: flash-attn is not installed and this PyTorch has no "
+            "torch.nn.attention.varlen.varlen_attn with window_size (PyTorch 2.11+); pip install flash-attn, or "
+            "upgrade torch"
+        )
     if cuda_capability is None:
         cuda_capability = torch.cuda.get_device_capability(device)
     if tuple(cuda_capability) < (8, 0):
-        return "sdpa_loop"
-    return "torch_varlen"
+        return "sdpa_loop", (
+            f"this GPU (compute capability {cuda_capability[0]}.{cuda_capability[1]}) is older than the sm80 that "
+            "torch's varlen_attn needs, and flash-attn is not installed"
+        )
+    return "torch_varlen", None
 
 
 def _window_left(sliding_window: int | None) -> int:
