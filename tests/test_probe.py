@@ -6,10 +6,9 @@ second on CPU.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import math
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +17,17 @@ import pytest
 import torch
 from torch import nn
 from transformers import (
+    AutoModelForCausalLM,
+    BloomConfig,
     DataCollatorWithFlattening,
     LlamaConfig,
     LlamaForCausalLM,
     Mamba2Config,
     Mamba2ForCausalLM,
+    MptConfig,
     OPTConfig,
     OPTForCausalLM,
+    XGLMConfig,
 )
 
 from trl_padfree import cli
@@ -279,18 +282,48 @@ def test_assert_packing_safe_returns_the_report_or_raises_a_value_error() -> Non
 # ------------------------------------------------------------------------------------------ padfree attention
 
 
-def _needs_padfree() -> None:
-    if importlib.util.find_spec("trl_padfree.attention") is None:
-        pytest.skip("trl_padfree/attention.py (the 'padfree' attention) does not exist yet")
-    importlib.import_module("trl_padfree.attention")  # registers attn_implementation="padfree"
-
-
 @pytest.mark.parametrize("model_fn", [llama, opt], ids=["llama", "opt"])
 def test_padfree_attention_is_safe_even_for_opt(model_fn) -> None:  # noqa: ANN001
-    _needs_padfree()
     report = check_packing(model_fn("padfree"))
     assert (report.ok, report.attn_implementation) == (True, "padfree")
     assert report.max_abs_diff < 1e-5
+
+
+# transformers accepts attn_implementation="padfree" for any model, but models whose attention code does not go
+# through its AttentionInterface never call it: MPT then crashes on the mask built for "padfree", Bloom and XGLM
+# run their own attention over it. The probe says so instead of crashing or calling it a leak.
+UNSUPPORTED = {
+    "mpt": (MptConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=128, max_seq_len=128), "AttributeError"),
+    "bloom": (BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=128), None),
+    "xglm": (XGLMConfig(num_layers=2, d_model=64, attention_heads=4, ffn_dim=128, vocab_size=128), None),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(UNSUPPORTED))
+def test_padfree_on_a_model_that_never_calls_it_is_unsupported(model_type: str) -> None:
+    config, error = UNSUPPORTED[model_type]
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="padfree")
+    report = check_packing(model)
+    assert (report.ok, report.status, report.model_type) == (False, "unsupported", model_type)
+    assert (report.error or "").startswith(error or "") and (report.error is None) == (error is None)
+    cls = type(model).__name__
+    assert report.advice.startswith(f"{cls} computes attention in its own code, not through transformers' ")
+    assert "attn_implementation='eager' and set padding_free=False" in report.advice
+    assert str(report).startswith(f"UNSUPPORTED: {model_type} (attn_implementation='padfree'")
+    with pytest.raises(PackingLeakError, match="never calls this attention implementation"):
+        assert_packing_safe(model)
+
+
+def test_a_model_that_fails_on_an_ordinary_batch_still_raises() -> None:
+    class Broken(nn.Module):
+        config = LlamaConfig(vocab_size=16)
+
+        def forward(self, **batch):  # noqa: ANN003, ANN202
+            raise RuntimeError("broken model")
+
+    with pytest.raises(RuntimeError, match="broken model"):
+        check_packing(Broken())
 
 
 # ------------------------------------------------------------------------------------------ CLI
@@ -325,7 +358,6 @@ def test_cli_leaking_model_exits_1_with_type_and_advice(saved: dict[str, Path], 
 
 
 def test_cli_follows_the_advice_padfree_makes_opt_exit_0(saved: dict[str, Path], capsys) -> None:  # noqa: ANN001
-    _needs_padfree()
     assert main(["--model", str(saved["opt"]), "--attn-implementation", "padfree", *CPU32]) == 0
     assert capsys.readouterr().out.startswith("SAFE: opt (attn_implementation='padfree', float32 on cpu)")
 
@@ -383,3 +415,20 @@ def test_cuda_bf16_inputs_follow_the_model() -> None:
     leak = check_packing(opt("sdpa", torch.bfloat16).to("cuda"))
     assert safe.ok and safe.device.startswith("cuda") and safe.dtype == "bfloat16"
     assert leak.status == "leaks" and leak.device.startswith("cuda")
+
+
+def test_probe_families_script_writes_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = runpy.run_path(str(REPO / "scripts/probe_families.py"), run_name="probe_families")
+    out = tmp_path / "families.md"
+    assert script["main"](["--types", "llama,opt,bloom", "--out", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ")]
+    assert rows == [
+        "| model type | sdpa | eager | padfree |",
+        "| llama | **safe** | **safe** | **safe** |",
+        "| opt | LEAKS | LEAKS | **safe** |",
+        "| bloom | not offered | LEAKS | unsupported |",
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        script["main"](["--types", "lama", "--out", str(out)])
+    assert exit_info.value.code == 2
+    assert "unknown model type(s) lama; use names like llama" in capsys.readouterr().err

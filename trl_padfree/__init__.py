@@ -3,7 +3,11 @@
 Importing the package registers the ``"padfree"`` attention implementation with transformers.
 """
 
-from .attention import ATTN_IMPLEMENTATION, pick_attn_implementation  # registers "padfree"
+from .attention import (  # registers "padfree"
+    ATTN_IMPLEMENTATION,
+    PadfreeAttentionError,
+    pick_attn_implementation,
+)
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
@@ -17,6 +21,7 @@ __all__ = [
     "PackingCheckCallback",
     "PackingLeakError",
     "PackingReport",
+    "PadfreeAttentionError",
     "SFTTrainer",
     "TemplateNotFoundError",
     "__version__",

@@ -43,8 +43,10 @@ logit soft-capping (Gemma-2) and attention sinks (GPT-OSS); use ``flash_attentio
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import warnings
+from collections.abc import Iterator
 from itertools import pairwise
 from typing import Any
 
@@ -67,6 +69,7 @@ __all__ = [
     "ATTN_IMPLEMENTATION",
     "BACKENDS",
     "PadfreeAttentionError",
+    "counting_calls",
     "cu_seq_lens_from_position_ids",
     "flash_attn_available",
     "padfree_attention_forward",
@@ -256,6 +259,29 @@ def _boundaries(
     return None
 
 
+_call_counter: list[int] | None = None
+
+
+@contextlib.contextmanager
+def counting_calls() -> Iterator[list[int]]:
+    """Count the calls of :func:`padfree_attention_forward` inside the block (``counter[0]``).
+
+    A model whose attention code does not go through transformers' ``AttentionInterface`` never calls it, so
+    ``attn_implementation="padfree"`` has no effect there; the packing probe uses this to say so.
+
+    >>> with counting_calls() as counter:
+    ...     pass
+    >>> counter[0]
+    0
+    """
+    global _call_counter
+    previous, _call_counter = _call_counter, [0]
+    try:
+        yield _call_counter
+    finally:
+        _call_counter = previous
+
+
 @functools.cache
 def _warn_slow_cuda(reason: str | None) -> None:
     """Say once per reason that a CUDA call runs the exact but slower per-sequence loop, and what to change."""
@@ -293,6 +319,8 @@ def padfree_attention_forward(
     Takes transformers' attention-function arguments (``query`` ``(B, H, Tq, D)``, ``key``/``value``
     ``(B, H_kv, Tk, D)``) and returns ``((B, Tq, H, D_v), None)`` like ``sdpa_attention_forward``.
     """
+    if _call_counter is not None:
+        _call_counter[0] += 1
     if softcap is not None:
         raise _unsupported(
             module,

@@ -39,6 +39,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .attention import ATTN_IMPLEMENTATION, counting_calls
+
 __all__ = [
     "DEFAULT_LENGTHS",
     "DEFAULT_RTOL",
@@ -118,8 +120,10 @@ class PackingReport:
 
     Attributes:
         ok: True when every packed example's logits match the example run alone (within ``tolerance``).
-        status: ``"safe"``, ``"leaks"``, ``"error"`` (the model rejected the packed batch) or
-            ``"inconclusive"`` (two identical runs differed, so randomness is left that the probe cannot remove).
+        status: ``"safe"``, ``"leaks"``, ``"error"`` (the model rejected the packed batch),
+            ``"inconclusive"`` (two identical runs differed, so randomness is left that the probe cannot remove) or
+            ``"unsupported"`` (``attn_implementation="padfree"`` is set but the model's own attention code never
+            calls it).
         max_abs_diff: Largest absolute logit difference, packed vs alone, over all examples and positions
             (``inf`` when the packed forward raised).
         tolerance: The threshold ``max_abs_diff`` was compared with (``rtol * max|logits alone|``).
@@ -157,9 +161,11 @@ class PackingReport:
             "leaks": f"LEAKS: {where} lets packed examples attend to each other.",
             "error": f"ERROR: {where} rejects the padding-free batch: {self.error}",
             "inconclusive": f"INCONCLUSIVE: {where} is not deterministic in train mode, so the probe cannot tell.",
+            "unsupported": f"UNSUPPORTED: {where} never calls this attention implementation"
+            + (f" and fails: {self.error}" if self.error else "."),
         }[self.status]
         lines = [headline]
-        if self.status != "error":
+        if self.status not in ("error", "unsupported"):
             per_example = ", ".join(f"{d:.2g}" for d in self.example_diffs)
             lines.append(
                 f"  max |logit diff| packed vs alone: {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}; "
@@ -303,6 +309,14 @@ def _deterministic_train_mode(model: nn.Module) -> Iterator[None]:
             module.training = flag
 
 
+def _alone_batch(seq: Sequence[int]) -> dict[str, Any]:
+    """One example as the padded path sees it: ``attention_mask`` of ones, ``labels``, no cache."""
+    ids = torch.tensor([list(seq)], dtype=torch.int64)
+    labels = ids.clone()
+    labels[0, 0] = -100
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "use_cache": False}
+
+
 def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     out = model(**batch)
     logits = out.logits if hasattr(out, "logits") else out[0]
@@ -318,7 +332,20 @@ def _attn_name(model: nn.Module) -> str:
     return str(attn) if attn else "unknown"
 
 
-def _advice(status: str, model_type: str, attn: str, noise: float, cache_off: bool = True) -> str:
+def _advice(
+    status: str, model_type: str, attn: str, noise: float, cache_off: bool = True, model_class: str = "the model"
+) -> str:
+    if status == "unsupported" and model_type in _STATEFUL_LAYERS:
+        return (
+            f"{model_class} has no attention layer that calls attn_implementation={attn!r}, and its state-space/"
+            "linear-attention layers carry state across packed examples; set padding_free=False."
+        )
+    if status == "unsupported":
+        return (
+            f"{model_class} computes attention in its own code, not through transformers' AttentionInterface, so "
+            f"attn_implementation={attn!r} never runs for it; load it with attn_implementation='eager' and set "
+            "padding_free=False (its own attention cannot keep packed examples apart)."
+        )
     if status == "safe":
         return f"padding_free=True is safe for {model_type} with attn_implementation={attn!r}."
     if status == "inconclusive":
@@ -409,28 +436,26 @@ def check_packing(
     def to_device(batch: Mapping[str, Any]) -> dict[str, Any]:
         return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
+    features = [{"input_ids": list(seq)} for seq in sequences]
+    packed_inputs = to_device(collate_fn(features) if collate_fn is not None else packed_batch(sequences))
     error: str | None = None
-    with _deterministic_train_mode(model):
-        alone = []
-        for seq in sequences:
-            ids = torch.tensor([seq], dtype=torch.int64)
-            labels = ids.clone()
-            labels[0, 0] = -100
-            batch = {
-                "input_ids": ids,
-                "attention_mask": torch.ones_like(ids),
-                "labels": labels,
-                "use_cache": False,
-            }
-            alone.append(_logits(model, to_device(batch)))
-        noise = (_logits(model, to_device(batch)) - alone[-1]).abs().max().item()
-        features = [{"input_ids": list(seq)} for seq in sequences]
-        packed_inputs = to_device(collate_fn(features) if collate_fn is not None else packed_batch(sequences))
+    alone: list[torch.Tensor] = []
+    noise = math.nan
+    with _deterministic_train_mode(model), counting_calls() as calls:
         try:
+            for seq in sequences:
+                alone.append(_logits(model, to_device(_alone_batch(seq))))
+            noise = (_logits(model, to_device(_alone_batch(sequences[-1]))) - alone[-1]).abs().max().item()
             packed = _logits(model, packed_inputs)
         except Exception as exc:  # the Trainer would hit the same error: report it instead of crashing
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    tolerance = rtol * max(a.abs().max().item() for a in alone) + 1e-12
+            bypassed = attn == ATTN_IMPLEMENTATION and calls[0] == 0
+            if len(alone) < len(sequences) and not bypassed:
+                raise  # the model fails on an ordinary batch: not a packing question
+    # "padfree" set, yet never called: the model computes attention in its own code (not through transformers'
+    # AttentionInterface), where the masks built for "padfree" are not what it expects.
+    bypassed = attn == ATTN_IMPLEMENTATION and calls[0] == 0
+    tolerance = rtol * max(a.abs().max().item() for a in alone) + 1e-12 if alone else math.nan
     if error is not None:
         diffs = tuple(math.inf for _ in sequences)
     else:
@@ -443,7 +468,9 @@ def check_packing(
             )
         diffs = tuple((packed[bounds[i] : bounds[i + 1]] - a).abs().max().item() for i, a in enumerate(alone))
     max_diff = max(diffs)
-    if error is not None:
+    if bypassed:
+        status = "unsupported"
+    elif error is not None:
         status = "error"
     elif noise > tolerance:
         status = "inconclusive"
@@ -458,7 +485,10 @@ def check_packing(
         tolerance=tolerance,
         model_type=model_type,
         attn_implementation=attn,
-        advice=_advice(status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False),
+        advice=_advice(
+            status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False,
+            model_class=type(model).__name__,
+        ),
         dtype=str(dtype).removeprefix("torch."),
         device=str(device),
         lengths=lengths,
