@@ -206,3 +206,49 @@ def test_ctrl_c_asks_for_a_checkpoint_then_aborts_on_the_second():
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
+
+
+def _tiny_model_dir(tmp_path: Path, model_type: str, **sizes: int) -> Path:
+    """A tiny random model of ``model_type`` with the demo tokenizer, saved like a checkpoint."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / model_type
+    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
+    config = AutoConfig.for_model(
+        model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_auto_falls_back_when_the_model_cannot_load_with_padfree(data_dir, tmp_path, capsys):
+    """transformers builds Falcon's attention from its own table, which has no "padfree" (KeyError at load):
+    auto loads it with its default attention (sdpa), the probe finds that safe, and training runs."""
+    model = _tiny_model_dir(tmp_path, "falcon", hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+    out = tmp_path / "out"
+    argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2", "--eval_strategy", "no")
+    assert main(argv) == 0
+    stdout = capsys.readouterr().out
+    assert "[trl-padfree] attn_implementation auto: " in stdout and "cannot use 'padfree' (it fails to load" in stdout
+    assert "[trl-padfree] packing probe: falcon with 'sdpa' keeps packed examples apart" in stdout
+    assert json.loads((out / "launch_summary.json").read_text())["attn_implementation"] == "sdpa"
+
+
+def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stops_it(data_dir, tmp_path, capsys):
+    """MPT computes attention itself: auto falls back to its default (eager), which leaks; nothing is trained."""
+    model = _tiny_model_dir(tmp_path, "mpt", d_model=32, n_heads=2, n_layers=1, max_seq_len=128)
+    capsys.readouterr()
+    out = tmp_path / "out"
+    assert main(train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2")) == 2
+    captured = capsys.readouterr()
+    assert "its attention code does not go through transformers' AttentionInterface" in captured.out
+    assert captured.err.startswith(
+        "trl-padfree train: error: padding-free training is unsafe for this model: LEAKS: mpt "
+        "(attn_implementation='eager'"
+    )
+    assert captured.err.rstrip().endswith("no attn_implementation can keep packed examples apart; set padding_free=False.")
+    assert not out.exists()

@@ -50,6 +50,7 @@ __all__ = [
     "check_packing",
     "packed_batch",
     "training_rtol",
+    "uses_padfree_attention",
 ]
 
 DEFAULT_LENGTHS: tuple[int, ...] = (7, 12, 4, 9)
@@ -87,6 +88,10 @@ _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "padfree", "paged
 _MASK_IGNORES_POSITION_IDS = frozenset(
     {"opt", "bloom", "mpt", "biogpt", "xglm", "gpt_oss", "granitemoehybrid"}
 )
+
+# Model types whose attention code does not go through transformers' AttentionInterface (so "padfree" and
+# flash_attention_2 cannot separate their packed examples either); measured by scripts/probe_families.py.
+_OWN_ATTENTION_CODE = frozenset({"bloom", "mpt", "xglm"})
 
 # Model types with state-space / linear-attention / convolution layers that carry state across tokens.
 _STATEFUL_LAYERS = frozenset(
@@ -375,6 +380,12 @@ def _advice(
             f"even the varlen attention {attn!r} does not keep {model_type}'s examples apart (its layers do not "
             "pass position_ids/cu_seq_lens through, or positions are computed from the mask); set padding_free=False."
         )
+    if model_type in _OWN_ATTENTION_CODE:
+        return (
+            f"{model_type} computes attention in its own code, with a mask built without position_ids, and does "
+            "not use transformers' attention interface, so no attn_implementation can keep packed examples apart; "
+            "set padding_free=False."
+        )
     if model_type in _MASK_IGNORES_POSITION_IDS:
         return (
             f"{model_type} builds its {attn} attention mask without position_ids, so packed examples see each "
@@ -497,6 +508,30 @@ def check_packing(
         seconds=time.perf_counter() - start,
         error=error,
     )
+
+
+def uses_padfree_attention(model: nn.Module) -> bool:
+    """Whether a forward pass of ``model`` calls the ``"padfree"`` attention function at all.
+
+    transformers accepts ``attn_implementation="padfree"`` for every model, but models whose attention code does
+    not go through its ``AttentionInterface`` (BLOOM, MPT, XGLM, state-space models) never call it. One short
+    forward pass without gradients tells; a forward that raises before reaching the attention counts as not.
+
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    ...                      num_attention_heads=2, num_key_value_heads=2)
+    >>> uses_padfree_attention(LlamaForCausalLM._from_config(config, attn_implementation="padfree"))
+    True
+    >>> uses_padfree_attention(LlamaForCausalLM._from_config(config, attn_implementation="sdpa"))
+    False
+    """
+    ids = torch.tensor([[1, 2, 3, 1]], device=_model_device(model)) % max(_vocab_size(model), 1)
+    with torch.no_grad(), counting_calls() as calls:
+        try:
+            model(input_ids=ids, use_cache=False)
+        except Exception:  # noqa: BLE001  (the answer is in the counter)
+            pass
+    return calls[0] > 0
 
 
 def assert_packing_safe(model: nn.Module, **kwargs: Any) -> PackingReport:

@@ -137,6 +137,7 @@ class LaunchConfig:
     config_path: str | None = None
     padding_free: bool = True
     attn_implementation: str = "auto"
+    attn_auto: bool = False  # attn_implementation was "auto": the launch may fall back (see launch.model)
     resume_from_checkpoint: str | bool | None = None
 
 

@@ -68,7 +68,41 @@ def make_collator_factory(cfg: LaunchConfig, tokenizer: Any, padding_free: bool,
 
 
 def load_model(cfg: LaunchConfig) -> Any:
-    """Load the model with the resolved attention implementation and dtype (the ``padfree`` attention registered)."""
+    """Load the model with the resolved attention implementation and dtype (the ``padfree`` attention registered).
+
+    When ``auto`` picked ``"padfree"`` and the model cannot use it (transformers fails to build it with
+    ``"padfree"``, or its attention code never calls it), the model is loaded again with its own default
+    attention (sdpa, else eager), ``cfg.attn_implementation`` is updated and the packing probe decides from there.
+    """
+    from trl_padfree.attention import ATTN_IMPLEMENTATION
+
+    auto_padfree = cfg.attn_auto and cfg.attn_implementation == ATTN_IMPLEMENTATION
+    try:
+        model = _from_pretrained(cfg, cfg.attn_implementation)
+    except ConfigError as exc:
+        if not auto_padfree:
+            raise
+        return _fall_back(cfg, f"it fails to load with it ({str(exc).split(': ', 1)[-1]})")
+    if auto_padfree and _materialized(model) and not _sharded_launch(cfg.training):
+        from trl_padfree.probe import uses_padfree_attention
+
+        if not uses_padfree_attention(model):
+            del model
+            return _fall_back(cfg, "its attention code does not go through transformers' AttentionInterface")
+    return model
+
+
+def _fall_back(cfg: LaunchConfig, why: str) -> Any:
+    say(f"attn_implementation auto: {cfg.model.model_name_or_path} cannot use 'padfree' ({why}); loading it with "
+        "its default attention instead (padding-free batches then rely on the model's own packed-sequence mask, "
+        "which the packing probe checks)")
+    model = _from_pretrained(cfg, None)
+    cfg.attn_implementation = cfg.model.attn_implementation = model.config._attn_implementation
+    say(f"attn_implementation: {cfg.attn_implementation!r}")
+    return model
+
+
+def _from_pretrained(cfg: LaunchConfig, attn_implementation: str | None) -> Any:
     from transformers import AutoModelForCausalLM
     from trl import get_quantization_config
 
@@ -79,9 +113,10 @@ def load_model(cfg: LaunchConfig) -> Any:
     kwargs: dict[str, Any] = {
         "revision": model_args.model_revision,
         "trust_remote_code": cfg.training.trust_remote_code,
-        "attn_implementation": cfg.attn_implementation,
         "dtype": model_args.dtype,
     }
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
     if quantization is not None:
         from accelerate import PartialState
 

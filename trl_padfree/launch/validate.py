@@ -205,6 +205,7 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     training.padding_free = False  # the collator flattens by itself; TRL refuses a custom collator otherwise
     training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
     if check_environment:
+        cfg.attn_auto = cfg.attn_implementation == "auto"
         cfg.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, _training_device(cfg))
         cfg.model.attn_implementation = cfg.attn_implementation
         _check_resume(cfg)
