@@ -43,7 +43,7 @@ import functools
 import importlib.util
 import inspect
 from itertools import pairwise
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -143,7 +143,23 @@ def select_backend(
     )[0]
 
 
-def slow_cuda_reason(
+def slow_cuda_reason(device: torch.device | str, dtype: torch.dtype, **options: Any) -> str | None:
+    """Why a CUDA call gets the per-sequence loop rather than a varlen kernel, and what to change; else ``None``.
+
+    Same arguments as :func:`select_backend`. The loop is exact, only slower; the ``"padfree"`` attention warns
+    once with this text.
+
+    >>> print(slow_cuda_reason("cuda", torch.bfloat16, flash_attn_installed=False, torch_varlen_installed=False,
+    ...                        cuda_capability=(9, 0)))
+    no varlen kernel: flash-attn is not installed and this PyTorch has no torch.nn.attention.varlen.varlen_attn \
+with window_size (PyTorch 2.11+); pip install flash-attn, or upgrade torch
+    >>> slow_cuda_reason("cpu", torch.float32) is None
+    True
+    """
+    return _decide(device, dtype, **options)[1]
+
+
+def _decide(
     device: torch.device | str,
     dtype: torch.dtype,
     *,
@@ -152,38 +168,6 @@ def slow_cuda_reason(
     flash_attn_installed: bool | None = None,
     torch_varlen_installed: bool | None = None,
     cuda_capability: tuple[int, int] | None = None,
-) -> str | None:
-    """Why a CUDA call gets the per-sequence loop rather than a varlen kernel, and what to change; else ``None``.
-
-    Same arguments as :func:`select_backend`. The loop is exact, only slower; the ``"padfree"`` attention warns
-    once with this text.
-
-    >>> print(slow_cuda_reason("cuda", torch.bfloat16, flash_attn_installed=False, torch_varlen_installed=False,
-    ...                        cuda_capability=(9, 0)))
-    no varlen kernel: flash-attn is not installed and this PyTorch has no torch.nn.attention.varlen.varlen_attn with window_size (PyTorch 2.11+); pip install flash-attn, or upgrade torch
-    >>> slow_cuda_reason("cpu", torch.float32) is None
-    True
-    """
-    return _decide(
-        device,
-        dtype,
-        dropout=dropout,
-        head_dim=head_dim,
-        flash_attn_installed=flash_attn_installed,
-        torch_varlen_installed=torch_varlen_installed,
-        cuda_capability=cuda_capability,
-    )[1]
-
-
-def _decide(
-    device: torch.device | str,
-    dtype: torch.dtype,
-    *,
-    dropout: float,
-    head_dim: int,
-    flash_attn_installed: bool | None,
-    torch_varlen_installed: bool | None,
-    cuda_capability: tuple[int, int] | None,
 ) -> tuple[Backend, str | None]:
     """The backend and, when a CUDA call falls back to the loop, why (see :func:`slow_cuda_reason`)."""
     device = torch.device(device)
