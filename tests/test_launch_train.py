@@ -252,3 +252,17 @@ def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stop
     )
     assert captured.err.rstrip().endswith("no attn_implementation can keep packed examples apart; set padding_free=False.")
     assert not out.exists()
+
+
+def test_explicit_padfree_on_a_model_that_cannot_be_built_with_it_names_the_fix(data_dir, tmp_path, capsys):
+    model = _tiny_model_dir(tmp_path, "falcon", hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+    capsys.readouterr()
+    out = tmp_path / "out"
+    argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--attn_implementation", "padfree")
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"trl-padfree train: error: could not load model {str(model)!r}: its modeling code has no attention class "
+        "for attn_implementation='padfree' (it keeps a table of its own); use 'sdpa' or 'eager' for this model"
+    )
+    assert not out.exists()

@@ -72,6 +72,7 @@ __all__ = [
     "counting_calls",
     "cu_seq_lens_from_position_ids",
     "flash_attn_available",
+    "load_error_reason",
     "padfree_attention_forward",
     "padfree_mask",
     "pick_attn_implementation",
@@ -102,6 +103,25 @@ def pick_attn_implementation(device: str | torch.device | None = None) -> str:
     if torch.cuda.is_available() and flash_attn_available() and is_flash_attn_2_available():
         return "flash_attention_2"
     return ATTN_IMPLEMENTATION
+
+
+def load_error_reason(exc: BaseException, attn_implementation: str | None) -> str:
+    """Why a model failed to load, in one line; names the fix when it cannot be built with ``attn_implementation``.
+
+    Some modeling code (Falcon's, for one) picks its attention class from a table of its own, so a registered
+    implementation such as ``"padfree"`` fails there with a bare ``KeyError``.
+
+    >>> load_error_reason(KeyError("padfree"), "padfree")[:74]
+    "its modeling code has no attention class for attn_implementation='padfree'"
+    >>> load_error_reason(OSError("no  config.json   in dir"), "sdpa")
+    'no config.json in dir'
+    """
+    if isinstance(exc, KeyError) and attn_implementation and exc.args and exc.args[0] == attn_implementation:
+        return (
+            f"its modeling code has no attention class for attn_implementation={attn_implementation!r} (it keeps "
+            "a table of its own); use 'sdpa' or 'eager' for this model"
+        )
+    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def cu_seq_lens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .attention import load_error_reason
 from .probe import DEFAULT_LENGTHS, check_packing
 
 __all__ = ["main"]
@@ -100,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return bad(f"cannot load {args.model!r}: {first_line}")
+        return bad(f"cannot load {args.model!r}: {load_error_reason(exc, args.attn_implementation)}")
     try:
         report = check_packing(model, lengths=lengths, seed=args.seed)
     except ValueError as exc:

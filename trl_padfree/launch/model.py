@@ -126,7 +126,10 @@ def _from_pretrained(cfg: LaunchConfig, attn_implementation: str | None) -> Any:
     try:
         return AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **kwargs)
     except Exception as exc:
-        raise ConfigError(f"could not load model {model_args.model_name_or_path!r}: {one_line(exc)}") from None
+        from trl_padfree.attention import load_error_reason
+
+        reason = load_error_reason(exc, kwargs.get("attn_implementation"))
+        raise ConfigError(f"could not load model {model_args.model_name_or_path!r}: {reason[:300]}") from None
 
 
 def _materialized(model: Any) -> bool:
