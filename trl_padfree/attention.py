@@ -58,6 +58,7 @@ from transformers.utils import is_flash_attn_2_available
 
 from .attention_backends import (
     BACKENDS,
+    decide_backend,
     flash_attn_available,
     run_varlen_attention,
     select_backend,
@@ -303,7 +304,7 @@ def counting_calls() -> Iterator[list[int]]:
 
 
 @functools.cache
-def _warn_slow_cuda(reason: str | None) -> None:
+def _warn_slow_cuda(reason: str) -> None:
     """Say once per reason that a CUDA call runs the exact but slower per-sequence loop, and what to change."""
     warnings.warn(
         f'attn_implementation="padfree" runs a per-sequence sdpa loop on this GPU (exact, but slower than a '
@@ -381,9 +382,9 @@ def padfree_attention_forward(
     cu_q = cu_q.to(device=query.device, dtype=torch.int32)
     cu_k = cu_q if cu_k is bounds[0] else cu_k.to(device=query.device, dtype=torch.int32)
     head_dim = max(query.shape[-1], value.shape[-1])
-    backend = select_backend(query.device, query.dtype, dropout=dropout, head_dim=head_dim)
-    if backend == "sdpa_loop" and query.device.type == "cuda":
-        _warn_slow_cuda(slow_cuda_reason(query.device, query.dtype, dropout=dropout, head_dim=head_dim))
+    backend, slow_reason = decide_backend(query.device, query.dtype, dropout=dropout, head_dim=head_dim)
+    if slow_reason is not None:  # a CUDA call that falls back to the loop
+        _warn_slow_cuda(slow_reason)
     # (B, H, T, D) -> token-major (B*T, H, D); a view when B == 1.
     q = query.transpose(1, 2).reshape(batch * q_length, heads, query.shape[-1])
     k = key.transpose(1, 2).reshape(batch * k_length, key.shape[1], key.shape[-1])

@@ -132,7 +132,7 @@ def select_backend(
     ...                cuda_capability=(9, 0))
     'sdpa_loop'
     """
-    return _decide(
+    return decide_backend(
         device,
         dtype,
         dropout=dropout,
@@ -156,10 +156,10 @@ with window_size (PyTorch 2.11+); pip install flash-attn, or upgrade torch
     >>> slow_cuda_reason("cpu", torch.float32) is None
     True
     """
-    return _decide(device, dtype, **options)[1]
+    return decide_backend(device, dtype, **options)[1]
 
 
-def _decide(
+def decide_backend(
     device: torch.device | str,
     dtype: torch.dtype,
     *,
@@ -169,7 +169,11 @@ def _decide(
     torch_varlen_installed: bool | None = None,
     cuda_capability: tuple[int, int] | None = None,
 ) -> tuple[Backend, str | None]:
-    """The backend and, when a CUDA call falls back to the loop, why (see :func:`slow_cuda_reason`)."""
+    """:func:`select_backend` and :func:`slow_cuda_reason` in one decision (what the attention calls per call).
+
+    >>> decide_backend("cpu", torch.float32)
+    ('sdpa_loop', None)
+    """
     device = torch.device(device)
     if device.type != "cuda":
         return "sdpa_loop", None
