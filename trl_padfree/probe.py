@@ -450,6 +450,7 @@ def check_packing(
     features = [{"input_ids": list(seq)} for seq in sequences]
     packed_inputs = to_device(collate_fn(features) if collate_fn is not None else packed_batch(sequences))
     error: str | None = None
+    failure: Exception | None = None
     alone: list[torch.Tensor] = []
     noise = math.nan
     with _deterministic_train_mode(model), counting_calls() as calls:
@@ -459,13 +460,15 @@ def check_packing(
             noise = (_logits(model, to_device(_alone_batch(sequences[-1]))) - alone[-1]).abs().max().item()
             packed = _logits(model, packed_inputs)
         except Exception as exc:  # the Trainer would hit the same error: report it instead of crashing
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-            bypassed = attn == ATTN_IMPLEMENTATION and calls[0] == 0
-            if len(alone) < len(sequences) and not bypassed:
-                raise  # the model fails on an ordinary batch: not a packing question
+            failure = exc
     # "padfree" set, yet never called: the model computes attention in its own code (not through transformers'
     # AttentionInterface), where the masks built for "padfree" are not what it expects.
     bypassed = attn == ATTN_IMPLEMENTATION and calls[0] == 0
+    if failure is not None:
+        if len(alone) < len(sequences) and not bypassed:
+            raise failure  # the model fails on an ordinary batch: not a packing question
+        text = str(failure).strip()
+        error = f"{type(failure).__name__}: {text.splitlines()[0] if text else ''}"
     tolerance = rtol * max(a.abs().max().item() for a in alone) + 1e-12 if alone else math.nan
     if error is not None:
         diffs = tuple(math.inf for _ in sequences)
