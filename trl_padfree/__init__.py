@@ -8,6 +8,7 @@ from .attention import (  # registers "padfree"
     PadfreeAttentionError,
     pick_attn_implementation,
 )
+from .batching import TokenBudgetBatchSampler
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
@@ -24,6 +25,7 @@ __all__ = [
     "PadfreeAttentionError",
     "SFTTrainer",
     "TemplateNotFoundError",
+    "TokenBudgetBatchSampler",
     "__version__",
     "assert_packing_safe",
     "check_packing",
