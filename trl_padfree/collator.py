@@ -36,6 +36,7 @@ import numpy as np
 from transformers.data.data_collator import DataCollatorMixin
 
 from .flattening import example_index, flatten_features, packed_batch, padded_batch, padded_length
+from .inputs import VocabularyError, vocabulary_size
 from .masking import trained_mask
 from .templates import RowText, Template, concat_matches, find_matches, verify_text_matching
 from .token_text import TokenText
@@ -125,6 +126,7 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         self.response_template = response_template
         self.instruction_template = instruction_template
         self.stats = CollatorStats()
+        self._vocab_size = vocabulary_size(tokenizer)
 
         self._response = None if response_template is None else Template.from_user(response_template)
         if instruction_template is None:
@@ -154,7 +156,7 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
 
     # ------------------------------------------------------------------ core
     def torch_call(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        ids, existing_labels, cu = flatten_features(features)
+        ids, existing_labels, cu = self._flatten(features)
         seq_idx = example_index(cu)
         labels, found = self._labels(ids, existing_labels, cu, seq_idx)
         self._report_missing(ids, cu, found)
@@ -179,6 +181,16 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
 
+    def _flatten(self, features: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        try:
+            return flatten_features(features, vocab_size=self._vocab_size, ignore_index=self.ignore_index)
+        except VocabularyError:
+            fresh = vocabulary_size(self.tokenizer)  # tokens may have been added since the collator was built
+            if fresh == self._vocab_size:
+                raise
+            self._vocab_size = fresh
+            return flatten_features(features, vocab_size=fresh, ignore_index=self.ignore_index)
+
     def _labels(
         self, ids: np.ndarray, existing: np.ndarray | None, cu: np.ndarray, seq_idx: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
@@ -191,10 +203,10 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
             if self._instructions is not None:
                 instructions = concat_matches([find_matches(t, ids, cu, row) for t in self._instructions])
             mask, found = trained_mask(ids.size, cu, responses, instructions, seq_idx)
-        if existing is not None:
+        if existing is not None:  # the labels the dataset gave are kept (as TRL and transformers do)
             mask &= existing != self.ignore_index
         mask[cu[:-1]] = False  # the first token of an example is never a target (packed rows need this)
-        return np.where(mask, ids, self.ignore_index), found
+        return np.where(mask, ids if existing is None else existing, self.ignore_index), found
 
     def _pad_id(self) -> int:
         tok = self.tokenizer

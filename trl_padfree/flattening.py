@@ -20,65 +20,39 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from itertools import chain
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-
-def _as_array(value: Any) -> np.ndarray:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy().astype(np.int64, copy=False).reshape(-1)
-    return np.asarray(value, dtype=np.int64).reshape(-1)
-
-
-def _concat(values: list[Any], total: int | None) -> np.ndarray:
-    if total is not None and all(type(v) is list for v in values):  # the common case: lists from `datasets`
-        return np.fromiter(chain.from_iterable(values), dtype=np.int64, count=total)
-    return np.concatenate([_as_array(v) for v in values])
+from .inputs import read_examples
 
 
 def flatten_features(
-    features: Sequence[Mapping[str, Any]],
+    features: Sequence[Any],
+    *,
+    vocab_size: int | None = None,
+    ignore_index: int = -100,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
-    """Concatenate ``input_ids`` (and ``labels`` when every feature has them) of all examples.
+    """Concatenate ``input_ids`` (and ``labels`` when any example has them) of all examples.
 
     Returns ``(ids, labels_or_None, cu)`` where ``cu`` holds the example start offsets plus the total length.
-    A feature carrying ``seq_lengths`` (a row TRL already packed) contributes one example per entry.
+    Examples are read and checked by :func:`~trl_padfree.inputs.read_examples` (dicts or bare token ids; an example
+    without labels in a batch where others have them gets its ``input_ids``). A feature carrying ``seq_lengths``
+    (a row TRL already packed) contributes one example per entry.
     """
-    if not features:
-        raise ValueError("the collator received an empty list of examples")
-    try:
-        id_values = [f["input_ids"] for f in features]
-    except KeyError:
-        i, f = next((i, f) for i, f in enumerate(features) if "input_ids" not in f)
-        raise KeyError(
-            f"example {i} has no 'input_ids' (keys: {sorted(f)}); tokenize the dataset first, or let "
-            "SFTTrainer prepare it (do not set dataset_kwargs={'skip_prepare_dataset': True})."
-        ) from None
-    sizes = [len(v) if type(v) is list else _as_array(v).size for v in id_values]
+    examples = read_examples(features, vocab_size=vocab_size, ignore_index=ignore_index)
+    sizes = examples.sizes
     if 0 in sizes:
         raise ValueError(
             f"example {sizes.index(0)} has no tokens; drop empty examples from the dataset (SFTTrainer does this "
             "during dataset preparation)."
         )
-    total = sum(sizes)
-    ids = _concat(id_values, total)
-    labels = None
-    if all(f.get("labels") is not None for f in features):
-        label_values = [f["labels"] for f in features]
-        label_sizes = [len(v) if type(v) is list else _as_array(v).size for v in label_values]
-        if label_sizes != sizes:
-            i = next(i for i, (a, b) in enumerate(zip(label_sizes, sizes, strict=True)) if a != b)
-            raise ValueError(f"example {i}: 'labels' has {label_sizes[i]} entries but 'input_ids' has {sizes[i]}")
-        labels = _concat(label_values, total)
     lengths: list[int] = sizes
-    if any("seq_lengths" in f for f in features):
+    if examples.seq_lengths is not None:
         lengths = []
-        for i, (f, size) in enumerate(zip(features, sizes, strict=True)):
-            seq_lengths = f.get("seq_lengths")
+        for i, (seq_lengths, size) in enumerate(zip(examples.seq_lengths, sizes, strict=True)):
             if seq_lengths is not None and len(seq_lengths) > 0:
                 seq = [int(s) for s in seq_lengths]
                 if sum(seq) != size:
@@ -88,7 +62,7 @@ def flatten_features(
                 lengths.append(size)
     cu = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=cu[1:])
-    return ids, labels, cu
+    return examples.ids, examples.labels, cu
 
 
 def example_index(cu: np.ndarray) -> np.ndarray:
