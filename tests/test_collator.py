@@ -304,3 +304,63 @@ def test_non_ascii_text_is_handled(tok):
     labels = collator([{"input_ids": ids}])["labels"][0].tolist()
     assert labels == oracle_labels(tok, text, "### Answer:")
     assert "".join(trained_spans(tok, ids, labels)).strip() == "déjà vu ✓"
+
+
+# ------------------------------------------------------------- pad_to_multiple_of with padding_free (issue 8 #6)
+def test_padding_free_pad_to_multiple_of_is_its_own_segment():
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling as TRLCollator
+
+    tok = tiny_byte_level_tokenizer()
+    features = [tok(t) for t in TEXTS[:3]]
+    lengths = [len(f["input_ids"]) for f in features]
+    n = sum(lengths)
+    plain = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)(features)
+    batch = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=64)(
+        features
+    )
+    total = -(-n // 64) * 64
+    extra = total - n
+    assert extra > 1, "pick texts whose total is not close to a multiple of 64"
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (1, total)
+    assert batch["input_ids"][0].tolist() == plain["input_ids"][0].tolist() + [tok.pad_token_id] * extra
+    assert batch["labels"][0].tolist() == plain["labels"][0].tolist() + [IGNORE] * extra
+    # positions restart at 0: the padding is never read as a continuation of the last example
+    assert batch["position_ids"][0].tolist() == plain["position_ids"][0].tolist() + list(range(extra))
+    cu = [0, *np.cumsum(lengths).tolist(), total]
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k"):
+        assert batch[key].dtype == torch.int32 and batch[key].tolist() == cu
+    assert batch["seq_idx"][0].tolist() == plain["seq_idx"][0].tolist() + [3] * extra
+    assert batch["max_length_q"] == batch["max_length_k"] == max(*lengths, extra)
+    assert type(batch["max_length_q"]) is int
+    # the same flat row as TRL 1.16's collator (which makes every padding token a segment of its own)
+    trl = TRLCollator(pad_token_id=tok.pad_token_id, padding_free=True, pad_to_multiple_of=64)(
+        [{"input_ids": f["input_ids"], "labels": lab} for f, lab in zip(features, _split(plain["labels"][0], lengths), strict=True)]
+    )
+    assert trl["input_ids"].tolist() == batch["input_ids"].tolist()
+    assert trl["labels"].tolist() == batch["labels"].tolist()
+    assert trl["cu_seq_lens_q"].tolist() == cu[:-1] + list(range(n + 1, total + 1))
+
+
+def _split(row: torch.Tensor, lengths: list[int]) -> list[list[int]]:
+    return [part.tolist() for part in row.split(lengths)]
+
+
+@pytest.mark.parametrize("multiple", [1, "total"])
+def test_padding_free_pad_to_multiple_of_already_a_multiple_adds_nothing(multiple):
+    tok = tiny_byte_level_tokenizer()
+    features = [tok(t) for t in TEXTS[:3]]
+    multiple = sum(len(f["input_ids"]) for f in features) if multiple == "total" else multiple
+    plain = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)(features)
+    batch = DataCollatorForCompletionOnlyLM(
+        "### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=multiple
+    )(features)
+    assert {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in batch.items()} == {
+        k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in plain.items()
+    }
+
+
+@pytest.mark.parametrize("value", [0, -8, 2.5, "8"])
+def test_pad_to_multiple_of_must_be_a_positive_int(value):
+    tok = tiny_byte_level_tokenizer()
+    with pytest.raises(ValueError, match=r"pad_to_multiple_of must be a positive int \(or None\), got"):
+        DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=value)

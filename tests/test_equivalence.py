@@ -104,3 +104,32 @@ def test_batch_is_safe_in_a_hand_written_loop_because_it_disables_the_cache(tok)
         without = model(**{k: v for k, v in packed.items() if k != "use_cache"}).loss
     assert abs(ours - reference) / reference <= 1e-5
     assert abs(without - reference) / reference > 1e-3, "transformers no longer shows the cache trap"
+
+
+@pytest.mark.parametrize("attn", ["padfree", "sdpa", "eager"])
+def test_pad_to_multiple_of_changes_neither_loss_nor_any_gradient(tok, attn):
+    """issue 8 #6: the padding that ``pad_to_multiple_of`` adds to the padding-free row is a segment of its own with
+    labels -100, so the loss and every gradient are those of the row without padding (and of the padded batch)."""
+    model = tiny_llama(vocab_size=len(tok), attn_implementation=attn).train()
+    features = [tok(t) for t in TEXTS[:3]]
+
+    def collate(padding_free: bool, multiple: int | None):
+        return DataCollatorForCompletionOnlyLM(
+            "### Answer:", tokenizer=tok, padding_free=padding_free, pad_to_multiple_of=multiple
+        )(features)
+
+    plain, rounded, padded = collate(True, None), collate(True, 48), collate(False, None)
+    n, total = plain["input_ids"].shape[1], rounded["input_ids"].shape[1]
+    # the padding (39 tokens) is longer than any example here, so it also sets max_length
+    assert total % 48 == 0 and rounded["max_length_q"] == total - n > plain["max_length_q"], (n, total)
+    loss, grads = loss_and_grads(model, plain)
+    for other in (rounded, padded):
+        loss_o, grads_o = loss_and_grads(model, other)
+        assert torch.isfinite(loss_o)
+        assert abs(loss_o - loss) <= 1e-6 * abs(loss), (loss_o.item(), loss.item())
+        assert grads_o.keys() == grads.keys()
+        for name in grads:
+            rel = (grads_o[name] - grads[name]).abs().max() / grads[name].abs().max().clamp_min(1e-12)
+            assert rel <= 1e-5, f"{name}: relative gradient difference {rel:.2e}"
+    with torch.no_grad():  # and every real token's logits are unchanged
+        torch.testing.assert_close(model(**rounded).logits[0, :n], model(**plain).logits[0], rtol=1e-5, atol=1e-5)

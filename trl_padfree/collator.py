@@ -77,7 +77,9 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         mlm: must be False (kept for compatibility with TRL 0.19.1's signature).
         ignore_index: label value of tokens that are not trained.
         padding_free: return one row without padding, with ``position_ids`` and sequence boundaries.
-        pad_to_multiple_of: round the padded length up (padded batches only).
+        pad_to_multiple_of: round the batch length up to a multiple: the padded batch's width, or the padding-free
+            row's length (the padding then is a segment of its own, labels ``ignore_index``, positions restarting
+            at 0, so loss and gradients do not change).
         return_tensors: only ``"pt"``.
         on_template_not_found: ``"warn"`` (default: the example is masked entirely, one warning per batch with a
             count and the first offender decoded), ``"raise"`` (a :class:`TemplateNotFoundError` with the example's
@@ -111,6 +113,13 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
             raise ValueError("mlm=True is not supported: completion-only training is causal language modelling.")
         if return_tensors != "pt":
             raise ValueError(f"return_tensors={return_tensors!r} is not supported; use 'pt' (PyTorch tensors).")
+        if pad_to_multiple_of is not None and not (
+            isinstance(pad_to_multiple_of, int) and not isinstance(pad_to_multiple_of, bool) and pad_to_multiple_of > 0
+        ):
+            raise ValueError(
+                f"pad_to_multiple_of must be a positive int (or None), got {pad_to_multiple_of!r}; for example "
+                "pad_to_multiple_of=64."
+            )
         if on_template_not_found not in ("warn", "raise", "ignore"):
             raise ValueError(
                 f"on_template_not_found must be 'warn', 'raise' or 'ignore', got {on_template_not_found!r}"
@@ -167,7 +176,15 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         self.stats.padded_tokens += int(lengths.size) * padded_length(lengths, self.pad_to_multiple_of)
         self.stats.trained_tokens += int(np.count_nonzero(labels != self.ignore_index))
         if self.padding_free:
-            batch = packed_batch(ids, labels, cu, seq_idx)
+            batch = packed_batch(
+                ids,
+                labels,
+                cu,
+                seq_idx,
+                pad_to_multiple_of=self.pad_to_multiple_of,
+                pad_id=self._pad_id(),
+                ignore_index=self.ignore_index,
+            )
             if self.disable_cache:
                 batch["use_cache"] = False
             return batch

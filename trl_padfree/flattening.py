@@ -71,12 +71,38 @@ def example_index(cu: np.ndarray) -> np.ndarray:
 
 
 def packed_batch(
-    ids: np.ndarray, labels: np.ndarray, cu: np.ndarray, seq_idx: np.ndarray | None = None
+    ids: np.ndarray,
+    labels: np.ndarray,
+    cu: np.ndarray,
+    seq_idx: np.ndarray | None = None,
+    *,
+    pad_to_multiple_of: int | None = None,
+    pad_id: int = 0,
+    ignore_index: int = -100,
 ) -> dict[str, Any]:
-    """One row of all examples, with the sequence boundaries varlen attention needs (no attention mask)."""
-    n = int(cu[-1])
+    """One row of all examples, with the sequence boundaries varlen attention needs (no attention mask).
+
+    With ``pad_to_multiple_of``, the row is padded at its end to the next multiple (as TRL 1.x does), and the padding
+    is a segment of its own: one more entry in ``cu_seq_lens``, its own ``seq_idx``, positions restarting at 0 and
+    labels ``ignore_index``; ``max_length`` counts it. So no example attends to it or is continued by it, and loss and
+    gradients are those of the row without padding. A row already at a multiple gets nothing.
+
+    >>> ids = np.array([5, 6, 7, 8, 9])
+    >>> b = packed_batch(ids, ids.copy(), np.array([0, 3, 5]), pad_to_multiple_of=4, pad_id=0)
+    >>> b["input_ids"].tolist(), b["labels"].tolist(), b["position_ids"].tolist()
+    ([[5, 6, 7, 8, 9, 0, 0, 0]], [[5, 6, 7, 8, 9, -100, -100, -100]], [[0, 1, 2, 0, 1, 0, 1, 2]])
+    >>> b["cu_seq_lens_q"].tolist(), b["seq_idx"].tolist(), b["max_length_q"]
+    ([0, 3, 5, 8], [[0, 0, 0, 1, 1, 2, 2, 2]], 3)
+    """
     if seq_idx is None:
         seq_idx = example_index(cu)
+    extra = -int(cu[-1]) % pad_to_multiple_of if pad_to_multiple_of else 0
+    if extra:
+        ids = np.concatenate([ids, np.full(extra, pad_id, dtype=np.int64)])
+        labels = np.concatenate([labels, np.full(extra, ignore_index, dtype=np.int64)])
+        seq_idx = np.concatenate([seq_idx, np.full(extra, cu.size - 1, dtype=seq_idx.dtype)])
+        cu = np.append(cu, cu[-1] + extra)
+    n = int(cu[-1])
     position_ids = np.arange(n, dtype=np.int64) - cu[seq_idx]
     cu_t = torch.from_numpy(cu.astype(np.int32))
     max_len = int((cu[1:] - cu[:-1]).max()) if cu.size > 1 else 0
