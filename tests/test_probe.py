@@ -363,7 +363,8 @@ def test_cli_follows_the_advice_padfree_makes_opt_exit_0(saved: dict[str, Path],
 
 
 def test_cli_json_output(saved: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--model", str(saved["opt"]), "--json", "--lengths", "4,6,3", *CPU32]) == 1
+    assert main(["--model", str(saved["opt"]), "--attn_implementation", "default", "--json", "--lengths", "4,6,3",
+                 *CPU32]) == 1
     data = json.loads(capsys.readouterr().out)
     assert (data["ok"], data["status"], data["model_type"], data["lengths"]) == (
         False,

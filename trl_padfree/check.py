@@ -1,7 +1,9 @@
 """``trl-padfree check``: the packing probe (:func:`trl_padfree.probe.check_packing`) from the command line.
 
-Loads a model (local directory or hub name) with the attention implementation to test, runs the probe and prints
-the verdict. Exit status: 0 safe, 1 leaks (or cannot tell), 2 bad input (one line on stderr, no traceback).
+Loads a model (local directory or hub name) with the attention implementation to test (default ``auto``: the one
+``trl-padfree train`` would use here, with the same fall-back to the model's own attention for models that cannot
+use ``padfree``), runs the probe and prints the verdict. Options take either spelling (``--attn-implementation``
+or ``--attn_implementation``, as ``train`` does). Exit status: 0 safe, 1 leaks (or cannot tell), 2 bad input (one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -32,8 +34,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", required=True, help="local model directory or hub name")
     parser.add_argument(
         "--attn-implementation",
-        default=None,
-        help="e.g. sdpa, eager, flash_attention_2, padfree (default: the model's own choice)",
+        "--attn_implementation",
+        dest="attn_implementation",
+        default="auto",
+        help="auto, padfree, sdpa, eager, flash_attention_2, ... (default: auto, what `trl-padfree train` picks on "
+        "this device: flash_attention_2 where usable, else padfree; a model that cannot use padfree is checked "
+        "with its own default attention, as train falls back to it); 'default' checks the model's own choice",
     )
     parser.add_argument(
         "--dtype", choices=sorted(_DTYPES), default="auto", help="default: the checkpoint's dtype"
@@ -45,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         "--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="comma-separated lengths"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
@@ -53,6 +59,30 @@ def _parser() -> argparse.ArgumentParser:
 def _looks_like_path(name: str) -> bool:
     """True when ``name`` can only be a local path (hub names are ``name`` or ``org/name``)."""
     return name.startswith(("/", ".", "~")) or os.path.isabs(name) or name.count("/") > 1 or "\\" in name
+
+
+def _resolve(requested: str, device: str) -> str | None:
+    """The attention implementation to load: ``auto`` as ``trl-padfree train`` resolves it, ``default`` -> None.
+
+    >>> _resolve("auto", "cpu"), _resolve("default", "cpu"), _resolve("sdpa", "cpu")
+    ('padfree', None, 'sdpa')
+    """
+    from .attention import pick_attn_implementation
+
+    if requested == "auto":
+        return pick_attn_implementation(device)
+    return None if requested == "default" else requested
+
+
+def _load(model_path: str, attn: str | None, args: argparse.Namespace, device: str) -> Any:
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars: the verdict is the output
+    kwargs: dict[str, Any] = {"dtype": _DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
+    if attn is not None:
+        kwargs["attn_implementation"] = attn
+    return AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,23 +115,38 @@ def main(argv: list[str] | None = None) -> int:
         return bad(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N.")
     if device.startswith("cuda") and not torch.cuda.is_available():
         return bad(f"--device {args.device!r} asked for, but CUDA is not available here; use --device cpu.")
-    if args.attn_implementation == "padfree":
-        try:
-            import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
-        except ImportError as exc:
-            return bad(
-                f'attn_implementation "padfree" needs trl_padfree.attention, which failed to import: {exc}'
-            )
-
-    from transformers import AutoModelForCausalLM
-
-    kwargs: dict[str, Any] = {"dtype": _DTYPES[args.dtype], "trust_remote_code": args.trust_remote_code}
-    if args.attn_implementation:
-        kwargs["attn_implementation"] = args.attn_implementation
     try:
-        model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs).to(device)
+        import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
+    except ImportError as exc:
+        return bad(f'attn_implementation "padfree" needs trl_padfree.attention, which failed to import: {exc}')
+    auto = args.attn_implementation == "auto"
+    attn = _resolve(args.attn_implementation, device)
+
+    def note(message: str) -> None:  # stdout stays pure JSON with --json
+        print(f"note: {message}", file=sys.stderr if args.json else sys.stdout)
+
+    if auto:
+        note(f"attn_implementation auto -> {attn!r} (what trl-padfree train picks on {device})")
+    try:
+        model = _load(model_path, attn, args, device)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
-        return bad(f"cannot load {args.model!r}: {load_error_reason(exc, args.attn_implementation)}")
+        if not (auto and attn == "padfree"):
+            return bad(f"cannot load {args.model!r}: {load_error_reason(exc, attn)}")
+        note(f"{args.model} cannot use 'padfree' ({load_error_reason(exc, attn)}); checking its default attention, "
+             "as trl-padfree train would")
+        model = None
+    if auto and attn == "padfree" and model is not None:
+        from .probe import uses_padfree_attention
+
+        if not uses_padfree_attention(model):
+            note(f"{args.model}'s attention code does not call 'padfree'; checking its default attention, as "
+                 "trl-padfree train would")
+            model = None
+    if model is None:
+        try:
+            model = _load(model_path, None, args, device)
+        except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
+            return bad(f"cannot load {args.model!r}: {load_error_reason(exc, None)}")
     try:
         report = check_packing(model, lengths=lengths, seed=args.seed)
     except ValueError as exc:

@@ -57,7 +57,15 @@ class PackingCheckCallback(TrainerCallback):
 
             kwargs = {"rtol": training_rtol(args), **self.probe_kwargs}
             self.report = assert_packing_safe(model, **kwargs)
+            if state.is_world_process_zero:  # one line, so that a run's log shows the probe ran and passed
+                print(probe_passed_line(self.report), flush=True)
         return control
+
+
+def probe_passed_line(report: Any) -> str:
+    """The one log line of a passed packing probe (the launcher prints the same line)."""
+    return (f"[trl-padfree] packing probe: {report.model_type} with {report.attn_implementation!r} keeps packed "
+            f"examples apart (max logit diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
 
 
 class SFTTrainer(trl.SFTTrainer):
@@ -74,3 +82,35 @@ class SFTTrainer(trl.SFTTrainer):
         super().__init__(*args, **kwargs)
         if check_packing and is_padding_free_collator(collator):
             self.add_callback(PackingCheckCallback())
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        """``Trainer.train``; a run that fails (e.g. the packing probe stops it) closes its progress bar.
+
+        Otherwise the bar, opened before the probe raised, is printed when the interpreter exits (a stray
+        ``0%| | 0/N`` after everything else).
+        """
+        try:
+            return super().train(*args, **kwargs)
+        except BaseException:
+            from transformers.trainer_callback import ProgressCallback
+
+            for callback in self.callback_handler.callbacks:
+                if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+                    callback.training_bar.close()
+                    callback.training_bar = None
+            raise
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Save as ``Trainer`` does, with ``use_cache: true`` in the saved ``config.json``.
+
+        Training runs without a KV cache (the Trainer sets ``model.config.use_cache = args.use_cache``, False);
+        whoever loads the saved model for generation expects the cache on. The model in memory keeps False.
+        """
+        config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
+        if config is None or getattr(config, "use_cache", None) is not False:
+            return super().save_model(output_dir, _internal_call)
+        config.use_cache = True
+        try:
+            super().save_model(output_dir, _internal_call)
+        finally:
+            config.use_cache = False

@@ -50,6 +50,7 @@ def load_config(argv: Sequence[str], check_environment: bool = True) -> LaunchCo
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``trl-padfree train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     from .console import print_error, quiet_replicas, say
+    from .defaults import apply_defaults
     from .run import train
     from .validate import describe
 
@@ -57,6 +58,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     quiet_replicas()  # under a distributed launcher only rank 0 logs, from the very start
     try:
         cfg = load_config(argv)
+        apply_defaults(cfg)
         say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items()))
         train(cfg)
     except ConfigError as exc:

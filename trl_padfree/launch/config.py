@@ -139,10 +139,13 @@ class LaunchConfig:
     attn_implementation: str = "auto"
     attn_auto: bool = False  # attn_implementation was "auto": the launch may fall back (see launch.model)
     resume_from_checkpoint: str | bool | None = None
+    explicit: frozenset[str] = frozenset()  # fields set in the YAML file or on the command line
 
 
-#: Defaults of the launcher that differ from those of the dataclasses.
-LAUNCH_DEFAULTS: dict[str, Any] = {"padding_free": True, "attn_implementation": "auto"}
+#: Defaults of the launcher that differ from those of the dataclasses. ``gradient_checkpointing`` (TRL: True) is
+#: unset, so that ``activation_checkpointing`` is decided by the launcher (``launch.defaults``) and transformers
+#: warns about the deprecated alias only when a config really uses it.
+LAUNCH_DEFAULTS: dict[str, Any] = {"padding_free": True, "attn_implementation": "auto", "gradient_checkpointing": None}
 
 #: String fields for which a YAML boolean means something (``resume_from_checkpoint: true`` = the latest one).
 _BOOL_AS_STRING = frozenset({"resume_from_checkpoint"})
@@ -180,7 +183,9 @@ def build_parser(prog: str = "trl-padfree train") -> Any:
 
     parser = _strict_parser(argument_classes(), prog)
     parser.set_defaults(**LAUNCH_DEFAULTS, bf16=is_torch_bf16_gpu_available())
-    return parser
+    from .help import install_help
+
+    return install_help(parser)  # --help: grouped, with this launcher's defaults
 
 
 def _split_config_flag(argv: Sequence[str]) -> tuple[str | None, list[str]]:
@@ -403,8 +408,10 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> Lau
     """
     config_path, args = _split_config_flag(argv)
     parser = build_parser(prog)
+    explicit = {a[2:].split("=", 1)[0].removeprefix("no_") for a in args if a.startswith("--")}
     if config_path is not None:
         config = read_yaml_config(config_path)
+        explicit.update(config)
         _apply_env(config, config_path)
         config = _check_config_values(parser, config, config_path)
         parser.set_defaults_with_config(**config)
@@ -432,4 +439,5 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> Lau
         padding_free=bool(training.padding_free),
         attn_implementation=model.attn_implementation or "auto",
         resume_from_checkpoint=training.resume_from_checkpoint,
+        explicit=frozenset(explicit),
     )

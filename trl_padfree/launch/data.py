@@ -317,6 +317,11 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], 
     text_format, formatter = make_formatter(
         train_raw.column_names, cfg.data.template, training.dataset_text_field, tokenizer
     )
+    if cfg.collator.response_template is None and text_format != "prompt+completion":
+        raise ConfigError(
+            f"response_template is missing: set the text that precedes every completion, e.g. '### Answer:' (only "
+            f"prompt/completion data can do without it; this data is formatted as {text_format!r})"
+        )
     if eval_raw is not None:
         missing = sorted(set(train_raw.column_names) - set(eval_raw.column_names))
         if text_format != "template" and missing:
@@ -327,7 +332,10 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], 
         train_tok = tokenize_split(train_raw, tokenizer, formatter, "train")
         eval_tok = tokenize_split(eval_raw, tokenizer, formatter, "eval") if eval_raw is not None else None
     n_check = cfg.launch.template_check_examples
-    missing_in_check = check_template(train_tok, make_collator, tokenizer, n_check, cfg.collator.response_template)
+    if cfg.collator.response_template is None:  # prompt/completion: the prompt is masked already, the collator flattens
+        missing_in_check = 0
+    else:
+        missing_in_check = check_template(train_tok, make_collator, tokenizer, n_check, cfg.collator.response_template)
     keep_end = training.truncation_mode == "keep_end"
     train, dropped_train = label_and_filter(train_tok, make_collator, training.max_length, keep_end, "train")
     if len(train) == 0:

@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from .config import ConfigError, LaunchConfig
-from .console import one_line, say
+from .console import is_main_process, one_line, say
 
 __all__ = ["load_model", "load_tokenizer", "make_collator_factory", "probe_model"]
 
@@ -182,8 +182,10 @@ def probe_model(model: Any, training: Any) -> None:
             headline = str(exc.report).splitlines()[0]
             failure = f"padding-free training is unsafe for this model: {headline} {exc.report.advice}"
         else:
-            say(f"packing probe: {report.model_type} with {report.attn_implementation!r} keeps packed examples "
-                f"apart (max logit diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
+            from trl_padfree.trainer import probe_passed_line
+
+            if is_main_process():
+                print(probe_passed_line(report), flush=True)
     else:
         say("packing probe skipped: the weights are sharded at load time here (DeepSpeed ZeRO-3 / FSDP); check the "
             "model once with `trl-padfree check --model NAME`")

@@ -73,7 +73,7 @@ def _train(cfg: LaunchConfig) -> RunResult:
         model = load_model(cfg)
         if cfg.padding_free and cfg.launch.check_packing:
             probe_model(model, training)
-    return _fit(cfg, tokenizer, model, data)
+        return _fit(cfg, tokenizer, model, data)  # (the Trainer's own bar follows disable_tqdm)
 
 
 def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any) -> RunResult:

@@ -87,9 +87,11 @@ def _check_data(cfg: LaunchConfig) -> None:
 def _check_collator_and_trl(cfg: LaunchConfig) -> None:
     training = cfg.training
     if not cfg.collator.response_template:
-        raise ConfigError(
-            "response_template is missing: set the text that precedes every completion, e.g. '### Answer:'"
-        )
+        if cfg.data.template is not None:
+            raise ConfigError(
+                "response_template is missing: set the text that precedes every completion, e.g. '### Answer:'"
+            )
+        cfg.collator.response_template = None  # allowed for prompt/completion data only (checked by launch.data)
     if cfg.launch.template_check_examples < 1:
         raise ConfigError(f"template_check_examples must be at least 1, got {cfg.launch.template_check_examples}")
     threads = cfg.launch.torch_num_threads
@@ -220,5 +222,9 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "dtype": cfg.model.dtype,
         "padding_free": cfg.padding_free,
         "peft": bool(cfg.model.use_peft),
+        "device": _training_device(cfg),
+        "bf16": bool(cfg.training.bf16),
+        "activation_checkpointing": bool(cfg.training.activation_checkpointing),
+        "torch_num_threads": cfg.launch.torch_num_threads or os.environ.get("OMP_NUM_THREADS") or "torch default",
         "output_dir": cfg.training.output_dir,
     }

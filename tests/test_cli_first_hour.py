@@ -1,0 +1,313 @@
+"""A practitioner's first hour (issue 10): the launch's defaults, quiet runs, prompt/completion data without a
+response template, ``train --help``, ``check``'s options, saved configs with ``use_cache: true``.
+
+One real ``trl-padfree train`` process (a minimal own config: no tuning keys, 3 steps) is shared by the tests
+that need a run's stdout, stderr and output directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
+from trl import SFTConfig
+
+from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
+from trl_padfree.check import main as check_main
+from trl_padfree.launch import ConfigError, load_config
+from trl_padfree.launch import main as train_main
+from trl_padfree.launch.data import prepare_data
+from trl_padfree.launch.defaults import ModelShape, apply_defaults
+from trl_padfree.launch.help import GROUPS
+from trl_padfree.launch.model import make_collator_factory
+from trl_padfree.probe import PackingLeakError
+from trl_padfree.testing import tiny_llama
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+
+#: prompt/completion records (TRL's standard format) and their exact tokens under the demo tokenizer.
+PROMPT_COMPLETION = [{"prompt": "Q: red?\nA:", "completion": " RED"}, {"prompt": "Q: cat dog?\nA:", "completion": " CAT DOG"}]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer():
+    return AutoTokenizer.from_pretrained(DEMO / "model")
+
+
+# ---------------------------------------------------------------------------------------------- a real run
+
+
+@pytest.fixture(scope="module")
+def own_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
+    """``trl-padfree train`` in its own process, stdout and stderr to pipes (not terminals), no OMP_NUM_THREADS."""
+    root = tmp_path_factory.mktemp("own-run")
+    write_jsonl(root / "train.jsonl", PROMPT_COMPLETION * 8)
+    config = root / "own.yaml"
+    config.write_text(
+        f"model_name_or_path: {DEMO / 'model'}\ntrain_file: {root / 'train.jsonl'}\noutput_dir: {root / 'out'}\n"
+        "max_steps: 3\nper_device_train_batch_size: 4\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\n",
+        encoding="utf-8",
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env["HF_HUB_OFFLINE"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-m", "trl_padfree.cli", "train", "--config", str(config)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return proc, root / "out"
+
+
+def test_own_config_run_line_shows_the_defaults_chosen_for_this_machine(own_run):
+    proc, _ = own_run
+    run_line = next(line for line in proc.stdout.splitlines() if line.startswith("[trl-padfree] run: "))
+    if torch.cuda.is_available():
+        pytest.skip("the CPU defaults are checked on a CPU-only machine")
+    # CPU: no activation checkpointing, no bf16, one thread for a model of hidden size 128
+    assert "device=cpu, bf16=False, activation_checkpointing=False, torch_num_threads=1," in run_line
+
+
+def test_own_config_run_is_quiet_on_stderr(own_run):
+    """No pin_memory UserWarning, no gradient_checkpointing FutureWarning, no progress bars in a pipe."""
+    proc, _ = own_run
+    assert proc.stderr == ""
+
+
+def test_own_config_run_logs_one_line_per_step_without_bars(own_run):
+    proc, _ = own_run
+    assert "\r" not in proc.stdout and "it/s]" not in proc.stdout
+    logged = [line for line in proc.stdout.splitlines() if line.startswith("{'loss'")]
+    assert len(logged) == 3  # logging_steps: 1, max_steps: 3
+
+
+def test_prompt_completion_run_trains_without_response_template(own_run):
+    proc, out = own_run
+    assert "(format: prompt+completion)" in proc.stdout
+    assert "[trl-padfree] steps: 3/3" in proc.stdout
+
+
+def test_saved_config_of_a_launch_run_has_use_cache_true(own_run):
+    _, out = own_run
+    assert json.loads((out / "config.json").read_text())["use_cache"] is True
+
+
+# ---------------------------------------------------------------------------------------------- prompt/completion
+
+
+def test_prompt_completion_labels_without_response_template(demo_tokenizer, tmp_path):
+    """The prompt is masked as it is, the completion and EOS trained, the collator only flattens."""
+    train = write_jsonl(tmp_path / "train.jsonl", PROMPT_COMPLETION)
+    cfg = load_config(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train),
+                       "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    assert cfg.collator.response_template is None
+    data = prepare_data(cfg, demo_tokenizer, make_collator_factory(cfg, demo_tokenizer, padding_free=True, quiet=True))
+    assert data.text_format == "prompt+completion" and data.template_missing_in_check == 0
+    assert data.train["input_ids"] == [[51, 28, 294, 33, 201, 35, 28, 390, 2], [51, 28, 279, 300, 33, 201, 35, 28, 395, 417, 2]]
+    assert data.train["labels"] == [
+        [-100, -100, -100, -100, -100, -100, -100, 390, 2],  # "Q: red?\nA:" | " RED" <eos>
+        [-100, -100, -100, -100, -100, -100, -100, -100, 395, 417, 2],  # "Q: cat dog?\nA:" | " CAT DOG" <eos>
+    ]
+    assert demo_tokenizer.decode([390, 2]) == " RED<|eos|>"
+
+
+@pytest.mark.parametrize(
+    ("rows", "extra", "message"),
+    [
+        ([{"text": "### Question: a\n### Answer: b"}], [],
+         "response_template is missing: set the text that precedes every completion, e.g. '### Answer:' (only "
+         "prompt/completion data can do without it; this data is formatted as 'text')"),
+        ([{"q": "a", "a": "b"}], ["--template", "Q: {q} A: {a}"],
+         "response_template is missing: set the text that precedes every completion, e.g. '### Answer:'"),
+    ],
+)  # fmt: skip
+def test_response_template_still_required_for_other_formats(demo_tokenizer, tmp_path, rows, extra, message):
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    argv = ["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train), "--output_dir",
+            str(tmp_path / "out"), *extra]  # fmt: skip
+    with pytest.raises(ConfigError) as err:
+        cfg = load_config(argv)
+        prepare_data(cfg, demo_tokenizer, make_collator_factory(cfg, demo_tokenizer, padding_free=True, quiet=True))
+    assert str(err.value) == message
+
+
+# ---------------------------------------------------------------------------------------------- defaults
+
+
+def _own_cfg(tmp_path: Path, *extra: str):
+    train = write_jsonl(tmp_path / "train.jsonl", PROMPT_COMPLETION)
+    return load_config(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train),
+                        "--output_dir", str(tmp_path / "out"), *extra], check_environment=False)  # fmt: skip
+
+
+def test_validation_error_of_a_config_without_activation_checkpointing_has_no_future_warning(tmp_path, capsys):
+    """Issue 12: the launcher's own defaults cause no warning before the one-line error."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = train_main(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(tmp_path / "none.jsonl"),
+                           "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    assert code == 2
+    assert [str(w.message) for w in caught] == []
+    err = capsys.readouterr().err
+    assert err.startswith("trl-padfree train: error: data file not found") and err.count("\n") == 1
+
+
+def test_large_model_on_cuda_gets_activation_checkpointing(tmp_path):
+    cfg = _own_cfg(tmp_path)
+    chosen = apply_defaults(cfg, "cuda", ModelShape(hidden_size=4096, parameters=7_000_000_000))
+    assert chosen["activation_checkpointing"] is True and cfg.training.activation_checkpointing is True
+    assert cfg.training.gradient_checkpointing is True  # TRL reads the old name
+    small = _own_cfg(tmp_path)
+    assert apply_defaults(small, "cuda", ModelShape(hidden_size=896, parameters=494_000_000))[
+        "activation_checkpointing"
+    ] is False
+    cpu = _own_cfg(tmp_path)
+    assert apply_defaults(cpu, "cpu", ModelShape(hidden_size=4096, parameters=7_000_000_000))[
+        "activation_checkpointing"
+    ] is False
+    assert cpu.training.dataloader_pin_memory is False
+
+
+def test_explicit_settings_win_over_the_defaults(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cfg = _own_cfg(tmp_path, "--activation_checkpointing", "true", "--torch_num_threads", "3",
+                   "--dataloader_pin_memory", "true")  # fmt: skip
+    assert apply_defaults(cfg, "cpu", ModelShape(hidden_size=128, parameters=10)) == {"disable_tqdm": True}
+    assert cfg.training.activation_checkpointing is True and cfg.launch.torch_num_threads == 3
+    assert cfg.training.dataloader_pin_memory is True
+
+
+def test_omp_num_threads_is_respected(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    cfg = _own_cfg(tmp_path)
+    assert "torch_num_threads" not in apply_defaults(cfg, "cpu", ModelShape(hidden_size=128))
+    assert cfg.launch.torch_num_threads is None
+
+
+# ---------------------------------------------------------------------------------------------- train --help
+
+
+@pytest.fixture(scope="module")
+def help_text() -> str:
+    import contextlib
+    import io
+
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        assert train_main(["--help"]) == 0
+    return buffer.getvalue()
+
+
+def _section(text: str, key: str) -> str:
+    start = text.index("\n" + GROUPS[key] + ":\n")
+    rest = text[start + 1 :]
+    ends = [rest.index("\n" + title + ":\n") for title in GROUPS.values() if "\n" + title + ":\n" in rest]
+    return rest[: min(ends)] if ends else rest
+
+
+def _entry(text: str, option: str) -> str:
+    """The help entry of ``--option`` (its line and the continuation lines), on one line."""
+    lines = text.splitlines()
+    i = next(k for k, line in enumerate(lines) if line.strip().split(" ")[0] == option)
+    out = [lines[i]]
+    for line in lines[i + 1 :]:
+        if not line.startswith(" " * 20):
+            break
+        out.append(line)
+    return " ".join(" ".join(out).split())
+
+
+def test_help_is_grouped_in_order(help_text):
+    positions = [help_text.index("\n" + title + ":\n") for title in GROUPS.values()]
+    assert positions == sorted(positions)
+    assert _section(help_text, "model").split("\n")[1].split()[0] == "--model_name_or_path"
+    for option, group in [("--train_file", "data"), ("--template", "formatting"), ("--chat_template_path", "formatting"),
+                          ("--response_template", "collator"), ("--padding_free", "collator"),
+                          ("--torch_num_threads", "launcher"), ("--learning_rate", "training")]:  # fmt: skip
+        assert f"\n  {option} " in _section(help_text, group), option
+    assert "--no_check_packing" not in help_text  # boolean twins are not listed
+
+
+def test_help_has_the_launchers_texts_and_defaults(help_text):
+    padding_free = _entry(help_text, "--padding_free")
+    assert "FlashAttention 2 or 3" not in padding_free and padding_free.endswith("(default: true)")
+    assert _entry(help_text, "--gradient_checkpointing").startswith(
+        "--gradient_checkpointing [BOOL] Deprecated alias of --activation_checkpointing"
+    )
+    assert "(default: on for CUDA with a large model, >= 1e9 parameters; off on CPU" in _entry(
+        help_text, "--activation_checkpointing"
+    )
+    assert _entry(help_text, "--bf16").endswith(
+        "(default: true where a GPU supports bfloat16, else false; TRL's default, true, would refuse to start on a "
+        "CPU-only machine)"
+    )
+    assert _entry(help_text, "--attn_implementation").endswith("(default: auto)")
+    assert _entry(help_text, "--learning_rate").endswith("(default: 2e-05)")  # a library default, as it is
+
+
+# ---------------------------------------------------------------------------------------------- check
+
+
+@pytest.mark.parametrize("spelling", ["--attn-implementation", "--attn_implementation"])
+def test_check_takes_both_spellings(spelling, capsys):
+    assert check_main(["--model", str(DEMO / "model"), spelling, "sdpa", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("SAFE: llama (attn_implementation='sdpa', float32 on cpu)")
+
+
+def test_check_defaults_to_what_train_picks(capsys):
+    assert check_main(["--model", str(DEMO / "model"), "--device", "cpu"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "note: attn_implementation auto -> 'padfree' (what trl-padfree train picks on cpu)"
+    assert out[1].startswith("SAFE: llama (attn_implementation='padfree', float32 on cpu)")
+
+
+# ---------------------------------------------------------------------------------------------- library trainer
+
+
+def _tiny_sft(tmp_path: Path, model, **kw) -> SFTTrainer:
+    tok = AutoTokenizer.from_pretrained(DEMO / "model")
+    ds = Dataset.from_dict({"text": [f"### Question: q{i}\n### Answer: a{i}" for i in range(8)]})
+    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, report_to=[],
+                     save_strategy="no", use_cpu=True, bf16=False, activation_checkpointing=False, **kw)  # fmt: skip
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    return SFTTrainer(model, args=args, train_dataset=ds, processing_class=tok, data_collator=collator)
+
+
+def test_sft_trainer_logs_the_probe_pass_once_and_saves_use_cache_true(tmp_path, capsys):
+    torch.manual_seed(0)
+    model = tiny_llama(vocab_size=768, attn_implementation="padfree")
+    trainer = _tiny_sft(tmp_path, model)
+    trainer.train()
+    probe_lines = [line for line in capsys.readouterr().out.splitlines() if "packing probe" in line]
+    assert len(probe_lines) == 1
+    assert probe_lines[0].startswith("[trl-padfree] packing probe: llama with 'padfree' keeps packed examples apart")
+    trainer.save_model(str(tmp_path / "saved"))
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["use_cache"] is True
+    assert model.config.use_cache is False  # training itself still runs without a cache
+
+
+def test_a_run_stopped_by_the_probe_leaves_no_progress_bar_open(tmp_path):
+    """The stray ``0%| | 0/N`` printed at interpreter exit came from this bar."""
+    from transformers.trainer_callback import ProgressCallback
+
+    torch.manual_seed(0)
+    opt = OPTForCausalLM(OPTConfig(vocab_size=768, hidden_size=32, ffn_dim=64, num_hidden_layers=1,
+                                   num_attention_heads=4, word_embed_proj_dim=32, attn_implementation="sdpa"))  # fmt: skip
+    trainer = _tiny_sft(tmp_path, opt, disable_tqdm=False)
+    with pytest.raises(PackingLeakError):
+        trainer.train()
+    bars = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ProgressCallback)]
+    assert bars and all(cb.training_bar is None for cb in bars)
