@@ -1,0 +1,100 @@
+"""How a multi-process ``trl-padfree train`` starts and ends (torchrun, ``accelerate launch``).
+
+- :func:`check_process_group`: a launcher that started several processes which did not join one process group
+  (on a machine without GPUs, accelerate and the Trainer only build one over gloo when ``use_cpu: true``) would
+  train N independent copies of the model into the same ``output_dir``; this stops the run before anything is
+  written, naming the fix.
+- :func:`finish`: every way out of a run ends the process group. On success (a finished run, or one stopped by
+  SIGTERM with a checkpoint) all ranks meet at a barrier and destroy the group, so no rank is left waiting in the
+  gloo group's destructor after the others have gone (which can hang forever). On failure a rank leaves at once
+  with ``os._exit`` after flushing its output: no collective (the others may be inside a different one) and no
+  destructor. Its sockets close, so every other rank's next or pending collective fails within milliseconds
+  ("Connection closed by peer") and that rank exits non-zero too. torchrun then also stops the remaining workers
+  (SIGTERM, then SIGKILL after its grace period) and exits non-zero.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import traceback
+from typing import Any
+
+from .config import ConfigError
+
+__all__ = ["check_process_group", "describe_distribution", "finish", "launcher_world_size"]
+
+
+def launcher_world_size() -> int:
+    """The number of processes the launcher says it started (``WORLD_SIZE``; 1 when there is no launcher)."""
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+def describe_distribution(training: Any) -> dict[str, Any]:
+    """``world_size``, ``distributed_type`` (accelerate's) and ``backend`` of the run, for the summary."""
+    state = getattr(training, "distributed_state", None)
+    kind = getattr(state, "distributed_type", None)
+    return {
+        "world_size": int(training.world_size),
+        "distributed_type": getattr(kind, "value", None) or (str(kind) if kind is not None else "NO"),
+        "backend": getattr(state, "backend", None),
+    }
+
+
+def check_process_group(training: Any) -> None:
+    """Raise :class:`ConfigError` when the launcher started several processes that are not one process group."""
+    started = launcher_world_size()
+    if started > 1 and int(training.world_size) == 1:
+        raise ConfigError(
+            f"the launcher started {started} processes (WORLD_SIZE={started}) but they did not join one process "
+            "group, so each would train its own copy of the model: on a machine without GPUs set use_cpu: true "
+            "(then they train as one DDP run over gloo), or start a single process"
+        )
+
+
+def _group_initialized() -> bool:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover
+        return False
+    return dist.is_available() and dist.is_initialized()
+
+
+def _leave_now(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def finish(code: int, error: BaseException | None = None) -> int:
+    """End the process group (if any) for a run that returned ``code``; see the module docstring.
+
+    Returns ``code`` where the process may exit normally; does not return for a failed rank of a multi-process
+    run (``os._exit``). ``error``, when given, is printed (with its traceback) before leaving.
+    """
+    if not _group_initialized():
+        if error is not None:
+            raise error
+        return code
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if code == 0 and error is None:
+        try:
+            gc.collect()  # free the DDP reducer while every rank is still there
+            dist.barrier()
+            dist.destroy_process_group()
+            return 0
+        except Exception as exc:  # another rank failed: leave as well, non-zero
+            print(f"[trl-padfree] rank {rank}: another process of the run failed ({' '.join(str(exc).split())[:200]}); "
+                  "exiting with code 1", file=sys.stderr, flush=True)
+            _leave_now(1)
+    if error is not None:
+        print(f"[trl-padfree] rank {rank} failed:", file=sys.stderr)
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+    _leave_now(code or 1)
+    return code  # pragma: no cover  (os._exit does not return)
