@@ -16,11 +16,13 @@ from trl_padfree.bench import (
     MODEL_PRESETS,
     TEMPLATE_IDS,
     BenchConfig,
+    compare,
     evaluate_targets,
     main,
     make_examples,
     run_benchmark,
 )
+from trl_padfree.bench.data import dataset_title
 
 TINY = [
     "--layers", "1", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--intermediate", "64",
@@ -28,20 +30,27 @@ TINY = [
     "--length-scale", "0.1", "--max-length", "160",
 ]  # fmt: skip
 VARIANTS = ["padded-sdpa", "packed-sdpa", "packed-padfree"]
+TRAINER_VARIANTS = ["trl-native", "sft-padfree"]
+ALL_RUN = [*VARIANTS, *TRAINER_VARIANTS, "token-budget"]
 RESULT_FIELDS = {
-    "dataset", "variant", "attn_implementation", "padding_free", "optimizer_steps", "timed_steps", "warmup_steps",
-    "train_loss", "eval_loss", "eval_target_tokens", "step_seconds", "cpu_seconds", "collate_seconds",
-    "real_tokens", "input_tokens", "target_tokens", "timed_seconds", "tokens_per_second", "tokens_per_cpu_second",
-    "tokens_per_cpu_second_runs",
+    "dataset", "variant", "runner", "attn_implementation", "padding_free", "batching", "max_tokens",
+    "optimizer_steps", "timed_steps", "warmup_steps", "train_loss", "eval_loss", "eval_target_tokens",
+    "step_seconds", "cpu_seconds", "compute_seconds", "overhead_seconds", "median_step_seconds",
+    "median_overhead_seconds", "real_tokens", "input_tokens", "target_tokens", "batch_fingerprints",
+    "timed_seconds", "tokens_per_second", "tokens_per_cpu_second", "tokens_per_cpu_second_runs",
     "memory_kind", "peak_memory_mb", "memory_above_start_mb", "tokens_per_second_runs",
+}  # fmt: skip
+TRAINER_FIELDS = RESULT_FIELDS | {
+    "attn_requested", "sft_config_padding_free", "collator", "probe", "trainer_warnings",
 }  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """One in-process run: both datasets, padded sdpa + packed sdpa + packed padfree (+ fa2, skipped on CPU)."""
+    """One in-process run: both datasets, every variant (fa2 is skipped on CPU)."""
     out = tmp_path_factory.mktemp("bench")
-    argv = [*TINY, "--in-process", "--variants", ",".join([*VARIANTS, "packed-fa2"]), "--output-dir", str(out)]
+    argv = [*TINY, "--in-process", "--variants", ",".join([*VARIANTS, "packed-fa2", *TRAINER_VARIANTS, "token-budget"]),
+            "--output-dir", str(out)]
     assert main(argv) == 0
     return out, json.loads((out / "cpu.json").read_text())
 
@@ -55,9 +64,9 @@ def test_smoke_run_writes_json_markdown_and_png(smoke, capsys):
     assert report["machine"]["gpu"] is None
     assert report["config"]["loss_rtol"] == 1e-5
     markdown = (out / "cpu.md").read_text()
-    for dataset in DATASETS:
-        assert report["datasets"][dataset]["label"] in markdown
-    assert markdown.count("| packed-padfree | ") == 2
+    for dataset, entry in report["datasets"].items():
+        assert dataset_title(dataset, entry, 0.1) in markdown
+    assert markdown.count("| packed-padfree | ") == 2 and markdown.count("| trl-native | ") == 2
     assert "skipped: flash_attention_2 needs a CUDA device (got --device cpu)" in markdown
     assert "## Targets" in markdown
 
@@ -66,13 +75,16 @@ def test_every_variant_has_every_field_and_counts_its_steps(smoke):
     _, report = smoke
     assert list(report["datasets"]) == ["flan", "orcamath"]
     for entry in report["datasets"].values():
-        assert list(entry["variants"]) == [*VARIANTS, "packed-fa2"]
+        assert list(entry["variants"]) == [*VARIANTS, "packed-fa2", *TRAINER_VARIANTS, "token-budget"]
         assert entry["variants"]["packed-fa2"]["skipped"].startswith("flash_attention_2 needs a CUDA device")
-        for name in VARIANTS:
+        for name in [*VARIANTS, *TRAINER_VARIANTS]:
             res = entry["variants"][name]
-            assert set(res) == RESULT_FIELDS, set(res) ^ RESULT_FIELDS
+            fields = TRAINER_FIELDS if name in TRAINER_VARIANTS else RESULT_FIELDS
+            assert set(res) == fields, set(res) ^ fields
             assert res["optimizer_steps"] == 3 and res["timed_steps"] == 2 and res["warmup_steps"] == 1
             assert len(res["train_loss"]) == len(res["step_seconds"]) == len(res["real_tokens"]) == 3
+            assert len(res["compute_seconds"]) == len(res["batch_fingerprints"]) == 3
+            assert all(0 < c <= s for c, s in zip(res["compute_seconds"], res["step_seconds"], strict=True))
             assert res["tokens_per_second"] == pytest.approx(sum(res["real_tokens"][1:]) / sum(res["step_seconds"][1:]))
             assert res["peak_memory_mb"] > 50
             assert all(math.isfinite(v) for v in res["train_loss"])
@@ -81,7 +93,7 @@ def test_every_variant_has_every_field_and_counts_its_steps(smoke):
         assert padded["real_tokens"] == packed["real_tokens"] == packed["input_tokens"]
         assert padded["target_tokens"] == packed["target_tokens"]
         assert all(p > r for p, r in zip(padded["input_tokens"], padded["real_tokens"], strict=True))
-        assert set(entry["comparison"]) == set(VARIANTS)
+        assert set(entry["comparison"]) == set(ALL_RUN)
         assert entry["comparison"]["padded-sdpa"]["throughput_ratio"] == 1.0
 
 
@@ -95,17 +107,22 @@ def test_loss_curves_of_padding_free_variants_equal_padded(smoke):
             np.testing.assert_allclose(res["train_loss"], reference["train_loss"], rtol=1e-5, atol=0)
             assert res["eval_loss"] == pytest.approx(reference["eval_loss"], rel=1e-5, abs=0)
     losses = [t for t in report["targets"] if "losses equal" in t["target"]]
-    assert len(losses) == 4 and all(t["holds"] is True for t in losses)
+    assert len(losses) == 6 and all(t["holds"] is True for t in losses)  # packed-sdpa, packed-padfree, sft-padfree
+    assert not any("trl-native" in t["target"] or "token-budget" in t["target"] for t in losses)
     throughput = [t for t in report["targets"] if "real tokens/s" in t["target"]]
     assert [isinstance(t["value"], float) for t in throughput] == [True, True, True]
     assert [t["holds"] for t in throughput] == [None, None, None]  # measured; no verdict for this smaller model
+    memory = [t for t in report["targets"] if "peak memory" in t["target"]]
+    assert [t["holds"] for t in memory] == [None, None]  # in-process at --length-scale 0.1: not judged
+    assert all("judged only on CUDA, or CPU with each variant in its own worker" in t["shown"] for t in memory)
 
 
 def test_interleaved_worker_processes_reproduce_the_in_process_run(smoke):
-    """The default path: each variant in a fresh worker, trained in lockstep; same seed, same losses."""
+    """The default path: each variant in a fresh worker, trained in lockstep; same seed, same losses. trl-native
+    runs its SFTTrainer in the worker; token-budget has another step count than the others."""
     _, report = smoke
     config = BenchConfig(
-        datasets=["orcamath"], variants=["padded-sdpa", "packed-padfree"], layers=1, hidden=32, heads=4,
+        datasets=["orcamath"], variants=["padded-sdpa", "trl-native", "token-budget"], layers=1, hidden=32, heads=4,
         kv_heads=2, intermediate=64, vocab_size=128, batch_size=4, steps=2, warmup=1, eval_batches=1,
         length_scale=0.1, max_length=160,
     )  # fmt: skip
@@ -120,8 +137,10 @@ def test_interleaved_worker_processes_reproduce_the_in_process_run(smoke):
         assert res["peak_memory_mb"] > 100  # python + torch + transformers, at least
         expected = report["datasets"]["orcamath"]["variants"][name]
         np.testing.assert_allclose(res["train_loss"], expected["train_loss"], rtol=1e-6, atol=0)
-        assert res["optimizer_steps"] == 3 and res["real_tokens"] == expected["real_tokens"]
-    assert entry["comparison"]["packed-padfree"]["median_step_speedup"] > 0
+        assert res["real_tokens"] == expected["real_tokens"]
+        assert res["batch_fingerprints"] == expected["batch_fingerprints"]
+    assert entry["variants"]["token-budget"]["optimizer_steps"] > entry["variants"]["padded-sdpa"]["optimizer_steps"]
+    assert entry["comparison"]["trl-native"]["median_step_speedup"] > 0
 
 
 def test_synthetic_datasets_follow_the_papers_length_statistics():
@@ -150,7 +169,8 @@ def _report(ratio_flan: float, ratio_vs_sdpa: float, loss_diff: float, padfree_m
             "packed-padfree": {"train_loss_max_rel_diff": loss_diff, "eval_loss_rel_diff": 0.0, "same_steps": True}
         },
     }
-    config = {"loss_rtol": 1e-5, "device": "cpu", "dtype": "float32", "batch_size": 8, **MODEL_PRESETS["tiny"]}
+    config = {"loss_rtol": 1e-5, "device": "cpu", "dtype": "float32", "batch_size": 8, "length_scale": 1.0,
+              "steps": 10, "subprocess": True, **MODEL_PRESETS["tiny"]}
     return {"config": config, "datasets": {"flan": flan}}
 
 
@@ -253,3 +273,180 @@ def test_replot_rewrites_markdown_and_png_from_the_json(smoke, tmp_path):
     assert (tmp_path / "again.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(SystemExit):
         main(["--replot", str(tmp_path / "missing.json")])
+
+
+# --- trl-native and sft-padfree: the same batches through trl.SFTTrainer ---------------------------------------
+
+
+def test_sft_trainer_variants_train_the_same_batches_and_losses_as_padded(smoke):
+    """TRL's own padding-free path and this project's, through trl.SFTTrainer: same batches (fingerprinted as the
+    model received them), same losses in fp32; what attention really ran and what the probe says are recorded."""
+    _, report = smoke
+    for entry in report["datasets"].values():
+        padded = entry["variants"]["padded-sdpa"]
+        for name, attn, collator, sft_padding_free in (
+            ("trl-native", "sdpa", "trl.trainer.sft_trainer.DataCollatorForLanguageModeling", True),
+            ("sft-padfree", "padfree", "trl_padfree.collator.DataCollatorForCompletionOnlyLM", False),
+        ):
+            res, cmp = entry["variants"][name], entry["comparison"][name]
+            assert res["runner"] == "sft-trainer" and res["attn_implementation"] == attn
+            assert (res["collator"], res["sft_config_padding_free"]) == (collator, sft_padding_free)
+            assert res["batch_fingerprints"] == padded["batch_fingerprints"] and cmp["same_batches"] is True
+            assert res["real_tokens"] == res["input_tokens"] == padded["real_tokens"]  # no padding at all
+            assert res["target_tokens"] == padded["target_tokens"]
+            np.testing.assert_allclose(res["train_loss"], padded["train_loss"], rtol=1e-5, atol=0)
+            assert res["eval_loss"] == pytest.approx(padded["eval_loss"], rel=1e-5, abs=0)
+            assert res["probe"]["status"] == "safe"
+            assert res["median_overhead_seconds"] > 0  # the trainer's own per-step work is measured
+    markdown = (smoke[0] / "cpu.md").read_text()
+    assert "- trl-native: `SFTConfig(padding_free=True)`, collator `trl.trainer.sft_trainer.Data" in markdown
+    assert "ran `sdpa`; packing probe with this collator: safe" in markdown
+
+
+def test_different_batches_are_caught_not_assumed(smoke):
+    """A variant whose batches differ from padded is flagged, and its loss-equality target fails."""
+    _, report = smoke
+    entry = json.loads(json.dumps(report["datasets"]["flan"]))
+    entry["variants"]["sft-padfree"]["batch_fingerprints"][1] = "4x1:00000000"
+    cmp = compare(entry["variants"])
+    assert cmp["sft-padfree"]["same_batches"] is False and cmp["sft-padfree"]["train_loss_max_rel_diff"] is None
+    assert cmp["trl-native"]["same_batches"] is True
+    targets = evaluate_targets({"config": report["config"], "datasets": {"flan": {**entry, "comparison": cmp}}})
+    bad = next(t for t in targets if t["target"].startswith("flan: sft-padfree train/eval losses"))
+    assert bad["holds"] is False and bad["shown"] == "the mini-batches differ from the padded run's (a benchmark bug)"
+
+
+def test_prepared_dataset_must_be_the_benchmark_examples():
+    from trl_padfree.bench.sft_run import _check_prepared, completion_labels
+
+    examples = [[1, 7, 3, 4, 5, 9, 2], [1, 8, 8, 3, 4, 5, 6, 2]]
+    good = {"input_ids": examples, "labels": [completion_labels(e) for e in examples]}
+    _check_prepared(good, examples, "train")
+    with pytest.raises(RuntimeError, match="other token ids than the benchmark's examples"):
+        _check_prepared({**good, "input_ids": [examples[0], examples[1][:-1]]}, examples, "train")
+    with pytest.raises(RuntimeError, match="labels are not the completion-only labels"):
+        _check_prepared({**good, "labels": [examples[0], good["labels"][1]]}, examples, "train")
+
+
+def test_token_budget_covers_the_same_examples_within_its_budget(smoke):
+    _, report = smoke
+    for entry in report["datasets"].values():
+        res, fixed = entry["variants"]["token-budget"], entry["variants"]["packed-padfree"]
+        budget = entry["length_stats"]["token_budget"]
+        assert res["max_tokens"] == budget == round(sum(fixed["real_tokens"]) / len(fixed["real_tokens"]))
+        assert sum(res["real_tokens"]) == sum(fixed["real_tokens"])  # every example once, in one epoch
+        assert max(res["real_tokens"]) <= budget and res["optimizer_steps"] == len(res["train_loss"]) >= 3
+        assert res["real_tokens"] == res["input_tokens"]
+        cmp = entry["comparison"]["token-budget"]
+        assert cmp["same_batches"] is False and cmp["median_step_speedup"] is None
+        assert cmp["train_loss_max_rel_diff"] is None and cmp["memory_ratio"] > 0
+    assert "optimizer steps over the same examples vs 3 fixed" in (smoke[0] / "cpu.md").read_text()
+
+
+# --- help, labels, few-step runs, exit codes (issue 10, item 9) -----------------------------------------------
+
+
+def test_help_shows_the_defaults(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for shown in ("examples per optimizer step (default: 8)", "timed optimizer steps (default: 10)",
+                  "(default: flan,orcamath)", "AdamW learning rate (constant) (default: 0.0005)",
+                  "torch threads per worker (0: torch's default) (default: 0)", "(default: bench-results)"):
+        assert shown in out, shown
+
+
+def test_one_step_run_judges_only_what_applies_and_plots_a_readable_loss(tmp_path):
+    """1 step at --length-scale 0.1: labels from the run's data, no throughput/memory verdict, a visible loss."""
+    from trl_padfree.bench.plot import make_figure
+
+    argv = [*TINY, "--steps", "1", "--warmup", "0", "--datasets", "flan", "--variants", "padded-sdpa,packed-padfree",
+            "--in-process", "--output-dir", str(tmp_path)]
+    assert main(argv) == 0
+    report = json.loads((tmp_path / "cpu.json").read_text())
+    assert [t["holds"] for t in report["targets"] if "losses" not in t["target"]] == [None] * 4
+    entry = report["datasets"]["flan"]
+    median = entry["length_stats"]["median"]
+    assert median < 100
+    title = f"FLAN-like: median {median:.0f}, mean {entry['length_stats']['mean']:.0f}, max"
+    assert f"## {title}" in (tmp_path / "cpu.md").read_text() and "median 340" not in (tmp_path / "cpu.md").read_text()
+    fig = make_figure(report)
+    ax_tps, _, _, ax_loss = fig.axes[:4]
+    assert ax_tps.get_title().startswith(title)
+    assert ax_loss.get_xlim() == (0.5, 1.5) and list(ax_loss.get_xticks()) == [1.0]
+    lines = [ln for ln in ax_loss.get_lines() if len(ln.get_xdata()) == 1]
+    assert len(lines) == 2 and all(ln.get_marker() not in (None, "None", "") for ln in lines)
+
+
+def test_a_failed_judged_target_makes_the_exit_code_1(smoke, tmp_path, capsys):
+    _, report = smoke
+    bad = json.loads(json.dumps(report))
+    bad["datasets"]["flan"]["comparison"]["packed-padfree"]["train_loss_max_rel_diff"] = 1e-3
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    assert main(["--replot", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err == ("trl-padfree bench: target failed: flan: packed-padfree train/eval losses equal padded-sdpa "
+                   "(rel. tol. 1e-05): max rel. diff 1.0e-03\n")
+    assert "- FAIL: flan: packed-padfree train/eval losses" in (tmp_path / "bad.md").read_text()
+
+
+# --- bad input: exit 2, one line, before any work (issue 12) ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--threads", "-1"], "--threads must be >= 0 (0: torch's default), got -1"),
+        (["--lr", "-0.001"], "--lr must be a finite number > 0, got -0.001"),
+        (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+        (["--max-tokens", "0"], "--max-tokens must be >= 1"),
+        (["--steps", "x"], "argument --steps: invalid int value: 'x'"),
+    ],
+)
+def test_bad_values_exit_2_with_one_line(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--output-dir", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith("trl-padfree bench: error: ")
+    assert message in captured.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_output_dir_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    blocker = tmp_path / "results"
+    blocker.write_text("not a directory")
+    for output_dir, reason in ((blocker, "it is a file, not a directory"),
+                               (blocker / "sub", f"{blocker} is a file, not a directory")):
+        with pytest.raises(SystemExit) as exc:
+            main([*TINY, "--in-process", "--output-dir", str(output_dir)])
+        captured = capsys.readouterr()
+        assert exc.value.code == 2 and captured.out == ""  # the run's banner was never printed
+        assert captured.err == (f"trl-padfree bench: error: --output-dir {output_dir}: {reason}; pass a directory "
+                                "that can be written\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"{not json", "not JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+        (b"\xff\xfe", "not JSON ('utf-8' codec can't decode byte 0xff in position 0: invalid start byte)"),
+        (b'{"config": {}}', "not a trl-padfree bench report (no 'machine', 'datasets')"),
+        (b"[1, 2]", "not a trl-padfree bench report (no 'config', 'machine', 'datasets')"),
+        (None, "no such file"),
+    ],
+)
+def test_replot_of_a_bad_file_exits_2_with_one_line(content, reason, tmp_path, capsys):
+    path = tmp_path / "report.json"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as exc:
+        main(["--replot", str(path)])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2
+    assert captured.err == (f"trl-padfree bench: error: --replot {path}: {reason}; pass a JSON report written by "
+                            "trl-padfree bench\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ([] if content is None else ["report.json"])

@@ -22,12 +22,25 @@ alike; ``--schedule sequential`` runs them one after the other):
 - ``padded-sdpa``: padded batches, ``attn_implementation="sdpa"`` (the baseline);
 - ``packed-sdpa``: padding-free batches, transformers' own ``sdpa`` (a dense block-diagonal mask);
 - ``packed-padfree``: padding-free batches, this project's ``"padfree"`` attention (varlen, no mask);
-- ``packed-fa2``: padding-free batches, ``flash_attention_2`` (only with CUDA and flash-attn installed).
+- ``packed-fa2``: padding-free batches, ``flash_attention_2`` (only with CUDA and flash-attn installed);
+- ``trl-native``: what a TRL 1.x user picks instead: the same examples as prompt/completion records through
+  ``trl.SFTTrainer`` with ``SFTConfig(padding_free=True)``, TRL's own collator and the model's default attention;
+- ``sft-padfree``: the same records through ``trl.SFTTrainer`` with this project's collator and ``"padfree"``;
+- ``token-budget``: padding-free + ``"padfree"`` with mini-batches of whole examples up to a token budget
+  (``--max-tokens``, default the fixed batches' mean real tokens) over the same examples: another step count.
+
+Both SFTTrainer variants see the same mini-batches in the same order as the others (verified: every batch the
+model receives is fingerprinted), the same initial weights and the same AdamW (constant lr, no clipping); their
+step time is the whole trainer loop (dataloader and collation, forward, backward, grad norm, optimizer, logging
+every step), so the trainer's per-step overhead shows next to the compute. After training, the attention that
+really ran is read from the model and the packing probe is run with the variant's collator.
 
 Recorded per variant: real (non-padding) tokens/s over the timed steps (warm-up steps are trained but not timed;
 CUDA steps end with ``torch.cuda.synchronize()``), peak memory (CUDA: ``torch.cuda.max_memory_allocated``; CPU:
 peak RSS of the worker process), the train loss of every step, the final eval loss (token-weighted over the eval
-set) and the number of optimizer steps. Results go to ``<output-dir>/<name>.json``, ``.md`` and ``.png``.
+set), the number of optimizer steps and the median wall time per step (and its part outside forward, backward
+and optimizer). Results go to ``<output-dir>/<name>.json``, ``.md`` and ``.png``. Targets are judged only where
+they apply (else "n/a"); the command exits 1 when a judged target fails, 2 on bad options.
 
     trl-padfree bench                                   # CPU defaults (a few minutes on 2 cores)
     python scripts/bench.py --datasets flan --steps 20

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import Any, NoReturn
 
 from .config import _DTYPES, MODEL_PRESETS, SCHEDULES, VARIANTS, BenchConfig, _fmt_params
 from .data import DATASETS
 from .plot import plot
-from .report import evaluate_targets, to_markdown, write_outputs
+from .report import evaluate_targets, failed_targets, to_markdown, write_outputs
 from .runner import run_benchmark
 from .worker import _worker_main
 
@@ -19,34 +21,50 @@ def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The package docstring as written, and every option's default."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """Bad input: one line on stderr (what is wrong and the fix), exit 2; no usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .. import bench  # the package docstring is the help text
 
-    p = argparse.ArgumentParser(
-        prog="trl-padfree bench", description=bench.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(prog="trl-padfree bench", description=bench.__doc__, formatter_class=_HelpFormatter)
     d = BenchConfig()
-    p.add_argument("--datasets", type=_csv, default=d.datasets, help=f"comma list of {', '.join(DATASETS)}")
-    p.add_argument("--variants", type=_csv, default=d.variants,
+    p.add_argument("--datasets", type=_csv, default=",".join(d.datasets), help=f"comma list of {', '.join(DATASETS)}")
+    p.add_argument("--variants", type=_csv, default=",".join(d.variants),
                    help=f"comma list of {', '.join(VARIANTS)} (packed-fa2 is skipped without CUDA + flash-attn)")
     p.add_argument("--model-size", choices=list(MODEL_PRESETS), default="tiny",
                    help="model preset; --layers/--hidden/... override single values")
     for flag in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab-size"):
-        p.add_argument(f"--{flag}", type=int, default=None)
+        p.add_argument(f"--{flag}", type=int, default=None, help="override the preset's value")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per optimizer step")
     p.add_argument("--steps", type=int, default=d.steps, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=d.warmup, help="optimizer steps trained before timing starts")
-    p.add_argument("--eval-batches", type=int, default=d.eval_batches)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--eval-batches", type=int, default=d.eval_batches, help="eval mini-batches (after training)")
+    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (constant)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the data and of the initial weights")
     p.add_argument("--dtype", choices=_DTYPES, default=d.dtype, help="model/optimizer dtype")
     p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
-    p.add_argument("--min-length", type=int, default=d.min_length)
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (0: torch's default)")
+    p.add_argument("--min-length", type=int, default=d.min_length, help="examples are at least this long")
     p.add_argument("--max-length", type=int, default=d.max_length, help="examples are clipped to this length")
     p.add_argument("--length-scale", type=float, default=d.length_scale,
                    help="multiply the datasets' lengths (e.g. 0.1 for a quick smoke run)")
-    p.add_argument("--prompt-fraction", type=float, default=d.prompt_fraction)
-    p.add_argument("--repeats", type=int, default=1, help="interleaved runs per variant; tokens/s is the median")
+    p.add_argument("--prompt-fraction", type=float, default=d.prompt_fraction,
+                   help="share of an example before the response template (not trained)")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="token budget per mini-batch of the token-budget variant (default: the mean real tokens of "
+                   "the fixed mini-batches)")
+    p.add_argument("--repeats", type=int, default=d.repeats,
+                   help="interleaved runs per variant; tokens/s is the median")
     p.add_argument("--loss-rtol", type=float, default=None,
                    help="tolerance of the loss-equality target (default 1e-5 in float32, 1e-2 otherwise)")
     p.add_argument("--schedule", choices=SCHEDULES, default=d.schedule,
@@ -55,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "each holding its model. sequential: one worker after the other")
     p.add_argument("--in-process", action="store_true",
                    help="run variants in this process (faster start; CPU peak memory is then less exact)")
-    p.add_argument("--output-dir", type=Path, default=Path("bench-results"))
+    p.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where the reports are written")
     p.add_argument("--name", default=None, help="output file stem (default: the device type, e.g. cpu)")
     p.add_argument("--replot", type=Path, metavar="REPORT_JSON",
                    help="only rewrite the Markdown and PNG next to an existing report JSON (no training)")
@@ -63,6 +81,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-output", help=argparse.SUPPRESS)
     p.add_argument("--interactive", action="store_true", help=argparse.SUPPRESS)
     return p
+
+
+def _unwritable_dir(path: Path) -> str | None:
+    """Why ``path`` cannot be (created as) a writable directory, or None. Creates nothing.
+
+    >>> import tempfile, pathlib
+    >>> with tempfile.NamedTemporaryFile() as f:
+    ...     print(_unwritable_dir(pathlib.Path(f.name)) == "it is a file, not a directory",
+    ...           _unwritable_dir(pathlib.Path(f.name) / "sub") == f"{f.name} is a file, not a directory")
+    True True
+    """
+    if path.exists():
+        if not path.is_dir():
+            return "it is a file, not a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else "it is not writable"
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, not a directory"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable, so it cannot be created"
+
+
+def _read_report(path: Path) -> dict[str, Any]:
+    """The report JSON at ``path``; ``ValueError`` with the reason when it is not one."""
+    if not path.is_file():
+        raise ValueError("no such file")
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+    missing = [key for key in ("config", "machine", "datasets") if not isinstance(report, dict) or key not in report]
+    if missing:
+        raise ValueError(f"not a trl-padfree bench report (no {', '.join(repr(k) for k in missing)})")
+    return report
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -78,7 +131,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         min_length=args.min_length, max_length=args.max_length, length_scale=args.length_scale,
         prompt_fraction=args.prompt_fraction, repeats=args.repeats, subprocess=not args.in_process,
         schedule=args.schedule,
-        loss_rtol=args.loss_rtol,
+        loss_rtol=args.loss_rtol, max_tokens=args.max_tokens,
     )
 
 
@@ -89,20 +142,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         return _worker_main(args.worker, args.worker_output, args.interactive)
     if args.replot:
-        if not args.replot.is_file():
-            parser.error(f"--replot {args.replot}: no such file; pass a JSON report written by trl-padfree bench")
-        report = json.loads(args.replot.read_text())
+        try:
+            report = _read_report(args.replot)
+        except ValueError as exc:
+            parser.error(f"--replot {args.replot}: {exc}; pass a JSON report written by trl-padfree bench")
         report["targets"] = evaluate_targets(report)  # derived from the measurements: re-checked with this code
         args.replot.write_text(json.dumps(report, indent=1) + "\n")
         args.replot.with_suffix(".md").write_text(to_markdown(report))
         plot(report, args.replot.with_suffix(".png"))
         print(f"Wrote {args.replot.with_suffix('.md')}, {args.replot.with_suffix('.png')}")
-        return 0
+        return _verdict(report)
     config = config_from_args(args)
     try:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
+    reason = _unwritable_dir(args.output_dir)
+    if reason:
+        parser.error(f"--output-dir {args.output_dir}: {reason}; pass a directory that can be written")
     if config.device.startswith("cuda"):
         import torch
 
@@ -115,4 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_outputs(report, args.output_dir, args.name or config.device.split(":")[0])
     print("\n" + to_markdown(report))
     print("Wrote " + ", ".join(str(p) for p in paths.values()))
-    return 0
+    return _verdict(report)
+
+
+def _verdict(report: dict[str, Any]) -> int:
+    """0 when no judged target failed, else 1 (after saying which, on stderr)."""
+    failed = failed_targets(report)
+    for target in failed:
+        print(f"trl-padfree bench: target failed: {target['target']}: {target['shown']}", file=sys.stderr)
+    return 1 if failed else 0

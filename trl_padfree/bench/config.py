@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,12 +12,23 @@ from .data import DATASETS, FIRST_CONTENT_ID, TEMPLATE_IDS
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of training: batch layout and attention implementation."""
+    """One way of training: batch layout, attention implementation, training loop, collator and batching.
+
+    ``attn_implementation=None``: the model's own default (what transformers picks, sdpa for Llama).
+    ``runner``: ``"loop"`` (this benchmark's loop: collate, ``model(**batch).loss``, backward, AdamW step) or
+    ``"sft-trainer"`` (``trl.SFTTrainer`` on prompt/completion records: its dataset preparation, dataloader,
+    loss, logging every step). ``collator``: ``"trl-padfree"`` (this project's) or ``"trl"`` (TRL's own, chosen by
+    ``SFTConfig(padding_free=True)``). ``batching``: ``"fixed"`` (``batch_size`` examples per step) or
+    ``"token-budget"`` (whole examples up to a token budget per step; a different number of steps).
+    """
 
     name: str
     padding_free: bool
-    attn_implementation: str
+    attn_implementation: str | None
     label: str
+    runner: str = "loop"
+    collator: str = "trl-padfree"
+    batching: str = "fixed"
 
 
 VARIANTS: dict[str, Variant] = {
@@ -26,6 +38,11 @@ VARIANTS: dict[str, Variant] = {
         Variant("packed-sdpa", True, "sdpa", "padding-free + transformers sdpa (block mask)"),
         Variant("packed-padfree", True, "padfree", 'padding-free + "padfree"'),
         Variant("packed-fa2", True, "flash_attention_2", "padding-free + flash_attention_2"),
+        Variant("trl-native", True, None, "trl.SFTTrainer, SFTConfig(padding_free=True), TRL's collator, "
+                "the model's default attention", runner="sft-trainer", collator="trl"),
+        Variant("sft-padfree", True, "padfree", 'trl.SFTTrainer, this collator, "padfree"', runner="sft-trainer"),
+        Variant("token-budget", True, "padfree", 'padding-free + "padfree", token-budget mini-batches',
+                batching="token-budget"),
     )
 }
 BASELINE = "padded-sdpa"
@@ -39,6 +56,11 @@ def variant_unavailable(name: str, device: str) -> str | None:
     >>> variant_unavailable("packed-padfree", "cpu") is None
     True
     """
+    if VARIANTS[name].batching == "token-budget":
+        try:
+            from ..batching import TokenBudgetBatchSampler  # noqa: F401
+        except ImportError as exc:
+            return f"trl_padfree.batching.TokenBudgetBatchSampler does not import here ({exc})"
     if VARIANTS[name].attn_implementation != "flash_attention_2":
         return None
     if not device.startswith("cuda"):
@@ -88,6 +110,17 @@ class BenchConfig:
     subprocess: bool = True
     schedule: str = "interleaved"
     loss_rtol: float | None = None
+    max_tokens: int | None = None
+
+    def token_budget(self, dataset: str) -> int:
+        """Real tokens per mini-batch of the token-budget variant: ``max_tokens``, or by default the mean real
+        tokens of this run's fixed mini-batches (warm-up included), rounded, so both cover the same examples with
+        batches of the same mean size."""
+        if self.max_tokens is not None:
+            return self.max_tokens
+        from .data import length_stats
+
+        return round(length_stats(self, dataset)["mean_batch_tokens"])
 
     @property
     def effective_loss_rtol(self) -> float:
@@ -114,6 +147,13 @@ class BenchConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
         if self.warmup < 0:
             raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.threads < 0:
+            raise ValueError(f"--threads must be >= 0 (0: torch's default), got {self.threads}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ValueError(f"--lr must be a finite number > 0, got {self.lr}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"--max-tokens must be >= 1 (or left out for the fixed batches' mean), got "
+                             f"{self.max_tokens}")
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise ValueError(
                 f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads}) and --heads by --kv-heads "

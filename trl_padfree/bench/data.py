@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import zlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +37,11 @@ class LengthDistribution:
     kind: str
     center: float
     spread: float
+
+    @property
+    def short(self) -> str:
+        """The label without the distribution's parameters, e.g. ``"FLAN-like"``."""
+        return self.label.split(" (")[0]
 
     def sample(
         self, rng: np.random.Generator, n: int, *, min_length: int, max_length: int, scale: float = 1.0
@@ -103,7 +108,8 @@ def make_examples(
 def length_stats(config: BenchConfig, dataset: str) -> dict[str, float]:
     """Length statistics of the train examples, and the padding ratio of their padded mini-batches.
 
-    ``padding_ratio`` is padded tokens per real token over the timed steps (what padding costs in token slots).
+    ``padding_ratio`` is padded tokens per real token over the timed steps (what padding costs in token slots);
+    ``mean_batch_tokens`` the mean real tokens of a fixed mini-batch, warm-up included.
     """
     n_train = config.warmup + config.steps
     examples = make_examples(dataset, n_train * config.batch_size, vocab_size=config.vocab_size, seed=config.seed,
@@ -117,5 +123,19 @@ def length_stats(config: BenchConfig, dataset: str) -> dict[str, float]:
         "std": float(lengths.std()),
         "max": int(lengths.max()),
         "real_tokens_per_step": float(timed.sum(axis=1).mean()),
+        "mean_batch_tokens": float(lengths.sum() / n_train),
         "padding_ratio": float(timed.max(axis=1).sum() * config.batch_size / timed.sum()),
     }
+
+
+def dataset_title(name: str, entry: dict[str, Any], length_scale: float = 1.0) -> str:
+    """The dataset's name with this run's own example lengths (not the distribution's nominal ones).
+
+    >>> dataset_title("flan", {"length_stats": {"median": 51.0, "mean": 70.4, "max": 205}}, 0.1)
+    'FLAN-like: median 51, mean 70, max 205 tokens per example (lognormal lengths x 0.1)'
+    """
+    s = entry["length_stats"]
+    dist = DATASETS.get(name)
+    short = dist.short if dist else entry.get("label", name)
+    kind = f" ({dist.kind} lengths" + (f" x {length_scale:g})" if length_scale != 1.0 else ")") if dist else ""
+    return f"{short}: median {s['median']:.0f}, mean {s['mean']:.0f}, max {s['max']} tokens per example{kind}"

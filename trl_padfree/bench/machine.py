@@ -20,6 +20,15 @@ def _load_average() -> list[float] | None:
         return None
 
 
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
 def machine_info(device: str, threads: int = 0) -> dict[str, Any]:
     """CPU/GPU name, core count, torch threads (``threads`` if set, else torch's default) and library versions."""
     import torch
@@ -41,6 +50,7 @@ def machine_info(device: str, threads: int = 0) -> dict[str, Any]:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
+        "trl": _version("trl"),
         "trl_padfree": __version__,
         "gpu": None,
         "load_average_start": _load_average(),

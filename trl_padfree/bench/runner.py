@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import BenchConfig, variant_unavailable
+from .config import VARIANTS, BenchConfig, variant_unavailable
 from .data import DATASETS, length_stats
 from .machine import _load_average, _project_root, machine_info
 from .report import PAPER, _max_rel_diff, compare, evaluate_targets
@@ -99,17 +99,19 @@ def _run_interleaved(config: BenchConfig, dataset: str, variants: list[str]) -> 
     """All variants in their own worker processes, trained in lockstep: step i of every variant, then step i+1.
 
     Only one worker computes at a time; the others wait on their stdin. Drift of a shared machine's load then
-    hits every variant alike, step by step. The order of the variants rotates from step to step.
+    hits every variant alike, step by step. The order of the variants rotates from step to step. A variant with
+    fewer steps (token-budget batching can change the count) stops early; one with more runs on alone.
     """
     with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-") as tmp:
         workers = [_Worker(tmp, config, dataset, name) for name in variants]
         try:
-            for worker in workers:
-                worker.request(None)  # ready: data, model and optimizer built
-            for step in range(config.warmup + config.steps):
-                shift = step % len(workers)
-                for worker in workers[shift:] + workers[:shift]:
-                    worker.request("step")
+            # ready: data, model and optimizer built; each worker says how many steps it will train
+            order = [(worker, int(worker.request(None)["steps"])) for worker in workers]
+            for step in range(max(n for _, n in order)):
+                shift = step % len(order)
+                for worker, n in order[shift:] + order[:shift]:
+                    if step < n:
+                        worker.request("step")
             return {name: worker.result() for name, worker in zip(variants, workers, strict=True)}
         finally:
             for worker in workers:
@@ -155,7 +157,9 @@ def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
     }
     for dataset in config.datasets:
         stats = length_stats(config, dataset)
-        log(f"\n{DATASETS[dataset].label}: mean length {stats['mean']:.0f}, median {stats['median']:.0f}, "
+        if any(VARIANTS[name].batching == "token-budget" for name in config.variants):
+            stats["token_budget"] = config.token_budget(dataset)
+        log(f"\n{DATASETS[dataset].short}: mean length {stats['mean']:.0f}, median {stats['median']:.0f}, "
             f"{stats['real_tokens_per_step']:.0f} real tokens per step, padding ratio {stats['padding_ratio']:.2f}")
         variants: dict[str, dict[str, Any]] = {}
         runnable = []
@@ -181,12 +185,13 @@ def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
                 cpu_note = "" if per_cpu is None else f" ({per_cpu:,.0f} per CPU-s)"
                 rep = f" (run {repeat + 1}/{config.repeats})" if config.repeats > 1 else ""
                 log(f"  {name:<15} {result['tokens_per_second']:>9,.0f} real tok/s{cpu_note}, peak "
-                    f"{result['peak_memory_mb']:,.0f} MB, final loss {result['train_loss'][-1]:.6f}, eval "
-                    f"{result['eval_loss']:.6f}, {result['optimizer_steps']} steps{rep}")
+                    f"{result['peak_memory_mb']:,.0f} MB, {result['median_step_seconds'] * 1000:,.1f} ms/step, "
+                    f"final loss {result['train_loss'][-1]:.6f}, eval {result['eval_loss']:.6f}, "
+                    f"{result['optimizer_steps']} steps{rep}")
             log(f"  [{wall:.0f} s, {'in-process' if not config.subprocess else config.schedule}]")
         ordered = {name: variants[name] for name in config.variants}
         report["datasets"][dataset] = {
-            "label": DATASETS[dataset].label,
+            "label": DATASETS[dataset].label,  # the distribution; titles use the run's own length_stats
             "length_stats": stats,
             "variants": ordered,
             "comparison": compare(ordered),
