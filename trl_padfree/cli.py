@@ -1,4 +1,4 @@
-"""The ``trl-padfree`` command: ``train``, ``check`` and ``bench`` sub-commands.
+"""The ``trl-padfree`` command: ``train``, ``preview``, ``check`` and ``bench`` sub-commands.
 
 Each sub-command lives in its own module and exposes ``main(argv: list[str]) -> int``; this module only
 dispatches, so ``trl-padfree --help`` stays fast (no torch import).
@@ -11,6 +11,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trl_padfree.launch", "fine-tune a model from a YAML config (SFTTrainer + this collator)"),
+    "preview": ("trl_padfree.launch.preview", "show the first examples of a config's data, trained tokens marked"),
     "check": ("trl_padfree.check", "probe whether a model keeps packed examples apart"),
     "bench": ("trl_padfree.bench", "padded vs padding-free benchmark (throughput, memory, loss)"),
 }
@@ -18,7 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def _usage() -> str:
     lines = ["usage: trl-padfree {" + ",".join(SUBCOMMANDS) + "} [options]", "", "sub-commands:"]
-    lines += [f"  {name:<7} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines.append("\nRun `trl-padfree SUBCOMMAND --help` for the options of one sub-command.")
     return "\n".join(lines)
 

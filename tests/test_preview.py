@@ -1,0 +1,79 @@
+"""``trl-padfree preview``: the demo config's first examples exactly as the trainer sees them, and bad input."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trl_padfree import cli
+from trl_padfree.launch.preview import marked_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+EXPECTED = """\
+--- example 0 (71 tokens, 29 trained) ---
+### Question: Write the words in capital letters: blue green pink pear bird red red red pear hat box cat green dog \
+pink red hat bird green box green green blue cow green pig hat pear
+### Answer:[[ BLUE GREEN PINK PEAR BIRD RED RED RED PEAR HAT BOX CAT GREEN DOG PINK RED HAT BIRD GREEN BOX GREEN \
+GREEN BLUE COW GREEN PIG HAT PEAR<|eos|>]]
+--- example 1 (67 tokens, 54 trained) ---
+### Question: Count from 4 to 56.
+### Answer:[[ 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35 36 37 38 39 \
+40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56<|eos|>]]
+---
+trained tokens: 291 of 549 (53.0%) in 8 training examples (format: template)
+examples without a trained token (dropped before training): 0 of 8
+examples without the response template among the first 8: 0
+"""
+
+
+@pytest.fixture
+def in_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the demo config names its files relative to the repository root
+
+
+def test_preview_of_the_demo_config_is_exact(in_root, capsys, tmp_path):
+    argv = ["preview", "--config", "configs/demo.yaml", "-n", "2", "--max_train_examples", "8",
+            "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.out == EXPECTED
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
+def test_preview_counts_examples_without_the_template(in_root, capsys, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "### Question: a\\n### Answer: b"}\n{"text": "no template here"}\n', encoding="utf-8")
+    assert cli.main(["preview", "--config", "configs/demo.yaml", "--train_file", str(data), "--template", "",
+                     "--eval_file", "", "--eval_strategy", "no", "-n", "1"]) == 0  # fmt: skip
+    out = capsys.readouterr().out.splitlines()
+    assert out[1:3] == ["### Question: a", "### Answer:[[ b<|eos|>]]"]
+    assert out[-2:] == [
+        "examples without a trained token (dropped before training): 1 of 2",
+        "examples without the response template among the first 2: 1",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--response_templat", "x"], "unknown option '--response_templat' on the command line; did you mean "
+         "'response_template'?"),
+        (["-n", "0"], "-n must be at least 1, got 0"),
+        (["--response_template", "### Reply:"], "response_template '### Reply:' was found in none of the first 8"),
+    ],
+)  # fmt: skip
+def test_preview_bad_input_exits_2_with_one_line(in_root, capsys, tmp_path, extra, message):
+    argv = ["preview", "--config", "configs/demo.yaml", "--max_train_examples", "8", "--output_dir",
+            str(tmp_path / "out"), *extra]  # fmt: skip
+    assert cli.main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("trl-padfree preview: error: " + message)
+    assert captured.err.count("\n") == 1 and captured.out == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_colour_marks_trained_and_masked_runs():
+    text = marked_text(b"Q: hi A: yes", [0, 2, 5, 8, 12], [-100, -100, -100, 7], color=True)
+    assert text == "\033[2mQ: hi A:\033[0m\033[1;32m yes\033[0m"
