@@ -1,0 +1,30 @@
+"""The scripts in ``examples/`` run as a user runs them (their own process, the demo assets, a few steps)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_sft_padfree_example_trains_and_saves(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "sft_padfree.py"), "--max_steps", "3", "--output_dir", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert [line for line in lines if "packing probe" in line] == [
+        next(line for line in lines if line.startswith("[trl-padfree] packing probe: llama with 'padfree' keeps"))
+    ]
+    assert re.fullmatch(rf"train loss \d+\.\d{{3}} over 3 steps; saved to {re.escape(str(out))}", lines[-1])
+    assert "Warning" not in proc.stderr  # no UserWarning / FutureWarning from the settings the example uses
+    assert json.loads((out / "config.json").read_text())["use_cache"] is True
+    assert (out / "model.safetensors").is_file()
