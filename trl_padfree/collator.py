@@ -23,6 +23,14 @@ Example:
     ([0, 1, 2, 3], [0, 11, 25], 14)
     >>> sorted(k for k in batch)
     ['cu_seq_lens_k', 'cu_seq_lens_q', 'input_ids', 'labels', 'max_length_k', 'max_length_q', 'position_ids', 'seq_idx', 'use_cache']
+
+Bare token ids are examples too (lists, tuples, 1-D integer tensors or arrays), and labels a dataset brings are kept;
+``pad_to_multiple_of`` pads the flat row with a segment of its own (see :mod:`trl_padfree.inputs`, docs/collator.md):
+
+    >>> plain = DataCollatorForCompletionOnlyLM(None, padding_free=True, pad_to_multiple_of=4)
+    >>> batch = plain([[1, 2, 3], {"input_ids": [4, 5], "labels": [-100, 9]}])
+    >>> batch["labels"].tolist(), batch["position_ids"].tolist(), batch["cu_seq_lens_q"].tolist()
+    ([[-100, 2, 3, -100, 9, -100, -100, -100]], [[0, 1, 2, 0, 1, 0, 1, 2]], [0, 3, 5, 8])
 """
 
 from __future__ import annotations
@@ -182,7 +190,7 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
                 cu,
                 seq_idx,
                 pad_to_multiple_of=self.pad_to_multiple_of,
-                pad_id=self._pad_id(),
+                pad_id=self._pad_id() if self.pad_to_multiple_of else 0,
                 ignore_index=self.ignore_index,
             )
             if self.disable_cache:

@@ -146,7 +146,7 @@ def _unpack(features: Sequence[Any]) -> tuple[list[Any], list[Any] | None, list[
     labels: list[Any] = []
     seq_lengths: list[Any] = []
     for i, f in enumerate(features):
-        if isinstance(f, Mapping):
+        if type(f) is dict or isinstance(f, Mapping):
             try:
                 ids.append(f["input_ids"])
             except KeyError:
