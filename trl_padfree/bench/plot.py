@@ -44,6 +44,8 @@ def make_figure(report: dict[str, Any]):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
+    from .report import _step_medians  # (report imports this module)
+
     c, m = report["config"], report["machine"]
     datasets = list(report["datasets"].items())
     fig, axes = plt.subplots(len(datasets), 4, figsize=(20, 4.2 * len(datasets)), squeeze=False)
@@ -57,9 +59,10 @@ def make_figure(report: dict[str, Any]):
         _ratio_labels(ax_tps, bars, [cmp.get(n, {}).get("throughput_ratio") for n in names])
         ax_tps.set_title(f"{dataset_title(name, entry, c.get('length_scale', 1.0))}\n"
                          "real tokens/s (higher is better)", fontsize=9)
-        if all("median_step_seconds" in ran[n] for n in names):
-            total = [ran[n]["median_step_seconds"] * 1000 for n in names]
-            rest = [ran[n]["median_overhead_seconds"] * 1000 for n in names]
+        medians = [_step_medians(ran[n]) for n in names]
+        if names and all(step is not None and rest is not None for step, rest in medians):
+            total = [step * 1000 for step, _ in medians]
+            rest = [rest * 1000 for _, rest in medians]
             ax_time.bar(names, [t - r for t, r in zip(total, rest, strict=True)], color=colors,
                         label="forward + backward + optimizer")
             ax_time.bar(names, rest, bottom=[t - r for t, r in zip(total, rest, strict=True)], color=colors,
