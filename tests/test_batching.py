@@ -129,3 +129,84 @@ def test_bad_arguments_say_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError) as excinfo:
         TokenBudgetBatchSampler(**kwargs)
     assert message in str(excinfo.value)
+
+
+# ---------------------------------------------------------------------------------------------- through the Trainer
+def test_accelerate_sharding_is_a_pass_through_and_set_epoch_reaches_the_sampler_after_a_skip():
+    """What the Trainer does on rank 1 of 2 when resuming mid-epoch: accelerate wraps the loader's batch sampler
+    (BatchSamplerShard), then skip_first_batches wraps it again, then set_epoch is called on the wrapper."""
+    from accelerate.data_loader import prepare_data_loader, skip_first_batches
+
+    from trl_padfree.trainer import keep_rank_batches
+
+    lengths = flan_like_lengths(90)
+    sampler = TokenBudgetBatchSampler(lengths, 900, seed=2, num_replicas=2, rank=1)
+    loader = prepare_data_loader(DataLoader(list(range(90)), batch_sampler=sampler, collate_fn=list),
+                                 num_processes=2, process_index=1, put_on_device=False)
+    assert list(loader) != list(sampler)  # accelerate re-shards the rank's batches: half of them are lost
+    keep_rank_batches(loader, sampler)
+    assert list(loader) == list(sampler)
+    sampler.set_epoch(1)
+    epoch1 = list(sampler)
+    sampler.set_epoch(0)
+    resumed = skip_first_batches(loader, 2)
+    wrapper = resumed.batch_sampler.batch_sampler  # the Trainer's `underlying_sampler`
+    wrapper.set_epoch(1)
+    assert list(resumed) == epoch1[2:]
+
+
+def test_trainer_token_budget_batches_and_exact_loss_normalisation(tmp_path):
+    """One optimizer step over 2 token-budget micro-batches (SGD) moves the weights by exactly lr x the gradient of
+    the token-mean loss over all the step's examples, whatever their split into micro-batches."""
+    import torch
+    from tiny_sft import make_trainer, tokenized_dataset, tokenizer, weights
+
+    tok = tokenizer()
+    data = tokenized_dataset(tok, 40)
+    budget, lr = 160, 0.5
+    trainer = make_trainer(True, data, tok, str(tmp_path / "run"), max_tokens_per_batch=budget,
+                           gradient_accumulation_steps=2, max_steps=1, optim="sgd", learning_rate=lr,
+                           max_grad_norm=0.0)
+    start = weights(trainer)
+    trainer.train()
+    sampler = trainer.token_budget_sampler
+    first, second = sampler.global_batches(0)[:2]
+    assert [len(b) for b in trainer.batch_ids] == [len(first), len(second)] and len(first) > 1
+    assert trainer.batch_ids == [[data[i]["input_ids"] for i in batch] for batch in (first, second)]
+    assert all(sum(len(ids) for ids in b) <= budget for b in trainer.batch_ids)
+    assert trainer.num_items == [sum(trainer.trained_tokens)] * 2  # both micro-batches' trained tokens
+
+    # by hand: one flattened batch of all the step's examples, token-mean loss, one SGD step
+    reference = make_trainer(True, data, tok, str(tmp_path / "ref"))
+    model = reference.model
+    batch = reference.data_collator([{"input_ids": data[i]["input_ids"]} for i in first + second])
+    labels = batch.pop("labels")
+    logits = model(**batch).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits[0, :-1], labels[0, 1:], ignore_index=-100, reduction="mean")
+    loss.backward()
+    expected = {name: start[name] - lr * p.grad for name, p in model.named_parameters()}
+    trained = weights(trainer)
+    for name, value in expected.items():
+        torch.testing.assert_close(trained[name], value, rtol=1e-5, atol=1e-7, msg=name)
+    assert trainer.state.log_history[0]["loss"] == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_trainer_resume_from_a_checkpoint_gives_the_same_batches(tmp_path):
+    """An uninterrupted run over 2 epochs vs a run resumed from the checkpoint saved after the first batch of
+    epoch 1: the resumed run trains exactly the batches (and losses) the uninterrupted one trained after it."""
+    from tiny_sft import losses, make_trainer, tokenized_dataset, tokenizer
+
+    tok = tokenizer()
+    data = tokenized_dataset(tok, 24)
+    config = dict(max_tokens_per_batch=200, max_steps=-1, num_train_epochs=2, save_strategy="steps")
+    full = make_trainer(True, data, tok, str(tmp_path / "full"), save_steps=1000, **config)
+    per_epoch = len(full.get_train_dataloader())
+    assert per_epoch >= 3
+    full.args.save_steps = per_epoch + 1  # a checkpoint after the first batch of epoch 1
+    full.train()
+    batches = full.batch_ids
+    assert len(batches) == 2 * per_epoch and batches[:per_epoch] != batches[per_epoch:]  # reshuffled
+    resumed = make_trainer(True, data, tok, str(tmp_path / "full"), save_steps=1000, **config)
+    resumed.train(resume_from_checkpoint=str(tmp_path / "full" / f"checkpoint-{per_epoch + 1}"))
+    assert resumed.batch_ids == batches[per_epoch + 1 :]
+    assert losses(resumed)[per_epoch + 1 :] == pytest.approx(losses(full)[per_epoch + 1 :], rel=1e-5)

@@ -8,17 +8,22 @@ what the stock trainers cannot know about it:
 - :class:`PackingCheckCallback`: runs :func:`trl_padfree.probe.assert_packing_safe` once before training, so a
   model whose attention lets packed examples see each other stops the run instead of silently training worse;
 - :class:`SFTTrainer`: ``trl.SFTTrainer`` with both wired in whenever its collator is this package's padding-free
-  collator. A drop-in replacement: ``from trl_padfree import SFTTrainer``.
+  collator. A drop-in replacement: ``from trl_padfree import SFTTrainer``. With ``max_tokens_per_batch=N`` it
+  trains on token-budget mini-batches (:class:`~trl_padfree.batching.TokenBudgetBatchSampler`) instead of
+  ``per_device_train_batch_size`` examples; :func:`token_budget_dataloader` does the same for any ``Trainer``.
 """
 
 from __future__ import annotations
 
 import inspect
+from functools import partial
 from typing import Any
 
+import torch
 import trl
 from transformers import TrainerCallback
 
+from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
 
 
@@ -68,20 +73,109 @@ def probe_passed_line(report: Any) -> str:
             f"examples apart (max logit diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
 
 
+def example_lengths(dataset: Any, column: str = "input_ids") -> list[int]:
+    """The token count of every example of a tokenized dataset (its ``input_ids`` lengths), by index."""
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            "max_tokens_per_batch needs a training dataset with a length (a datasets.Dataset or a map-style "
+            "torch Dataset), not an iterable/streaming one: drop max_tokens_per_batch or load the data in memory"
+        )
+    column_names = getattr(dataset, "column_names", None)
+    if column_names is not None:
+        if column not in column_names:
+            raise ValueError(f"max_tokens_per_batch needs a tokenized dataset with a {column!r} column; it has "
+                             f"{column_names}")
+        return [len(ids) for ids in dataset[column]]
+    return [len(dataset[i][column]) for i in range(len(dataset))]
+
+
+def token_budget_dataloader(trainer: Any, max_tokens: int) -> Any:
+    """The training ``DataLoader`` of ``trainer`` with token-budget mini-batches, prepared by its accelerator.
+
+    Every rank builds its own :class:`~trl_padfree.batching.TokenBudgetBatchSampler` (seeded by ``data_seed``,
+    else ``seed``); accelerate's per-process sharding is made a pass-through, since the sampler already deals the
+    batches out to the ranks. Epochs have a constant number of batches, so the Trainer's step arithmetic, the
+    skipped batches of a resumed epoch and gradient accumulation (``num_items_in_batch`` counts the trained tokens
+    of all the accumulated batches) stay exact.
+    """
+    from transformers.trainer_utils import seed_worker
+
+    args = trainer.args
+    dataset = trainer.train_dataset
+    sampler = TokenBudgetBatchSampler(
+        example_lengths(dataset),
+        max_tokens,
+        shuffle=True,
+        seed=args.data_seed if args.data_seed is not None else args.seed,
+        num_replicas=trainer.accelerator.num_processes,
+        rank=trainer.accelerator.process_index,
+        drop_last=args.dataloader_drop_last,
+    )
+    collator = trainer.data_collator
+    if hasattr(dataset, "column_names"):
+        dataset = trainer._remove_unused_columns(dataset, description="Training")
+    else:
+        collator = trainer._get_collator_with_removed_columns(collator, description="Training")
+    params: dict[str, Any] = {
+        "batch_sampler": sampler,
+        "collate_fn": collator,
+        "num_workers": args.dataloader_num_workers,
+        "pin_memory": args.dataloader_pin_memory,
+        "persistent_workers": args.dataloader_persistent_workers,
+        "worker_init_fn": partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index),
+    }
+    if args.dataloader_num_workers > 0:
+        params["prefetch_factor"] = args.dataloader_prefetch_factor
+    loader = trainer.accelerator.prepare(torch.utils.data.DataLoader(dataset, **params))
+    keep_rank_batches(loader, sampler)
+    trainer.token_budget_sampler = sampler
+    return loader
+
+
+def keep_rank_batches(loader: Any, sampler: TokenBudgetBatchSampler) -> None:
+    """Make accelerate's per-process ``BatchSamplerShard`` around ``sampler`` (if any) a pass-through.
+
+    ``sampler`` already yields only this rank's batches; sharding them again would drop batches. The wrapper also
+    forwards ``set_epoch``: once accelerate's ``skip_first_batches`` (resuming mid-epoch) wraps it again, the
+    Trainer's ``set_epoch`` reaches the wrapper, not the sampler.
+    """
+    shard = getattr(loader, "batch_sampler", None)
+    if shard is not sampler and getattr(shard, "batch_sampler", None) is sampler:
+        shard.num_processes, shard.process_index = 1, 0
+        shard.set_epoch = sampler.set_epoch
+
+
 class SFTTrainer(trl.SFTTrainer):
     """``trl.SFTTrainer`` that validates its settings for this collator and probes the model before training.
 
     Everything else is TRL's. Pass ``check_packing=False`` to skip the probe (e.g. for a model the probe cannot
-    run, such as one that needs extra inputs).
+    run, such as one that needs extra inputs). ``max_tokens_per_batch=N`` (opt-in) fills every training
+    mini-batch of a rank with as many whole examples as fit ``N`` real tokens (:func:`token_budget_dataloader`);
+    ``per_device_train_batch_size`` is then not used for training.
     """
 
-    def __init__(self, *args: Any, check_packing: bool = True, **kwargs: Any):
+    def __init__(
+        self, *args: Any, check_packing: bool = True, max_tokens_per_batch: int | None = None, **kwargs: Any
+    ):
+        if max_tokens_per_batch is not None and (
+            isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int)
+            or max_tokens_per_batch < 1
+        ):
+            raise ValueError(f"max_tokens_per_batch must be a positive integer (real tokens per mini-batch) or "
+                             f"None, got {max_tokens_per_batch!r}")
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.token_budget_sampler: TokenBudgetBatchSampler | None = None
         bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
         collator = bound.get("data_collator")
         check_trainer_args(bound.get("args"), collator)
         super().__init__(*args, **kwargs)
         if check_packing and is_padding_free_collator(collator):
             self.add_callback(PackingCheckCallback())
+
+    def get_train_dataloader(self) -> Any:
+        if self.max_tokens_per_batch is None:
+            return super().get_train_dataloader()
+        return token_budget_dataloader(self, self.max_tokens_per_batch)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train``; a run that fails (e.g. the packing probe stops it) closes its progress bar.

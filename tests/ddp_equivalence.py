@@ -1,0 +1,47 @@
+"""Test-only torchrun script for tests/test_trainer_equivalence.py: padded vs padding-free training on 2 DDP ranks
+with ``average_tokens_across_devices`` on and off (4 short runs in one process group). Writes, from rank 0,
+``results.json`` (losses, and per rank the micro-batches' examples, trained tokens and ``num_items_in_batch``)
+and the final weights of every run to the directory given as the only argument.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def run(out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    from tiny_sft import losses, make_trainer, tokenized_dataset, tokenizer, weights
+
+    tok = tokenizer()
+    data = tokenized_dataset(tok, 48)
+    results = {}
+    for average_tokens in (True, False):
+        for padding_free in (False, True):
+            key = f"padding_free={padding_free},average_tokens={average_tokens}"
+            trainer = make_trainer(padding_free, data, tok, str(out / key), per_device_train_batch_size=4,
+                                   gradient_accumulation_steps=2, max_steps=3,
+                                   average_tokens_across_devices=average_tokens)
+            trainer.train()
+            gathered = [None, None]
+            mine = {"batch_ids": trainer.batch_ids, "num_items": trainer.num_items,
+                    "trained_tokens": trainer.trained_tokens}
+            dist.all_gather_object(gathered, mine)
+            results[key] = {
+                "world_size": trainer.args.world_size,
+                "losses": losses(trainer),
+                **{name: {str(r): gathered[r][name] for r in range(2)} for name in mine},
+            }
+            if dist.get_rank() == 0:
+                torch.save(weights(trainer), out / f"{key}.pt")
+    if dist.get_rank() == 0:
+        (out / "results.json").write_text(json.dumps({"runs": results}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]))

@@ -1,0 +1,90 @@
+"""Padding-free trains the same model as padding, proven through the real ``SFTTrainer`` (CPU, fp32, AdamW):
+same per-step losses, same final weights, and the Trainer's loss normaliser ``num_items_in_batch`` counts the same
+trained tokens in both layouts: with gradient accumulation in one process, and with 2 DDP ranks (torchrun) with
+``average_tokens_across_devices`` on and off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_sft import losses, make_trainer, max_rel_diff, tokenized_dataset, tokenizer, weights
+
+ROOT = Path(__file__).resolve().parent.parent
+LOSS_RTOL, WEIGHT_RTOL = 1e-5, 1e-4
+
+
+def test_gradient_accumulation_padded_and_padding_free_train_the_same_model(tmp_path):
+    tok = tokenizer()
+    data = tokenized_dataset(tok, 48)
+    runs = {}
+    for padding_free in (False, True):
+        trainer = make_trainer(padding_free, data, tok, str(tmp_path / str(padding_free)),
+                               per_device_train_batch_size=4, gradient_accumulation_steps=4, max_steps=3)
+        trainer.train()
+        runs[padding_free] = trainer
+    padded, flat = runs[False], runs[True]
+    # the same examples in the same micro-batches, and the same trained-token count for the loss normaliser
+    assert flat.batch_ids == padded.batch_ids and len(flat.batch_ids) == 12
+    assert flat.trained_tokens == padded.trained_tokens
+    assert flat.num_items == padded.num_items
+    # num_items_in_batch = the trained tokens of the optimizer step's 4 micro-batches (the Trainer counts
+    # labels[..., 1:]: the collator's -100 on each example's first token makes that exact in the flat row too)
+    steps = [sum(flat.trained_tokens[i : i + 4]) for i in range(0, 12, 4)]
+    assert flat.num_items == [n for n in steps for _ in range(4)]
+    loss_padded, loss_flat = losses(padded), losses(flat)
+    assert len(loss_flat) == 3
+    rel = max(abs(a - b) / abs(b) for a, b in zip(loss_flat, loss_padded, strict=True))
+    w_rel = max_rel_diff(weights(flat), weights(padded))
+    print(f"grad-accum 4: max rel loss diff {rel:.2e}, max rel weight diff {w_rel:.2e}")
+    assert rel <= LOSS_RTOL, (loss_flat, loss_padded)
+    assert w_rel <= WEIGHT_RTOL
+    # and training did move the weights (the comparison is not between two untouched models)
+    untouched = make_trainer(False, data, tok, str(tmp_path / "init"))
+    assert max_rel_diff(weights(flat), weights(untouched)) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    out = tmp_path_factory.mktemp("ddp-equivalence")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "tests")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(ROOT / "tests" / "ddp_equivalence.py"), str(out)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    results = json.loads((out / "results.json").read_text())
+    results["weights"] = {key: torch.load(out / f"{key}.pt") for key in results["runs"]}
+    return results
+
+
+@pytest.mark.parametrize("average_tokens", [True, False])
+def test_two_ddp_ranks_padded_and_padding_free_train_the_same_model(ddp_results, average_tokens):
+    padded, flat = (ddp_results["runs"][f"padding_free={pf},average_tokens={average_tokens}"] for pf in (False, True))
+    assert flat["world_size"] == padded["world_size"] == 2
+    for rank in ("0", "1"):
+        assert flat["batch_ids"][rank] == padded["batch_ids"][rank]
+        assert flat["num_items"][rank] == padded["num_items"][rank]
+    # rank 0 and rank 1 trained different examples; with average_tokens_across_devices the normaliser is the
+    # trained tokens of both ranks' micro-batches of the step, else each rank's own
+    assert flat["batch_ids"]["0"] != flat["batch_ids"]["1"]
+    own = {r: flat["trained_tokens"][r] for r in ("0", "1")}
+    for i, n in enumerate(flat["num_items"]["0"]):
+        step = slice(i - i % 2, i - i % 2 + 2)  # 2 micro-batches per optimizer step
+        expected = sum(own["0"][step]) + (sum(own["1"][step]) if average_tokens else 0)
+        assert n == expected
+    rel = max(abs(a - b) / abs(b) for a, b in zip(flat["losses"], padded["losses"], strict=True))
+    w_rel = max_rel_diff(ddp_results["weights"][f"padding_free=True,average_tokens={average_tokens}"],
+                         ddp_results["weights"][f"padding_free=False,average_tokens={average_tokens}"])
+    print(f"DDP 2 ranks, average_tokens_across_devices={average_tokens}: max rel loss diff {rel:.2e}, "
+          f"max rel weight diff {w_rel:.2e}")
+    assert len(flat["losses"]) == 3
+    assert rel <= LOSS_RTOL, (flat["losses"], padded["losses"])
+    assert w_rel <= WEIGHT_RTOL
