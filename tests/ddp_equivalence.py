@@ -1,5 +1,5 @@
 """Test-only torchrun script for tests/test_trainer_equivalence.py: padded vs padding-free training on 2 DDP ranks
-with ``average_tokens_across_devices`` on and off (4 short runs in one process group). Writes, from rank 0,
+with ``average_tokens_across_devices`` on and off, and a token-budget run (5 short runs in one process group). Writes, from rank 0,
 ``results.json`` (losses, and per rank the micro-batches' examples, trained tokens and ``num_items_in_batch``)
 and the final weights of every run to the directory given as the only argument.
 """
@@ -37,8 +37,16 @@ def run(out: Path) -> None:
             }
             if dist.get_rank() == 0:
                 torch.save(weights(trainer), out / f"{key}.pt")
+    # token-budget batches (padding-free): every rank builds its own share of the same stream of batches
+    trainer = make_trainer(True, data, tok, str(out / "budget"), max_tokens_per_batch=150,
+                           gradient_accumulation_steps=2, max_steps=3)
+    trainer.train()
+    gathered = [None, None]
+    dist.all_gather_object(gathered, {"batch_ids": trainer.batch_ids, "num_items": trainer.num_items,
+                                      "trained_tokens": trainer.trained_tokens})
+    budget = {name: {str(r): gathered[r][name] for r in range(2)} for name in gathered[0]}
     if dist.get_rank() == 0:
-        (out / "results.json").write_text(json.dumps({"runs": results}))
+        (out / "results.json").write_text(json.dumps({"runs": results, "budget": budget}))
     dist.barrier()
     dist.destroy_process_group()
 

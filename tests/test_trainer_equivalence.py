@@ -88,3 +88,26 @@ def test_two_ddp_ranks_padded_and_padding_free_train_the_same_model(ddp_results,
     assert len(flat["losses"]) == 3
     assert rel <= LOSS_RTOL, (flat["losses"], padded["losses"])
     assert w_rel <= WEIGHT_RTOL
+
+
+def test_two_ddp_ranks_with_token_budget_batches(ddp_results):
+    """Through the Trainer on 2 ranks: each rank trains its own share of the sampler's batches (accelerate does
+    not re-shard them), the same number per step, and the loss normaliser counts both ranks' trained tokens."""
+    from trl_padfree import TokenBudgetBatchSampler
+
+    tok = tokenizer()
+    data = tokenized_dataset(tok, 48)
+    lengths = [len(ids) for ids in data["input_ids"]]
+    budget = ddp_results["budget"]
+    tokens = {}
+    for rank in (0, 1):
+        sampler = TokenBudgetBatchSampler(lengths, 150, seed=0, num_replicas=2, rank=rank)
+        expected = [[data[i]["input_ids"] for i in batch] for batch in list(sampler)[:6]]
+        assert budget["batch_ids"][str(rank)] == expected  # 3 steps x 2 micro-batches
+        tokens[rank] = [sum(len(ids) for ids in batch) for batch in expected]
+        assert all(n <= 150 for n in tokens[rank])
+    assert max(abs(a - b) for a, b in zip(tokens[0], tokens[1], strict=True)) < max(lengths)  # stated tolerance
+    trained = budget["trained_tokens"]
+    for i, n in enumerate(budget["num_items"]["0"]):
+        step = slice(i - i % 2, i - i % 2 + 2)
+        assert n == sum(trained["0"][step]) + sum(trained["1"][step])
