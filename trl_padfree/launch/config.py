@@ -123,6 +123,14 @@ class LaunchArguments:
             "train much faster with 1. Default: torch's own choice."
         },
     )
+    max_tokens_per_batch: int | None = field(
+        default=None,
+        metadata={
+            "help": "Token-budget batching (opt-in): each mini-batch of a rank holds as many whole examples as fit "
+            "this many real tokens (trl_padfree.TokenBudgetBatchSampler), instead of per_device_train_batch_size "
+            "examples. Default: fixed-size batches."
+        },
+    )
 
 
 @dataclass
