@@ -236,7 +236,9 @@ def read_examples(
             f"the collator takes a list of examples, got a dict of columns (keys {sorted(features)[:8]}), as a "
             "dataset slice ds[a:b] gives; pass a list of examples, e.g. [ds[i] for i in range(a, b)]."
         )
-    if not len(features):
+    if not isinstance(features, list | tuple):
+        features = list(features)  # any iterable of examples
+    if not features:
         raise ValueError("the collator received an empty list of examples")
     id_values, label_values, seq_lengths = _unpack(features)
     buf = array.array(_INT64)
