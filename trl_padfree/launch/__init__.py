@@ -7,7 +7,8 @@ The same entry point serves ``trl-padfree train``, ``python scripts/train.py`` a
 in one YAML file, overridable on the command line. See :mod:`.run` for the stages of a run.
 
 Exit codes: 0 done (or stopped cleanly by SIGTERM / Ctrl-C with a checkpoint saved), 2 bad input (one line on
-stderr, nothing written).
+stderr, nothing written), 1 failed. Under a multi-process launcher every rank ends the process group on every way
+out, and a rank that fails makes the others exit non-zero at once (:mod:`.distributed`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run ``trl-padfree train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
+    from .distributed import finish
     from .run import train
     from .validate import describe
 
@@ -63,7 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(cfg)
     except ConfigError as exc:
         print_error(str(exc))
-        return 2
+        return finish(2)
     except SystemExit as exc:  # --help
-        return exc.code if isinstance(exc.code, int) else 0
-    return 0
+        return finish(exc.code if isinstance(exc.code, int) else 0)
+    except BaseException as exc:  # noqa: BLE001  (re-raised where there is no process group)
+        return finish(1, exc)
+    return finish(0)  # every rank of a multi-process run leaves the process group, see launch.distributed

@@ -48,7 +48,16 @@ def train(cfg: LaunchConfig) -> RunResult:
 
 
 def _train(cfg: LaunchConfig) -> RunResult:
+    from .distributed import check_process_group
+
     training = cfg.training
+    check_process_group(training)  # before anything is written
+    if training.ddp_find_unused_parameters is None:
+        # transformers turns it on for every model without activation checkpointing (and every PEFT model): an
+        # extra autograd traversal per step and a warning. The models trained here (LoRA included) use every
+        # trainable parameter in each forward; a model that does not fails in DDP with torch's error naming the fix
+        # (set ddp_find_unused_parameters: true).
+        training.ddp_find_unused_parameters = False
     with quiet_progress():
         say(f"preparing data (tokenizer of {cfg.model.model_name_or_path})")
         with training.main_process_first(desc="loading the tokenizer"):
@@ -80,6 +89,7 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any) -> RunResult:
     from trl import get_peft_config
 
     from .callbacks import GracefulStop
+    from .distributed import describe_distribution
     from .trainer import PadfreeSFTTrainer
 
     training = cfg.training
@@ -94,6 +104,7 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any) -> RunResult:
         processing_class=tokenizer,
         peft_config=get_peft_config(cfg.model),
         callbacks=[stop],
+        max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
     )
     with stop:
         output = trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)
@@ -126,7 +137,8 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any) -> RunResult:
     )
     if trainer.is_world_process_zero():
         write_summary(result, training.output_dir, padding_free=cfg.padding_free,
-                      attn_implementation=cfg.attn_implementation)
+                      attn_implementation=cfg.attn_implementation, **describe_distribution(training),
+                      max_tokens_per_batch=cfg.launch.max_tokens_per_batch)
         for line in summary_lines(result, cfg.padding_free):
             say(line)
     if hasattr(trainer, "end"):
