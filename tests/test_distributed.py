@@ -1,0 +1,120 @@
+"""Two real ranks (torchrun, DDP over gloo on CPU): one run that trains, saves and exits cleanly, one where a rank
+fails and the other leaves at once instead of hanging. Each run is a few steps of the demo model; every subprocess
+has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+N_TRAIN, BATCH, STEPS = 32, 4, 2
+TIMEOUT = 240  # seconds for a whole 2-rank run (loaded machine); a hang is caught here
+FIND_UNUSED_WARNING = "find_unused_parameters=True was specified in DDP constructor"
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("distributed-data")
+    lines = (DEMO / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()
+    short = [line for line in lines if len(line) < 220][:N_TRAIN]
+    (out / "train.jsonl").write_text("\n".join(short) + "\n", encoding="utf-8")
+    # the demo config without its eval data
+    config = [line for line in (ROOT / "configs" / "demo.yaml").read_text(encoding="utf-8").splitlines()
+              if not line.startswith(("eval_file:", "eval_strategy:", "eval_steps:", "eval_on_start:"))]
+    (out / "config.yaml").write_text("\n".join(config) + "\n", encoding="utf-8")
+    return out
+
+
+def train_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(data_dir / "config.yaml"),
+        "--model_name_or_path", str(DEMO / "model"),
+        "--train_file", str(data_dir / "train.jsonl"),
+        "--output_dir", str(out), "--max_steps", str(STEPS), "--max_length", "96",
+        "--per_device_train_batch_size", str(BATCH), "--logging_steps", "1", "--warmup_steps", "0",
+        "--torch_num_threads", "1",
+        *extra,
+    ]  # fmt: skip
+
+
+def torchrun(script_args: list[str], nproc: int = 2) -> tuple[int, list[tuple[float, str]], float]:
+    """Run ``torchrun --standalone --nproc_per_node N`` on ``script_args``; return (exit code, timestamped lines of
+    stdout+stderr, the time the launcher exited)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *script_args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[tuple[float, str]] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        code = proc.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        reader.join(5)
+        pytest.fail("the 2-rank run did not exit within {TIMEOUT} s; last lines:\n" + "\n".join(t for _, t in lines[-30:]))
+    ended = time.monotonic()
+    reader.join(10)
+    return code, lines, ended
+
+
+def first_time(lines: list[tuple[float, str]], fragment: str) -> float:
+    return next(t for t, line in lines if fragment in line)
+
+
+def test_two_ranks_train_one_model_log_once_and_exit_cleanly(data_dir, tmp_path):
+    out = tmp_path / "out"
+    code, lines, ended = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)])
+    text = "\n".join(line for _, line in lines)
+    assert code == 0, text[-4000:]
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["distributed_type"] == "MULTI_CPU" and summary["backend"] == "gloo"
+    assert summary["global_step"] == STEPS
+    state = json.loads((out / "trainer_state.json").read_text())
+    # each step takes BATCH examples on each of the 2 ranks: twice a single process's progress through the epoch
+    assert state["epoch"] == pytest.approx(STEPS * 2 * BATCH / N_TRAIN)
+    assert sorted(p.name for p in out.iterdir() if p.suffix == ".safetensors") == ["model.safetensors"]
+    assert not list(out.glob("checkpoint-*"))
+    assert text.count("[trl-padfree] run: ") == 1
+    assert text.count(f"[trl-padfree] model saved to {out}") == 1
+    assert text.count(f"[trl-padfree] steps: {STEPS}/{STEPS}") == 1
+    assert text.count("'loss': ") == STEPS  # one log line per step, from rank 0 only
+    assert FIND_UNUSED_WARNING not in text  # ddp_find_unused_parameters is off by default: no extra traversal
+    # every rank left the process group and exited within seconds of the summary
+    exit_seconds = ended - first_time(lines, "[trl-padfree] model saved to")
+    assert exit_seconds < 30, exit_seconds
+    print(f"2-rank run: exited {exit_seconds:.1f} s after the summary")
+
+
+def test_a_failing_rank_makes_the_other_exit_non_zero_at_once(data_dir, tmp_path):
+    out = tmp_path / "out"
+    code, lines, ended = torchrun([
+        str(ROOT / "tests" / "launch_with_faults.py"), "--fail_rank", "1", "--fail_at_step", "1", "--",
+        *train_argv(data_dir, out, "--max_steps", "50"),
+    ])  # fmt: skip
+    text = "\n".join(line for _, line in lines)
+    assert code != 0, text[-4000:]
+    assert "[trl-padfree] rank 1 failed:" in text and "injected failure on rank 1 at step 2" in text, text[-4000:]
+    # rank 0 was waiting in the step's gradient all-reduce: gloo tells it that rank 1 has gone ("Connection closed
+    # by peer" or "Connection reset by peer"), and it fails too, within seconds
+    assert "[trl-padfree] rank 0 failed:" in text and "by peer" in text, text[-4000:]
+    assert text.count("exitcode  : 1 (pid:") == 2, text[-4000:]  # torchrun's report: both workers exited with 1
+    seconds = ended - first_time(lines, "[trl-padfree] rank 1 failed:")
+    assert seconds < 30, (seconds, text[-4000:])
+    assert not (out / "model.safetensors").exists()
