@@ -28,14 +28,18 @@ DEMO = ROOT / "trl_padfree" / "demo"
 DEMO_YAML = CONFIGS / "demo.yaml"
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A few demo records as local JSONL (train + eval)."""
-    out = tmp_path_factory.mktemp("launch-data")
+def write_demo_data(out: Path) -> Path:
+    """A few demo records as local JSONL in ``out`` (train.jsonl: 24, eval.jsonl: 8); returns ``out``."""
     for name, n in (("train", 24), ("eval", 8)):
         lines = (DEMO / "data" / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()[:n]
         (out / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return out
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A few demo records as local JSONL (train + eval)."""
+    return write_demo_data(tmp_path_factory.mktemp("launch-data"))
 
 
 def demo_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
@@ -329,11 +333,23 @@ def test_help_lists_the_launcher_fields(capsys):
         assert name in out
 
 
-def test_resume_true_means_the_latest_checkpoint(tmp_path, data_dir):
+def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, data_dir):
+    from trl_padfree.launch.checkpoints import RUN_FILE, mark_complete, write_json_atomic
+
     out = tmp_path / "out"
+    out.mkdir()
+    write_json_atomic(str(out / RUN_FILE), {"run_id": "r1", "status": "interrupted"})
     for step in (2, 10, 4):
         (out / f"checkpoint-{step}").mkdir(parents=True)
+        (out / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"w")
+        if step != 10:  # checkpoint-10 was never completed
+            mark_complete(str(out / f"checkpoint-{step}"), "r1", step)
     cfg = load_config(demo_argv(data_dir, out, "--resume_from_checkpoint", "true"))
-    assert cfg.resume_from_checkpoint == str(out / "checkpoint-10")
-    with pytest.raises(ConfigError, match=r"holds no checkpoint-N directory"):
+    assert cfg.resume_from_checkpoint == str(out / "checkpoint-4") and cfg.run_id == "r1"
+    assert cfg.notes == [
+        f"resuming from {out / 'checkpoint-4'} (step 4, the newest complete checkpoint of this run); passed over: "
+        "checkpoint-10 (incomplete (no trl-padfree completion marker: the save was interrupted, or another tool "
+        "wrote it))"
+    ]
+    with pytest.raises(ConfigError, match=r"holds no trl-padfree run to resume \(it holds no checkpoint-N directory\)"):
         load_config(demo_argv(data_dir, tmp_path / "empty", "--resume_from_checkpoint", "last"))

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from trl_padfree.launch import main
-from trl_padfree.launch.callbacks import TEST_SIGTERM_ENV
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "trl_padfree" / "demo"
@@ -108,14 +107,14 @@ def test_logs_have_loss_tokens_per_second_and_padding_share(full_run):
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_matches(full_run, data_dir, tmp_path):
-    """A subprocess run gets SIGTERM after step 3 (test hook), exits 0 with checkpoint-3; resuming reproduces
-    the losses of the uninterrupted run step for step."""
+    """A subprocess run gets SIGTERM after step 3 (tests/launch_hooks.py), exits 0 with checkpoint-3; resuming
+    reproduces the losses of the uninterrupted run step for step."""
     out = tmp_path / "out"
     no_eval = ("--eval_strategy", "no")  # evaluation does not change training losses
-    env = {**os.environ, TEST_SIGTERM_ENV: "3"}
+    hooks = [str(ROOT / "tests" / "launch_hooks.py"), "--sigterm-at-step", "3", "--"]
     proc = subprocess.run(
-        [sys.executable, "-m", "trl_padfree.cli", "train", *train_argv(data_dir, out, *no_eval)],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+        [sys.executable, *hooks, *train_argv(data_dir, out, *no_eval)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[trl-padfree] SIGTERM received: saving a checkpoint at the end of this step" in proc.stdout

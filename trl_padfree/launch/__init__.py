@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .config import (
     CollatorArguments,
@@ -48,8 +49,12 @@ def load_config(argv: Sequence[str], check_environment: bool = True) -> LaunchCo
     return validate_config(parse_arguments(argv), check_environment=check_environment)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``trl-padfree train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
+    """Run ``trl-padfree train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+
+    ``callbacks``: extra Trainer callbacks for the run (the tests' fault injection uses them).
+    """
+    from .checkpoints import RunError
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
     from .distributed import finish
@@ -62,10 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         cfg = load_config(argv)
         apply_defaults(cfg)
         say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items()))
-        train(cfg)
+        train(cfg, callbacks)
     except ConfigError as exc:
         print_error(str(exc))
         return finish(2)
+    except RunError as exc:  # a failure during the run, e.g. a save on a full disk (launch.checkpoints)
+        print_error(str(exc))
+        return finish(1)
     except SystemExit as exc:  # --help
         return finish(exc.code if isinstance(exc.code, int) else 0)
     except BaseException as exc:  # noqa: BLE001  (re-raised where there is no process group)

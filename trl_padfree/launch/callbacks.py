@@ -6,14 +6,10 @@ flag; at the end of the current optimizer step the callback asks the Trainer to 
 order are all restored by the Trainer). A second signal restores the default handler's behaviour (Ctrl-C twice
 aborts at once). Under several processes the flag is shared (an all-reduce per step), so every rank stops at the
 same step even if only one got the signal.
-
-Test hook: with the environment variable ``TRL_PADFREE_TEST_SIGTERM_AT_STEP=k``, the process sends itself SIGTERM
-at the end of optimizer step ``k`` (used by the tests to interrupt a run at a known step).
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from types import FrameType
@@ -22,9 +18,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-__all__ = ["TEST_SIGTERM_ENV", "GracefulStop"]
-
-TEST_SIGTERM_ENV = "TRL_PADFREE_TEST_SIGTERM_AT_STEP"
+__all__ = ["GracefulStop"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -46,8 +40,6 @@ class GracefulStop(TrainerCallback):
         self.stopped_at: int | None = None  # global step at which training was stopped
         self._announce = announce or (lambda message: None)
         self._previous: dict[int, Any] = {}
-        test_step = os.environ.get(TEST_SIGTERM_ENV)
-        self._test_step = int(test_step) if test_step else None
 
     # ------------------------------------------------------------------ signal handling
     def _handle(self, signum: int, frame: FrameType | None) -> None:
@@ -90,8 +82,6 @@ class GracefulStop(TrainerCallback):
         return flag
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self._test_step is not None and state.global_step == self._test_step and self.requested is None:
-            os.kill(os.getpid(), signal.SIGTERM)
         if self._stop_everywhere(args):
             control.should_save = True
             control.should_training_stop = True

@@ -23,6 +23,7 @@ import argparse
 import dataclasses
 import difflib
 import os
+import re
 import types
 import typing
 from collections.abc import Sequence
@@ -112,6 +113,14 @@ class LaunchArguments:
         default=256,
         metadata={"help": "Fail before training if the response template is in none of the first N examples."},
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "Start a new run in an output_dir that already holds one (its files are replaced as the new run "
+            "writes its own; its other checkpoints stay, ignored by resume_from_checkpoint: true). Without it such "
+            "an output_dir is refused unless resume_from_checkpoint is set."
+        },
+    )
     check_packing: bool = field(
         default=True,
         metadata={"help": "Probe the loaded model once: fail if packed examples leak into each other."},
@@ -148,6 +157,10 @@ class LaunchConfig:
     attn_auto: bool = False  # attn_implementation was "auto": the launch may fall back (see launch.model)
     resume_from_checkpoint: str | bool | None = None
     explicit: frozenset[str] = frozenset()  # fields set in the YAML file or on the command line
+    env: dict[str, str] = dataclasses.field(default_factory=dict)  # the YAML's env mapping, set after validation
+    run_id: str | None = None  # this run's id (launch.checkpoints), decided by validation
+    model_init_kwargs: dict[str, Any] | None = None  # SFTConfig.model_init_kwargs, applied by the launcher
+    notes: list[str] = dataclasses.field(default_factory=list)  # lines validation leaves for the run to print
 
 
 #: Defaults of the launcher that differ from those of the dataclasses. ``gradient_checkpointing`` (TRL: True) is
@@ -223,6 +236,10 @@ def read_yaml_config(path: str) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
             config = yaml.safe_load(handle)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); save the file as UTF-8"
+        ) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -385,15 +402,54 @@ def _check_config_values(parser: Any, config: dict[str, Any], source: str) -> di
     return out
 
 
-def _apply_env(config: dict[str, Any], source: str) -> None:
-    """TRL's convention: an ``env`` mapping in the YAML sets environment variables."""
+#: ``env:`` may set only variables that a training run reads: these prefixes (Hugging Face libraries, experiment
+#: trackers, torch / NCCL / OpenMP tuning).
+ENV_PREFIXES = (
+    "HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TOKENIZERS_", "DATASETS_", "TRL_", "ACCELERATE_", "PEFT_",
+    "WANDB_", "MLFLOW_", "COMET_", "NEPTUNE_", "CLEARML_", "DVCLIVE_", "AIM_", "SWANLAB_", "TRACKIO_",
+    "TENSORBOARD_", "NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "CUDA_",
+    "OMP_", "MKL_", "KMP_",
+)  # fmt: skip
+#: Allowed by prefix but read by torch before any config is: they would silently do nothing.
+_ENV_TOO_LATE = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _take_env(config: dict[str, Any], source: str) -> dict[str, str]:
+    """TRL's convention: an ``env`` mapping in the YAML sets environment variables.
+
+    Checked here (legal names, only :data:`ENV_PREFIXES`, scalar values) and returned; the launcher sets them only
+    once the whole config is valid (:func:`~.validate.validate_config`).
+    """
     env = config.pop("env", None)
     if env is None:
-        return
+        return {}
     if not isinstance(env, dict):
         raise ConfigError(f"'env' in {source} must be a mapping of variable names to values, got {_kind(env)}")
+    out: dict[str, str] = {}
     for name, value in env.items():
-        os.environ[str(name)] = str(value)
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise ConfigError(
+                f"env: {name!r} in {source} is not a valid environment variable name (letters, digits and _, not "
+                "starting with a digit)"
+            )
+        if name in _ENV_TOO_LATE:
+            raise ConfigError(
+                f"env: {name} in {source} cannot take effect: torch has looked at the GPUs before the config is "
+                f"read; set it in the shell instead ({name}=... trl-padfree train ...)"
+            )
+        if not name.startswith(ENV_PREFIXES):
+            raise ConfigError(
+                f"env: {name} in {source} is not a variable a training run reads; env may set only "
+                f"{', '.join(p + '*' for p in ENV_PREFIXES)}; set other variables in the shell"
+            )
+        if isinstance(value, (dict, list)) or value is None:
+            raise ConfigError(f"env: the value of {name} in {source} must be a string or a number, got {_kind(value)}")
+        text = str(value)
+        if "\0" in text:
+            raise ConfigError(f"env: the value of {name} in {source} contains a NUL character")
+        out[name] = text
+    return out
 
 
 def _reject_unknown_flags(parser: Any, remaining: Sequence[str]) -> None:
@@ -416,11 +472,12 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> Lau
     """
     config_path, args = _split_config_flag(argv)
     parser = build_parser(prog)
+    env: dict[str, str] = {}
     explicit = {a[2:].split("=", 1)[0].removeprefix("no_") for a in args if a.startswith("--")}
     if config_path is not None:
         config = read_yaml_config(config_path)
         explicit.update(config)
-        _apply_env(config, config_path)
+        env = _take_env(config, config_path)
         config = _check_config_values(parser, config, config_path)
         parser.set_defaults_with_config(**config)
     try:
@@ -448,4 +505,5 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> Lau
         attn_implementation=model.attn_implementation or "auto",
         resume_from_checkpoint=training.resume_from_checkpoint,
         explicit=frozenset(explicit),
+        env=env,
     )

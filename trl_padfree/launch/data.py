@@ -17,6 +17,8 @@ is skipped):
 
 from __future__ import annotations
 
+import glob
+import os
 import string
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -31,11 +33,14 @@ from .validate import data_builder
 
 __all__ = [
     "PreparedData",
+    "check_data_files",
+    "check_records",
     "check_template",
     "label_and_filter",
     "load_splits",
     "make_formatter",
     "prepare_data",
+    "required_fields",
     "template_fields",
     "tokenize_split",
 ]
@@ -57,39 +62,181 @@ class PreparedData:
     checked: int = 0
 
 
+_FORMAT_WORDS = {".jsonl": "JSON Lines (one JSON object per line)", ".json": "JSON", ".csv": "CSV"}
+
+
+def check_data_files(key: str, pattern: str) -> None:
+    """Refuse empty files, binary files posing as text and non-Parquet ``.parquet`` files, naming the file.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "train.jsonl")
+    >>> with open(path, "wb") as f: _ = f.write(b"\\x00\\x01")
+    >>> try: check_data_files("train_file", path)
+    ... except ConfigError as exc: print(str(exc).split(": ", 1)[1])
+    expected JSON Lines (one JSON object per line) in UTF-8
+    """
+    import codecs
+
+    for path in sorted(glob.glob(os.path.expanduser(pattern))):
+        ext = os.path.splitext(path)[1].lower()
+        with open(path, "rb") as handle:
+            head = handle.read(1 << 16)
+            more = bool(handle.read(1))
+        if not head:
+            raise ConfigError(f"{key} file {path!r} is empty (0 bytes): it holds no records")
+        if ext == ".parquet":
+            if not head.startswith(b"PAR1"):
+                raise ConfigError(f"{key} file {path!r} is not a Parquet file; give its real extension")
+            continue
+        bad = head.find(b"\x00")
+        if bad < 0:
+            try:
+                codecs.getincrementaldecoder("utf-8")().decode(head, final=not more)
+            except UnicodeDecodeError as exc:
+                bad = exc.start
+        if bad >= 0:
+            raise ConfigError(
+                f"{key} file {path!r} is not text (byte 0x{head[bad]:02x} at offset {bad}): expected "
+                f"{_FORMAT_WORDS.get(ext, 'text')} in UTF-8"
+            )
+        if not more and not head.strip():
+            raise ConfigError(f"{key} file {path!r} holds only whitespace: it has no records")
+
+
 def _load_files(key: str, pattern: str) -> Any:
+    import datasets
     from datasets import load_dataset
 
+    check_data_files(key, pattern)
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own error line would precede ours
     try:
         return load_dataset(data_builder(pattern), data_files={"data": pattern}, split="data")
     except ConfigError:
         raise
-    except Exception as exc:  # datasets raises many types for unreadable files
-        raise ConfigError(f"could not read {key}={pattern!r}: {one_line(exc)}") from None
+    except Exception as exc:  # datasets raises many types for unreadable files; the cause says what was wrong
+        cause = exc.__cause__ or exc.__context__ or exc
+        reason = one_line(cause) or type(cause).__name__
+        raise ConfigError(f"could not read {key}={pattern!r}: {reason}") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
 
 
-def load_splits(data: DataArguments, seed: int) -> tuple[Any, Any | None]:
-    """Load the training split and the eval split (or None) described by ``data``."""
+def _check_hub_dataset(name: str) -> None:
+    """Fail fast when ``dataset_name`` is a hub id that cannot be reached (``datasets`` retries for ~30 s)."""
+    from huggingface_hub import HfApi, constants
+
+    if constants.is_offline_mode():
+        return  # datasets then uses the local cache or fails at once
+    try:
+        HfApi().dataset_info(name, timeout=10)
+    except Exception as exc:
+        kind = type(exc).__name__
+        if "NotFound" in kind:
+            raise ConfigError(
+                f"dataset_name={name!r} is not on the Hugging Face Hub (or is private or gated: log in with "
+                "`hf auth login`); check the id or set dataset_name to a local dataset directory"
+            ) from None
+        if "HTTPError" not in kind:
+            raise ConfigError(
+                f"cannot reach the Hugging Face Hub to load dataset_name={name!r} ({one_line(exc)[:120]}); set "
+                "HF_HUB_OFFLINE=1 to use a cached copy, or set dataset_name to a local dataset directory"
+            ) from None
+
+
+def required_fields(columns: Sequence[str], template: str | None, text_field: str,
+                    response_template: str | None) -> tuple[list[str], list[str]]:
+    """``(fields that must not be null, completion fields that must not be empty)`` for the data's format.
+
+    The format is chosen as :func:`make_formatter` chooses it; the completion fields of a ``template`` are those
+    placed after ``response_template`` in it.
+
+    >>> required_fields(["instruction", "output"], "Q: {instruction}\\nA: {output}", "text", "A:")
+    (['instruction', 'output'], ['output'])
+    >>> required_fields(["prompt", "completion"], None, "text", None)
+    (['prompt', 'completion'], ['completion'])
+    """
+    columns = list(columns)
+    if template is not None:
+        try:
+            fields = [f for f in template_fields(template) if f in columns]
+            at = template.find(response_template) if response_template else -1
+            after = template_fields(template[at + len(response_template):]) if at >= 0 and response_template else []
+        except ConfigError:
+            return [], []
+        return fields, [f for f in after if f in fields]
+    if text_field in columns:
+        return [text_field], []
+    if "prompt" in columns and "completion" in columns:
+        return ["prompt", "completion"], ["completion"]
+    if "messages" in columns:
+        return ["messages"], ["messages"]
+    return [], []
+
+
+def check_records(dataset: Any, source: str, fields: Sequence[str], completion_fields: Sequence[str]) -> None:
+    """Refuse records whose ``fields`` are null or missing, or whose completion is empty (with the record's index).
+
+    A null would otherwise be formatted as the text ``None`` and trained.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    table = dataset.with_format("arrow")
+    for name in fields:
+        column = table[name]
+        problems = [("is null or missing", pc.is_null(column))]
+        if name in completion_fields:
+            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+                problems.append(("is empty", pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(column)), 0)))
+            elif pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
+                problems.append(("is empty", pc.equal(pc.list_value_length(column), 0)))
+        for what, mask in problems:
+            bad = np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
+            if len(bad):
+                more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+                raise ConfigError(
+                    f"{source} record {bad[0]} (counting from 0): {name!r} {what}{more}; fill it in or remove the "
+                    "record"
+                )
+
+
+def load_splits(data: DataArguments, seed: int,
+                check: Callable[[Any, str], None] | None = None) -> tuple[Any, Any | None]:
+    """Load the training split and the eval split (or None) described by ``data``.
+
+    ``check(dataset, source)`` is called on each split as loaded (before ``eval_fraction`` shuffles it, so that
+    record indices are those of the files).
+    """
     from datasets import load_dataset
 
+    check = check or (lambda dataset, source: None)
     eval_ds = None
     if data.train_file:
         train = _load_files("train_file", data.train_file)
+        check(train, "train_file")
     else:
+        if not os.path.exists(os.path.expanduser(data.dataset_name)):
+            _check_hub_dataset(data.dataset_name)
         try:
             splits = load_dataset(data.dataset_name, data.dataset_config)
         except Exception as exc:
-            raise ConfigError(f"could not load dataset_name={data.dataset_name!r}: {one_line(exc)}") from None
+            offline = " (HF_HUB_OFFLINE is set and it is not in the local cache: unset it to download the dataset, " \
+                "or set dataset_name to a local dataset directory)" if _offline() else ""
+            raise ConfigError(f"could not load dataset_name={data.dataset_name!r}: {one_line(exc)}{offline}") from None
         names = sorted(splits)
         for key in ("dataset_train_split", "dataset_test_split"):
             split = getattr(data, key)
             if split is not None and split not in splits:
                 raise ConfigError(f"{key}={split!r} is not a split of {data.dataset_name!r}; it has: {', '.join(names)}")
         train = splits[data.dataset_train_split]
+        check(train, f"dataset_name split {data.dataset_train_split!r}")
         if data.dataset_test_split is not None:
             eval_ds = splits[data.dataset_test_split]
+            check(eval_ds, f"dataset_name split {data.dataset_test_split!r}")
     if data.eval_file:
         eval_ds = _load_files("eval_file", data.eval_file)
+        check(eval_ds, "eval_file")
     if data.eval_fraction is not None:
         if len(train) < 2:
             raise ConfigError(f"eval_fraction needs at least 2 training records, the data has {len(train)}")
@@ -104,6 +251,12 @@ def load_splits(data: DataArguments, seed: int) -> tuple[Any, Any | None]:
     if eval_ds is not None and len(eval_ds) == 0:
         raise ConfigError("the eval data has no records")
     return train, eval_ds
+
+
+def _offline() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.is_offline_mode())
 
 
 def template_fields(template: str) -> list[str]:
@@ -313,7 +466,12 @@ def label_and_filter(dataset: Any, make_collator: Callable[[], Any], max_length:
 def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], Any]) -> PreparedData:
     """Run the whole pipeline (see the module docstring); raises :class:`ConfigError` on bad data."""
     training = cfg.training
-    train_raw, eval_raw = load_splits(cfg.data, training.seed)
+    def check(dataset: Any, source: str) -> None:
+        fields, completion = required_fields(dataset.column_names, cfg.data.template, training.dataset_text_field,
+                                             cfg.collator.response_template)
+        check_records(dataset, source, fields, completion)
+
+    train_raw, eval_raw = load_splits(cfg.data, training.seed, check)
     text_format, formatter = make_formatter(
         train_raw.column_names, cfg.data.template, training.dataset_text_field, tokenizer
     )

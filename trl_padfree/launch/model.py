@@ -13,7 +13,14 @@ from typing import Any
 from .config import ConfigError, LaunchConfig
 from .console import is_main_process, one_line, say
 
-__all__ = ["load_model", "load_tokenizer", "make_collator_factory", "probe_model"]
+__all__ = [
+    "check_lora_targets",
+    "check_vocabulary",
+    "load_model",
+    "load_tokenizer",
+    "make_collator_factory",
+    "probe_model",
+]
 
 
 def load_tokenizer(cfg: LaunchConfig) -> Any:
@@ -36,6 +43,7 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
             setattr(tokenizer, attr, value)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    check_vocabulary(cfg, tokenizer)
     if training.chat_template_path is not None:
         path = training.chat_template_path
         if not (os.path.isfile(path) and path.endswith((".jinja", ".j2"))):
@@ -43,6 +51,73 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
         with open(path, encoding="utf-8") as handle:
             tokenizer.chat_template = handle.read()
     return tokenizer
+
+
+def check_vocabulary(cfg: LaunchConfig, tokenizer: Any) -> None:
+    """Refuse a tokenizer whose token ids do not all fit the model's embeddings (read from the model's config only).
+
+    Such a pair fails with an IndexError at the first step that meets one of the extra tokens.
+    """
+    from transformers import AutoConfig
+
+    name = cfg.model.model_name_or_path
+    try:
+        config = AutoConfig.from_pretrained(
+            name, revision=cfg.model.model_revision, trust_remote_code=cfg.training.trust_remote_code
+        )
+    except Exception as exc:
+        raise ConfigError(f"could not read the model config of {name!r}: {one_line(exc)}") from None
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    size = getattr(text_config, "vocab_size", None)
+    if not isinstance(size, int) or size <= 0:
+        return
+    vocab = tokenizer.get_vocab()
+    needed = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
+    if needed > size:
+        raise ConfigError(
+            f"the tokenizer of {name!r} has {needed} token ids but the model's embeddings hold {size} (vocab_size): "
+            f"use the tokenizer that belongs to this model, or resize the model's embeddings to {needed} "
+            "(model.resize_token_embeddings) and save it"
+        )
+
+
+def check_lora_targets(cfg: LaunchConfig, model: Any) -> None:
+    """With ``use_peft``: every entry of ``lora_target_modules`` must match a module of the loaded model."""
+    if not cfg.model.use_peft:
+        return
+    import dataclasses
+
+    from peft.tuners.tuners_utils import check_target_module_exists
+    from trl import get_peft_config
+
+    peft_config = get_peft_config(cfg.model)
+    targets = peft_config.target_modules
+    names = [name for name, _ in model.named_modules() if name]
+    linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                     if type(module).__name__ in ("Linear", "Conv1D") and name})
+    options = f"its linear layers are named {', '.join(linear[:12])}" if linear else "it has no linear layers"
+    if targets is None:
+        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
+
+        if getattr(model.config, "model_type", None) not in DEFAULTS:
+            raise ConfigError(
+                f"use_peft: peft has no default LoRA targets for model type {model.config.model_type!r}: set "
+                f"lora_target_modules ({options}), or all-linear"
+            )
+        return
+    if targets == "all-linear":
+        return
+    entries = [targets] if isinstance(targets, str) else sorted(targets)
+    unmatched = []
+    for entry in entries:
+        single = dataclasses.replace(peft_config, target_modules=entry if isinstance(targets, str) else [entry])
+        if not any(check_target_module_exists(single, name) for name in names):
+            unmatched.append(entry)
+    if unmatched:
+        raise ConfigError(
+            f"lora_target_modules {', '.join(map(repr, unmatched))} match no module of "
+            f"{cfg.model.model_name_or_path!r}; {options} (or use all-linear)"
+        )
 
 
 def make_collator_factory(cfg: LaunchConfig, tokenizer: Any, padding_free: bool, quiet: bool) -> Any:
@@ -68,6 +143,13 @@ def make_collator_factory(cfg: LaunchConfig, tokenizer: Any, padding_free: bool,
 
 
 def load_model(cfg: LaunchConfig) -> Any:
+    """Load the model (see :func:`_load_model`) and check that the LoRA targets, if any, match its modules."""
+    model = _load_model(cfg)
+    check_lora_targets(cfg, model)
+    return model
+
+
+def _load_model(cfg: LaunchConfig) -> Any:
     """Load the model with the resolved attention implementation and dtype (the ``padfree`` attention registered).
 
     When ``auto`` picked ``"padfree"`` and the model cannot use it (transformers fails to build it with
@@ -122,7 +204,7 @@ def _from_pretrained(cfg: LaunchConfig, attn_implementation: str | None) -> Any:
 
         # k-bit weights are placed at load time, one full copy per process (TRL's own scripts do the same)
         kwargs.update(quantization_config=quantization, device_map={"": PartialState().local_process_index})
-    kwargs.update(cfg.training.model_init_kwargs or {})
+    kwargs.update(cfg.model_init_kwargs or {})  # validated: no key of the launcher's own fields
     try:
         return AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **kwargs)
     except Exception as exc:

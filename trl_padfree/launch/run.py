@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from .config import LaunchConfig
@@ -41,13 +41,13 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def train(cfg: LaunchConfig) -> RunResult:
-    """Stages 2-4 (see the module docstring) on a validated config."""
+def train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
+    """Stages 2-4 (see the module docstring) on a validated config; ``callbacks``: extra Trainer callbacks."""
     with torch_threads(cfg.launch.torch_num_threads):
-        return _train(cfg)
+        return _train(cfg, callbacks)
 
 
-def _train(cfg: LaunchConfig) -> RunResult:
+def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
     from .distributed import check_process_group
 
     training = cfg.training
@@ -58,6 +58,8 @@ def _train(cfg: LaunchConfig) -> RunResult:
         # trainable parameter in each forward; a model that does not fails in DDP with torch's error naming the fix
         # (set ddp_find_unused_parameters: true).
         training.ddp_find_unused_parameters = False
+    for note in cfg.notes:
+        say(note)
     with quiet_progress():
         say(f"preparing data (tokenizer of {cfg.model.model_name_or_path})")
         with training.main_process_first(desc="loading the tokenizer"):
@@ -82,20 +84,24 @@ def _train(cfg: LaunchConfig) -> RunResult:
         model = load_model(cfg)
         if cfg.padding_free and cfg.launch.check_packing:
             probe_model(model, training)
-        return _fit(cfg, tokenizer, model, data)  # (the Trainer's own bar follows disable_tqdm)
+        return _fit(cfg, tokenizer, model, data, callbacks)  # (the Trainer's own bar follows disable_tqdm)
 
 
-def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any) -> RunResult:
+def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Sequence[Any] = ()) -> RunResult:
     from trl import get_peft_config
 
     from .callbacks import GracefulStop
+    from .checkpoints import AtomicCheckpoints, RunError, begin_run, end_run, save_final_model
     from .distributed import describe_distribution
     from .trainer import PadfreeSFTTrainer
 
     training = cfg.training
     collator = make_collator_factory(cfg, tokenizer, padding_free=cfg.padding_free, quiet=False)()
+    class LaunchTrainer(AtomicCheckpoints, PadfreeSFTTrainer):
+        """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`)."""
+
     stop = GracefulStop(announce=say)
-    trainer = PadfreeSFTTrainer(
+    trainer = LaunchTrainer(
         model=model,
         args=training,
         data_collator=collator,
@@ -103,24 +109,35 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any) -> RunResult:
         eval_dataset=data.eval,
         processing_class=tokenizer,
         peft_config=get_peft_config(cfg.model),
-        callbacks=[stop],
+        callbacks=[*callbacks, stop],  # extra callbacks act first within a step (a test hook signals before the check)
         max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
     )
-    with stop:
-        output = trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint)
-    metrics = dict(output.metrics)
+    metrics: dict[str, Any] = {}
+    if begin_run(trainer, cfg.run_id, cfg.resume_from_checkpoint):
+        with stop:
+            metrics = dict(trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint).metrics)
+    else:
+        say(f"{cfg.resume_from_checkpoint} is at the last step ({trainer.state.global_step}): nothing left to "
+            "train; saving its model as the final model")
     history = trainer.state.log_history
-    checkpoint = saved_to = None
+    checkpoint = saved_to = eval_error = None
     interrupted = stop.stopped_at is not None and trainer.state.global_step < trainer.state.max_steps
     if interrupted:
         checkpoint = os.path.join(training.output_dir, f"checkpoint-{trainer.state.global_step}")
     else:
+        try:  # saved before the final evaluation: a failing evaluation cannot lose the trained weights
+            save_final_model(trainer, training.output_dir)
+        except RunError:
+            end_run(trainer, "failed")
+            raise
+        saved_to = training.output_dir
         if data.eval is not None and not any(
             "eval_loss" in e and e.get("step") == trainer.state.global_step for e in history
         ):
-            trainer.evaluate()
-        trainer.save_model(training.output_dir)
-        saved_to = training.output_dir
+            try:
+                trainer.evaluate()
+            except Exception as exc:
+                eval_error = " ".join(str(exc).split())[:300] or type(exc).__name__
     trainer.save_state()
     first_eval, last_eval = eval_losses(trainer.state.log_history)
     result = RunResult(
@@ -141,6 +158,9 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any) -> RunResult:
                       max_tokens_per_batch=cfg.launch.max_tokens_per_batch)
         for line in summary_lines(result, cfg.padding_free):
             say(line)
+    end_run(trainer, "interrupted" if interrupted else "finished", checkpoint=checkpoint, saved_to=saved_to)
+    if eval_error is not None:
+        raise RunError(f"the final evaluation failed: {eval_error}; the trained model is saved in {saved_to}")
     if hasattr(trainer, "end"):
         trainer.end()
     return result

@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import math
 import os
+import tempfile
+from dataclasses import dataclass
 from typing import Any
 
 from .config import ConfigError, LaunchConfig
 
-__all__ = ["DATA_EXTENSIONS", "data_builder", "resolve_attn_implementation", "validate_config"]
+__all__ = [
+    "DATA_EXTENSIONS",
+    "NUMERIC_RANGES",
+    "UNCHECKED_NUMERIC",
+    "Range",
+    "data_builder",
+    "resolve_attn_implementation",
+    "validate_config",
+]
 
 #: Local data formats and the ``datasets`` builder that reads each.
 DATA_EXTENSIONS: dict[str, str] = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -35,6 +46,180 @@ def data_builder(path: str) -> str:
             "dataset or a local dataset directory)"
         )
     return DATA_EXTENSIONS[ext]
+
+
+@dataclass(frozen=True)
+class Range:
+    """The legal values of a numeric field: ``low`` (``>`` when ``low_open``) up to ``high`` (``<`` when ``high_open``).
+
+    >>> Range(1).text(), Range(0, low_open=True).text(), Range(0, high=1, high_open=True).text()
+    ('at least 1', 'greater than 0', 'at least 0 and less than 1')
+    >>> Range(0, True, 1, True).admits(1.0), Range(1).admits(float("nan"))
+    (False, False)
+    """
+
+    low: float | None = None
+    low_open: bool = False
+    high: float | None = None
+    high_open: bool = False
+    hint: str = ""  # what else the field accepts, e.g. "or null for no truncation"
+
+    def admits(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def text(self) -> str:
+        if self.low_open and self.high_open:
+            return f"between {self.low:g} and {self.high:g} (exclusive)"
+        low = None if self.low is None else (f"greater than {self.low:g}" if self.low_open else f"at least {self.low:g}")
+        high = None if self.high is None else (f"less than {self.high:g}" if self.high_open else f"at most {self.high:g}")
+        return " and ".join(part for part in (low, high) if part) or "a finite number"
+
+
+_SEED = 2**32 - 1  # numpy's seeds are 32-bit
+#: The legal range of every numeric field of the config (null passes where the field allows it). The fields'
+#: own dataclasses (TrainingArguments, SFTConfig) check combinations at parsing; ranges they leave to the first
+#: training step (or to the optimizer, or the final evaluation) are checked here, before anything is loaded.
+NUMERIC_RANGES: dict[str, Range] = {
+    "per_device_train_batch_size": Range(1),
+    "per_device_eval_batch_size": Range(1),
+    "gradient_accumulation_steps": Range(1),
+    "eval_accumulation_steps": Range(1, hint="or null to gather eval outputs once at the end"),
+    "learning_rate": Range(0),
+    "warmup_steps": Range(0, hint="a number of steps, or a fraction of the run below 1"),
+    "weight_decay": Range(0),
+    "adam_beta1": Range(0, high=1, high_open=True),
+    "adam_beta2": Range(0, high=1, high_open=True),
+    "adam_epsilon": Range(0),
+    "max_grad_norm": Range(0, hint="0 turns gradient clipping off"),
+    "label_smoothing_factor": Range(0, high=1, high_open=True),
+    "neftune_noise_alpha": Range(0, low_open=True, hint="or null for no NEFTune noise"),
+    "logging_steps": Range(0, low_open=True, hint="a number of steps, or a fraction of the run below 1"),
+    "eval_steps": Range(0, low_open=True, hint="or null to evaluate every logging_steps"),
+    "eval_delay": Range(0),
+    "save_steps": Range(0, low_open=True, hint="a number of steps, or a fraction of the run below 1"),
+    "save_total_limit": Range(1, hint="or null to keep every checkpoint"),
+    "seed": Range(0, high=_SEED),
+    "data_seed": Range(0, high=_SEED, hint="or null to use seed"),
+    "dataloader_num_workers": Range(0),
+    "dataloader_prefetch_factor": Range(1, hint="or null for torch's default"),
+    "ddp_bucket_cap_mb": Range(1, hint="or null for torch's default"),
+    "ddp_timeout": Range(1),
+    "torch_empty_cache_steps": Range(1, hint="or null to never empty the cache"),
+    "router_aux_loss_coef": Range(0, hint="or null"),
+    "dataset_num_proc": Range(1, hint="or null for one process"),
+    "max_length": Range(2, hint="or null for no truncation"),
+    "pad_to_multiple_of": Range(1, hint="or null"),
+    "lora_r": Range(1),
+    "lora_alpha": Range(0, low_open=True),
+    "lora_dropout": Range(0, high=1, high_open=True),
+    "eval_fraction": Range(0, True, 1, True),
+    "max_train_examples": Range(1),
+    "max_eval_examples": Range(1),
+    "template_check_examples": Range(1),
+    "torch_num_threads": Range(1, hint="or null for torch's default"),
+    "max_tokens_per_batch": Range(1, hint="or null for batches of per_device_train_batch_size examples"),
+}
+#: Numeric fields without a range check here, and why (``tests/test_launch_validation.py`` checks that every
+#: numeric field is in one of the two tables).
+UNCHECKED_NUMERIC: dict[str, str] = {
+    "local_rank": "set by the distributed launcher, not by users",
+    "num_train_epochs": "checked with max_steps (see _check_steps)",
+    "max_steps": "checked with num_train_epochs (see _check_steps)",
+}
+
+
+def _numeric_value(cfg: LaunchConfig, name: str) -> Any:
+    for part in (cfg.training, cfg.model, cfg.data, cfg.launch, cfg.collator):
+        if hasattr(part, name):
+            return getattr(part, name)
+    return None
+
+
+def _check_numbers(cfg: LaunchConfig) -> None:
+    """Every field of :data:`NUMERIC_RANGES` in its range; ``max_steps`` / ``num_train_epochs`` train something."""
+    for name, legal in NUMERIC_RANGES.items():
+        value = _numeric_value(cfg, name)
+        if value is None or isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
+            continue
+        if not legal.admits(value):
+            hint = f" ({legal.hint})" if legal.hint else ""
+            raise ConfigError(f"{name} must be {legal.text()}{hint}, got {value}")
+    _check_steps(cfg.training)
+
+
+def _check_steps(training: Any) -> None:
+    steps, epochs = training.max_steps, training.num_train_epochs
+    if steps == 0 or steps < -1:
+        raise ConfigError(f"max_steps must be at least 1 (or -1 to train for num_train_epochs), got {steps}")
+    if steps == -1 and not (math.isfinite(epochs) and epochs > 0):
+        raise ConfigError(
+            f"num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got {epochs}"
+        )
+
+
+#: ``model_init_kwargs`` keys that the launcher sets from fields of its own (the field to use instead).
+_OWN_FIELDS = {
+    "trust_remote_code": "trust_remote_code: true",
+    "attn_implementation": "attn_implementation",
+    "dtype": "dtype",
+    "torch_dtype": "dtype",
+    "revision": "model_revision",
+    "quantization_config": "load_in_4bit / load_in_8bit",
+}
+
+
+def _check_model_init_kwargs(cfg: LaunchConfig) -> None:
+    """Refuse keys that have their own field (the launcher applies ``model_init_kwargs`` itself, not TRL)."""
+    kwargs = cfg.training.model_init_kwargs
+    if kwargs is None:
+        return
+    if not isinstance(kwargs, dict):
+        raise ConfigError(f"model_init_kwargs must be a mapping of from_pretrained arguments, got {kwargs!r}")
+    for key in kwargs:
+        if key in _OWN_FIELDS:
+            raise ConfigError(
+                f"model_init_kwargs may not set {key!r}: it has its own field; set {_OWN_FIELDS[key]} instead"
+            )
+    cfg.model_init_kwargs = dict(kwargs)
+    cfg.training.model_init_kwargs = None  # TRL would only warn that it ignores them (the model is loaded here)
+
+
+def _writable(directory: str) -> str | None:
+    """None if a file can be created in ``directory`` (tried, then removed), else the reason."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".trl-padfree-write-test-", dir=directory)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def _check_output_dir(cfg: LaunchConfig) -> None:
+    """output_dir: a directory that exists and is writable, or one that can be created (nothing is created)."""
+    out = cfg.training.output_dir
+    path = os.path.abspath(os.path.expanduser(out))
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise ConfigError(f"output_dir {out!r} is a file, not a directory; choose another output_dir")
+        reason = _writable(path)
+        if reason:
+            raise ConfigError(f"output_dir {out!r} is not writable ({reason}); choose a directory you can write to")
+        return
+    parent = os.path.dirname(path)
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"output_dir {out!r} cannot be created: {parent!r} is a file; choose another output_dir")
+    reason = _writable(parent)
+    if reason:
+        raise ConfigError(
+            f"output_dir {out!r} cannot be created in {parent!r} ({reason}); choose a directory you can write to"
+        )
 
 
 def _check_data_file(key: str, pattern: str) -> None:
@@ -65,8 +250,6 @@ def _check_data(cfg: LaunchConfig) -> None:
         raise ConfigError(f"dataset not found: dataset_name={data.dataset_name!r} is not an existing local path")
     if data.eval_file:
         _check_data_file("eval_file", data.eval_file)
-    if data.eval_fraction is not None and not 0.0 < data.eval_fraction < 1.0:
-        raise ConfigError(f"eval_fraction must be between 0 and 1 (exclusive), got {data.eval_fraction}")
     sources = [k for k in ("eval_file", "eval_fraction", "dataset_test_split") if getattr(data, k) is not None]
     if len(sources) > 1:
         raise ConfigError(f"set only one source of eval data, got {' and '.join(sources)}")
@@ -78,10 +261,6 @@ def _check_data(cfg: LaunchConfig) -> None:
             f"eval_strategy is {strategy!r} but there is no eval data: set eval_file, "
             "eval_fraction or dataset_test_split (or eval_strategy: 'no')"
         )
-    for key in ("max_train_examples", "max_eval_examples"):
-        value = getattr(data, key)
-        if value is not None and value < 1:
-            raise ConfigError(f"{key} must be at least 1, got {value}")
 
 
 def _check_collator_and_trl(cfg: LaunchConfig) -> None:
@@ -92,11 +271,6 @@ def _check_collator_and_trl(cfg: LaunchConfig) -> None:
                 "response_template is missing: set the text that precedes every completion, e.g. '### Answer:'"
             )
         cfg.collator.response_template = None  # allowed for prompt/completion data only (checked by launch.data)
-    if cfg.launch.template_check_examples < 1:
-        raise ConfigError(f"template_check_examples must be at least 1, got {cfg.launch.template_check_examples}")
-    threads = cfg.launch.torch_num_threads
-    if threads is not None and threads < 1:
-        raise ConfigError(f"torch_num_threads must be at least 1 (or null for torch's default), got {threads}")
     if training.packing:
         raise ConfigError(
             "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "
@@ -107,10 +281,6 @@ def _check_collator_and_trl(cfg: LaunchConfig) -> None:
             "assistant_only_loss does not apply here: the collator trains what follows response_template; for "
             "multi-turn data also set instruction_template; set assistant_only_loss: false"
         )
-    if training.max_length is not None and training.max_length < 2:
-        raise ConfigError(f"max_length must be at least 2 (or null for no truncation), got {training.max_length}")
-    if training.dataloader_num_workers and training.dataloader_num_workers < 0:
-        raise ConfigError(f"dataloader_num_workers must be >= 0, got {training.dataloader_num_workers}")
 
 
 def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
@@ -166,27 +336,47 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
 
 
 def _check_resume(cfg: LaunchConfig) -> None:
-    from transformers.trainer_utils import get_last_checkpoint
+    """Resolve ``resume_from_checkpoint`` to a complete checkpoint and decide the run id; refuse an output_dir
+    that holds another run unless ``overwrite_output_dir`` is set (see docs/faults.md)."""
+    from .checkpoints import (
+        CHECKPOINT_MARKER,
+        checkpoint_problem,
+        choose_resume,
+        new_run_id,
+        read_json,
+        run_contents,
+    )
 
     value = cfg.resume_from_checkpoint
-    if value is None or value is False:
-        cfg.resume_from_checkpoint = None
-        return
     output_dir = cfg.training.output_dir
-    if isinstance(value, bool) or str(value).lower() in {"true", "last", "latest"}:
-        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-        if last is None:
-            raise ConfigError(
-                f"resume_from_checkpoint: {value!r} but {output_dir!r} holds no checkpoint-N directory; "
-                "pass a checkpoint path or start without resume_from_checkpoint"
-            )
-        cfg.resume_from_checkpoint = last
-    elif str(value).lower() in {"false", "none", "null", ""}:
+    if value is None or value is False or str(value).lower() in {"false", "none", "null", ""}:
         cfg.resume_from_checkpoint = None
-    elif not os.path.isdir(value):
+        found = run_contents(output_dir)
+        if found and not getattr(cfg.launch, "overwrite_output_dir", False):
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise ConfigError(
+                f"output_dir {output_dir!r} already holds a run ({shown}); continue it with resume_from_checkpoint: "
+                "true, start over in it with overwrite_output_dir: true, or choose another output_dir"
+            )
+        cfg.run_id = new_run_id()
+        return
+    if isinstance(value, bool) or str(value).lower() in {"true", "last", "latest"}:
+        choice = choose_resume(output_dir)
+        cfg.resume_from_checkpoint, cfg.run_id = choice.path, choice.run_id
+        cfg.notes.append(choice.note())
+        return
+    if not os.path.isdir(value):
         raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
-    else:
-        cfg.resume_from_checkpoint = str(value)
+    problem = checkpoint_problem(value)
+    if problem is not None:
+        raise ConfigError(
+            f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a checkpoint-N directory "
+            "(or true for the newest complete one of the run in output_dir)"
+        )
+    marker = read_json(os.path.join(value, CHECKPOINT_MARKER)) or {}
+    cfg.resume_from_checkpoint = str(value)
+    cfg.run_id = marker.get("run_id") or new_run_id()
+    cfg.notes.append(f"resuming from {value}")
 
 
 def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> LaunchConfig:
@@ -199,9 +389,13 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     the checks that depend on this machine (CUDA, flash-attn, optional packages, existing checkpoints)
     are skipped and ``"auto"`` is left unresolved.
     """
+    _check_numbers(cfg)
     _check_data(cfg)
     _check_collator_and_trl(cfg)
     _check_model(cfg, check_environment)
+    _check_model_init_kwargs(cfg)
+    if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():
+        raise ConfigError("output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1")
     training = cfg.training
     cfg.padding_free = bool(training.padding_free)
     training.padding_free = False  # the collator flattens by itself; TRL refuses a custom collator otherwise
@@ -210,7 +404,9 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
         cfg.attn_auto = cfg.attn_implementation == "auto"
         cfg.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, _training_device(cfg))
         cfg.model.attn_implementation = cfg.attn_implementation
+        _check_output_dir(cfg)
         _check_resume(cfg)
+        os.environ.update(cfg.env)  # the config's env: mapping, only once everything above passed
     return cfg
 
 
@@ -218,6 +414,7 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
     """A short summary of the resolved run (logged at start)."""
     return {
         "model": cfg.model.model_name_or_path,
+        **({"trust_remote_code": True} if cfg.training.trust_remote_code else {}),
         "attn_implementation": cfg.attn_implementation,
         "dtype": cfg.model.dtype,
         "padding_free": cfg.padding_free,

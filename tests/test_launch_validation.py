@@ -1,0 +1,336 @@
+"""``trl-padfree train``: bad *values* (valid YAML, valid types) are refused before anything is loaded or written.
+
+Every case: exit code 2, exactly one line on stderr that names the fix, and no ``output_dir`` created (issue 12).
+Runs ``main(argv)`` in-process, with the fixtures of ``test_launch_config.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+import typing
+from pathlib import Path
+
+import pytest
+from test_launch_config import DEMO, DEMO_YAML, ROOT, demo_argv, run_bad, write_demo_data, write_yaml
+
+from trl_padfree.launch import load_config
+from trl_padfree.launch.config import argument_classes
+from trl_padfree.launch.validate import NUMERIC_RANGES, UNCHECKED_NUMERIC, describe
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_demo_data(tmp_path_factory.mktemp("validation-data"))
+
+
+# ------------------------------------------------------------------------------------------- numeric ranges
+
+VALUE_CASES = [
+    ("per_device_train_batch_size", "0", "per_device_train_batch_size must be at least 1, got 0"),
+    ("per_device_train_batch_size", "-1", "per_device_train_batch_size must be at least 1, got -1"),
+    ("per_device_eval_batch_size", "0", "per_device_eval_batch_size must be at least 1, got 0"),
+    ("gradient_accumulation_steps", "0", "gradient_accumulation_steps must be at least 1, got 0"),
+    ("learning_rate", "-0.001", "learning_rate must be at least 0, got -0.001"),
+    ("learning_rate", "nan", "learning_rate must be at least 0, got nan"),
+    ("seed", "-1", "seed must be at least 0 and at most 4.29497e+09, got -1"),
+    ("max_steps", "0", "max_steps must be at least 1 (or -1 to train for num_train_epochs), got 0"),
+    ("adam_beta2", "1.0", "adam_beta2 must be at least 0 and less than 1, got 1.0"),
+    ("max_grad_norm", "-1", "max_grad_norm must be at least 0 (0 turns gradient clipping off), got -1.0"),
+    ("save_total_limit", "0", "save_total_limit must be at least 1 (or null to keep every checkpoint), got 0"),
+    ("lora_dropout", "1.5", "lora_dropout must be at least 0 and less than 1, got 1.5"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "message"), VALUE_CASES, ids=[f"{n}={v}" for n, v, _ in VALUE_CASES])
+def test_a_value_out_of_range_is_refused(capsys, tmp_path, data_dir, name, value, message):
+    assert run_bad(capsys, demo_argv(data_dir, tmp_path / "out", f"--{name}", value), tmp_path / "out") == message
+
+
+def test_zero_epochs_is_refused(capsys, tmp_path, data_dir):
+    argv = demo_argv(data_dir, tmp_path / "out", "--max_steps", "-1", "--num_train_epochs", "0")
+    assert run_bad(capsys, argv, tmp_path / "out") == (
+        "num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got 0.0"
+    )
+
+
+def test_every_numeric_field_has_a_range_or_a_reason():
+    numeric = set()
+    for cls in argument_classes():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            args = typing.get_args(hints[f.name]) or (hints[f.name],)
+            if any(a in (int, float) for a in args) and bool not in args:
+                numeric.add(f.name)
+    assert numeric == set(NUMERIC_RANGES) | set(UNCHECKED_NUMERIC)
+
+
+def test_a_value_error_is_one_line_through_the_real_command(tmp_path, data_dir):
+    """No warning of the launcher's own defaults precedes the error (checked outside pytest's warning capture)."""
+    argv = demo_argv(data_dir, tmp_path / "out", "--per_device_eval_batch_size", "0")
+    proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "train", *argv], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [
+        "trl-padfree train: error: per_device_eval_batch_size must be at least 1, got 0"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------- output_dir
+
+
+def test_empty_output_dir(capsys, tmp_path, data_dir):
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--output_dir", ""), tmp_path / "out")
+    assert message == "output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1"
+
+
+def test_output_dir_that_is_a_file(capsys, tmp_path, data_dir):
+    target = tmp_path / "file"
+    target.write_text("x")
+    message = run_bad(capsys, demo_argv(data_dir, target), tmp_path / "out")
+    assert message == f"output_dir {str(target)!r} is a file, not a directory; choose another output_dir"
+    assert target.read_text() == "x"
+
+
+def test_output_dir_under_a_file(capsys, tmp_path, data_dir):
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "run" / "out"
+    message = run_bad(capsys, demo_argv(data_dir, out), out)
+    assert message == (
+        f"output_dir {str(out)!r} cannot be created: {str(tmp_path / 'file')!r} is a file; choose another output_dir"
+    )
+
+
+def test_output_dir_not_writable(capsys, tmp_path, data_dir):
+    if os.geteuid() == 0:  # root writes anywhere a mode allows; /proc/1 refuses new files even to root
+        parent = Path("/proc/1")
+        if not parent.is_dir():
+            pytest.skip("needs /proc")
+    else:
+        parent = tmp_path / "locked"
+        parent.mkdir(mode=0o555)
+    out = parent / "out"
+    message = run_bad(capsys, demo_argv(data_dir, out), out)
+    assert message.startswith(f"output_dir {str(out)!r} cannot be created in {str(parent)!r} (")
+    assert message.endswith("); choose a directory you can write to")
+
+
+def test_output_dir_holding_another_run(capsys, tmp_path, data_dir):
+    out = tmp_path / "out"
+    (out / "checkpoint-3").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    message = run_bad(capsys, demo_argv(data_dir, out), tmp_path / "none")
+    assert message == (
+        f"output_dir {str(out)!r} already holds a run (checkpoint-3); continue it with resume_from_checkpoint: true, "
+        "start over in it with overwrite_output_dir: true, or choose another output_dir"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-3", "notes.txt"]
+    cfg = load_config(demo_argv(data_dir, out, "--overwrite_output_dir", "true"))
+    assert cfg.resume_from_checkpoint is None and len(cfg.run_id) == 32
+
+
+# ------------------------------------------------------------------------------------------- resume path
+
+
+def test_resume_path_that_is_not_a_checkpoint(capsys, tmp_path, data_dir):
+    path = tmp_path / "not-a-checkpoint"
+    path.mkdir()
+    (path / "model.safetensors").write_bytes(b"")
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--resume_from_checkpoint", str(path)),
+                      tmp_path / "out")
+    assert message == (
+        f"resume_from_checkpoint={str(path)!r} is not a complete checkpoint: it has no readable trainer_state.json "
+        "(the save was interrupted?); pass a checkpoint-N directory (or true for the newest complete one of the run "
+        "in output_dir)"
+    )
+
+
+# ------------------------------------------------------------------------------------------- config file and env
+
+
+def test_config_with_non_utf8_bytes(capsys, tmp_path, data_dir):
+    config = tmp_path / "c.yaml"
+    config.write_bytes(DEMO_YAML.read_bytes() + "# caf\u00e9\n".encode("latin-1"))
+    argv = demo_argv(data_dir, tmp_path / "out")
+    argv[1] = str(config)
+    offset = len(DEMO_YAML.read_bytes()) + len("# caf")
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert message == f"{config}: not UTF-8 text (byte 0xe9 at offset {offset}); save the file as UTF-8"
+
+
+ENV_CASES = [
+    ({"1BAD": "x"}, "env: '1BAD' in {config} is not a valid environment variable name (letters, digits and _, not "
+                    "starting with a digit)"),
+    ({"LD_PRELOAD": "/tmp/x.so"}, "env: LD_PRELOAD in {config} is not a variable a training run reads; env may set "
+                                  "only HF_*, "),
+    ({"CUDA_VISIBLE_DEVICES": "0"}, "env: CUDA_VISIBLE_DEVICES in {config} cannot take effect: torch has looked at "
+                                    "the GPUs before the config is read; set it in the shell instead "
+                                    "(CUDA_VISIBLE_DEVICES=... trl-padfree train ...)"),
+    ({"HF_TRL_PADFREE_X": [1, 2]}, "env: the value of HF_TRL_PADFREE_X in {config} must be a string or a number, "
+                                   "got a list"),
+]
+
+
+@pytest.mark.parametrize(("env", "message"), ENV_CASES, ids=["name", "not-allowed", "too-late", "value"])
+def test_bad_env_entries(capsys, tmp_path, data_dir, env, message):
+    config = write_yaml(tmp_path / "c.yaml", env=env)
+    argv = demo_argv(data_dir, tmp_path / "out")
+    argv[1] = str(config)
+    got = run_bad(capsys, argv, tmp_path / "out")
+    expected = message.format(config=config)
+    assert got.startswith(expected) if expected.endswith(", ") else got == expected
+
+
+def test_env_is_applied_only_after_validation(capsys, tmp_path, data_dir, monkeypatch):
+    monkeypatch.delenv("HF_TRL_PADFREE_PROBE", raising=False)
+    config = write_yaml(tmp_path / "c.yaml", env={"HF_TRL_PADFREE_PROBE": "1"}, per_device_train_batch_size=0)
+    argv = demo_argv(data_dir, tmp_path / "out")
+    argv[1] = str(config)
+    run_bad(capsys, argv, tmp_path / "out")
+    assert "HF_TRL_PADFREE_PROBE" not in os.environ
+
+
+# ------------------------------------------------------------------------------------------- trust_remote_code
+
+
+def test_trust_remote_code_only_from_its_own_field(capsys, tmp_path, data_dir):
+    config = write_yaml(tmp_path / "c.yaml", model_init_kwargs={"trust_remote_code": True})
+    argv = demo_argv(data_dir, tmp_path / "out")
+    argv[1] = str(config)
+    assert run_bad(capsys, argv, tmp_path / "out") == (
+        "model_init_kwargs may not set 'trust_remote_code': it has its own field; set trust_remote_code: true instead"
+    )
+
+
+def test_the_run_line_says_when_remote_code_is_trusted(tmp_path, data_dir):
+    assert "trust_remote_code" not in describe(load_config(demo_argv(data_dir, tmp_path / "out")))
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--trust_remote_code", "true"))
+    assert describe(cfg)["trust_remote_code"] is True
+
+
+def test_model_init_kwargs_are_applied_by_the_launcher_not_trl(tmp_path, data_dir):
+    config = write_yaml(tmp_path / "c.yaml", model_init_kwargs={"low_cpu_mem_usage": True})
+    argv = demo_argv(data_dir, tmp_path / "out")
+    argv[1] = str(config)
+    cfg = load_config(argv)
+    assert cfg.model_init_kwargs == {"low_cpu_mem_usage": True}
+    assert cfg.training.model_init_kwargs is None  # TRL would print that it ignores them
+
+
+# ------------------------------------------------------------------------------------------- model checks
+
+
+@pytest.fixture(scope="module")
+def small_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama whose embeddings hold 700 rows, saved with the demo tokenizer (768 tokens)."""
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = tmp_path_factory.mktemp("small-vocab")
+    config = LlamaConfig(vocab_size=700, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(out)
+    AutoTokenizer.from_pretrained(DEMO / "model").save_pretrained(out)
+    return out
+
+
+def test_tokenizer_larger_than_the_embeddings(capsys, tmp_path, data_dir, small_vocab_model):
+    argv = demo_argv(data_dir, tmp_path / "out", "--model_name_or_path", str(small_vocab_model))
+    assert run_bad(capsys, argv, tmp_path / "out") == (
+        f"the tokenizer of {str(small_vocab_model)!r} has 768 token ids but the model's embeddings hold 700 "
+        "(vocab_size): use the tokenizer that belongs to this model, or resize the model's embeddings to 768 "
+        "(model.resize_token_embeddings) and save it"
+    )
+
+
+def test_lora_targets_that_match_nothing(capsys, tmp_path, data_dir):
+    argv = demo_argv(data_dir, tmp_path / "out", "--use_peft", "true", "--lora_target_modules", "q_proj", "qkv")
+    assert run_bad(capsys, argv, tmp_path / "out") == (
+        f"lora_target_modules 'qkv' match no module of {str(DEMO / 'model')!r}; its linear layers are named "
+        "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj (or use all-linear)"
+    )
+
+
+# ------------------------------------------------------------------------------------------- data
+
+
+def _jsonl(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def test_null_or_missing_completion_is_an_error_with_its_index(capsys, tmp_path, data_dir):
+    records = [{"instruction": "hi", "output": "hello"}, {"instruction": "hi", "output": None}, {"instruction": "x"}]
+    train = _jsonl(tmp_path / "t.jsonl", records)
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    assert message == (
+        "train_file record 1 (counting from 0): 'output' is null or missing (and 1 more); fill it in or remove the "
+        "record"
+    )
+
+
+def test_empty_completion_is_an_error_even_when_shuffled_for_eval(capsys, tmp_path, data_dir):
+    records = [{"instruction": f"q{i}", "output": "a"} for i in range(9)] + [{"instruction": "q", "output": "  "}]
+    train = _jsonl(tmp_path / "t.jsonl", records)
+    argv = demo_argv(data_dir, tmp_path / "out", "--train_file", str(train), "--eval_file", "",
+                     "--eval_fraction", "0.3")
+    assert run_bad(capsys, argv, tmp_path / "out") == (
+        "train_file record 9 (counting from 0): 'output' is empty; fill it in or remove the record"
+    )
+
+
+def test_null_completion_of_prompt_completion_records(capsys, tmp_path, data_dir):
+    records = [{"prompt": "### Question: a\n### Answer:", "completion": " b"},
+               {"prompt": "### Question: c\n### Answer:", "completion": None}]
+    train = _jsonl(tmp_path / "t.jsonl", records)
+    argv = demo_argv(data_dir, tmp_path / "out", "--train_file", str(train), "--template", "",
+                     "--eval_strategy", "no", "--eval_file", "")
+    assert run_bad(capsys, argv, tmp_path / "out") == (
+        "train_file record 1 (counting from 0): 'completion' is null or missing; fill it in or remove the record"
+    )
+
+
+def test_empty_jsonl_says_why(capsys, tmp_path, data_dir):
+    train = tmp_path / "empty.jsonl"
+    train.write_bytes(b"")
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    assert message == f"train_file file {str(train)!r} is empty (0 bytes): it holds no records"
+
+
+def test_binary_jsonl_is_one_line(capsys, tmp_path, data_dir):
+    train = tmp_path / "weights.jsonl"
+    train.write_bytes((DEMO / "model" / "model.safetensors").read_bytes()[:4096])
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    assert message == (
+        f"train_file file {str(train)!r} is not text (byte 0x00 at offset 2): expected JSON Lines (one JSON object "
+        "per line) in UTF-8"
+    )
+
+
+def test_text_that_is_not_json_gives_the_parser_reason(capsys, tmp_path, data_dir):
+    train = tmp_path / "notes.jsonl"
+    train.write_text("just some notes\n", encoding="utf-8")
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    assert message.startswith(f"could not read train_file={str(train)!r}: JSON parse error")
+
+
+def test_hub_dataset_offline_fails_fast(capsys, tmp_path, data_dir, monkeypatch):
+    import datasets
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
+                     "--dataset_name", "nobody/no-such-dataset")
+    start = time.perf_counter()
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert time.perf_counter() - start < 10
+    assert message.startswith("could not load dataset_name='nobody/no-such-dataset': ")
+    assert message.endswith("(HF_HUB_OFFLINE is set and it is not in the local cache: unset it to download the "
+                            "dataset, or set dataset_name to a local dataset directory)")

@@ -1,0 +1,469 @@
+"""Checkpoints and final saves of ``trl-padfree train`` that are complete or absent, never half-written.
+
+What a run leaves in ``output_dir``:
+
+- ``trl_padfree_run.json`` (:data:`RUN_FILE`): the run's id and status (``training``, ``interrupted``,
+  ``finished``, ``failed``), written atomically at the start and at the end of the run;
+- ``checkpoint-N/``: written first under ``.trl_padfree_partial/checkpoint-N`` (:data:`STAGING_DIR`), then
+  completed with ``trl_padfree_checkpoint.json`` (:data:`CHECKPOINT_MARKER`: the run id, the step and the size of
+  every file), synced to disk and renamed into place. A run killed while saving leaves its partial files in the
+  staging directory only; ``checkpoint-N`` appears complete or not at all.
+- the final model: saved the same way (staging directory, then each file moved into ``output_dir``), so a save
+  that fails (disk full) leaves no truncated weights behind.
+
+``resume_from_checkpoint: true`` (:func:`choose_resume`) takes the newest checkpoint that carries this run's id
+and whose files match its marker, and lists the ones it passed over (incomplete, another run's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import ConfigError
+
+__all__ = [
+    "CHECKPOINT_MARKER",
+    "RUN_FILE",
+    "STAGING_DIR",
+    "AtomicCheckpoints",
+    "ResumeChoice",
+    "RunError",
+    "begin_run",
+    "checkpoint_problem",
+    "choose_resume",
+    "end_run",
+    "last_complete_checkpoint",
+    "list_checkpoints",
+    "mark_complete",
+    "new_run_id",
+    "read_json",
+    "read_run",
+    "run_contents",
+    "save_final_model",
+    "write_json_atomic",
+    "write_run",
+]
+
+RUN_FILE = "trl_padfree_run.json"
+CHECKPOINT_MARKER = "trl_padfree_checkpoint.json"
+STAGING_DIR = ".trl_padfree_partial"
+
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+#: Files that hold a checkpoint's model weights (any one of them, or a sharded index).
+_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
+_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+#: What in an output_dir shows that a training run wrote there.
+_RUN_MARKS = (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS, *_INDEXES)
+
+
+class RunError(RuntimeError):
+    """A failure during the run itself (not bad input): ``main`` prints the one-line message and exits with 1."""
+
+
+def new_run_id() -> str:
+    """A fresh run id (32 hex digits).
+
+    >>> len(new_run_id()), new_run_id() != new_run_id()
+    (32, True)
+    """
+    return uuid.uuid4().hex
+
+
+# ------------------------------------------------------------------------------------------ files
+
+
+def _fsync_path(path: str) -> None:
+    """Flush a file or directory to disk (best effort where the filesystem does not support it)."""
+    flags = os.O_RDONLY | (os.O_DIRECTORY if os.path.isdir(path) and hasattr(os, "O_DIRECTORY") else 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, data: dict[str, Any]) -> None:
+    """Write ``data`` as JSON to ``path``: a temporary file in the same directory, synced, then renamed.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> write_json_atomic(os.path.join(d, "x.json"), {"a": 1}); read_json(os.path.join(d, "x.json"))
+    {'a': 1}
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=directory)
+    try:
+        os.chmod(tmp, 0o644)  # mkstemp makes it private; the run's other files are not
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, default=str)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    _fsync_path(directory)
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    """The JSON mapping in ``path``, or None if it is missing, unreadable or not a mapping."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_run(output_dir: str) -> dict[str, Any] | None:
+    """The run record of ``output_dir`` (see the module docstring), or None."""
+    return read_json(os.path.join(output_dir, RUN_FILE))
+
+
+def write_run(output_dir: str, **fields: Any) -> None:
+    """Update the run record of ``output_dir`` with ``fields`` (atomically)."""
+    record = read_run(output_dir) or {}
+    record.update(fields)
+    write_json_atomic(os.path.join(output_dir, RUN_FILE), record)
+
+
+def _file_sizes(directory: str) -> dict[str, int]:
+    sizes = {}
+    for root, _, files in os.walk(directory):
+        for name in files:
+            path = os.path.join(root, name)
+            rel = os.path.relpath(path, directory)
+            if rel != CHECKPOINT_MARKER:
+                sizes[rel] = os.path.getsize(path)
+    return sizes
+
+
+# ------------------------------------------------------------------------------------------ inspecting
+
+
+def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
+    """``(step, path)`` of every ``checkpoint-N`` directory in ``output_dir``, by step."""
+    try:
+        names = os.listdir(output_dir)
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        match = _CHECKPOINT_RE.match(name)
+        path = os.path.join(output_dir, name)
+        if match and os.path.isdir(path):
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def checkpoint_problem(path: str, run_id: str | None = None) -> str | None:
+    """Why ``path`` is not a complete checkpoint (of run ``run_id``, when given), or None if it is one.
+
+    A checkpoint written by this launcher must carry its marker and every file the marker lists, at the listed
+    size; one written by another tool (no marker) must have a readable ``trainer_state.json`` and model weights.
+    """
+    if not os.path.isdir(path):
+        return "not a directory"
+    marker = read_json(os.path.join(path, CHECKPOINT_MARKER))
+    if marker is not None:
+        if run_id is not None and marker.get("run_id") != run_id:
+            return "written by another run"
+        for rel, size in (marker.get("files") or {}).items():
+            full = os.path.join(path, rel)
+            if not os.path.isfile(full):
+                return f"{rel} is missing"
+            if os.path.getsize(full) != size:
+                return f"{rel} is {os.path.getsize(full)} bytes, {size} were written"
+        return None
+    if run_id is not None:
+        return "incomplete (no trl-padfree completion marker: the save was interrupted, or another tool wrote it)"
+    state = read_json(os.path.join(path, "trainer_state.json"))
+    if state is None or not isinstance(state.get("global_step"), int):
+        return "it has no readable trainer_state.json (the save was interrupted?)"
+    weights = [name for name in _WEIGHTS if os.path.isfile(os.path.join(path, name))]
+    indexes = [name for name in _INDEXES if os.path.isfile(os.path.join(path, name))]
+    if not weights and not indexes and not any(n.startswith("pytorch_model_fsdp") for n in os.listdir(path)):
+        return "it holds no model weights (model.safetensors, adapter_model.safetensors, ...)"
+    for name in weights:
+        if os.path.getsize(os.path.join(path, name)) == 0:
+            return f"{name} is empty"
+    for name in indexes:
+        index = read_json(os.path.join(path, name)) or {}
+        for shard in set((index.get("weight_map") or {}).values()):
+            if not os.path.isfile(os.path.join(path, shard)):
+                return f"the shard {shard} listed in {name} is missing"
+    return None
+
+
+def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
+    """The newest complete checkpoint of run ``run_id`` in ``output_dir``, or None."""
+    for _, path in reversed(list_checkpoints(output_dir)):
+        if run_id is not None and checkpoint_problem(path, run_id) is None:
+            return path
+    return None
+
+
+@dataclass
+class ResumeChoice:
+    """The checkpoint ``resume_from_checkpoint: true`` resolved to, and the ones it passed over (with why)."""
+
+    path: str
+    step: int
+    run_id: str | None
+    skipped: list[str] = field(default_factory=list)
+
+    def note(self) -> str:
+        """The line the launcher prints about this choice."""
+        text = f"resuming from {self.path} (step {self.step}, the newest complete checkpoint of this run)"
+        if self.skipped:
+            text += "; passed over: " + "; ".join(self.skipped)
+        return text
+
+
+def choose_resume(output_dir: str) -> ResumeChoice:
+    """What ``resume_from_checkpoint: true`` means for ``output_dir``; :class:`ConfigError` if nothing fits.
+
+    Refused: no run of this launcher in ``output_dir``; a finished run (nothing left to train: the final model is
+    there); no complete checkpoint of this run.
+    """
+    run = read_run(output_dir) if os.path.isdir(output_dir) else None
+    checkpoints = list_checkpoints(output_dir)
+    if run is None or not run.get("run_id"):
+        what = (f"its checkpoints ({', '.join(os.path.basename(p) for _, p in checkpoints)}) were not written by "
+                "trl-padfree train" if checkpoints else "it holds no checkpoint-N directory")
+        raise ConfigError(
+            f"resume_from_checkpoint: true, but {output_dir!r} holds no trl-padfree run to resume ({what}); pass a "
+            "checkpoint directory (resume_from_checkpoint: PATH) or start without resume_from_checkpoint"
+        )
+    run_id = run["run_id"]
+    if run.get("status") == "finished":
+        raise ConfigError(
+            f"resume_from_checkpoint: true, but the run in {output_dir!r} is finished (step "
+            f"{run.get('global_step')} of {run.get('max_steps')}; the model is saved there): nothing to resume; to "
+            "train further, start a new run from it (model_name_or_path: that directory) in another output_dir"
+        )
+    staging = os.path.join(output_dir, STAGING_DIR)
+    partial = sorted(n for n in os.listdir(staging) if _CHECKPOINT_RE.match(n)) if os.path.isdir(staging) else []
+    skipped = [f"{name} (its save was interrupted; the partial files are discarded)" for name in partial]
+    for step, path in reversed(checkpoints):
+        problem = checkpoint_problem(path, run_id)
+        if problem is None:
+            return ResumeChoice(path=path, step=step, run_id=run_id, skipped=skipped)
+        skipped.append(f"{os.path.basename(path)} ({problem})")
+    detail = f" ({'; '.join(skipped)})" if skipped else ""
+    raise ConfigError(
+        f"resume_from_checkpoint: true, but {output_dir!r} holds no complete checkpoint of its run{detail}; start "
+        "again without resume_from_checkpoint (with overwrite_output_dir: true) or pass a checkpoint path"
+    )
+
+
+def run_contents(output_dir: str) -> list[str]:
+    """The entries of ``output_dir`` that show a training run wrote there (checkpoints, weights, state).
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp(); os.mkdir(os.path.join(d, "checkpoint-3")); open(os.path.join(d, "notes.txt"), "w").close()
+    >>> run_contents(d)
+    ['checkpoint-3']
+    """
+    try:
+        names = sorted(os.listdir(output_dir))
+    except OSError:
+        return []
+    return [n for n in names if n in _RUN_MARKS or _CHECKPOINT_RE.match(n)]
+
+
+# ------------------------------------------------------------------------------------------ saving
+
+
+def _any_process(flag: bool) -> bool:
+    """Whether ``flag`` is set on any process (an all-reduce when distributed), so that all take the same path."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
+    tensor = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+def _move_into(src: str, dst: str) -> None:
+    """Rename ``src`` to ``dst``, replacing a directory already at ``dst`` only once ``src`` is in place."""
+    if os.path.isdir(dst) and not os.path.islink(dst):
+        old = f"{src}.replaced"
+        os.rename(dst, old)
+        os.rename(src, dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dst)
+
+
+def _remove_if_empty(path: str) -> None:
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+
+
+def mark_complete(staging: str, run_id: str | None, step: int) -> None:
+    """Write the completion marker into ``staging`` and sync every file to disk."""
+    sizes = _file_sizes(staging)
+    for rel in sizes:
+        _fsync_path(os.path.join(staging, rel))
+    write_json_atomic(os.path.join(staging, CHECKPOINT_MARKER), {"run_id": run_id, "step": step, "files": sizes})
+
+
+class AtomicCheckpoints:
+    """Trainer mixin: ``checkpoint-N`` is written under :data:`STAGING_DIR` and renamed into place when complete.
+
+    Put it before the Trainer class (``class T(AtomicCheckpoints, SFTTrainer)``) and set ``run_id`` on the
+    instance; every checkpoint's marker carries it.
+    """
+
+    run_id: str | None = None
+    _staging_root: str | None = None
+
+    def _get_output_dir(self, trial: Any) -> str:
+        if self._staging_root is not None:
+            return self._staging_root
+        return super()._get_output_dir(trial)  # type: ignore[misc]
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        from transformers.trainer_utils import rotate_checkpoints
+
+        run_dir = super()._get_output_dir(trial)  # type: ignore[misc]
+        name = f"checkpoint-{self.state.global_step}"  # type: ignore[attr-defined]
+        staging_root = os.path.join(run_dir, STAGING_DIR)
+        staging = os.path.join(staging_root, name)
+        main = self.args.should_save  # type: ignore[attr-defined]
+        if main and os.path.exists(staging):
+            shutil.rmtree(staging)  # the leftovers of a save that was interrupted
+        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
+        self._staging_root = staging_root
+        try:
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        except Exception as exc:
+            if main:
+                shutil.rmtree(staging, ignore_errors=True)
+                _remove_if_empty(staging_root)
+            last = last_complete_checkpoint(run_dir, self.run_id)
+            raise RunError(
+                f"could not write {name}: {' '.join(str(exc).split())[:200]}; "
+                + (f"the last complete checkpoint is {last}" if last else "no complete checkpoint was written")
+                + " (free space, then resume with --resume_from_checkpoint true)"
+            ) from exc
+        finally:
+            self._staging_root = None
+        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]  (every process wrote its files)
+        if not main:
+            return
+        final = os.path.join(run_dir, name)
+        state = self.state  # type: ignore[attr-defined]
+        if state.best_model_checkpoint and os.path.abspath(state.best_model_checkpoint) == os.path.abspath(staging):
+            state.best_model_checkpoint = final
+            state.save_to_json(os.path.join(staging, "trainer_state.json"))
+        mark_complete(staging, self.run_id, state.global_step)
+        _move_into(staging, final)
+        _remove_if_empty(staging_root)
+        _fsync_path(run_dir)
+        rotate_checkpoints(
+            output_dir=run_dir,
+            save_total_limit=self.args.save_total_limit,  # type: ignore[attr-defined]
+            best_model_checkpoint=state.best_model_checkpoint,
+            use_mtime=True,
+        )
+
+
+def save_final_model(trainer: Any, output_dir: str) -> None:
+    """``trainer.save_model(output_dir)``, through a staging directory: the files appear only once all are written.
+
+    Raises :class:`RunError` (one line, naming the last complete checkpoint of the run) if the save fails, after
+    removing what it had written.
+    """
+    staging_root = os.path.join(output_dir, STAGING_DIR)
+    staging = os.path.join(staging_root, "final")
+    main = trainer.args.should_save
+    error: BaseException | None = None
+    try:
+        if main and os.path.exists(staging):
+            shutil.rmtree(staging)
+        trainer.save_model(staging)
+        if main:
+            for rel in _file_sizes(staging):
+                _fsync_path(os.path.join(staging, rel))
+    except Exception as exc:  # OSError, or the safetensors writer's own error type
+        error = exc
+    if _any_process(error is not None):
+        if main:
+            shutil.rmtree(staging, ignore_errors=True)
+            _remove_if_empty(staging_root)
+        last = last_complete_checkpoint(output_dir, getattr(trainer, "run_id", None))
+        where = (f"the last complete checkpoint is {last} (resume with --resume_from_checkpoint true once there is "
+                 "space)" if last else "no checkpoint was saved during this run (save_strategy), so the trained "
+                 "weights are lost")
+        reason = " ".join(str(error).split()) if error is not None else "it failed on another process"
+        raise RunError(f"could not save the final model to {output_dir!r}: {reason}; {where}")
+    if main:
+        for name in sorted(os.listdir(staging)):
+            _move_into(os.path.join(staging, name), os.path.join(output_dir, name))
+        _remove_if_empty(staging)
+        _remove_if_empty(staging_root)
+        _fsync_path(output_dir)
+    trainer.accelerator.wait_for_everyone()
+
+
+# ------------------------------------------------------------------------------------------ the run's record
+
+
+def begin_run(trainer: Any, run_id: str | None, resume_from: str | None) -> bool:
+    """Record the run in ``output_dir`` (main process) and tell whether there is anything left to train.
+
+    Returns False when ``resume_from`` is already at the run's last step (a run whose final save failed after
+    its last checkpoint): the checkpoint's weights and state are then loaded here and the caller skips
+    ``trainer.train()`` (the Trainer would train one step past the end).
+    """
+    from transformers import TrainerState
+
+    trainer.run_id = run_id
+    output_dir = trainer.args.output_dir
+    if trainer.args.should_save:
+        os.makedirs(output_dir, exist_ok=True)
+        shutil.rmtree(os.path.join(output_dir, STAGING_DIR), ignore_errors=True)  # saves that were interrupted
+        write_run(output_dir, run_id=run_id, status="training", resumed_from=resume_from)
+    if resume_from is None:
+        return True
+    state = read_json(os.path.join(resume_from, "trainer_state.json")) or {}
+    max_steps = trainer.set_initial_training_values(trainer.args, trainer.get_train_dataloader())[-1]
+    if int(state.get("global_step", 0)) < max_steps:
+        return True
+    trainer._load_from_checkpoint(resume_from)
+    trainer.state = TrainerState.load_from_json(os.path.join(resume_from, "trainer_state.json"))
+    return False
+
+
+def end_run(trainer: Any, status: str, **fields: Any) -> None:
+    """Record how the run ended (``finished``, ``interrupted``, ``failed``) in its run file (main process).
+
+    Best effort for ``failed`` (the disk may be full): the failure itself is what gets reported.
+    """
+    if trainer.args.should_save:
+        try:
+            write_run(trainer.args.output_dir, status=status, global_step=trainer.state.global_step,
+                      max_steps=trainer.state.max_steps, **fields)
+        except OSError:
+            if status != "failed":
+                raise
