@@ -47,10 +47,15 @@ def train_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def torchrun(script_args: list[str], nproc: int = 2) -> tuple[int, list[tuple[float, str]], float]:
-    """Run ``torchrun --standalone --nproc_per_node N`` on ``script_args``; return (exit code, timestamped lines of
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+              str(ROOT / "configs" / "accelerate" / "cpu-ddp.yaml")]
+
+
+def torchrun(script_args: list[str], launcher: list[str] = TORCHRUN) -> tuple[int, list[tuple[float, str]], float]:
+    """Run ``script_args`` under ``launcher`` (2 processes); return (exit code, timestamped lines of
     stdout+stderr, the time the launcher exited)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc), *script_args]
+    cmd = [*launcher, *script_args]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[tuple[float, str]] = []
@@ -79,8 +84,9 @@ def first_time(lines: list[tuple[float, str]], fragment: str) -> float:
 
 
 def test_two_ranks_train_one_model_log_once_and_exit_cleanly(data_dir, tmp_path):
+    """accelerate launch --config_file configs/accelerate/cpu-ddp.yaml (accelerate's torchrun-based launcher)."""
     out = tmp_path / "out"
-    code, lines, ended = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)])
+    code, lines, ended = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)], ACCELERATE)
     text = "\n".join(line for _, line in lines)
     assert code == 0, text[-4000:]
     summary = json.loads((out / "launch_summary.json").read_text())
@@ -118,3 +124,18 @@ def test_a_failing_rank_makes_the_other_exit_non_zero_at_once(data_dir, tmp_path
     seconds = ended - first_time(lines, "[trl-padfree] rank 1 failed:")
     assert seconds < 30, (seconds, text[-4000:])
     assert not (out / "model.safetensors").exists()
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="without use_cpu, a GPU machine builds a group")
+def test_processes_that_form_no_process_group_are_refused(data_dir, tmp_path):
+    """Without use_cpu: true on a machine without GPUs, the 2 processes would each train their own model into the
+    same output_dir: the launch stops both before anything is written (exit code 2)."""
+    out = tmp_path / "out"
+    code, lines, _ = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out, "--use_cpu", "false")])
+    text = "\n".join(line for _, line in lines)
+    assert code != 0
+    assert ("trl-padfree train: error: the launcher started 2 processes (WORLD_SIZE=2) but they did not join one "
+            "process group, so each would train its own copy of the model: on a machine without GPUs set use_cpu: "
+            "true") in text, text[-3000:]
+    assert text.count("exitcode  : 2 (pid:") == 2
+    assert not out.exists()
