@@ -57,15 +57,27 @@ class FailEvaluation(TrainerCallback):
 
 
 class FullDiskAtEnd(TrainerCallback):
-    """Fill the disk of ``ballast`` (a path on a small tmpfs), or with ``ballast=None`` lower RLIMIT_FSIZE."""
+    """Fill the disk of ``ballast`` (a path on a small tmpfs), or with ``ballast=None`` lower RLIMIT_FSIZE.
 
-    def __init__(self, ballast: str | None, fsize_limit: int = 64 * 1024) -> None:
+    At the end of training, or with ``at_step=K`` at the end of step K (before that step's checkpoint is saved).
+    """
+
+    def __init__(self, ballast: str | None, fsize_limit: int = 64 * 1024, at_step: int | None = None) -> None:
         self.ballast = ballast
         self.fsize_limit = fsize_limit
+        self.at_step = at_step
         self.previous: tuple[int, int] | None = None
         self.previous_handler: Any = None
 
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.at_step:
+            self.fill()
+
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.at_step is None:
+            self.fill()
+
+    def fill(self) -> None:
         if self.ballast is None:
             self.previous = resource.getrlimit(resource.RLIMIT_FSIZE)
             self.previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill

@@ -210,6 +210,21 @@ def test_a_full_disk_at_the_final_save_reports_the_last_checkpoint_and_resume_co
         assert json.loads((out / RUN_FILE).read_text())["status"] == "finished"
 
 
+def test_a_full_disk_at_a_checkpoint_stops_with_one_line_naming_the_last_complete_one(data_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    full = FullDiskAtEnd(None, at_step=4)  # the file-size limit drops before checkpoint-4 is written
+    try:
+        code, stdout, err = run(fault_argv(data_dir, out), capsys, callbacks=[full])
+    finally:
+        full.restore()
+    assert code == 1
+    message = error_line(err)
+    assert message.startswith("could not write checkpoint-4: ") and "File too large" in message
+    assert message.endswith(f"; the last complete checkpoint is {out / 'checkpoint-2'} (free space, then resume with "
+                            "--resume_from_checkpoint true)")
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"] and not (out / STAGING_DIR).exists()
+
+
 def test_a_failed_final_evaluation_keeps_the_model_and_overwrite_starts_a_new_run(finished_run, data_dir, tmp_path,
                                                                                    capsys):
     out = tmp_path / "out"

@@ -334,3 +334,30 @@ def test_hub_dataset_offline_fails_fast(capsys, tmp_path, data_dir, monkeypatch)
     assert message.startswith("could not load dataset_name='nobody/no-such-dataset': ")
     assert message.endswith("(HF_HUB_OFFLINE is set and it is not in the local cache: unset it to download the "
                             "dataset, or set dataset_name to a local dataset directory)")
+
+
+def test_unreachable_hub_fails_fast_without_retries(capsys, tmp_path, data_dir, monkeypatch):
+    """Not offline, but the hub cannot be reached (here: a local port nothing listens on, no network used):
+    one line within seconds instead of datasets' ~30 s of retries."""
+    import datasets
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
+    argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
+                     "--dataset_name", "nobody/no-such-dataset")
+    start = time.perf_counter()
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert time.perf_counter() - start < 10
+    assert message.startswith("cannot reach the Hugging Face Hub to load dataset_name='nobody/no-such-dataset' (")
+    assert message.endswith("); set HF_HUB_OFFLINE=1 to use a cached copy, or set dataset_name to a local dataset "
+                            "directory")
+
+
+def test_lora_settings_are_checked_by_peft_before_loading(capsys, tmp_path, data_dir):
+    argv = demo_argv(data_dir, tmp_path / "out", "--use_peft", "true", "--lora_task_type", "BOGUS")
+    assert run_bad(capsys, argv, tmp_path / "out") == (
+        "invalid LoRA settings (peft.LoraConfig): Invalid task type: 'BOGUS'. Must be one of the following task types: "
+        "SEQ_CLS, SEQ_2_SEQ_LM, CAUSAL_LM, TOKEN_CLS, QUESTION_ANS, FEATURE_EXTRACTION."
+    )

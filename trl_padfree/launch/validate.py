@@ -299,6 +299,13 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
         raise ConfigError("load_in_4bit/load_in_8bit train only LoRA adapters: also set use_peft: true")
     if check_environment and quantized and importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError("load_in_4bit/load_in_8bit need the bitsandbytes package and a CUDA GPU")
+    if cfg.model.use_peft and importlib.util.find_spec("peft") is not None:
+        from trl import get_peft_config
+
+        try:  # peft's own checks of the LoRA settings, now rather than when the trainer is built
+            get_peft_config(cfg.model)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"invalid LoRA settings (peft.LoraConfig): {' '.join(str(exc).split())}") from None
 
 
 def _training_device(cfg: LaunchConfig) -> str:
