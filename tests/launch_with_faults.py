@@ -5,7 +5,7 @@
 
 ``--fail_rank R --fail_at_step K``: rank ``R`` raises ``RuntimeError`` in its training step once ``K`` optimizer
 steps are done (the other ranks are then inside DDP's gradient all-reduce of the same step, the worst place to
-be left waiting). Everything after ``--`` goes to ``trl_padfree.launch.main``.
+be left waiting). ``--sigterm_rank R --sigterm_at_step K``: rank ``R`` alone gets SIGTERM in that step. Everything after ``--`` goes to ``trl_padfree.launch.main``.
 """
 
 from __future__ import annotations
@@ -29,14 +29,36 @@ def inject_failure(rank: int, at_step: int) -> None:
     PadfreeSFTTrainer.training_step = training_step
 
 
+def inject_sigterm(rank: int, at_step: int) -> None:
+    """Make ``rank`` (only) send itself SIGTERM in its training step once ``at_step`` optimizer steps are done."""
+    import signal
+
+    from trl_padfree.launch.trainer import PadfreeSFTTrainer
+
+    original = PadfreeSFTTrainer.training_step
+    sent = []
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if int(os.environ.get("RANK", "0")) == rank and self.state.global_step >= at_step and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, model, inputs, num_items_in_batch)
+
+    PadfreeSFTTrainer.training_step = training_step
+
+
 def run(argv: list[str]) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     parser = argparse.ArgumentParser()
     parser.add_argument("--fail_rank", type=int)
     parser.add_argument("--fail_at_step", type=int, default=1)
+    parser.add_argument("--sigterm_rank", type=int)
+    parser.add_argument("--sigterm_at_step", type=int, default=1)
     options = parser.parse_args(argv[:split])
     if options.fail_rank is not None:
         inject_failure(options.fail_rank, options.fail_at_step)
+    if options.sigterm_rank is not None:
+        inject_sigterm(options.sigterm_rank, options.sigterm_at_step)
     from trl_padfree.launch import main
 
     return main(argv[split + 1 :])

@@ -139,3 +139,19 @@ def test_processes_that_form_no_process_group_are_refused(data_dir, tmp_path):
             "true") in text, text[-3000:]
     assert text.count("exitcode  : 2 (pid:") == 2
     assert not out.exists()
+
+
+def test_sigterm_on_one_rank_checkpoints_both_at_the_same_step_and_both_exit_0(data_dir, tmp_path):
+    out = tmp_path / "out"
+    code, lines, ended = torchrun([
+        str(ROOT / "tests" / "launch_with_faults.py"), "--sigterm_rank", "1", "--sigterm_at_step", "1", "--",
+        *train_argv(data_dir, out, "--max_steps", "50"),
+    ])  # fmt: skip
+    text = "\n".join(line for _, line in lines)
+    assert code == 0, text[-4000:]  # torchrun exits 0 only when every worker did
+    assert "[trl-padfree] steps: 2/50 in " in text and "(stopped by signal on another process)" in text
+    assert (out / "checkpoint-2" / "trainer_state.json").is_file() and not (out / "model.safetensors").exists()
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["checkpoint"] == str(out / "checkpoint-2") and summary["world_size"] == 2
+    seconds = ended - first_time(lines, "[trl-padfree] checkpoint saved to")
+    assert seconds < 30, seconds
