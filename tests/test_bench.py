@@ -450,3 +450,24 @@ def test_replot_of_a_bad_file_exits_2_with_one_line(content, reason, tmp_path, c
     assert captured.err == (f"trl-padfree bench: error: --replot {path}: {reason}; pass a JSON report written by "
                             "trl-padfree bench\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ([] if content is None else ["report.json"])
+
+
+def test_commands_on_the_benchmark_page_are_valid_bench_commands():
+    """Every `trl-padfree bench` / `python scripts/bench.py` command shown in docs/benchmark.md parses and
+    validates (they are not run here: the page's runs take minutes)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from trl_padfree.bench import build_parser, config_from_args
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "benchmark.md").read_text()
+    blocks = re.findall(r"```(?:bash|console|sh)?\n(.*?)```", page, flags=re.S)
+    commands = [ln.split("#")[0].strip() for block in blocks for ln in block.splitlines()]
+    commands = [c for c in commands if c.startswith(("trl-padfree bench", "python scripts/bench.py"))]
+    assert len(commands) >= 3
+    for command in commands:
+        argv = shlex.split(command)[2:]
+        args = build_parser().parse_args(argv)
+        if args.replot is None:
+            config_from_args(args).validate()
