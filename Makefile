@@ -2,16 +2,29 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# A CPU build of torch on machines without an NVIDIA GPU (pip takes it from the local wheel cache
-# when present); on GPU machines pip's default torch build.
-TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.6" || echo "torch==2.13.0")
+# torch. On a machine without an NVIDIA GPU (no nvidia-smi): the CPU build from PyTorch's CPU wheel index
+# TORCH_CPU_INDEX (~200 MB, instead of the CUDA build and its ~3 GB of nvidia-* packages that the default index
+# gives). Where that index does not answer within 5 s (an offline mirror, a CI sandbox), pip installs TORCH_SPEC
+# from its configured sources instead (a local CPU wheel where there is one). On GPU machines: pip's default
+# (CUDA) build. Override either: make install TORCH_CPU_INDEX= (no CPU index), TORCH_SPEC="torch==2.12.*".
+HAS_NVIDIA      := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+TORCH_SPEC      ?= $(if $(HAS_NVIDIA),torch>=2.6,torch==2.13.0)
+TORCH_CPU_INDEX ?= $(if $(HAS_NVIDIA),,https://download.pytorch.org/whl/cpu)
 
 .PHONY: install demo test lint bench clean real-tokenizers
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	@if [ -n "$(TORCH_CPU_INDEX)" ] && $(PY) -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip('/') + '/torch/', timeout=5)" "$(TORCH_CPU_INDEX)" 2>/dev/null; then \
+		echo "torch: CPU build $(TORCH_SPEC) from $(TORCH_CPU_INDEX)"; \
+		$(PY) -m pip install --quiet --index-url "$(TORCH_CPU_INDEX)" "$(TORCH_SPEC)" \
+		|| { echo "torch: the CPU index failed; installing $(TORCH_SPEC) from pip's configured sources"; \
+		     $(PY) -m pip install --quiet "$(TORCH_SPEC)"; }; \
+	else \
+		[ -z "$(TORCH_CPU_INDEX)" ] || echo "torch: $(TORCH_CPU_INDEX) not reachable; installing $(TORCH_SPEC) from pip's configured sources"; \
+		$(PY) -m pip install --quiet "$(TORCH_SPEC)"; \
+	fi
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
