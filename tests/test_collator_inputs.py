@@ -254,3 +254,12 @@ def test_tokens_added_after_construction_are_in_the_vocabulary():
     new = tok.convert_tokens_to_ids("<new>")
     assert new == len(tok) - 1
     assert collator([[1, 7, 8, new]])["labels"].tolist() == [[IGNORE, IGNORE, IGNORE, new]]
+
+
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_labels_in_any_accepted_form(ids, form):
+    given = [[IGNORE] * 3 + x[3:] for x in ids]
+    features = [{"input_ids": FORMS[form](x), "labels": FORMS[form](g)} for x, g in zip(ids, given, strict=True)]
+    features[1] = {"input_ids": ids[1]}  # one example without labels
+    labels = DataCollatorForCompletionOnlyLM(None, padding_free=True)(features)["labels"][0].tolist()
+    assert labels == given[0] + [IGNORE] + ids[1][1:] + given[2]

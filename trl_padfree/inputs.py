@@ -163,7 +163,7 @@ def _unpack(features: Sequence[Any]) -> tuple[list[Any], list[Any] | None, list[
         else:
             hint = "; tokenize the text first" if isinstance(f, str) else ""
             raise TypeError(f"{_where(i)} is of type {type(f).__name__}; {_WHAT_TO_PASS}{hint}.")
-    has_labels = any(v is not None for v in labels)
+    has_labels = any(v is not None for v in labels)  # (not list.count(None): arrays compare elementwise)
     has_seq = any(v is not None for v in seq_lengths)
     return ids, (labels if has_labels else None), (seq_lengths if has_seq else None)
 
