@@ -37,7 +37,7 @@ VALUE_CASES = [
     ("gradient_accumulation_steps", "0", "gradient_accumulation_steps must be at least 1, got 0"),
     ("learning_rate", "-0.001", "learning_rate must be at least 0, got -0.001"),
     ("learning_rate", "nan", "learning_rate must be at least 0, got nan"),
-    ("seed", "-1", "seed must be at least 0 and at most 4.29497e+09, got -1"),
+    ("seed", "-1", "seed must be at least 0 and at most 4294967295, got -1"),
     ("max_steps", "0", "max_steps must be at least 1 (or -1 to train for num_train_epochs), got 0"),
     ("adam_beta2", "1.0", "adam_beta2 must be at least 0 and less than 1, got 1.0"),
     ("max_grad_norm", "-1", "max_grad_norm must be at least 0 (0 turns gradient clipping off), got -1.0"),
@@ -124,7 +124,8 @@ def test_output_dir_holding_another_run(capsys, tmp_path, data_dir):
     out = tmp_path / "out"
     (out / "checkpoint-3").mkdir(parents=True)
     (out / "notes.txt").write_text("mine")
-    message = run_bad(capsys, demo_argv(data_dir, out), tmp_path / "none")
+    argv = demo_argv(data_dir, out, "--overwrite_output_dir", "false")  # (the demo config sets it to true)
+    message = run_bad(capsys, argv, tmp_path / "none")
     assert message == (
         f"output_dir {str(out)!r} already holds a run (checkpoint-3); continue it with resume_from_checkpoint: true, "
         "start over in it with overwrite_output_dir: true, or choose another output_dir"

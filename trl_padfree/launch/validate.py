@@ -72,10 +72,13 @@ class Range:
         return self.high is None or (value < self.high if self.high_open else value <= self.high)
 
     def text(self) -> str:
+        def num(x: float | None) -> str:
+            return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}"
+
         if self.low_open and self.high_open:
-            return f"between {self.low:g} and {self.high:g} (exclusive)"
-        low = None if self.low is None else (f"greater than {self.low:g}" if self.low_open else f"at least {self.low:g}")
-        high = None if self.high is None else (f"less than {self.high:g}" if self.high_open else f"at most {self.high:g}")
+            return f"between {num(self.low)} and {num(self.high)} (exclusive)"
+        low = None if self.low is None else ("greater than " if self.low_open else "at least ") + num(self.low)
+        high = None if self.high is None else ("less than " if self.high_open else "at most ") + num(self.high)
         return " and ".join(part for part in (low, high) if part) or "a finite number"
 
 
