@@ -23,12 +23,13 @@ Example:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .token_text import TokenText
+from .token_text import TokenText, _decoder_kinds
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,7 @@ def find_matches(template: Template, ids: np.ndarray, cu: np.ndarray, row: RowTe
         return _match_ids(template.ids, ids, cu)
     if row is None:
         raise ValueError(f"matching the string template {template} needs the tokenizer's text table")
-    return _match_text(template.pattern, row, cu)
+    return _match_text(row.text.pattern(template.text), row, cu)
 
 
 def concat_matches(parts: Sequence[Matches]) -> Matches:
@@ -139,19 +140,52 @@ def concat_matches(parts: Sequence[Matches]) -> Matches:
     return Matches(*(np.concatenate([getattr(p, f) for p in parts]) for f in ("example", "start", "end")))
 
 
-def verify_text_matching(template: Template, tokenizer, text: TokenText) -> None:
-    """Check on real text that this tokenizer's tokens decode back to the bytes the template is searched in.
+def _normalizer_steps(tokenizer) -> list[str]:
+    """Names of the normalizer steps of a fast tokenizer that rewrite text (lower-casing, unicode forms ...)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return []
+    found: list[str] = []
 
-    Raises a ``ValueError`` that names the fix when the tokenizer normalizes text (lower-casing, unicode
-    normalization) or uses an unknown decoder, so a string template could silently never be found.
+    def walk(node: dict | None) -> None:
+        if not node:
+            return
+        kind = node.get("type", "")
+        if kind in ("Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "BertNormalizer", "Precompiled"):
+            found.append(kind)
+        for child in node.get("normalizers", []) or []:
+            walk(child)
+
+    walk(json.loads(backend.to_str()).get("normalizer"))
+    return found
+
+
+def verify_text_matching(template: Template, tokenizer, text: TokenText) -> None:
+    """Check on real text that this tokenizer's tokens read back to the bytes the template is searched for.
+
+    The template is searched the way its tokens read back (spaces the tokenizer inserts after added tokens and
+    whitespace swallowed by ``rstrip``/``lstrip`` tokens are accounted for, see :mod:`trl_padfree.token_text`).
+    Anything else that stops it being found raises a ``ValueError`` naming the cause and the fix.
     """
+    assert template.text is not None
+    pattern = text.pattern(template.text)
     probe = f"Some prompt text.{template.text} The answer."
     ids = tokenizer(probe, add_special_tokens=False)["input_ids"]
     data, _ = text.decode(np.asarray(ids))
-    if template.pattern not in data:
-        raise ValueError(
-            f"The template {template} cannot be located in text tokenized by {type(tokenizer).__name__}: its tokens "
-            f"decode to {data[:80]!r}, which does not contain the template (the tokenizer normalizes text or uses a "
-            "decoder this package does not know). Pass the template as the exact token ids it has inside your "
-            "formatted examples instead, e.g. `tokenizer.encode(text_with_template)[i:j]`."
-        )
+    if pattern in data:
+        return
+    steps = _normalizer_steps(tokenizer)
+    if steps:
+        cause = (f"the tokenizer's normalizer ({', '.join(steps)}) rewrites the text before tokenizing, so the "
+                 "template's exact characters are not in the tokens")
+    elif data.lower() != probe.encode("utf-8").lower() and pattern.lower() in data.lower():
+        cause = "the tokens read back with a different case"
+    else:
+        cause = (f"this tokenizer's tokens do not read back to the text they came from (decoder steps: "
+                 f"{', '.join(sorted(k for k in _decoder_kinds(tokenizer) if k)) or 'unknown'})")
+    raise ValueError(
+        f"The template {template} cannot be located in text tokenized by {type(tokenizer).__name__}: in the probe "
+        f"{probe!r} its tokens read back as {data.decode('utf-8', 'replace')!r}, which does not contain "
+        f"{pattern.decode('utf-8', 'replace')!r}. Cause: {cause}. Fix: pass the template as the exact token ids it "
+        "has inside your formatted examples, e.g. `tokenizer.encode(text_with_template)[i:j]`."
+    )

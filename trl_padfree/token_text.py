@@ -14,6 +14,19 @@ Supported tokenizer families (read from the tokenizer's own decoder, then verifi
 
 Added/special tokens (``<|im_start|>``, ``</s>``) are their literal content.
 
+Two things tokenizers do around added tokens put bytes in the token stream that are not in the text, or drop
+bytes that are; both are measured on the tokenizer itself (no model names), see :class:`TextQuirks`:
+
+- **a prefix space that is not in the text**: sentencepiece-style tokenizers with the legacy pre-processing
+  (``Prepend("▁")``, Llama-2, Mistral v0.1) or ``prepend_scheme="always"`` start every piece of text between
+  added tokens with ``"▁"``: ``"</s><s>[INST]"`` becomes ``</s>``, ``<s>``, ``"▁["``. That space is not text: it is
+  dropped from a token that follows an added token, so ``"▁["`` starts at ``"["``. (The space such tokenizers put
+  at the start of a whole text is kept as it is: an example's first token is never trained.)
+- **whitespace swallowed by an added token** with ``rstrip``/``lstrip`` (Phi-3's ``<|assistant|>``, ``<|end|>``):
+  ``"<|assistant|>\nHi"`` is tokenized as ``<|assistant|>``, ``"▁Hi"``; the ``"\n"`` exists in no token. A
+  template's bytes are searched the way its tokens read back: whitespace right of an ``rstrip`` token and left of
+  an ``lstrip`` token is left out (:meth:`TokenText.pattern`).
+
 Example:
     >>> from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     >>> from transformers import PreTrainedTokenizerFast
@@ -109,6 +122,62 @@ def token_bytes(tokenizer) -> list[bytes]:
 
 
 @dataclass(frozen=True)
+class TextQuirks:
+    """Whitespace a tokenizer adds or drops around added tokens (measured by :func:`measure_quirks`)."""
+
+    space_after_added: bool = False  # a text piece that follows an added token gets a "▁" that is not in the text
+    strip_right: tuple[str, ...] = ()  # added tokens that swallow the whitespace after them (rstrip)
+    strip_left: tuple[str, ...] = ()  # added tokens that swallow the whitespace before them (lstrip)
+
+
+def _added_token_info(tokenizer) -> list[tuple[int, str, bool, bool]]:
+    """``(id, content, rstrip, lstrip)`` of the tokenizer's added tokens, byte-fallback tokens (``<0x0A>``) left out."""
+    out = []
+    for i, tok in sorted(getattr(tokenizer, "added_tokens_decoder", {}).items()):
+        content = str(tok)
+        if _BYTE_FALLBACK.match(content):
+            continue
+        out.append((int(i), content, bool(getattr(tok, "rstrip", False)), bool(getattr(tok, "lstrip", False))))
+    return out
+
+
+def measure_quirks(tokenizer, table: Sequence[bytes]) -> TextQuirks:
+    """Ask the tokenizer itself whether it prefixes text pieces with a space, and which added tokens strip."""
+    info = _added_token_info(tokenizer)
+
+    def reads_back(text: str) -> bytes:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return b"".join(table[i] for i in ids)
+
+    after = False
+    plain = [c for _, c, r, lft in info if not r and not lft]
+    if plain:
+        marker = plain[0]
+        after = reads_back(f"{marker}a b") == f"{marker} a b".encode()
+    return TextQuirks(
+        space_after_added=after,
+        strip_right=tuple(c for _, c, r, _ in info if r),
+        strip_left=tuple(c for _, c, _, lft in info if lft),
+    )
+
+
+def template_bytes(template: str, quirks: TextQuirks) -> bytes:
+    """The bytes a template occupies in token text: whitespace swallowed by ``rstrip``/``lstrip`` tokens left out.
+
+    >>> template_bytes("<|assistant|>\\n", TextQuirks(strip_right=("<|assistant|>",)))
+    b'<|assistant|>'
+    >>> template_bytes("### Answer:", TextQuirks(strip_right=("<|assistant|>",)))
+    b'### Answer:'
+    """
+    text = template
+    for token in quirks.strip_right:
+        text = re.sub(re.escape(token) + r"\s+", lambda m, t=token: t, text)
+    for token in quirks.strip_left:
+        text = re.sub(r"\s+" + re.escape(token), lambda m, t=token: t, text)
+    return text.encode("utf-8")
+
+
+@dataclass(frozen=True)
 class _Anchor:
     """Where one byte of a pattern (its rarest in the vocabulary) occurs inside every token."""
 
@@ -122,8 +191,15 @@ class _Anchor:
 class TokenText:
     """A vocabulary's token bytes packed in one buffer, for vectorised decoding and searching of id arrays."""
 
-    def __init__(self, table: Sequence[bytes]):
+    def __init__(self, table: Sequence[bytes], added_ids: Sequence[int] = (), quirks: TextQuirks | None = None):
         self.table = list(table)
+        self.quirks = quirks or TextQuirks()
+        self.added = np.zeros(len(table), dtype=bool)  # tokens that split text into pieces (added tokens)
+        if len(added_ids):
+            self.added[np.asarray(added_ids, dtype=np.int64)] = True
+        # tokens whose leading space may be one the tokenizer inserted (see the module docstring)
+        self.space_first = np.fromiter((t[:1] == b" " for t in table), dtype=bool, count=len(table)) & ~self.added
+        self._skips = self.quirks.space_after_added
         lengths = np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
         self.lengths = lengths
         self.offsets = np.zeros(len(table), dtype=np.int64)
@@ -135,7 +211,21 @@ class TokenText:
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> TokenText:
-        return cls(token_bytes(tokenizer))
+        table = token_bytes(tokenizer)
+        added = [i for i, _, _, _ in _added_token_info(tokenizer) if i < len(table)]
+        return cls(table, added, measure_quirks(tokenizer, table))
+
+    def pattern(self, template: str) -> bytes:
+        """The bytes ``template`` occupies in this tokenizer's token text (see :func:`template_bytes`)."""
+        return template_bytes(template, self.quirks)
+
+    def skips(self, ids: np.ndarray) -> np.ndarray | int:
+        """Per position, the leading bytes of the token that are not text (a space the tokenizer inserted): 0 or 1."""
+        if not self._skips or not ids.size:
+            return 0
+        skip = np.zeros(ids.size, dtype=bool)
+        skip[1:] = self.added[ids[:-1]]
+        return (skip & self.space_first[ids]).astype(np.int64)
 
     def check_ids(self, ids: np.ndarray) -> None:
         if ids.size and not 0 <= ids.min() <= ids.max() < self.vocab_size:
@@ -152,6 +242,7 @@ class TokenText:
         except IndexError:
             self.check_ids(ids)  # raises, naming the bad id
             raise
+        lengths = lengths - self.skips(ids)
         starts = np.zeros(ids.size + 1, dtype=np.int64)
         np.cumsum(lengths, out=starts[1:])
         return starts
@@ -165,7 +256,7 @@ class TokenText:
 
     def _bytes(self, ids: np.ndarray, starts: np.ndarray) -> bytes:
         """The text of ``ids`` whose token byte offsets are ``starts``: one gather from the packed buffer."""
-        gather = np.repeat(self.offsets[ids] - starts[:-1], starts[1:] - starts[:-1])
+        gather = np.repeat(self.offsets[ids] + self.skips(ids) - starts[:-1], starts[1:] - starts[:-1])
         return self.buffer[gather + np.arange(starts[-1], dtype=np.int64)].tobytes()
 
     def _anchor(self, pattern: bytes) -> _Anchor:
@@ -204,9 +295,15 @@ class TokenText:
             rank = np.arange(token.size) - np.repeat(np.cumsum(counts) - counts, counts)
         else:
             token, rank = tokens, 0
-        begin = starts[token] + anchor.inner[anchor.first[ids[token]] + rank] - anchor.index
+        skips = self.skips(ids)
+        inner = anchor.inner[anchor.first[ids[token]] + rank]
+        if not np.isscalar(skips):  # an anchor inside a skipped (inserted) space proposes nothing
+            inner, token = inner - skips[token], token[inner >= skips[token]]
+            inner = inner[inner >= 0]
+        begin = starts[token] + inner - anchor.index
         begin = begin[(begin >= 0) & (begin + m <= starts[-1])]
         window = begin[:, None] + np.arange(m)
         holder = np.searchsorted(starts, window, side="right") - 1
-        data = self.buffer[self.offsets[ids[holder]] + window - starts[holder]]
+        first = self.offsets[ids[holder]] + (skips[holder] if not np.isscalar(skips) else 0)
+        data = self.buffer[first + window - starts[holder]]
         return begin[(data == np.frombuffer(pattern, dtype=np.uint8)).all(axis=1)]

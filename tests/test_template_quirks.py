@@ -1,0 +1,72 @@
+"""Whitespace that tokenizers insert or swallow around added tokens, measured on the tokenizer (no real cache)."""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+from transformers import PreTrainedTokenizerFast
+
+from trl_padfree import DataCollatorForCompletionOnlyLM
+from trl_padfree.token_text import TextQuirks, TokenText, measure_quirks
+
+IGNORE = -100
+
+
+def _spm(rstrip: bool = False, lowercase: bool = False) -> PreTrainedTokenizerFast:
+    """Sentencepiece-style, legacy pre-processing (Prepend + Replace on every piece between added tokens)."""
+    chars = "▁" + "".join(map(chr, range(33, 127)))
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "<|assistant|>": 3, "<|user|>": 4}
+    vocab.update({f"<0x{b:02X}>": len(vocab) + b for b in range(256)})
+    for c in [*chars, "▁[", "▁A", "▁C"]:
+        vocab.setdefault(c, len(vocab))
+    merges = [("▁", "["), ("▁", "A"), ("▁", "C")]
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
+    steps = [normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")]
+    raw.normalizer = normalizers.Sequence(([normalizers.Lowercase()] if lowercase else []) + steps)
+    raw.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    raw.add_special_tokens([AddedToken(t, rstrip=rstrip and t.startswith("<|"), normalized=False)
+                            for t in ("<s>", "</s>", "<|assistant|>", "<|user|>")])
+    return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+
+
+def test_quirks_are_measured_on_the_tokenizer():
+    tok = _spm(rstrip=True)
+    quirks = measure_quirks(tok, TokenText.from_tokenizer(tok).table)
+    assert quirks == TextQuirks(space_after_added=True, strip_right=("<|assistant|>", "<|user|>"))
+
+
+def test_inserted_space_after_added_token_is_not_text():
+    tok = _spm()
+    text = TokenText.from_tokenizer(tok)
+    ids = tok("</s><s>[INST] a", add_special_tokens=False)["input_ids"]
+    assert tok.convert_ids_to_tokens(ids)[:3] == ["</s>", "<s>", "▁["]
+    data, starts = text.decode(ids)
+    assert data == b"</s><s>[INST] a"
+    assert starts[:4].tolist() == [0, 4, 7, 8]
+
+
+def test_multi_turn_with_rstrip_headers_trains_exactly_the_answers():
+    tok = _spm(rstrip=True)
+    text = "<s><|user|>\nq<|assistant|>\nA b</s><|user|>\nr<|assistant|>\nC</s>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    collator = DataCollatorForCompletionOnlyLM("<|assistant|>\n", "<|user|>\n", tokenizer=tok, padding_free=True)
+    labels = collator([{"input_ids": ids}])["labels"][0].tolist()
+    trained = [t for t, lab in zip(tok.convert_ids_to_tokens(ids), labels, strict=True) if lab != IGNORE]
+    assert trained == ["▁A", "▁", "b", "</s>", "▁C", "</s>"]
+
+
+def test_a_normalizing_tokenizer_is_refused_with_the_cause_and_the_fix():
+    tok = _spm(lowercase=True)
+    with pytest.raises(ValueError) as err:
+        DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok)
+    message = str(err.value)
+    assert "Cause: the tokenizer's normalizer (Lowercase) rewrites the text" in message
+    assert "'### answer:'" not in message and "### Answer:" in message
+    assert "Fix: pass the template as the exact token ids" in message
+
+
+def test_template_bytes_leave_out_whitespace_the_header_swallows():
+    text = TokenText.from_tokenizer(_spm(rstrip=True))
+    assert text.pattern("<|assistant|>\n") == b"<|assistant|>"
+    assert text.pattern("\n<|assistant|>\n") == b"\n<|assistant|>"
+    assert TokenText.from_tokenizer(_spm()).pattern("<|assistant|>\n") == b"<|assistant|>\n"
