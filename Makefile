@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # torch. On a machine without an NVIDIA GPU (no nvidia-smi): the CPU build from PyTorch's CPU wheel index
-# TORCH_CPU_INDEX (~200 MB, instead of the CUDA build and its ~3 GB of nvidia-* packages that the default index
+# TORCH_CPU_INDEX (~200 MB, instead of the CUDA build and its gigabytes of nvidia-* packages that the default index
 # gives). Where that index does not answer within 5 s (an offline mirror, a CI sandbox), pip installs TORCH_SPEC
 # from its configured sources instead (a local CPU wheel where there is one). On GPU machines: pip's default
 # (CUDA) build. Override either: make install TORCH_CPU_INDEX= (no CPU index), TORCH_SPEC="torch==2.12.*".
