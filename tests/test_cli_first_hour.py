@@ -311,3 +311,13 @@ def test_a_run_stopped_by_the_probe_leaves_no_progress_bar_open(tmp_path):
         trainer.train()
     bars = [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, ProgressCallback)]
     assert bars and all(cb.training_bar is None for cb in bars)
+
+
+def test_model_shape_counts_parameters_without_loading_weights(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from trl_padfree.launch.defaults import model_shape
+
+    shape = model_shape(_own_cfg(tmp_path), count_parameters=True)
+    model = AutoModelForCausalLM.from_pretrained(DEMO / "model")
+    assert shape == ModelShape(hidden_size=128, parameters=sum(p.numel() for p in model.parameters()))

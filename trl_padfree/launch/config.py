@@ -14,7 +14,9 @@ command line; command-line values win over the file. Parsing is TRL's own :class
 The launcher's own defaults differ from ``SFTConfig``/``ModelConfig`` in three places: ``padding_free`` is True
 (and is applied by this project's collator; TRL's own ``SFTConfig.padding_free`` is always turned off, since TRL
 refuses a custom collator with it), ``attn_implementation`` is ``"auto"``, and ``bf16`` is True only where a GPU
-supports it (TRL's default, True, makes ``SFTConfig`` refuse to start on a CPU-only machine).
+supports it (TRL's default, True, makes ``SFTConfig`` refuse to start on a CPU-only machine). Fields left unset
+that depend on the machine and the model (activation checkpointing, torch threads, pinned memory, progress bars)
+are decided by :mod:`.defaults` once the config is valid; ``--help`` is :mod:`.help`'s grouped text.
 """
 
 from __future__ import annotations
