@@ -357,15 +357,7 @@ class AtomicCheckpoints:
         try:
             super()._save_checkpoint(model, trial)  # type: ignore[misc]
         except Exception as exc:
-            if main:
-                shutil.rmtree(staging, ignore_errors=True)
-                _remove_if_empty(staging_root)
-            last = last_complete_checkpoint(run_dir, self.run_id)
-            raise RunError(
-                f"could not write {name}: {' '.join(str(exc).split())[:200]}; "
-                + (f"the last complete checkpoint is {last}" if last else "no complete checkpoint was written")
-                + " (free space, then resume with --resume_from_checkpoint true)"
-            ) from exc
+            raise self._save_failed(exc, run_dir, staging) from exc
         finally:
             self._staging_root = None
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]  (every process wrote its files)
@@ -373,11 +365,14 @@ class AtomicCheckpoints:
             return
         final = os.path.join(run_dir, name)
         state = self.state  # type: ignore[attr-defined]
-        if state.best_model_checkpoint and os.path.abspath(state.best_model_checkpoint) == os.path.abspath(staging):
-            state.best_model_checkpoint = final
-            state.save_to_json(os.path.join(staging, "trainer_state.json"))
-        mark_complete(staging, self.run_id, state.global_step)
-        _move_into(staging, final)
+        try:
+            if state.best_model_checkpoint and os.path.abspath(state.best_model_checkpoint) == os.path.abspath(staging):
+                state.best_model_checkpoint = final
+                state.save_to_json(os.path.join(staging, "trainer_state.json"))
+            mark_complete(staging, self.run_id, state.global_step)
+            _move_into(staging, final)
+        except OSError as exc:
+            raise self._save_failed(exc, run_dir, staging) from exc
         _remove_if_empty(staging_root)
         _fsync_path(run_dir)
         rotate_checkpoints(
@@ -385,6 +380,19 @@ class AtomicCheckpoints:
             save_total_limit=self.args.save_total_limit,  # type: ignore[attr-defined]
             best_model_checkpoint=state.best_model_checkpoint,
             use_mtime=True,
+        )
+
+
+    def _save_failed(self, exc: BaseException, run_dir: str, staging: str) -> RunError:
+        """Remove the partial checkpoint; the one-line error naming the last complete checkpoint of this run."""
+        if self.args.should_save:  # type: ignore[attr-defined]
+            shutil.rmtree(staging, ignore_errors=True)
+            _remove_if_empty(os.path.dirname(staging))
+        last = last_complete_checkpoint(run_dir, self.run_id)
+        return RunError(
+            f"could not write {os.path.basename(staging)}: {' '.join(str(exc).split())[:200]}; "
+            + (f"the last complete checkpoint is {last}" if last else "no complete checkpoint of this run exists")
+            + " (free space, then resume with --resume_from_checkpoint true)"
         )
 
 
@@ -413,9 +421,9 @@ def save_final_model(trainer: Any, output_dir: str) -> None:
             _remove_if_empty(staging_root)
         last = last_complete_checkpoint(output_dir, getattr(trainer, "run_id", None))
         where = (f"the last complete checkpoint is {last} (resume with --resume_from_checkpoint true once there is "
-                 "space)" if last else "no checkpoint was saved during this run (save_strategy), so the trained "
+                 "space)" if last else "no checkpoint of this run was saved (save_strategy), so the trained "
                  "weights are lost")
-        reason = " ".join(str(error).split()) if error is not None else "it failed on another process"
+        reason = " ".join(str(error).split())[:200] if error is not None else "it failed on another process"
         raise RunError(f"could not save the final model to {output_dir!r}: {reason}; {where}")
     if main:
         for name in sorted(os.listdir(staging)):
