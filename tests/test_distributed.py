@@ -155,3 +155,38 @@ def test_sigterm_on_one_rank_checkpoints_both_at_the_same_step_and_both_exit_0(d
     assert summary["checkpoint"] == str(out / "checkpoint-2") and summary["world_size"] == 2
     seconds = ended - first_time(lines, "[trl-padfree] checkpoint saved to")
     assert seconds < 30, seconds
+
+
+def test_fsdp_on_cpu_is_refused_instead_of_silently_training_ddp(data_dir, tmp_path, monkeypatch, capsys):
+    """accelerate launch with an FSDP config sets ACCELERATE_USE_FSDP=true; on CPU accelerate ignores it (it
+    shards only on GPU-like devices) and would train plain DDP. The launch stops first, naming the alternatives."""
+    from trl_padfree.launch import main
+
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    out = tmp_path / "out"
+    assert main(train_argv(data_dir, out)) == 2
+    err = capsys.readouterr().err
+    assert ("trl-padfree train: error: FSDP was requested (an accelerate FSDP config or the fsdp field) but this run "
+            "is on the CPU, where accelerate does not shard: it would silently train without FSDP (NO). Use "
+            "configs/accelerate/cpu-ddp.yaml for DDP on CPU") in err
+    assert not out.exists()
+
+
+def test_deepspeed_zero3_on_two_cpu_ranks(data_dir, tmp_path):
+    """DeepSpeed's CPU accelerator: ZeRO-3 over gloo through accelerate (runs only where deepspeed is installed;
+    it is not a dev dependency: it compiles a communication op with the C++ compiler on first use)."""
+    pytest.importorskip("deepspeed")
+    config = tmp_path / "zero3-cpu.yaml"
+    text = (ROOT / "configs" / "accelerate" / "deepspeed-zero3.yaml").read_text(encoding="utf-8")
+    config.write_text(text.replace("num_processes: 8", "num_processes: 2").replace("mixed_precision: bf16",
+                                                                                   "mixed_precision: 'no'"))
+    out = tmp_path / "out"
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    code, lines, _ = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)], launcher)
+    assert code == 0, "\n".join(line for _, line in lines)[-4000:]
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["distributed_type"] == "DEEPSPEED" and summary["global_step"] == 2
+    from safetensors.torch import load_file
+
+    saved, demo = load_file(str(out / "model.safetensors")), load_file(str(DEMO / "model" / "model.safetensors"))
+    assert saved.keys() == demo.keys() and all(saved[k].shape == demo[k].shape for k in demo)  # gathered, not shards

@@ -3,7 +3,8 @@
 - :func:`check_process_group`: a launcher that started several processes which did not join one process group
   (on a machine without GPUs, accelerate and the Trainer only build one over gloo when ``use_cpu: true``) would
   train N independent copies of the model into the same ``output_dir``; this stops the run before anything is
-  written, naming the fix.
+  written, naming the fix. So does an FSDP config on the CPU, where accelerate silently trains plain DDP instead
+  (it only shards on GPU-like devices).
 - :func:`finish`: every way out of a run ends the process group. On success (a finished run, or one stopped by
   SIGTERM with a checkpoint) all ranks meet at a barrier and destroy the group, so no rank is left waiting in the
   gloo group's destructor after the others have gone (which can hang forever). On failure a rank leaves at once
@@ -23,7 +24,7 @@ from typing import Any
 
 from .config import ConfigError
 
-__all__ = ["check_process_group", "describe_distribution", "finish", "launcher_world_size"]
+__all__ = ["check_process_group", "describe_distribution", "finish", "fsdp_requested", "launcher_world_size"]
 
 
 def launcher_world_size() -> int:
@@ -45,14 +46,27 @@ def describe_distribution(training: Any) -> dict[str, Any]:
     }
 
 
+def fsdp_requested(training: Any) -> bool:
+    """Whether FSDP was asked for: an accelerate FSDP config (``ACCELERATE_USE_FSDP``) or the ``fsdp`` field."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" or bool(getattr(training, "fsdp", None))
+
+
 def check_process_group(training: Any) -> None:
-    """Raise :class:`ConfigError` when the launcher started several processes that are not one process group."""
+    """Raise :class:`ConfigError` when the launcher started several processes that are not one process group, or
+    when FSDP was asked for where accelerate would silently run without it (CPU: plain DDP, or one process)."""
     started = launcher_world_size()
     if started > 1 and int(training.world_size) == 1:
         raise ConfigError(
             f"the launcher started {started} processes (WORLD_SIZE={started}) but they did not join one process "
             "group, so each would train its own copy of the model: on a machine without GPUs set use_cpu: true "
             "(then they train as one DDP run over gloo), or start a single process"
+        )
+    kind = describe_distribution(training)["distributed_type"]
+    if fsdp_requested(training) and kind in ("MULTI_CPU", "NO"):
+        raise ConfigError(
+            "FSDP was requested (an accelerate FSDP config or the fsdp field) but this run is on the CPU, where "
+            f"accelerate does not shard: it would silently train without FSDP ({kind}). Use "
+            "configs/accelerate/cpu-ddp.yaml for DDP on CPU (or DeepSpeed, which runs on CPU), or run FSDP on GPUs"
         )
 
 
