@@ -83,6 +83,17 @@ def first_time(lines: list[tuple[float, str]], fragment: str) -> float:
     return next(t for t, line in lines if fragment in line)
 
 
+def test_the_cpu_ddp_accelerate_config_uses_the_torchrun_launcher():
+    """--cpu and distributed_type MULTI_CPU make accelerate start ONE process (its "simple" launcher, unless an MPI
+    hostfile is given); this config selects its torchrun-based launcher instead."""
+    from accelerate.commands.config.config_args import load_config_from_file
+    from accelerate.utils import DistributedType
+
+    config = load_config_from_file(str(ROOT / "configs" / "accelerate" / "cpu-ddp.yaml"))
+    assert config.distributed_type == DistributedType.MULTI_GPU and config.num_processes == 2
+    assert config.num_machines == 1 and config.mixed_precision == "no" and not config.use_cpu
+
+
 def test_two_ranks_train_one_model_log_once_and_exit_cleanly(data_dir, tmp_path):
     """accelerate launch --config_file configs/accelerate/cpu-ddp.yaml (accelerate's torchrun-based launcher)."""
     out = tmp_path / "out"
