@@ -58,6 +58,13 @@ def test_zero_epochs_is_refused(capsys, tmp_path, data_dir):
     )
 
 
+def test_a_step_interval_is_checked_only_under_its_strategy(capsys, tmp_path, data_dir):
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--save_strategy", "steps", "--save_steps", "0"),
+                      tmp_path / "out")
+    assert message == "save_steps must be greater than 0 (a number of steps, or a fraction of the run below 1), got 0.0"
+    load_config(demo_argv(data_dir, tmp_path / "out", "--save_strategy", "no", "--save_steps", "0"))
+
+
 def test_every_numeric_field_has_a_range_or_a_reason():
     numeric = set()
     for cls in argument_classes():

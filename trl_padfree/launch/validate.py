@@ -142,11 +142,18 @@ def _numeric_value(cfg: LaunchConfig, name: str) -> Any:
     return None
 
 
+#: Step intervals that matter only under their strategy ("steps").
+_INTERVAL_STRATEGY = {"logging_steps": "logging_strategy", "eval_steps": "eval_strategy", "save_steps": "save_strategy"}
+
+
 def _check_numbers(cfg: LaunchConfig) -> None:
     """Every field of :data:`NUMERIC_RANGES` in its range; ``max_steps`` / ``num_train_epochs`` train something."""
     for name, legal in NUMERIC_RANGES.items():
         value = _numeric_value(cfg, name)
         if value is None or isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
+            continue
+        strategy = getattr(cfg.training, _INTERVAL_STRATEGY.get(name, ""), None)
+        if strategy is not None and getattr(strategy, "value", strategy) != "steps":
             continue
         if not legal.admits(value):
             hint = f" ({legal.hint})" if legal.hint else ""
