@@ -210,3 +210,28 @@ def test_trainer_resume_from_a_checkpoint_gives_the_same_batches(tmp_path):
     resumed.train(resume_from_checkpoint=str(tmp_path / "full" / f"checkpoint-{per_epoch + 1}"))
     assert resumed.batch_ids == batches[per_epoch + 1 :]
     assert losses(resumed)[per_epoch + 1 :] == pytest.approx(losses(full)[per_epoch + 1 :], rel=1e-5)
+
+
+def test_launch_max_tokens_per_batch(tmp_path):
+    """trl-padfree train --max_tokens_per_batch N: every optimizer step trains at most N real tokens (one batch
+    per step here), the run records the setting."""
+    import json
+    from pathlib import Path
+
+    from trl_padfree.launch import main
+
+    root = Path(__file__).resolve().parent.parent
+    demo = root / "trl_padfree" / "demo"
+    (tmp_path / "train.jsonl").write_text(
+        "\n".join((demo / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:60]) + "\n")
+    out = tmp_path / "out"
+    code = main(["--config", str(root / "configs" / "demo.yaml"), "--model_name_or_path", str(demo / "model"),
+                 "--train_file", str(tmp_path / "train.jsonl"), "--output_dir", str(out), "--max_steps", "4",
+                 "--eval_strategy", "no", "--eval_on_start", "false", "--logging_steps", "1",
+                 "--max_tokens_per_batch", "600", "--check_packing", "false"])
+    assert code == 0
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["max_tokens_per_batch"] == 600 and summary["world_size"] == 1
+    seen = [e["num_tokens"] for e in json.loads((out / "trainer_state.json").read_text())["log_history"] if "loss" in e]
+    per_step = [b - a for a, b in zip([0.0, *seen], seen, strict=False)]
+    assert len(per_step) == 4 and all(0 < n <= 600 for n in per_step), per_step
