@@ -363,6 +363,19 @@ def test_unreachable_hub_fails_fast_without_retries(capsys, tmp_path, data_dir, 
                             "directory")
 
 
+def test_a_single_lora_target_is_a_module_name_not_a_regular_expression(tmp_path, data_dir):
+    """TRL hands a one-element lora_target_modules to peft as a string, i.e. a regular expression over full module
+    names, which "q_proj" never matches (peft then fails when the trainer is built)."""
+    from trl import get_peft_config
+
+    from trl_padfree.launch.model import check_lora_targets
+    from trl_padfree.testing import tiny_llama
+
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--use_peft", "true", "--lora_target_modules", "q_proj"))
+    assert get_peft_config(cfg.model).target_modules == {"q_proj"}
+    check_lora_targets(cfg, tiny_llama())  # matches model.layers.*.self_attn.q_proj
+
+
 def test_lora_settings_are_checked_by_peft_before_loading(capsys, tmp_path, data_dir):
     argv = demo_argv(data_dir, tmp_path / "out", "--use_peft", "true", "--lora_task_type", "BOGUS")
     assert run_bad(capsys, argv, tmp_path / "out") == (

@@ -11,6 +11,7 @@ import glob
 import importlib.util
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from typing import Any
@@ -309,6 +310,11 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
         raise ConfigError("load_in_4bit/load_in_8bit train only LoRA adapters: also set use_peft: true")
     if check_environment and quantized and importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError("load_in_4bit/load_in_8bit need the bitsandbytes package and a CUDA GPU")
+    targets = cfg.model.lora_target_modules
+    if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
+        # TRL turns a list of one name into a string, which peft reads as a regular expression over full module
+        # names ("q_proj" then matches nothing); one name means what a list of names means: a module-name suffix
+        cfg.model.lora_target_modules = [targets]
     if cfg.model.use_peft and importlib.util.find_spec("peft") is not None:
         from trl import get_peft_config
 
