@@ -6,8 +6,8 @@ A field set in the YAML file or on the command line always wins; these apply onl
   pays, i.e. training on CUDA a *large* model, one of at least :data:`LARGE_MODEL_PARAMETERS` (1e9) parameters,
   where the activations of long sequences compete with the weights and optimizer states for GPU memory. Off on
   CPU (memory is rarely the limit there, and recomputing every layer costs ~30% more time) and for smaller models.
-- ``torch_num_threads``: on CUDA, the cores of this machine divided by the processes on it (torch would give each
-  process every core); on CPU, additionally one thread per :data:`HIDDEN_PER_THREAD` (256) units of the model's
+- ``torch_num_threads``: on CUDA, the cores of this machine (torch's default count, within the CPU affinity)
+  divided by the processes on it (torch would give each process every core); on CPU, additionally one thread per :data:`HIDDEN_PER_THREAD` (256) units of the model's
   hidden size, since the matrices of small models are too small to split across threads (the demo model,
   hidden size 128, trains 10x faster on 1 thread than on 2 on a busy 2-core machine). ``OMP_NUM_THREADS`` set in
   the environment is respected as it is.
@@ -78,10 +78,14 @@ def threads_default(device: str, hidden_size: int | None, cores: int, processes:
 
 
 def _cores() -> int:
+    """CPU cores this process may use: torch's own default (physical cores), within the CPU affinity."""
+    import torch
+
     try:
-        return len(os.sched_getaffinity(0))
+        allowed = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+        allowed = os.cpu_count() or 1
+    return max(1, min(allowed, torch.get_num_threads()))
 
 
 def _processes_on_this_machine() -> int:
