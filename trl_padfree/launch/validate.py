@@ -1,8 +1,12 @@
 """Static checks of a parsed :class:`~trl_padfree.launch.config.LaunchConfig`, before anything is loaded.
 
 Each check raises :class:`~trl_padfree.launch.config.ConfigError` with one line that says what is wrong and how
-to fix it. Checks that depend on this machine (CUDA, flash-attn, installed packages) can be skipped with
-``check_environment=False``, which is how the shipped real-model configs are tested on a CPU-only machine.
+to fix it: the range of every numeric field (:data:`NUMERIC_RANGES`), data and collator settings, the model and
+LoRA settings (peft's own checks), ``model_init_kwargs``, ``output_dir`` (usable, and not holding another run),
+``resume_from_checkpoint`` (a complete checkpoint, see :mod:`.checkpoints`). The config's ``env:`` mapping is
+applied only after all of them passed. Checks that depend on this machine (CUDA, flash-attn, installed packages,
+the filesystem) can be skipped with ``check_environment=False``, which is how the shipped real-model configs are
+tested on a CPU-only machine. The full list, with what happens on faults during a run: ``docs/faults.md``.
 """
 
 from __future__ import annotations
@@ -406,11 +410,12 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     """Check ``cfg`` without loading anything and resolve what the run will use (in place; returns ``cfg``).
 
     Resolves ``attn_implementation`` (``"auto"`` -> ``"flash_attention_2"`` where usable, else ``"padfree"``),
-    moves ``padding_free`` from ``SFTConfig`` to the collator (TRL's flag is set to False), turns
-    ``resume_from_checkpoint: true``/``last`` into the latest checkpoint of ``output_dir``, and tells
-    ``SFTTrainer`` to take the already-tokenized datasets as they are. With ``check_environment=False``
-    the checks that depend on this machine (CUDA, flash-attn, optional packages, existing checkpoints)
-    are skipped and ``"auto"`` is left unresolved.
+    moves ``padding_free`` from ``SFTConfig`` to the collator (TRL's flag is set to False) and
+    ``model_init_kwargs`` to the launcher, turns ``resume_from_checkpoint: true``/``last`` into the newest complete
+    checkpoint of the run in ``output_dir``, decides the run id, tells ``SFTTrainer`` to take the
+    already-tokenized datasets as they are, and finally sets the config's ``env:`` variables. With
+    ``check_environment=False`` the checks that depend on this machine (CUDA, flash-attn, optional packages,
+    ``output_dir`` and its checkpoints) are skipped, ``"auto"`` is left unresolved and ``env:`` is not applied.
     """
     _check_numbers(cfg)
     _check_data(cfg)
