@@ -3,8 +3,9 @@
 1. parse and validate the config (:mod:`.config`, :mod:`.validate`): nothing loaded yet;
 2. load the tokenizer and prepare the data (:mod:`.model`, :mod:`.data`), including the response-template check;
 3. load the model and, for padding-free runs, probe that packed examples stay apart (:mod:`.model`);
-4. train with :class:`~.trainer.PadfreeSFTTrainer` (SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`),
-   save the model and print a summary (:mod:`.summary`).
+4. train with :class:`~.trainer.PadfreeSFTTrainer` (SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`;
+   checkpoints and the final model appear complete or not at all, see :mod:`.checkpoints`), save the model, then
+   run the final evaluation, and print a summary (:mod:`.summary`).
 
 Stages 1-3 raise :class:`~.config.ConfigError` for bad input; ``main`` turns it into one line on stderr and exit
 code 2. Nothing is written (no ``output_dir``) before stage 4.
