@@ -109,10 +109,14 @@ def _split_n(argv: Sequence[str]) -> tuple[int, list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the preview; 0 done, 2 bad input (one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in {"-h", "--help"}:
-        print(_USAGE + "\n\nShow the first N (default 3) training examples as trl-padfree train prepares them, "
-              "trained tokens marked (colour on a terminal, [[ ]] otherwise), and how many tokens are trained. "
-              "Takes the same config and --field overrides as train; loads no model, writes nothing.")
+    if not argv or {"-h", "--help"} & set(argv):
+        import textwrap
+
+        print(_USAGE + "\n\n" + textwrap.fill(
+            "Show the first N (default 3) training examples as trl-padfree train prepares them, trained tokens "
+            "marked (colour on a terminal, [[ ]] otherwise), and how many tokens are trained. Takes the same "
+            "config and --field overrides as train (trl-padfree train --help lists them); loads no model, "
+            "writes nothing. Exit status: 0 done, 2 bad input.", width=100))
         return 0
     from .config import ConfigError
     from .console import quiet_progress
