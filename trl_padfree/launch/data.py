@@ -8,9 +8,12 @@ is skipped):
 2. :func:`make_formatter`: each record becomes one text, from ``template`` (a format string over the record's
    fields) or the record's own ``text`` / ``prompt`` + ``completion`` / ``messages`` (chat template).
 3. :func:`tokenize_split`: ``input_ids`` (EOS appended to plain text, like TRL) and ``labels`` (the prompt
-   already masked for prompt/completion records).
+   already masked for prompt/completion records). ``messages`` data without response/instruction templates:
+   :func:`tokenize_chat_split`, labels from the chat template itself (every assistant turn trained).
 4. :func:`check_template`: the response template must occur in at least one of the first N examples, otherwise
-   the config is wrong (a typo, a missing newline...) and the run stops before loading the model.
+   the config is wrong (a typo, a missing newline...) and the run stops before loading the model. For
+   ``messages`` data, :func:`warn_untrained_turns` says in one line when the templates leave assistant turns
+   untrained.
 5. :func:`label_and_filter`: truncation to ``max_length`` and the collator's own labels; examples left without a
    single trained token are dropped and counted.
 """
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .config import ConfigError, DataArguments, LaunchConfig
-from .console import one_line
+from .console import one_line, say
 from .validate import data_builder
 
 __all__ = [
@@ -401,6 +404,51 @@ def tokenize_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str
     )
 
 
+def tokenize_chat_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str) -> Any:
+    """``messages`` data without templates: ``input_ids`` and ``labels`` from the chat template itself.
+
+    Every assistant turn is trained (:mod:`trl_padfree.chat_masks`); ``formatter`` is not needed.
+    """
+    from ..chat_masks import ChatMaskError, label_chats
+
+    try:
+        out = dataset.map(label_chats, batched=True, batch_size=_MAP_BATCH, fn_kwargs={"tokenizer": tokenizer},
+                          remove_columns=dataset.column_names, desc=f"Tokenizing {name} data")
+    except ChatMaskError as exc:
+        raise ConfigError(f"messages data without response_template: {exc}") from None
+    return out.remove_columns("completion_mask")
+
+
+def warn_untrained_turns(raw: Any, tokenized: Any, make_collator: Callable[[], Any], tokenizer: Any, n: int) -> int:
+    """One line when the templates leave assistant turns of ``messages`` data untrained (first ``n`` examples).
+
+    Returns the number of affected examples (0 also when the chat template cannot be analysed turn by turn).
+    """
+    from ..chat_masks import ChatMaskError, untrained_assistant_turns
+
+    head = range(min(n, len(raw)))
+    collator = make_collator()
+    affected = turns = 0
+    try:
+        for start in range(0, len(head), 64):
+            part = tokenized.select(range(start, min(start + 64, len(head))))
+            features = [{"input_ids": i} for i in part["input_ids"]]
+            out = collator(features)
+            flat, cu = out["labels"].reshape(-1).tolist(), out["cu_seq_lens_q"].tolist()
+            for k, messages in enumerate(raw.select(range(start, start + len(part)))["messages"]):
+                missing = untrained_assistant_turns(tokenizer, messages, features[k]["input_ids"],
+                                                    flat[cu[k] : cu[k + 1]])
+                affected += bool(missing)
+                turns += missing
+    except ChatMaskError:
+        return 0
+    if affected:
+        say(f"warning: in {affected} of the first {len(head)} examples, {turns} assistant turn(s) get no trained "
+            "token from response_template/instruction_template (without instruction_template only the last "
+            "assistant turn is trained); leave both unset to train every assistant turn from the chat template")
+    return affected
+
+
 def _chunks(dataset: Any, size: int) -> Iterator[list[dict[str, Any]]]:
     for start in range(0, len(dataset), size):
         part = dataset[start : start + size]
@@ -475,11 +523,14 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], 
     text_format, formatter = make_formatter(
         train_raw.column_names, cfg.data.template, training.dataset_text_field, tokenizer
     )
-    if cfg.collator.response_template is None and text_format != "prompt+completion":
+    if cfg.collator.response_template is None and text_format not in ("prompt+completion", "messages"):
         raise ConfigError(
             f"response_template is missing: set the text that precedes every completion, e.g. '### Answer:' (only "
-            f"prompt/completion data can do without it; this data is formatted as {text_format!r})"
+            f"prompt/completion and messages data can do without it; this data is formatted as {text_format!r})"
         )
+    # messages without templates: labels from the chat template itself, every assistant turn trained
+    tokenize = tokenize_chat_split if text_format == "messages" and cfg.collator.response_template is None else (
+        tokenize_split)
     if eval_raw is not None:
         missing = sorted(set(train_raw.column_names) - set(eval_raw.column_names))
         if text_format != "template" and missing:
@@ -487,13 +538,15 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], 
         make_formatter(eval_raw.column_names, cfg.data.template, training.dataset_text_field, tokenizer)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
-        train_tok = tokenize_split(train_raw, tokenizer, formatter, "train")
-        eval_tok = tokenize_split(eval_raw, tokenizer, formatter, "eval") if eval_raw is not None else None
+        train_tok = tokenize(train_raw, tokenizer, formatter, "train")
+        eval_tok = tokenize(eval_raw, tokenizer, formatter, "eval") if eval_raw is not None else None
     n_check = cfg.launch.template_check_examples
     if cfg.collator.response_template is None:  # prompt/completion: the prompt is masked already, the collator flattens
         missing_in_check = 0
     else:
         missing_in_check = check_template(train_tok, make_collator, tokenizer, n_check, cfg.collator.response_template)
+        if text_format == "messages":
+            warn_untrained_turns(train_raw, train_tok, make_collator, tokenizer, n_check)
     keep_end = training.truncation_mode == "keep_end"
     train, dropped_train = label_and_filter(train_tok, make_collator, training.max_length, keep_end, "train")
     if len(train) == 0:
