@@ -132,7 +132,7 @@ def make_collator_factory(cfg: LaunchConfig, tokenizer: Any, padding_free: bool,
         "padding_free": padding_free,
         "on_template_not_found": "ignore" if quiet else "warn",
     }
-    if not padding_free and isinstance(cfg.training.pad_to_multiple_of, int):
+    if isinstance(cfg.training.pad_to_multiple_of, int):  # padded and padding-free alike (its own segment)
         kwargs["pad_to_multiple_of"] = cfg.training.pad_to_multiple_of
     factory = functools.partial(DataCollatorForCompletionOnlyLM, cfg.collator.response_template, instruction, **kwargs)
     try:
