@@ -382,3 +382,12 @@ def test_lora_settings_are_checked_by_peft_before_loading(capsys, tmp_path, data
         "invalid LoRA settings (peft.LoraConfig): Invalid task type: 'BOGUS'. Must be one of the following task types: "
         "SEQ_CLS, SEQ_2_SEQ_LM, CAUSAL_LM, TOKEN_CLS, QUESTION_ANS, FEATURE_EXTRACTION."
     )
+
+
+def test_trl_refusing_settings_at_trainer_construction_is_one_line_and_leaves_no_output_dir(capsys, tmp_path, data_dir):
+    """TRL's own check, run where TRL runs it (building the trainer, after transformers created output_dir)."""
+    argv = demo_argv(data_dir, tmp_path / "out", "--router_aux_loss_coef", "0.5")
+    assert run_bad(capsys, argv, tmp_path / "out") == (
+        "SFTTrainer refused the settings: `router_aux_loss_coef` is set to 0.5 but LlamaForCausalLM is not a "
+        "Mixture-of-Experts model that returns its router logits, so there is no auxiliary loss to weight."
+    )

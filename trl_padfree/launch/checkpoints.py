@@ -17,12 +17,14 @@ and whose files match its marker, and lists the ones it passed over (incomplete,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import tempfile
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,6 +49,7 @@ __all__ = [
     "read_run",
     "run_contents",
     "save_final_model",
+    "trainer_settings_checked",
     "write_json_atomic",
     "write_run",
 ]
@@ -435,6 +438,21 @@ def save_final_model(trainer: Any, output_dir: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the run's record
+
+
+@contextlib.contextmanager
+def trainer_settings_checked(output_dir: str) -> Iterator[None]:
+    """Around building the trainer: a ``ValueError`` (TRL's and transformers' own checks of settings against the
+    model and data, e.g. ``router_aux_loss_coef`` for a model that is not a mixture of experts) becomes a
+    :class:`ConfigError` (exit 2, one line), and the ``output_dir`` the Trainer created for nothing is removed.
+    """
+    existed = os.path.exists(output_dir)
+    try:
+        yield
+    except ValueError as exc:
+        if not existed:
+            _remove_if_empty(output_dir)
+        raise ConfigError(f"SFTTrainer refused the settings: {' '.join(str(exc).split())[:300]}") from None
 
 
 def begin_run(trainer: Any, run_id: str | None, resume_from: str | None) -> bool:

@@ -92,27 +92,36 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
     from trl import get_peft_config
 
     from .callbacks import GracefulStop
-    from .checkpoints import AtomicCheckpoints, RunError, begin_run, end_run, save_final_model
+    from .checkpoints import (
+        AtomicCheckpoints,
+        RunError,
+        begin_run,
+        end_run,
+        save_final_model,
+        trainer_settings_checked,
+    )
     from .distributed import describe_distribution
     from .trainer import PadfreeSFTTrainer
 
     training = cfg.training
     collator = make_collator_factory(cfg, tokenizer, padding_free=cfg.padding_free, quiet=False)()
+
     class LaunchTrainer(AtomicCheckpoints, PadfreeSFTTrainer):
         """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`)."""
 
     stop = GracefulStop(announce=say)
-    trainer = LaunchTrainer(
-        model=model,
-        args=training,
-        data_collator=collator,
-        train_dataset=data.train,
-        eval_dataset=data.eval,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(cfg.model),
-        callbacks=[*callbacks, stop],  # extra callbacks act first within a step (a test hook signals before the check)
-        max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
-    )
+    with trainer_settings_checked(training.output_dir):  # TRL's own checks at construction: exit 2, one line
+        trainer = LaunchTrainer(
+            model=model,
+            args=training,
+            data_collator=collator,
+            train_dataset=data.train,
+            eval_dataset=data.eval,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(cfg.model),
+            callbacks=[*callbacks, stop],  # extra callbacks act first within a step (a test hook signals before the check)
+            max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
+        )
     metrics: dict[str, Any] = {}
     if begin_run(trainer, cfg.run_id, cfg.resume_from_checkpoint):
         with stop:
