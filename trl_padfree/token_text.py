@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import json
 import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -177,6 +178,11 @@ def template_bytes(template: str, quirks: TextQuirks) -> bytes:
     return text.encode("utf-8")
 
 
+#: tokenizer -> (fingerprint, TokenText): a large vocabulary takes seconds to map, and the launch builds collators
+#: several times
+_BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 @dataclass(frozen=True)
 class _Anchor:
     """Where one byte of a pattern (its rarest in the vocabulary) occurs inside every token."""
@@ -211,9 +217,22 @@ class TokenText:
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> TokenText:
+        """The table of ``tokenizer``; built once per tokenizer (and again if its vocabulary or added tokens change)."""
+        info = _added_token_info(tokenizer)
+        key = (len(tokenizer), tuple(info))
+        try:
+            cached = _BUILT.get(tokenizer)
+        except TypeError:  # not weak-referenceable
+            cached = None
+        if cached is not None and cached[0] == key:
+            return cached[1]
         table = token_bytes(tokenizer)
-        added = [i for i, _, _, _ in _added_token_info(tokenizer) if i < len(table)]
-        return cls(table, added, measure_quirks(tokenizer, table))
+        text = cls(table, [i for i, _, _, _ in info if i < len(table)], measure_quirks(tokenizer, table))
+        try:
+            _BUILT[tokenizer] = (key, text)
+        except TypeError:
+            pass
+        return text
 
     def pattern(self, template: str) -> bytes:
         """The bytes ``template`` occupies in this tokenizer's token text (see :func:`template_bytes`)."""
@@ -259,17 +278,22 @@ class TokenText:
         gather = np.repeat(self.offsets[ids] + self.skips(ids) - starts[:-1], starts[1:] - starts[:-1])
         return self.buffer[gather + np.arange(starts[-1], dtype=np.int64)].tobytes()
 
+    def _holders(self, byte: int) -> tuple[np.ndarray, np.ndarray]:
+        """Every occurrence of ``byte`` in the vocabulary: ``(token id, offset inside the token)``, in id order."""
+        where = np.flatnonzero(self.buffer == byte)
+        token = np.searchsorted(self.offsets, where, side="right") - 1  # empty tokens hold nothing
+        return token, where - self.offsets[token]
+
     def _anchor(self, pattern: bytes) -> _Anchor:
         if pattern not in self._anchors:
-            counts = {b: sum(1 for t in self.table if b in t) for b in set(pattern)}
-            index = min(range(len(pattern)), key=lambda i: (counts[pattern[i]], i))
-            byte = pattern[index]
-            inner = [[i for i, c in enumerate(t) if c == byte] for t in self.table]
-            count = np.fromiter((len(x) for x in inner), dtype=np.int64, count=len(inner))
-            first = np.zeros(len(inner), dtype=np.int64)
+            holders = {b: self._holders(b) for b in set(pattern)}
+            tokens_with = {b: np.unique(t).size for b, (t, _) in holders.items()}
+            index = min(range(len(pattern)), key=lambda i: (tokens_with[pattern[i]], i))
+            token, inner = holders[pattern[index]]
+            count = np.bincount(token, minlength=len(self.table)).astype(np.int64)
+            first = np.zeros(len(self.table), dtype=np.int64)
             np.cumsum(count[:-1], out=first[1:])
-            flat = np.fromiter((i for x in inner for i in x), dtype=np.int64, count=int(count.sum()))
-            self._anchors[pattern] = _Anchor(index, count > 0, count, first, flat)
+            self._anchors[pattern] = _Anchor(index, count > 0, count, first, inner.astype(np.int64))
         return self._anchors[pattern]
 
     def find(self, pattern: bytes, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
