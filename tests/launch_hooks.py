@@ -49,6 +49,24 @@ class SigkillInSave(TrainerCallback):
             optimizer.state_dict = killed
 
 
+class FailAtStep(TrainerCallback):
+    """Training raises at the end of optimizer step K (after that step's checkpoint, if any, was saved)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._check(state)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if not control.should_save:
+            self._check(state)
+
+    def _check(self, state: Any) -> None:
+        if state.global_step == self.step:
+            raise RuntimeError(f"training failed on purpose at step {self.step} (tests/launch_hooks.py)")
+
+
 class FailEvaluation(TrainerCallback):
     """Every evaluation fails (raised from the Trainer's ``on_evaluate`` event)."""
 

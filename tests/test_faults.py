@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from launch_hooks import FailEvaluation, FullDiskAtEnd
+from launch_hooks import FailAtStep, FailEvaluation, FullDiskAtEnd
 from safetensors.torch import load_file
 from test_launch_config import DEMO, ROOT, write_demo_data
 
@@ -223,6 +223,17 @@ def test_a_full_disk_at_a_checkpoint_stops_with_one_line_naming_the_last_complet
     assert message.endswith(f"; the last complete checkpoint is {out / 'checkpoint-2'} (free space, then resume with "
                             "--resume_from_checkpoint true)")
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"] and not (out / STAGING_DIR).exists()
+
+
+def test_an_error_during_training_says_where_the_work_is(data_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    capsys.readouterr()
+    with pytest.raises(RuntimeError, match="training failed on purpose at step 5"):
+        main(fault_argv(data_dir, out), callbacks=[FailAtStep(5)])
+    assert (
+        f"[trl-padfree] training stopped by an error at step 5; the last complete checkpoint of this run is "
+        f"{out / 'checkpoint-4'} (resume with --resume_from_checkpoint true)"
+    ) in capsys.readouterr().out
 
 
 def test_a_failed_final_evaluation_keeps_the_model_and_overwrite_starts_a_new_run(finished_run, data_dir, tmp_path,

@@ -24,7 +24,7 @@ import re
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ __all__ = [
     "begin_run",
     "checkpoint_problem",
     "choose_resume",
+    "crash_reported",
     "end_run",
     "last_complete_checkpoint",
     "list_checkpoints",
@@ -479,6 +480,21 @@ def begin_run(trainer: Any, run_id: str | None, resume_from: str | None) -> bool
     trainer._load_from_checkpoint(resume_from)
     trainer.state = TrainerState.load_from_json(os.path.join(resume_from, "trainer_state.json"))
     return False
+
+
+@contextlib.contextmanager
+def crash_reported(trainer: Any, say: Callable[[str], None]) -> Iterator[None]:
+    """Around training: when it stops with an error, say where the work is (the error itself propagates)."""
+    try:
+        yield
+    except RunError:
+        raise  # says it already
+    except Exception:
+        last = last_complete_checkpoint(trainer.args.output_dir, trainer.run_id)
+        say(f"training stopped by an error at step {trainer.state.global_step}; "
+            + (f"the last complete checkpoint of this run is {last} (resume with --resume_from_checkpoint true)"
+               if last else "no checkpoint of this run was saved"))
+        raise
 
 
 def end_run(trainer: Any, status: str, **fields: Any) -> None:

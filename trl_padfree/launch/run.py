@@ -96,6 +96,7 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         AtomicCheckpoints,
         RunError,
         begin_run,
+        crash_reported,
         end_run,
         save_final_model,
         trainer_settings_checked,
@@ -124,7 +125,7 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         )
     metrics: dict[str, Any] = {}
     if begin_run(trainer, cfg.run_id, cfg.resume_from_checkpoint):
-        with stop:
+        with stop, crash_reported(trainer, say):
             metrics = dict(trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint).metrics)
     else:
         say(f"{cfg.resume_from_checkpoint} is at the last step ({trainer.state.global_step}): nothing left to "
