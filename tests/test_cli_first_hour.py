@@ -165,6 +165,19 @@ def test_validation_error_of_a_config_without_activation_checkpointing_has_no_fu
     assert err.startswith("trl-padfree train: error: data file not found") and err.count("\n") == 1
 
 
+def test_validation_error_in_a_real_process_is_one_line_on_stderr(tmp_path):
+    """The same in a real process, where Python's default warning filters apply (pytest's do not)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trl_padfree.cli", "train", "--model_name_or_path", str(DEMO / "model"),
+         "--train_file", str(tmp_path / "none.jsonl"), "--output_dir", str(tmp_path / "out")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("trl-padfree train: error: data file not found") and proc.stderr.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
 def test_large_model_on_cuda_gets_activation_checkpointing(tmp_path):
     cfg = _own_cfg(tmp_path)
     chosen = apply_defaults(cfg, "cuda", ModelShape(hidden_size=4096, parameters=7_000_000_000))
