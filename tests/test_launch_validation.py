@@ -179,12 +179,15 @@ ENV_CASES = [
     ({"CUDA_VISIBLE_DEVICES": "0"}, "env: CUDA_VISIBLE_DEVICES in {config} cannot take effect: torch has looked at "
                                     "the GPUs before the config is read; set it in the shell instead "
                                     "(CUDA_VISIBLE_DEVICES=... trl-padfree train ...)"),
+    ({"HF_HUB_OFFLINE": "1"}, "env: HF_HUB_OFFLINE in {config} cannot take effect: it is read when the libraries "
+                              "are imported, before the config is read; set it in the shell instead "
+                              "(HF_HUB_OFFLINE=... trl-padfree train ...)"),
     ({"HF_TRL_PADFREE_X": [1, 2]}, "env: the value of HF_TRL_PADFREE_X in {config} must be a string or a number, "
                                    "got a list"),
 ]
 
 
-@pytest.mark.parametrize(("env", "message"), ENV_CASES, ids=["name", "not-allowed", "too-late", "value"])
+@pytest.mark.parametrize(("env", "message"), ENV_CASES, ids=["name", "not-allowed", "gpus", "read-at-import", "value"])
 def test_bad_env_entries(capsys, tmp_path, data_dir, env, message):
     config = write_yaml(tmp_path / "c.yaml", env=env)
     argv = demo_argv(data_dir, tmp_path / "out")
@@ -391,3 +394,24 @@ def test_trl_refusing_settings_at_trainer_construction_is_one_line_and_leaves_no
         "SFTTrainer refused the settings: `router_aux_loss_coef` is set to 0.5 but LlamaForCausalLM is not a "
         "Mixture-of-Experts model that returns its router logits, so there is no auxiliary loss to weight."
     )
+
+
+def test_env_variables_read_at_import_are_really_read_at_import():
+    """The names refused in env: for being read at import are frozen in the libraries' modules (checked on the
+    installed versions: changing the variable now changes nothing)."""
+    import datasets
+    from huggingface_hub import constants
+
+    before = (constants.HF_HUB_OFFLINE, constants.HF_HOME, datasets.config.HF_DATASETS_OFFLINE)
+    old = {name: os.environ.get(name) for name in ("HF_HUB_OFFLINE", "HF_HOME", "HF_DATASETS_OFFLINE")}
+    try:
+        os.environ.update(HF_HUB_OFFLINE="0" if constants.HF_HUB_OFFLINE else "1", HF_HOME="/elsewhere",
+                          HF_DATASETS_OFFLINE="0" if datasets.config.HF_DATASETS_OFFLINE else "1")
+        assert (constants.HF_HUB_OFFLINE, constants.HF_HOME, datasets.config.HF_DATASETS_OFFLINE) == before
+        assert constants.is_offline_mode() == before[0]
+    finally:
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value

@@ -412,8 +412,17 @@ ENV_PREFIXES = (
     "TENSORBOARD_", "NCCL_", "GLOO_", "TORCH_", "TORCHINDUCTOR_", "TORCHDYNAMO_", "PYTORCH_", "CUDA_",
     "OMP_", "MKL_", "KMP_",
 )  # fmt: skip
-#: Allowed by prefix but read by torch before any config is: they would silently do nothing.
-_ENV_TOO_LATE = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
+#: Allowed by prefix but read by torch when it looks at the GPUs, which it does before any config is read.
+_ENV_GPUS = frozenset({"CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"})
+#: Allowed by prefix but read once, when huggingface_hub / datasets / transformers / torch are imported, which is
+#: before any config is read (they are needed to parse it): set from the config they would silently do nothing.
+_ENV_AT_IMPORT = frozenset({
+    "HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_DATASETS_CACHE", "HF_MODULES_CACHE", "HF_XET_CACHE",
+    "TRANSFORMERS_CACHE", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_ENDPOINT",
+    "HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS", "HF_HUB_ENABLE_HF_TRANSFER",
+    "HF_HUB_DISABLE_XET", "HF_HUB_DISABLE_TELEMETRY", "HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT", "HF_DEBUG",
+    "TRANSFORMERS_VERBOSITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+})  # fmt: skip
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -435,10 +444,13 @@ def _take_env(config: dict[str, Any], source: str) -> dict[str, str]:
                 f"env: {name!r} in {source} is not a valid environment variable name (letters, digits and _, not "
                 "starting with a digit)"
             )
-        if name in _ENV_TOO_LATE:
+        if name in _ENV_GPUS or name in _ENV_AT_IMPORT:
+            why = ("torch has looked at the GPUs before the config is read" if name in _ENV_GPUS else
+                   "it is read when the libraries are imported, before the config is read")
+            also = " or use torch_num_threads" if name.endswith("_NUM_THREADS") else ""
             raise ConfigError(
-                f"env: {name} in {source} cannot take effect: torch has looked at the GPUs before the config is "
-                f"read; set it in the shell instead ({name}=... trl-padfree train ...)"
+                f"env: {name} in {source} cannot take effect: {why}; set it in the shell instead "
+                f"({name}=... trl-padfree train ...){also}"
             )
         if not name.startswith(ENV_PREFIXES):
             raise ConfigError(
