@@ -1,0 +1,308 @@
+"""The README and the docs pages stay true: links resolve, shown commands run, shown output is what they print.
+
+- Every relative link (and image) in ``README.md``, ``docs/**/*.md`` and ``trl_padfree/demo/README.md`` points at
+  a file that exists, and a ``#fragment`` into a Markdown file names one of its headings.
+- Every command shown in a fenced block of the pages in ``COMMAND_PAGES`` that starts ``trl-padfree``,
+  ``python``, ``accelerate`` or ``bash`` is either run here (``RUN``: cheap variants, e.g. a few training steps)
+  or listed in ``NOT_RUN`` with the reason. Where a ``text`` block shows ``$ command`` followed by output, the
+  output must match what the command prints (``...`` stands for any text, as in doctest's ELLIPSIS).
+- A ``yaml`` block headed ``# configs/NAME.yaml`` shows keys with the values that file really has.
+- The README's Python block (and any other headed ``# examples/sft_padfree.py``) is an excerpt of that script, line
+  for line (``tests/test_examples.py`` runs the script).
+"""
+
+from __future__ import annotations
+
+import doctest
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+LINKED_PAGES = sorted(
+    [ROOT / "README.md", ROOT / "trl_padfree" / "demo" / "README.md", *(ROOT / "docs").rglob("*.md")]
+)
+# Pages whose shown commands are kept true here (other docs pages test their own commands).
+COMMAND_PAGES = [
+    "README.md",
+    "docs/api.md",
+    "docs/attention.md",
+    "docs/development.md",
+    "docs/launch.md",
+    "docs/probe.md",
+    "docs/results.md",
+    "docs/templates.md",
+]
+COMMAND_STARTS = ("trl-padfree", "python", "accelerate", "bash")
+
+# A few training steps instead of a run to the end: later command-line values win over earlier ones.
+FEW_STEPS = (
+    "--max_steps 2 --max_train_examples 32 --max_eval_examples 8 --eval_strategy no --eval_on_start false "
+    "--save_strategy no --output_dir {tmp}/out"
+)
+# shown command -> (what the test appends, expected exit code)
+RUN: dict[str, tuple[str, int]] = {
+    "trl-padfree train --config configs/demo.yaml": (FEW_STEPS, 0),
+    "trl-padfree train --config configs/demo.yaml --max_steps 20 --output_dir /tmp/run": (FEW_STEPS, 0),
+    "python scripts/train.py --config configs/demo.yaml": (FEW_STEPS, 0),
+    "trl-padfree train --help": ("", 0),
+    "trl-padfree train --config configs/demo.yaml --learning_rat 1e-3": ("", 2),
+    "trl-padfree check --model trl_padfree/demo/model": ("", 0),
+    "trl-padfree preview --config configs/demo.yaml -n 1": ("", 0),
+    "trl-padfree preview --config configs/demo.yaml -n 3": ("", 0),
+    # two families instead of 32, written to a temporary file (compared with docs/probe-families.md below)
+    "python scripts/probe_families.py": ("--types llama,opt --out {tmp}/families.md", 0),
+}
+# shown command -> why the test does not run it
+NOT_RUN: dict[str, str] = {
+    # a synopsis with placeholders, not a command; the runnable form is run above
+    "trl-padfree check --model path/or/hub-name [--attn-implementation auto|padfree|sdpa|eager|flash_attention_2|default]": (
+        "synopsis"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Shown:
+    """A command shown in a fenced block, with the output shown after it (``$`` blocks) if any."""
+
+    page: str
+    line: int
+    command: str
+    output: str | None
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}: {self.command}"
+
+
+FENCE = re.compile(r"^(?P<fence>```+)(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=fence)[ \t]*$", re.M | re.S)
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str, int]]:
+    """``(language, body, line number of the body's first line)`` of each fenced block.
+
+    >>> fenced_blocks("a\\n```bash\\nls -l\\n```\\nb\\n")
+    [('bash', 'ls -l\\n', 3)]
+    """
+    return [(m["lang"], m["body"], text.count("\n", 0, m.start("body")) + 1) for m in FENCE.finditer(text)]
+
+
+def strip_comment(line: str) -> str:
+    """A shell line without its trailing ``# comment`` (quotes respected).
+
+    >>> strip_comment('trl-padfree train --config x.yaml   # installed command')
+    'trl-padfree train --config x.yaml'
+    >>> strip_comment('echo "a # b"')
+    'echo "a # b"'
+    """
+    for cut in (i for i, char in enumerate(line) if char == "#"):
+        before = line[:cut]
+        if (cut == 0 or before[-1].isspace()) and before.count('"') % 2 == 0 and before.count("'") % 2 == 0:
+            return before.rstrip()
+    return line.rstrip()
+
+
+def shown_commands(page: str) -> list[Shown]:
+    text = (ROOT / page).read_text(encoding="utf-8")
+    found = []
+    for lang, body, first in fenced_blocks(text):
+        if lang not in {"", "bash", "sh", "shell", "console", "text"}:
+            continue
+        lines = body.splitlines()
+        dollar = any(line.startswith("$ ") for line in lines)
+        i = 0
+        while i < len(lines):
+            raw = lines[i]
+            command = raw[2:] if raw.startswith("$ ") else raw
+            command = strip_comment(command)
+            output = None
+            start = i
+            i += 1
+            if dollar and raw.startswith("$ "):
+                out_lines = []
+                while i < len(lines) and not lines[i].startswith("$ "):
+                    out_lines.append(lines[i])
+                    i += 1
+                output = "\n".join(out_lines).strip("\n") or None
+            if command.startswith(COMMAND_STARTS):
+                found.append(Shown(page, first + start, command, output))
+    return found
+
+
+ALL_SHOWN = [shown for page in COMMAND_PAGES for shown in shown_commands(page)]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a Markdown heading.
+
+    >>> _slug("GPU: one NVIDIA H200")
+    'gpu-one-nvidia-h200'
+    >>> _slug("Collation speed: `python scripts/bench_collator.py`")
+    'collation-speed-python-scriptsbench_collatorpy'
+    """
+    text = heading.strip().lower()
+    text = re.sub(r"[^\w\- ]", "", text)
+    return text.replace(" ", "-")
+
+
+def anchors(path: Path) -> set[str]:
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    return {_slug(m[1]) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.M)}
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
+
+
+def relative_links(path: Path) -> list[str]:
+    """Link targets outside code (fenced blocks and inline code spans), other than URLs and pure fragments."""
+    text = FENCE.sub("", path.read_text(encoding="utf-8"))
+    text = re.sub(r"`[^`\n]*`", "", text)
+    targets = [m["target"] for m in LINK.finditer(text)]
+    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.I)]
+
+
+@pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_relative_links_resolve(page: Path):
+    broken = []
+    for target in relative_links(page):
+        file_part, _, fragment = target.partition("#")
+        dest = (page.parent / file_part).resolve() if file_part else page
+        if not dest.exists():
+            broken.append(f"{target} (no such file: {dest.relative_to(ROOT) if dest.is_relative_to(ROOT) else dest})")
+        elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
+            broken.append(f"{target} (no heading with anchor #{fragment} in {dest.name})")
+    assert not broken, f"broken links in {page.relative_to(ROOT)}: " + "; ".join(broken)
+
+
+def test_every_shown_command_is_run_or_listed_with_a_reason():
+    shown = {s.command for s in ALL_SHOWN}
+    unaccounted = [str(s) for s in ALL_SHOWN if s.command not in RUN and s.command not in NOT_RUN]
+    assert not unaccounted, (
+        "commands shown in the docs that this test neither runs nor lists: " + "; ".join(unaccounted)
+        + ". Add each to RUN (with a cheap variant) or NOT_RUN (with the reason) in tests/test_docs.py."
+    )
+    stale = sorted((set(RUN) | set(NOT_RUN)) - shown)
+    assert not stale, f"RUN / NOT_RUN list commands no page shows any more: {stale}"
+    assert all(reason.strip() for reason in NOT_RUN.values())
+
+
+def test_readme_test_command_is_what_ci_runs():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    setup = readme.index("## Set up and run (fresh machine)")
+    first_block = next(body for lang, body, _ in fenced_blocks(readme[setup:]))
+    assert [strip_comment(line) for line in first_block.splitlines()] == ["make demo", "make test"]
+    assert re.search(r"^make test$", (ROOT / ".ci" / "run").read_text(encoding="utf-8"), re.M)
+
+
+def run_shown(command: str, extra: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """Run a shown command (plus ``extra``) from the repository root: ``trl-padfree`` in this process through its
+    entry point, ``python ...`` as a subprocess of this interpreter. Returns (exit code, stdout + stderr)."""
+    argv = shlex.split(command) + shlex.split(extra.format(tmp=tmp_path))
+    if argv[0] == "trl-padfree":
+        from trl_padfree.cli import main
+
+        cwd = os.getcwd()
+        os.chdir(ROOT)
+        try:
+            code = main(argv[1:])
+        except SystemExit as exc:  # argparse --help
+            code = exc.code if isinstance(exc.code, int) else 0
+        finally:
+            os.chdir(cwd)
+        out, err = capfd.readouterr()
+        return code, out + err
+    assert argv[0] == "python", command
+    proc = subprocess.run(
+        [sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def output_matches(want: str, got: str) -> bool:
+    """doctest's comparison: ``...`` matches any text, runs of whitespace compare equal.
+
+    >>> output_matches("SAFE: ... apart.", "SAFE: llama (sdpa) keeps them apart.")
+    True
+    >>> output_matches("LEAKS", "SAFE")
+    False
+    """
+    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    return doctest.OutputChecker().check_output(want.strip() + "\n", got.strip() + "\n", flags)
+
+
+RUNNABLE = [s for s in ALL_SHOWN if s.command in RUN]
+
+
+@pytest.mark.parametrize("shown", RUNNABLE, ids=str)
+def test_shown_command_runs_and_prints_what_the_page_shows(shown: Shown, tmp_path, capfd):
+    extra, expected_code = RUN[shown.command]
+    code, output = run_shown(shown.command, extra, tmp_path, capfd)
+    assert code == expected_code, f"{shown} exited {code}, expected {expected_code}:\n{output[-3000:]}"
+    if shown.output is not None:
+        # the command's own lines (transformers' progress bars and warnings around them are not shown)
+        own = "\n".join(line for line in output.splitlines() if not line.startswith(("Loading weights", "\r")))
+        assert output_matches(shown.output, own), f"{shown}: the page shows\n{shown.output}\nbut it printed\n{own}"
+    if extra == FEW_STEPS:  # the run really trained and wrote its summary
+        assert (tmp_path / "out" / "launch_summary.json").is_file(), output[-3000:]
+    if shown.command == "trl-padfree train --help":
+        assert output.startswith("usage: trl-padfree train"), output[:500]
+    if shown.command == "python scripts/probe_families.py":
+        rows = [line for line in (tmp_path / "families.md").read_text().splitlines() if line.startswith("| ")]
+        page = (ROOT / "docs" / "probe-families.md").read_text(encoding="utf-8").splitlines()
+        assert rows[2:] and all(row in page for row in rows[2:]), rows  # each family's row as on the page
+
+
+def config_blocks() -> list[tuple[str, str, dict]]:
+    found = []
+    for page in COMMAND_PAGES:
+        for lang, body, _ in fenced_blocks((ROOT / page).read_text(encoding="utf-8")):
+            head = re.match(r"#\s*(configs/\S+\.ya?ml)", body)
+            if lang == "yaml" and head:
+                found.append((page, head[1], yaml.safe_load(body)))
+    return found
+
+
+@pytest.mark.parametrize("page,config,shown", config_blocks(), ids=lambda v: v if isinstance(v, str) else "")
+def test_shown_config_excerpt_matches_the_file(page, config, shown):
+    real = yaml.safe_load((ROOT / config).read_text(encoding="utf-8"))
+    wrong = {k: (v, real.get(k, "<missing>")) for k, v in shown.items() if real.get(k, "<missing>") != v}
+    assert not wrong, f"{page} shows {config} with values the file does not have (shown, real): {wrong}"
+
+
+def python_excerpts() -> list[tuple[str, str]]:
+    """``(page, body)`` of each ``python`` block that is headed ``# examples/sft_padfree.py``."""
+    found = []
+    for page in COMMAND_PAGES:
+        for lang, body, _ in fenced_blocks((ROOT / page).read_text(encoding="utf-8")):
+            if lang == "python" and body.startswith(EXAMPLE_HEADER):
+                found.append((page, body))
+    return found
+
+
+EXAMPLE_HEADER = "# examples/sft_padfree.py"
+
+
+def test_readme_shows_the_example_script():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = [body for lang, body, _ in fenced_blocks(readme) if lang == "python"]
+    assert len(blocks) == 1 and blocks[0].startswith(EXAMPLE_HEADER), "the README's Python is the example's excerpt"
+
+
+@pytest.mark.parametrize("page,body", python_excerpts(), ids=lambda v: v if v.endswith(".md") else "")
+def test_python_shown_is_an_excerpt_of_the_example(page, body):
+    """Every line shown is a line of the script, in the script's order (``...`` stands for lines left out)."""
+    example = (ROOT / "examples" / "sft_padfree.py").read_text(encoding="utf-8").splitlines()
+    position = 0
+    for line in body.splitlines()[1:]:
+        if not line.strip() or line.strip() == "...":
+            continue
+        assert line in example[position:], f"{page}: line not in examples/sft_padfree.py (in order): {line!r}"
+        position = example.index(line, position) + 1
