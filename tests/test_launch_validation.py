@@ -415,3 +415,37 @@ def test_env_variables_read_at_import_are_really_read_at_import():
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def test_a_dataset_the_hub_does_not_have_is_named(capsys, tmp_path, data_dir, monkeypatch):
+    """A local stand-in for the hub answers 404 RepoNotFound, as the hub does for an unknown or private id."""
+    import http.server
+    import threading
+
+    import datasets
+    from huggingface_hub import constants
+
+    class NotFound(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
+    try:
+        argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
+                         "--dataset_name", "nobody/no-such-dataset")
+        assert run_bad(capsys, argv, tmp_path / "out") == (
+            "dataset_name='nobody/no-such-dataset' is not on the Hugging Face Hub, or is private or gated (log in "
+            "with `hf auth login`); check the id or set dataset_name to a local dataset directory"
+        )
+    finally:
+        server.shutdown()

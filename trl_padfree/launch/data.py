@@ -128,23 +128,24 @@ def _load_files(key: str, pattern: str) -> Any:
 def _check_hub_dataset(name: str) -> None:
     """Fail fast when ``dataset_name`` is a hub id that cannot be reached (``datasets`` retries for ~30 s)."""
     from huggingface_hub import HfApi, constants
+    from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
     if constants.is_offline_mode():
         return  # datasets then uses the local cache or fails at once
     try:
         HfApi().dataset_info(name, timeout=10)
-    except Exception as exc:
-        kind = type(exc).__name__
-        if "NotFound" in kind:
-            raise ConfigError(
-                f"dataset_name={name!r} is not on the Hugging Face Hub (or is private or gated: log in with "
-                "`hf auth login`); check the id or set dataset_name to a local dataset directory"
-            ) from None
-        if "HTTPError" not in kind:
-            raise ConfigError(
-                f"cannot reach the Hugging Face Hub to load dataset_name={name!r} ({one_line(exc)[:120]}); set "
-                "HF_HUB_OFFLINE=1 to use a cached copy, or set dataset_name to a local dataset directory"
-            ) from None
+    except RepositoryNotFoundError:  # gated repositories included
+        raise ConfigError(
+            f"dataset_name={name!r} is not on the Hugging Face Hub, or is private or gated (log in with `hf auth "
+            "login`); check the id or set dataset_name to a local dataset directory"
+        ) from None
+    except HfHubHTTPError:
+        return  # the hub answered: datasets reports what it says
+    except Exception as exc:  # no answer: connection refused, DNS, timeout
+        raise ConfigError(
+            f"cannot reach the Hugging Face Hub to load dataset_name={name!r} ({one_line(exc)[:120]}); set "
+            "HF_HUB_OFFLINE=1 to use a cached copy, or set dataset_name to a local dataset directory"
+        ) from None
 
 
 def required_fields(columns: Sequence[str], template: str | None, text_field: str,
