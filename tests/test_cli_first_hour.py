@@ -129,7 +129,7 @@ def test_prompt_completion_labels_without_response_template(demo_tokenizer, tmp_
     [
         ([{"text": "### Question: a\n### Answer: b"}], [],
          "response_template is missing: set the text that precedes every completion, e.g. '### Answer:' (only "
-         "prompt/completion data can do without it; this data is formatted as 'text')"),
+         "prompt/completion and messages data can do without it; this data is formatted as 'text')"),
         ([{"q": "a", "a": "b"}], ["--template", "Q: {q} A: {a}"],
          "response_template is missing: set the text that precedes every completion, e.g. '### Answer:'"),
     ],
