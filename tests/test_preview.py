@@ -83,3 +83,14 @@ def test_docs_show_the_same_preview():
     """docs/usage.md shows this command and exactly this output."""
     text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
     assert "$ trl-padfree preview --config configs/demo.yaml -n 2 --max_train_examples 8\n" + EXPECTED + "```" in text
+
+
+def test_preview_of_chat_data_without_templates(in_root, capsys, tmp_path):
+    """messages data without templates: every assistant turn trained; no template count where there is none."""
+    config = tmp_path / "chat.yaml"
+    config.write_text("model_name_or_path: trl_padfree/demo/model\ntrain_file: trl_padfree/demo/data/chat_train.jsonl\n"
+                      f"output_dir: {tmp_path / 'out'}\nmax_train_examples: 4\n", encoding="utf-8")
+    assert cli.main(["preview", "--config", str(config), "-n", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("### Answer:[[ ") == out.split("---\n")[1].count("### Answer:") > 1  # every turn trained
+    assert out.endswith("examples without a trained token (dropped before training): 0 of 4\n")

@@ -55,8 +55,12 @@ def marked_text(data: bytes, starts: Sequence[int], labels: Sequence[int], color
     return "".join(out)
 
 
-def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
-    """The preview of prepared data (:class:`~.data.PreparedData`): ``n`` examples, then the counts."""
+def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
+                  ) -> list[str]:
+    """The preview of prepared data (:class:`~.data.PreparedData`): ``n`` examples, then the counts.
+
+    With a ``response_template``, how many of the examples checked for it lack it.
+    """
     import numpy as np
 
     from trl_padfree.token_text import TokenText
@@ -80,7 +84,7 @@ def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False) -> lis
                  f"(format: {data.text_format})")
     loaded, dropped = data.loaded.get("train", len(train)), data.dropped.get("train", 0)
     lines.append(f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}")
-    if data.checked:
+    if response_template is not None and data.checked:
         lines.append(f"examples without the response template among the first {data.checked:,}: "
                      f"{data.template_missing_in_check:,}")
     return lines
@@ -134,6 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"trl-padfree preview: error: {exc}", file=sys.stderr)
         return 2
-    for line in preview_lines(data, tokenizer, n, color=sys.stdout.isatty()):
+    for line in preview_lines(data, tokenizer, n, sys.stdout.isatty(), cfg.collator.response_template):
         print(line)
     return 0
