@@ -314,6 +314,16 @@ def test_empty_jsonl_says_why(capsys, tmp_path, data_dir):
     assert message == f"train_file file {str(train)!r} is empty (0 bytes): it holds no records"
 
 
+def test_a_directory_named_like_a_data_file(capsys, tmp_path, data_dir):
+    train = tmp_path / "train.jsonl"
+    train.mkdir()
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    assert message == (
+        f"train_file={str(train)!r} matches the directory {str(train)!r}: point it at data files (e.g. a glob such as "
+        f"{str(train / '*.jsonl')!r}), or use dataset_name for a saved dataset directory"
+    )
+
+
 def test_binary_jsonl_is_one_line(capsys, tmp_path, data_dir):
     train = tmp_path / "weights.jsonl"
     train.write_bytes((DEMO / "model" / "model.safetensors").read_bytes()[:4096])

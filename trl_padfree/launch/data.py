@@ -82,9 +82,17 @@ def check_data_files(key: str, pattern: str) -> None:
 
     for path in sorted(glob.glob(os.path.expanduser(pattern))):
         ext = os.path.splitext(path)[1].lower()
-        with open(path, "rb") as handle:
-            head = handle.read(1 << 16)
-            more = bool(handle.read(1))
+        if os.path.isdir(path):
+            raise ConfigError(
+                f"{key}={pattern!r} matches the directory {path!r}: point it at data files (e.g. a glob such as "
+                f"{os.path.join(path, '*' + ext)!r}), or use dataset_name for a saved dataset directory"
+            )
+        try:
+            with open(path, "rb") as handle:
+                head = handle.read(1 << 16)
+                more = bool(handle.read(1))
+        except OSError as exc:
+            raise ConfigError(f"cannot read {key} file {path!r}: {exc.strerror or exc}") from None
         if not head:
             raise ConfigError(f"{key} file {path!r} is empty (0 bytes): it holds no records")
         if ext == ".parquet":
