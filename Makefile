@@ -33,11 +33,11 @@ install: $(VENV)/.installed
 demo: install
 	$(VENV)/bin/trl-padfree train --config configs/demo.yaml
 
-# Real tokenizers of 14 model families for tests/test_real_tokenizers.py, built once from the vocabulary files
-# in llama-cpp-python's source archive (downloaded with pip; scripts/real_tokenizers.py), cached and git-ignored.
+# Real tokenizers of 15 model families for the tests, built from the vocabulary files in llama-cpp-python's source
+# archive (downloaded with pip; scripts/real_tokenizers.py), cached and git-ignored; rebuilt when the script changes.
 REAL_TOKENIZERS := .cache/real-tokenizers
-$(REAL_TOKENIZERS)/manifest.json: | $(VENV)/.installed
-	$(PY) scripts/real_tokenizers.py --out $(REAL_TOKENIZERS)
+$(REAL_TOKENIZERS)/manifest.json: scripts/real_tokenizers.py | $(VENV)/.installed
+	$(PY) scripts/real_tokenizers.py --force --out $(REAL_TOKENIZERS)
 
 real-tokenizers: $(REAL_TOKENIZERS)/manifest.json
 

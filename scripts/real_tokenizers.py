@@ -51,7 +51,7 @@ VOCAB_SOURCE = "vendor/llama.cpp/src/llama-vocab.cpp"
 PRE_CASES = {
     "gpt-2": "GPT2", "mpt": "MPT", "llama-bpe": "LLAMA3", "qwen2": "QWEN2", "falcon": "FALCON",
     "starcoder": "STARCODER", "refact": "REFACT", "command-r": "COMMAND_R", "deepseek-llm": "DEEPSEEK_LLM",
-    "deepseek-coder": "DEEPSEEK_CODER",
+    "deepseek-coder": "DEEPSEEK_CODER", "qwen35": "QWEN35",
 }
 
 
@@ -119,6 +119,7 @@ FAMILIES: dict[str, tuple[str, str | None]] = {
     "mistral-inst": ("llama-spm", MISTRAL_INST),
     "llama-3": ("llama-bpe", "meta-llama-Llama-3.1-8B-Instruct.jinja"),
     "qwen2": ("qwen2", "Qwen-Qwen2.5-7B-Instruct.jinja"),
+    "qwen3.5": ("qwen35", "Qwen3.5-4B.jinja"),
     "phi-3": ("phi-3", "microsoft-Phi-3.5-mini-instruct.jinja"),
     "gpt-2": ("gpt-2", None),
     "falcon": ("falcon", None),
@@ -295,7 +296,10 @@ def extract(sdist: Path, into: Path) -> Path:
             MODELS in m.name and ("/ggml-vocab-" in m.name or "/templates/" in m.name))]
         if not members:
             raise SystemExit(f"{sdist} holds no {MODELS}ggml-vocab-* files")
-        tar.extractall(into, members=members, filter="data")
+        if hasattr(tarfile, "data_filter"):  # Python >= 3.10.12 / 3.11.4
+            tar.extractall(into, members=members, filter="data")
+        else:
+            tar.extractall(into, members=members)
     root = next(m.name for m in members if MODELS in m.name).split(MODELS)[0]
     return into / root / MODELS
 

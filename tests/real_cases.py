@@ -29,7 +29,20 @@ def manifest() -> dict:
     path = CACHE / "manifest.json"
     if not path.exists():
         raise FileNotFoundError(MISSING)
-    return json.loads(path.read_text())
+    built = json.loads(path.read_text())
+    missing = [f for f in FAMILIES if f not in built.get("families", {})]
+    if missing:
+        raise FileNotFoundError(f"The real-tokenizer cache {CACHE} lacks {', '.join(missing)}: run `make real-tokenizers`.")
+    return built
+
+
+def cache_problem() -> str | None:
+    """Why the real-tokenizer tests cannot run (the make target to run), or None."""
+    try:
+        manifest()
+    except FileNotFoundError as exc:
+        return str(exc)
+    return None
 
 
 @cache
@@ -62,6 +75,7 @@ CHAT: dict[str, ChatLayout] = {
         tool=True,
     ),
     "qwen2": ChatLayout("<|im_start|>assistant\n", ("<|im_start|>user\n", "<|im_start|>system\n"), tool=True),
+    "qwen3.5": ChatLayout("<|im_start|>assistant\n", ("<|im_start|>user\n", "<|im_start|>system\n"), tool=True),
     "phi-3": ChatLayout("<|assistant|>\n", ("<|user|>\n", "<|system|>\n")),
     "deepseek-llm": ChatLayout("Assistant:", ("User:",)),
     "deepseek-coder": ChatLayout("### Response:\n", ("### Instruction:\n",)),

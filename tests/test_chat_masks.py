@@ -8,7 +8,15 @@ the next turn starts at its ``<s>``). Built from ``make real-tokenizers`` (see t
 from __future__ import annotations
 
 import pytest
-from real_cases import CACHE, CHAT, IGNORE, MISSING, conversations, labels_from_spans, load, trained_spans
+from real_cases import (
+    CHAT,
+    IGNORE,
+    cache_problem,
+    conversations,
+    labels_from_spans,
+    load,
+    trained_spans,
+)
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
 from trl_padfree.chat_masks import (
@@ -26,11 +34,16 @@ RESPONSE = {"deepseek-coder": "### Response:"}
 
 @pytest.fixture(scope="session", autouse=True)
 def real_tokenizers_built():
-    if not (CACHE / "manifest.json").exists():
-        pytest.fail(MISSING, pytrace=False)
+    if cache_problem():
+        pytest.fail(cache_problem(), pytrace=False)
 
 
-@pytest.mark.parametrize("family", list(CHAT))
+# Qwen3.5's template renders an assistant turn without its (empty) thinking block once a later user message
+# follows: turn-by-turn rendering cannot locate such turns, see the test below.
+REWRITES_EARLIER_TURNS = {"qwen3.5"}
+
+
+@pytest.mark.parametrize("family", [f for f in CHAT if f not in REWRITES_EARLIER_TURNS])
 def test_chat_template_masks_equal_character_span_truth(family):
     tok, layout = load(family), CHAT[family]
     convs = conversations(layout)
@@ -102,7 +115,7 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
                 {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]
-    with pytest.raises(ChatMaskError, match="drops or rewrites earlier turns.*response_template/instruction_template"):
+    with pytest.raises(ChatMaskError, match="renders assistant message 1 differently when later messages follow.*response_template/instruction_template"):
         chat_labels(tok, messages, chat_template=template)
 
 
@@ -114,3 +127,21 @@ def test_untrained_assistant_turns_counts_turns_a_collator_left_out():
     labels = single([{"input_ids": ex["input_ids"]}])["labels"][0].tolist()
     assert untrained_assistant_turns(tok, messages, ex["input_ids"], labels) == 2  # only the last turn trained
     assert untrained_assistant_turns(tok, messages, ex["input_ids"], ex["labels"]) == 0
+
+
+def test_qwen35_turns_are_exact_where_located_and_refused_where_the_template_rewrites_them():
+    tok, layout = load("qwen3.5"), CHAT["qwen3.5"]
+    located = refused = 0
+    for messages in conversations(layout):
+        text = tok.apply_chat_template(messages, tokenize=False)
+        if sum(m["role"] == "user" for m in messages) > 1:  # earlier turns lose their thinking block
+            with pytest.raises(ChatMaskError, match=r"renders assistant message [12] differently when later messages"):
+                chat_labels(tok, messages)
+            refused += 1
+            continue
+        # the generation prompt opens the thinking block: the model generates from after "<think>\n"
+        truth_spans = trained_spans(text, "<|im_start|>assistant\n<think>\n", layout.instructions)
+        _, truth = labels_from_spans(tok, text, truth_spans, add_special_tokens=False)
+        assert chat_labels(tok, messages)["labels"] == truth
+        located += 1
+    assert (located, refused) == (16, 16)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from real_cases import CACHE, CHAT, MISSING, conversations, load
+from real_cases import CACHE, CHAT, cache_problem, conversations, load
 
 from trl_padfree.chat_masks import chat_labels
 from trl_padfree.launch import ConfigError, load_config
@@ -17,8 +17,8 @@ QWEN = CHAT["qwen2"]
 
 @pytest.fixture(scope="module")
 def qwen(tmp_path_factory):
-    if not (CACHE / "manifest.json").exists():
-        pytest.fail(MISSING, pytrace=False)
+    if cache_problem():
+        pytest.fail(cache_problem(), pytrace=False)
     convs = conversations(QWEN)
     path = tmp_path_factory.mktemp("chat") / "train.jsonl"
     path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs), encoding="utf-8")

@@ -8,15 +8,25 @@ what to run (they never download anything themselves).
 from __future__ import annotations
 
 import pytest
-from real_cases import CACHE, CHAT, FAMILIES, IGNORE, MISSING, all_cases, collator_labels, load, trained_spans
+from real_cases import (
+    CACHE,
+    CHAT,
+    FAMILIES,
+    IGNORE,
+    all_cases,
+    cache_problem,
+    collator_labels,
+    load,
+    trained_spans,
+)
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
 
 
 @pytest.fixture(scope="session", autouse=True)
 def real_tokenizers_built():
-    if not (CACHE / "manifest.json").exists():
-        pytest.fail(MISSING, pytrace=False)
+    if cache_problem():
+        pytest.fail(cache_problem(), pytrace=False)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

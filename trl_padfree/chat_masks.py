@@ -115,11 +115,14 @@ def _spans_by_rendering(tokenizer: Any, messages: Sequence[dict], full: str, off
         if end < len(upto):  # a tail the template writes only at the end of a text: stop before it
             snapped = _inside_added(offsets, ids, added, end)
             end = snapped if snapped is not None else end
-        if end <= start:
+        content = message.get("content")
+        if end <= start or (isinstance(content, str) and content.strip() and content.strip() in upto[start:]
+                            and content.strip() not in full[start:end]):
             raise ChatMaskError(
-                f"assistant message {i} adds nothing to the rendered conversation where it stands (the chat template "
-                "drops or rewrites earlier turns when later messages follow); add {% generation %} blocks to the "
-                "template or pass response_template/instruction_template instead"
+                f"the chat template renders assistant message {i} differently when later messages follow (it drops or "
+                "rewrites earlier turns, as templates that strip the reasoning of earlier turns do), so what each "
+                "assistant message adds cannot be found by rendering turn by turn; add {% generation %} blocks to "
+                "the template or pass response_template/instruction_template instead"
             )
         spans.append((start, end))
     return spans
