@@ -51,6 +51,14 @@ def test_a_value_out_of_range_is_refused(capsys, tmp_path, data_dir, name, value
     assert run_bad(capsys, demo_argv(data_dir, tmp_path / "out", f"--{name}", value), tmp_path / "out") == message
 
 
+def test_evaluation_on_start_without_eval_data(capsys, tmp_path, data_dir):
+    argv = demo_argv(data_dir, tmp_path / "out", "--eval_file", "", "--eval_strategy", "no")  # demo: eval_on_start
+    assert run_bad(capsys, argv, tmp_path / "out") == (
+        "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
+        "(or eval_on_start: false)"
+    )
+
+
 def test_zero_epochs_is_refused(capsys, tmp_path, data_dir):
     argv = demo_argv(data_dir, tmp_path / "out", "--max_steps", "-1", "--num_train_epochs", "0")
     assert run_bad(capsys, argv, tmp_path / "out") == (
@@ -301,7 +309,7 @@ def test_null_completion_of_prompt_completion_records(capsys, tmp_path, data_dir
                {"prompt": "### Question: c\n### Answer:", "completion": None}]
     train = _jsonl(tmp_path / "t.jsonl", records)
     argv = demo_argv(data_dir, tmp_path / "out", "--train_file", str(train), "--template", "",
-                     "--eval_strategy", "no", "--eval_file", "")
+                     "--eval_strategy", "no", "--eval_on_start", "false", "--eval_file", "")
     assert run_bad(capsys, argv, tmp_path / "out") == (
         "train_file record 1 (counting from 0): 'completion' is null or missing; fill it in or remove the record"
     )
@@ -348,6 +356,7 @@ def test_hub_dataset_offline_fails_fast(capsys, tmp_path, data_dir, monkeypatch)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
+                     "--eval_on_start", "false",
                      "--dataset_name", "nobody/no-such-dataset")
     start = time.perf_counter()
     message = run_bad(capsys, argv, tmp_path / "out")
@@ -367,6 +376,7 @@ def test_unreachable_hub_fails_fast_without_retries(capsys, tmp_path, data_dir, 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
     argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
+                     "--eval_on_start", "false",
                      "--dataset_name", "nobody/no-such-dataset")
     start = time.perf_counter()
     message = run_bad(capsys, argv, tmp_path / "out")
@@ -452,6 +462,7 @@ def test_a_dataset_the_hub_does_not_have_is_named(capsys, tmp_path, data_dir, mo
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
     try:
         argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
+                     "--eval_on_start", "false",
                          "--dataset_name", "nobody/no-such-dataset")
         assert run_bad(capsys, argv, tmp_path / "out") == (
             "dataset_name='nobody/no-such-dataset' is not on the Hugging Face Hub, or is private or gated (log in "

@@ -276,6 +276,11 @@ def _check_data(cfg: LaunchConfig) -> None:
             f"eval_strategy is {strategy!r} but there is no eval data: set eval_file, "
             "eval_fraction or dataset_test_split (or eval_strategy: 'no')"
         )
+    if cfg.training.eval_on_start and not sources:
+        raise ConfigError(
+            "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
+            "(or eval_on_start: false)"
+        )
 
 
 def _check_collator_and_trl(cfg: LaunchConfig) -> None:
