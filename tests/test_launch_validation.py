@@ -315,6 +315,19 @@ def test_null_completion_of_prompt_completion_records(capsys, tmp_path, data_dir
     )
 
 
+@pytest.mark.parametrize("value", [{"a": "hello"}, [1, 2]], ids=["mapping", "list-among-strings"])
+def test_a_template_field_holding_lists_or_mappings(capsys, tmp_path, data_dir, value):
+    records = [{"instruction": "hi", "output": "a"}, {"instruction": "hi", "output": value}]
+    if isinstance(value, dict):
+        records[0]["output"] = {"a": "a"}
+    train = _jsonl(tmp_path / "t.jsonl", records)
+    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    assert message == (
+        "train_file: template field {output} holds lists or mappings, which would be trained as their Python text; "
+        "pick an element ({output[0]}, {output.key}) or make 'output' text"
+    )
+
+
 def test_empty_jsonl_says_why(capsys, tmp_path, data_dir):
     train = tmp_path / "empty.jsonl"
     train.write_bytes(b"")

@@ -39,6 +39,7 @@ __all__ = [
     "check_data_files",
     "check_records",
     "check_template",
+    "check_template_values",
     "label_and_filter",
     "load_splits",
     "make_formatter",
@@ -184,6 +185,29 @@ def required_fields(columns: Sequence[str], template: str | None, text_field: st
     if "messages" in columns:
         return ["messages"], ["messages"]
     return [], []
+
+
+def check_template_values(dataset: Any, source: str, template: str) -> None:
+    """Refuse a ``{field}`` of the template whose values are lists or mappings: they would be formatted as their
+    Python repr (``{'a': 1}``) and trained. ``{field[0]}`` / ``{field.key}`` pick an element and are fine.
+    """
+    import pyarrow as pa
+
+    bare = {name for _, name, _, _ in string.Formatter().parse(template) if name and name.isidentifier()}
+    table = dataset.with_format("arrow")
+    for name in sorted(bare & set(dataset.column_names)):
+        column = table[name]
+        nested = pa.types.is_nested(column.type)
+        if not nested and not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
+            try:  # values of mixed types (datasets' Json feature): look at them
+                nested = any(isinstance(v, (list, dict)) for v in dataset[name])
+            except Exception:  # noqa: BLE001  (undecodable values are reported elsewhere)
+                nested = False
+        if nested:
+            raise ConfigError(
+                f"{source}: template field {{{name}}} holds lists or mappings, which would be trained as their Python "
+                f"text; pick an element ({{{name}[0]}}, {{{name}.key}}) or make {name!r} text"
+            )
 
 
 def check_records(dataset: Any, source: str, fields: Sequence[str], completion_fields: Sequence[str]) -> None:
@@ -527,6 +551,8 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], 
         fields, completion = required_fields(dataset.column_names, cfg.data.template, training.dataset_text_field,
                                              cfg.collator.response_template)
         check_records(dataset, source, fields, completion)
+        if cfg.data.template is not None:
+            check_template_values(dataset, source, cfg.data.template)
 
     train_raw, eval_raw = load_splits(cfg.data, training.seed, check)
     text_format, formatter = make_formatter(
