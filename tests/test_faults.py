@@ -126,11 +126,22 @@ def test_resume_true_on_a_finished_run_trains_nothing(finished_run, data_dir, ca
     assert code == 2
     assert error_line(err) == (
         f"resume_from_checkpoint: true, but the run in {str(finished_run)!r} is finished (step 6 of 6; the model is "
-        "saved there): nothing to resume; to train further, start a new run from it (model_name_or_path: that "
-        "directory) in another output_dir"
+        "saved there): nothing to resume; to train further, resume one of its checkpoints by path with a larger "
+        "max_steps, or start a new run from the model (model_name_or_path) in another output_dir"
     )
     assert (finished_run / "model.safetensors").read_bytes() == weights
     assert (finished_run / "trainer_state.json").read_text() == state
+
+
+def test_a_finished_run_trains_further_from_a_checkpoint_path_with_more_steps(finished_run, data_dir, tmp_path,
+                                                                               capsys):
+    out = tmp_path / "out"
+    shutil.copytree(finished_run, out)
+    argv = fault_argv(data_dir, out, "--resume_from_checkpoint", str(out / "checkpoint-6"), "--max_steps", "8")
+    code, stdout, err = run(argv, capsys)
+    assert code == 0, err[-3000:]
+    assert "[trl-padfree] steps: 8/8" in stdout
+    assert sorted(losses(out)) == list(range(1, 9)) and {s: losses(out)[s] for s in range(1, 7)} == losses(finished_run)
 
 
 def test_sigkill_while_saving_then_resume_takes_the_last_intact_checkpoint(finished_run, data_dir, tmp_path, capsys):

@@ -257,7 +257,8 @@ def choose_resume(output_dir: str) -> ResumeChoice:
         raise ConfigError(
             f"resume_from_checkpoint: true, but the run in {output_dir!r} is finished (step "
             f"{run.get('global_step')} of {run.get('max_steps')}; the model is saved there): nothing to resume; to "
-            "train further, start a new run from it (model_name_or_path: that directory) in another output_dir"
+            "train further, resume one of its checkpoints by path with a larger max_steps, or start a new run from "
+            "the model (model_name_or_path) in another output_dir"
         )
     staging = os.path.join(output_dir, STAGING_DIR)
     partial = sorted(n for n in os.listdir(staging) if _CHECKPOINT_RE.match(n)) if os.path.isdir(staging) else []
