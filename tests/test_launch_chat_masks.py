@@ -69,3 +69,15 @@ def test_plain_text_still_needs_a_response_template(qwen, tmp_path):
     path.write_text(json.dumps({"text": "### Question: a\n### Answer: b"}) + "\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="only prompt/completion and messages data can do without it"):
         prepare(tok, ["--train_file", str(path)])
+
+
+def test_messages_whose_template_rewrites_earlier_turns_are_refused_before_training(tmp_path):
+    if cache_problem():
+        pytest.fail(cache_problem(), pytrace=False)
+    convs = [c for c in conversations(CHAT["qwen3.5"]) if sum(m["role"] == "user" for m in c) > 1][:2]
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs), encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^messages data without response_template: the chat template renders "
+                                          r"assistant message 1 differently when later messages follow .* pass "
+                                          r"response_template/instruction_template instead$"):
+        prepare(load("qwen3.5"), ["--train_file", str(path)])
