@@ -7,8 +7,8 @@ assistant message adds to the text is trained.
   template writes, ``<|im_start|>assistant\\n``, ``[/INST]``, ``<|start_header_id|>assistant...``, is not trained),
   as far as the whole conversation really continues with that prompt (Gemma-4's prompt also opens an empty
   thought channel that the rendered history does not have). The earlier turns must render the same with and
-  without the later ones; a template that drops or rewrites earlier turns (stripping their reasoning, say) is
-  refused with :class:`ChatMaskError`, never silently mislabelled.
+  without the later ones; a template that drops or rewrites earlier turns (Qwen3.5's drops the thinking block
+  of turns before the last user message) is refused with :class:`ChatMaskError`, never silently mislabelled.
 - A turn ends where ``render(messages[:i + 1])`` stops agreeing with the whole conversation. What a template
   appends only at the very end of a text (Phi-3's ``<|endoftext|>``) is not part of a middle turn; where that
   tail shares characters with the next header (``<|endoftext|>`` and ``<|user|>`` both begin ``<|``), the end
@@ -21,7 +21,7 @@ trained iff its first character lies in an assistant span (the package's straddl
 an example is never trained. System, user and tool turns, repeated roles and multi-turn conversations need
 nothing special.
 
-Example (a ChatML template on a tiny tokenizer):
+Example (a minimal chat template on a tiny tokenizer):
     >>> from trl_padfree.testing import tiny_byte_level_tokenizer
     >>> tok = tiny_byte_level_tokenizer()
     >>> tok.chat_template = ("{% for m in messages %}{{ '<|' + m['role'] + '|>' + m['content'] + '<eos>' }}"
