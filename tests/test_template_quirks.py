@@ -45,14 +45,20 @@ def test_inserted_space_after_added_token_is_not_text():
     assert starts[:4].tolist() == [0, 4, 7, 8]
 
 
-def test_multi_turn_with_rstrip_headers_trains_exactly_the_answers():
-    tok = _spm(rstrip=True)
+@pytest.mark.parametrize("rstrip", [True, False])
+def test_multi_turn_with_chat_headers_trains_exactly_the_answers(rstrip):
+    """With rstrip the newline after a header is in no token; without it, it follows an inserted lone '▁'."""
+    tok = _spm(rstrip=rstrip)
     text = "<s><|user|>\nq<|assistant|>\nA b</s><|user|>\nr<|assistant|>\nC</s>"
     ids = tok(text, add_special_tokens=False)["input_ids"]
     collator = DataCollatorForCompletionOnlyLM("<|assistant|>\n", "<|user|>\n", tokenizer=tok, padding_free=True)
     labels = collator([{"input_ids": ids}])["labels"][0].tolist()
     trained = [t for t, lab in zip(tok.convert_ids_to_tokens(ids), labels, strict=True) if lab != IGNORE]
-    assert trained == ["▁A", "▁", "b", "</s>", "▁C", "</s>"]
+    if rstrip:
+        assert trained == ["▁A", "▁", "b", "</s>", "▁C", "</s>"]
+    else:  # <|assistant|> ▁ <0x0A> A ▁ b </s>: the '▁' and '\n' belong to the header
+        assert tok.convert_ids_to_tokens(ids)[5:8] == ["<|assistant|>", "▁", "<0x0A>"]
+        assert trained == ["A", "▁", "b", "</s>", "C", "</s>"]
 
 
 def test_a_normalizing_tokenizer_is_refused_with_the_cause_and_the_fix():
