@@ -9,6 +9,7 @@ from .attention import (  # registers "padfree"
     pick_attn_implementation,
 )
 from .batching import TokenBudgetBatchSampler
+from .chat_masks import ChatMaskError, chat_labels, label_chats
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
@@ -17,6 +18,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "ChatMaskError",
     "CollatorStats",
     "DataCollatorForCompletionOnlyLM",
     "PackingCheckCallback",
@@ -28,7 +30,9 @@ __all__ = [
     "TokenBudgetBatchSampler",
     "__version__",
     "assert_packing_safe",
+    "chat_labels",
     "check_packing",
     "check_trainer_args",
+    "label_chats",
     "pick_attn_implementation",
 ]
