@@ -7,6 +7,7 @@
   or listed in ``NOT_RUN`` with the reason. Where a ``text`` block shows ``$ command`` followed by output, the
   output must match what the command prints (``...`` stands for any text, as in doctest's ELLIPSIS).
 - A ``yaml`` block headed ``# configs/NAME.yaml`` shows keys with the values that file really has.
+- The README's headline figures are those of the bench reports and ``docs/real-tokenizers.md``.
 - The README's Python block (and any other headed ``# examples/sft_padfree.py``) is an excerpt of that script, line
   for line (``tests/test_examples.py`` runs the script).
 """
@@ -306,3 +307,25 @@ def test_python_shown_is_an_excerpt_of_the_example(page, body):
             continue
         assert line in example[position:], f"{page}: line not in examples/sft_padfree.py (in order): {line!r}"
         position = example.index(line, position) + 1
+
+
+def padfree_rows(report: str) -> list[tuple[str, str]]:
+    """``(real tokens/s vs padded, peak memory vs padded)`` of each ``packed-padfree`` row of a bench report."""
+    rows = []
+    for line in (ROOT / report).read_text(encoding="utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "packed-padfree":
+            rows.append((cells[2], cells[9]))
+    return rows
+
+
+def test_readme_headline_figures_are_those_of_their_sources():
+    """The README's results table quotes the bench reports and the real-tokenizer count as they are."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = {line.split("|")[1].strip(): line for line in readme.splitlines() if line.startswith("| ")}
+    for row, report in (("CPU, 2 cores, tiny Llama", "docs/bench/cpu.md"), ("one H200, 0.49B Llama, bf16", "docs/bench/cuda.md")):
+        (flan_speed, flan_mem), (orca_speed, orca_mem) = padfree_rows(report)  # FLAN-like, then OrcaMath-like
+        for shown in (f"**{flan_speed}**", f"**{orca_speed}**", f"{flan_mem} / {orca_mem}"):
+            assert shown in table[row], f"README row {row!r} does not show {shown} from {report}"
+    counts = re.search(r"^\| all \|[^|]*\| (\d+) / (\d+) \|", (ROOT / "docs" / "real-tokenizers.md").read_text(), re.M)
+    assert counts and f"{counts[1]} / {counts[2]} examples" in table["labels"]
