@@ -5,8 +5,10 @@ has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -48,15 +50,29 @@ def train_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-ACCELERATE = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-              str(ROOT / "configs" / "accelerate" / "cpu-ddp.yaml")]
+
+
+def free_port() -> str:
+    """A free TCP port: accelerate's launcher otherwise uses 29500, and two runs at once (a test suite next to
+    another job) would meet at the same rendezvous and wait for each other."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return str(sock.getsockname()[1])
+
+
+def accelerate_launch(config: Path = ROOT / "configs" / "accelerate" / "cpu-ddp.yaml") -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+            "--main_process_port", free_port()]
 
 
 def torchrun(script_args: list[str], launcher: list[str] = TORCHRUN) -> tuple[int, list[tuple[float, str]], float]:
     """Run ``script_args`` under ``launcher`` (2 processes); return (exit code, timestamped lines of
     stdout+stderr, the time the launcher exited)."""
     cmd = [*launcher, *script_args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+           "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[tuple[float, str]] = []
 
@@ -70,10 +86,19 @@ def torchrun(script_args: list[str], launcher: list[str] = TORCHRUN) -> tuple[in
     try:
         code = proc.wait(timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        import psutil
+
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        for worker in workers:  # PYTHONFAULTHANDLER: each worker prints where every thread is stuck
+            worker.send_signal(signal.SIGABRT)
+        time.sleep(3)
+        for worker in [*workers, proc]:
+            with contextlib.suppress(psutil.NoSuchProcess, ProcessLookupError):
+                worker.kill()
         proc.wait()
         reader.join(5)
-        pytest.fail("the 2-rank run did not exit within {TIMEOUT} s; last lines:\n" + "\n".join(t for _, t in lines[-30:]))
+        pytest.fail(f"the 2-rank run did not exit within {TIMEOUT} s; last lines:\n"
+                    + "\n".join(t for _, t in lines[-80:]))
     ended = time.monotonic()
     reader.join(10)
     return code, lines, ended
@@ -97,7 +122,7 @@ def test_the_cpu_ddp_accelerate_config_uses_the_torchrun_launcher():
 def test_two_ranks_train_one_model_log_once_and_exit_cleanly(data_dir, tmp_path):
     """accelerate launch --config_file configs/accelerate/cpu-ddp.yaml (accelerate's torchrun-based launcher)."""
     out = tmp_path / "out"
-    code, lines, ended = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)], ACCELERATE)
+    code, lines, ended = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)], accelerate_launch())
     text = "\n".join(line for _, line in lines)
     assert code == 0, text[-4000:]
     summary = json.loads((out / "launch_summary.json").read_text())
@@ -192,8 +217,7 @@ def test_deepspeed_zero3_on_two_cpu_ranks(data_dir, tmp_path):
     config.write_text(text.replace("num_processes: 8", "num_processes: 2").replace("mixed_precision: bf16",
                                                                                    "mixed_precision: 'no'"))
     out = tmp_path / "out"
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
-    code, lines, _ = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)], launcher)
+    code, lines, _ = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)], accelerate_launch(config))
     assert code == 0, "\n".join(line for _, line in lines)[-4000:]
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["distributed_type"] == "DEEPSPEED" and summary["global_step"] == 2
