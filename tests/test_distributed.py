@@ -1,6 +1,7 @@
-"""Two real ranks (torchrun, DDP over gloo on CPU): one run that trains, saves and exits cleanly, one where a rank
-fails and the other leaves at once instead of hanging. Each run is a few steps of the demo model; every subprocess
-has a timeout.
+"""Two real ranks on CPU (DDP over gloo), started by accelerate (configs/accelerate/cpu-ddp.yaml) or torchrun: a run
+that trains one model, logs once and exits cleanly; a failing rank that makes the other exit non-zero at once;
+SIGTERM on one rank (both checkpoint and exit 0); processes that form no group, and FSDP on CPU, refused; DeepSpeed
+ZeRO-3 on CPU where deepspeed is installed. Each run is a few steps of the demo model with a timeout.
 """
 
 from __future__ import annotations
