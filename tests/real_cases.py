@@ -1,7 +1,7 @@
 """Real tokenizers (built by ``make real-tokenizers``) and labelling cases with ground truth from character spans.
 
 The ground truth never looks at the collator's code: a text is rendered, the character spans that are trained are
-found with plain string search on that text (README rule: training switches on at the end of a response template
+found with plain string search on that text (the rule of docs/templates.md: training switches on at the end of a response template
 and off at the start of an instruction template or of another response template; single-turn: everything after the
 last response template), and the tokenizer's own ``offset_mapping`` says where each token starts. A token is
 trained iff its first character lies in a trained span; the first token of an example never is.
@@ -118,7 +118,7 @@ def conversations(layout: ChatLayout) -> list[list[dict]]:
 
 # --------------------------------------------------------------------------- ground truth
 def trained_spans(text: str, response: str, instructions: tuple[str, ...] = ()) -> list[tuple[int, int]]:
-    """Character spans trained under the README's rule, by plain string search."""
+    """Character spans trained under the rule of docs/templates.md, by plain string search."""
 
     def all_starts(pattern: str) -> list[int]:
         found, i = [], text.find(pattern)
