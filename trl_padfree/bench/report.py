@@ -240,10 +240,10 @@ def _step_medians(res: dict[str, Any]) -> tuple[float | None, float | None]:
 def _variant_row(name: str, res: dict[str, Any], cmp: dict[str, Any] | None) -> str:
     if "skipped" in res:
         return f"| {name} | skipped: {res['skipped']} |" + " |" * 14
+    budget = res.get("batching") == "token-budget"
     diff = ""
-    if cmp is not None:
-        values = [v for v in (cmp["train_loss_max_rel_diff"], cmp["eval_loss_rel_diff"]) if v is not None]
-        diff = f"{max(values):.1e}" + ("" if cmp["train_loss_max_rel_diff"] is not None else " (eval only)")
+    if cmp is not None and cmp["train_loss_max_rel_diff"] is not None:
+        diff = f"{max(cmp['train_loss_max_rel_diff'], cmp['eval_loss_rel_diff']):.1e}"
     above = res.get("memory_above_start_mb")
     same = None if cmp is None else cmp.get("same_batches")
     step, rest = _step_medians(res)
@@ -255,7 +255,7 @@ def _variant_row(name: str, res: dict[str, Any], cmp: dict[str, Any] | None) -> 
         f"{_fmt_seconds(step)} | {_fmt_seconds(rest)} | {res['peak_memory_mb']:,.0f} | "
         f"{_fmt_ratio(cmp and cmp['memory_ratio'])} | {'' if above is None else f'{above:,.0f}'} | "
         f"{res['train_loss'][-1]:.6f} | {res['eval_loss']:.6f} | {diff} | {res['optimizer_steps']} | "
-        f"{_yes_no(same)} |"
+        f"{'other batches (token budget)' if budget else _yes_no(same)} |"
     )
 
 
