@@ -3,6 +3,7 @@
 
     python scripts/bench.py                                            # CPU defaults, a few minutes on 2 cores
     python scripts/bench.py --datasets flan --steps 20 --repeats 3
+    python scripts/bench.py --variants padded-sdpa,packed-padfree,trl-native,sft-padfree,token-budget --threads 1
     python scripts/bench.py --device cuda --dtype bfloat16 --model-size 0.5b
 """
 
