@@ -270,7 +270,9 @@ def _trainer_notes(entry: dict[str, Any]) -> list[str]:
         cmp = comparison.get(name, {})
         probe = res.get("probe") or {}
         diff = cmp.get("train_loss_max_rel_diff")
-        if diff is None:
+        if not cmp:
+            loss_note = f"not compared with padded (no {BASELINE} in this run)"
+        elif diff is None:
             loss_note = "losses not compared step by step"
         else:
             verdict = "keeps examples apart" if diff <= 1e-5 else "differs: examples are NOT kept apart"
@@ -280,8 +282,9 @@ def _trainer_notes(entry: dict[str, Any]) -> list[str]:
             f"- {name}: `SFTConfig(padding_free={res.get('sft_config_padding_free')})`, collator "
             f"`{res.get('collator')}`, attention requested {res.get('attn_requested')!r}, ran "
             f"`{res['attn_implementation']}`; packing probe with this collator: {probe.get('status', 'not run')} "
-            f"(max |logit diff| {probe.get('max_abs_diff', float('nan')):.1e}); same mini-batches as padded: "
-            f"{_yes_no(cmp.get('same_batches'))}; {loss_note}; whole trainer step median "
+            f"(max |logit diff| {probe.get('max_abs_diff', float('nan')):.1e}); "
+            + (f"same mini-batches as padded: {_yes_no(cmp.get('same_batches'))}; " if cmp else "")
+            + f"{loss_note}; whole trainer step median "
             f"{_fmt_seconds(res.get('median_step_seconds'))} ms, of which "
             f"{_fmt_seconds(res.get('median_overhead_seconds'))} ms outside forward/backward/optimizer "
             f"(dataloader + collation, grad-norm, logging, callbacks); warnings while building the trainer: {warned}"
