@@ -16,6 +16,8 @@ def run(out: Path) -> None:
     import torch.distributed as dist
     from tiny_sft import losses, make_trainer, tokenized_dataset, tokenizer, weights
 
+    from trl_padfree.launch.distributed import end_process_group
+
     tok = tokenizer()
     data = tokenized_dataset(tok, 48)
     results = {}
@@ -47,8 +49,8 @@ def run(out: Path) -> None:
     budget = {name: {str(r): gathered[r][name] for r in range(2)} for name in gathered[0]}
     if dist.get_rank() == 0:
         (out / "results.json").write_text(json.dumps({"runs": results, "budget": budget}))
-    dist.barrier()
-    dist.destroy_process_group()
+    del trainer
+    end_process_group()  # a plain destroy_process_group() can deadlock once DDP is freed (launch.distributed)
 
 
 if __name__ == "__main__":

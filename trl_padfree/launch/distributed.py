@@ -6,25 +6,43 @@
   written, naming the fix. So does an FSDP config on the CPU, where accelerate silently trains plain DDP instead
   (it only shards on GPU-like devices).
 - :func:`finish`: every way out of a run ends the process group. On success (a finished run, or one stopped by
-  SIGTERM with a checkpoint) all ranks meet at a barrier and destroy the group, so no rank is left waiting in the
-  gloo group's destructor after the others have gone (which can hang forever). On failure a rank leaves at once
+  SIGTERM with a checkpoint) all ranks meet at a barrier and destroy the group with :func:`end_process_group`. On
+  failure a rank leaves at once
   with ``os._exit`` after flushing its output: no collective (the others may be inside a different one) and no
   destructor. Its sockets close, so every other rank's next or pending collective fails within milliseconds
   ("Connection closed by peer") and that rank exits non-zero too. torchrun then also stops the remaining workers
   (SIGTERM, then SIGKILL after its grace period) and exits non-zero.
+
+The hang this avoids (seen with torch 2.13, gloo, under CPU contention; stacks taken with py-spy): the C++
+destructor of ``ProcessGroupGloo`` joins its worker threads while the thread running it holds the GIL (it runs when
+the last reference goes, e.g. from DDP's ``Reducer`` being freed after ``Trainer.end()`` /
+``destroy_process_group()`` has dropped the registry's reference). A worker thread that is just destroying a
+finished barrier/all-reduce work releases that work's tensors, which needs the GIL: both wait forever.
+``destroy_process_group`` itself does not join the threads (``shutdown`` leaves them running); only the
+destructor does. :func:`end_process_group` therefore keeps one reference to the group's C++ object, so that
+destructor never runs; the process is about to exit and the operating system reclaims the threads.
 """
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import sys
+import time
 import traceback
 from typing import Any
 
 from .config import ConfigError
 
-__all__ = ["check_process_group", "describe_distribution", "finish", "fsdp_requested", "launcher_world_size"]
+__all__ = [
+    "check_process_group",
+    "describe_distribution",
+    "end_process_group",
+    "finish",
+    "fsdp_requested",
+    "launcher_world_size",
+]
 
 
 def launcher_world_size() -> int:
@@ -78,6 +96,20 @@ def _group_initialized() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
+def end_process_group() -> None:
+    """Barrier, then destroy the default process group without ever running its C++ destructor (see the module
+    docstring: that destructor can deadlock with the group's own worker threads). Call it once, at the very end."""
+    import torch.distributed as dist
+
+    world = getattr(dist.distributed_c10d, "_world", None)
+    groups = list(getattr(world, "pg_map", None) or [dist.group.WORLD])  # every registered group (private map)
+    dist.barrier()
+    time.sleep(0.05)  # let the worker threads release their finished works (they need the GIL for that)
+    for group in groups:  # never freed: their destructors would join those threads
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
+    dist.destroy_process_group()
+
+
 def _leave_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -99,9 +131,8 @@ def finish(code: int, error: BaseException | None = None) -> int:
     rank = dist.get_rank()
     if code == 0 and error is None:
         try:
-            gc.collect()  # free the DDP reducer while every rank is still there
-            dist.barrier()
-            dist.destroy_process_group()
+            gc.collect()  # free the trainer (and DDP's reducer) while the group is still registered
+            end_process_group()
             return 0
         except Exception as exc:  # another rank failed: leave as well, non-zero
             print(f"[trl-padfree] rank {rank}: another process of the run failed ({' '.join(str(exc).split())[:200]}); "

@@ -172,6 +172,6 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
     end_run(trainer, "interrupted" if interrupted else "finished", checkpoint=checkpoint, saved_to=saved_to)
     if eval_error is not None:
         raise RunError(f"the final evaluation failed: {eval_error}; the trained model is saved in {saved_to}")
-    if hasattr(trainer, "end"):
-        trainer.end()
+    # no trainer.end(): it destroys the process group while DDP still holds it, and freeing DDP afterwards runs the
+    # gloo group's destructor, which can deadlock; launch.distributed.finish ends the group safely for every rank
     return result
