@@ -27,9 +27,12 @@ def test_pad_to_multiple_of_reaches_the_training_collator(tmp_path, padding_free
     ])  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
     collator = make_collator_factory(cfg, tokenizer, padding_free=padding_free, quiet=False)()
-    batch = collator([{"input_ids": [5, 6, 7]}, {"input_ids": [8, 9]}])
+    texts = ["### Question: a\n### Answer: b", "### Question: cd\n### Answer: e"]
+    batch = collator([tokenizer(t) for t in texts])
+    n = sum(len(tokenizer(t)["input_ids"]) for t in texts)
     assert batch["input_ids"].shape[-1] % 16 == 0
     if padding_free:  # the padding is a segment of its own, never trained
-        assert batch["input_ids"].shape == (1, 16)
-        assert batch["cu_seq_lens_q"].tolist() == [0, 3, 5, 16]
-        assert batch["labels"][0, 5:].eq(-100).all()
+        padded = -(-n // 16) * 16
+        assert batch["input_ids"].shape == (1, padded) and padded > n
+        assert batch["cu_seq_lens_q"].tolist()[-2:] == [n, padded]
+        assert batch["labels"][0, n:].eq(-100).all() and batch["position_ids"][0, n].item() == 0

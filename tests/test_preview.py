@@ -46,7 +46,7 @@ def test_preview_counts_examples_without_the_template(in_root, capsys, tmp_path)
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "### Question: a\\n### Answer: b"}\n{"text": "no template here"}\n', encoding="utf-8")
     assert cli.main(["preview", "--config", "configs/demo.yaml", "--train_file", str(data), "--template", "",
-                     "--eval_file", "", "--eval_strategy", "no", "-n", "1"]) == 0  # fmt: skip
+                     "--eval_file", "", "--eval_strategy", "no", "--eval_on_start", "false", "-n", "1"]) == 0  # fmt: skip
     out = capsys.readouterr().out.splitlines()
     assert out[1:3] == ["### Question: a", "### Answer:[[ b<|eos|>]]"]
     assert out[-2:] == [
