@@ -44,10 +44,10 @@ real-tokenizers: $(REAL_TOKENIZERS)/manifest.json
 # HF_HUB_OFFLINE: the tests never need the network; a test that tried would fail fast instead of hanging.
 test: install $(REAL_TOKENIZERS)/manifest.json
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
-	$(VENV)/bin/ruff check trl_padfree tests scripts
+	$(VENV)/bin/ruff check trl_padfree tests scripts examples
 
 lint: install
-	$(VENV)/bin/ruff check trl_padfree tests scripts
+	$(VENV)/bin/ruff check trl_padfree tests scripts examples
 
 bench: install
 	$(PY) scripts/bench.py
