@@ -36,3 +36,25 @@ def test_pad_to_multiple_of_reaches_the_training_collator(tmp_path, padding_free
         assert batch["input_ids"].shape == (1, padded) and padded > n
         assert batch["cu_seq_lens_q"].tolist()[-2:] == [n, padded]
         assert batch["labels"][0, n:].eq(-100).all() and batch["position_ids"][0, n].item() == 0
+
+
+def test_chat_demo_trains_exactly_the_assistant_turns_of_its_chat_template(tmp_path, monkeypatch):
+    """configs/demo-chat.yaml labels from the chat template: every answer and its <|eos|>, not the "\\n" after it."""
+    import json
+
+    from trl_padfree.launch.data import prepare_data
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(["--config", str(ROOT / "configs" / "demo-chat.yaml"), "--output_dir", str(tmp_path / "out"),
+                       "--max_train_examples", "16"])  # fmt: skip
+    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
+    data = prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+    rows = [json.loads(line) for line in (DEMO / "data" / "chat_train.jsonl").read_text().splitlines()[:16]]
+    assert len(data.train) == 16
+    for example, row in zip(data.train, rows, strict=True):
+        want = tokenizer.apply_chat_template(row["messages"], return_dict=True, return_assistant_tokens_mask=True)
+        assert example["input_ids"] == want["input_ids"]
+        trained = [lab != -100 for lab in example["labels"]]
+        assert trained == [bool(m) for m in want["assistant_masks"]]
+        answers = "".join(f" {m['content']}<|eos|>" for m in row["messages"] if m["role"] == "assistant")
+        assert tokenizer.decode([t for t in example["labels"] if t != -100]) == answers
