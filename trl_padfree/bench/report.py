@@ -136,7 +136,7 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     def ratio_target(dataset: str, variant: str, baseline: str, threshold: float) -> None:
         a, b = ran(dataset, variant), ran(dataset, baseline)
         value = None if a is None or b is None else a["tokens_per_second"] / b["tokens_per_second"]
-        shown = "not measured" if value is None else f"{value:.2f}x"
+        shown = "not measured" if value is None else _fmt_vs_threshold(value, threshold)
         if value is not None and not speed_setup:
             shown += f" (set for the {SPEED_TARGET_SETUP}; not this run's setup)"
         targets.append({
@@ -178,6 +178,15 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
             "holds": a["peak_memory_mb"] < b["peak_memory_mb"] if measured and memory_setup else None,
         })
     return targets
+
+
+def _fmt_vs_threshold(value: float, threshold: float) -> str:
+    """A ratio with two decimals, or three where two would round it onto the threshold (no "1.80x: FAIL").
+
+    >>> _fmt_vs_threshold(1.7978, 1.8), _fmt_vs_threshold(1.8031, 1.8), _fmt_vs_threshold(4.379, 4.0)
+    ('1.798x', '1.803x', '4.38x')
+    """
+    return f"{value:.3f}x" if round(value, 2) == threshold else f"{value:.2f}x"
 
 
 def failed_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
