@@ -151,3 +151,26 @@ def test_leaking_model_stops_training_before_the_first_step(tok, text_ds, tmp_pa
         trainer.train()
     assert "sdpa" in str(err.value) and "padding_free=False" in str(err.value)
     assert trainer.state.global_step == 0
+
+
+def test_resume_with_tied_embeddings_loads_silently_and_keeps_them_tied(tok, text_ds, tmp_path, caplog):
+    """transformers 5.24 warns "missing keys ... ['lm_head.weight']" on every resume of a tied model (it checks only
+    ``_keys_to_ignore_on_save``); the key is tied, not missing, so SFTTrainer says nothing and the weights stay tied."""
+    import logging
+
+    def trainer(max_steps):
+        return SFTTrainer(
+            tiny_llama(vocab_size=len(tok), tie_word_embeddings=True),
+            args=config(tmp_path, max_steps=max_steps, save_strategy="steps", save_steps=2),
+            train_dataset=text_ds, processing_class=tok,
+            data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True),
+        )  # fmt: skip
+
+    trainer(2).train()
+    resumed = trainer(3)
+    with caplog.at_level(logging.WARNING, logger="transformers"):
+        resumed.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert "missing keys" not in caplog.text
+    model = resumed.model
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert resumed.state.global_step == 3

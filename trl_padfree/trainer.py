@@ -145,6 +145,25 @@ def keep_rank_batches(loader: Any, sampler: TokenBudgetBatchSampler) -> None:
         shard.set_epoch = sampler.set_epoch
 
 
+def loaded_through_a_tie(model: Any, missing_keys: list[str]) -> set[str]:
+    """The missing keys that share their tensor with a parameter that was loaded (tied weights).
+
+    >>> import torch
+    >>> m = torch.nn.ModuleDict({"emb": torch.nn.Embedding(4, 2), "head": torch.nn.Linear(2, 4, bias=False)})
+    >>> m["head"].weight = m["emb"].weight
+    >>> sorted(loaded_through_a_tie(m, ["head.weight"])), sorted(loaded_through_a_tie(m, ["head.weight", "emb.weight"]))
+    (['head.weight'], [])
+    """
+    groups: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(param), []).append(name)
+    missing = set(missing_keys)
+    return {
+        name for names in groups.values() if len(names) > 1 and not missing.issuperset(names)
+        for name in names if name in missing
+    }
+
+
 class SFTTrainer(trl.SFTTrainer):
     """``trl.SFTTrainer`` that validates its settings for this collator and probes the model before training.
 
@@ -193,6 +212,19 @@ class SFTTrainer(trl.SFTTrainer):
                     callback.training_bar.close()
                     callback.training_bar = None
             raise
+
+    def _issue_warnings_after_load(self, load_result: Any) -> None:
+        """transformers' check, without calling a tied weight missing (``lm_head.weight`` of a tied model).
+
+        ``Trainer`` warns "There were missing keys in the checkpoint model loaded: ['lm_head.weight']" on every
+        resume of a model with tied embeddings (it only knows ``_keys_to_ignore_on_save``); such a key is saved
+        once, under the name it is tied to, and is loaded through it.
+        """
+        tied = loaded_through_a_tie(self.model, list(load_result.missing_keys))
+        missing = [k for k in load_result.missing_keys if k not in tied]
+        if len(missing) != len(load_result.missing_keys):
+            load_result = load_result._replace(missing_keys=missing)
+        super()._issue_warnings_after_load(load_result)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save as ``Trainer`` does, with ``use_cache: true`` in the saved ``config.json``.
