@@ -58,3 +58,13 @@ def test_chat_demo_trains_exactly_the_assistant_turns_of_its_chat_template(tmp_p
         assert trained == [bool(m) for m in want["assistant_masks"]]
         answers = "".join(f" {m['content']}<|eos|>" for m in row["messages"] if m["role"] == "assistant")
         assert tokenizer.decode([t for t in example["labels"] if t != -100]) == answers
+
+
+@pytest.mark.parametrize("word", ["null", "None"])
+def test_null_on_the_command_line_unsets_the_templates(tmp_path, monkeypatch, word):
+    monkeypatch.chdir(ROOT)
+    base = ["--config", str(ROOT / "configs" / "demo-chat.yaml"), "--output_dir", str(tmp_path / "out")]
+    cfg = load_config([*base, "--response_template", "### Answer:", "--instruction_template", word])
+    assert cfg.collator.response_template == "### Answer:" and cfg.collator.instruction_template is None
+    cfg = load_config([*base, "--response_template", word, "--instruction_template", word])
+    assert cfg.collator.response_template is None and cfg.collator.instruction_template is None

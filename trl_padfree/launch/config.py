@@ -478,6 +478,21 @@ def _reject_unknown_flags(parser: Any, remaining: Sequence[str]) -> None:
     raise ConfigError(f"unexpected argument {first!r} on the command line; options look like --field value")
 
 
+def _null_templates(collator: CollatorArguments) -> None:
+    """``--response_template null`` / ``--instruction_template null`` unset them, as ``null`` does in YAML.
+
+    argparse hands the word through as text (a template "null", or ["null"]), which would then be searched for
+    in the data and silently never found.
+    """
+    if collator.response_template in _NULL_WORDS:
+        collator.response_template = None
+    if collator.instruction_template is not None and all(t in _NULL_WORDS for t in collator.instruction_template):
+        collator.instruction_template = None
+
+
+_NULL_WORDS = frozenset({"null", "None", "none", "~"})
+
+
 def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> LaunchConfig:
     """Parse ``[--config FILE] [--field value ...]`` into a :class:`LaunchConfig` (no validation beyond types).
 
@@ -508,6 +523,7 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> Lau
         raise ConfigError(f"invalid settings: {message}") from None
     _reject_unknown_flags(parser, remaining)
     data, collator, launch, training, model = parsed
+    _null_templates(collator)
     return LaunchConfig(
         data=data,
         collator=collator,
