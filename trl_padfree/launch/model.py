@@ -23,17 +23,23 @@ __all__ = [
 ]
 
 
+def _load_auto(auto_class: Any, cfg: LaunchConfig, what: str) -> Any:
+    """``auto_class.from_pretrained`` for the model of ``cfg``; :class:`ConfigError` "could not {what} of ..." if it fails."""
+    name = cfg.model.model_name_or_path
+    try:
+        return auto_class.from_pretrained(
+            name, revision=cfg.model.model_revision, trust_remote_code=cfg.training.trust_remote_code
+        )
+    except Exception as exc:
+        raise ConfigError(f"could not {what} of {name!r}: {one_line(exc)}") from None
+
+
 def load_tokenizer(cfg: LaunchConfig) -> Any:
     """The tokenizer of ``model_name_or_path`` with the ``eos_token`` / ``pad_token`` / chat template overrides."""
     from transformers import AutoTokenizer
 
     name = cfg.model.model_name_or_path
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(
-            name, revision=cfg.model.model_revision, trust_remote_code=cfg.training.trust_remote_code
-        )
-    except Exception as exc:
-        raise ConfigError(f"could not load the tokenizer of {name!r}: {one_line(exc)}") from None
+    tokenizer = _load_auto(AutoTokenizer, cfg, "load the tokenizer")
     training = cfg.training
     for attr in ("eos_token", "pad_token"):
         value = getattr(training, attr)
@@ -61,12 +67,7 @@ def check_vocabulary(cfg: LaunchConfig, tokenizer: Any) -> None:
     from transformers import AutoConfig
 
     name = cfg.model.model_name_or_path
-    try:
-        config = AutoConfig.from_pretrained(
-            name, revision=cfg.model.model_revision, trust_remote_code=cfg.training.trust_remote_code
-        )
-    except Exception as exc:
-        raise ConfigError(f"could not read the model config of {name!r}: {one_line(exc)}") from None
+    config = _load_auto(AutoConfig, cfg, "read the model config")
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     size = getattr(text_config, "vocab_size", None)
     if not isinstance(size, int) or size <= 0:
