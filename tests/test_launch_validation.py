@@ -284,10 +284,15 @@ def _jsonl(path: Path, records: list[dict]) -> Path:
     return path
 
 
+def _refused_train_file(capsys: pytest.CaptureFixture[str], tmp_path: Path, data_dir: Path, train: Path) -> str:
+    """The one-line error of the demo run with ``train`` as its train_file (see ``run_bad``)."""
+    return run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+
+
 def test_null_or_missing_completion_is_an_error_with_its_index(capsys, tmp_path, data_dir):
     records = [{"instruction": "hi", "output": "hello"}, {"instruction": "hi", "output": None}, {"instruction": "x"}]
     train = _jsonl(tmp_path / "t.jsonl", records)
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    message = _refused_train_file(capsys, tmp_path, data_dir, train)
     assert message == (
         "train_file record 1 (counting from 0): 'output' is null or missing (and 1 more); fill it in or remove the "
         "record"
@@ -321,7 +326,7 @@ def test_a_template_field_holding_lists_or_mappings(capsys, tmp_path, data_dir, 
     if isinstance(value, dict):
         records[0]["output"] = {"a": "a"}
     train = _jsonl(tmp_path / "t.jsonl", records)
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    message = _refused_train_file(capsys, tmp_path, data_dir, train)
     assert message == (
         "train_file: template field {output} holds lists or mappings, which would be trained as their Python text; "
         "pick an element ({output[0]}, {output.key}) or make 'output' text"
@@ -331,14 +336,14 @@ def test_a_template_field_holding_lists_or_mappings(capsys, tmp_path, data_dir, 
 def test_empty_jsonl_says_why(capsys, tmp_path, data_dir):
     train = tmp_path / "empty.jsonl"
     train.write_bytes(b"")
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    message = _refused_train_file(capsys, tmp_path, data_dir, train)
     assert message == f"train_file file {str(train)!r} is empty (0 bytes): it holds no records"
 
 
 def test_a_directory_named_like_a_data_file(capsys, tmp_path, data_dir):
     train = tmp_path / "train.jsonl"
     train.mkdir()
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    message = _refused_train_file(capsys, tmp_path, data_dir, train)
     assert message == (
         f"train_file={str(train)!r} matches the directory {str(train)!r}: point it at data files (e.g. a glob such as "
         f"{str(train / '*.jsonl')!r}), or use dataset_name for a saved dataset directory"
@@ -348,7 +353,7 @@ def test_a_directory_named_like_a_data_file(capsys, tmp_path, data_dir):
 def test_binary_jsonl_is_one_line(capsys, tmp_path, data_dir):
     train = tmp_path / "weights.jsonl"
     train.write_bytes((DEMO / "model" / "model.safetensors").read_bytes()[:4096])
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    message = _refused_train_file(capsys, tmp_path, data_dir, train)
     assert message == (
         f"train_file file {str(train)!r} is not text (byte 0x00 at offset 2): expected JSON Lines (one JSON object "
         "per line) in UTF-8"
@@ -358,7 +363,7 @@ def test_binary_jsonl_is_one_line(capsys, tmp_path, data_dir):
 def test_text_that_is_not_json_gives_the_parser_reason(capsys, tmp_path, data_dir):
     train = tmp_path / "notes.jsonl"
     train.write_text("just some notes\n", encoding="utf-8")
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train)), tmp_path / "out")
+    message = _refused_train_file(capsys, tmp_path, data_dir, train)
     assert message.startswith(f"could not read train_file={str(train)!r}: JSON parse error")
 
 
