@@ -145,13 +145,18 @@ def test_two_ranks_train_one_model_log_once_and_exit_cleanly(data_dir, tmp_path)
     print(f"2-rank run: exited {exit_seconds:.1f} s after the summary")
 
 
-def test_a_failing_rank_makes_the_other_exit_non_zero_at_once(data_dir, tmp_path):
-    out = tmp_path / "out"
+def with_fault(data_dir: Path, out: Path, *fault: str) -> tuple[int, list[tuple[float, str]], float, str]:
+    """A 50-step 2-rank run under torchrun with ``fault`` injected (tests/launch_with_faults.py); adds the text."""
     code, lines, ended = torchrun([
-        str(ROOT / "tests" / "launch_with_faults.py"), "--fail_rank", "1", "--fail_at_step", "1", "--",
+        str(ROOT / "tests" / "launch_with_faults.py"), *fault, "--",
         *train_argv(data_dir, out, "--max_steps", "50"),
     ])  # fmt: skip
-    text = "\n".join(line for _, line in lines)
+    return code, lines, ended, "\n".join(line for _, line in lines)
+
+
+def test_a_failing_rank_makes_the_other_exit_non_zero_at_once(data_dir, tmp_path):
+    out = tmp_path / "out"
+    code, lines, ended, text = with_fault(data_dir, out, "--fail_rank", "1", "--fail_at_step", "1")
     assert code != 0, text[-4000:]
     assert "[trl-padfree] rank 1 failed:" in text and "injected failure on rank 1 at step 2" in text, text[-4000:]
     # rank 0 was waiting in the step's gradient all-reduce: gloo tells it that rank 1 has gone ("Connection closed
@@ -180,14 +185,12 @@ def test_processes_that_form_no_process_group_are_refused(data_dir, tmp_path):
 
 def test_sigterm_on_one_rank_checkpoints_both_at_the_same_step_and_both_exit_0(data_dir, tmp_path):
     out = tmp_path / "out"
-    code, lines, ended = torchrun([
-        str(ROOT / "tests" / "launch_with_faults.py"), "--sigterm_rank", "1", "--sigterm_at_step", "1", "--",
-        *train_argv(data_dir, out, "--max_steps", "50"),
-    ])  # fmt: skip
-    text = "\n".join(line for _, line in lines)
+    code, lines, ended, text = with_fault(data_dir, out, "--sigterm_rank", "1", "--sigterm_at_step", "1")
     assert code == 0, text[-4000:]  # torchrun exits 0 only when every worker did
     assert "[trl-padfree] steps: 2/50 in " in text and "(stopped by signal on another process)" in text
     assert (out / "checkpoint-2" / "trainer_state.json").is_file() and not (out / "model.safetensors").exists()
+    # both ranks saved at step 2: the Trainer writes one RNG state per rank into the checkpoint
+    assert sorted(p.name for p in (out / "checkpoint-2").glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["checkpoint"] == str(out / "checkpoint-2") and summary["world_size"] == 2
     seconds = ended - first_time(lines, "[trl-padfree] checkpoint saved to")
