@@ -19,7 +19,8 @@ import pytest
 import torch
 from launch_hooks import FailAtStep, FailEvaluation, FullDiskAtEnd
 from safetensors.torch import load_file
-from test_launch_config import DEMO, ROOT, write_demo_data
+from test_launch_config import ROOT, write_demo_data
+from test_launch_train import STEPS, train_argv
 
 from trl_padfree.launch import main
 from trl_padfree.launch.checkpoints import (
@@ -33,29 +34,16 @@ from trl_padfree.launch.checkpoints import (
 )
 from trl_padfree.launch.config import ConfigError
 
-STEPS = 6
-
 
 def fault_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(ROOT / "configs" / "demo.yaml"),
-        "--model_name_or_path", str(DEMO / "model"),
-        "--train_file", str(data_dir / "train.jsonl"),
-        "--eval_file", str(data_dir / "eval.jsonl"),
-        "--output_dir", str(out),
-        "--max_steps", str(STEPS),
-        "--max_length", "96",
-        "--per_device_train_batch_size", "4",
-        "--per_device_eval_batch_size", "8",
-        "--learning_rate", "2e-3",
-        "--warmup_steps", "0",
-        "--logging_steps", "1",
+    """The runs of test_launch_train.py, saving a checkpoint every 2 steps."""
+    return train_argv(
+        data_dir, out,
         "--eval_strategy", "no",  # the eval data is evaluated once, at the end (after the final save)
-        "--eval_on_start", "false",
         "--save_strategy", "steps",
         "--save_steps", "2",
         *extra,
-    ]  # fmt: skip
+    )  # fmt: skip
 
 
 def run(argv: list[str], capsys: pytest.CaptureFixture[str] | None = None, **kwargs) -> tuple[int, str, str]:
