@@ -11,6 +11,16 @@ import sys
 from pathlib import Path
 
 
+def per_rank(trainer) -> dict:
+    """What ``trainer`` recorded on every rank (gathered from both): ``{name: {"0": ..., "1": ...}}``."""
+    import torch.distributed as dist
+
+    gathered = [None, None]
+    dist.all_gather_object(gathered, {"batch_ids": trainer.batch_ids, "num_items": trainer.num_items,
+                                      "trained_tokens": trainer.trained_tokens})
+    return {name: {str(r): gathered[r][name] for r in range(2)} for name in gathered[0]}
+
+
 def run(out: Path) -> None:
     import torch
     import torch.distributed as dist
@@ -28,25 +38,14 @@ def run(out: Path) -> None:
                                    gradient_accumulation_steps=2, max_steps=3,
                                    average_tokens_across_devices=average_tokens)
             trainer.train()
-            gathered = [None, None]
-            mine = {"batch_ids": trainer.batch_ids, "num_items": trainer.num_items,
-                    "trained_tokens": trainer.trained_tokens}
-            dist.all_gather_object(gathered, mine)
-            results[key] = {
-                "world_size": trainer.args.world_size,
-                "losses": losses(trainer),
-                **{name: {str(r): gathered[r][name] for r in range(2)} for name in mine},
-            }
+            results[key] = {"world_size": trainer.args.world_size, "losses": losses(trainer), **per_rank(trainer)}
             if dist.get_rank() == 0:
                 torch.save(weights(trainer), out / f"{key}.pt")
     # token-budget batches (padding-free): every rank builds its own share of the same stream of batches
     trainer = make_trainer(True, data, tok, str(out / "budget"), max_tokens_per_batch=150,
                            gradient_accumulation_steps=2, max_steps=3)
     trainer.train()
-    gathered = [None, None]
-    dist.all_gather_object(gathered, {"batch_ids": trainer.batch_ids, "num_items": trainer.num_items,
-                                      "trained_tokens": trainer.trained_tokens})
-    budget = {name: {str(r): gathered[r][name] for r in range(2)} for name in gathered[0]}
+    budget = per_rank(trainer)
     if dist.get_rank() == 0:
         (out / "results.json").write_text(json.dumps({"runs": results, "budget": budget}))
     del trainer
