@@ -55,11 +55,6 @@ class Template:
             raise ValueError("a template token-id list must not be empty")
         return cls(ids=ids)
 
-    @property
-    def pattern(self) -> bytes:
-        assert self.text is not None
-        return self.text.encode("utf-8")
-
     def __str__(self) -> str:
         return repr(self.text) if self.text is not None else f"token ids {list(self.ids or ())}"
 
