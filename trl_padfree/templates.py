@@ -73,15 +73,17 @@ class Matches:
 
 @dataclass
 class RowText:
-    """A flat row's token ids with the byte offset where each token starts (plus the total), for text search."""
+    """A flat row's token ids with the byte offset where each token starts (plus the total), for text search, and
+    the leading bytes of each token that are not text (:meth:`TokenText.skips`), computed once per row."""
 
     text: TokenText
     ids: np.ndarray
     starts: np.ndarray
+    skips: np.ndarray | int
 
     @classmethod
     def build(cls, text: TokenText, ids: np.ndarray) -> RowText:
-        return cls(text, ids, text.starts(ids))  # raises on an id outside the vocabulary
+        return cls(text, ids, *text.layout(ids))  # raises on an id outside the vocabulary
 
 
 def _empty() -> Matches:
@@ -103,7 +105,7 @@ def _match_ids(ids_template: tuple[int, ...], ids: np.ndarray, cu: np.ndarray) -
 
 
 def _match_text(pattern: bytes, row: RowText, cu: np.ndarray) -> Matches:
-    s = row.text.find(pattern, row.ids, row.starts)
+    s = row.text.find(pattern, row.ids, row.starts, row.skips)
     if not s.size:
         return _empty()
     e = s + len(pattern)

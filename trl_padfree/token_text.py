@@ -254,28 +254,32 @@ class TokenText:
                 "tokenizer must be the one that tokenized the dataset."
             )
 
-    def starts(self, ids: np.ndarray) -> np.ndarray:
-        """Byte offset where each token of ``ids`` starts in the decoded text, plus the total length."""
+    def layout(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
+        """:meth:`starts` and :meth:`skips` of ``ids``, for callers that pass both on to :meth:`find`."""
         try:
             lengths = self.lengths[ids]
         except IndexError:
             self.check_ids(ids)  # raises, naming the bad id
             raise
-        lengths = lengths - self.skips(ids)
+        skips = self.skips(ids)
         starts = np.zeros(ids.size + 1, dtype=np.int64)
-        np.cumsum(lengths, out=starts[1:])
-        return starts
+        np.cumsum(lengths - skips, out=starts[1:])
+        return starts, skips
+
+    def starts(self, ids: np.ndarray) -> np.ndarray:
+        """Byte offset where each token of ``ids`` starts in the decoded text, plus the total length."""
+        return self.layout(ids)[0]
 
     def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
         """Concatenated bytes of ``ids`` and the byte offset where each token starts (length ``len(ids) + 1``)."""
         ids = np.asarray(ids, dtype=np.int64)
         self.check_ids(ids)
-        starts = self.starts(ids)
-        return self._bytes(ids, starts), starts
+        starts, skips = self.layout(ids)
+        return self._bytes(ids, starts, skips), starts
 
-    def _bytes(self, ids: np.ndarray, starts: np.ndarray) -> bytes:
+    def _bytes(self, ids: np.ndarray, starts: np.ndarray, skips: np.ndarray | int) -> bytes:
         """The text of ``ids`` whose token byte offsets are ``starts``: one gather from the packed buffer."""
-        gather = np.repeat(self.offsets[ids] + self.skips(ids) - starts[:-1], starts[1:] - starts[:-1])
+        gather = np.repeat(self.offsets[ids] + skips - starts[:-1], starts[1:] - starts[:-1])
         return self.buffer[gather + np.arange(starts[-1], dtype=np.int64)].tobytes()
 
     def _holders(self, byte: int) -> tuple[np.ndarray, np.ndarray]:
@@ -296,18 +300,24 @@ class TokenText:
             self._anchors[pattern] = _Anchor(index, count > 0, count, first, inner.astype(np.int64))
         return self._anchors[pattern]
 
-    def find(self, pattern: bytes, ids: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    def find(
+        self, pattern: bytes, ids: np.ndarray, starts: np.ndarray, skips: np.ndarray | int | None = None
+    ) -> np.ndarray:
         """Byte offsets of every (possibly overlapping) occurrence of ``pattern`` in the text of ``ids``.
+
+        ``starts`` (and ``skips``, computed here when not given) are those :meth:`layout` returns for ``ids``.
 
         Only the tokens holding the pattern's rarest byte are looked at: each of them proposes where an occurrence
         would start, and the proposals are checked byte by byte, all at once. Equivalent to searching the fully
         decoded text (which is what happens when too many tokens hold that byte).
         """
+        if skips is None:
+            skips = self.skips(ids)
         anchor = self._anchor(pattern)
         tokens = np.flatnonzero(anchor.has[ids])
         m = len(pattern)
         if tokens.size * m > starts[-1]:  # the anchor is everywhere: a plain search is cheaper
-            data = self._bytes(ids, starts)
+            data = self._bytes(ids, starts, skips)
             found, i = [], data.find(pattern)
             while i >= 0:
                 found.append(i)
@@ -319,7 +329,6 @@ class TokenText:
             rank = np.arange(token.size) - np.repeat(np.cumsum(counts) - counts, counts)
         else:
             token, rank = tokens, 0
-        skips = self.skips(ids)
         inner = anchor.inner[anchor.first[ids[token]] + rank]
         if not np.isscalar(skips):  # an anchor inside a skipped (inserted) space proposes nothing
             inner, token = inner - skips[token], token[inner >= skips[token]]
