@@ -68,3 +68,21 @@ def test_null_on_the_command_line_unsets_the_templates(tmp_path, monkeypatch, wo
     assert cfg.collator.response_template == "### Answer:" and cfg.collator.instruction_template is None
     cfg = load_config([*base, "--response_template", word, "--instruction_template", word])
     assert cfg.collator.response_template is None and cfg.collator.instruction_template is None
+
+
+@pytest.mark.parametrize("pad_to_multiple_of", [None, 16])
+def test_token_counts_of_a_flattened_batch_come_from_its_shape_and_max_length(pad_to_multiple_of):
+    """PadfreeSFTTrainer counts a flattened batch's tokens without reading cu_seq_lens_q (a device sync every step):
+    the same counts as from the boundaries themselves, padding segment included."""
+    from trl_padfree import DataCollatorForCompletionOnlyLM
+    from trl_padfree.launch.trainer import batch_token_counts
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tokenizer, padding_free=True,
+                                               pad_to_multiple_of=pad_to_multiple_of)
+    texts = ["### Question: a\n### Answer: b", "### Question: cdef gh\n### Answer: e", "### Question: x\n### Answer: yz"]
+    batch = collator([tokenizer(t) for t in texts])
+    assert isinstance(batch["max_length_q"], int)
+    from_boundaries = batch_token_counts({k: v for k, v in batch.items() if k != "max_length_q"})
+    assert batch_token_counts(batch) == from_boundaries
+    assert from_boundaries[1] > from_boundaries[0]

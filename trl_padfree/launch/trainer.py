@@ -29,10 +29,15 @@ def batch_token_counts(inputs: dict[str, Any]) -> tuple[int, int]:
     >>> import torch
     >>> batch_token_counts({"input_ids": torch.ones(1, 7), "cu_seq_lens_q": torch.tensor([0, 2, 7])})
     (7, 10)
+    >>> batch_token_counts({"input_ids": torch.ones(1, 7), "cu_seq_lens_q": torch.tensor([0, 2, 7]), "max_length_q": 5})
+    (7, 10)
     >>> batch_token_counts({"input_ids": torch.ones(2, 5), "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
     (7, 10)
     """
     cu = inputs.get("cu_seq_lens_q")
+    if cu is not None and isinstance(inputs.get("max_length_q"), int):
+        # the collator's flattened row: its segments cover the row, and the longest is given (no device sync per step)
+        return int(inputs["input_ids"].numel()), (cu.numel() - 1) * inputs["max_length_q"]
     if cu is not None:
         lengths = torch.diff(cu.reshape(-1))
         return int(lengths.sum()), int(lengths.numel() * lengths.max())
