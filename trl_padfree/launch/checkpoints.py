@@ -37,6 +37,7 @@ __all__ = [
     "AtomicCheckpoints",
     "ResumeChoice",
     "RunError",
+    "any_process",
     "begin_run",
     "checkpoint_problem",
     "choose_resume",
@@ -293,7 +294,7 @@ def run_contents(output_dir: str) -> list[str]:
 # ------------------------------------------------------------------------------------------ saving
 
 
-def _any_process(flag: bool) -> bool:
+def any_process(flag: bool) -> bool:
     """Whether ``flag`` is set on any process (an all-reduce when distributed), so that all take the same path."""
     import torch
     import torch.distributed as dist
@@ -420,7 +421,7 @@ def save_final_model(trainer: Any, output_dir: str) -> None:
                 _fsync_path(os.path.join(staging, rel))
     except Exception as exc:  # OSError, or the safetensors writer's own error type
         error = exc
-    if _any_process(error is not None):
+    if any_process(error is not None):
         if main:
             shutil.rmtree(staging, ignore_errors=True)
             _remove_if_empty(staging_root)

@@ -10,6 +10,7 @@ import functools
 import os
 from typing import Any
 
+from .checkpoints import any_process
 from .config import ConfigError, LaunchConfig
 from .console import is_main_process, one_line, say
 
@@ -232,15 +233,7 @@ def _sharded_launch(training: Any) -> bool:
 
 def _failed_anywhere(failure: str | None) -> str | None:
     """Share a probe failure between processes, so that every rank stops (none waits in a collective)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return failure
-    device = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
-    flag = torch.tensor([0 if failure is None else 1], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    if flag.item() and failure is None:
+    if any_process(failure is not None) and failure is None:
         return "padding-free training is unsafe for this model (the packing probe failed on another process)"
     return failure
 
