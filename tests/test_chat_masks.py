@@ -145,3 +145,21 @@ def test_qwen35_turns_are_exact_where_located_and_refused_where_the_template_rew
         assert chat_labels(tok, messages)["labels"] == truth
         located += 1
     assert (located, refused) == (16, 16)
+
+
+def test_common_prefix_is_the_longest_common_prefix():
+    import random
+
+    from trl_padfree.chat_masks import _common_prefix
+
+    def naive(a: str, b: str) -> int:
+        i = 0
+        while i < min(len(a), len(b)) and a[i] == b[i]:
+            i += 1
+        return i
+
+    rng = random.Random(0)
+    for _ in range(2000):
+        a = "".join(rng.choice("ab✓") for _ in range(rng.randrange(0, 40)))
+        b = a[: rng.randrange(0, len(a) + 1)] + "".join(rng.choice("ab✓") for _ in range(rng.randrange(0, 5)))
+        assert _common_prefix(a, b) == _common_prefix(b, a) == naive(a, b), (a, b)

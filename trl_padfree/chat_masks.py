@@ -61,11 +61,18 @@ def _render(tokenizer: Any, messages: Sequence[dict], generation_prompt: bool, *
 
 
 def _common_prefix(a: str, b: str) -> int:
+    """Length of the longest common prefix of ``a`` and ``b``: slices compared in C, the range halved each step."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _encode(tokenizer: Any, text: str) -> tuple[list[int], np.ndarray]:
