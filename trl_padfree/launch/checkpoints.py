@@ -156,6 +156,14 @@ def _file_sizes(directory: str) -> dict[str, int]:
     return sizes
 
 
+def _sync_files(directory: str) -> dict[str, int]:
+    """Flush every file under ``directory`` to disk; their sizes, as :func:`_file_sizes` gives them."""
+    sizes = _file_sizes(directory)
+    for rel in sizes:
+        _fsync_path(os.path.join(directory, rel))
+    return sizes
+
+
 # ------------------------------------------------------------------------------------------ inspecting
 
 
@@ -327,9 +335,7 @@ def _remove_if_empty(path: str) -> None:
 
 def mark_complete(staging: str, run_id: str | None, step: int) -> None:
     """Write the completion marker into ``staging`` and sync every file to disk."""
-    sizes = _file_sizes(staging)
-    for rel in sizes:
-        _fsync_path(os.path.join(staging, rel))
+    sizes = _sync_files(staging)
     write_json_atomic(os.path.join(staging, CHECKPOINT_MARKER), {"run_id": run_id, "step": step, "files": sizes})
 
 
@@ -417,8 +423,7 @@ def save_final_model(trainer: Any, output_dir: str) -> None:
             shutil.rmtree(staging)
         trainer.save_model(staging)
         if main:
-            for rel in _file_sizes(staging):
-                _fsync_path(os.path.join(staging, rel))
+            _sync_files(staging)
     except Exception as exc:  # OSError, or the safetensors writer's own error type
         error = exc
     if any_process(error is not None):
