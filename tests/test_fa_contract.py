@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers.modeling_flash_attention_utils as fa_utils
+from test_equivalence import loss_and_grads
 from transformers import DataCollatorWithFlattening
 from transformers.modeling_flash_attention_utils import FlashAttentionKwargs, _flash_attention_forward
 from transformers.utils.generic import TransformersKwargs
@@ -184,13 +185,6 @@ def flash_attention_2_on_cpu(monkeypatch):
     monkeypatch.setattr(fa_utils, "_process_with_kvcache_kwargs_fn", dict)
     monkeypatch.setattr(fa_utils, "_is_packed_sequence", _no_other_path)  # no inference from position_ids
     return reference_varlen.calls
-
-
-def loss_and_grads(model, batch):
-    model.zero_grad(set_to_none=True)
-    out = model(**batch)
-    out.loss.backward()
-    return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("name", ["plain", "pad_to_multiple_of"])
