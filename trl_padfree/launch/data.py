@@ -136,10 +136,10 @@ def _load_files(key: str, pattern: str) -> Any:
 
 def _check_hub_dataset(name: str) -> None:
     """Fail fast when ``dataset_name`` is a hub id that cannot be reached (``datasets`` retries for ~30 s)."""
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-    if constants.is_offline_mode():
+    if _offline():
         return  # datasets then uses the local cache or fails at once
     try:
         HfApi().dataset_info(name, timeout=10)
