@@ -263,3 +263,13 @@ def test_labels_in_any_accepted_form(ids, form):
     features[1] = {"input_ids": ids[1]}  # one example without labels
     labels = DataCollatorForCompletionOnlyLM(None, padding_free=True)(features)["labels"][0].tolist()
     assert labels == given[0] + [IGNORE] + ids[1][1:] + given[2]
+
+
+def test_tokens_added_after_construction_work_with_a_string_template():
+    tok = tiny_byte_level_tokenizer()
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    tok.add_tokens(["<new>"])
+    text = "### Question: hi <new>\n### Answer: yes <new>"
+    ids = tok(text)["input_ids"]
+    assert tok.convert_tokens_to_ids("<new>") in ids
+    assert collator([ids])["labels"][0].tolist() == oracle(tok, text)

@@ -214,6 +214,8 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
             if fresh == self._vocab_size:
                 raise
             self._vocab_size = fresh
+            if self._text is not None:  # and the token text table the string templates are searched in
+                self._text = TokenText.from_tokenizer(self.tokenizer)
             return flatten_features(features, vocab_size=fresh, ignore_index=self.ignore_index)
 
     def _labels(
