@@ -367,15 +367,19 @@ def test_text_that_is_not_json_gives_the_parser_reason(capsys, tmp_path, data_di
     assert message.startswith(f"could not read train_file={str(train)!r}: JSON parse error")
 
 
+def _hub_dataset_argv(data_dir: Path, tmp_path: Path) -> list[str]:
+    """The demo run on ``dataset_name: nobody/no-such-dataset`` (a hub id), without train or eval files."""
+    return demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
+                     "--eval_on_start", "false", "--dataset_name", "nobody/no-such-dataset")
+
+
 def test_hub_dataset_offline_fails_fast(capsys, tmp_path, data_dir, monkeypatch):
     import datasets
     from huggingface_hub import constants
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
-                     "--eval_on_start", "false",
-                     "--dataset_name", "nobody/no-such-dataset")
+    argv = _hub_dataset_argv(data_dir, tmp_path)
     start = time.perf_counter()
     message = run_bad(capsys, argv, tmp_path / "out")
     assert time.perf_counter() - start < 10
@@ -393,9 +397,7 @@ def test_unreachable_hub_fails_fast_without_retries(capsys, tmp_path, data_dir, 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
-    argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
-                     "--eval_on_start", "false",
-                     "--dataset_name", "nobody/no-such-dataset")
+    argv = _hub_dataset_argv(data_dir, tmp_path)
     start = time.perf_counter()
     message = run_bad(capsys, argv, tmp_path / "out")
     assert time.perf_counter() - start < 10
@@ -479,9 +481,7 @@ def test_a_dataset_the_hub_does_not_have_is_named(capsys, tmp_path, data_dir, mo
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
     try:
-        argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
-                     "--eval_on_start", "false",
-                         "--dataset_name", "nobody/no-such-dataset")
+        argv = _hub_dataset_argv(data_dir, tmp_path)
         assert run_bad(capsys, argv, tmp_path / "out") == (
             "dataset_name='nobody/no-such-dataset' is not on the Hugging Face Hub, or is private or gated (log in "
             "with `hf auth login`); check the id or set dataset_name to a local dataset directory"
