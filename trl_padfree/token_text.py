@@ -331,8 +331,9 @@ class TokenText:
             token, rank = tokens, 0
         inner = anchor.inner[anchor.first[ids[token]] + rank]
         if not np.isscalar(skips):  # an anchor inside a skipped (inserted) space proposes nothing
-            inner, token = inner - skips[token], token[inner >= skips[token]]
-            inner = inner[inner >= 0]
+            skipped = skips[token]
+            keep = inner >= skipped
+            inner, token = (inner - skipped)[keep], token[keep]
         begin = starts[token] + inner - anchor.index
         begin = begin[(begin >= 0) & (begin + m <= starts[-1])]
         window = begin[:, None] + np.arange(m)
