@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,16 @@ PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 TEMPLATE_IDS: tuple[int, ...] = (3, 4, 5)  # the response template ("### Answer:"), never drawn as content
 FIRST_CONTENT_ID = 6
 IGNORE_INDEX = -100
+
+
+def completion_start(ids: Sequence[int]) -> int:
+    """The index just past the (first) response template in ``ids``: where the completion starts.
+
+    >>> completion_start([1, 9, 3, 4, 5, 11, 2])
+    5
+    """
+    n = len(TEMPLATE_IDS)
+    return next(i + n for i in range(len(ids) - n + 1) if tuple(ids[i : i + n]) == TEMPLATE_IDS)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .data import BOS_ID, EOS_ID, PAD_ID, TEMPLATE_IDS
+from .data import BOS_ID, EOS_ID, PAD_ID, TEMPLATE_IDS, completion_start
 
 _NAMED = {PAD_ID: "<pad>", BOS_ID: "<s>", EOS_ID: "</s>", **dict(zip(TEMPLATE_IDS, ("###", "Answer", ":"), strict=True))}
 
@@ -49,10 +49,9 @@ def bench_tokenizer(vocab_size: int):
 
 def to_records(examples: Sequence[Sequence[int]]) -> list[dict[str, str]]:
     """Each example ``<bos> prompt <template> completion <eos>`` as ``{"prompt": ..., "completion": ...}``."""
-    n = len(TEMPLATE_IDS)
     records = []
     for ids in examples:
-        end = next(i + n for i in range(len(ids) - n + 1) if tuple(ids[i : i + n]) == TEMPLATE_IDS)
+        end = completion_start(ids)
         records.append({
             "prompt": " ".join(map(token_text, ids[:end])),
             "completion": " " + " ".join(map(token_text, ids[end:])),

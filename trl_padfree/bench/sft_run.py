@@ -34,7 +34,7 @@ from typing import Any
 
 from .batches import batch_fingerprint, fixed_batches
 from .config import VARIANTS, BenchConfig
-from .data import IGNORE_INDEX, TEMPLATE_IDS
+from .data import IGNORE_INDEX, completion_start
 from .records import bench_tokenizer, to_records
 from .training import (
     MemoryMeter,
@@ -55,8 +55,7 @@ def completion_labels(ids: list[int]) -> list[int]:
     >>> completion_labels([1, 9, 3, 4, 5, 11, 2])
     [-100, -100, -100, -100, -100, 11, 2]
     """
-    n = len(TEMPLATE_IDS)
-    end = next(i + n for i in range(len(ids) - n + 1) if tuple(ids[i : i + n]) == TEMPLATE_IDS)
+    end = completion_start(ids)
     return [IGNORE_INDEX] * end + list(ids[end:])
 
 
