@@ -459,3 +459,15 @@ def test_commands_on_the_benchmark_page_are_valid_bench_commands():
         args = build_parser().parse_args(argv)
         if args.replot is None:
             config_from_args(args).validate()
+
+
+def test_trainer_note_judges_losses_with_the_runs_tolerance():
+    """A bf16 run (loss_rtol 1e-2) whose SFTTrainer losses differ by bf16 noise still reads 'kept apart'."""
+    from trl_padfree.bench.report import _trainer_notes
+
+    entry = {
+        "variants": {"sft-padfree": {"attn_implementation": "padfree", "probe": {"status": "SAFE", "max_abs_diff": 0.0}}},
+        "comparison": {"sft-padfree": {"train_loss_max_rel_diff": 3e-3, "eval_loss_rel_diff": 1e-3, "same_batches": True}},
+    }
+    assert "(keeps examples apart)" in _trainer_notes(entry, 1e-2)[0]
+    assert "(differs: examples are NOT kept apart)" in _trainer_notes(entry, 1e-5)[0]

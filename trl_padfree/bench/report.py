@@ -268,8 +268,12 @@ def _variant_row(name: str, res: dict[str, Any], cmp: dict[str, Any] | None) -> 
     )
 
 
-def _trainer_notes(entry: dict[str, Any]) -> list[str]:
-    """What the SFTTrainer variants show: the attention that ran, the probe, losses, per-step overhead."""
+def _trainer_notes(entry: dict[str, Any], loss_rtol: float) -> list[str]:
+    """What the SFTTrainer variants show: the attention that ran, the probe, losses, per-step overhead.
+
+    Losses within the run's ``loss_rtol`` of padded mean the examples were kept apart (bf16 runs have a looser
+    tolerance than fp32 ones, as in the loss target).
+    """
     variants, comparison = entry["variants"], entry["comparison"]
     lines = []
     for name in ("trl-native", "sft-padfree"):
@@ -284,7 +288,7 @@ def _trainer_notes(entry: dict[str, Any]) -> list[str]:
         elif diff is None:
             loss_note = "losses not compared step by step"
         else:
-            verdict = "keeps examples apart" if diff <= 1e-5 else "differs: examples are NOT kept apart"
+            verdict = "keeps examples apart" if diff <= loss_rtol else "differs: examples are NOT kept apart"
             loss_note = f"train/eval losses vs padded: max rel. diff {max(diff, cmp['eval_loss_rel_diff']):.1e} ({verdict})"
         warned = "; ".join(res.get("trainer_warnings") or []) or "none"
         lines.append(
@@ -376,7 +380,7 @@ def to_markdown(report: dict[str, Any]) -> str:
             lines.append(_variant_row(variant, res, entry["comparison"].get(variant)))
         if kind:
             lines += ["", f"Peak memory: {kind}; 'above start' subtracts the memory held before the first step."]
-        notes = _trainer_notes(entry) + _budget_note(entry, c['batch_size'])
+        notes = _trainer_notes(entry, report['config']['loss_rtol']) + _budget_note(entry, c['batch_size'])
         if notes:
             lines += ["", *notes]
         lines.append("")
