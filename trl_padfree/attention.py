@@ -68,6 +68,7 @@ from .attention_backends import (
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
+    "KV_INDEX",
     "BACKENDS",
     "PadfreeAttentionError",
     "counting_calls",
@@ -84,6 +85,16 @@ __all__ = [
 ]
 
 ATTN_IMPLEMENTATION = "padfree"
+
+KV_INDEX = "padfree_kv_index"
+"""Keyword argument (a 1-D int64 tensor over the flattened tokens) that lays out the keys/values of a packed row.
+
+When a forward passes it, key and value tokens are gathered with it before the varlen kernel runs, and
+``cu_seq_lens_k`` / ``max_length_k`` describe the gathered keys. A token can so serve as a key of several query
+segments: a prompt computed once is attended to by the chosen and by the rejected response of a preference pair
+(:mod:`trl_padfree.preference`). Only ``"padfree"`` reads it; other implementations would ignore it, so callers
+must refuse them (:func:`~trl_padfree.dpo.require_padfree_attention`).
+"""
 
 
 class PadfreeAttentionError(ValueError):
@@ -244,12 +255,14 @@ def _boundaries(
             )
         max_q = _as_int(max_q, cu_q)
         max_k = max_q if max_k is None and cu_k is cu_q else _as_int(max_k, cu_k)
+        kv_index = kwargs.get(KV_INDEX)
         if query.device.type == "cpu":
             total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
-            if total_q != batch * q_length or total_k != batch * k_length:
+            keys = batch * k_length if kv_index is None else kv_index.numel()
+            if total_q != batch * q_length or total_k != keys:
                 raise ValueError(
                     f"cu_seq_lens_q/k cover {total_q}/{total_k} tokens but the batch has {batch}x{q_length} "
-                    f"query and {batch}x{k_length} key tokens; pass cu_seq_lens that describe exactly this batch."
+                    f"query and {keys} key tokens; pass cu_seq_lens that describe exactly this batch."
                 )
         return cu_q, cu_k, max_q, max_k
     if attention_mask is not None and attention_mask.ndim == 1:
@@ -389,6 +402,10 @@ def padfree_attention_forward(
     q = query.transpose(1, 2).reshape(batch * q_length, heads, query.shape[-1])
     k = key.transpose(1, 2).reshape(batch * k_length, key.shape[1], key.shape[-1])
     v = value.transpose(1, 2).reshape(batch * k_length, value.shape[1], value.shape[-1])
+    kv_index = kwargs.get(KV_INDEX)
+    if kv_index is not None and cu_q is not cu_k:  # keys shared by several query segments (see KV_INDEX)
+        kv_index = kv_index.to(k.device)
+        k, v = k.index_select(0, kv_index), v.index_select(0, kv_index)
     out = run_varlen_attention(
         backend,
         q,
