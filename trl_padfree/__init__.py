@@ -11,6 +11,8 @@ from .attention import (  # registers "padfree"
 from .batching import TokenBudgetBatchSampler
 from .chat_masks import ChatMaskError, chat_labels, label_chats
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
+from .dpo import DPOTrainer
+from .preference import DataCollatorForPreference
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
 
@@ -20,7 +22,9 @@ __all__ = [
     "ATTN_IMPLEMENTATION",
     "ChatMaskError",
     "CollatorStats",
+    "DPOTrainer",
     "DataCollatorForCompletionOnlyLM",
+    "DataCollatorForPreference",
     "PackingCheckCallback",
     "PackingLeakError",
     "PackingReport",

@@ -1,0 +1,259 @@
+"""``DPOTrainer``: TRL's ``DPOTrainer`` where ``DPOConfig(padding_free=True)`` works again.
+
+TRL 1.16 logs "``padding_free=True`` is temporarily unavailable" and pads: every batch is ``2B`` rows of
+``prompt + response`` padded to the longest, each prompt forwarded twice. This trainer keeps TRL's datasets,
+tokenization, reference handling (separate model, PEFT adapters off, ``precompute_ref_log_probs``), loss types and
+logged metrics, and replaces only the batch and the forward:
+
+- the collator (:class:`~trl_padfree.preference.DataCollatorForPreference`) puts the ``2B`` sequences in one row
+  with ``position_ids`` and ``cu_seq_lens``; with ``prompt_once=True`` each pair's prompt is computed once;
+- policy and reference run TRL's fused LM head on the row with ``shift_labels`` (no logits tensor), and every
+  per-sequence quantity is a segment sum over the row (:func:`~trl_padfree.preference.segment_sum`);
+- the losses are TRL's, restated on those sums (:mod:`trl_padfree.dpo_loss`).
+
+Before the first step the model is probed, as in SFT: packed sequences must not see each other, and with
+``prompt_once`` both responses must see their prompt and not each other (:mod:`trl_padfree.preference_probe`).
+With ``padding_free=False`` the trainer is TRL's, unchanged.
+
+    from trl import DPOConfig
+    from trl_padfree import DPOTrainer
+    config = DPOConfig(output_dir="out", padding_free=True)
+    trainer = DPOTrainer(model, args=config, train_dataset=pairs, processing_class=tokenizer, prompt_once=True)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+import trl
+from accelerate.utils import is_peft_model
+from transformers import AutoTokenizer, TrainerCallback
+
+from .attention import ATTN_IMPLEMENTATION, KV_INDEX
+from .dpo_loss import LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
+from .preference import DataCollatorForPreference, segment_sum
+
+__all__ = ["DPOTrainer", "PreferenceCheckCallback", "require_padfree_attention"]
+
+MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+              "seq_idx", KV_INDEX)
+
+
+def _attn(model: Any) -> str | None:
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None)
+
+
+def require_padfree_attention(model: Any, what: str = "prompt_once=True") -> None:
+    """Refuse a model whose attention would ignore :data:`~trl_padfree.attention.KV_INDEX` (shared prompt keys)."""
+    attn = _attn(model)
+    if attn != ATTN_IMPLEMENTATION:
+        raise ValueError(
+            f"{what} needs attn_implementation='padfree' (it alone reads the shared prompt keys), but the model "
+            f"uses {attn!r}, which would let the rejected response attend to the chosen one. Load the model with "
+            "attn_implementation='padfree' (it runs flash-attn or torch's varlen kernel on a GPU), or set "
+            "prompt_once=False."
+        )
+
+
+def _tokenizer(processing_class: Any, model: Any) -> Any:
+    if processing_class is None:
+        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+        processing_class = AutoTokenizer.from_pretrained(name)
+    return getattr(processing_class, "tokenizer", processing_class)
+
+
+class PreferenceCheckCallback(TrainerCallback):
+    """Runs the preference packing probe once, when training begins; raises if packed sequences leak."""
+
+    def __init__(self, prompt_once: bool, models: list[Any]) -> None:
+        self.prompt_once = prompt_once
+        self.models = models
+        self.reports: list[Any] = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.reports:
+            return control
+        from .preference_probe import assert_preference_packing_safe
+        from .probe import training_rtol
+
+        for m in [model, *self.models]:
+            if m is None:
+                continue
+            report = assert_preference_packing_safe(m, prompt_once=self.prompt_once, rtol=training_rtol(args))
+            self.reports.append(report)
+            if state.is_world_process_zero:
+                layout = "prompt-once" if self.prompt_once else "padding-free"
+                print(f"[trl-padfree] preference probe ({layout}): {report.model_type} with "
+                      f"{report.attn_implementation!r} keeps packed sequences apart (max logit diff "
+                      f"{report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})", flush=True)
+        return control
+
+
+class DPOTrainer(trl.DPOTrainer):
+    """``trl.DPOTrainer`` with a working ``padding_free`` (see the module docstring).
+
+    Extra arguments:
+        prompt_once: with ``padding_free``, compute each pair's prompt once (``attn_implementation="padfree"``).
+        check_packing: probe the model(s) before the first step (default True).
+    """
+
+    def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
+                 *rest: Any, prompt_once: bool = False, check_packing: bool = True, **kwargs: Any) -> None:
+        self.padfree = bool(args is not None and getattr(args, "padding_free", False))
+        self.prompt_once = bool(prompt_once)
+        if self.prompt_once and not self.padfree:
+            raise ValueError("prompt_once=True needs DPOConfig(padding_free=True).")
+        if self.padfree:
+            unknown = [t for t in (args.loss_type if isinstance(args.loss_type, list) else [args.loss_type])
+                       if t not in LOSS_TYPES]
+            if unknown:
+                raise ValueError(f"padding-free DPO does not know loss type(s) {unknown}; known: {list(LOSS_TYPES)}")
+            if data_collator is None:
+                tok = _tokenizer(processing_class, model)
+                pad = getattr(args, "pad_token", None) or tok.pad_token or tok.eos_token
+                data_collator = DataCollatorForPreference(
+                    pad_token_id=tok.convert_tokens_to_ids(pad),
+                    max_length=args.max_length,
+                    truncation_mode=args.truncation_mode,
+                    pad_to_multiple_of=args.pad_to_multiple_of,
+                    prompt_once=self.prompt_once,
+                )
+            args.padding_free = False  # TRL would log that it is unavailable and pad; the flat batch is ours
+        try:
+            super().__init__(model, ref_model, args, data_collator, train_dataset, eval_dataset, processing_class,
+                             *rest, **kwargs)
+        finally:
+            if self.padfree:
+                args.padding_free = True
+        if self.padfree:
+            models = [m for m in (self.model, self.ref_model) if m is not None]
+            if self.prompt_once:
+                for m in models:
+                    require_padfree_attention(self.accelerator.unwrap_model(m))
+            if check_packing:
+                ref = [self.accelerator.unwrap_model(self.ref_model)] if self.ref_model is not None else []
+                self.add_callback(PreferenceCheckCallback(self.prompt_once, ref))
+
+    # ---- forward -------------------------------------------------------------------------------------------
+    def _flat_forward(self, model: Any, inputs: dict[str, Any], **extra: Any) -> Any:
+        kwargs = {k: inputs[k] for k in MODEL_KEYS if k in inputs}
+        return model(**kwargs, **extra, shift_labels=inputs["shift_labels"], use_cache=False, fused_lm_head=True)
+
+    def _sequence_logps(self, per_token: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
+        """``(2B,)`` log-probability sums (TRL's ``ld_alpha`` weighting of the tails when it is set)."""
+        n = 2 * int(inputs["num_pairs"])
+        index = inputs["score_index"]
+        if self.ld_alpha is None:
+            return segment_sum(per_token, index, n)
+        scored = segment_sum(torch.ones_like(per_token), index, n)
+        chosen, rejected = scored.chunk(2)
+        shared = torch.minimum(chosen, rejected).repeat(2)
+        rank = inputs["score_rank"].to(per_token.dtype)
+        tail = rank > shared[index.clamp(min=0)]
+        weights = torch.where(tail, torch.as_tensor(self.ld_alpha, dtype=per_token.dtype), 1.0)
+        return segment_sum(per_token * weights, index, n)
+
+    def _reference_logps(self, inputs: dict[str, Any], model: Any = None) -> torch.Tensor:
+        from trl.models.utils import disable_gradient_checkpointing
+        from trl.trainer.utils import use_adapter
+
+        adapter: Any = contextlib.nullcontext()
+        if model is None:
+            model = self.ref_model
+            if model is None and is_peft_model(self.model):
+                model = self.model
+        if model is self.model and is_peft_model(self.model) and self.ref_model is None:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            adapter = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs), \
+                adapter:
+            out = self._flat_forward(model, inputs)
+        return self._sequence_logps(out.log_probs, inputs)
+
+    def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
+        if "shift_labels" not in inputs:
+            return super().compute_ref_log_probs(model, inputs)
+        with self.accelerator.autocast():
+            return self._reference_logps(inputs, model).chunk(2, dim=0)
+
+    # ---- loss ----------------------------------------------------------------------------------------------
+    def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
+        if "shift_labels" not in inputs:
+            return super()._compute_loss(model, inputs, return_outputs)
+        mode = "train" if self.model.training else "eval"
+        extra = {"output_router_logits": True} if self.aux_loss_enabled else {}
+        outputs = self._flat_forward(model, inputs, **extra)
+        pairs, index = int(inputs["num_pairs"]), inputs["score_index"]
+        n = 2 * pairs
+        per_token = outputs.log_probs
+        logps = self._sequence_logps(per_token, inputs)
+        chosen_logps, rejected_logps = logps.chunk(2)
+        if self.precompute_ref_logps:
+            ref_chosen, ref_rejected = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
+        else:
+            ref_chosen, ref_rejected = self._reference_logps(inputs).chunk(2)
+        lens = inputs["completion_lens"].to(per_token.device)
+        scored = segment_sum(torch.ones_like(per_token), index, n)
+        stats = PairStats(chosen_logps, rejected_logps, ref_chosen, ref_rejected, *lens.chunk(2))
+        stats.chosen_scores, stats.rejected_scores = f_divergence_scores(
+            stats.chosen_logratios, stats.rejected_logratios, self.f_divergence_type, self.f_alpha_divergence_coef
+        )
+        if "sft" in self.loss_types:
+            chosen_sum = segment_sum(per_token, index, n)[:pairs].sum()
+            stats.sft_loss = -chosen_sum / scored[:pairs].sum()
+        weights = None
+        if self.use_weighting:
+            with torch.no_grad():
+                aligned = segment_sum(per_token - outputs.log_sum_sq_probs, index, n) / scored.clamp_min(1)
+                w = torch.exp(aligned)
+                weights = w[:pairs] * w[pairs:]
+        loss = 0.0
+        for loss_type, loss_weight in zip(self.loss_types, self.loss_weights, strict=True):
+            per_pair = pair_loss(loss_type, stats, beta=self.beta, label_smoothing=self.label_smoothing,
+                                 discopop_tau=self.args.discopop_tau)
+            if weights is not None:
+                per_pair = per_pair * weights
+            loss = loss + per_pair.mean() * loss_weight
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * outputs.aux_loss
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(outputs.aux_loss).mean().item())
+        self._log_metrics(mode, inputs, outputs, stats, scored)
+        if return_outputs:
+            return loss, outputs
+        return loss
+
+    def _log_metrics(self, mode: str, inputs: dict[str, Any], outputs: Any, stats: PairStats,
+                     scored: torch.Tensor) -> None:
+        """TRL 1.16's metrics, from segment sums (same names, same gathering across ranks)."""
+        gather = self.accelerator.gather_for_metrics
+        pairs, index = int(inputs["num_pairs"]), inputs["score_index"]
+        n = 2 * pairs
+        entropy = segment_sum(outputs.entropy.detach(), index, n).sum()
+        tokens = scored.sum()
+        entropy, tokens = gather(entropy).sum(), gather(tokens).sum()
+        self._metrics[mode]["entropy"].append((entropy / tokens).item() if tokens > 0 else 0.0)
+        if mode == "train":
+            num = gather(torch.tensor(int(inputs["num_tokens"]), device=scored.device)).sum().item()
+            self._total_train_tokens += num // self._tp_size
+        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        logits = segment_sum(outputs.mean_logits.detach(), index, n)
+        for name, part, count in (("chosen", logits[:pairs], scored[:pairs]),
+                                  ("rejected", logits[pairs:], scored[pairs:])):
+            total, count_all = gather(part.sum()).sum().item(), gather(count.sum()).sum().item()
+            self._metrics[mode][f"logits/{name}"].append(total / count_all if count_all > 0 else 0.0)
+        top1 = segment_sum(outputs.is_top1.detach().to(scored.dtype), index, n)[:pairs].sum()
+        correct, total = gather(top1).sum(), gather(scored[:pairs].sum()).sum()
+        self._metrics[mode]["mean_token_accuracy"].append((correct / total).item() if total > 0 else 0.0)
+        chosen_rewards = self.beta * stats.chosen_logratios.detach()
+        rejected_rewards = self.beta * stats.rejected_logratios.detach()
+        agg = self.accelerator.gather
+        self._metrics[mode]["rewards/chosen"].append(agg(chosen_rewards).mean().item())
+        self._metrics[mode]["rewards/rejected"].append(agg(rejected_rewards).mean().item())
+        self._metrics[mode]["rewards/accuracies"].append(agg((chosen_rewards > rejected_rewards).float()).mean().item())
+        self._metrics[mode]["rewards/margins"].append(agg(chosen_rewards - rejected_rewards).mean().item())
+        self._metrics[mode]["logps/chosen"].append(agg(stats.chosen_logps.detach()).mean().item())
+        self._metrics[mode]["logps/rejected"].append(agg(stats.rejected_logps.detach()).mean().item())

@@ -1,0 +1,122 @@
+"""Probe whether a model keeps the sequences of a padding-free preference batch apart.
+
+The preference layouts of :mod:`trl_padfree.preference` rely on the model's attention for two things: packed
+sequences must not see each other, and with ``prompt_once`` the rejected response must see its prompt's keys (laid
+out once, before the chosen response) and not the chosen response. :func:`check_preference_packing` runs a few
+random (prompt, chosen, rejected) pairs through the real collator and compares every position's logits with those
+of each sequence run alone, as :func:`trl_padfree.probe.check_packing` does for SFT batches (same tolerance, same
+deterministic train mode, same :class:`~trl_padfree.probe.PackingReport`).
+
+>>> from transformers import LlamaConfig, LlamaForCausalLM
+>>> config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+...                      num_attention_heads=2, num_key_value_heads=1)
+>>> model = LlamaForCausalLM._from_config(config, attn_implementation="padfree")
+>>> check_preference_packing(model, prompt_once=True).status
+'safe'
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from .probe import (
+    DEFAULT_RTOL,
+    PackingLeakError,
+    PackingReport,
+    _alone_batch,
+    _attn_name,
+    _compute_dtype,
+    _deterministic_train_mode,
+    _logits,
+    _model_device,
+    _random_sequences,
+    _vocab_size,
+)
+
+__all__ = ["DEFAULT_PAIRS", "assert_preference_packing_safe", "check_preference_packing"]
+
+DEFAULT_PAIRS: tuple[tuple[int, int, int], ...] = ((6, 4, 3), (3, 2, 6), (5, 5, 1))
+"""(prompt, chosen, rejected) lengths of the probe's pairs: uneven, so every boundary matters."""
+
+
+def check_preference_packing(
+    model: nn.Module,
+    *,
+    prompt_once: bool = False,
+    pairs: Sequence[tuple[int, int, int]] = DEFAULT_PAIRS,
+    seed: int = 0,
+    rtol: float | None = None,
+) -> PackingReport:
+    """Run random pairs in the preference collator's layout and each sequence alone; compare the logits."""
+    from .dpo import MODEL_KEYS
+    from .preference import DataCollatorForPreference
+
+    start = time.perf_counter()
+    device = _model_device(model)
+    dtype = _compute_dtype(model, device)
+    if rtol is None:
+        rtol = DEFAULT_RTOL.get(dtype, DEFAULT_RTOL[torch.float32])
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    lengths = [n for pair in pairs for n in pair]
+    seqs = _random_sequences(lengths, _vocab_size(model), getattr(text_config, "pad_token_id", None), seed)
+    examples = [{"prompt_ids": seqs[3 * i], "chosen_ids": seqs[3 * i + 1], "rejected_ids": seqs[3 * i + 2]}
+                for i in range(len(pairs))]
+    batch = DataCollatorForPreference(pad_token_id=0, prompt_once=prompt_once)(examples)
+    inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k in MODEL_KEYS}
+    error = None
+    with _deterministic_train_mode(model):
+        expected = []
+        for ex in examples:
+            chosen = _logits(model, {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                                     for k, v in _alone_batch(ex["prompt_ids"] + ex["chosen_ids"]).items()})
+            rejected = _logits(model, {k: v.to(device) if isinstance(v, torch.Tensor) else v
+                                       for k, v in _alone_batch(ex["prompt_ids"] + ex["rejected_ids"]).items()})
+            expected.append(chosen)
+            expected.append(rejected[len(ex["prompt_ids"]) - 1 :] if prompt_once else rejected)
+        try:
+            packed = _logits(model, {**inputs, "use_cache": False})
+        except Exception as exc:  # the Trainer would hit the same error: report it
+            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12
+    if error is None:
+        want = torch.cat(expected)
+        diffs = []
+        offset = 0
+        for e in expected:
+            diffs.append((packed[offset : offset + e.shape[0]] - e).abs().max().item())
+            offset += e.shape[0]
+    else:
+        diffs = [math.inf] * len(expected)
+        want = None
+    max_diff = max(diffs)
+    status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
+    attn = _attn_name(model)
+    layout = "prompt-once" if prompt_once else "padding-free"
+    advice = (
+        "" if status == "safe" else
+        f"the {layout} preference batch changes this model's logits (max diff {max_diff:.3g} > {tolerance:.3g}): "
+        "its attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
+        + ("" if prompt_once else " or 'flash_attention_2'") + ", or set DPOConfig(padding_free=False)."
+    )
+    del want
+    return PackingReport(
+        ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance,
+        model_type=str(getattr(config, "model_type", None) or type(model).__name__), attn_implementation=attn,
+        advice=advice, dtype=str(dtype).removeprefix("torch."), device=str(device), lengths=tuple(lengths),
+        example_diffs=tuple(diffs), noise=0.0, seconds=time.perf_counter() - start, error=error,
+    )
+
+
+def assert_preference_packing_safe(model: nn.Module, **kwargs: Any) -> PackingReport:
+    """Like :func:`check_preference_packing`, but raise :class:`~trl_padfree.probe.PackingLeakError` unless safe."""
+    report = check_preference_packing(model, **kwargs)
+    if not report.ok:
+        raise PackingLeakError(report)
+    return report
