@@ -24,10 +24,10 @@ from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
 from trl_padfree.check import main as check_main
 from trl_padfree.launch import ConfigError, load_config
 from trl_padfree.launch import main as train_main
+from trl_padfree.launch.collators import make_collator_factory
 from trl_padfree.launch.data import prepare_data
 from trl_padfree.launch.defaults import ModelShape, apply_defaults
 from trl_padfree.launch.help import GROUPS
-from trl_padfree.launch.model import make_collator_factory
 from trl_padfree.probe import PackingLeakError
 from trl_padfree.testing import tiny_llama
 

@@ -9,8 +9,8 @@ from real_cases import CACHE, CHAT, cache_problem, conversations, load
 
 from trl_padfree.chat_masks import chat_labels
 from trl_padfree.launch import ConfigError, load_config
+from trl_padfree.launch.collators import make_collator_factory
 from trl_padfree.launch.data import prepare_data
-from trl_padfree.launch.run import make_collator_factory
 
 QWEN = CHAT["qwen2"]
 

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trl_padfree.launch import load_config
-from trl_padfree.launch.model import make_collator_factory
+from trl_padfree.launch.collators import make_collator_factory
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "trl_padfree" / "demo"

@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from trl_padfree.launch import ConfigError, load_config
+from trl_padfree.launch.collators import make_collator_factory
 from trl_padfree.launch.data import make_formatter, prepare_data
-from trl_padfree.launch.run import make_collator_factory
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "trl_padfree" / "demo"

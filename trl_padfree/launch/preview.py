@@ -128,8 +128,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         n, args = _split_n(argv)
         from . import load_config
+        from .collators import make_collator_factory
         from .data import prepare_data
-        from .model import load_tokenizer, make_collator_factory
+        from .tokenizer import load_tokenizer
 
         cfg = load_config(args, check_environment=False)
         with quiet_progress():

@@ -1,8 +1,9 @@
 """The ``trl-padfree train`` run, stage by stage.
 
 1. parse and validate the config (:mod:`.config`, :mod:`.validate`): nothing loaded yet;
-2. load the tokenizer and prepare the data (:mod:`.model`, :mod:`.data`), including the response-template check;
-3. load the model and, for padding-free runs, probe that packed examples stay apart (:mod:`.model`);
+2. load the tokenizer (:mod:`.tokenizer`), make the collator (:mod:`.collators`) and prepare the data
+   (:mod:`.data`), including the response-template check;
+3. load the model (:mod:`.model`) and, for padding-free runs, probe that packed examples stay apart (:mod:`.probe`);
 4. train with :class:`~.trainer.PadfreeSFTTrainer` (SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`;
    checkpoints and the final model appear complete or not at all, see :mod:`.checkpoints`), save the model, then
    run the final evaluation, and print a summary (:mod:`.summary`).
@@ -18,10 +19,13 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .collators import make_collator_factory
 from .config import LaunchConfig
 from .console import quiet_progress, say
-from .model import load_model, load_tokenizer, make_collator_factory, probe_model
+from .model import load_model
+from .probe import probe_model
 from .summary import RunResult, eval_losses, summary_lines, write_summary
+from .tokenizer import load_tokenizer
 
 __all__ = ["train"]
 

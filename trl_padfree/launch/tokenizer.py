@@ -1,0 +1,74 @@
+"""The tokenizer of ``trl-padfree train`` and ``preview``: loaded with the config's overrides, checked against the model.
+
+Every failure here is bad input (a wrong path, a token not in the vocabulary, a tokenizer that does not fit the
+model's embeddings) and raises :class:`~.config.ConfigError` before anything is written.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .config import ConfigError, LaunchConfig
+from .console import one_line
+
+__all__ = ["check_vocabulary", "load_tokenizer"]
+
+
+def _load_auto(auto_class: Any, cfg: LaunchConfig, what: str) -> Any:
+    """``auto_class.from_pretrained`` for the model of ``cfg``; :class:`ConfigError` "could not {what} of ..." if it fails."""
+    name = cfg.model.model_name_or_path
+    try:
+        return auto_class.from_pretrained(
+            name, revision=cfg.model.model_revision, trust_remote_code=cfg.training.trust_remote_code
+        )
+    except Exception as exc:
+        raise ConfigError(f"could not {what} of {name!r}: {one_line(exc)}") from None
+
+
+def load_tokenizer(cfg: LaunchConfig) -> Any:
+    """The tokenizer of ``model_name_or_path`` with the ``eos_token`` / ``pad_token`` / chat template overrides."""
+    from transformers import AutoTokenizer
+
+    name = cfg.model.model_name_or_path
+    tokenizer = _load_auto(AutoTokenizer, cfg, "load the tokenizer")
+    training = cfg.training
+    for attr in ("eos_token", "pad_token"):
+        value = getattr(training, attr)
+        if value is not None:
+            if value not in tokenizer.get_vocab():
+                raise ConfigError(f"{attr}={value!r} is not in the vocabulary of {name!r}")
+            setattr(tokenizer, attr, value)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    check_vocabulary(cfg, tokenizer)
+    if training.chat_template_path is not None:
+        path = training.chat_template_path
+        if not (os.path.isfile(path) and path.endswith((".jinja", ".j2"))):
+            raise ConfigError(f"chat_template_path={path!r} must be an existing .jinja file")
+        with open(path, encoding="utf-8") as handle:
+            tokenizer.chat_template = handle.read()
+    return tokenizer
+
+
+def check_vocabulary(cfg: LaunchConfig, tokenizer: Any) -> None:
+    """Refuse a tokenizer whose token ids do not all fit the model's embeddings (read from the model's config only).
+
+    Such a pair fails with an IndexError at the first step that meets one of the extra tokens.
+    """
+    from transformers import AutoConfig
+
+    name = cfg.model.model_name_or_path
+    config = _load_auto(AutoConfig, cfg, "read the model config")
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    size = getattr(text_config, "vocab_size", None)
+    if not isinstance(size, int) or size <= 0:
+        return
+    vocab = tokenizer.get_vocab()
+    needed = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
+    if needed > size:
+        raise ConfigError(
+            f"the tokenizer of {name!r} has {needed} token ids but the model's embeddings hold {size} (vocab_size): "
+            f"use the tokenizer that belongs to this model, or resize the model's embeddings to {needed} "
+            "(model.resize_token_embeddings) and save it"
+        )
