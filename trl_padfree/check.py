@@ -2,8 +2,9 @@
 
 Loads a model (local directory or hub name) with the attention implementation to test (default ``auto``: the one
 ``trl-padfree train`` would use here, with the same fall-back to the model's own attention for models that cannot
-use ``padfree``), runs the probe and prints the verdict. Options take either spelling (``--attn-implementation``
-or ``--attn_implementation``, as ``train`` does). Exit status: 0 safe, 1 leaks (or cannot tell), 2 bad input (one line on stderr, no traceback).
+use ``padfree``, see :mod:`.attn_fallback`), runs the probe and prints the verdict. Options take either spelling
+(``--attn-implementation`` or ``--attn_implementation``, as ``train`` does). Exit status: 0 safe, 1 leaks (or
+cannot tell), 2 bad input (one line on stderr, no traceback).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .attention import load_error_reason
+from .attn_fallback import ModelLoadError, load_with_fallback
 from .probe import DEFAULT_LENGTHS, check_packing
 
 __all__ = ["main"]
@@ -127,26 +128,17 @@ def main(argv: list[str] | None = None) -> int:
 
     if auto:
         note(f"attn_implementation auto -> {attn!r} (what trl-padfree train picks on {device})")
-    try:
-        model = _load(model_path, attn, args, device)
-    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
-        if not (auto and attn == "padfree"):
-            return bad(f"cannot load {args.model!r}: {load_error_reason(exc, attn)}")
-        note(f"{args.model} cannot use 'padfree' ({load_error_reason(exc, attn)}); checking its default attention, "
-             "as trl-padfree train would")
-        model = None
-    if auto and attn == "padfree" and model is not None:
-        from .probe import uses_padfree_attention
 
-        if not uses_padfree_attention(model):
-            note(f"{args.model}'s attention code does not call 'padfree'; checking its default attention, as "
-                 "trl-padfree train would")
-            model = None
-    if model is None:
-        try:
-            model = _load(model_path, None, args, device)
-        except (OSError, ValueError, KeyError, ImportError, RuntimeError) as exc:
-            return bad(f"cannot load {args.model!r}: {load_error_reason(exc, None)}")
+    def fall_back(why: str) -> None:
+        note(f"{args.model} cannot use 'padfree' ({why}); checking its default attention, as trl-padfree train "
+             "would")
+
+    try:
+        model = load_with_fallback(
+            lambda name: _load(model_path, name, args, device), attn, auto=auto, on_fallback=fall_back
+        )
+    except ModelLoadError as exc:
+        return bad(f"cannot load {args.model!r}: {exc}")
     try:
         report = check_packing(model, lengths=lengths, seed=args.seed)
     except ValueError as exc:

@@ -65,43 +65,15 @@ def load_model(cfg: LaunchConfig) -> Any:
 def _load_model(cfg: LaunchConfig) -> Any:
     """Load the model with the resolved attention implementation and dtype (the ``padfree`` attention registered).
 
-    When ``auto`` picked ``"padfree"`` and the model cannot use it (transformers fails to build it with
-    ``"padfree"``, or its attention code never calls it), the model is loaded again with its own default
-    attention (sdpa, else eager), ``cfg.attn_implementation`` is updated and the packing probe decides from there.
+    When ``auto`` picked ``"padfree"`` and the model cannot use it (:mod:`trl_padfree.attn_fallback`), the model is
+    loaded again with its own default attention (sdpa, else eager), ``cfg.attn_implementation`` is updated and the
+    packing probe decides from there.
     """
-    from trl_padfree.attention import ATTN_IMPLEMENTATION
-
-    auto_padfree = cfg.attn_auto and cfg.attn_implementation == ATTN_IMPLEMENTATION
-    try:
-        model = _from_pretrained(cfg, cfg.attn_implementation)
-    except ConfigError as exc:
-        if not auto_padfree:
-            raise
-        return _fall_back(cfg, f"it fails to load with it ({str(exc).split(': ', 1)[-1]})")
-    if auto_padfree and materialized(model) and not sharded_launch(cfg.training):
-        from trl_padfree.probe import uses_padfree_attention
-
-        if not uses_padfree_attention(model):
-            del model
-            return _fall_back(cfg, "its attention code does not go through transformers' AttentionInterface")
-    return model
-
-
-def _fall_back(cfg: LaunchConfig, why: str) -> Any:
-    say(f"attn_implementation auto: {cfg.model.model_name_or_path} cannot use 'padfree' ({why}); loading it with "
-        "its default attention instead (padding-free batches then rely on the model's own packed-sequence mask, "
-        "which the packing probe checks)")
-    model = _from_pretrained(cfg, None)
-    cfg.attn_implementation = cfg.model.attn_implementation = model.config._attn_implementation
-    say(f"attn_implementation: {cfg.attn_implementation!r}")
-    return model
-
-
-def _from_pretrained(cfg: LaunchConfig, attn_implementation: str | None) -> Any:
     from transformers import AutoModelForCausalLM
     from trl import get_quantization_config
 
     import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
+    from trl_padfree.attn_fallback import ModelLoadError, load_with_fallback
 
     model_args = cfg.model
     quantization = get_quantization_config(model_args)
@@ -110,21 +82,36 @@ def _from_pretrained(cfg: LaunchConfig, attn_implementation: str | None) -> Any:
         "trust_remote_code": cfg.training.trust_remote_code,
         "dtype": model_args.dtype,
     }
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
     if quantization is not None:
         from accelerate import PartialState
 
         # k-bit weights are placed at load time, one full copy per process (TRL's own scripts do the same)
         kwargs.update(quantization_config=quantization, device_map={"": PartialState().local_process_index})
     kwargs.update(cfg.model_init_kwargs or {})  # validated: no key of the launcher's own fields
-    try:
-        return AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **kwargs)
-    except Exception as exc:
-        from trl_padfree.attention import load_error_reason
 
-        reason = load_error_reason(exc, kwargs.get("attn_implementation"))
-        raise ConfigError(f"could not load model {model_args.model_name_or_path!r}: {reason[:300]}") from None
+    def load(attn_implementation: str | None) -> Any:
+        attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+        return AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **attn, **kwargs)
+
+    fell_back = []
+
+    def announce(why: str) -> None:
+        fell_back.append(why)
+        say(f"attn_implementation auto: {model_args.model_name_or_path} cannot use 'padfree' ({why}); loading it "
+            "with its default attention instead (padding-free batches then rely on the model's own packed-sequence "
+            "mask, which the packing probe checks)")
+
+    try:
+        model = load_with_fallback(
+            load, cfg.attn_implementation, auto=cfg.attn_auto, on_fallback=announce,
+            inspect=lambda model: materialized(model) and not sharded_launch(cfg.training),
+        )  # fmt: skip
+    except ModelLoadError as exc:
+        raise ConfigError(f"could not load model {model_args.model_name_or_path!r}: {str(exc)[:300]}") from None
+    if fell_back:
+        cfg.attn_implementation = model_args.attn_implementation = model.config._attn_implementation
+        say(f"attn_implementation: {cfg.attn_implementation!r}")
+    return model
 
 
 def materialized(model: Any) -> bool:

@@ -1,0 +1,92 @@
+"""attn_implementation auto's fall-back, one home for `trl-padfree check` and `trl-padfree train`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from trl_padfree.attn_fallback import ModelLoadError, load_with_fallback
+from trl_padfree.check import main as check_main
+from trl_padfree.testing import tiny_llama
+
+CPU32 = ["--dtype", "float32", "--device", "cpu"]
+
+
+def _saved(tmp_path: Path, model_type: str, **sizes: int) -> str:
+    out = tmp_path / model_type
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, vocab_size=64, **sizes)).save_pretrained(out)
+    return str(out)
+
+
+def _recording(results: dict[str | None, object]):  # noqa: ANN202
+    calls: list[str | None] = []
+
+    def load(name: str | None) -> object:
+        calls.append(name)
+        result = results[name]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    return load, calls
+
+
+def test_a_model_that_calls_padfree_is_loaded_once() -> None:
+    import trl_padfree.attention  # noqa: F401  (registers "padfree")
+
+    model = tiny_llama(attn_implementation="padfree")
+    load, calls = _recording({"padfree": model})
+    whys: list[str] = []
+    assert load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append) is model
+    assert (calls, whys) == (["padfree"], [])
+
+
+def test_a_model_that_never_calls_padfree_is_loaded_again_with_its_default() -> None:
+    import trl_padfree.attention  # noqa: F401
+
+    ignores_it, default = tiny_llama(attn_implementation="sdpa"), object()
+    load, calls = _recording({"padfree": ignores_it, None: default})
+    whys: list[str] = []
+    assert load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append) is default
+    assert calls == ["padfree", None]
+    assert whys == ["its attention code does not go through transformers' AttentionInterface"]
+    # a process without the real weights (inspect false) keeps what it loaded
+    load, calls = _recording({"padfree": ignores_it})
+    assert load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append, inspect=lambda m: False) is ignores_it
+
+
+@pytest.mark.parametrize(("attn", "auto"), [("padfree", False), ("sdpa", True), (None, True)])
+def test_no_fall_back_unless_auto_picked_padfree(attn: str | None, auto: bool) -> None:
+    load, calls = _recording({attn: KeyError("padfree")})
+    whys: list[str] = []
+    with pytest.raises(ModelLoadError, match="has no attention class" if attn == "padfree" else "'padfree'"):
+        load_with_fallback(load, attn, auto=auto, on_fallback=whys.append)
+    assert (calls, whys) == ([attn], [])
+
+
+def test_a_failing_second_load_is_a_model_load_error_with_its_own_reason() -> None:
+    load, calls = _recording({"padfree": KeyError("padfree"), None: OSError("no\n config.json")})
+    whys: list[str] = []
+    with pytest.raises(ModelLoadError, match="^no config.json$"):
+        load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append)
+    assert calls == ["padfree", None] and whys[0].startswith("it fails to load with it (its modeling code has no")
+
+
+def test_check_auto_falls_back_for_a_model_that_cannot_be_built_with_padfree(tmp_path, capsys) -> None:  # noqa: ANN001
+    falcon = _saved(tmp_path, "falcon", hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+    assert check_main(["--model", falcon, *CPU32]) == 0
+    out = capsys.readouterr().out
+    assert f"note: {falcon} cannot use 'padfree' (it fails to load with it (its modeling code has no attention" in out
+    assert "SAFE: falcon (attn_implementation='sdpa'" in out
+
+
+def test_check_auto_falls_back_for_a_model_that_never_calls_padfree(tmp_path, capsys) -> None:  # noqa: ANN001
+    mpt = _saved(tmp_path, "mpt", d_model=32, n_heads=2, n_layers=1, max_seq_len=128)
+    assert check_main(["--model", mpt, *CPU32]) == 1  # its default attention (eager) lets packed examples mix
+    out = capsys.readouterr().out
+    assert f"note: {mpt} cannot use 'padfree' (its attention code does not go through transformers' " in out
+    assert "LEAKS: mpt (attn_implementation='eager'" in out
