@@ -1,0 +1,253 @@
+"""Padding-free and prompt-once DPO train the same model as TRL's padded DPOTrainer (CPU, fp32).
+
+Through the real Trainer: per-step loss, log-probs and rewards, every parameter's gradient at every optimizer step
+(SGD, so that the weights stay comparable step after step) and the final weights, over 3 optimizer steps with
+gradient accumulation 2, for several loss types, a separate reference model, a PEFT reference (adapters off) and
+precomputed reference log-probs. Every TRL loss type on one batch. A pair packed with others gives the log-probs
+it has alone, and a deliberately leaking attention is refused before the first step.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tiny_dpo as T
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, TrainerCallback
+from transformers.masking_utils import AttentionMaskInterface
+
+from trl_padfree import DataCollatorForPreference, DPOTrainer
+from trl_padfree.dpo_loss import LOSS_TYPES
+from trl_padfree.preference_probe import check_preference_packing
+from trl_padfree.probe import PackingLeakError
+
+RTOL = 1e-5
+BETA = 0.1  # DPOConfig default
+METRICS = ("loss", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
+           "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
+
+
+class GradRecorder(TrainerCallback):
+    """Every parameter's gradient just before each optimizer step."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, torch.Tensor]] = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+
+
+def rel(a: float, b: float) -> float:
+    return abs(a - b) / max(abs(b), 1e-8)
+
+
+def grad_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys() and a
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item() for k in b)
+
+
+def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[DPOTrainer, GradRecorder]]:
+    tok, data = T.tokenizer(), T.pairs(24)
+    out = {}
+    for layout in T.LAYOUTS:
+        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), optim="sgd", **kwargs)
+        recorder = GradRecorder()
+        trainer.add_callback(recorder)
+        recorder.initial = T.weights(trainer)
+        trainer.train()
+        out[layout] = (trainer, recorder)
+    return out
+
+
+def assert_same_training(runs: dict[str, tuple[DPOTrainer, GradRecorder]]) -> None:
+    padded, padded_grads = runs["padded"]
+    want = T.step_logs(padded)
+    assert len(want) == 3 and len(padded_grads.steps) == 3
+    for layout in ("padfree", "once"):
+        trainer, grads = runs[layout]
+        got = T.step_logs(trainer)
+        for step_got, step_want in zip(got, want, strict=True):
+            # rewards are beta * (logps - ref logps): a difference of two sums of ~-200, so their error is judged
+            # against the log-probs they come from (relative 1e-5 of beta * |logps|)
+            scale = {k: BETA * max(abs(step_want["logps/chosen"]), abs(step_want["logps/rejected"]))
+                     for k in METRICS if k.startswith("rewards/")}
+            for key in METRICS:
+                a, b = step_got[key], step_want[key]
+                assert abs(a - b) <= RTOL * max(abs(b), scale.get(key, 0.0), 1e-7), (layout, key, a, b)
+        for step, (g, w) in enumerate(zip(grads.steps, padded_grads.steps, strict=True)):
+            assert grad_rel(g, w) <= RTOL, (layout, step, grad_rel(g, w))
+        assert T.max_rel_diff(T.weights(trainer), T.weights(padded)) <= RTOL
+    # training moved the weights: the comparison is not between untouched models
+    assert T.max_rel_diff(T.weights(padded), padded_grads.initial) > 1e-4
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"loss_type": ["sigmoid"]},
+        {"loss_type": ["ipo"], "precompute_ref_log_probs": True},
+        {"loss_type": ["sigmoid", "bco_pair", "sft"], "loss_weights": [1.0, 0.5, 0.2], "ld_alpha": 0.5},
+    ],
+    ids=["sigmoid", "ipo-precomputed-ref", "weighted-list-ld_alpha"],
+)
+def test_three_layouts_train_the_same_model(tmp_path, case):
+    assert_same_training(run_layouts(tmp_path, **case))
+
+
+def test_peft_reference_adapters_off(tmp_path):
+    from peft import LoraConfig
+
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
+    runs = run_layouts(tmp_path, ref=False, peft=peft)
+    for trainer, _ in runs.values():
+        assert trainer.ref_model is None  # the reference is the base model with the adapters off
+    assert_same_training(runs)
+
+
+def first_batch(trainer: DPOTrainer, n: int = 6) -> dict:
+    rows = [trainer.train_dataset[i] for i in range(min(n, len(trainer.train_dataset)))]
+    assert len(rows) >= 2
+    return trainer.data_collator(rows)
+
+
+@pytest.fixture(scope="module")
+def one_batch_trainers(tmp_path_factory):
+    tok, data = T.tokenizer(), T.pairs(12)
+    out = {}
+    for layout in T.LAYOUTS:
+        trainer = T.trainer(layout, data, tok, str(tmp_path_factory.mktemp(layout)), label_smoothing=0.1)
+        out[layout] = (trainer, first_batch(trainer))
+    return out
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_trl_loss_type_on_one_batch(one_batch_trainers, loss_type):
+    losses = {}
+    for layout, (trainer, batch) in one_batch_trainers.items():
+        trainer.loss_types, trainer.loss_weights = [loss_type], [1.0]
+        with torch.no_grad():
+            losses[layout] = trainer.compute_loss(trainer.model, dict(batch)).item()
+    assert rel(losses["padfree"], losses["padded"]) <= RTOL, losses
+    assert rel(losses["once"], losses["padded"]) <= RTOL, losses
+
+
+@pytest.mark.parametrize("variant", [{"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.5},
+                                     {"f_divergence_type": "js_divergence"}, {"f_divergence_type": "forward_kl"}])
+def test_f_divergences_on_one_batch(one_batch_trainers, variant):
+    losses = {}
+    for layout, (trainer, batch) in one_batch_trainers.items():
+        trainer.loss_types, trainer.loss_weights = ["sigmoid"], [1.0]
+        saved = {k: getattr(trainer, k) for k in variant}
+        for k, v in variant.items():
+            setattr(trainer, k, v)
+        with torch.no_grad():
+            losses[layout] = trainer.compute_loss(trainer.model, dict(batch)).item()
+        for k, v in saved.items():
+            setattr(trainer, k, v)
+    assert rel(losses["padfree"], losses["padded"]) <= RTOL, losses
+    assert rel(losses["once"], losses["padded"]) <= RTOL, losses
+
+
+def test_use_weighting(tmp_path):
+    tok, data = T.tokenizer(), T.pairs(8)
+    losses = {}
+    for layout in T.LAYOUTS:
+        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), use_weighting=True)
+        with torch.no_grad():
+            losses[layout] = trainer.compute_loss(trainer.model, first_batch(trainer)).item()
+    assert rel(losses["padfree"], losses["padded"]) <= RTOL and rel(losses["once"], losses["padded"]) <= RTOL
+
+
+@pytest.mark.parametrize("mode", ["keep_start", "keep_end"])
+def test_truncation_as_trl(tmp_path, mode):
+    tok, data = T.tokenizer(), T.pairs(8)
+    losses = {}
+    for layout in T.LAYOUTS:
+        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), max_length=40, truncation_mode=mode)
+        rows = trainer.train_dataset
+        assert any(len(r["prompt_ids"]) + max(len(r["chosen_ids"]), len(r["rejected_ids"])) > 40 for r in rows)
+        with torch.no_grad():
+            losses[layout] = trainer.compute_loss(trainer.model, first_batch(trainer)).item()
+    assert rel(losses["padfree"], losses["padded"]) <= RTOL and rel(losses["once"], losses["padded"]) <= RTOL
+
+
+def test_keep_end_cutting_into_the_prompt_gives_separate_segments():
+    pair = {"prompt_ids": [1, 2, 3, 4], "chosen_ids": [5, 6], "rejected_ids": [7, 8, 9]}
+    once = DataCollatorForPreference(pad_token_id=0, max_length=5, truncation_mode="keep_end", prompt_once=True)
+    batch = once([pair])
+    # chosen keeps prompt [2, 3, 4], rejected keeps [3, 4]: different prompts, so no shared keys
+    assert batch["input_ids"].tolist() == [[2, 3, 4, 5, 6, 3, 4, 7, 8, 9]]
+    assert "padfree_kv_index" not in batch and batch["cu_seq_lens_q"].tolist() == [0, 5, 10]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]]
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_padding_free_under_sdpa_and_eager(tmp_path, attn):
+    tok, data = T.tokenizer(), T.pairs(8)
+    losses = {}
+    for layout in ("padded", "padfree"):
+        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), model_kwargs={"attn_implementation": attn})
+        with torch.no_grad():
+            losses[layout] = trainer.compute_loss(trainer.model, first_batch(trainer)).item()
+    assert rel(losses["padfree"], losses["padded"]) <= RTOL, losses
+
+
+def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
+    tok, data = T.tokenizer(), T.pairs(8)
+    for layout in ("padfree", "once"):
+        trainer = T.trainer(layout, data, tok, str(tmp_path / layout))
+        rows = [trainer.train_dataset[i] for i in range(5)]
+        with torch.no_grad():
+            together = trainer._reference_logps(trainer.data_collator(rows), trainer.model)
+            alone = [trainer._reference_logps(trainer.data_collator([r]), trainer.model) for r in rows]
+        chosen, rejected = together.chunk(2)
+        for i, a in enumerate(alone):
+            assert torch.allclose(chosen[i], a[0], rtol=RTOL) and torch.allclose(rejected[i], a[1], rtol=RTOL)
+
+
+def leaky_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Causal attention over the whole row: ignores every sequence boundary (what a broken kernel would do)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
+    AttentionInterface.register("leaky_test", leaky_attention)
+    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
+    model = T.model("padfree", attn_implementation="leaky_test")
+    report = check_preference_packing(model)
+    assert report.status == "leaks" and report.max_abs_diff > 100 * report.tolerance
+    assert "attn_implementation='padfree'" in report.advice
+    tok, data = T.tokenizer(), T.pairs(8)
+    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "leaky_test"})
+    with pytest.raises(PackingLeakError, match="LEAKS"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_prompt_once_refuses_an_attention_that_ignores_shared_keys(tmp_path):
+    tok, data = T.tokenizer(), T.pairs(8)
+    policy = T.model("padfree", attn_implementation="sdpa")
+    with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
+        DPOTrainer(policy, T.model("padfree", seed=1), args=T.config("once", str(tmp_path)), train_dataset=data,
+                   processing_class=tok, prompt_once=True)
+    with pytest.raises(ValueError, match="needs DPOConfig\\(padding_free=True\\)"):
+        DPOTrainer(policy, T.model("padded", seed=1), args=T.config("padded", str(tmp_path)), train_dataset=data,
+                   processing_class=tok, prompt_once=True)
+
+
+def test_padding_free_false_is_trl_unchanged(tmp_path):
+    import trl
+
+    tok, data = T.tokenizer(), T.pairs(8)
+    ours = T.trainer("padded", data, tok, str(tmp_path / "ours"))
+    assert type(ours.data_collator) is trl.trainer.dpo_trainer.DataCollatorForPreference
+    batch = first_batch(ours)
+    theirs = trl.DPOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path / "t")),
+                            train_dataset=data, processing_class=tok)
+    with torch.no_grad():
+        a = ours.compute_loss(ours.model, dict(batch)).item()
+        b = theirs.compute_loss(theirs.model, dict(batch)).item()
+    assert a == b
