@@ -77,7 +77,8 @@ def test_messages_whose_template_rewrites_earlier_turns_are_refused_before_train
     convs = [c for c in conversations(CHAT["qwen3.5"]) if sum(m["role"] == "user" for m in c) > 1][:2]
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps({"messages": c}) + "\n" for c in convs), encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"^messages data without response_template: the chat template renders "
+    with pytest.raises(ConfigError, match=r"^train_file record 0 \(counting from 0\): messages data without "
+                                          r"response_template: the chat template renders "
                                           r"assistant message 1 differently when later messages follow .* pass "
                                           r"response_template/instruction_template instead$"):
         prepare(load("qwen3.5"), ["--train_file", str(path)])

@@ -16,16 +16,23 @@ is skipped):
    untrained.
 5. :func:`label_and_filter`: truncation to ``max_length`` and the collator's own labels; examples left without a
    single trained token are dropped and counted.
+
+Every failure on a record in steps 2-5 (a chat template that refuses it, a format string that cannot format it, a
+tokenizer or the collator raising on it) is a :class:`~.config.ConfigError` naming the split, the record's index
+and the fix (:func:`record_error`): one line and exit code 2, never a traceback. A ``template`` that is not a valid
+format string is refused before any data is loaded.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import string
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -306,7 +313,8 @@ def template_fields(template: str) -> list[str]:
     try:
         parsed = list(string.Formatter().parse(template))
     except ValueError as exc:
-        raise ConfigError(f"template is not a valid format string ({exc}); write literal braces as {{{{ }}}}") from None
+        raise ConfigError(f"template {template!r} is not a valid format string ({exc}); write each field as "
+                          "{name} with its closing brace, and literal braces as {{ and }}") from None
     names: list[str] = []
     for _, name, _, _ in parsed:
         if name is None:
@@ -348,6 +356,9 @@ def make_formatter(columns: Sequence[str], template: str | None, text_field: str
 
         def prompt_completion(record: dict[str, Any]) -> tuple[str, str | None, bool]:
             prompt, completion = record["prompt"], record["completion"]
+            if isinstance(prompt, list) != isinstance(completion, list):
+                raise TypeError("prompt and completion must both be lists of messages (TRL's conversational "
+                                "prompt/completion) or both be text")
             if isinstance(prompt, list):  # conversational prompt/completion
                 _require_chat_template(tokenizer)
                 return _chat_text(tokenizer, prompt + completion), _chat_text(tokenizer, prompt, True), True
@@ -380,6 +391,135 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+class _StageFailed(Exception):
+    """An exception raised at one stage of preparing records: ``format``, ``tokenize``, ``chat`` or ``label``."""
+
+    def __init__(self, stage: str, error: BaseException) -> None:
+        super().__init__(stage, error)
+        self.stage, self.error = stage, error
+
+
+@contextlib.contextmanager
+def _stage(name: str) -> Iterator[None]:
+    """Tag any exception raised inside with the stage it was raised in (see :func:`record_error`)."""
+    try:
+        yield
+    except _StageFailed:
+        raise
+    except Exception as exc:
+        raise _StageFailed(name, exc) from exc
+
+
+class _RecordFailed(Exception):
+    """Raised out of ``datasets.map`` by :class:`_PerRecord`: the first record that fails, and why."""
+
+    def __init__(self, position: int, stage: str, error: BaseException) -> None:
+        super().__init__(position, stage, error)
+        self.position, self.stage, self.error = position, stage, error
+
+
+class _PerRecord:
+    """A batched ``datasets.map`` function (``with_indices=True``) that names the record it fails on.
+
+    When ``fn`` raises on a batch, the batch's records are tried one at a time and the first that fails is
+    reported by a :class:`_RecordFailed` (its position in the split, the stage and the exception).
+    """
+
+    def __init__(self, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str) -> None:
+        self.fn = fn
+        self.stage = stage
+
+    def _failure(self, exc: Exception) -> tuple[str, BaseException]:
+        return (exc.stage, exc.error) if isinstance(exc, _StageFailed) else (self.stage, exc)
+
+    def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        try:
+            with _stage(self.stage):
+                return self.fn(batch)
+        except _StageFailed as exc:
+            first = exc
+        for j, position in enumerate(indices):
+            try:
+                with _stage(self.stage):
+                    self.fn({key: values[j : j + 1] for key, values in batch.items()})
+            except _StageFailed as exc:
+                raise _RecordFailed(position, exc.stage, exc.error) from None
+        raise _RecordFailed(indices[0], first.stage, first.error) from None  # only the whole batch fails
+
+
+def _raised_in_a_template(error: BaseException) -> bool:
+    """Whether ``error`` comes from a chat template: a jinja error, or any exception raised by template code."""
+    try:
+        from jinja2.exceptions import TemplateError
+    except ImportError:  # pragma: no cover  (transformers needs jinja2 for chat templates)
+        TemplateError = ()  # type: ignore[assignment]  # noqa: N806
+    if isinstance(error, TemplateError):
+        return True
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename == "<template>":  # jinja's compiled template code
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def record_error(source: str, index: int, stage: str, error: BaseException, template: str | None = None) -> ConfigError:
+    """The one-line error for a record that cannot be prepared: the split, the record's index, the cause, the fix.
+
+    ``stage`` says what failed on it: ``format`` (the ``template`` format string, or the chat template), ``chat``
+    (labels from the chat template), ``tokenize`` or ``label`` (the collator).
+
+    >>> str(record_error("train_file", 3, "format", IndexError("string index out of range"), "{a[9]}"))[:95]
+    "train_file record 3 (counting from 0): template '{a[9]}' cannot format it (IndexError: string i"
+    """
+    from ..chat_masks import ChatMaskError
+
+    reason = f"{type(error).__name__}: {one_line(error)}"
+    if isinstance(error, ChatMaskError):
+        what = "messages data without response_template: " + " ".join(str(error).split())  # ours: names the fix
+    elif _raised_in_a_template(error):
+        what = (f"the chat template cannot render it ({reason}); change the record to what the template accepts, "
+                "or set chat_template_path to a template that accepts it")
+    elif stage == "format" and template is not None:
+        what = (f"template {template!r} cannot format it ({reason}); fix the template (fields as {{name}}, literal "
+                "braces as {{ and }}) or the record")
+    elif stage in ("format", "chat"):
+        what = f"it cannot be turned into text ({reason}); fix the record"
+    elif stage == "tokenize":
+        what = (f"the tokenizer fails on its text ({reason}); fix the record's text, or use a tokenizer that accepts "
+                "it (model_name_or_path)")
+    else:
+        what = (f"the collator fails on it ({reason}); fix the record, or check response_template, "
+                "instruction_template and max_length")
+    return ConfigError(f"{source} record {index} (counting from 0): {what}")
+
+
+def _file_index(dataset: Any, position: int) -> int:
+    """The index, in file order, of the record at ``position`` of ``dataset`` (a shuffled or selected split keeps
+    a mapping to the rows of the files it was loaded from)."""
+    indices = getattr(dataset, "_indices", None)
+    if indices is None:
+        return position
+    try:
+        return int(indices.column(0)[position].as_py())
+    except Exception:  # noqa: BLE001  (a layout this does not know: the position is the best there is)
+        return position
+
+
+def _map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str,
+                 source: str, template: str | None = None, origin: Any = None, **map_kwargs: Any) -> Any:
+    """``dataset.map(fn, batched=True)``; a record ``fn`` fails on becomes :func:`record_error` (one line).
+
+    ``origin``: the split as loaded, row for row the same records as ``dataset`` (for their indices in file order).
+    """
+    try:
+        return dataset.map(_PerRecord(fn, stage), batched=True, batch_size=_MAP_BATCH, with_indices=True,
+                           **map_kwargs)
+    except _RecordFailed as failed:
+        index = _file_index(dataset if origin is None else origin, failed.position)
+        raise record_error(source, index, failed.stage, failed.error, template) from None
+
+
 class _Tokenize:
     """Batched ``datasets.map`` function: records -> ``input_ids`` + ``labels`` (prompt pre-masked).
 
@@ -405,14 +545,13 @@ class _Tokenize:
 
     def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
         keys = list(batch)
-        try:
+        with _stage("format"):
             rows = [self.formatter(dict(zip(keys, values, strict=True))) for values in zip(*batch.values(), strict=True)]
-        except (KeyError, IndexError, AttributeError, TypeError, ValueError) as exc:
-            raise ConfigError(f"could not format a record: {type(exc).__name__}: {one_line(exc)}") from None
         chat = [c for _, _, c in rows]
-        input_ids = self._encode([t for t, _, _ in rows], chat)
-        with_prompt = [i for i, (_, p, _) in enumerate(rows) if p is not None]
-        prompt_ids = self._encode([rows[i][1] for i in with_prompt], [chat[i] for i in with_prompt])
+        with _stage("tokenize"):
+            input_ids = self._encode([t for t, _, _ in rows], chat)
+            with_prompt = [i for i, (_, p, _) in enumerate(rows) if p is not None]
+            prompt_ids = self._encode([rows[i][1] for i in with_prompt], [chat[i] for i in with_prompt])
         prompt_of = dict(zip(with_prompt, prompt_ids, strict=True))
         labels = []
         for i, ids in enumerate(input_ids):
@@ -426,29 +565,27 @@ class _Tokenize:
         return {"input_ids": input_ids, "labels": labels}
 
 
-def tokenize_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str) -> Any:
-    """Tokenize one split: every original column is replaced by ``input_ids`` and ``labels``."""
-    return dataset.map(
-        _Tokenize(tokenizer, formatter),
-        batched=True,
-        batch_size=_MAP_BATCH,
-        remove_columns=dataset.column_names,
-        desc=f"Tokenizing {name} data",
-    )
+def tokenize_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str, source: str | None = None,
+                   template: str | None = None) -> Any:
+    """Tokenize one split: every original column is replaced by ``input_ids`` and ``labels``.
+
+    A record that cannot be formatted or tokenized raises :func:`record_error` naming ``source`` (default
+    ``name``) and the record; ``template``: the format string of the records, if they have one.
+    """
+    return _map_records(dataset, _Tokenize(tokenizer, formatter), "format", source or name, template,
+                        remove_columns=dataset.column_names, desc=f"Tokenizing {name} data")
 
 
-def tokenize_chat_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str) -> Any:
+def tokenize_chat_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str, source: str | None = None,
+                        template: str | None = None) -> Any:
     """``messages`` data without templates: ``input_ids`` and ``labels`` from the chat template itself.
 
-    Every assistant turn is trained (:mod:`trl_padfree.chat_masks`); ``formatter`` is not needed.
+    Every assistant turn is trained (:mod:`trl_padfree.chat_masks`); ``formatter`` and ``template`` are not needed.
     """
-    from ..chat_masks import ChatMaskError, label_chats
+    from ..chat_masks import label_chats
 
-    try:
-        out = dataset.map(label_chats, batched=True, batch_size=_MAP_BATCH, fn_kwargs={"tokenizer": tokenizer},
-                          remove_columns=dataset.column_names, desc=f"Tokenizing {name} data")
-    except ChatMaskError as exc:
-        raise ConfigError(f"messages data without response_template: {exc}") from None
+    out = _map_records(dataset, partial(label_chats, tokenizer=tokenizer), "chat", source or name,
+                       remove_columns=dataset.column_names, desc=f"Tokenizing {name} data")
     return out.remove_columns("completion_mask")
 
 
@@ -457,7 +594,7 @@ def warn_untrained_turns(raw: Any, tokenized: Any, make_collator: Callable[[], A
 
     Returns the number of affected examples (0 also when the chat template cannot be analysed turn by turn).
     """
-    from ..chat_masks import ChatMaskError, untrained_assistant_turns
+    from ..chat_masks import untrained_assistant_turns
 
     head = range(min(n, len(raw)))
     collator = make_collator()
@@ -473,7 +610,7 @@ def warn_untrained_turns(raw: Any, tokenized: Any, make_collator: Callable[[], A
                                                     flat[cu[k] : cu[k + 1]])
                 affected += bool(missing)
                 turns += missing
-    except ChatMaskError:
+    except Exception:  # noqa: BLE001  (no turn-by-turn analysis, no warning; a record's errors came up in tokenizing)
         return 0
     if affected:
         say(f"warning: in {affected} of the first {len(head)} examples, {turns} assistant turn(s) get no trained "
@@ -482,21 +619,25 @@ def warn_untrained_turns(raw: Any, tokenized: Any, make_collator: Callable[[], A
     return affected
 
 
-def _chunks(dataset: Any, size: int) -> Iterator[list[dict[str, Any]]]:
-    for start in range(0, len(dataset), size):
-        part = dataset[start : start + size]
-        yield [{"input_ids": i, "labels": lab} for i, lab in zip(part["input_ids"], part["labels"], strict=True)]
-
-
-def check_template(dataset: Any, make_collator: Callable[[], Any], tokenizer: Any, n: int, response: str) -> int:
+def check_template(dataset: Any, make_collator: Callable[[], Any], tokenizer: Any, n: int, response: str,
+                   source: str = "train", origin: Any = None) -> int:
     """Fail unless the response template occurs in at least one of the first ``n`` examples (untruncated).
 
-    Returns how many of those examples lack it (they will be dropped, see :func:`label_and_filter`).
+    Returns how many of those examples lack it (they will be dropped, see :func:`label_and_filter`). A record the
+    collator fails on raises :func:`record_error` (``source``, ``origin``: as for :func:`label_and_filter`).
     """
     head = dataset.select(range(min(n, len(dataset))))
     collator = make_collator()
-    for features in _chunks(head, 64):
-        collator(features)
+    collate = _PerRecord(lambda batch: collator([{"input_ids": i, "labels": lab} for i, lab in
+                                                  zip(batch["input_ids"], batch["labels"], strict=True)]), "label")
+    for start in range(0, len(head), 64):
+        part = head[start : start + 64]
+        try:
+            collate({"input_ids": part["input_ids"], "labels": part["labels"]},
+                    list(range(start, start + len(part["input_ids"]))))
+        except _RecordFailed as failed:
+            index = _file_index(dataset if origin is None else origin, failed.position)
+            raise record_error(source, index, failed.stage, failed.error) from None
     missing = collator.stats.templates_not_found
     if missing == len(head):
         first = tokenizer.decode(head[0]["input_ids"][:60])
@@ -535,11 +676,14 @@ class _Label:
 
 
 def label_and_filter(dataset: Any, make_collator: Callable[[], Any], max_length: int | None, keep_end: bool,
-                     name: str) -> tuple[Any, int]:
-    """Truncate, label with the collator and drop examples with no trained token; returns ``(dataset, dropped)``."""
-    labelled = dataset.map(
-        _Label(make_collator, max_length, keep_end), batched=True, batch_size=_MAP_BATCH, desc=f"Labelling {name} data"
-    )
+                     name: str, source: str | None = None, origin: Any = None) -> tuple[Any, int]:
+    """Truncate, label with the collator and drop examples with no trained token; returns ``(dataset, dropped)``.
+
+    A record the collator fails on raises :func:`record_error` naming ``source`` (default ``name``) and its index
+    in ``origin`` (the split as loaded, row for row the records of ``dataset``; default ``dataset``).
+    """
+    labelled = _map_records(dataset, _Label(make_collator, max_length, keep_end), "label", source or name,
+                            origin=origin, desc=f"Labelling {name} data")
     kept = labelled.filter(lambda flags: flags, input_columns="trained", batched=True, desc=f"Filtering {name} data")
     return kept.remove_columns("trained"), len(labelled) - len(kept)
 
@@ -547,7 +691,13 @@ def label_and_filter(dataset: Any, make_collator: Callable[[], Any], max_length:
 def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], Any]) -> PreparedData:
     """Run the whole pipeline (see the module docstring); raises :class:`ConfigError` on bad data."""
     training = cfg.training
+    template = cfg.data.template
+    if template is not None:
+        template_fields(template)  # a template that is not a format string: refused before any data is read
+    sources: list[str] = []  # the split names as load_splits reports them: train first, then eval
+
     def check(dataset: Any, source: str) -> None:
+        sources.append(source)
         fields, completion = required_fields(dataset.column_names, cfg.data.template, training.dataset_text_field,
                                              cfg.collator.response_template)
         check_records(dataset, source, fields, completion)
@@ -571,19 +721,23 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], 
         if text_format != "template" and missing:
             raise ConfigError(f"the eval data lacks field(s) {', '.join(missing)} that the training data has")
         make_formatter(eval_raw.column_names, cfg.data.template, training.dataset_text_field, tokenizer)
+    train_source, eval_source = sources[0], sources[-1]  # one source: eval_fraction holds records of train out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
-        train_tok = tokenize(train_raw, tokenizer, formatter, "train")
-        eval_tok = tokenize(eval_raw, tokenizer, formatter, "eval") if eval_raw is not None else None
+        train_tok = tokenize(train_raw, tokenizer, formatter, "train", train_source, template)
+        eval_tok = None if eval_raw is None else tokenize(eval_raw, tokenizer, formatter, "eval", eval_source,
+                                                           template)
     n_check = cfg.launch.template_check_examples
     if cfg.collator.response_template is None:  # prompt/completion: the prompt is masked already, the collator flattens
         missing_in_check = 0
     else:
-        missing_in_check = check_template(train_tok, make_collator, tokenizer, n_check, cfg.collator.response_template)
+        missing_in_check = check_template(train_tok, make_collator, tokenizer, n_check, cfg.collator.response_template,
+                                          train_source, train_raw)
         if text_format == "messages":
             warn_untrained_turns(train_raw, train_tok, make_collator, tokenizer, n_check)
     keep_end = training.truncation_mode == "keep_end"
-    train, dropped_train = label_and_filter(train_tok, make_collator, training.max_length, keep_end, "train")
+    train, dropped_train = label_and_filter(train_tok, make_collator, training.max_length, keep_end, "train",
+                                            train_source, train_raw)
     if len(train) == 0:
         raise ConfigError(
             f"no training example has a trained token left (response template missing, or every completion cut "
@@ -593,7 +747,8 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], 
     loaded = {"train": len(train_raw)}
     eval_ds = None
     if eval_tok is not None:
-        eval_ds, dropped["eval"] = label_and_filter(eval_tok, make_collator, training.max_length, keep_end, "eval")
+        eval_ds, dropped["eval"] = label_and_filter(eval_tok, make_collator, training.max_length, keep_end, "eval",
+                                                    eval_source, eval_raw)
         loaded["eval"] = len(eval_raw)
         if len(eval_ds) == 0:
             raise ConfigError("no eval example has a trained token left; check the eval data and max_length")

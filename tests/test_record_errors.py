@@ -1,0 +1,182 @@
+"""Any error raised while a record is formatted or tokenized before the first step is one line and exit code 2.
+
+The rule is structural (``launch.data``: every per-record stage runs under one guard that names the failing
+record), so it is tested by class: chat templates, format strings, record shapes and tokenizers that raise, each
+must end as ``<split> record <index> (counting from 0): <cause>; <fix>`` on one line, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from trl_padfree import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+QUESTION = "### Question: {instruction}\n### Answer: {output}"
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def chat(*turns: tuple[str, str], **extra) -> dict:
+    return {"messages": [{"role": role, "content": content, **extra.get(role, {})} for role, content in turns]}
+
+
+def word_level_model(tmp_path: Path) -> Path:
+    """The demo model with a word-level tokenizer that has no unknown token: it raises on any word it lacks."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<eos>", "a", "b", "add", "and", "one", "two"]
+    raw = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    model = tmp_path / "model"
+    model.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(DEMO / "model" / name, model / name)
+    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>").save_pretrained(model)
+    return model
+
+
+QA = [{"instruction": "add one and two", "output": "two"}] * 3
+
+# (records of train_file, extra arguments, the record named, what the line says after "(counting from 0): ")
+CASES = {
+    "chat template raises (labels from the chat template)": (
+        [chat(("user", "hi"), ("assistant", "yo")), chat(("system", "be brief"), ("user", "hi"), ("assistant", "yo"))],
+        [],
+        "train_file record 1",
+        "the chat template cannot render it (TemplateError: The demo chat template supports only user and assistant "
+        "roles, got system); change the record to what the template accepts, or set chat_template_path to a "
+        "template that accepts it",
+    ),
+    "chat template raises (response_template set)": (
+        [chat(("user", "hi"), ("assistant", "yo")), chat(("system", "be brief"), ("user", "hi"), ("assistant", "yo"))],
+        ["--response_template", "### Answer:"],
+        "train_file record 1",
+        "the chat template cannot render it (TemplateError: The demo chat template supports only user and assistant "
+        "roles, got system)",
+    ),
+    "chat template expression raises a Python error": (
+        [chat(("user", "hi"), ("assistant", "yo")), chat(("user", "hi"), ("assistant", "yo"), user={"n": "x"})],
+        ["--chat_template_path", "TEMPLATE"],
+        "train_file record 1",
+        'the chat template cannot render it (TypeError: can only concatenate str (not "int") to str)',
+    ),
+    "format string: index out of range": (
+        [{"instruction": "a long question", "output": "b"}, {"instruction": "a long one", "output": "b"},
+         {"instruction": "short", "output": "b"}],
+        ["--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template", "### Answer:"],
+        "train_file record 2",
+        "template '### Question: {instruction[8]}\\n### Answer: {output}' cannot format it (IndexError: string index "
+        "out of range); fix the template (fields as {name}, literal braces as {{ and }}) or the record",
+    ),
+    "format string: bad format spec": (
+        QA,
+        ["--template", "### Question: {instruction}\n### Answer: {output:d}", "--response_template", "### Answer:"],
+        "train_file record 0",
+        "template '### Question: {instruction}\\n### Answer: {output:d}' cannot format it (ValueError: Unknown "
+        "format code 'd' for object of type 'str')",
+    ),
+    "format string: missing attribute": (
+        QA,
+        ["--template", "### Question: {instruction.text}\n### Answer: {output}", "--response_template", "### Answer:"],
+        "train_file record 0",
+        "cannot format it (AttributeError: 'str' object has no attribute 'text')",
+    ),
+    "record shape: messages prompt with a text completion": (
+        [{"prompt": [{"role": "user", "content": "hi"}], "completion": "yo"}],
+        [],
+        "train_file record 0",
+        "it cannot be turned into text (TypeError: prompt and completion must both be lists of messages (TRL's "
+        "conversational prompt/completion) or both be text); fix the record",
+    ),
+    "tokenizer raises on a word it cannot encode": (
+        [{"prompt": "add one and one", "completion": " two"}, {"prompt": "add one and two", "completion": " three"}],
+        ["--model_name_or_path", "WORD_LEVEL"],
+        "train_file record 1",
+        "the tokenizer fails on its text (Exception: WordLevel error: Missing [UNK] token from the vocabulary); fix "
+        "the record's text, or use a tokenizer that accepts it (model_name_or_path)",
+    ),
+}
+
+
+def resolve(args: list[str], tmp_path: Path) -> list[str]:
+    out = []
+    for arg in args:
+        if arg == "TEMPLATE":
+            arg = str(tmp_path / "t.jinja")
+            Path(arg).write_text("{% for m in messages %}{{ m['content'] }}{% if m['n'] %}{{ m['n'] + 1 }}{% endif %}"
+                                 "{% endfor %}", encoding="utf-8")
+        elif arg == "WORD_LEVEL":
+            arg = str(word_level_model(tmp_path))
+        out.append(arg)
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_record_that_cannot_be_prepared_is_one_line_naming_it(case, tmp_path, capsys):
+    rows, extra, record, message = CASES[case]
+    data = write_jsonl(tmp_path / "train.jsonl", rows)
+    argv = ["preview", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(data),
+            "--output_dir", str(tmp_path / "out"), *resolve(extra, tmp_path)]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trl-padfree preview: error: {record} (counting from 0): ")
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_the_eval_split_is_named(tmp_path, capsys):
+    train = write_jsonl(tmp_path / "train.jsonl", QA)
+    evals = write_jsonl(tmp_path / "eval.jsonl", [{"instruction": "a long question", "output": "b"},
+                                                  {"instruction": "short", "output": "b"}])
+    argv = ["preview", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(train), "--eval_file",
+            str(evals), "--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template",
+            "### Answer:", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trl-padfree preview: error: eval_file record 1 (counting from 0): template ")
+
+
+def test_after_eval_fraction_the_record_is_named_in_file_order(tmp_path, capsys):
+    rows = [{"instruction": f"a long question {i}", "output": "b"} for i in range(20)]
+    rows[13] = {"instruction": "short", "output": "b"}
+    data = write_jsonl(tmp_path / "train.jsonl", rows)
+    argv = ["preview", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(data), "--eval_fraction",
+            "0.5", "--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template",
+            "### Answer:", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err.startswith("trl-padfree preview: error: train_file record 13 (counting from 0): ")
+
+
+@pytest.mark.parametrize("template", ["### Question: {instruction\n### Answer: {output}", "### Question: }{output}"])
+def test_a_template_that_is_no_format_string_is_refused_before_the_data(template, tmp_path, capsys):
+    data = write_jsonl(tmp_path / "train.jsonl", QA)
+    argv = ["preview", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(data), "--template",
+            template, "--response_template", "### Answer:", "--output_dir", str(tmp_path / "out")]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"trl-padfree preview: error: template {template!r} is not a valid format string (")
+    assert err.endswith("); write each field as {name} with its closing brace, and literal braces as {{ and }}\n")
+    assert err.count("\n") == 1
+
+
+def test_train_refuses_the_record_the_same_way_and_writes_nothing(tmp_path, capsys):
+    data = write_jsonl(tmp_path / "train.jsonl", CASES["chat template raises (labels from the chat template)"][0])
+    out = tmp_path / "out"
+    argv = ["train", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(data), "--output_dir",
+            str(out), "--max_steps", "1", "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]  # fmt: skip
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("trl-padfree train: error: train_file record 1 (counting from 0): the chat template "
+                          "cannot render it (TemplateError: ")
+    assert err.count("\n") == 1
+    assert not out.exists()
