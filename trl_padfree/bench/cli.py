@@ -75,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run variants in this process (faster start; CPU peak memory is then less exact)")
     p.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where the reports are written")
     p.add_argument("--name", default=None, help="output file stem (default: the device type, e.g. cpu)")
+    p.add_argument("--task", choices=("sft", "dpo"), default="sft",
+                   help="dpo: the DPO benchmark, its own options (trl-padfree bench --task dpo --help)")
     p.add_argument("--replot", type=Path, metavar="REPORT_JSON",
                    help="only rewrite the Markdown and PNG next to an existing report JSON (no training)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -137,8 +139,15 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """``trl-padfree bench``: run the benchmark, write JSON/Markdown/PNG, print the table and the targets."""
+    argv = sys.argv[1:] if argv is None else argv
+    from .dpo import wants_dpo
+
+    if wants_dpo(argv):
+        from .dpo import main as dpo_main
+
+        return dpo_main(argv)
     parser = build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
     if args.worker:
         return _worker_main(args.worker, args.worker_output, args.interactive)
     if args.replot:

@@ -1,0 +1,668 @@
+"""``trl-padfree bench --task dpo``: TRL's padded DPO next to this package's padding-free and prompt-once DPO.
+
+Three variants train the same UltraFeedback-like preference pairs (:mod:`.dpo_data`), in the same mini-batches of
+``--batch-size`` pairs, for the same number of optimizer steps, each through a real ``DPOTrainer`` (TRL's dataset
+preparation, dataloader, loss, logging every step) with a separate reference model whose forward is part of every
+step:
+
+- ``dpo-trl-padded``: ``trl.DPOTrainer`` as TRL 1.16 users run it: ``2B`` rows of prompt + response padded to the
+  longest, the model's default attention (sdpa);
+- ``dpo-padfree``: ``trl_padfree.DPOTrainer`` with ``DPOConfig(padding_free=True)``: the ``2B`` sequences in one
+  row, ``attn_implementation="padfree"``;
+- ``dpo-prompt-once``: the same with ``prompt_once=True``: each pair's prompt computed once.
+
+Policy and reference start from the same seeded weights (the reference is a copy of the initial policy, as in
+practice); AdamW with a constant learning rate, no clipping, ``sigmoid`` loss with ``--beta``. Each variant runs in
+a fresh worker process (its peak RSS is its own), all trained in lockstep (step i of every variant, then step
+i+1), so the load of a shared machine hits them alike. Every batch the model receives is fingerprinted (its pairs'
+prompt, chosen and rejected ids, whatever the layout) and its matmul FLOPs are counted from its layout
+(:func:`~.dpo_data.batch_workload`), so "same pairs in the same batches" is checked and the workload's FLOP ratio
+is printed next to each measured ratio.
+
+Reported: real tokens/s (the tokens of the ``2B`` sequences as TRL counts them: each prompt counted twice, no
+padding), forwarded token slots/s, the median step time, peak memory (CPU: the worker's peak RSS; CUDA:
+``max_memory_allocated``), every step's loss side by side. Targets (CPU, float32, one thread, tiny Llama, batch 8,
+>= 6 timed steps, workers): padding-free real tokens/s >= 85% of the padded/padding-free FLOP ratio over TRL's
+padded DPO, prompt-once >= 85% of its own FLOP ratio, both with peak memory below TRL's padded, and losses equal
+to TRL's (relative 1e-5 in float32) with identical batches. Exit 1 when a judged target fails, 2 on bad options.
+
+    trl-padfree bench --task dpo --threads 1
+    trl-padfree bench --task dpo --length-scale 0.25 --steps 2 --warmup 0   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .config import MODEL_PRESETS, _fmt_params
+from .data import BOS_ID, EOS_ID, PAD_ID
+from .dpo_data import (
+    batch_pairs,
+    batch_workload,
+    make_pairs,
+    pair_stats,
+    pairs_fingerprint,
+    to_records,
+)
+from .machine import _load_average, _project_root, machine_info
+from .training import MemoryMeter, StepRecords, bench_device, synchronize
+
+
+@dataclass(frozen=True)
+class DPOVariant:
+    name: str
+    label: str
+    padding_free: bool
+    prompt_once: bool
+    attn_implementation: str | None  # None: the model's default (sdpa for Llama)
+
+
+DPO_VARIANTS: dict[str, DPOVariant] = {
+    v.name: v
+    for v in (
+        DPOVariant("dpo-trl-padded", "trl.DPOTrainer, padded (TRL 1.16 as users run it), sdpa", False, False, None),
+        DPOVariant("dpo-padfree", 'trl_padfree.DPOTrainer, DPOConfig(padding_free=True), "padfree"', True, False,
+                   "padfree"),
+        DPOVariant("dpo-prompt-once", 'trl_padfree.DPOTrainer, padding_free + prompt_once=True, "padfree"', True,
+                   True, "padfree"),
+    )
+}
+_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class DPOBenchConfig:
+    """Everything that defines a DPO benchmark run (also the worker's input, as JSON)."""
+
+    variants: list[str] = field(default_factory=lambda: list(DPO_VARIANTS))
+    model_size: str = "tiny"
+    layers: int = 4
+    hidden: int = 256
+    intermediate: int = 688
+    heads: int = 8
+    kv_heads: int = 4
+    vocab_size: int = 2048
+    batch_size: int = 8
+    steps: int = 6
+    warmup: int = 1
+    lr: float = 5e-4
+    beta: float = 0.1
+    seed: int = 0
+    dtype: str = "float32"
+    device: str = "cpu"
+    threads: int = 0
+    length_scale: float = 1.0
+    max_length: int = 1024
+    subprocess: bool = True
+    loss_rtol: float | None = None
+
+    @property
+    def model(self) -> dict[str, int]:
+        return {k: getattr(self, k) for k in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab_size")}
+
+    @property
+    def effective_loss_rtol(self) -> float:
+        if self.loss_rtol is not None:
+            return self.loss_rtol
+        return 1e-5 if self.dtype == "float32" else 1e-2
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the bad option and how to fix it."""
+        for name in self.variants:
+            if name not in DPO_VARIANTS:
+                raise ValueError(f"unknown DPO variant {name!r} in --variants; choose from {', '.join(DPO_VARIANTS)}")
+        if not self.variants:
+            raise ValueError(f"--variants must name at least one of {', '.join(DPO_VARIANTS)}")
+        positive = dict(layers=self.layers, hidden=self.hidden, intermediate=self.intermediate, heads=self.heads,
+                        kv_heads=self.kv_heads, batch_size=self.batch_size, steps=self.steps)
+        for name, value in positive.items():
+            if value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+        if self.warmup < 0:
+            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
+        if self.threads < 0:
+            raise ValueError(f"--threads must be >= 0 (0: torch's default), got {self.threads}")
+        for name in ("lr", "beta"):
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"--{name} must be a finite number > 0, got {value}")
+        if self.hidden % self.heads or self.heads % self.kv_heads:
+            raise ValueError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads}) and --heads by "
+                             f"--kv-heads ({self.kv_heads})")
+        if self.vocab_size < 16:
+            raise ValueError(f"--vocab-size must be >= 16, got {self.vocab_size}")
+        if not (self.length_scale > 0 and math.isfinite(self.length_scale)):
+            raise ValueError(f"--length-scale must be a finite number > 0, got {self.length_scale}")
+        if self.max_length < 2:
+            raise ValueError(f"--max-length must be >= 2 (a part is at least 2 tokens), got {self.max_length}")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"--dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
+            raise ValueError(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.loss_rtol is not None and not self.loss_rtol > 0:
+            raise ValueError(f"--loss-rtol must be > 0, got {self.loss_rtol}")
+
+    def parameter_count(self) -> int:
+        head_dim = self.hidden // self.heads
+        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * head_dim
+        per_layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        return self.layers * per_layer + 2 * self.vocab_size * self.hidden + self.hidden
+
+    def pairs(self) -> list[dict[str, list[int]]]:
+        """The seeded train pairs: ``(warmup + steps) * batch_size``, the same in every process."""
+        return make_pairs((self.warmup + self.steps) * self.batch_size, vocab_size=self.vocab_size, seed=self.seed,
+                          length_scale=self.length_scale, max_length=self.max_length)
+
+
+def build_model(config: DPOBenchConfig, attn_implementation: str | None, device):
+    """The random-init Llama of ``config``, seeded (policy and reference of every variant start from it)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if attn_implementation == "padfree":
+        from .. import attention  # noqa: F401  (registers "padfree")
+    llama = LlamaConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden, intermediate_size=config.intermediate,
+        num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
+        max_position_embeddings=max(4096, 2 * config.max_length), pad_token_id=PAD_ID, bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID, tie_word_embeddings=False, use_cache=False,
+    )
+    torch.manual_seed(config.seed)
+    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+    return LlamaForCausalLM._from_config(llama, dtype=getattr(torch, config.dtype), **kwargs).to(device)
+
+
+class _WarningLog(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage().splitlines()[0][:300])
+
+
+def _trainer_class(base: type) -> type:
+    class BenchDPOTrainer(base):
+        """The variant's ``DPOTrainer``, pausing at the start of every loop iteration and observing each batch."""
+
+        bench_run: DPOTrainerRun
+
+        def get_batch_samples(self, *args: Any, **kwargs: Any):
+            self.bench_run._boundary()
+            return super().get_batch_samples(*args, **kwargs)
+
+        def training_step(self, model, inputs, *args: Any, **kwargs: Any):
+            self.bench_run._observe(inputs)
+            synchronize(self.bench_run.device)
+            start = time.perf_counter()
+            loss = super().training_step(model, inputs, *args, **kwargs)
+            synchronize(self.bench_run.device)
+            self.bench_run._train_step_seconds = time.perf_counter() - start
+            return loss
+
+    return BenchDPOTrainer
+
+
+def _callback(run: DPOTrainerRun):
+    from transformers import TrainerCallback
+
+    class BenchCallback(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            self.started = time.perf_counter()
+
+        def on_optimizer_step(self, args, state, control, **kwargs):
+            synchronize(run.device)
+            run.records.compute_seconds.append(run._train_step_seconds + time.perf_counter() - self.started)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and "loss" in logs:
+                run.records.losses.append(float(logs["loss"]))
+                run.logged.append({k: float(v) for k, v in logs.items() if isinstance(v, int | float)})
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            run._close_step()
+
+    return BenchCallback()
+
+
+class DPOTrainerRun:
+    """One DPO variant: its ``DPOTrainer`` trained one optimizer step per :meth:`step` (the trainer runs in a
+    thread that pauses before the dataloader fetches each batch, so a step's time is the whole loop iteration:
+    fetch + collation, policy forward/backward, reference forward, loss, optimizer, logging, callbacks)."""
+
+    def __init__(self, config: DPOBenchConfig, variant: str, *, isolated: bool = False):
+        import datasets
+        import trl
+        from transformers import PrinterCallback
+
+        import trl_padfree
+
+        self.config, self.variant = config, variant
+        self.spec = spec = DPO_VARIANTS[variant]
+        self.device = bench_device(config)  # reads .device and .threads
+        pairs = config.pairs()
+        self.total_steps = len(pairs) // config.batch_size
+        self.records = StepRecords(config.warmup)
+        self.logged: list[dict[str, float]] = []
+        self.workloads: list[dict[str, int]] = []
+        self.forwarded_tokens: list[int] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="trl-padfree-bench-dpo-")
+        policy = build_model(config, spec.attn_implementation, self.device)
+        reference = build_model(config, spec.attn_implementation, self.device)
+        args = trl.DPOConfig(
+            output_dir=self._tmp.name,
+            padding_free=spec.padding_free,
+            max_length=None,  # the pairs are already clipped per part (--max-length); no truncation
+            beta=config.beta,
+            loss_type="sigmoid",
+            per_device_train_batch_size=config.batch_size,
+            max_steps=self.total_steps,
+            train_sampling_strategy="sequential",  # the same batches, in the same order, in every variant
+            learning_rate=config.lr,
+            lr_scheduler_type="constant",
+            max_grad_norm=0.0,
+            activation_checkpointing=False,
+            gradient_checkpointing=False,
+            bf16=False,
+            fp16=False,
+            logging_steps=1,
+            save_strategy="no",
+            eval_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            use_cpu=self.device.type == "cpu",
+            dataloader_pin_memory=self.device.type == "cuda",
+            dataloader_num_workers=0,
+            seed=config.seed,
+        )
+        from .records import bench_tokenizer
+
+        base = trl_padfree.DPOTrainer if spec.padding_free else trl.DPOTrainer
+        extra = {"prompt_once": spec.prompt_once} if spec.padding_free else {}
+        log = _WarningLog()
+        loggers = [logging.getLogger(name) for name in ("trl", "transformers")]
+        for logger in loggers:
+            logger.addHandler(log)
+        bars = datasets.is_progress_bar_enabled()
+        datasets.disable_progress_bars()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                trainer = _trainer_class(base)(
+                    policy, reference, args=args, train_dataset=datasets.Dataset.from_list(to_records(pairs)),
+                    processing_class=bench_tokenizer(config.vocab_size), **extra,
+                )
+        finally:
+            for logger in loggers:
+                logger.removeHandler(log)
+            if bars:
+                datasets.enable_progress_bars()
+        self.trainer_warnings = log.messages + [str(w.message).splitlines()[0][:300] for w in caught]
+        prepared = trainer.train_dataset
+        for key in ("prompt", "chosen", "rejected"):
+            if prepared[f"{key}_ids"] != [p[key] for p in pairs]:
+                raise RuntimeError(f"DPOTrainer tokenized the {key} texts into other ids than the benchmark's pairs")
+        trainer.remove_callback(PrinterCallback)
+        trainer.add_callback(_callback(self))
+        trainer.bench_run = self
+        self.trainer, self.model = trainer, policy
+        self._go = threading.Semaphore(0)
+        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._open: tuple[float, float] | None = None
+        self._ready = False
+        self._excluded = 0.0
+        self._train_step_seconds = 0.0
+        self.memory = MemoryMeter(self.device, isolated)
+        self.memory.start()
+        self._thread = threading.Thread(target=self._train, name=f"bench-{variant}", daemon=True)
+        self._thread.start()
+        self._wait("ready")
+
+    # --- the trainer thread -------------------------------------------------------------------------------------
+    def _train(self) -> None:
+        try:
+            self.trainer.train()
+            self._events.put(("finished", None))
+        except BaseException as exc:  # handed to the main thread, which raises it
+            self._events.put(("error", exc))
+
+    def _boundary(self) -> None:
+        self._close_step()
+        if not self._ready:
+            self._ready = True
+            self._events.put(("ready", None))
+        if len(self.records.step_seconds) >= self.total_steps:
+            return
+        self._go.acquire()
+        self._excluded = 0.0
+        self._open = (time.perf_counter(), time.process_time())
+
+    def _close_step(self) -> None:
+        if self._open is None:
+            return
+        synchronize(self.device)
+        wall, cpu = time.perf_counter() - self._open[0], time.process_time() - self._open[1]
+        self._open = None
+        self.records.step_seconds.append(wall - self._excluded)
+        self.records.cpu_seconds.append(cpu - self._excluded)
+        self._events.put(("step", wall - self._excluded))
+
+    def _observe(self, inputs: dict[str, Any]) -> None:
+        """Fingerprint the batch and count its tokens and FLOPs (not counted in the step's time)."""
+        start = time.perf_counter()
+        pairs = batch_pairs(inputs)
+        work = batch_workload(inputs)
+        rec = self.records
+        rec.fingerprints.append(pairs_fingerprint(pairs))
+        rec.real_tokens.append(sum(2 * len(p) + len(c) + len(r) for p, c, r in pairs))
+        rec.input_tokens.append(work.slots)
+        rec.target_tokens.append(sum(len(c) + len(r) for _, c, r in pairs))
+        self.workloads.append(dataclasses.asdict(work))
+        self._excluded += time.perf_counter() - start
+
+    # --- the caller's side ----------------------------------------------------------------------------------------
+    def _wait(self, expected: str) -> Any:
+        kind, payload = self._events.get()
+        if kind == "error":
+            raise RuntimeError(f"{self.variant}: DPOTrainer failed: {type(payload).__name__}: {payload}") from payload
+        if kind != expected:
+            raise RuntimeError(f"{self.variant}: expected {expected!r} from the trainer thread, got {kind!r}")
+        return payload
+
+    @property
+    def steps_left(self) -> int:
+        return self.total_steps - len(self.records.step_seconds)
+
+    def step(self) -> dict[str, Any]:
+        if not self.steps_left:
+            raise RuntimeError(f"{self.variant}: all {self.total_steps} steps are done")
+        self._go.release()
+        seconds = self._wait("step")
+        return {"step": len(self.records.step_seconds), "seconds": seconds, "loss": self.records.losses[-1]}
+
+    def finish(self) -> dict[str, Any]:
+        self._wait("finished")
+        self._thread.join()
+        rec = self.records
+        if not (len(rec.losses) == len(rec.compute_seconds) == len(rec.fingerprints) == self.total_steps):
+            raise RuntimeError(f"{self.variant}: the trainer ran {len(rec.losses)} logged steps, "
+                               f"{len(rec.fingerprints)} batches; expected {self.total_steps}")
+        memory = self.memory.result()
+        summary = rec.summary(self.memory.cuda)
+        timed = slice(self.config.warmup, None)
+        probe = [
+            {"max_abs_diff": r.max_abs_diff, "tolerance": r.tolerance, "attn": r.attn_implementation}
+            for cb in self.trainer.callback_handler.callbacks for r in getattr(cb, "reports", [])
+        ]
+        self._tmp.cleanup()
+        return {
+            "variant": self.variant,
+            "trainer": f"{type(self.trainer).__mro__[1].__module__}.{type(self.trainer).__mro__[1].__qualname__}",
+            "attn_implementation": self.model.config._attn_implementation,
+            "padding_free": self.spec.padding_free,
+            "prompt_once": self.spec.prompt_once,
+            **summary,
+            "workloads": self.workloads,
+            "forwarded_tokens_per_second": sum(rec.input_tokens[timed]) / summary["timed_seconds"],
+            "logged": self.logged,
+            "probe": probe,
+            "trainer_warnings": self.trainer_warnings,
+            **memory,
+        }
+
+
+def run_dpo_variant(config: DPOBenchConfig, variant: str, *, isolated: bool = False) -> dict[str, Any]:
+    run = DPOTrainerRun(config, variant, isolated=isolated)
+    while run.steps_left:
+        run.step()
+    return run.finish()
+
+
+# ---- workers (one process per variant, trained in lockstep) -----------------------------------------------------
+_PROTOCOL = "@@trl-padfree-bench-dpo "
+
+
+def _worker_main(spec_path: str, output_path: str) -> int:
+    spec = json.loads(Path(spec_path).read_text())
+    config = DPOBenchConfig(**spec["config"])
+    channel, sys.stdout = sys.stdout, sys.stderr  # only protocol messages go to the parent's pipe
+
+    def send(message: dict[str, Any]) -> None:
+        channel.write(_PROTOCOL + json.dumps(message) + "\n")
+        channel.flush()
+
+    run = DPOTrainerRun(config, spec["variant"], isolated=True)
+    send({"ready": True, "steps": run.total_steps})
+    for line in sys.stdin:
+        command = line.strip()
+        if command == "step":
+            send(run.step())
+        elif command == "finish":
+            Path(output_path).write_text(json.dumps(run.finish()))
+            send({"done": True})
+            return 0
+        else:
+            raise ValueError(f"unknown worker command {command!r} (expected 'step' or 'finish')")
+    return 1
+
+
+class _Worker:
+    def __init__(self, tmp: str, config: DPOBenchConfig, variant: str):
+        self.name = variant
+        spec_path, self.out_path = Path(tmp, f"{variant}.spec.json"), Path(tmp, f"{variant}.result.json")
+        spec_path.write_text(json.dumps({"config": dataclasses.asdict(config), "variant": variant}))
+        self.stderr = open(Path(tmp, f"{variant}.stderr"), "w+")  # noqa: SIM115 (closed in close())
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_project_root(), env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trl_padfree.bench.dpo", "--worker", str(spec_path), str(self.out_path)],
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+        )
+
+    def request(self, command: str | None) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            if command is not None:
+                self.proc.stdin.write(command + "\n")
+                self.proc.stdin.flush()
+            for line in self.proc.stdout:
+                if line.startswith(_PROTOCOL):
+                    return json.loads(line[len(_PROTOCOL) :])
+        except BrokenPipeError:
+            pass
+        code = self.proc.wait()
+        self.stderr.seek(0)
+        tail = "\n".join(self.stderr.read().strip().splitlines()[-25:])
+        raise RuntimeError(f"the {self.name} worker failed (exit {code}):\n{tail}")
+
+    def result(self) -> dict[str, Any]:
+        self.request("finish")
+        self.proc.wait()
+        return json.loads(self.out_path.read_text())
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
+def _run_lockstep(config: DPOBenchConfig) -> dict[str, dict[str, Any]]:
+    """Every variant in its own worker, step i of each (in a rotating order) before step i+1."""
+    with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-dpo-") as tmp:
+        workers = [_Worker(tmp, config, name) for name in config.variants]
+        try:
+            order = [(w, int(w.request(None)["steps"])) for w in workers]
+            for step in range(max(n for _, n in order)):
+                shift = step % len(order)
+                for worker, n in order[shift:] + order[:shift]:
+                    if step < n:
+                        worker.request("step")
+            return {w.name: w.result() for w in workers}
+        finally:
+            for worker in workers:
+                worker.close()
+
+
+def run_dpo_benchmark(config: DPOBenchConfig, log=print) -> dict[str, Any]:
+    """Run every variant (workers in lockstep, or in this process one after the other) and return the report."""
+    from .dpo_report import compare, evaluate_targets
+
+    config.validate()
+    pairs = config.pairs()
+    report: dict[str, Any] = {
+        "benchmark": "trl-padfree: DPO, TRL's padded DPOTrainer vs padding-free vs prompt-once (same pairs, same "
+                     "batches, same steps; reference forward in every step)",
+        "task": "dpo",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": {**dataclasses.asdict(config), "loss_rtol": config.effective_loss_rtol,
+                   "parameters": config.parameter_count()},
+        "machine": machine_info(config.device, threads=config.threads),
+        "length_stats": pair_stats(pairs, config.batch_size, config.warmup),
+    }
+    s = report["length_stats"]
+    log(f"UltraFeedback-like pairs (x{config.length_scale:g}): prompt mean {s['prompt']['mean']:.0f}, chosen "
+        f"{s['chosen']['mean']:.0f}, rejected {s['rejected']['mean']:.0f} tokens; {s['trl_tokens_per_step']:.0f} "
+        "TRL tokens per step (prompt counted twice)")
+    started = time.perf_counter()
+    if config.subprocess:
+        results = _run_lockstep(config)
+    else:
+        results = {name: run_dpo_variant(config, name) for name in config.variants}
+    report["wall_seconds"] = time.perf_counter() - started
+    for name, res in results.items():
+        log(f"  {name:<16} {res['tokens_per_second']:>9,.0f} real tok/s, {res['forwarded_tokens_per_second']:>9,.0f} "
+            f"forwarded tok/s, peak {res['peak_memory_mb']:,.0f} MB, "
+            f"{res['median_step_seconds'] * 1000:,.0f} ms/step, final loss {res['train_loss'][-1]:.6f}")
+    report["variants"] = {name: results[name] for name in config.variants}
+    report["comparison"] = compare(report)
+    report["machine"]["load_average_end"] = _load_average()
+    report["targets"] = evaluate_targets(report)
+    return report
+
+
+# ---- command line ------------------------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="trl-padfree bench --task dpo", description=__doc__, formatter_class=_HelpFormatter)
+    d = DPOBenchConfig()
+    p.add_argument("--task", choices=("sft", "dpo"), default="dpo", help="sft: the SFT benchmark (its own options)")
+    p.add_argument("--variants", type=_csv, default=",".join(d.variants), help=f"comma list of {', '.join(DPO_VARIANTS)}")
+    p.add_argument("--model-size", choices=list(MODEL_PRESETS), default="tiny",
+                   help="model preset; --layers/--hidden/... override single values")
+    for flag in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab-size"):
+        p.add_argument(f"--{flag}", type=int, default=None, help="override the preset's value")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="preference pairs per optimizer step")
+    p.add_argument("--steps", type=int, default=d.steps, help="timed optimizer steps")
+    p.add_argument("--warmup", type=int, default=d.warmup, help="optimizer steps trained before timing starts")
+    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (constant)")
+    p.add_argument("--beta", type=float, default=d.beta, help="DPO beta (sigmoid loss)")
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the pairs and of the initial weights")
+    p.add_argument("--dtype", choices=_DTYPES, default=d.dtype, help="model dtype")
+    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (0: torch's default)")
+    p.add_argument("--length-scale", type=float, default=d.length_scale,
+                   help="multiply every prompt and response length (keeps the distributions' shape)")
+    p.add_argument("--max-length", type=int, default=d.max_length,
+                   help="each prompt, chosen and rejected is clipped to this many tokens")
+    p.add_argument("--loss-rtol", type=float, default=None,
+                   help="tolerance of the loss-equality target (default 1e-5 in float32, 1e-2 otherwise)")
+    p.add_argument("--in-process", action="store_true",
+                   help="run the variants in this process, one after the other (CPU peak memory not judged)")
+    p.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where the reports are written")
+    p.add_argument("--name", default=None, help="output file stem (default: dpo-<device type>)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``trl-padfree bench --task dpo``: run, write JSON/Markdown/PNG, print the tables and the targets."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if len(argv) >= 2 and argv[0] == "--worker":
+        return _worker_main(argv[1], argv[2])
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if args.task == "sft":
+        from .cli import main as sft_main
+
+        return sft_main(argv)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)} (the DPO benchmark's options: --help)")
+    model = dict(MODEL_PRESETS[args.model_size])
+    for key in model:
+        if getattr(args, key) is not None:
+            model[key] = getattr(args, key)
+    config = DPOBenchConfig(
+        variants=args.variants, model_size=args.model_size, **model, batch_size=args.batch_size, steps=args.steps,
+        warmup=args.warmup, lr=args.lr, beta=args.beta, seed=args.seed, dtype=args.dtype, device=args.device,
+        threads=args.threads, length_scale=args.length_scale, max_length=args.max_length,
+        subprocess=not args.in_process, loss_rtol=args.loss_rtol,
+    )
+    try:
+        config.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    from .cli import _unwritable_dir
+
+    reason = _unwritable_dir(args.output_dir)
+    if reason:
+        parser.error(f"--output-dir {args.output_dir}: {reason}; pass a directory that can be written")
+    if config.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device {config.device} but torch.cuda.is_available() is False; use --device cpu")
+    from .dpo_report import failed_targets, to_markdown, write_outputs
+
+    print(f"trl-padfree bench --task dpo: Llama {config.layers}x{config.hidden} "
+          f"({_fmt_params(config.parameter_count())} parameters), {config.dtype} on {config.device}, batch "
+          f"{config.batch_size} pairs, {config.warmup} warm-up + {config.steps} timed steps, variants "
+          f"{', '.join(config.variants)}")
+    report = run_dpo_benchmark(config)
+    paths = write_outputs(report, args.output_dir, args.name or f"dpo-{config.device.split(':')[0]}")
+    print("\n" + to_markdown(report))
+    print("Wrote " + ", ".join(str(p) for p in paths.values()))
+    failed = failed_targets(report)
+    for target in failed:
+        print(f"trl-padfree bench: target failed: {target['target']}: {target['shown']}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def wants_dpo(argv: list[str]) -> bool:
+    """Whether a ``trl-padfree bench`` command line asks for the DPO benchmark (``--task dpo``).
+
+    >>> wants_dpo(["--task", "dpo", "--steps", "2"]), wants_dpo(["--task=dpo"]), wants_dpo(["--steps", "2"])
+    (True, True, False)
+    """
+    return any(a == "--task=dpo" or (a == "--task" and argv[i + 1 : i + 2] == ["dpo"]) for i, a in enumerate(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
