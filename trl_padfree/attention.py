@@ -65,6 +65,7 @@ from .attention_backends import (
     slow_cuda_reason,
     torch_varlen_available,
 )
+from .messages import one_line
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
@@ -133,7 +134,7 @@ def load_error_reason(exc: BaseException, attn_implementation: str | None) -> st
             f"its modeling code has no attention class for attn_implementation={attn_implementation!r} (it keeps "
             "a table of its own); use 'sdpa' or 'eager' for this model"
         )
-    return " ".join(str(exc).split()) or type(exc).__name__
+    return one_line(exc, limit=None)
 
 
 def cu_seq_lens_from_position_ids(position_ids: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,6 @@ import threading
 from types import FrameType
 from typing import Any
 
-import torch
 from transformers import TrainerCallback
 
 __all__ = ["GracefulStop"]
@@ -69,20 +68,12 @@ class GracefulStop(TrainerCallback):
         self._previous.clear()
 
     # ------------------------------------------------------------------ trainer hooks
-    def _stop_everywhere(self, args: Any) -> bool:
-        """Whether any process received a signal (an all-reduce when distributed)."""
-        flag = self.requested is not None
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            device = args.device if torch.distributed.get_backend() != "gloo" else torch.device("cpu")
-            tensor = torch.tensor([1 if flag else 0], device=device)
-            torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.MAX)
-            flag = bool(tensor.item())
-            if flag and self.requested is None:
-                self.requested = "signal on another process"
-        return flag
-
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if self._stop_everywhere(args):
+        from .checkpoints import any_process
+
+        if any_process(self.requested is not None):  # every rank stops at the same step
+            if self.requested is None:
+                self.requested = "signal on another process"
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at = state.global_step

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..messages import one_line
 from .config import ConfigError
 
 __all__ = [
@@ -402,7 +403,7 @@ class AtomicCheckpoints:
             _remove_if_empty(os.path.dirname(staging))
         last = last_complete_checkpoint(run_dir, self.run_id)
         return RunError(
-            f"could not write {os.path.basename(staging)}: {' '.join(str(exc).split())[:200]}; "
+            f"could not write {os.path.basename(staging)}: {one_line(exc, limit=200)}; "
             + (f"the last complete checkpoint is {last}" if last else "no complete checkpoint of this run exists")
             + " (free space, then resume with --resume_from_checkpoint true)"
         )
@@ -434,7 +435,7 @@ def save_final_model(trainer: Any, output_dir: str) -> None:
         where = (f"the last complete checkpoint is {last} (resume with --resume_from_checkpoint true once there is "
                  "space)" if last else "no checkpoint of this run was saved (save_strategy), so the trained "
                  "weights are lost")
-        reason = " ".join(str(error).split())[:200] if error is not None else "it failed on another process"
+        reason = one_line(error, limit=200) if error is not None else "it failed on another process"
         raise RunError(f"could not save the final model to {output_dir!r}: {reason}; {where}")
     if main:
         for name in sorted(os.listdir(staging)):
@@ -460,7 +461,7 @@ def trainer_settings_checked(output_dir: str) -> Iterator[None]:
     except ValueError as exc:
         if not existed:
             _remove_if_empty(output_dir)
-        raise ConfigError(f"SFTTrainer refused the settings: {' '.join(str(exc).split())[:300]}") from None
+        raise ConfigError(f"SFTTrainer refused the settings: {one_line(exc)}") from None
 
 
 def begin_run(trainer: Any, run_id: str | None, resume_from: str | None) -> bool:

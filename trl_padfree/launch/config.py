@@ -35,6 +35,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
+from ..messages import one_line
+
 __all__ = [
     "CollatorArguments",
     "ConfigError",
@@ -514,7 +516,7 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> Lau
     except ConfigError as exc:
         raise ConfigError(f"command line: {exc}") from None
     except (ValueError, TypeError) as exc:  # raised by a dataclass's __post_init__
-        message = " ".join(str(exc).split())
+        message = one_line(exc, limit=None)
         if "bf16/gpu" in message:
             message = (
                 "bf16: true needs a GPU with bfloat16 support and this machine has none; set bf16: false "

@@ -8,6 +8,8 @@ import sys
 import warnings
 from collections.abc import Iterator
 
+from ..messages import one_line  # the launch's one-line errors (defined there for the whole package)
+
 __all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quiet_replicas", "say"]
 
 
@@ -52,16 +54,6 @@ def quiet_progress() -> Iterator[None]:
             datasets.enable_progress_bars()
         if transformers_on:
             transformers.utils.logging.enable_progress_bar()
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception's message on one line, at most 300 characters.
-
-    >>> one_line(ValueError("a\\n  b"))
-    'a b'
-    """
-    text = " ".join(str(exc).split())
-    return text[:300] + ("..." if len(text) > 300 else "")
 
 
 def print_error(message: str) -> None:

@@ -33,6 +33,7 @@ import time
 import traceback
 from typing import Any
 
+from ..messages import one_line
 from .config import ConfigError
 
 __all__ = [
@@ -135,7 +136,7 @@ def finish(code: int, error: BaseException | None = None) -> int:
             end_process_group()
             return 0
         except Exception as exc:  # another rank failed: leave as well, non-zero
-            print(f"[trl-padfree] rank {rank}: another process of the run failed ({' '.join(str(exc).split())[:200]}); "
+            print(f"[trl-padfree] rank {rank}: another process of the run failed ({one_line(exc, limit=200)}); "
                   "exiting with code 1", file=sys.stderr, flush=True)
             _leave_now(1)
     if error is not None:

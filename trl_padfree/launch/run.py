@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from ..messages import one_line
 from .collators import make_collator_factory
 from .config import LaunchConfig
 from .console import quiet_progress, say
@@ -152,7 +153,7 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
             try:
                 trainer.evaluate()
             except Exception as exc:
-                eval_error = " ".join(str(exc).split())[:300] or type(exc).__name__
+                eval_error = one_line(exc)
     trainer.save_state()
     first_eval, last_eval = eval_losses(trainer.state.log_history)
     result = RunResult(

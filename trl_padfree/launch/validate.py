@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
+from ..messages import one_line
 from .config import ConfigError, LaunchConfig
 
 __all__ = [
@@ -330,7 +331,7 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
         try:  # peft's own checks of the LoRA settings, now rather than when the trainer is built
             get_peft_config(cfg.model)
         except (ValueError, TypeError) as exc:
-            raise ConfigError(f"invalid LoRA settings (peft.LoraConfig): {' '.join(str(exc).split())}") from None
+            raise ConfigError(f"invalid LoRA settings (peft.LoraConfig): {one_line(exc, limit=None)}") from None
 
 
 def _training_device(cfg: LaunchConfig) -> str:
