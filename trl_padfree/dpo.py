@@ -31,15 +31,11 @@ import trl
 from accelerate.utils import is_peft_model
 from transformers import AutoTokenizer, TrainerCallback
 
-from .attention import ATTN_IMPLEMENTATION, KV_INDEX
+from .attention import ATTN_IMPLEMENTATION
 from .dpo_loss import LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
-from .preference import DataCollatorForPreference, segment_sum
+from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
 
 __all__ = ["DPOTrainer", "PreferenceCheckCallback", "require_padfree_attention"]
-
-MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
-              "seq_idx", KV_INDEX)
-
 
 def _attn(model: Any) -> str | None:
     config = getattr(model, "config", None)

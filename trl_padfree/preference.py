@@ -50,6 +50,7 @@ from .attention import KV_INDEX
 from .flattening import packed_batch
 
 __all__ = [
+    "MODEL_KEYS",
     "DataCollatorForPreference",
     "PreferenceLayout",
     "segment_sum",
@@ -57,6 +58,9 @@ __all__ = [
 ]
 
 IGNORE = -100
+#: The keys of the collator's batch that go to the model (the rest drive the loss).
+MODEL_KEYS = ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
+              "seq_idx", KV_INDEX)
 
 
 def truncate_pair(

@@ -54,8 +54,7 @@ def check_preference_packing(
     rtol: float | None = None,
 ) -> PackingReport:
     """Run random pairs in the preference collator's layout and each sequence alone; compare the logits."""
-    from .dpo import MODEL_KEYS
-    from .preference import DataCollatorForPreference
+    from .preference import MODEL_KEYS, DataCollatorForPreference
 
     start = time.perf_counter()
     device = _model_device(model)

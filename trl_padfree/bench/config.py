@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .data import DATASETS, FIRST_CONTENT_ID, TEMPLATE_IDS
+from .data import DATASETS, FIRST_CONTENT_ID, TEMPLATE_IDS, length_stats, make_examples
 
 
 @dataclass(frozen=True)
@@ -118,9 +118,19 @@ class BenchConfig:
         batches of the same mean size."""
         if self.max_tokens is not None:
             return self.max_tokens
-        from .data import length_stats
+        return round(self.length_stats(dataset)["mean_batch_tokens"])
 
-        return round(length_stats(self, dataset)["mean_batch_tokens"])
+    def examples(self, dataset: str, split: str = "train") -> list[list[int]]:
+        """The seeded examples of ``dataset``: ``(warmup + steps) * batch_size`` train, ``eval_batches * batch_size``
+        eval ones."""
+        batches = self.warmup + self.steps if split == "train" else self.eval_batches
+        return make_examples(dataset, batches * self.batch_size, split=split, vocab_size=self.vocab_size,
+                             seed=self.seed, min_length=self.min_length, max_length=self.max_length,
+                             length_scale=self.length_scale, prompt_fraction=self.prompt_fraction)
+
+    def length_stats(self, dataset: str) -> dict[str, float]:
+        """:func:`~.data.length_stats` of this run's train examples of ``dataset``."""
+        return length_stats([len(e) for e in self.examples(dataset)], self.batch_size, self.warmup)
 
     @property
     def effective_loss_rtol(self) -> float:

@@ -6,13 +6,9 @@ import math
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .config import BenchConfig
-
 
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
 TEMPLATE_IDS: tuple[int, ...] = (3, 4, 5)  # the response template ("### Answer:"), never drawn as content
@@ -116,18 +112,20 @@ def make_examples(
     return examples
 
 
-def length_stats(config: BenchConfig, dataset: str) -> dict[str, float]:
+def length_stats(lengths: Sequence[int], batch_size: int, warmup: int) -> dict[str, float]:
     """Length statistics of the train examples, and the padding ratio of their padded mini-batches.
 
-    ``padding_ratio`` is padded tokens per real token over the timed steps (what padding costs in token slots);
-    ``mean_batch_tokens`` the mean real tokens of a fixed mini-batch, warm-up included.
+    ``lengths``: the train examples' lengths in order, ``batch_size`` to a fixed mini-batch, the first ``warmup``
+    mini-batches untimed. ``padding_ratio`` is padded tokens per real token over the timed steps (what padding costs
+    in token slots); ``mean_batch_tokens`` the mean real tokens of a fixed mini-batch, warm-up included.
+
+    >>> s = length_stats([1, 1, 2, 4, 3, 3], batch_size=2, warmup=1)
+    >>> s["padding_ratio"], s["real_tokens_per_step"], s["mean_batch_tokens"]
+    (1.1666666666666667, 6.0, 4.666666666666667)
     """
-    n_train = config.warmup + config.steps
-    examples = make_examples(dataset, n_train * config.batch_size, vocab_size=config.vocab_size, seed=config.seed,
-                             split="train", min_length=config.min_length, max_length=config.max_length,
-                             length_scale=config.length_scale, prompt_fraction=config.prompt_fraction)
-    lengths = np.array([len(e) for e in examples])
-    timed = lengths[config.warmup * config.batch_size :].reshape(config.steps, config.batch_size)
+    n_train = len(lengths) // batch_size
+    lengths = np.asarray(lengths)
+    timed = lengths[warmup * batch_size :].reshape(n_train - warmup, batch_size)
     return {
         "mean": float(lengths.mean()),
         "median": float(np.median(lengths)),
@@ -135,7 +133,7 @@ def length_stats(config: BenchConfig, dataset: str) -> dict[str, float]:
         "max": int(lengths.max()),
         "real_tokens_per_step": float(timed.sum(axis=1).mean()),
         "mean_batch_tokens": float(lengths.sum() / n_train),
-        "padding_ratio": float(timed.max(axis=1).sum() * config.batch_size / timed.sum()),
+        "padding_ratio": float(timed.max(axis=1).sum() * batch_size / timed.sum()),
     }
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from .config import _fmt_params
 from .data import dataset_title
+from .measures import step_medians
 
 _COLORS = {"padded-sdpa": "#7f7f7f", "packed-sdpa": "#1f77b4", "packed-padfree": "#d62728", "packed-fa2": "#2ca02c",
            "trl-native": "#ff7f0e", "sft-padfree": "#9467bd", "token-budget": "#8c564b"}
@@ -44,8 +45,6 @@ def make_figure(report: dict[str, Any]):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    from .report import _step_medians  # (report imports this module)
-
     c, m = report["config"], report["machine"]
     datasets = list(report["datasets"].items())
     fig, axes = plt.subplots(len(datasets), 4, figsize=(20, 4.2 * len(datasets)), squeeze=False)
@@ -59,7 +58,7 @@ def make_figure(report: dict[str, Any]):
         _ratio_labels(ax_tps, bars, [cmp.get(n, {}).get("throughput_ratio") for n in names])
         ax_tps.set_title(f"{dataset_title(name, entry, c.get('length_scale', 1.0))}\n"
                          "real tokens/s (higher is better)", fontsize=9)
-        medians = [_step_medians(ran[n]) for n in names]
+        medians = [step_medians(ran[n]) for n in names]
         if names and all(step is not None and rest is not None for step, rest in medians):
             total = [step * 1000 for step, _ in medians]
             rest = [rest * 1000 for _, rest in medians]

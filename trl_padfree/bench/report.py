@@ -13,6 +13,7 @@ from typing import Any
 
 from .config import BASELINE, _fmt_params
 from .data import dataset_title
+from .measures import step_medians
 from .plot import plot
 
 
@@ -231,21 +232,6 @@ def _yes_no(value: bool | None) -> str:
     return {True: "yes", False: "NO", None: ""}[value]
 
 
-def _step_medians(res: dict[str, Any]) -> tuple[float | None, float | None]:
-    """Median wall seconds per timed step and the part outside compute (reports written before these were
-    recorded: from ``step_seconds``, and the loop's ``collate_seconds`` as the part outside compute).
-
-    >>> _step_medians({"warmup_steps": 1, "step_seconds": [9.0, 1.0, 3.0, 2.0], "collate_seconds": [1, .1, .3, .2]})
-    (2.0, 0.2)
-    """
-    if "median_step_seconds" in res:
-        return res["median_step_seconds"], res.get("median_overhead_seconds")
-    timed = slice(res.get("warmup_steps", 0), None)
-    steps = res.get("step_seconds", [])[timed]
-    rest = res.get("collate_seconds", [])[timed]
-    return (statistics.median(steps) if steps else None), (statistics.median(rest) if rest else None)
-
-
 def _variant_row(name: str, res: dict[str, Any], cmp: dict[str, Any] | None) -> str:
     if "skipped" in res:
         return f"| {name} | skipped: {res['skipped']} |" + " |" * 14
@@ -255,7 +241,7 @@ def _variant_row(name: str, res: dict[str, Any], cmp: dict[str, Any] | None) -> 
         diff = f"{max(cmp['train_loss_max_rel_diff'], cmp['eval_loss_rel_diff']):.1e}"
     above = res.get("memory_above_start_mb")
     same = None if cmp is None else cmp.get("same_batches")
-    step, rest = _step_medians(res)
+    step, rest = step_medians(res)
     return (
         f"| {name} | {res['tokens_per_second']:,.0f} | "
         f"{_fmt_ratio(cmp and cmp['throughput_ratio'])} | {_fmt_ratio(cmp and cmp['median_step_speedup'])} | "

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import VARIANTS, BenchConfig, variant_unavailable
-from .data import DATASETS, length_stats
+from .data import DATASETS
 from .machine import _load_average, _project_root, machine_info
 from .report import PAPER, _max_rel_diff, compare, evaluate_targets
 from .worker import _PROTOCOL, run_variant
@@ -156,7 +156,7 @@ def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
         "paper": PAPER,
     }
     for dataset in config.datasets:
-        stats = length_stats(config, dataset)
+        stats = config.length_stats(dataset)
         if any(VARIANTS[name].batching == "token-budget" for name in config.variants):
             stats["token_budget"] = config.token_budget(dataset)
         log(f"\n{DATASETS[dataset].short}: mean length {stats['mean']:.0f}, median {stats['median']:.0f}, "

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import BenchConfig
-from .data import BOS_ID, EOS_ID, IGNORE_INDEX, PAD_ID, make_examples
+from .data import BOS_ID, EOS_ID, IGNORE_INDEX, PAD_ID
 
 
 def _current_rss() -> int | None:
@@ -70,12 +70,7 @@ def bench_device(config: BenchConfig):
 
 def bench_examples(config: BenchConfig, dataset: str) -> tuple[list[list[int]], list[list[int]]]:
     """The seeded train examples (``(warmup + steps) * batch_size``) and eval examples of ``dataset``."""
-    common = dict(vocab_size=config.vocab_size, seed=config.seed, min_length=config.min_length,
-                  max_length=config.max_length, length_scale=config.length_scale,
-                  prompt_fraction=config.prompt_fraction)
-    train = make_examples(dataset, (config.warmup + config.steps) * config.batch_size, split="train", **common)
-    evaluation = make_examples(dataset, config.eval_batches * config.batch_size, split="eval", **common)
-    return train, evaluation
+    return config.examples(dataset, "train"), config.examples(dataset, "eval")
 
 
 def build_model(config: BenchConfig, attn_implementation: str | None, device):

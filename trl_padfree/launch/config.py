@@ -36,6 +36,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 import yaml
 
 from ..messages import one_line
+from .help import install_help
 
 __all__ = [
     "CollatorArguments",
@@ -208,9 +209,20 @@ def build_parser(prog: str = "trl-padfree train") -> Any:
 
     parser = _strict_parser(argument_classes(), prog)
     parser.set_defaults(**LAUNCH_DEFAULTS, bf16=is_torch_bf16_gpu_available())
-    from .help import install_help
+    return install_help(parser, field_sections())  # --help: grouped, with this launcher's defaults
 
-    return install_help(parser)  # --help: grouped, with this launcher's defaults
+
+def field_sections() -> dict[str, str]:
+    """The ``--help`` section (a key of :data:`~.help.GROUPS`) of each field of the launcher's own dataclasses and
+    TRL's ``ModelConfig``, by the dataclass that holds it (the first, where two hold a field)."""
+    from trl import ModelConfig
+
+    sections: dict[str, str] = {}
+    for key, cls in (("data", DataArguments), ("collator", CollatorArguments), ("launcher", LaunchArguments),
+                     ("model", ModelConfig)):
+        for f in dataclasses.fields(cls):
+            sections.setdefault(f.name, key)
+    return sections
 
 
 def _split_config_flag(argv: Sequence[str]) -> tuple[str | None, list[str]]:

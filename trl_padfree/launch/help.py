@@ -1,6 +1,6 @@
 """``trl-padfree train --help``: the options grouped by what they set, with this launcher's defaults and texts.
 
-The parser (:func:`~.config.build_parser`) is TRL's flat ``TrlParser`` over five dataclasses; its own help is
+The parser (:func:`~.config.build_parser`, which installs this help) is TRL's flat ``TrlParser`` over five dataclasses; its own help is
 hundreds of ungrouped lines in dataclass order, and several of TRL's texts are wrong for this launcher (it applies
 padding-free itself, decides activation checkpointing, threads and bf16 by machine). :func:`grouped_help` formats
 the same actions in :data:`GROUPS` order (model, data, formatting, collator, launcher, training) and replaces those
@@ -10,8 +10,7 @@ texts (:data:`HELP_TEXTS`); everything else is the libraries' own help with its 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 __all__ = ["GROUPS", "HELP_TEXTS", "group_of", "grouped_help", "install_help"]
@@ -71,24 +70,15 @@ HELP_TEXTS: dict[str, str] = {
 }
 
 
-def _dataclass_of(dest: str) -> str | None:
-    from trl import ModelConfig
+def group_of(dest: str, sections: Mapping[str, str]) -> str:
+    """The :data:`GROUPS` key of a config field; ``sections``: the key of each field by the dataclass that holds it
+    (:func:`~.config.field_sections`), "training" for the rest.
 
-    from .config import CollatorArguments, DataArguments, LaunchArguments
-
-    for name, cls in (("data", DataArguments), ("collator", CollatorArguments), ("launcher", LaunchArguments),
-                      ("model", ModelConfig)):
-        if dest in {f.name for f in dataclasses.fields(cls)}:
-            return name
-    return None
-
-
-def group_of(dest: str) -> str:
-    """The :data:`GROUPS` key of a config field.
-
-    >>> group_of("model_name_or_path"), group_of("train_file"), group_of("template"), group_of("padding_free")
+    >>> from trl_padfree.launch.config import field_sections
+    >>> s = field_sections()
+    >>> group_of("model_name_or_path", s), group_of("train_file", s), group_of("template", s), group_of("padding_free", s)
     ('model', 'data', 'formatting', 'collator')
-    >>> group_of("torch_num_threads"), group_of("learning_rate")
+    >>> group_of("torch_num_threads", s), group_of("learning_rate", s)
     ('launcher', 'training')
     """
     if dest in _FORMATTING:
@@ -97,7 +87,7 @@ def group_of(dest: str) -> str:
         return "collator"
     if dest in _MODEL_EXTRA:
         return "model"
-    return _dataclass_of(dest) or "training"
+    return sections.get(dest, "training")
 
 
 def _default_text(action: argparse.Action) -> str:
@@ -151,8 +141,9 @@ def _listed(actions: Iterable[argparse.Action]) -> list[argparse.Action]:
     ]
 
 
-def grouped_help(parser: Any) -> str:
-    """The whole ``--help`` text of the launcher's parser, in :data:`GROUPS` sections."""
+def grouped_help(parser: Any, sections: Mapping[str, str]) -> str:
+    """The whole ``--help`` text of the launcher's parser, in :data:`GROUPS` sections (``sections``: see
+    :func:`group_of`)."""
     formatter = _Formatter(parser.prog)
     formatter.add_usage(parser.usage, [], [])
     formatter.add_text(
@@ -162,7 +153,7 @@ def grouped_help(parser: Any) -> str:
     by_group: dict[str, list[argparse.Action]] = {key: [] for key in GROUPS}
     first = {dest: i for i, dest in enumerate(_FIRST)}
     for action in sorted(_listed(parser._actions), key=lambda a: first.get(a.dest, len(first))):  # stable
-        by_group[group_of(action.dest)].append(_with_help(action))
+        by_group[group_of(action.dest, sections)].append(_with_help(action))
     formatter.start_section("options")
     formatter.add_arguments([
         argparse.Action(["--config"], "config", metavar="FILE", help="YAML file of any of the options below (plus an optional "
@@ -177,7 +168,7 @@ def grouped_help(parser: Any) -> str:
     return formatter.format_help()
 
 
-def install_help(parser: Any) -> Any:
+def install_help(parser: Any, sections: Mapping[str, str]) -> Any:
     """Make ``parser`` print :func:`grouped_help` for ``-h``/``--help``; returns the parser."""
-    parser.format_help = lambda: grouped_help(parser)
+    parser.format_help = lambda: grouped_help(parser, sections)
     return parser
