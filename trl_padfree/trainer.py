@@ -16,6 +16,7 @@ what the stock trainers cannot know about it:
 from __future__ import annotations
 
 import inspect
+import os
 from functools import partial
 from typing import Any
 
@@ -225,6 +226,33 @@ class SFTTrainer(trl.SFTTrainer):
         if len(missing) != len(load_result.missing_keys):
             load_result = load_result._replace(missing_keys=missing)
         super()._issue_warnings_after_load(load_result)
+
+    def create_model_card(self, *args: Any, **kwargs: Any) -> None:
+        """TRL's model card (``output_dir/README.md``, written with every checkpoint), true for a local base model.
+
+        TRL links the base model only when it is a Hub id and loads the model from ``hub_model_id`` in its
+        quick-start code; for a local base model and no Hub repository its card said "a fine-tuned version of
+        [None](https://huggingface.co/None)" and ``model="None"``. Here it names the base model's path and, without
+        a Hub repository, loads the model from ``output_dir``.
+        """
+        hub_model_id = self.hub_model_id
+        if hub_model_id is None:
+            self.hub_model_id = self.args.output_dir
+        try:
+            super().create_model_card(*args, **kwargs)
+        finally:
+            self.hub_model_id = hub_model_id
+        path = os.path.join(self.args.output_dir, "README.md")
+        if not self.is_world_process_zero() or not os.path.isfile(path):
+            return
+        base = getattr(getattr(self.model, "config", None), "_name_or_path", "") or ""
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        fixed = text.replace("[None](https://huggingface.co/None)",
+                             f"the local model `{base}`" if base else "a local model")
+        if fixed != text:
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(fixed)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Save as ``Trainer`` does, with ``use_cache: true`` in the saved ``config.json``.

@@ -25,7 +25,7 @@ from .config import LaunchConfig
 from .console import quiet_progress, say
 from .model import load_model
 from .probe import probe_model
-from .summary import RunResult, eval_losses, summary_lines, write_summary
+from .summary import RunResult, eval_losses, run_train_loss, summary_lines, write_summary
 from .tokenizer import load_tokenizer
 
 __all__ = ["train"]
@@ -156,6 +156,7 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
                 eval_error = one_line(exc)
     trainer.save_state()
     first_eval, last_eval = eval_losses(trainer.state.log_history)
+    run_loss, run_loss_steps = run_train_loss(trainer.state.log_history)  # the whole run, also after a resume
     result = RunResult(
         global_step=trainer.state.global_step,
         max_steps=trainer.state.max_steps,
@@ -165,8 +166,11 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         metrics=metrics,
         first_eval_loss=first_eval,
         last_eval_loss=last_eval,
-        train_loss=metrics.get("train_loss"),
+        train_loss=run_loss,
         last_train_loss=next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
+        steps_this_process=trainer.state.global_step - (trainer.state.global_step if trainer.first_step is None
+                                                         else trainer.first_step),
+        train_loss_steps=run_loss_steps,
     )
     if trainer.is_world_process_zero():
         write_summary(result, training.output_dir, padding_free=cfg.padding_free,

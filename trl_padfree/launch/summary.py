@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["RunResult", "eval_losses", "summary_lines", "write_summary"]
+__all__ = ["RunResult", "eval_losses", "run_train_loss", "summary_lines", "write_summary"]
 
 
 @dataclass
@@ -23,12 +23,39 @@ class RunResult:
     metrics: dict[str, Any]
     first_eval_loss: float | None
     last_eval_loss: float | None
-    train_loss: float | None  # mean over the steps this process ran (Trainer's train_loss)
+    train_loss: float | None  # mean over the whole run's steps, from the log history (run_train_loss)
     last_train_loss: float | None  # the last logged training loss
+    steps_this_process: int | None = None  # optimizer steps this process ran (fewer than global_step after a resume)
+    train_loss_steps: int | None = None  # the steps train_loss covers (all steps: the launch logs every last step)
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def run_train_loss(history: list[dict[str, Any]]) -> tuple[float | None, int]:
+    """``(mean training loss over the steps the log history covers, how many steps that is)``.
+
+    Each logged ``loss`` is the mean over the steps since the previous log, so the run's mean weighs it by those
+    steps. The history of a resumed run holds the logs of every process that trained it (the checkpoint carries
+    them), so this is the whole run's figure; when the last step is logged it equals the ``train_loss``
+    transformers reports for an uninterrupted run.
+
+    >>> run_train_loss([{"loss": 4.0, "step": 10}, {"eval_loss": 3.0, "step": 10}, {"loss": 1.0, "step": 15}])
+    (3.0, 15)
+    >>> run_train_loss([{"train_runtime": 1.0, "step": 0}])
+    (None, 0)
+    """
+    total = covered = previous = 0
+    for entry in history:
+        if "loss" not in entry or not isinstance(entry.get("step"), int):
+            continue
+        steps = entry["step"] - previous
+        if steps > 0:
+            total += entry["loss"] * steps
+            covered += steps
+            previous = entry["step"]
+    return (total / covered if covered else None), covered
 
 
 def summary_lines(result: RunResult, padding_free: bool) -> list[str]:
@@ -36,15 +63,25 @@ def summary_lines(result: RunResult, padding_free: bool) -> list[str]:
     m = result.metrics
     tokens_s = m.get("train_real_tokens_per_second")
     share = m.get("train_padding_share")
+    ran = result.steps_this_process
+    resumed = ran is not None and ran < result.global_step
+    stopped = f" (stopped by {result.interrupted})" if result.interrupted else ""
+    if resumed:  # the figures of this process, the run's steps and loss
+        steps = (f"steps: {result.global_step}/{result.max_steps}, {ran} of them in this process (resumed at step "
+                 f"{result.global_step - ran}), in {m.get('train_runtime', 0.0):.1f} s{stopped}")
+    else:
+        steps = f"steps: {result.global_step}/{result.max_steps} in {m.get('train_runtime', 0.0):.1f} s{stopped}"
     lines = [
-        f"steps: {result.global_step}/{result.max_steps} in {m.get('train_runtime', 0.0):.1f} s"
-        + (f" (stopped by {result.interrupted})" if result.interrupted else ""),
-        f"real tokens/s: {tokens_s:,.0f}" if tokens_s is not None else "real tokens/s: n/a",
+        steps,
+        (f"real tokens/s: {tokens_s:,.0f}" if tokens_s is not None else "real tokens/s: n/a")
+        + (" (this process's steps)" if resumed else ""),
     ]
     if share is not None:
         verb = "padding avoided" if padding_free else "padding spent"
         lines.append(f"{verb}: {100 * share:.1f}% of the tokens a padded batch would have had")
-    lines.append(f"train loss: {_fmt(result.train_loss)} (mean over the run), last logged {_fmt(result.last_train_loss)}")
+    over = (f"mean over the run's {result.train_loss_steps} steps" if result.train_loss_steps is not None
+            else "mean over the run")
+    lines.append(f"train loss: {_fmt(result.train_loss)} ({over}), last logged {_fmt(result.last_train_loss)}")
     if result.last_eval_loss is not None:
         lines.append(f"eval loss: {_fmt(result.first_eval_loss)} -> {_fmt(result.last_eval_loss)}"
                      if result.first_eval_loss is not None and result.first_eval_loss != result.last_eval_loss

@@ -9,6 +9,10 @@ counted, any number of dataloader workers) and summed over all processes:
 
 The end-of-training metrics get the same two figures over the whole run (``train_real_tokens_per_second``,
 ``train_padding_share``) and the totals (``train_real_tokens``, ``train_padded_tokens``).
+
+Every checkpoint step and the last step also get a training-loss log (transformers logs only every
+``logging_steps``): the log history then covers every step of the run, also across a resume, and the summary's
+whole-run train loss is computed from it (:func:`~.summary.run_train_loss`).
 """
 
 from __future__ import annotations
@@ -23,8 +27,12 @@ from trl_padfree.trainer import SFTTrainer
 __all__ = ["PadfreeSFTTrainer", "batch_token_counts"]
 
 
-def batch_token_counts(inputs: dict[str, Any]) -> tuple[int, int]:
+def batch_token_counts(inputs: dict[str, Any], pad_to_multiple_of: int | None = None) -> tuple[int, int]:
     """``(real tokens, tokens of the same examples padded to the longest)`` of one collated batch.
+
+    ``pad_to_multiple_of``: the collator's; a flattened row may then end with a padding segment of its own
+    (:func:`trl_padfree.flattening.packed_batch`), which is neither real tokens nor an example, and a padded batch
+    would be rounded up to the multiple too.
 
     >>> import torch
     >>> batch_token_counts({"input_ids": torch.ones(1, 7), "cu_seq_lens_q": torch.tensor([0, 2, 7])})
@@ -33,8 +41,14 @@ def batch_token_counts(inputs: dict[str, Any]) -> tuple[int, int]:
     (7, 10)
     >>> batch_token_counts({"input_ids": torch.ones(2, 5), "attention_mask": torch.tensor([[1] * 5, [1, 1, 0, 0, 0]])})
     (7, 10)
+    >>> padded_row = {"input_ids": torch.ones(1, 8), "labels": torch.tensor([[-100, 1, 1, -100, 1] + [-100] * 3]),
+    ...               "cu_seq_lens_q": torch.tensor([0, 3, 5, 8]), "max_length_q": 3}
+    >>> batch_token_counts(padded_row, pad_to_multiple_of=4)   # 2 examples of 5 tokens; padded: 2 x 4
+    (5, 8)
     """
     cu = inputs.get("cu_seq_lens_q")
+    if cu is not None and pad_to_multiple_of:
+        return _flat_counts_without_padding(inputs, cu.reshape(-1), pad_to_multiple_of)
     if cu is not None and isinstance(inputs.get("max_length_q"), int):
         # the collator's flattened row: its segments cover the row, and the longest is given (no device sync per step)
         return int(inputs["input_ids"].numel()), (cu.numel() - 1) * inputs["max_length_q"]
@@ -46,6 +60,23 @@ def batch_token_counts(inputs: dict[str, Any]) -> tuple[int, int]:
     if mask is not None:
         return int(mask.sum()), int(ids.numel())
     return int(ids.numel()), int(ids.numel())
+
+
+def _flat_counts_without_padding(inputs: dict[str, Any], cu: torch.Tensor, multiple: int) -> tuple[int, int]:
+    """:func:`batch_token_counts` of a flattened row whose collator pads it to a ``multiple`` (reads ``cu`` once).
+
+    The last segment is the padding one when it is exactly what rounds the rest up to the multiple and has no
+    trained label (a real example of that length with a trained token is not padding).
+    """
+    bounds = cu.tolist()
+    lengths = [b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    rest, last = bounds[-2] if len(bounds) > 1 else 0, lengths[-1] if lengths else 0
+    if 0 < last < multiple and last == -rest % multiple and len(lengths) > 1:
+        labels = inputs.get("labels")
+        if labels is None or not bool(labels.reshape(-1)[rest:].ne(-100).any()):
+            lengths.pop()
+    width = -(-max(lengths, default=0) // multiple) * multiple
+    return sum(lengths), len(lengths) * width
 
 
 class PadfreeSFTTrainer(SFTTrainer):
@@ -63,13 +94,26 @@ class PadfreeSFTTrainer(SFTTrainer):
         self._interval_start: float | None = None  # start of the current logging interval
         self._eval_seconds = 0.0  # evaluation time inside the current interval
         self._train_seconds = 0.0  # training time of all finished intervals
+        collator = self.data_collator
+        self._pad_multiple = getattr(collator, "pad_to_multiple_of", None) if getattr(collator, "padding_free", False) \
+            else None
+        self.first_step: int | None = None  # the global step this process started from (> 0 after a resume)
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        real, padded = batch_token_counts(inputs)
+        if self.first_step is None:
+            self.first_step = self.state.global_step
+        real, padded = batch_token_counts(inputs, self._pad_multiple)
         self._token_counts += torch.tensor([real, padded], dtype=torch.float64)
         if self._interval_start is None:  # the first step (an eval on start does not count)
             self._interval_start, self._eval_seconds = time.perf_counter(), 0.0
         return super().training_step(model, inputs, num_items_in_batch)
+
+    def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
+        # a checkpoint or the last step: log the training loss first, so that every step's loss is in the log
+        # history (saved with the checkpoint) and a resumed run's summary covers the whole run
+        if self.control.should_save or self.control.should_training_stop:
+            self.control.should_log = True
+        return super()._maybe_log_save_evaluate(*args, **kwargs)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         start = time.perf_counter()

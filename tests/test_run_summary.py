@@ -1,0 +1,131 @@
+"""What a ``trl-padfree train`` run reports about itself: the summary (also after a resume), the token counts
+with ``pad_to_multiple_of``, and the model card written into ``output_dir``.
+
+One uninterrupted run and one run stopped by SIGTERM after step 5 and resumed, with the same settings: logging
+every 3 steps (so the last step and the checkpoints fall between logs), a checkpoint every 4 steps, and the
+padding-free row padded to a multiple of 64 (a padding segment of its own).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer, TrainerCallback
+
+from trl_padfree.launch import load_config, main
+from trl_padfree.launch.collators import make_collator_factory
+from trl_padfree.launch.data import prepare_data
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+STEPS, BATCH, EXAMPLES, MULTIPLE = 7, 4, 28, 64  # one epoch: every example is trained exactly once
+
+
+def run_argv(output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(ROOT / "configs" / "demo.yaml"),
+        "--model_name_or_path", str(DEMO / "model"),
+        "--train_file", str(DEMO / "data" / "train.jsonl"),
+        "--eval_file", "", "--eval_strategy", "no", "--eval_on_start", "false",
+        "--max_train_examples", str(EXAMPLES),
+        "--per_device_train_batch_size", str(BATCH),
+        "--max_steps", str(STEPS), "--warmup_steps", "0", "--learning_rate", "2e-3",
+        "--logging_steps", "3",
+        "--save_strategy", "steps", "--save_steps", "4",
+        "--pad_to_multiple_of", str(MULTIPLE),
+        "--output_dir", str(output_dir),
+        *extra,
+    ]  # fmt: skip
+
+
+def run(argv: list[str], callbacks=()) -> tuple[int, str]:
+    buffer = io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        code = main(argv, callbacks=callbacks)
+    return code, buffer.getvalue()
+
+
+class SigtermAfter(TrainerCallback):
+    """Sends this process SIGTERM at the end of step ``step`` (the launch then checkpoints and stops)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return control
+
+
+@pytest.fixture(scope="module")
+def whole_run(tmp_path_factory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("whole") / "out"
+    code, stdout = run(run_argv(out))
+    assert code == 0, stdout[-3000:]
+    return out, stdout
+
+
+def summary(out: Path) -> dict:
+    return json.loads((out / "launch_summary.json").read_text(encoding="utf-8"))
+
+
+def test_the_summary_train_loss_is_transformers_mean_over_every_step(whole_run):
+    out, stdout = whole_run
+    result = summary(out)
+    # transformers' own train_loss: every step's loss summed over the steps this (only) process ran
+    assert result["metrics"]["train_loss"] == pytest.approx(result["train_loss"], rel=1e-6)
+    assert result["train_loss_steps"] == STEPS and result["steps_this_process"] == STEPS
+    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
+    assert f"[trl-padfree] train loss: {result['train_loss']:.4f} (mean over the run's {STEPS} steps), last logged " \
+        in stdout
+    history = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
+    assert [e["step"] for e in history if "loss" in e] == [3, 4, 6, 7]  # every 3 steps, the checkpoint, the end
+
+
+def test_a_resumed_run_reports_the_whole_run_and_the_steps_it_ran(whole_run, tmp_path):
+    out = tmp_path / "out"
+    code, stdout = run(run_argv(out), callbacks=[SigtermAfter(5)])
+    assert code == 0, stdout[-3000:]
+    assert (out / "checkpoint-5").is_dir() and summary(out)["global_step"] == 5
+    assert summary(out)["train_loss_steps"] == 5  # the stop logged its step: the checkpoint covers steps 1-5
+
+    code, stdout = run(run_argv(out, "--resume_from_checkpoint", str(out / "checkpoint-5")))
+    assert code == 0, stdout[-3000:]
+    resumed, uninterrupted = summary(out), summary(whole_run[0])
+    assert resumed["steps_this_process"] == STEPS - 5 and resumed["train_loss_steps"] == STEPS
+    assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-5)
+    # this process alone: its steps 6-7, not the run
+    assert resumed["metrics"]["train_loss"] != pytest.approx(uninterrupted["train_loss"], rel=1e-3)
+    assert f"[trl-padfree] steps: {STEPS}/{STEPS}, {STEPS - 5} of them in this process (resumed at step 5), in " \
+        in stdout
+    assert f"[trl-padfree] train loss: {resumed['train_loss']:.4f} (mean over the run's {STEPS} steps)" in stdout
+
+
+def test_the_padding_segment_of_pad_to_multiple_of_is_no_real_token(whole_run):
+    out, _ = whole_run
+    cfg = load_config(run_argv(out, "--overwrite_output_dir", "true"), check_environment=False)
+    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
+    data = prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+    lengths = [len(ids) for ids in data.train["input_ids"]]
+    assert len(lengths) == EXAMPLES == STEPS * BATCH
+    metrics = summary(out)["metrics"]
+    assert metrics["train_real_tokens"] == sum(lengths)  # not the rows' lengths, padded to multiples of 64
+    # a padded batch of 4 examples, padded to the longest and rounded up to the multiple, as the collator counts it
+    assert metrics["train_padded_tokens"] % (BATCH * MULTIPLE) == 0
+    assert metrics["train_padded_tokens"] >= BATCH * MULTIPLE * STEPS
+    history = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
+    assert all(0.0 < e["padding_share"] < 1.0 for e in history if "loss" in e)
+
+
+def test_the_model_card_names_the_local_base_model_and_where_to_load_it(whole_run):
+    out, _ = whole_run
+    card = (out / "README.md").read_text(encoding="utf-8")  # TRL writes it with each checkpoint
+    assert "[None]" not in card and 'model="None"' not in card
+    assert f"This model is a fine-tuned version of the local model `{DEMO / 'model'}`." in card
+    assert f'generator = pipeline("text-generation", model="{out}", device_map="auto")' in card
