@@ -10,15 +10,9 @@ from trl.trainer.dpo_trainer import DataCollatorForPreference as TRLCollator
 
 from trl_padfree.bench import cli
 from trl_padfree.bench.dpo import DPOBenchConfig, main, run_dpo_benchmark
-from trl_padfree.bench.dpo_data import (
-    Workload,
-    batch_pairs,
-    batch_workload,
-    forward_flops,
-    make_pairs,
-    pairs_fingerprint,
-)
+from trl_padfree.bench.dpo_data import batch_pairs, batch_workload, make_pairs, pairs_fingerprint
 from trl_padfree.bench.dpo_report import failed_targets
+from trl_padfree.bench.flops import Workload, forward_flops
 from trl_padfree.preference import DataCollatorForPreference
 
 TINY = dict(layers=4, hidden=256, intermediate=688, heads=8, kv_heads=4, vocab_size=2048)

@@ -19,7 +19,7 @@ P ~ 700 and C ~ R ~ 1,220 characters, i.e. ~170 and ~300 tokens at ~4 characters
 tokenizer). The sigmas put the 5th-99th percentiles on the issue's ranges. This is a moment match to published
 sizes, not a fit to tokenized rows (the benchmark machine has no network); docs/dpo-bench.md says so too.
 
-**FLOPs** (:func:`batch_workload`, :func:`forward_flops`): matmul FLOPs (2 per multiply-add) of one forward of the
+**FLOPs** (:func:`batch_workload`, :func:`~.flops.forward_flops`): matmul FLOPs (2 per multiply-add) of one forward of the
 Llama over a batch exactly as it was laid out:
 
 - per token slot fed to the model, per layer: q/k/v/o projections ``2 * (2 d^2 + 2 d d_kv)`` and the MLP
@@ -46,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from .data import BOS_ID, EOS_ID, FIRST_CONTENT_ID, _zipf_probabilities
+from .flops import Workload
 from .records import token_text
 
 IGNORE_INDEX = -100
@@ -207,20 +208,6 @@ def pairs_fingerprint(pairs: Sequence[tuple[Sequence[int], Sequence[int], Sequen
 
 
 # ---- FLOPs ---------------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Workload:
-    """What one forward over a batch computes: token slots through the layers, positions through the LM head, and
-    ``sum(q_len * k_len)`` over the attention segments (full rectangles)."""
-
-    slots: int
-    head_slots: int
-    attention_qk: int
-
-    def __add__(self, other: Workload) -> Workload:
-        return Workload(self.slots + other.slots, self.head_slots + other.head_slots,
-                        self.attention_qk + other.attention_qk)
-
-
 def batch_workload(batch: Mapping[str, Any]) -> Workload:
     """The :class:`Workload` of a collated batch as the model receives it.
 
@@ -245,24 +232,6 @@ def batch_workload(batch: Mapping[str, Any]) -> Workload:
     q = np.diff(_np(batch["cu_seq_lens_q"]).astype(np.int64))
     k = np.diff(_np(batch["cu_seq_lens_k"]).astype(np.int64)) if "cu_seq_lens_k" in batch else q
     return Workload(rows * width, rows * width, int((q * k).sum()))
-
-
-def forward_flops(model: Mapping[str, int], work: Workload) -> dict[str, float]:
-    """Matmul FLOPs of one forward (see the module docstring), split into linear layers, attention and LM head.
-
-    ``model``: ``layers``, ``hidden``, ``intermediate``, ``heads``, ``kv_heads``, ``vocab_size``.
-
-    >>> tiny = dict(layers=4, hidden=256, intermediate=688, heads=8, kv_heads=4, vocab_size=2048)
-    >>> forward_flops(tiny, Workload(slots=1, head_slots=1, attention_qk=1))
-    {'linear': 5799936, 'attention': 4096, 'lm_head': 1048576, 'total': 6852608}
-    """
-    d, layers = model["hidden"], model["layers"]
-    d_kv = model["kv_heads"] * (d // model["heads"])
-    per_slot = 2 * (2 * d * d + 2 * d * d_kv) + 2 * 3 * d * model["intermediate"]
-    linear = layers * per_slot * work.slots
-    attention = layers * 4 * d * work.attention_qk
-    head = 2 * d * model["vocab_size"] * work.head_slots
-    return {"linear": linear, "attention": attention, "lm_head": head, "total": linear + attention + head}
 
 
 STEP_FORWARDS = 4  # policy forward + backward (~3 forwards) + the reference forward (1)

@@ -10,26 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from .config import _fmt_params
-from .dpo_data import DISTRIBUTION_LABEL, STEP_FORWARDS, Workload, forward_flops
+from .dpo_data import DISTRIBUTION_LABEL, STEP_FORWARDS
+from .flops import timed_flops
 
 DPO_BASELINE = "dpo-trl-padded"
 FLOP_SHARE_TARGET = 0.85
 _JUDGED = ("dpo-padfree", "dpo-prompt-once")
 SPEED_TARGET_SETUP = ("CPU, float32, 1 torch thread, tiny Llama (4 x 256, 8 / 4 heads, MLP 688, vocab 2048), batch 8 "
                       "pairs, >= 6 timed steps, each variant in its own worker")
-
-
-def _model(config: dict[str, Any]) -> dict[str, int]:
-    return {k: config[k] for k in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab_size")}
-
-
-def timed_flops(config: dict[str, Any], result: dict[str, Any]) -> dict[str, float]:
-    """Matmul FLOPs of one forward summed over the run's timed steps, by part (see :mod:`.dpo_data`)."""
-    model, total = _model(config), {"linear": 0.0, "attention": 0.0, "lm_head": 0.0, "total": 0.0}
-    for work in result["workloads"][result["warmup_steps"] :]:
-        for key, value in forward_flops(model, Workload(**work)).items():
-            total[key] += value
-    return total
 
 
 def _max_rel_diff(values: list[float], reference: list[float]) -> float:

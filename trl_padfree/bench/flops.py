@@ -1,0 +1,105 @@
+"""Matmul FLOPs of the benchmark's Llama over a batch exactly as the model received it, and a run's workload.
+
+Counted per forward (2 FLOPs per multiply-add). A training step is a small multiple of its forward (forward +
+backward is about three forwards; DPO adds a reference forward) with the same factor in every variant, so the FLOP
+ratio of two variants is the ratio of their forwards:
+
+- linear layers, per token slot fed to the model (a padded row's padding included) and per layer: the q/k/v/o
+  projections ``2 * (2 d^2 + 2 d d_kv)`` and the MLP ``2 * 3 d I``;
+- attention, per layer: ``4 d`` per query-key pair the kernel computes (QK^T and AV), the full rectangle of each
+  segment (no causal halving, in any layout): a padded row ``T^2`` (sdpa with a padding mask is dense), a packed
+  row under a varlen kernel (``"padfree"``, flash attention) ``sum(length^2)`` over its examples, a packed row
+  under sdpa/eager with transformers' block-diagonal mask ``(sum(length))^2`` (the mask is dense);
+- the LM head: ``2 d V`` per position whose logits are computed;
+- not counted: embeddings, norms, RoPE, activations, softmax, the loss and the optimizer (elementwise, or the same
+  in every layout).
+
+A run records the :class:`Workload` of every step's batch; :func:`timed_flops` sums a run's timed steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Workload", "forward_flops", "model_shape", "sft_workload", "timed_flops"]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one forward over a batch computes: token slots through the layers, positions through the LM head, and
+    ``sum(q_len * k_len)`` over the attention segments (full rectangles)."""
+
+    slots: int
+    head_slots: int
+    attention_qk: int
+
+    def __add__(self, other: Workload) -> Workload:
+        return Workload(self.slots + other.slots, self.head_slots + other.head_slots,
+                        self.attention_qk + other.attention_qk)
+
+
+def forward_flops(model: Mapping[str, int], work: Workload) -> dict[str, float]:
+    """Matmul FLOPs of one forward (see the module docstring), split into linear layers, attention and LM head.
+
+    ``model``: ``layers``, ``hidden``, ``intermediate``, ``heads``, ``kv_heads``, ``vocab_size``.
+
+    >>> tiny = dict(layers=4, hidden=256, intermediate=688, heads=8, kv_heads=4, vocab_size=2048)
+    >>> forward_flops(tiny, Workload(slots=1, head_slots=1, attention_qk=1))
+    {'linear': 5799936, 'attention': 4096, 'lm_head': 1048576, 'total': 6852608}
+    """
+    d, layers = model["hidden"], model["layers"]
+    d_kv = model["kv_heads"] * (d // model["heads"])
+    per_slot = 2 * (2 * d * d + 2 * d * d_kv) + 2 * 3 * d * model["intermediate"]
+    linear = layers * per_slot * work.slots
+    attention = layers * 4 * d * work.attention_qk
+    head = 2 * d * model["vocab_size"] * work.head_slots
+    return {"linear": linear, "attention": attention, "lm_head": head, "total": linear + attention + head}
+
+
+def model_shape(config: Mapping[str, Any]) -> dict[str, int]:
+    """The model sizes :func:`forward_flops` needs, from a benchmark config (as a dict)."""
+    return {k: config[k] for k in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab_size")}
+
+
+def timed_flops(config: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, float]:
+    """Matmul FLOPs of one forward summed over a run's timed steps, by part (from its recorded ``workloads``)."""
+    model, total = model_shape(config), {"linear": 0.0, "attention": 0.0, "lm_head": 0.0, "total": 0.0}
+    for work in result["workloads"][result["warmup_steps"] :]:
+        for key, value in forward_flops(model, Workload(**work)).items():
+            total[key] += value
+    return total
+
+
+def _np(value: Any) -> np.ndarray:
+    return np.asarray(value.detach().cpu() if hasattr(value, "detach") else value)
+
+
+def sft_workload(batch: Mapping[str, Any], varlen: bool) -> Workload:
+    """The :class:`Workload` of a collated causal-LM batch as the model receives it; every position is scored.
+
+    ``varlen``: the attention computes each packed example alone (``"padfree"``, flash attention); otherwise a
+    packed row is one dense block-diagonal mask. A padded batch (``attention_mask``) is dense either way.
+
+    >>> import torch
+    >>> padded = {"input_ids": torch.zeros(2, 5, dtype=torch.long), "attention_mask": torch.ones(2, 5)}
+    >>> sft_workload(padded, varlen=True)
+    Workload(slots=10, head_slots=10, attention_qk=50)
+    >>> packed = {"input_ids": torch.zeros(1, 7, dtype=torch.long), "position_ids": torch.tensor([[0, 1, 2, 3, 0, 1, 2]])}
+    >>> sft_workload(packed, varlen=True), sft_workload(packed, varlen=False)  # 4^2 + 3^2; 7^2
+    (Workload(slots=7, head_slots=7, attention_qk=25), Workload(slots=7, head_slots=7, attention_qk=49))
+    """
+    ids = batch["input_ids"]
+    rows, width = int(ids.shape[0]), int(ids.shape[-1])
+    slots = rows * width
+    if "attention_mask" in batch or not varlen:
+        return Workload(slots, slots, rows * width * width)
+    if "cu_seq_lens_q" in batch:
+        lengths = np.diff(_np(batch["cu_seq_lens_q"]).reshape(-1).astype(np.int64))
+    else:
+        starts = np.flatnonzero(_np(batch["position_ids"]).reshape(-1) == 0)
+        lengths = np.diff([*starts.tolist(), slots])
+    return Workload(slots, slots, int((lengths * lengths).sum()))
