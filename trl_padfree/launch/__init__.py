@@ -44,9 +44,12 @@ def load_config(argv: Sequence[str], check_environment: bool = True) -> LaunchCo
     With ``check_environment=False`` the checks that depend on this machine (CUDA, flash-attn, optional
     packages, existing checkpoints) are skipped, so a config for another machine can be checked anywhere.
     """
+    from .demo import builtin_config, resolve_package_paths
     from .validate import validate_config
 
-    return validate_config(parse_arguments(argv), check_environment=check_environment)
+    cfg = parse_arguments(builtin_config(argv))  # --config demo: the demo config shipped in the package
+    resolve_package_paths(cfg)  # trl_padfree/demo/... paths of an installed package, from any directory
+    return validate_config(cfg, check_environment=check_environment)
 
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> int:

@@ -1,0 +1,87 @@
+"""The package as a user installs it: the licence, and the demo from an installed wheel, outside the repository."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+
+
+def test_license_is_the_apache_2_text_that_pyproject_declares():
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert re.findall(r'^license = "(.*)"$', pyproject, re.M) == ["Apache-2.0"]
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    assert lines[:3] == ["Apache License", "Version 2.0, January 2004", "http://www.apache.org/licenses/"]
+    assert "TERMS AND CONDITIONS FOR USE, REPRODUCTION, AND DISTRIBUTION" in lines
+    for number, title in enumerate(["Definitions.", "Grant of Copyright License.", "Grant of Patent License.",
+                                    "Redistribution.", "Submission of Contributions.", "Trademarks.",
+                                    "Disclaimer of Warranty.", "Limitation of Liability.",
+                                    "Accepting Warranty or Additional Liability."], start=1):  # fmt: skip
+        assert any(line.startswith(f"{number}. {title}") for line in lines), title
+    assert "END OF TERMS AND CONDITIONS" in lines
+    assert len(text.split()) > 1500  # the full text (about 1,580 words), not a notice pointing at it
+
+
+@pytest.mark.parametrize("name", ["demo", "demo-chat"])
+def test_the_packaged_demo_configs_are_the_repository_ones(name):
+    packaged = (DEMO / "configs" / f"{name}.yaml").read_bytes()
+    assert packaged == (ROOT / "configs" / f"{name}.yaml").read_bytes(), (
+        f"configs/{name}.yaml changed: copy it to trl_padfree/demo/configs/{name}.yaml (the installed demo)")
+
+
+def build_wheel(out: Path) -> Path:
+    """``pip wheel --no-deps`` of a copy of the package (the repository itself gets no build/ or egg-info)."""
+    src = out / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "trl_padfree", src / "trl_padfree", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+                    "--wheel-dir", str(out / "dist"), str(src)], check=True, timeout=300)  # fmt: skip
+    (wheel,) = (out / "dist").glob("trl_padfree-*.whl")
+    return wheel
+
+
+def test_the_installed_wheel_runs_the_demo_from_any_directory(tmp_path):
+    wheel = build_wheel(tmp_path)
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert {"trl_padfree/demo/configs/demo.yaml", "trl_padfree/demo/model/model.safetensors",
+            "trl_padfree/demo/data/train.jsonl"} <= names  # fmt: skip
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+
+    # a fresh venv that sees the test environment's dependencies (torch, transformers, ...) but not this checkout:
+    # a .pth line adds their site-packages after its own, without running the editable install's hook there
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    (site,) = (venv / "lib").glob("python*/site-packages")
+    deps = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (site / "zz_test_dependencies.pth").write_text("\n".join(deps) + "\n", encoding="utf-8")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
+                    "--no-deps", "--no-index", str(wheel)], check=True, timeout=300)  # fmt: skip
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(HF_HUB_OFFLINE="1", PATH=f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import trl_padfree; print(trl_padfree.__file__)"],
+                           cwd=work, env=env, capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
+    assert where.stdout.strip().startswith(str(site)), where.stdout  # the wheel's copy, not the checkout
+
+    run = subprocess.run(["trl-padfree", "train", "--config", "demo", "--max_steps", "3", "--eval_strategy", "no",
+                          "--eval_on_start", "false", "--logging_steps", "1", "--output_dir", "run"],
+                         cwd=work, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "steps: 3/3" in run.stdout and "model saved to run" in run.stdout
+    assert (work / "run" / "model.safetensors").is_file() and (work / "run" / "launch_summary.json").is_file()
+    assert not (ROOT / "run").exists()

@@ -1,0 +1,73 @@
+"""The demo as an installed package runs it: ``trl-padfree train --config demo`` from any directory.
+
+A wheel holds the demo model, data and configs (``trl_padfree/demo/``) but not the repository's ``configs/``
+directory, and the demo configs name their files relative to the repository root. So:
+
+- ``--config demo`` / ``--config demo-chat`` (:data:`BUILTIN_CONFIGS`), when no file of that name is in the current
+  directory, is the config shipped in the package (the same file as ``configs/demo.yaml`` /
+  ``configs/demo-chat.yaml``, a test keeps them equal);
+- a relative path that starts with ``trl_padfree/demo/`` (``model_name_or_path``, ``train_file``, ``eval_file``,
+  ``dataset_name``, ``chat_template_path``) and does not exist from the current directory is the installed
+  package's file.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BUILTIN_CONFIGS", "DEMO_DIR", "builtin_config", "resolve_package_paths"]
+
+#: The demo assets inside the installed package.
+DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
+#: Config names ``--config`` accepts without a file: the demo configs shipped in the package.
+BUILTIN_CONFIGS = {name: DEMO_DIR / "configs" / f"{name}.yaml" for name in ("demo", "demo-chat")}
+_PREFIX = "trl_padfree/demo/"
+
+
+def builtin_config(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--config NAME`` of a built-in config replaced by its packaged file's path.
+
+    A file called NAME in the current directory wins.
+
+    >>> builtin_config(["--config", "demo", "--max_steps", "3"])[1] == str(BUILTIN_CONFIGS["demo"])
+    True
+    >>> builtin_config(["--config=configs/demo.yaml"])
+    ['--config=configs/demo.yaml']
+    """
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            name, at, prefix = out[i + 1], i + 1, ""
+        elif arg.startswith("--config="):
+            name, at, prefix = arg.split("=", 1)[1], i, "--config="
+        else:
+            continue
+        if name in BUILTIN_CONFIGS and not os.path.exists(name):
+            out[at] = prefix + str(BUILTIN_CONFIGS[name])
+        break
+    return out
+
+
+def _in_package(value: Any) -> str | None:
+    """The packaged file a relative ``trl_padfree/demo/...`` path means, when it is missing from here."""
+    if not isinstance(value, str) or os.path.isabs(value):
+        return None
+    posix = value.replace(os.sep, "/")
+    if not posix.startswith(_PREFIX) or glob.glob(value):
+        return None
+    candidate = DEMO_DIR / posix[len(_PREFIX):]
+    return str(candidate) if glob.glob(str(candidate)) else None
+
+
+def resolve_package_paths(cfg: Any) -> None:
+    """Point the config's ``trl_padfree/demo/...`` paths that are missing from here at the installed package."""
+    for section, name in (("model", "model_name_or_path"), ("data", "train_file"), ("data", "eval_file"),
+                          ("data", "dataset_name"), ("training", "chat_template_path")):
+        holder = getattr(cfg, section)
+        resolved = _in_package(getattr(holder, name, None))
+        if resolved is not None:
+            setattr(holder, name, resolved)
