@@ -1,22 +1,38 @@
 """Test-only fault injection for ``trl-padfree train`` runs (never imported by the package).
 
-Trainer callbacks handed to :func:`trl_padfree.launch.main` (``main(argv, callbacks=[...])``), and a command-line
-entry for runs in a subprocess::
+Trainer callbacks handed to :func:`trl_padfree.launch.main` (``main(argv, callbacks=[...])``), and the one
+command-line entry for runs in a subprocess, alone or as each rank of a multi-process launcher::
 
-    python tests/launch_hooks.py [--sigterm-at-step K] [--sigkill-in-save-at-step K] -- TRAIN ARGUMENTS
+    python tests/launch_hooks.py [--rank R] [--attempt N] FAULT... -- TRAIN ARGUMENTS
+    python -m torch.distributed.run ... tests/launch_hooks.py --rank 1 --fail-in-step 2 -- TRAIN ARGUMENTS
 
-- :class:`SigtermAtStep`: the process sends itself SIGTERM at the end of optimizer step K (the launcher's
-  SIGTERM handling then saves a checkpoint and stops).
-- :class:`SigkillInSave`: SIGKILL while the checkpoint of step K is being written: after the model weights,
-  when the Trainer asks the optimizer for its state (so no optimizer, scheduler or trainer state is on disk).
-- :class:`FailEvaluation`: every evaluation raises.
-- :class:`FullDiskAtEnd`: when training ends, the filesystem of ``output_dir`` fills up (a tmpfs filled with a
-  ballast file: real ENOSPC), or, where no tmpfs can be mounted, the file-size limit drops (RLIMIT_FSIZE: real
-  EFBIG); either way the final save fails in the kernel, not in a mock.
+Faults (each takes the optimizer step K at which it strikes):
+
+- ``--sigterm-at-step K`` (:class:`SigtermAtStep`): the process sends itself SIGTERM at the end of step K (the
+  launcher's SIGTERM handling then saves a checkpoint and stops).
+- ``--sigkill-at-step K`` (:class:`SigkillAtStep`): SIGKILL at the end of step K (mid-run, no save under way).
+- ``--sigkill-in-save-at-step K`` (:class:`SigkillInSave`): SIGKILL while the checkpoint of step K is being
+  written: at the process's first ``torch.save`` of that checkpoint, i.e. after the model weights on the process
+  that saves them (no optimizer, scheduler or trainer state on disk), or at its RNG state on a process that writes
+  nothing else.
+- ``--fail-in-step K`` (:class:`FailInStep`): step K raises before its forward pass (the other ranks are then
+  inside that step's gradient all-reduce, the worst place to be left waiting).
+- ``--full-disk-at-step K`` (:class:`FullDiskAtEnd`): at the end of step K (before its checkpoint), the
+  file-size limit drops to ``--fsize-limit`` bytes (RLIMIT_FSIZE: real EFBIG from the kernel), or with
+  ``--ballast PATH`` (a file on a small tmpfs) the filesystem fills up (real ENOSPC).
+- ``--sigstop-at-step K`` (:class:`SigstopAtStep`): the process stops itself (SIGSTOP) at the end of step K, as a
+  node that hangs; only SIGCONT or SIGKILL from outside ends it.
+
+``--rank R``: only the process whose ``RANK`` is R (default: every process). ``--attempt N``: only in torchrun's
+restart N (``TORCHELASTIC_RESTART_COUNT``; default 0, so that a restarted worker runs clean).
+
+In-process only: :class:`FailAtStep` (raises at the end of step K, after its checkpoint) and
+:class:`FailEvaluation` (every evaluation raises).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import signal
@@ -35,18 +51,53 @@ class SigtermAtStep(TrainerCallback):
             os.kill(os.getpid(), signal.SIGTERM)
 
 
+def _kill_now(sig: int = signal.SIGKILL) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.kill(os.getpid(), sig)
+
+
+class SigkillAtStep(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            _kill_now()
+
+
+class SigstopAtStep(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step == self.step:
+            _kill_now(signal.SIGSTOP)
+
+
 class SigkillInSave(TrainerCallback):
     def __init__(self, step: int) -> None:
         self.step = step
 
-    def on_step_end(self, args: Any, state: Any, control: Any, optimizer: Any = None, **kwargs: Any) -> None:
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == self.step and control.should_save:
+            import torch
 
             def killed(*a: Any, **k: Any) -> Any:
-                sys.stdout.flush()
-                os.kill(os.getpid(), signal.SIGKILL)
+                _kill_now()
 
-            optimizer.state_dict = killed
+            torch.save = killed  # the Trainer's optimizer, scheduler and RNG-state files go through torch.save
+
+
+class FailInStep(TrainerCallback):
+    """Step K raises at its beginning (before the forward pass of its first micro-batch)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step + 1 == self.step:
+            raise RuntimeError(f"injected failure on rank {os.environ.get('RANK', '0')} at step {self.step}")
 
 
 class FailAtStep(TrainerCallback):
@@ -117,16 +168,45 @@ class FullDiskAtEnd(TrainerCallback):
             self.previous = None
 
 
+_FAULTS = {
+    "--sigterm-at-step": SigtermAtStep,
+    "--sigkill-at-step": SigkillAtStep,
+    "--sigkill-in-save-at-step": SigkillInSave,
+    "--sigstop-at-step": SigstopAtStep,
+    "--fail-in-step": FailInStep,
+}
+
+
 def _main(argv: list[str]) -> int:
+    split = argv.index("--") if "--" in argv else -1  # torchrun drops a "--" that follows the script at once
+    parser = argparse.ArgumentParser(prog="tests/launch_hooks.py")
+    parser.add_argument("--rank", type=int, help="only this rank (RANK); default every rank")
+    parser.add_argument("--attempt", type=int, default=0, help="only in this torchrun restart (default 0)")
+    for flag in _FAULTS:
+        parser.add_argument(flag, type=int, metavar="K")
+    parser.add_argument("--full-disk-at-step", type=int, metavar="K")
+    parser.add_argument("--ballast", help="with --full-disk-at-step: fill the filesystem of this file "
+                        "('beside-output-dir': of a file next to this rank's output_dir)")
+    parser.add_argument("--fsize-limit", type=int, default=1024, help="with --full-disk-at-step, without --ballast: "
+                        "the file-size limit in bytes (default 1024: smaller than a rank's RNG state)")
+    options = parser.parse_args(argv[:split] if split >= 0 else [])
+    callbacks: list[Any] = []
+    rank = int(os.environ.get("RANK", "0"))
+    attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    if options.rank in (None, rank) and options.attempt == attempt:
+        for flag, kind in _FAULTS.items():
+            step = getattr(options, flag[2:].replace("-", "_"))
+            if step is not None:
+                callbacks.append(kind(step))
+        if options.full_disk_at_step is not None:
+            ballast = options.ballast
+            if ballast == "beside-output-dir":  # this rank's own disk: the directory that holds its output_dir
+                out = argv[split + 1 :][argv[split + 1 :].index("--output_dir") + 1]
+                ballast = os.path.join(os.path.dirname(os.path.abspath(out)), "ballast")
+            callbacks.append(FullDiskAtEnd(ballast, options.fsize_limit, at_step=options.full_disk_at_step))
     from trl_padfree.launch import main
 
-    split = argv.index("--")
-    hooks, train_argv = argv[:split], argv[split + 1 :]
-    callbacks: list[Any] = []
-    for flag, value in zip(hooks[::2], hooks[1::2], strict=True):
-        kind = {"--sigterm-at-step": SigtermAtStep, "--sigkill-in-save-at-step": SigkillInSave}[flag]
-        callbacks.append(kind(int(value)))
-    return main(train_argv, callbacks=callbacks)
+    return main(argv[split + 1 :], callbacks=callbacks)
 
 
 if __name__ == "__main__":

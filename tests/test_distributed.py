@@ -146,9 +146,9 @@ def test_two_ranks_train_one_model_log_once_and_exit_cleanly(data_dir, tmp_path)
 
 
 def with_fault(data_dir: Path, out: Path, *fault: str) -> tuple[int, list[tuple[float, str]], float, str]:
-    """A 50-step 2-rank run under torchrun with ``fault`` injected (tests/launch_with_faults.py); adds the text."""
+    """A 50-step 2-rank run under torchrun with ``fault`` injected (tests/launch_hooks.py); adds the text."""
     code, lines, ended = torchrun([
-        str(ROOT / "tests" / "launch_with_faults.py"), *fault, "--",
+        str(ROOT / "tests" / "launch_hooks.py"), *fault, "--",
         *train_argv(data_dir, out, "--max_steps", "50"),
     ])  # fmt: skip
     return code, lines, ended, "\n".join(line for _, line in lines)
@@ -156,12 +156,13 @@ def with_fault(data_dir: Path, out: Path, *fault: str) -> tuple[int, list[tuple[
 
 def test_a_failing_rank_makes_the_other_exit_non_zero_at_once(data_dir, tmp_path):
     out = tmp_path / "out"
-    code, lines, ended, text = with_fault(data_dir, out, "--fail_rank", "1", "--fail_at_step", "1")
+    code, lines, ended, text = with_fault(data_dir, out, "--rank", "1", "--fail-in-step", "2")
     assert code != 0, text[-4000:]
     assert "[trl-padfree] rank 1 failed:" in text and "injected failure on rank 1 at step 2" in text, text[-4000:]
     # rank 0 was waiting in the step's gradient all-reduce: gloo tells it that rank 1 has gone ("Connection closed
-    # by peer" or "Connection reset by peer"), and it fails too, within seconds
-    assert "[trl-padfree] rank 0 failed:" in text and "by peer" in text, text[-4000:]
+    # by peer" or "Connection reset by peer"), and it fails too, within seconds, with one line
+    assert ("[trl-padfree] rank 0 (node 0, local rank 0): another process of the run is gone (killed or crashed; "
+            "gloo: ") in text and "by peer" in text, text[-4000:]
     assert text.count("exitcode  : 1 (pid:") == 2, text[-4000:]  # torchrun's report: both workers exited with 1
     seconds = ended - first_time(lines, "[trl-padfree] rank 1 failed:")
     assert seconds < 30, (seconds, text[-4000:])
@@ -185,7 +186,7 @@ def test_processes_that_form_no_process_group_are_refused(data_dir, tmp_path):
 
 def test_sigterm_on_one_rank_checkpoints_both_at_the_same_step_and_both_exit_0(data_dir, tmp_path):
     out = tmp_path / "out"
-    code, lines, ended, text = with_fault(data_dir, out, "--sigterm_rank", "1", "--sigterm_at_step", "1")
+    code, lines, ended, text = with_fault(data_dir, out, "--rank", "1", "--sigterm-at-step", "2")
     assert code == 0, text[-4000:]  # torchrun exits 0 only when every worker did
     assert "[trl-padfree] steps: 2/50 in " in text and "(stopped by signal on another process)" in text
     assert (out / "checkpoint-2" / "trainer_state.json").is_file() and not (out / "model.safetensors").exists()

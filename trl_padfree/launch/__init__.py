@@ -60,16 +60,19 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
     from .checkpoints import RunError
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
-    from .distributed import finish
+    from .distributed import finish, plan_nodes, separate_restart_attempts
     from .run import train
     from .validate import describe
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    quiet_replicas()  # under a distributed launcher only rank 0 logs, from the very start
+    quiet_replicas()  # under a distributed launcher only the first process of each node logs, from the very start
+    separate_restart_attempts()  # before the process group exists (parsing the config creates it)
     try:
         cfg = load_config(argv)
         apply_defaults(cfg)
-        say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items()))
+        layout = plan_nodes(cfg)  # several processes: who writes what, one run id, one checkpoint to resume
+        say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items())
+            + (f", processes={layout}" if layout else ""))
         train(cfg, callbacks)
     except ConfigError as exc:
         print_error(str(exc))

@@ -42,14 +42,17 @@ __all__ = [
     "begin_run",
     "checkpoint_problem",
     "choose_resume",
+    "complete_steps",
     "crash_reported",
     "end_run",
+    "first_failure",
     "last_complete_checkpoint",
     "list_checkpoints",
     "mark_complete",
     "new_run_id",
     "read_json",
     "read_run",
+    "resolve_auto_resume",
     "run_contents",
     "save_final_model",
     "trainer_settings_checked",
@@ -230,6 +233,12 @@ def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
     return None
 
 
+def complete_steps(output_dir: str, run_id: str | None) -> list[int]:
+    """The steps of every complete checkpoint of run ``run_id`` in ``output_dir`` (ascending)."""
+    return [step for step, path in list_checkpoints(output_dir)
+            if run_id is not None and checkpoint_problem(path, run_id) is None]
+
+
 @dataclass
 class ResumeChoice:
     """The checkpoint ``resume_from_checkpoint: true`` resolved to, and the ones it passed over (with why)."""
@@ -285,6 +294,45 @@ def choose_resume(output_dir: str) -> ResumeChoice:
     )
 
 
+def resolve_auto_resume(cfg: Any, restart: int) -> bool:
+    """``resume_from_checkpoint: auto``, and torchrun's restarts: resolve the checkpoint and the run id (in place).
+
+    ``auto`` (or no ``resume_from_checkpoint`` at all in a worker that torchrun restarted, ``restart`` > 0): the
+    newest complete checkpoint of the unfinished run in ``output_dir``, as ``true`` would take it; where that run
+    has no complete checkpoint yet, or ``output_dir`` holds no run, a new run starts (what a restart after a
+    failure before the first checkpoint needs). A finished run is refused as with ``true``; checkpoints of another
+    tool are refused as without ``resume_from_checkpoint`` (unless ``overwrite_output_dir``). Returns False when
+    ``resume_from_checkpoint`` asks for something else (the caller handles it).
+    """
+    value = cfg.resume_from_checkpoint
+    if not (str(value).lower() == "auto" or (value is None and restart > 0)):
+        return False
+    why = "resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}"
+    output_dir = cfg.training.output_dir
+    run = read_run(output_dir) if os.path.isdir(output_dir) else None
+    choice = None
+    if run is not None and run.get("run_id"):
+        try:
+            choice = choose_resume(output_dir)
+        except ConfigError:
+            if run.get("status") == "finished":
+                raise
+    if choice is not None:
+        cfg.resume_from_checkpoint, cfg.run_id = choice.path, choice.run_id
+        cfg.notes.append(f"{why}: {choice.note()}")
+        return True
+    found = run_contents(output_dir)
+    if found and run is None and not getattr(cfg.launch, "overwrite_output_dir", False):
+        raise ConfigError(
+            f"{why}, but output_dir {output_dir!r} holds files of another tool ({', '.join(found[:4])}) and no "
+            "trl-padfree run; pass a checkpoint path, start over with overwrite_output_dir: true, or choose another "
+            "output_dir"
+        )
+    cfg.resume_from_checkpoint, cfg.run_id = None, new_run_id()
+    cfg.notes.append(f"{why}: no complete checkpoint of an unfinished run in {output_dir}: starting a new run")
+    return True
+
+
 def run_contents(output_dir: str) -> list[str]:
     """The entries of ``output_dir`` that show a training run wrote there (checkpoints, weights, state).
 
@@ -334,6 +382,28 @@ def _remove_if_empty(path: str) -> None:
         pass
 
 
+def first_failure(error: BaseException | None, collective: bool = True) -> str | None:
+    """``": <reason>"`` of the first process whose part failed (``" on rank R (node N, local rank L): <reason>"``
+    under several processes), or None when none did. With ``collective`` every process must call it: the reasons
+    are gathered (a barrier), so that all take the same path and name the same process."""
+    import torch.distributed as dist
+
+    reason = None if error is None else one_line(error, limit=200)
+    if not (dist.is_available() and dist.is_initialized()):
+        return None if reason is None else f": {reason}"
+    from .distributed import where
+
+    rank = dist.get_rank()
+    if not collective:
+        return None if reason is None else f" on rank {rank} ({where()}): {reason}"
+    views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, None if reason is None else (reason, where()))
+    for rank, view in enumerate(views):
+        if view is not None:
+            return f" on rank {rank} ({view[1]}): {view[0]}"
+    return None
+
+
 def mark_complete(staging: str, run_id: str | None, step: int) -> None:
     """Write the completion marker into ``staging`` and sync every file to disk."""
     sizes = _sync_files(staging)
@@ -367,13 +437,16 @@ class AtomicCheckpoints:
             shutil.rmtree(staging)  # the leftovers of a save that was interrupted
         self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]
         self._staging_root = staging_root
+        error: BaseException | None = None
         try:
             super()._save_checkpoint(model, trial)  # type: ignore[misc]
-        except Exception as exc:
-            raise self._save_failed(exc, run_dir, staging) from exc
+        except Exception as exc:  # OSError, or the safetensors writer's own error type
+            error = exc
         finally:
             self._staging_root = None
-        self.accelerator.wait_for_everyone()  # type: ignore[attr-defined]  (every process wrote its files)
+        failure = first_failure(error)  # also the barrier: every process wrote its files, or one failed
+        if failure is not None:
+            raise self._save_failed(failure, run_dir, staging) from error
         if not main:
             return
         final = os.path.join(run_dir, name)
@@ -385,7 +458,7 @@ class AtomicCheckpoints:
             mark_complete(staging, self.run_id, state.global_step)
             _move_into(staging, final)
         except OSError as exc:
-            raise self._save_failed(exc, run_dir, staging) from exc
+            raise self._save_failed(first_failure(exc, collective=False), run_dir, staging) from exc
         _remove_if_empty(staging_root)
         _fsync_path(run_dir)
         rotate_checkpoints(
@@ -396,14 +469,14 @@ class AtomicCheckpoints:
         )
 
 
-    def _save_failed(self, exc: BaseException, run_dir: str, staging: str) -> RunError:
+    def _save_failed(self, failure: str, run_dir: str, staging: str) -> RunError:
         """Remove the partial checkpoint; the one-line error naming the last complete checkpoint of this run."""
         if self.args.should_save:  # type: ignore[attr-defined]
             shutil.rmtree(staging, ignore_errors=True)
             _remove_if_empty(os.path.dirname(staging))
         last = last_complete_checkpoint(run_dir, self.run_id)
         return RunError(
-            f"could not write {os.path.basename(staging)}: {one_line(exc, limit=200)}; "
+            f"could not write {os.path.basename(staging)}{failure}; "
             + (f"the last complete checkpoint is {last}" if last else "no complete checkpoint of this run exists")
             + " (free space, then resume with --resume_from_checkpoint true)"
         )
@@ -475,6 +548,12 @@ def begin_run(trainer: Any, run_id: str | None, resume_from: str | None) -> bool
 
     trainer.run_id = run_id
     output_dir = trainer.args.output_dir
+    if trainer.args.save_on_each_node and _several_nodes():
+        # transformers 5.24's save_pretrained writes on global rank 0 only once torch.distributed is up
+        # (PreTrainedModel.should_save_on_this_rank), whatever save_on_each_node says: every other node's
+        # checkpoints and final model would lack their weights and config. The Trainer decides (args.should_save).
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        model.should_save_on_this_rank = lambda is_main_process: bool(is_main_process)
     if trainer.args.should_save:
         os.makedirs(output_dir, exist_ok=True)
         shutil.rmtree(os.path.join(output_dir, STAGING_DIR), ignore_errors=True)  # saves that were interrupted
@@ -505,11 +584,49 @@ def crash_reported(trainer: Any, say: Callable[[str], None]) -> Iterator[None]:
         raise
 
 
+def _several_nodes() -> bool:
+    """Whether this run's processes span several nodes (torchrun's ``LOCAL_WORLD_SIZE`` < ``WORLD_SIZE``)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return int(os.environ.get("LOCAL_WORLD_SIZE", str(world))) < world
+
+
+def _share_summary(trainer: Any) -> None:
+    """Several nodes: rank 0's summary reaches every node's console, and (each node saving to its own disk) its
+    ``launch_summary.json`` and ``trainer_state.json`` too, with this node's paths. Every process calls it."""
+    import dataclasses
+
+    import torch.distributed as dist
+
+    from .console import say
+    from .summary import RunResult, summary_lines
+
+    if not (_several_nodes() and dist.is_available() and dist.is_initialized()):
+        return
+    output_dir = trainer.args.output_dir
+    box = [read_json(os.path.join(output_dir, "launch_summary.json")) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    summary = box[0]
+    if dist.get_rank() == 0 or summary is None:
+        return
+    for key in ("saved_to", "checkpoint"):
+        if summary.get(key):
+            summary[key] = output_dir if key == "saved_to" else os.path.join(output_dir, os.path.basename(summary[key]))
+    if trainer.args.should_save:
+        write_json_atomic(os.path.join(output_dir, "launch_summary.json"), summary)
+        trainer.state.save_to_json(os.path.join(output_dir, "trainer_state.json"))
+    result = RunResult(**{f.name: summary.get(f.name) for f in dataclasses.fields(RunResult)})
+    for line in summary_lines(result, bool(summary.get("padding_free", True))):
+        say(line)
+
+
 def end_run(trainer: Any, status: str, **fields: Any) -> None:
     """Record how the run ended (``finished``, ``interrupted``, ``failed``) in its run file (main process).
 
-    Best effort for ``failed`` (the disk may be full): the failure itself is what gets reported.
+    Best effort for ``failed`` (the disk may be full): the failure itself is what gets reported. Other statuses
+    are reached by every process together: on several nodes each one then gets rank 0's summary.
     """
+    if status != "failed":
+        _share_summary(trainer)
     if trainer.args.should_save:
         try:
             write_run(trainer.args.output_dir, status=status, global_step=trainer.state.global_step,

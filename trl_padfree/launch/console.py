@@ -1,4 +1,9 @@
-"""Console output of ``trl-padfree train``: main-process messages, one-line errors, quiet replicas."""
+"""Console output of ``trl-padfree train``: main-process messages, one-line errors, quiet replicas.
+
+Under a multi-process launcher the first process of each node prints (``LOCAL_RANK`` 0): on one node that is
+rank 0 alone; with several nodes each node's console (its own log file, on a cluster) shows the run's lines, not
+only the Trainer's metric dicts. The other processes stay quiet.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,9 @@ __all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quie
 
 
 def is_main_process() -> bool:
-    """True on the process that logs (rank 0), also before the Trainer has set up distribution."""
-    return int(os.environ.get("RANK", "0")) == 0
+    """True on the process that logs for its node (``LOCAL_RANK`` 0; rank 0 on one node), also before the Trainer
+    has set up distribution."""
+    return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0
 
 
 def say(message: str) -> None:
@@ -57,6 +63,6 @@ def quiet_progress() -> Iterator[None]:
 
 
 def print_error(message: str) -> None:
-    """The one-line error of bad input (from the main process only: every rank reaches the same verdict)."""
+    """The one-line error (bad input, or a failure every rank agreed on) from the first process of each node."""
     if is_main_process():
         print(f"trl-padfree train: error: {message}", file=sys.stderr, flush=True)

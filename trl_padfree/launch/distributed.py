@@ -25,6 +25,7 @@ destructor never runs; the process is about to exit and the operating system rec
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import os
@@ -43,8 +44,203 @@ __all__ = [
     "finish",
     "fsdp_requested",
     "launcher_world_size",
+    "plan_nodes",
+    "restart_attempt",
+    "separate_restart_attempts",
 ]
 
+
+def restart_attempt() -> int:
+    """torchrun's restart count of this worker group (``TORCHELASTIC_RESTART_COUNT``; 0 on the first attempt)."""
+    try:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    except ValueError:
+        return 0
+
+
+def separate_restart_attempts() -> None:
+    """Give each torchrun restart its own keys in the store the workers rendezvous through.
+
+    torchrun (torch 2.13) hands its workers the agent's own TCPStore (``TORCHELASTIC_USE_AGENT_STORE=True``); that
+    store lives as long as torchrun and the process group's keys in it are the same in every attempt. After a
+    restart, a new rank that reaches ``init_process_group`` before its peers reads the dead attempt's gloo
+    addresses and fails: ``Gloo connectFullMesh failed ... Connection refused`` (measured: the restarted group of a
+    2-rank ``--max_restarts 1`` run failed this way in 2 of 2 tries; a bare all-reduce script, whose ranks arrive
+    together, passed). Prefixing the keys with the attempt makes every attempt rendezvous afresh.
+    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment has the same effect: a new store per
+    attempt.) Call before the process group is created; a no-op outside torchrun.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return
+    import torch.distributed as dist
+    from torch.distributed import rendezvous
+
+    handlers = getattr(rendezvous, "_rendezvous_handlers", None)  # torch's registry of init_method schemes
+    original = handlers.get("env") if isinstance(handlers, dict) else None
+    if original is None or getattr(original, "trl_padfree_attempts", False):
+        return
+    prefix = f"trl_padfree/attempt_{restart_attempt()}/"
+
+    def env_per_attempt(url: str, **kwargs: Any) -> Any:
+        for store, rank, world_size in original(url, **kwargs):
+            yield dist.PrefixStore(prefix, store), rank, world_size
+
+    env_per_attempt.trl_padfree_attempts = True  # type: ignore[attr-defined]
+    handlers["env"] = env_per_attempt
+
+
+def _apply_timeout(seconds: int) -> None:
+    """Make ``ddp_timeout`` the default process group's timeout: how long a collective waits for a process that
+    does not answer (stopped, hung, on a dead node) before it fails. transformers 5.24 passes ``ddp_timeout`` to
+    the process group on GPUs only; with ``use_cpu`` the group kept torch's 30 minutes (measured: a rank stopped
+    with SIGSTOP held the others for as long as the run was left, ``--ddp_timeout 10`` notwithstanding)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # torch >= 2.3
+    if setter is not None and seconds:
+        setter(timedelta(seconds=seconds))
+        _TIMEOUT.append(float(seconds))
+
+
+def _node_id() -> str:
+    """This process's node: torchrun's ``GROUP_RANK`` (also on one machine), else the host name."""
+    import socket
+
+    return os.environ.get("GROUP_RANK") or socket.gethostname()
+
+
+def _nearest_existing(path: str) -> str:
+    path = os.path.abspath(os.path.expanduser(path))
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def _output_dir_shared(output_dir: str) -> list[tuple[str, bool]]:
+    """``(node, sees rank 0's marker)`` of every rank: rank 0 writes a marker file in ``output_dir`` (or the nearest
+    directory above it that exists, so that nothing is created), every rank whose ``output_dir`` is the same path
+    looks for it in its own view of that path after a barrier, then rank 0 removes it."""
+    import uuid
+
+    import torch.distributed as dist
+
+    path = os.path.realpath(os.path.expanduser(output_dir))
+    token = [(uuid.uuid4().hex, path) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    name = f".trl_padfree_node_probe-{token[0][0]}"
+    marker = os.path.join(_nearest_existing(output_dir), name)
+    error = None
+    if dist.get_rank() == 0:
+        try:
+            with open(marker, "w", encoding="utf-8") as handle:
+                handle.write("written by global rank 0 to see which nodes share output_dir; removed at once\n")
+        except OSError as exc:
+            error = exc
+    dist.barrier()
+    # another path is another directory, even on the same filesystem: the nodes then write apart
+    seen = path == token[0][1] and os.path.exists(os.path.join(_nearest_existing(output_dir), name))
+    views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, (_node_id(), seen))
+    if dist.get_rank() == 0:
+        with contextlib.suppress(OSError):
+            os.unlink(marker)
+    if error is not None:
+        raise ConfigError(f"output_dir {output_dir!r}: could not write a file there ({error})")
+    return views
+
+
+def plan_nodes(cfg: Any) -> str | None:
+    """Decide who writes what when the run spans several processes, and agree on the run and its checkpoint.
+
+    - One node: as before (the main process writes; ``save_on_each_node`` as configured).
+    - Several nodes that see one ``output_dir`` (a shared filesystem): global rank 0 alone writes
+      (``save_on_each_node`` off: two nodes writing the same files at once would corrupt them).
+    - Several nodes, each with its own ``output_dir`` (separate disks): the first process of every node writes
+      checkpoints, the final model and the run record to its own disk (``save_on_each_node``), so that
+      ``resume_from_checkpoint: true`` / ``auto`` works on every node.
+    - Some nodes sharing and some not: refused (ConfigError).
+
+    Every rank takes rank 0's run id (a new run), and a resumed run continues from the newest step whose checkpoint
+    is complete on every node. Returns the text for the run line (None with a single process).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    from .checkpoints import complete_steps
+
+    training = cfg.training
+    _apply_timeout(training.ddp_timeout)
+    views = _output_dir_shared(training.output_dir)
+    nodes = sorted({node for node, _ in views})
+    first = {node for node, seen in views if node == views[0][0]}
+    seeing = {node for node, seen in views if seen}
+    if len(nodes) == 1:
+        layout = f"{len(views)} processes on 1 node: rank 0 writes"
+    elif seeing == set(nodes):
+        if training.save_on_each_node:
+            cfg.notes.append("save_on_each_node: true is ignored: output_dir is shared by the nodes (one filesystem), "
+                             "where every node would write the same files at once")
+        training.save_on_each_node = False
+        layout = f"{len(views)} processes on {len(nodes)} nodes, output_dir shared: global rank 0 writes"
+    elif seeing == first:
+        training.save_on_each_node = True
+        layout = (f"{len(views)} processes on {len(nodes)} nodes, output_dir not shared: the first process of every "
+                  "node writes to its own output_dir (save_on_each_node)")
+    else:
+        raise ConfigError(
+            f"output_dir {training.output_dir!r} is shared by some nodes but not others ({', '.join(sorted(seeing))} "
+            f"see global rank 0's files, {', '.join(n for n in nodes if n not in seeing)} do not): use one shared "
+            "filesystem for all nodes, or a separate disk on each"
+        )
+    _agree_on_run(cfg, complete_steps)
+    return layout
+
+
+def _agree_on_run(cfg: Any, complete_steps: Any) -> None:
+    """Every rank trains the same run from the same step (see :func:`plan_nodes`)."""
+    import torch.distributed as dist
+
+    resume = cfg.resume_from_checkpoint
+    output_dir = os.path.abspath(cfg.training.output_dir)
+    inside = resume is not None and os.path.dirname(os.path.abspath(str(resume))) == output_dir
+    mine = (cfg.run_id, None if resume is None else os.path.basename(os.path.normpath(str(resume))), inside,
+            complete_steps(output_dir, cfg.run_id) if inside else [])
+    views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, mine)
+    run_id = views[0][0]
+    if all(name is None for _, name, _, _ in views):
+        cfg.run_id = run_id  # a new run: rank 0's id everywhere (each node's markers and run record agree)
+        return
+
+    def listing(show: Any) -> str:
+        return "; ".join(f"rank {rank}: {show(view)}" for rank, view in enumerate(views))
+
+    if any(name is None for _, name, _, _ in views) or (
+        all(inside for _, _, inside, _ in views) and len({view[0] for view in views}) > 1
+    ):
+        raise ConfigError(
+            "the processes do not resume the same run ("
+            + listing(lambda v: f"run {v[0]} from {v[1]}" if v[1] else "a new run")
+            + "): each node's output_dir must hold the same run, resumed with the same resume_from_checkpoint"
+        )
+    cfg.run_id = run_id
+    if not all(inside for _, _, inside, _ in views):  # a checkpoint path elsewhere: the same step everywhere
+        if len({name for _, name, _, _ in views}) > 1:
+            raise ConfigError("the processes resume different checkpoints (" + listing(lambda v: v[1]) + ")")
+        return
+    common = set.intersection(*(set(steps) for _, _, _, steps in views))
+    if not common:
+        raise ConfigError("no checkpoint of this run is complete on every node ("
+                          + listing(lambda v: ", ".join(f"checkpoint-{s}" for s in v[3]) or "none") + ")")
+    step = max(common)
+    path = os.path.join(cfg.training.output_dir, f"checkpoint-{step}")
+    if os.path.abspath(str(resume)) != os.path.abspath(path):
+        cfg.notes.append(f"resuming from {path} instead of {resume}: step {step} is the newest checkpoint complete on "
+                         "every node")
+        cfg.resume_from_checkpoint = path
 
 def launcher_world_size() -> int:
     """The number of processes the launcher says it started (``WORLD_SIZE``; 1 when there is no launcher)."""
@@ -111,6 +307,35 @@ def end_process_group() -> None:
     dist.destroy_process_group()
 
 
+def where() -> str:
+    """``node N, local rank L`` of this process (torchrun's ``GROUP_RANK`` / ``LOCAL_RANK``)."""
+    return f"node {os.environ.get('GROUP_RANK', '0')}, local rank {os.environ.get('LOCAL_RANK', '0')}"
+
+
+_TIMEOUT: list[float] = []  # the process group's timeout set by _apply_timeout (seconds)
+
+
+def _timeout_seconds() -> float | None:
+    """The default process group's timeout (``ddp_timeout``) in seconds, once :func:`plan_nodes` set it."""
+    return _TIMEOUT[-1] if _TIMEOUT else None
+
+
+def lost_contact(error: BaseException) -> str | None:
+    """The one-line cause when ``error`` is a collective that failed because another process of the run is gone
+    (killed, crashed) or did not answer within the process group's timeout (``ddp_timeout``: stopped, hung, too
+    slow); None for any other error (that one is printed with its traceback)."""
+    text = " ".join(str(error).split())
+    detail = text[:240]
+    if "closed by peer" in text or "reset by peer" in text or "Broken pipe" in text or "Connection refused" in text:
+        return f"another process of the run is gone (killed or crashed; gloo: {detail})"
+    if "Timed out" in text or "timed out" in text or "Timeout" in text or "DistStoreError" in type(error).__name__:
+        seconds = _timeout_seconds()
+        limit = f"ddp_timeout={seconds:g} s" if seconds else "the process group's timeout (ddp_timeout)"
+        return (f"a collective did not complete within {limit}: another process of the run is stopped, hung or too "
+                f"slow ({detail})")
+    return None
+
+
 def _leave_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -136,10 +361,13 @@ def finish(code: int, error: BaseException | None = None) -> int:
             end_process_group()
             return 0
         except Exception as exc:  # another rank failed: leave as well, non-zero
-            print(f"[trl-padfree] rank {rank}: another process of the run failed ({one_line(exc, limit=200)}); "
+            print(f"[trl-padfree] rank {rank} ({where()}): another process of the run failed ({one_line(exc, limit=200)}); "
                   "exiting with code 1", file=sys.stderr, flush=True)
             _leave_now(1)
-    if error is not None:
+    lost = lost_contact(error) if error is not None else None
+    if lost is not None:
+        print(f"[trl-padfree] rank {rank} ({where()}): {lost}; exiting with code 1", file=sys.stderr, flush=True)
+    elif error is not None:
         print(f"[trl-padfree] rank {rank} failed:", file=sys.stderr)
         traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
     _leave_now(code or 1)

@@ -377,8 +377,13 @@ def _check_resume(cfg: LaunchConfig) -> None:
         choose_resume,
         new_run_id,
         read_json,
+        resolve_auto_resume,
         run_contents,
     )
+    from .distributed import restart_attempt
+
+    if resolve_auto_resume(cfg, restart_attempt()):  # auto, or a worker restarted by torchrun (launch.checkpoints)
+        return
 
     value = cfg.resume_from_checkpoint
     output_dir = cfg.training.output_dir
