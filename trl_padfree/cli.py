@@ -11,6 +11,7 @@ import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trl_padfree.launch", "fine-tune a model from a YAML config (SFTTrainer + this collator)"),
+    "dpo": ("trl_padfree.launch.dpo_cli", "preference-train a model from a YAML config (DPOTrainer, padding-free)"),
     "preview": ("trl_padfree.launch.preview", "show the first examples of a config's data, trained tokens marked"),
     "check": ("trl_padfree.check", "probe whether a model keeps packed examples apart"),
     "bench": ("trl_padfree.bench", "padded vs padding-free benchmark (throughput, memory, loss)"),

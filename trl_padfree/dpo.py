@@ -24,6 +24,7 @@ With ``padding_free=False`` the trainer is TRL's, unchanged.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any
 
 import torch
@@ -165,9 +166,11 @@ class DPOTrainer(trl.DPOTrainer):
         if model is self.model and is_peft_model(self.model) and self.ref_model is None:
             unwrapped = self.accelerator.unwrap_model(self.model)
             adapter = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
-        with torch.no_grad(), disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs), \
-                adapter:
-            out = self._flat_forward(model, inputs)
+        with torch.no_grad(), warnings.catch_warnings(), adapter:
+            # TRL's helper reads transformers' deprecated `is_gradient_checkpointing` (a FutureWarning every step)
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                out = self._flat_forward(model, inputs)
         return self._sequence_logps(out.log_probs, inputs)
 
     def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:

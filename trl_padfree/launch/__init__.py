@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-def load_config(argv: Sequence[str], check_environment: bool = True) -> LaunchConfig:
+def load_config(argv: Sequence[str], check_environment: bool = True, task: str = "sft") -> LaunchConfig:
     """Parse and validate ``argv`` exactly as ``main`` does, without loading tokenizer, data or model.
 
     With ``check_environment=False`` the checks that depend on this machine (CUDA, flash-attn, optional
@@ -47,13 +47,15 @@ def load_config(argv: Sequence[str], check_environment: bool = True) -> LaunchCo
     from .demo import builtin_config, resolve_package_paths
     from .validate import validate_config
 
-    cfg = parse_arguments(builtin_config(argv))  # --config demo: the demo config shipped in the package
+    prog = "trl-padfree dpo" if task == "dpo" else "trl-padfree train"
+    cfg = parse_arguments(builtin_config(argv), prog=prog, task=task)  # --config demo: the demo config shipped in the package
     resolve_package_paths(cfg)  # trl_padfree/demo/... paths of an installed package, from any directory
     return validate_config(cfg, check_environment=check_environment)
 
 
-def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> int:
-    """Run ``trl-padfree train`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task: str = "sft") -> int:
+    """Run ``trl-padfree train`` (``task="dpo"``: ``trl-padfree dpo``) with ``argv`` (default ``sys.argv[1:]``);
+    returns the exit code.
 
     ``callbacks``: extra Trainer callbacks for the run (the tests' fault injection uses them).
     """
@@ -68,17 +70,17 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = ()) -> in
     quiet_replicas()  # under a distributed launcher only the first process of each node logs, from the very start
     separate_restart_attempts()  # before the process group exists (parsing the config creates it)
     try:
-        cfg = load_config(argv)
+        cfg = load_config(argv, task=task)
         apply_defaults(cfg)
         layout = plan_nodes(cfg)  # several processes: who writes what, one run id, one checkpoint to resume
         say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items())
             + (f", processes={layout}" if layout else ""))
         train(cfg, callbacks)
     except ConfigError as exc:
-        print_error(str(exc))
+        print_error(str(exc), "trl-padfree dpo" if task == "dpo" else "trl-padfree train")
         return finish(2)
     except RunError as exc:  # a failure during the run, e.g. a save on a full disk (launch.checkpoints)
-        print_error(str(exc))
+        print_error(str(exc), "trl-padfree dpo" if task == "dpo" else "trl-padfree train")
         return finish(1)
     except SystemExit as exc:  # --help
         return finish(exc.code if isinstance(exc.code, int) else 0)

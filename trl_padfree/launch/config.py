@@ -152,9 +152,9 @@ class LaunchConfig:
     """Everything ``trl-padfree train`` was asked to do, parsed and (after validation) resolved."""
 
     data: DataArguments
-    collator: CollatorArguments
+    collator: Any  # CollatorArguments (sft) or launch.dpo.PreferenceArguments (dpo)
     launch: LaunchArguments
-    training: Any  # trl.SFTConfig (imported lazily: importing TRL takes seconds)
+    training: Any  # trl.SFTConfig or trl.DPOConfig (imported lazily: importing TRL takes seconds)
     model: Any  # trl.ModelConfig
     config_path: str | None = None
     padding_free: bool = True
@@ -166,6 +166,7 @@ class LaunchConfig:
     run_id: str | None = None  # this run's id (launch.checkpoints), decided by validation
     model_init_kwargs: dict[str, Any] | None = None  # SFTConfig.model_init_kwargs, applied by the launcher
     notes: list[str] = dataclasses.field(default_factory=list)  # lines validation leaves for the run to print
+    task: str = "sft"  # "sft" (trl-padfree train) or "dpo" (trl-padfree dpo)
 
 
 #: Defaults of the launcher that differ from those of the dataclasses. ``gradient_checkpointing`` (TRL: True) is
@@ -196,29 +197,54 @@ def _strict_parser(dataclass_types: Sequence[type], prog: str) -> Any:
     )
 
 
-def argument_classes() -> tuple[type, ...]:
-    """The dataclasses whose fields make up the config, in parsing order."""
-    from trl import ModelConfig, SFTConfig
+TASKS = ("sft", "dpo")
+"""The trainers of the launch: ``trl-padfree train`` (SFT) and ``trl-padfree dpo`` share this parser, as ``trl sft``
+and ``trl dpo`` share TRL's."""
+
+
+def argument_classes(task: str = "sft") -> tuple[type, ...]:
+    """The dataclasses whose fields make up the config of ``task``, in parsing order.
+
+    SFT: the data, collator and launcher arguments, ``SFTConfig``, ``ModelConfig``; DPO: the same with
+    :class:`~.dpo.PreferenceArguments` for the collator's and ``DPOConfig`` for ``SFTConfig``.
+    """
+    from trl import ModelConfig
+
+    if task == "dpo":
+        from trl import DPOConfig
+
+        from .dpo import PreferenceArguments
+
+        return (DataArguments, PreferenceArguments, LaunchArguments, DPOConfig, ModelConfig)
+    from trl import SFTConfig
 
     return (DataArguments, CollatorArguments, LaunchArguments, SFTConfig, ModelConfig)
 
 
-def build_parser(prog: str = "trl-padfree train") -> Any:
+def build_parser(prog: str = "trl-padfree train", task: str = "sft") -> Any:
     """The launcher's ``TrlParser`` over :func:`argument_classes`, with the launcher's defaults."""
     from transformers.utils import is_torch_bf16_gpu_available
 
-    parser = _strict_parser(argument_classes(), prog)
+    parser = _strict_parser(argument_classes(task), prog)
+    parser.padfree_task = task
+    if task == "dpo":
+        parser.description = (
+            "Preference-train a causal LM with trl_padfree.DPOTrainer (TRL's DPOTrainer, padding-free). --config "
+            "FILE: a YAML mapping of any of the fields below (plus an optional `env` mapping of environment "
+            "variables); command-line values override the file. Exit code 2 on bad input."
+        )
     parser.set_defaults(**LAUNCH_DEFAULTS, bf16=is_torch_bf16_gpu_available())
-    return install_help(parser, field_sections())  # --help: grouped, with this launcher's defaults
+    return install_help(parser, field_sections(task))  # --help: grouped, with this launcher's defaults
 
 
-def field_sections() -> dict[str, str]:
+def field_sections(task: str = "sft") -> dict[str, str]:
     """The ``--help`` section (a key of :data:`~.help.GROUPS`) of each field of the launcher's own dataclasses and
     TRL's ``ModelConfig``, by the dataclass that holds it (the first, where two hold a field)."""
     from trl import ModelConfig
 
     sections: dict[str, str] = {}
-    for key, cls in (("data", DataArguments), ("collator", CollatorArguments), ("launcher", LaunchArguments),
+    collator = argument_classes(task)[1]
+    for key, cls in (("data", DataArguments), ("collator", collator), ("launcher", LaunchArguments),
                      ("model", ModelConfig)):
         for f in dataclasses.fields(cls):
             sections.setdefault(f.name, key)
@@ -271,10 +297,10 @@ def read_yaml_config(path: str) -> dict[str, Any]:
     return config
 
 
-def _field_types() -> dict[str, Any]:
+def _field_types(task: str = "sft") -> dict[str, Any]:
     """Resolved type annotation of every config field, by name (first dataclass wins, like the parser)."""
     types_: dict[str, Any] = {}
-    for cls in argument_classes():
+    for cls in argument_classes(task):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             types_.setdefault(f.name, hints.get(f.name, f.type))
@@ -350,7 +376,7 @@ class _ValueChecker:
         for action in parser._actions:  # the first action of a dest is the field's (``--no_x`` comes after)
             if action.dest != "help" and action.option_strings:
                 self.actions.setdefault(action.dest, action)
-        self.types = _field_types()
+        self.types = _field_types(getattr(parser, "padfree_task", "sft"))
         self.source = source
 
     def wrong(self, key: str, value: Any, expected: str) -> ConfigError:
@@ -507,14 +533,14 @@ def _null_templates(collator: CollatorArguments) -> None:
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 
-def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> LaunchConfig:
+def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: str = "sft") -> LaunchConfig:
     """Parse ``[--config FILE] [--field value ...]`` into a :class:`LaunchConfig` (no validation beyond types).
 
     Raises :class:`ConfigError` for an unknown key, a wrongly typed value, a missing or malformed config file,
     and for errors raised by the dataclasses' own checks (e.g. ``SFTConfig``'s).
     """
     config_path, args = _split_config_flag(argv)
-    parser = build_parser(prog)
+    parser = build_parser(prog, task)
     env: dict[str, str] = {}
     explicit = {a[2:].split("=", 1)[0].removeprefix("no_") for a in args if a.startswith("--")}
     if config_path is not None:
@@ -537,8 +563,10 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train") -> Lau
         raise ConfigError(f"invalid settings: {message}") from None
     _reject_unknown_flags(parser, remaining)
     data, collator, launch, training, model = parsed
-    _null_templates(collator)
+    if isinstance(collator, CollatorArguments):
+        _null_templates(collator)
     return LaunchConfig(
+        task=task,
         data=data,
         collator=collator,
         launch=launch,

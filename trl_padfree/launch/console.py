@@ -62,7 +62,7 @@ def quiet_progress() -> Iterator[None]:
             transformers.utils.logging.enable_progress_bar()
 
 
-def print_error(message: str) -> None:
+def print_error(message: str, program: str = "trl-padfree train") -> None:
     """The one-line error (bad input, or a failure every rank agreed on) from the first process of each node."""
     if is_main_process():
-        print(f"trl-padfree train: error: {message}", file=sys.stderr, flush=True)
+        print(f"{program}: error: {message}", file=sys.stderr, flush=True)

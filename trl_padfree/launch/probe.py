@@ -23,12 +23,14 @@ def _failed_anywhere(failure: str | None) -> str | None:
     return failure
 
 
-def probe_model(model: Any, training: Any) -> None:
+def probe_model(model: Any, training: Any, check: Any = None) -> None:
     """Raise :class:`ConfigError` if packed examples leak under the model's attention implementation.
 
     Judged at the training precision (bf16/fp16 mixed precision gets that dtype's tolerance), on the training
     device where the Trainer would put the model anyway. A process that holds no real weights (FSDP loading on
-    rank 0 only, DeepSpeed ZeRO-3 shards) skips the probe; any process's failure stops every process.
+    rank 0 only, DeepSpeed ZeRO-3 shards) skips the probe; any process's failure stops every process. ``check``:
+    the probe to run (default :func:`~trl_padfree.probe.assert_packing_safe`; ``trl-padfree dpo`` passes the
+    preference probe, :func:`~trl_padfree.preference_probe.assert_preference_packing_safe`).
     """
     from trl_padfree.probe import PackingLeakError, assert_packing_safe, training_rtol
 
@@ -38,7 +40,7 @@ def probe_model(model: Any, training: Any) -> None:
         if training.device.type != "cpu" and not quantized and not sharded_launch(training):
             model.to(training.device)
         try:
-            report = assert_packing_safe(model, rtol=training_rtol(training))
+            report = (check or assert_packing_safe)(model, rtol=training_rtol(training))
         except PackingLeakError as exc:
             headline = str(exc.report).splitlines()[0]
             failure = f"padding-free training is unsafe for this model: {headline} {exc.report.advice}"

@@ -70,30 +70,59 @@ def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
         say(f"preparing data (tokenizer of {cfg.model.model_name_or_path})")
         with training.main_process_first(desc="loading the tokenizer"):
             tokenizer = load_tokenizer(cfg)
-        label_factory = make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True)
-
-        from .data import prepare_data
-
         with training.main_process_first(desc="preparing the data"):
-            data = prepare_data(cfg, tokenizer, label_factory)
-        say(f"data: {len(data.train)} training examples"
-            + (f", {len(data.eval)} eval examples" if data.eval is not None else "") + f" (format: {data.text_format})")
-        if data.template_missing_in_check:
-            say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
-                f"template {cfg.collator.response_template!r}")
-        for split, count in data.dropped.items():
-            if count:
-                say(f"dropped {count} of {data.loaded[split]} {split} examples with no trained token left (response "
-                    f"template missing, or the completion cut off by max_length={training.max_length})")
+            data = _prepare_preferences(cfg, tokenizer) if cfg.task == "dpo" else _prepare_sft_data(cfg, tokenizer)
         say(f"loading model {cfg.model.model_name_or_path} (attn_implementation={cfg.attn_implementation!r}, "
             f"dtype={cfg.model.dtype})")
         model = load_model(cfg)
+        check = None
+        if cfg.task == "dpo":
+            from .dpo import probe_check
+
+            check = probe_check(cfg)
         if cfg.padding_free and cfg.launch.check_packing:
-            probe_model(model, training)
-        return _fit(cfg, tokenizer, model, data, callbacks)  # (the Trainer's own bar follows disable_tqdm)
+            probe_model(model, training, check=check)
+        ref_model = None
+        if cfg.task == "dpo":
+            from .dpo import load_reference
+
+            ref_model = load_reference(cfg)
+            say("reference model: " + ("a second copy of the starting weights" if ref_model is not None else
+                                       "the policy with its LoRA adapters switched off"))
+        return _fit(cfg, tokenizer, model, data, callbacks, ref_model)  # (the Trainer's own bar follows disable_tqdm)
 
 
-def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Sequence[Any] = ()) -> RunResult:
+def _prepare_preferences(cfg: LaunchConfig, tokenizer: Any) -> Any:
+    """``trl-padfree dpo``'s data: checked preference records (TRL's DPOTrainer tokenizes them when built)."""
+    from .dpo import load_preference_data
+
+    data = load_preference_data(cfg, tokenizer)
+    say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None else "")
+        + f" (format: {data.text_format})")
+    return data
+
+
+def _prepare_sft_data(cfg: LaunchConfig, tokenizer: Any) -> Any:
+    """``trl-padfree train``'s data: formatted, tokenized and labelled by the collator, with the template check."""
+    from .data import prepare_data
+
+    training = cfg.training
+    label_factory = make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True)
+    data = prepare_data(cfg, tokenizer, label_factory)
+    say(f"data: {len(data.train)} training examples"
+        + (f", {len(data.eval)} eval examples" if data.eval is not None else "") + f" (format: {data.text_format})")
+    if data.template_missing_in_check:
+        say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
+            f"template {cfg.collator.response_template!r}")
+    for split, count in data.dropped.items():
+        if count:
+            say(f"dropped {count} of {data.loaded[split]} {split} examples with no trained token left (response "
+                f"template missing, or the completion cut off by max_length={training.max_length})")
+    return data
+
+
+def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Sequence[Any] = (),
+         ref_model: Any = None) -> RunResult:
     from trl import get_peft_config
 
     from .callbacks import GracefulStop
@@ -110,24 +139,29 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
     from .trainer import PadfreeSFTTrainer
 
     training = cfg.training
-    collator = make_collator_factory(cfg, tokenizer, padding_free=cfg.padding_free, quiet=False)()
 
     class LaunchTrainer(AtomicCheckpoints, PadfreeSFTTrainer):
         """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`)."""
 
     stop = GracefulStop(announce=say)
     with trainer_settings_checked(training.output_dir):  # TRL's own checks at construction: exit 2, one line
-        trainer = LaunchTrainer(
-            model=model,
-            args=training,
-            data_collator=collator,
-            train_dataset=data.train,
-            eval_dataset=data.eval,
-            processing_class=tokenizer,
-            peft_config=get_peft_config(cfg.model),
-            callbacks=[*callbacks, stop],  # extra callbacks act first within a step (a test hook signals before the check)
-            max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
-        )
+        if cfg.task == "dpo":
+            from .dpo import make_trainer
+
+            trainer = make_trainer(cfg, tokenizer, model, ref_model, data, [*callbacks, stop])
+        else:
+            collator = make_collator_factory(cfg, tokenizer, padding_free=cfg.padding_free, quiet=False)()
+            trainer = LaunchTrainer(
+                model=model,
+                args=training,
+                data_collator=collator,
+                train_dataset=data.train,
+                eval_dataset=data.eval,
+                processing_class=tokenizer,
+                peft_config=get_peft_config(cfg.model),
+                callbacks=[*callbacks, stop],  # extra callbacks act first within a step (a test hook signals before the check)
+                max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
+            )
     metrics: dict[str, Any] = {}
     if begin_run(trainer, cfg.run_id, cfg.resume_from_checkpoint):
         with stop, crash_reported(trainer, say):
@@ -176,7 +210,12 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         write_summary(result, training.output_dir, padding_free=cfg.padding_free,
                       attn_implementation=cfg.attn_implementation, **describe_distribution(training),
                       max_tokens_per_batch=cfg.launch.max_tokens_per_batch)
-        for line in summary_lines(result, cfg.padding_free):
+        lines = summary_lines(result, cfg.padding_free)
+        if cfg.task == "dpo":
+            from .dpo import preference_summary
+
+            lines = preference_summary(lines, trainer.state.log_history)
+        for line in lines:
             say(line)
     end_run(trainer, "interrupted" if interrupted else "finished", checkpoint=checkpoint, saved_to=saved_to)
     if eval_error is not None:

@@ -34,7 +34,7 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
     tokenizer = _load_auto(AutoTokenizer, cfg, "load the tokenizer")
     training = cfg.training
     for attr in ("eos_token", "pad_token"):
-        value = getattr(training, attr)
+        value = getattr(training, attr, None)  # (DPOConfig has no eos_token)
         if value is not None:
             if value not in tokenizer.get_vocab():
                 raise ConfigError(f"{attr}={value!r} is not in the vocabulary of {name!r}")
@@ -42,7 +42,7 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     check_vocabulary(cfg, tokenizer)
-    if training.chat_template_path is not None:
+    if getattr(training, "chat_template_path", None) is not None:  # (SFTConfig's; DPOConfig has none)
         path = training.chat_template_path
         if not (os.path.isfile(path) and path.endswith((".jinja", ".j2"))):
             raise ConfigError(f"chat_template_path={path!r} must be an existing .jinja file")

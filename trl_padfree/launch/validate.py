@@ -131,6 +131,11 @@ NUMERIC_RANGES: dict[str, Range] = {
     "template_check_examples": Range(1),
     "torch_num_threads": Range(1, hint="or null for torch's default"),
     "max_tokens_per_batch": Range(1, hint="or null for batches of per_device_train_batch_size examples"),
+    # trl-padfree dpo (DPOConfig)
+    "beta": Range(0, low_open=True),
+    "ld_alpha": Range(0, high=1, hint="or null for plain sums"),
+    "label_smoothing": Range(0, high=0.5, high_open=True),
+    "precompute_ref_batch_size": Range(1, hint="or null for per_device_train/eval_batch_size"),
 }
 #: Numeric fields without a range check here, and why (``tests/test_launch_validation.py`` checks that every
 #: numeric field is in one of the two tables).
@@ -384,7 +389,6 @@ def _check_resume(cfg: LaunchConfig) -> None:
 
     if resolve_auto_resume(cfg, restart_attempt()):  # auto, or a worker restarted by torchrun (launch.checkpoints)
         return
-
     value = cfg.resume_from_checkpoint
     output_dir = cfg.training.output_dir
     if value is None or value is False or str(value).lower() in {"false", "none", "null", ""}:
@@ -430,15 +434,21 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     """
     _check_numbers(cfg)
     _check_data(cfg)
-    _check_collator_and_trl(cfg)
+    if cfg.task == "dpo":
+        from .dpo import check_preference_config
+
+        check_preference_config(cfg)
+    else:
+        _check_collator_and_trl(cfg)
     _check_model(cfg, check_environment)
     _check_model_init_kwargs(cfg)
     if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():
         raise ConfigError("output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1")
     training = cfg.training
     cfg.padding_free = bool(training.padding_free)
-    training.padding_free = False  # the collator flattens by itself; TRL refuses a custom collator otherwise
-    training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
+    if cfg.task == "sft":  # (DPO: trl_padfree.DPOTrainer reads DPOConfig.padding_free itself)
+        training.padding_free = False  # the collator flattens by itself; TRL refuses a custom collator otherwise
+        training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
     if check_environment:
         cfg.attn_auto = cfg.attn_implementation == "auto"
         cfg.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, _training_device(cfg))

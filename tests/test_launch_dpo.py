@@ -1,0 +1,159 @@
+"""``trl-padfree dpo`` end to end on CPU: the demo config trains and raises the eval reward accuracy, SIGTERM saves
+a checkpoint and resuming reproduces the uninterrupted run, bad input exits 2 with one line, two ranks train and
+exit. Small runs: 48 demo pairs, batches of 4."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import TrainerCallback
+
+from trl_padfree.launch import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dpo-data")
+    train = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
+    short = [line for line in train if len(line) < 400][:48]
+    (out / "train.jsonl").write_text("\n".join(short) + "\n", encoding="utf-8")
+    evals = (DEMO / "data" / "pref_eval.jsonl").read_text(encoding="utf-8").splitlines()
+    (out / "eval.jsonl").write_text("\n".join([e for e in evals if len(e) < 400][:16]) + "\n", encoding="utf-8")
+    return out
+
+
+def dpo_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(ROOT / "configs" / "demo-dpo.yaml"),
+        "--model_name_or_path", str(DEMO / "model"),
+        "--train_file", str(data_dir / "train.jsonl"),
+        "--eval_file", str(data_dir / "eval.jsonl"),
+        "--output_dir", str(out),
+        "--max_steps", str(STEPS),
+        "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "8",
+        "--warmup_steps", "0",
+        "--logging_steps", "1",
+        "--eval_steps", "3",
+        "--eval_on_start", "false",
+        *extra,
+    ]  # fmt: skip
+
+
+def run_dpo(argv: list[str], callbacks=()) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv, callbacks, task="dpo")
+    return code, out.getvalue(), err.getvalue()
+
+
+def history(out: Path) -> list[dict]:
+    return json.loads((out / "trainer_state.json").read_text())["log_history"]
+
+
+def losses(out: Path) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in history(out) if "loss" in e}
+
+
+@pytest.fixture(scope="module")
+def full_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("dpo-full") / "out"
+    code, stdout, stderr = run_dpo(dpo_argv(data_dir, out))
+    assert code == 0, (stdout + stderr)[-3000:]
+    return out, stdout
+
+
+def test_demo_config_trains_saves_and_summarises(full_run):
+    out, stdout = full_run
+    assert (out / "model.safetensors").is_file()
+    assert "[trl-padfree] run: " in stdout and "padding_free=True" in stdout and "attn_implementation=padfree" in stdout
+    assert "[trl-padfree] data: 48 training pairs" in stdout and "(format: prompt/chosen/rejected)" in stdout
+    assert "[trl-padfree] reference model: a second copy of the starting weights" in stdout
+    assert "keeps packed examples apart" in stdout  # the preference probe ran before the first step
+    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
+    assert "[trl-padfree] eval reward accuracy: " in stdout and "real tokens/s" not in stdout
+    steps = [e for e in history(out) if "loss" in e]
+    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
+    for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
+                "logps/rejected", "num_tokens"):
+        assert all(key in e for e in steps), key
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["global_step"] == STEPS and summary["saved_to"] == str(out)
+
+
+class SigtermAt(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data_dir, tmp_path):
+    out = tmp_path / "out"
+    no_eval = ("--eval_strategy", "no")  # evaluation does not change training losses
+    code, stdout, _ = run_dpo(dpo_argv(data_dir, out, *no_eval), callbacks=[SigtermAt(3)])
+    assert code == 0
+    assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-3'}" in stdout
+    assert not (out / "model.safetensors").exists() and sorted(losses(out)) == [1, 2, 3]
+    code, stdout, _ = run_dpo(dpo_argv(data_dir, out, *no_eval, "--resume_from_checkpoint", "true"))
+    assert code == 0 and "checkpoint-3" in stdout
+    expected, resumed = losses(full_run[0]), losses(out)
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        assert resumed[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--beta_typo", "0.2"), "unknown"),
+        (("--template", "{prompt}"), "template is a setting of trl-padfree train (SFT)"),
+        (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
+        (("--padding_free", "false"), "prompt_once: true needs padding_free: true"),
+        (("--beta", "0"), "beta must be greater than 0"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(data_dir, tmp_path, extra, message):
+    out = tmp_path / "out"
+    code, stdout, stderr = run_dpo(dpo_argv(data_dir, out, *extra))
+    assert code == 2, stdout + stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], stderr
+    assert not out.exists()  # nothing written
+
+
+def test_records_without_rejected_are_refused(tmp_path, data_dir):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "hi", "chosen": " there"}) + "\n", encoding="utf-8")
+    code, _, stderr = run_dpo(dpo_argv(data_dir, tmp_path / "out", "--train_file", str(bad)))
+    assert code == 2 and "preference records need 'chosen' and 'rejected'" in stderr and "'rejected'" in stderr
+
+
+def test_two_ranks_train_and_exit(data_dir, tmp_path):
+    from test_distributed import free_port
+
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
+           "-m", "trl_padfree.cli", "dpo", *dpo_argv(data_dir, out, "--max_steps", "2", "--eval_strategy", "no")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["global_step"] == 2
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["epoch"] == pytest.approx(2 * 2 * 4 / 48)  # both ranks took a batch of 4 pairs per step
+    assert proc.stdout.count("[trl-padfree] steps: 2/2") == 1

@@ -1,0 +1,194 @@
+"""The preference stages of ``trl-padfree dpo``: its own settings, the data, the reference model, the trainer.
+
+``trl-padfree dpo`` is ``trl-padfree train`` with TRL's ``DPOConfig`` in place of ``SFTConfig`` (as ``trl dpo`` and
+``trl sft`` share one parser): the same config parsing and validation, machine defaults, run line, checkpoints,
+SIGTERM / Ctrl-C stop and resume, multi-process start and exit, and summary (:mod:`.run`). What differs lives here:
+
+- :class:`PreferenceArguments`: ``prompt_once`` (compute each pair's prompt once; needs ``"padfree"`` attention);
+- :func:`check_preference_config`: the SFT-only fields refused, ``attn_implementation`` made fit for the layout;
+- :func:`load_preference_data`: records with ``chosen`` / ``rejected`` (and ``prompt``, or TRL's implicit prompt),
+  plain text or conversational, checked record by record before TRL tokenizes them;
+- :func:`load_reference`: the frozen reference, loaded like the policy (none with ``use_peft``: the adapters are
+  switched off instead, as TRL does);
+- :func:`make_trainer`: :class:`trl_padfree.DPOTrainer` (padding-free through ``padding_free``, TRL's trainer
+  unchanged without it), with the launch's atomic checkpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import ConfigError, LaunchConfig
+
+__all__ = [
+    "PreferenceArguments",
+    "PreparedPreferences",
+    "check_preference_config",
+    "load_preference_data",
+    "load_reference",
+    "make_trainer",
+]
+
+
+@dataclass
+class PreferenceArguments:
+    """Settings of the padding-free preference batch (``padding_free`` is DPOConfig's field)."""
+
+    prompt_once: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute each pair's prompt once: the chosen and the rejected response both attend to its keys "
+            "and not to each other (|P|+|C|+|R|+1 tokens per pair instead of 2|P|+|C|+|R|). Needs padding_free: "
+            "true and attn_implementation 'padfree' (auto picks it)."
+        },
+    )
+
+
+_SFT_ONLY = ("template", "response_template", "instruction_template", "max_tokens_per_batch")
+
+
+def check_preference_config(cfg: LaunchConfig) -> None:
+    """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
+    for name in _SFT_ONLY:
+        holder = cfg.launch if name == "max_tokens_per_batch" else cfg.data if name == "template" else cfg.collator
+        if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
+            raise ConfigError(
+                f"{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected "
+                "records and scores only the responses: remove it"
+            )
+    if cfg.data.template is not None:
+        cfg.data.template = None
+    once = bool(getattr(cfg.collator, "prompt_once", False))
+    if once and not cfg.training.padding_free:
+        raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
+    if once and cfg.attn_implementation not in ("auto", "padfree"):
+        raise ConfigError(
+            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys; on a GPU "
+            f"it runs flash-attn or torch's varlen kernel), got {cfg.attn_implementation!r}: use auto or padfree"
+        )
+    if once:
+        cfg.attn_implementation = "padfree"
+
+
+def _is_messages(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+
+
+def check_preference_records(dataset: Any, source: str) -> None:
+    """Every record has ``chosen`` and ``rejected`` (and ``prompt`` when the responses do not hold it), all of one
+    kind: text, or lists of chat messages. A bad record is a :class:`ConfigError` naming it and the fix."""
+    columns = list(dataset.column_names)
+    missing = [c for c in ("chosen", "rejected") if c not in columns]
+    if missing:
+        raise ConfigError(
+            f"{source}: preference records need 'chosen' and 'rejected' (and usually 'prompt'); missing "
+            f"{', '.join(repr(m) for m in missing)} (columns: {', '.join(columns)})"
+        )
+    fields = [c for c in ("prompt", "chosen", "rejected") if c in columns]
+    for index, record in enumerate(dataset.select_columns(fields)):
+        kinds = set()
+        for name in fields:
+            value = record[name]
+            if isinstance(value, str):
+                kinds.add("text")
+            elif _is_messages(value):
+                kinds.add("messages")
+            else:
+                raise ConfigError(
+                    f"{source} record {index}: {name!r} must be a string or a list of chat messages "
+                    f"({{'role', 'content'}}), got {type(value).__name__}"
+                )
+            if not value and name != "prompt":
+                raise ConfigError(f"{source} record {index}: {name!r} is empty; drop the record or fill it in")
+        if len(kinds) > 1:
+            raise ConfigError(
+                f"{source} record {index}: mixes text and chat messages across {', '.join(fields)}; use one kind"
+            )
+
+
+@dataclass
+class PreparedPreferences:
+    train: Any
+    eval: Any | None
+    text_format: str
+
+
+def load_preference_data(cfg: LaunchConfig, tokenizer: Any) -> PreparedPreferences:
+    """The training and eval pairs, checked (TRL's ``DPOTrainer`` tokenizes them when it is built)."""
+    from .data import load_splits
+
+    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_preference_records)
+    first = train[0]
+    conversational = _is_messages(first["chosen"])
+    if conversational and getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError(
+            f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has no chat "
+            "template; set chat_template_path to a .jinja file, or use text records"
+        )
+    return PreparedPreferences(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected")
+
+
+def load_reference(cfg: LaunchConfig) -> Any:
+    """The reference model: a second copy of the starting weights, or None with ``use_peft`` (adapters off)."""
+    if cfg.model.use_peft:
+        return None
+    from .model import load_model
+
+    return load_model(cfg)
+
+
+def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, data: PreparedPreferences,
+                 callbacks: Sequence[Any]) -> Any:
+    """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built)."""
+    from trl import get_peft_config
+
+    from trl_padfree.dpo import DPOTrainer
+
+    from .checkpoints import AtomicCheckpoints
+    from .whole_run import WholeRunLog
+
+    class LaunchDPOTrainer(AtomicCheckpoints, WholeRunLog, DPOTrainer):
+        """``DPOTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`), logging what the
+        summary of the whole run needs (:mod:`.whole_run`)."""
+
+    return LaunchDPOTrainer(
+        model=model,
+        ref_model=ref_model,
+        args=cfg.training,
+        train_dataset=data.train,
+        eval_dataset=data.eval,
+        processing_class=tokenizer,
+        peft_config=get_peft_config(cfg.model),
+        callbacks=list(callbacks),
+        prompt_once=bool(getattr(cfg.collator, "prompt_once", False)),
+        check_packing=False,
+    )
+
+
+def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+    """The run's summary lines for DPO: the SFT token-throughput line left out (TRL logs ``num_tokens``), the eval
+    reward accuracy and margin added, first and last (at the start the policy is the reference: every reward is 0,
+    so no pair is won and the accuracy is 0).
+
+    >>> preference_summary(["steps: 2/2", "real tokens/s: n/a"], [{"eval_rewards/accuracies": 0.0,
+    ...     "eval_rewards/margins": 0.0}, {"eval_rewards/accuracies": 0.9, "eval_rewards/margins": 2.5}])
+    ['steps: 2/2', 'eval reward accuracy: 0.000 -> 0.900 (margin 0.000 -> 2.500)']
+    """
+    out = [line for line in lines if not line.startswith("real tokens/s")]
+    evals = [e for e in history if "eval_rewards/accuracies" in e]
+    if evals:
+        first, last = evals[0], evals[-1]
+        out.append(f"eval reward accuracy: {first['eval_rewards/accuracies']:.3f} -> {last['eval_rewards/accuracies']:.3f} "
+                   f"(margin {first['eval_rewards/margins']:.3f} -> {last['eval_rewards/margins']:.3f})")
+    return out
+
+
+def probe_check(cfg: LaunchConfig) -> Any:
+    """The probe the launch runs on the policy before anything is written (:func:`.probe.probe_model`)."""
+    from functools import partial
+
+    from trl_padfree.preference_probe import assert_preference_packing_safe
+
+    return partial(assert_preference_packing_safe, prompt_once=bool(getattr(cfg.collator, "prompt_once", False)))
