@@ -13,6 +13,7 @@ import pytest
 import tiny_dpo as T
 import torch
 import torch.nn.functional as F
+from test_fa_contract import flash_attention_2_on_cpu  # noqa: F401  (fixture)
 from transformers import AttentionInterface, TrainerCallback
 from transformers.masking_utils import AttentionMaskInterface
 
@@ -251,3 +252,65 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
         a = ours.compute_loss(ours.model, dict(batch)).item()
         b = theirs.compute_loss(theirs.model, dict(batch)).item()
     assert a == b
+
+
+def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flash_attention_2_on_cpu):  # noqa: F811
+    """transformers' own flash_attention_2 dispatch (kernel replaced by the reference varlen of test_fa_contract)
+    consumes the preference row's boundaries: loss and every gradient as TRL's padded batch under sdpa."""
+    tok, data = T.tokenizer(), T.pairs(8)
+    results = {}
+    for layout in ("padded", "padfree"):
+        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), check_packing=False,
+                            model_kwargs={"attn_implementation": "sdpa"})
+        if layout == "padfree":
+            for m in (trainer.model, trainer.ref_model):
+                m.config._attn_implementation = "flash_attention_2"
+        trainer.model.zero_grad()
+        loss = trainer.compute_loss(trainer.model, first_batch(trainer))
+        loss.backward()
+        results[layout] = (loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+    layers = T.model("padfree").config.num_hidden_layers
+    assert len(flash_attention_2_on_cpu) == 2 * layers  # policy and reference, every layer took the varlen path
+    assert rel(results["padfree"][0], results["padded"][0]) <= RTOL
+    assert grad_rel(results["padfree"][1], results["padded"][1]) <= RTOL
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
+    """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root / "tests")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(root / "tests" / "ddp_dpo.py"), str(tmp_path)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()  # both ranks ran to the end
+    results = json.loads((tmp_path / "results.json").read_text())
+    runs = {}
+    for layout in T.LAYOUTS:
+        assert results[layout]["world_size"] == 2 and results[layout]["ranks"] == 2
+        # 3 steps x 2 micro-batches x 2 pairs x 2 ranks = 24 of the 32 pairs
+        assert results[layout]["epoch"] == pytest.approx(24 / 32)
+        saved = torch.load(tmp_path / f"{layout}.pt")
+        runs[layout] = (saved["grads"], saved["weights"])
+    padded_logs, padded = results["padded"]["logs"], runs["padded"]
+    for layout in ("padfree", "once"):
+        logs = results[layout]["logs"]
+        assert len(logs) == len(padded_logs) == 3
+        for got, want in zip(logs, padded_logs, strict=True):
+            scale = BETA * max(abs(want["logps/chosen"]), abs(want["logps/rejected"]))
+            for key in METRICS:
+                tol = RTOL * max(abs(want[key]), scale if key.startswith("rewards/") else 0.0, 1e-7)
+                assert abs(got[key] - want[key]) <= tol, (layout, key)
+        assert len(runs[layout][0]) == len(padded[0]) == 3
+        for g, w in zip(runs[layout][0], padded[0], strict=True):
+            assert grad_rel(g, w) <= RTOL
+        assert T.max_rel_diff(runs[layout][1], padded[1]) <= RTOL

@@ -52,11 +52,12 @@ def config(layout: str, out: str, **overrides: Any) -> DPOConfig:
 
 
 def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True, peft: Any = None,
-            model_kwargs: dict | None = None, **overrides: Any) -> DPOTrainer:
+            model_kwargs: dict | None = None, check_packing: bool = True, **overrides: Any) -> DPOTrainer:
     policy = model(layout, **(model_kwargs or {}))
     ref_model = model(layout, seed=1, **(model_kwargs or {})) if ref else None
     return DPOTrainer(policy, ref_model, args=config(layout, out, **overrides), train_dataset=data,
-                      processing_class=tok, peft_config=peft, prompt_once=layout == "once")
+                      processing_class=tok, peft_config=peft, prompt_once=layout == "once",
+                      check_packing=check_packing)
 
 
 def step_logs(t: DPOTrainer) -> list[dict[str, float]]:
