@@ -143,6 +143,7 @@ def test_records_without_rejected_are_refused(tmp_path, data_dir):
     assert code == 2 and "preference records need 'chosen' and 'rejected'" in stderr and "'rejected'" in stderr
 
 
+@pytest.mark.slow
 def test_two_ranks_train_and_exit(data_dir, tmp_path):
     from test_distributed import free_port
 
@@ -157,3 +158,43 @@ def test_two_ranks_train_and_exit(data_dir, tmp_path):
     state = json.loads((out / "trainer_state.json").read_text())
     assert state["epoch"] == pytest.approx(2 * 2 * 4 / 48)  # both ranks took a batch of 4 pairs per step
     assert proc.stdout.count("[trl-padfree] steps: 2/2") == 1
+
+
+def preview(argv: list[str]) -> tuple[int, str, str]:
+    from trl_padfree.launch.preview import main as preview_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = preview_main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def test_preview_shows_what_is_scored_in_chosen_and_rejected(tmp_path, data_dir):
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"prompt": "### Question: What is 2 + 3?\n### Answer:", "chosen": " 5",
+                                 "rejected": " I do not know."}) + "\n", encoding="utf-8")
+    code, stdout, stderr = preview(["--config", str(ROOT / "configs" / "demo-dpo.yaml"), "--train_file", str(pairs),
+                                    "--model_name_or_path", str(DEMO / "model"), "-n", "1"])
+    assert code == 0, stderr
+    lines = stdout.splitlines()
+    assert lines[1] == "chosen:   ### Question: What is 2 + 3?"
+    assert lines[2] == "### Answer:[[ 5<|eos|>]]"
+    assert lines[4] == "### Answer:[[ I do not know.<|eos|>]]"
+    assert "scored tokens: chosen " in stdout and "in 1 pairs (format: prompt/chosen/rejected)" in stdout
+    assert "prompt_once forwards " in stdout
+
+
+def test_conversational_pairs_train(tmp_path, data_dir):
+    rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
+             "chosen": [{"role": "assistant", "content": str(i + 1)}],
+             "rejected": [{"role": "assistant", "content": "I do not know."}]} for i in range(16)]
+    pairs = tmp_path / "chat.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = tmp_path / "out"
+    code, stdout, stderr = run_dpo(dpo_argv(data_dir, out, "--train_file", str(pairs), "--eval_strategy", "no",
+                                            "--max_steps", "2"))
+    assert code == 0, (stdout + stderr)[-3000:]
+    assert "(format: conversational)" in stdout and "[trl-padfree] steps: 2/2" in stdout
+    code, stdout, _ = preview(["--config", str(ROOT / "configs" / "demo-dpo.yaml"), "--train_file", str(pairs),
+                               "--model_name_or_path", str(DEMO / "model"), "-n", "1"])
+    assert code == 0 and "[[" in stdout and "I do not know." in stdout

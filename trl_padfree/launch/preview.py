@@ -130,15 +130,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import load_config
         from .collators import make_collator_factory
         from .data import prepare_data
+        from .dpo import guess_task, load_preference_data, preview_pairs
         from .tokenizer import load_tokenizer
 
-        cfg = load_config(args, check_environment=False)
+        task = guess_task(args)  # a DPO config (trl-padfree dpo) shows its pairs
+        cfg = load_config(args, check_environment=False, task=task)
         with quiet_progress():
             tokenizer = load_tokenizer(cfg)
-            data = prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+            if task == "dpo":
+                lines = preview_pairs(cfg, tokenizer, load_preference_data(cfg, tokenizer), n, sys.stdout.isatty())
+            else:
+                data = prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True,
+                                                                          quiet=True))
     except ConfigError as exc:
         print(f"trl-padfree preview: error: {exc}", file=sys.stderr)
         return 2
+    if task == "dpo":
+        print("\n".join(lines))
+        return 0
     for line in preview_lines(data, tokenizer, n, sys.stdout.isatty(), cfg.collator.response_template):
         print(line)
     return 0
