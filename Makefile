@@ -11,15 +11,20 @@ HAS_NVIDIA      := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 TORCH_SPEC      ?= $(if $(HAS_NVIDIA),torch>=2.6,torch==2.13.0)
 TORCH_CPU_INDEX ?= $(if $(HAS_NVIDIA),,https://download.pytorch.org/whl/cpu)
 
-.PHONY: install demo test lint bench clean real-tokenizers
+.PHONY: install demo test test-lowest lint bench clean real-tokenizers
+
+# $(call venv_with_torch,VENV,TORCH_SPEC): a virtual environment with pip upgraded and torch installed as above.
+define venv_with_torch
+	$(PYTHON) -m venv $(1)
+	$(1)/bin/python -m pip install --quiet --upgrade pip
+	@[ -n "$(TORCH_CPU_INDEX)" ] \
+		&& $(1)/bin/python -m pip install --quiet --timeout 5 --retries 0 --index-url "$(TORCH_CPU_INDEX)" "$(2)" \
+		|| { [ -z "$(TORCH_CPU_INDEX)" ] || echo "torch: $(TORCH_CPU_INDEX) failed; installing from pip's sources"; \
+		     $(1)/bin/python -m pip install --quiet "$(2)"; }
+endef
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	@[ -n "$(TORCH_CPU_INDEX)" ] \
-		&& $(PY) -m pip install --quiet --timeout 5 --retries 0 --index-url "$(TORCH_CPU_INDEX)" "$(TORCH_SPEC)" \
-		|| { [ -z "$(TORCH_CPU_INDEX)" ] || echo "torch: $(TORCH_CPU_INDEX) failed; installing from pip's sources"; \
-		     $(PY) -m pip install --quiet "$(TORCH_SPEC)"; }
+	$(call venv_with_torch,$(VENV),$(TORCH_SPEC))
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $@
 
@@ -41,6 +46,20 @@ test: install $(REAL_TOKENIZERS)/manifest.json
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 	$(VENV)/bin/ruff check trl_padfree tests scripts examples
 
+# The lowest supported versions (pyproject.toml: trl>=1.8, transformers>=5.23; trl_padfree/_compat.py): the whole
+# suite again, in .venv-lowest with trl and transformers pinned to the window's lower bounds (the other packages:
+# the newest that fit them) and torch 2.13.0. CI runs it after make test.
+LOWEST_VENV := .venv-lowest
+LOWEST_PINS := trl==1.8.0 transformers==5.23.0
+$(LOWEST_VENV)/.installed: pyproject.toml
+	$(call venv_with_torch,$(LOWEST_VENV),torch==2.13.0)
+	$(LOWEST_VENV)/bin/python -m pip install --quiet -e ".[dev]" $(LOWEST_PINS)
+	touch $@
+
+test-lowest: $(LOWEST_VENV)/.installed $(REAL_TOKENIZERS)/manifest.json
+	@$(LOWEST_VENV)/bin/python -c "import trl, transformers; print('test-lowest: trl', trl.__version__, 'transformers', transformers.__version__)"
+	HF_HUB_OFFLINE=1 $(LOWEST_VENV)/bin/python -m pytest -q
+
 lint: install
 	$(VENV)/bin/ruff check trl_padfree tests scripts examples
 
@@ -48,4 +67,4 @@ bench: install
 	$(PY) scripts/bench.py
 
 clean:
-	rm -rf $(VENV) outputs bench-results
+	rm -rf $(VENV) $(LOWEST_VENV) outputs bench-results
