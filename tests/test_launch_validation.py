@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from test_launch_config import DEMO, DEMO_YAML, ROOT, demo_argv, run_bad, write_demo_data, write_yaml
 
+from trl_padfree._compat import trl_at_least
 from trl_padfree.launch import load_config
 from trl_padfree.launch.config import argument_classes
 from trl_padfree.launch.validate import NUMERIC_RANGES, UNCHECKED_NUMERIC, describe
@@ -427,6 +428,7 @@ def test_lora_settings_are_checked_by_peft_before_loading(capsys, tmp_path, data
     )
 
 
+@pytest.mark.skipif(not trl_at_least("1.14"), reason="TRL checks router_aux_loss_coef since trl 1.14")
 def test_trl_refusing_settings_at_trainer_construction_is_one_line_and_leaves_no_output_dir(capsys, tmp_path, data_dir):
     """TRL's own check, run where TRL runs it (building the trainer, after transformers created output_dir)."""
     argv = demo_argv(data_dir, tmp_path / "out", "--router_aux_loss_coef", "0.5")

@@ -128,4 +128,4 @@ def test_the_model_card_names_the_local_base_model_and_where_to_load_it(whole_ru
     card = (out / "README.md").read_text(encoding="utf-8")  # TRL writes it with each checkpoint
     assert "[None]" not in card and 'model="None"' not in card
     assert f"This model is a fine-tuned version of the local model `{DEMO / 'model'}`." in card
-    assert f'generator = pipeline("text-generation", model="{out}", device_map="auto")' in card
+    assert f'generator = pipeline("text-generation", model="{out}", ' in card  # device= or device_map= by TRL version

@@ -323,7 +323,9 @@ def _alone_batch(seq: Sequence[int]) -> dict[str, Any]:
 
 
 def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
-    out = model(**batch)
+    # Without labels: TRL 1.8-1.14's default loss (chunked_nll) patches the model's forward to return no logits when
+    # labels are given; the logits do not depend on them.
+    out = model(**{k: v for k, v in batch.items() if k != "labels"})
     logits = out.logits if hasattr(out, "logits") else out[0]
     return logits.detach().float()[0]
 

@@ -24,6 +24,7 @@ import torch
 import trl
 from transformers import TrainerCallback
 
+from ._compat import trl_cannot_train
 from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
 
@@ -185,6 +186,8 @@ class SFTTrainer(trl.SFTTrainer):
                              f"None, got {max_tokens_per_batch!r}")
         self.max_tokens_per_batch = max_tokens_per_batch
         self.token_budget_sampler: TokenBudgetBatchSampler | None = None
+        if (refusal := trl_cannot_train()) is not None:
+            raise ValueError(refusal)
         bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
         collator = bound.get("data_collator")
         check_trainer_args(bound.get("args"), collator)
