@@ -2,7 +2,7 @@
 
 Fine-tunes the tiny Llama shipped in ``trl_padfree/demo`` on its instruction data, on CPU or GPU::
 
-    python examples/sft_padfree.py                      # 100 steps, about a minute on a laptop CPU
+    python examples/sft_padfree.py                      # 100 steps on the CPU (SFTTrainer picks 1 thread for it)
     python examples/sft_padfree.py --max_steps 20 --output_dir /tmp/example
 
 For your own model and data, change ``MODEL`` (a local directory or a Hub id) and ``load_records``; keep the

@@ -11,6 +11,8 @@ what the stock trainers cannot know about it:
   collator. A drop-in replacement: ``from trl_padfree import SFTTrainer``. With ``max_tokens_per_batch=N`` it
   trains on token-budget mini-batches (:class:`~trl_padfree.batching.TokenBudgetBatchSampler`) instead of
   ``per_device_train_batch_size`` examples; :func:`token_budget_dataloader` does the same for any ``Trainer``.
+  Without a thread count chosen by the user it also trains with the torch CPU thread count that
+  ``trl-padfree train`` picks (:func:`training_threads`).
 """
 
 from __future__ import annotations
@@ -166,6 +168,44 @@ def loaded_through_a_tie(model: Any, missing_keys: list[str]) -> set[str]:
     }
 
 
+def torch_default_threads() -> int:
+    """The CPU thread count torch starts with when no environment variable sets one: the physical cores.
+
+    >>> torch_default_threads() >= 1
+    True
+    """
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def training_threads(model: Any, device: str) -> tuple[int | None, str]:
+    """``(torch thread count to train with, why)``; None when the user chose one.
+
+    The user chose when ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is set or ``torch.set_num_threads`` was called
+    with another count than torch's default. Otherwise the count ``trl-padfree train`` picks
+    (:func:`trl_padfree.launch.defaults.threads_default`): on CUDA the cores per process; on CPU one thread per 256
+    units of hidden size, at most the cores per process, since the matrices of small models are too small to split
+    and extra threads mostly wait on each other on a busy machine (the demo model: 1 thread).
+    """
+    from .launch import defaults
+
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        return None, "OMP_NUM_THREADS / MKL_NUM_THREADS is set"
+    if torch.get_num_threads() != torch_default_threads():
+        return None, "torch.set_num_threads() was called"
+    config = getattr(model, "config", None)
+    text = getattr(config, "get_text_config", lambda: config)() if config is not None else None
+    hidden = getattr(text, "hidden_size", None)
+    hidden = hidden if isinstance(hidden, int) else None
+    threads = defaults.threads_default(device, hidden, defaults._cores(), defaults._processes_on_this_machine())
+    if device == "cpu" and hidden:
+        why = f"training on the CPU, hidden size {hidden}: one thread per {defaults.HIDDEN_PER_THREAD}"
+    else:
+        why = "the cores per process"
+    return threads, why
+
+
 class SFTTrainer(trl.SFTTrainer):
     """``trl.SFTTrainer`` that validates its settings for this collator and probes the model before training.
 
@@ -173,11 +213,22 @@ class SFTTrainer(trl.SFTTrainer):
     run, such as one that needs extra inputs). ``max_tokens_per_batch=N`` (opt-in) fills every training
     mini-batch of a rank with as many whole examples as fit ``N`` real tokens (:func:`token_budget_dataloader`);
     ``per_device_train_batch_size`` is then not used for training.
+
+    ``torch_num_threads``: the torch CPU threads to train with. ``"auto"`` (default): unless the user chose a
+    count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``torch.set_num_threads``), the count ``trl-padfree train``
+    picks (:func:`training_threads`; the demo model trains on 1 thread), said in one line when it differs from
+    torch's; a number: that many; None: torch's own choice. The count holds during ``train()`` only.
     """
 
     def __init__(
-        self, *args: Any, check_packing: bool = True, max_tokens_per_batch: int | None = None, **kwargs: Any
+        self, *args: Any, check_packing: bool = True, max_tokens_per_batch: int | None = None,
+        torch_num_threads: int | str | None = "auto", **kwargs: Any
     ):
+        if torch_num_threads is not None and torch_num_threads != "auto" and (
+            isinstance(torch_num_threads, bool) or not isinstance(torch_num_threads, int) or torch_num_threads < 1
+        ):
+            raise ValueError(f"torch_num_threads must be 'auto', a positive integer or None, got {torch_num_threads!r}")
+        self.torch_num_threads = torch_num_threads
         if max_tokens_per_batch is not None and (
             isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int)
             or max_tokens_per_batch < 1
@@ -201,11 +252,21 @@ class SFTTrainer(trl.SFTTrainer):
         return token_budget_dataloader(self, self.max_tokens_per_batch)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        """``Trainer.train``; a run that fails (e.g. the packing probe stops it) closes its progress bar.
+        """``Trainer.train`` with the CPU threads of ``torch_num_threads``; a run that fails (e.g. the packing probe
+        stops it) closes its progress bar.
 
         Otherwise the bar, opened before the probe raised, is printed when the interpreter exits (a stray
         ``0%| | 0/N`` after everything else).
         """
+        threads = self.torch_num_threads
+        if threads == "auto":
+            threads, why = training_threads(self.model, self.args.device.type)
+            if threads is not None and threads != torch.get_num_threads() and self.is_world_process_zero():
+                print(f"[trl-padfree] torch threads: {threads} instead of torch's {torch.get_num_threads()} ({why}); "
+                      "set OMP_NUM_THREADS or call torch.set_num_threads() to choose", flush=True)
+        previous = torch.get_num_threads()
+        if threads is not None:
+            torch.set_num_threads(threads)
         try:
             return super().train(*args, **kwargs)
         except BaseException:
@@ -216,6 +277,8 @@ class SFTTrainer(trl.SFTTrainer):
                     callback.training_bar.close()
                     callback.training_bar = None
             raise
+        finally:
+            torch.set_num_threads(previous)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """transformers' check, without calling a tied weight missing (``lm_head.weight`` of a tied model).

@@ -84,10 +84,11 @@ class PadfreeSFTTrainer(SFTTrainer):
 
     Throughput counts training time only: time spent in evaluation is left out. The launcher probes the model
     itself before building the trainer (so that a leaking model stops the run before anything is written), hence
-    ``check_packing=False`` by default here.
+    ``check_packing=False`` by default here; it also sets the thread count itself (``torch_num_threads=None``).
     """
 
     def __init__(self, *args: Any, check_packing: bool = False, **kwargs: Any) -> None:
+        kwargs.setdefault("torch_num_threads", None)  # the launch picks threads itself (launch.defaults)
         super().__init__(*args, check_packing=check_packing, **kwargs)
         self._token_counts = torch.zeros(2, dtype=torch.float64)  # real, padded: this process, since last log
         self._token_totals = torch.zeros(2, dtype=torch.float64)  # all processes, whole run

@@ -1,0 +1,88 @@
+"""``trl_padfree.SFTTrainer`` trains with the thread count the launch picks, unless the user chose one.
+
+On a busy 2-core machine the demo model trained 10-17x slower on torch's default 2 threads than on 1
+(``python examples/sft_padfree.py --max_steps 20``: 279 s of training against 17 s with one core busy).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import SFTConfig
+
+from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
+from trl_padfree.trainer import torch_default_threads
+
+DEMO = Path(__file__).resolve().parent.parent / "trl_padfree" / "demo"
+
+
+class Threads(TrainerCallback):
+    """Records torch's thread count at every training step."""
+
+    def __init__(self) -> None:
+        self.seen: list[int] = []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.seen.append(torch.get_num_threads())
+        return control
+
+
+@pytest.fixture
+def default_threads(monkeypatch):
+    """No thread count chosen: no OMP_NUM_THREADS / MKL_NUM_THREADS, torch at its default (restored after)."""
+    default = torch_default_threads()
+    if default < 2:
+        pytest.skip("one physical core: torch's default is already 1 thread")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(default)
+    yield default
+    torch.set_num_threads(before)
+
+
+def train(tmp_path: Path, **kwargs) -> list[int]:
+    tok = AutoTokenizer.from_pretrained(DEMO / "model")
+    model = AutoModelForCausalLM.from_pretrained(DEMO / "model", attn_implementation="padfree")  # hidden size 128
+    ds = Dataset.from_dict({"text": [f"### Question: q{i}\n### Answer: a{i}" for i in range(8)]})
+    args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, report_to=[],
+                     save_strategy="no", use_cpu=True, bf16=False, activation_checkpointing=False,
+                     dataloader_pin_memory=False)  # fmt: skip
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    threads = Threads()
+    trainer = SFTTrainer(model, args=args, train_dataset=ds, processing_class=tok, data_collator=collator,
+                         callbacks=[threads], **kwargs)  # fmt: skip
+    trainer.train()
+    return threads.seen
+
+
+def test_without_a_chosen_count_the_demo_model_trains_on_one_thread(default_threads, tmp_path, capsys):
+    assert train(tmp_path) == [1, 1]
+    assert torch.get_num_threads() == default_threads  # restored after train()
+    lines = [line for line in capsys.readouterr().out.splitlines() if "torch threads" in line]
+    assert lines == [
+        f"[trl-padfree] torch threads: 1 instead of torch's {default_threads} (training on the CPU, hidden size "
+        "128: one thread per 256); set OMP_NUM_THREADS or call torch.set_num_threads() to choose"
+    ]
+
+
+def test_a_count_the_user_chose_is_kept(default_threads, tmp_path, capsys, monkeypatch):
+    torch.set_num_threads(default_threads + 1)
+    assert train(tmp_path) == [default_threads + 1] * 2
+    torch.set_num_threads(default_threads)
+    monkeypatch.setenv("OMP_NUM_THREADS", str(default_threads))
+    assert train(tmp_path) == [default_threads] * 2
+    assert "torch threads" not in capsys.readouterr().out
+
+
+def test_torch_num_threads_sets_or_leaves_the_count(default_threads, tmp_path, capsys):
+    assert train(tmp_path, torch_num_threads=None) == [default_threads] * 2
+    assert train(tmp_path, torch_num_threads=3) == [3, 3]
+    assert torch.get_num_threads() == default_threads
+    assert "torch threads" not in capsys.readouterr().out
+    with pytest.raises(ValueError, match="torch_num_threads must be 'auto', a positive integer or None, got 0"):
+        train(tmp_path, torch_num_threads=0)
