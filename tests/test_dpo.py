@@ -18,11 +18,14 @@ from transformers import AttentionInterface, TrainerCallback
 from transformers.masking_utils import AttentionMaskInterface
 
 from trl_padfree import DataCollatorForPreference, DPOTrainer
+from trl_padfree._compat import dpo_padding_free_unavailable
 from trl_padfree.dpo_loss import LOSS_TYPES
 from trl_padfree.preference_probe import check_preference_packing
 from trl_padfree.probe import PackingLeakError
 
 RTOL = 1e-5
+pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
+                                reason=str(dpo_padding_free_unavailable()))  # tests/test_dpo_version.py
 BETA = 0.1  # DPOConfig default
 METRICS = ("loss", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
            "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")

@@ -44,3 +44,21 @@ def trl_cannot_train() -> str | None:
         return None
     return (f"trl {TRL_VERSION}'s SFTTrainer cannot train without Triton (its fused LM head needs it, and Triton is "
             f"not installed here): upgrade trl to >= 1.16 (pip install -U 'trl>=1.16')")
+
+
+MIN_TRL_DPO = "1.16"
+"""Padding-free DPO (:class:`trl_padfree.DPOTrainer`) builds on TRL 1.16's ``DPOTrainer``: its fused LM head with
+``shift_labels`` and per-token entropy / mean logits / top-1 outputs, and its list of loss types. Older TRL releases
+train DPO only padded (``padding_free=False``: TRL's trainer unchanged)."""
+
+
+def dpo_padding_free_unavailable() -> str | None:
+    """One line naming the fix where the installed TRL cannot run padding-free DPO, else None.
+
+    >>> dpo_padding_free_unavailable() is None or "upgrade trl" in dpo_padding_free_unavailable()
+    True
+    """
+    if trl_at_least(MIN_TRL_DPO):
+        return None
+    return (f"padding-free DPO needs trl >= {MIN_TRL_DPO} (its DPOTrainer's fused LM head and loss types), and trl "
+            f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_DPO}') or set padding_free=False")

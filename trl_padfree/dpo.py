@@ -105,6 +105,11 @@ class DPOTrainer(trl.DPOTrainer):
         if self.prompt_once and not self.padfree:
             raise ValueError("prompt_once=True needs DPOConfig(padding_free=True).")
         if self.padfree:
+            from ._compat import dpo_padding_free_unavailable
+
+            problem = dpo_padding_free_unavailable()
+            if problem is not None:
+                raise ValueError(problem)
             unknown = [t for t in (args.loss_type if isinstance(args.loss_type, list) else [args.loss_type])
                        if t not in LOSS_TYPES]
             if unknown:

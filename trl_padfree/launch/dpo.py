@@ -60,6 +60,12 @@ def check_preference_config(cfg: LaunchConfig) -> None:
             )
     if cfg.data.template is not None:
         cfg.data.template = None
+    if cfg.training.padding_free:
+        from trl_padfree._compat import dpo_padding_free_unavailable
+
+        problem = dpo_padding_free_unavailable()
+        if problem is not None:
+            raise ConfigError(problem)
     once = bool(getattr(cfg.collator, "prompt_once", False))
     if once and not cfg.training.padding_free:
         raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
