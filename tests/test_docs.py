@@ -312,11 +312,13 @@ def test_python_shown_is_an_excerpt_of_the_example(page, body):
 
 def padfree_rows(report: str) -> list[tuple[str, str]]:
     """``(real tokens/s vs padded, peak memory vs padded)`` of each ``packed-padfree`` row of a bench report."""
-    rows = []
+    rows, speed, memory = [], 2, 9
     for line in (ROOT / report).read_text(encoding="utf-8").splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "variant":  # the columns by their headers: "vs padded" after tokens/s, after peak memory
+            speed, memory = cells.index("real tokens/s") + 1, cells.index("peak memory (MB)") + 1
         if cells[0] == "packed-padfree":
-            rows.append((cells[2], cells[9]))
+            rows.append((cells[speed], cells[memory]))
     return rows
 
 

@@ -39,8 +39,11 @@ Recorded per variant: real (non-padding) tokens/s over the timed steps (warm-up 
 CUDA steps end with ``torch.cuda.synchronize()``), peak memory (CUDA: ``torch.cuda.max_memory_allocated``; CPU:
 peak RSS of the worker process), the train loss of every step, the final eval loss (token-weighted over the eval
 set), the number of optimizer steps and the median wall time per step (and its part outside forward, backward
-and optimizer). Results go to ``<output-dir>/<name>.json``, ``.md`` and ``.png``. Targets are judged only where
-they apply (else "n/a"); the command exits 1 when a judged target fails, 2 on bad options.
+and optimizer), and what each step's batch computed (:mod:`.flops`: matmul FLOPs counted from the batch the model
+received), from which each variant's FLOP ratio over padded is printed next to its measured ratio. Results go to
+``<output-dir>/<name>.json``, ``.md`` and ``.png``. Targets are judged only where they apply (else "n/a"): the
+throughput targets ask for 90% of the workload's FLOP ratio; the command exits 1 when a judged target fails, 2 on
+bad options.
 
     trl-padfree bench                                   # CPU defaults (a few minutes on 2 cores)
     python scripts/bench.py --datasets flan --steps 20

@@ -25,7 +25,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Workload", "forward_flops", "model_shape", "sft_workload", "timed_flops"]
+__all__ = ["Workload", "flop_ratio", "flops_per_real_token", "forward_flops", "is_varlen", "model_shape", "sft_workload",
+           "timed_flops"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,44 @@ def timed_flops(config: Mapping[str, Any], result: Mapping[str, Any]) -> dict[st
         for key, value in forward_flops(model, Workload(**work)).items():
             total[key] += value
     return total
+
+
+def flops_per_real_token(config: Mapping[str, Any], result: Mapping[str, Any]) -> float | None:
+    """Forward matmul FLOPs per real (non-padding) token over a run's timed steps; None for a run recorded
+    without workloads (reports written before they were).
+
+    >>> tiny = dict(layers=4, hidden=256, intermediate=688, heads=8, kv_heads=4, vocab_size=2048)
+    >>> run = {"warmup_steps": 1, "real_tokens": [9, 3], "workloads": [{}, dict(slots=4, head_slots=4, attention_qk=16)]}
+    >>> flops_per_real_token(tiny, run) == forward_flops(tiny, Workload(4, 4, 16))["total"] / 3
+    True
+    >>> flops_per_real_token(tiny, {"warmup_steps": 0, "real_tokens": [3]}) is None
+    True
+    """
+    if "workloads" not in result:
+        return None
+    tokens = sum(result["real_tokens"][result["warmup_steps"] :])
+    return timed_flops(config, result)["total"] / tokens
+
+
+def flop_ratio(config: Mapping[str, Any], result: Mapping[str, Any], baseline: Mapping[str, Any]) -> float | None:
+    """How many times the FLOPs per real token of ``result`` the ``baseline`` run computed over its timed steps:
+    the real-tokens/s ratio ``result`` would reach over ``baseline`` if time followed the counted FLOPs (for the
+    same mini-batches simply the ratio of their FLOPs). None where either run has no recorded workloads."""
+    mine, theirs = flops_per_real_token(config, result), flops_per_real_token(config, baseline)
+    return None if mine is None or theirs is None else theirs / mine
+
+
+#: Attention implementations that compute each packed example alone (no dense mask over the packed row).
+_VARLEN = ("padfree", "flash_attention_2", "flash_attention_3", "flash_attention_4", "kernels-community/flash-attn")
+
+
+def is_varlen(attn_implementation: str | None) -> bool:
+    """Whether ``attn_implementation`` attends within each packed example only (sdpa and eager get a dense mask).
+
+    >>> is_varlen("padfree"), is_varlen("flash_attention_2"), is_varlen("sdpa"), is_varlen(None)
+    (True, True, False, False)
+    """
+    return attn_implementation in _VARLEN
 
 
 def _np(value: Any) -> np.ndarray:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .config import VARIANTS, BenchConfig, variant_unavailable
+from .config import BASELINE, VARIANTS, BenchConfig, variant_unavailable
 from .data import DATASETS
 from .machine import _load_average, _project_root, machine_info
 from .report import PAPER, _max_rel_diff, compare, evaluate_targets
@@ -190,11 +190,17 @@ def run_benchmark(config: BenchConfig, log=print) -> dict[str, Any]:
                     f"{result['optimizer_steps']} steps{rep}")
             log(f"  [{wall:.0f} s, {'in-process' if not config.subprocess else config.schedule}]")
         ordered = {name: variants[name] for name in config.variants}
+        comparison = compare(ordered, report["config"])
+        for name, cmp in comparison.items():
+            if name != BASELINE:
+                log(f"  {name:<15} {cmp['throughput_ratio']:.2f}x padded real tok/s" + (
+                    "" if cmp["flop_ratio"] is None else
+                    f", FLOP ratio {cmp['flop_ratio']:.2f}x ({cmp['share_of_flop_ratio']:.0%} of it)"))
         report["datasets"][dataset] = {
             "label": DATASETS[dataset].label,  # the distribution; titles use the run's own length_stats
             "length_stats": stats,
             "variants": ordered,
-            "comparison": compare(ordered),
+            "comparison": comparison,
         }
     report["machine"]["load_average_end"] = _load_average()
     report["targets"] = evaluate_targets(report)

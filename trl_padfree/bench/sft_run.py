@@ -24,6 +24,7 @@ the variant's own collator.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import tempfile
@@ -35,6 +36,7 @@ from typing import Any
 from .batches import batch_fingerprint, fixed_batches
 from .config import VARIANTS, BenchConfig
 from .data import IGNORE_INDEX, completion_start
+from .flops import is_varlen, sft_workload
 from .records import bench_tokenizer, to_records
 from .training import (
     MemoryMeter,
@@ -250,6 +252,8 @@ class SFTTrainerRun:
         start = time.perf_counter()
         rec = self.records
         rec.fingerprints.append(batch_fingerprint(inputs))
+        varlen = is_varlen(self.model.config._attn_implementation)
+        rec.workloads.append(dataclasses.asdict(sft_workload(inputs, varlen)))
         mask = inputs.get("attention_mask")
         rec.real_tokens.append(int(inputs["input_ids"].numel() if mask is None else mask.sum()))
         rec.input_tokens.append(int(inputs["input_ids"].numel()))

@@ -194,6 +194,7 @@ class StepRecords:
         self.input_tokens: list[int] = []
         self.target_tokens: list[int] = []
         self.fingerprints: list[str] = []
+        self.workloads: list[dict[str, int]] = []  # what each step's batch computes (:mod:`.flops`)
 
     def summary(self, cuda: bool) -> dict[str, Any]:
         timed = slice(self.warmup, None)
@@ -213,6 +214,7 @@ class StepRecords:
             "input_tokens": self.input_tokens,
             "target_tokens": self.target_tokens,
             "batch_fingerprints": self.fingerprints,
+            "workloads": self.workloads,
             "timed_seconds": seconds,
             "tokens_per_second": tokens / seconds,
             "median_step_seconds": _median(self.step_seconds[timed]),

@@ -5,6 +5,7 @@ SPEC``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import Any
 from .batches import batch_fingerprint, fixed_batches, token_budget_batches
 from .config import VARIANTS, BenchConfig
 from .data import TEMPLATE_IDS
+from .flops import is_varlen, sft_workload
 from .training import (
     MemoryMeter,
     StepRecords,
@@ -95,6 +97,7 @@ class VariantRun:
         rec.input_tokens.append(int(batch["input_ids"].numel()))
         rec.target_tokens.append(count_targets(batch))
         rec.fingerprints.append(batch_fingerprint(batch))
+        rec.workloads.append(dataclasses.asdict(sft_workload(batch, is_varlen(self.spec.attn_implementation))))
         return {"step": len(rec.step_seconds), "seconds": t2 - t0, "loss": rec.losses[-1]}
 
     def finish(self) -> dict[str, Any]:
