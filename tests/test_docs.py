@@ -26,6 +26,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trl_padfree._compat import dpo_padding_free_unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 
 LINKED_PAGES = sorted(
@@ -36,6 +38,7 @@ COMMAND_PAGES = [
     "README.md",
     "docs/api.md",
     "docs/attention.md",
+    "docs/dpo.md",
     "docs/development.md",
     "docs/launch.md",
     "docs/probe.md",
@@ -49,6 +52,7 @@ FEW_STEPS = (
     "--max_steps 2 --max_train_examples 32 --max_eval_examples 8 --eval_strategy no --eval_on_start false "
     "--save_strategy no --output_dir {tmp}/out"
 )
+DPO_OK = dpo_padding_free_unavailable() is None
 # shown command -> (what the test appends, expected exit code)
 RUN: dict[str, tuple[str, int]] = {
     "trl-padfree train --config configs/demo.yaml": (FEW_STEPS, 0),
@@ -59,6 +63,9 @@ RUN: dict[str, tuple[str, int]] = {
     "trl-padfree check --model trl_padfree/demo/model": ("", 0),
     "trl-padfree preview --config configs/demo.yaml -n 1": ("", 0),
     "trl-padfree preview --config configs/demo.yaml -n 3": ("", 0),
+    # padding-free DPO needs trl >= 1.16: below (make test-lowest) both refuse in one line, exit 2
+    "trl-padfree preview --config configs/demo-dpo.yaml -n 2": ("", 0 if DPO_OK else 2),
+    "trl-padfree dpo --config configs/demo-dpo.yaml": (FEW_STEPS, 0 if DPO_OK else 2),
     # two families instead of 32, written to a temporary file (compared with docs/probe-families.md below)
     "python scripts/probe_families.py": ("--types llama,opt --out {tmp}/families.md", 0),
 }
@@ -280,11 +287,11 @@ def test_shown_config_excerpt_matches_the_file(page, config, shown):
 
 
 def python_excerpts() -> list[tuple[str, str]]:
-    """``(page, body)`` of each ``python`` block that is headed ``# examples/sft_padfree.py``."""
+    """``(page, body)`` of each ``python`` block that is headed ``# examples/NAME.py``."""
     found = []
     for page in COMMAND_PAGES:
         for lang, body, _ in fenced_blocks((ROOT / page).read_text(encoding="utf-8")):
-            if lang == "python" and body.startswith(EXAMPLE_HEADER):
+            if lang == "python" and body.startswith("# examples/"):
                 found.append((page, body))
     return found
 
@@ -301,12 +308,13 @@ def test_readme_shows_the_example_script():
 @pytest.mark.parametrize("page,body", python_excerpts(), ids=lambda v: v if v.endswith(".md") else "")
 def test_python_shown_is_an_excerpt_of_the_example(page, body):
     """Every line shown is a line of the script, in the script's order (``...`` stands for lines left out)."""
-    example = (ROOT / "examples" / "sft_padfree.py").read_text(encoding="utf-8").splitlines()
+    name = body.splitlines()[0].split()[1]  # "# examples/NAME.py (abridged)"
+    example = (ROOT / name).read_text(encoding="utf-8").splitlines()
     position = 0
     for line in body.splitlines()[1:]:
         if not line.strip() or line.strip() == "...":
             continue
-        assert line in example[position:], f"{page}: line not in examples/sft_padfree.py (in order): {line!r}"
+        assert line in example[position:], f"{page}: line not in {name} (in order): {line!r}"
         position = example.index(line, position) + 1
 
 
