@@ -11,7 +11,7 @@ HAS_NVIDIA      := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 TORCH_SPEC      ?= $(if $(HAS_NVIDIA),torch>=2.6,torch==2.13.0)
 TORCH_CPU_INDEX ?= $(if $(HAS_NVIDIA),,https://download.pytorch.org/whl/cpu)
 
-.PHONY: install demo test test-lowest lint bench clean real-tokenizers
+.PHONY: install demo demo-dpo test test-lowest lint bench clean real-tokenizers
 
 # $(call venv_with_torch,VENV,TORCH_SPEC): a virtual environment with pip upgraded and torch installed as above.
 define venv_with_torch
@@ -32,6 +32,10 @@ install: $(VENV)/.installed
 
 demo: install
 	$(VENV)/bin/trl-padfree train --config configs/demo.yaml
+
+# The preference demo (DPO, padding-free, each prompt once; docs/dpo.md): about a minute of CPU.
+demo-dpo: install
+	$(VENV)/bin/trl-padfree dpo --config configs/demo-dpo.yaml
 
 # Real tokenizers of 15 model families for the tests, built from the vocabulary files in llama-cpp-python's source
 # archive (downloaded with pip; scripts/real_tokenizers.py), cached and git-ignored; rebuilt when the script changes.
