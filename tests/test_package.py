@@ -78,10 +78,12 @@ def test_the_installed_wheel_runs_the_demo_from_any_directory(tmp_path):
                            cwd=work, env=env, capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
     assert where.stdout.strip().startswith(str(site)), where.stdout  # the wheel's copy, not the checkout
 
-    run = subprocess.run(["trl-padfree", "train", "--config", "demo", "--max_steps", "3", "--eval_strategy", "no",
-                          "--eval_on_start", "false", "--logging_steps", "1", "--output_dir", "run"],
+    run = subprocess.run(["trl-padfree", "train", "--config", "demo", "--max_steps", "3", "--max_train_examples", "32",
+                          "--max_eval_examples", "8", "--eval_steps", "3", "--eval_on_start", "false",
+                          "--logging_steps", "1", "--output_dir", "run"],
                          cwd=work, env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "steps: 3/3" in run.stdout and "model saved to run" in run.stdout
+    assert "eval loss: " in run.stdout  # the eval file, too, came from the package
     assert (work / "run" / "model.safetensors").is_file() and (work / "run" / "launch_summary.json").is_file()
     assert not (ROOT / "run").exists()
