@@ -201,3 +201,10 @@ def test_conversational_pairs_train(tmp_path, data_dir):
     code, stdout, _ = preview(["--config", str(ROOT / "configs" / "demo-dpo.yaml"), "--train_file", str(pairs),
                                "--model_name_or_path", str(DEMO / "model"), "-n", "1"])
     assert code == 0 and "[[" in stdout and "I do not know." in stdout
+
+
+def test_help_names_the_dpo_settings():
+    code, stdout, _ = run_dpo(["--help"])
+    assert code == 0
+    assert "training (TRL DPOConfig / transformers TrainingArguments)" in stdout and "--prompt_once" in stdout
+    assert "--beta" in stdout and "TRL 1.16 itself pads" in stdout and "--response_template" not in stdout

@@ -121,7 +121,8 @@ class DPOTrainer(trl.DPOTrainer):
                     pad_token_id=tok.convert_tokens_to_ids(pad),
                     max_length=args.max_length,
                     truncation_mode=args.truncation_mode,
-                    pad_to_multiple_of=args.pad_to_multiple_of,
+                    # ("auto" is TRL's Neuron-only setting: 128 there, nothing elsewhere)
+                    pad_to_multiple_of=args.pad_to_multiple_of if isinstance(args.pad_to_multiple_of, int) else None,
                     prompt_once=self.prompt_once,
                 )
             args.padding_free = False  # TRL would log that it is unavailable and pad; the flat batch is ours

@@ -228,6 +228,14 @@ def build_parser(prog: str = "trl-padfree train", task: str = "sft") -> Any:
     parser = _strict_parser(argument_classes(task), prog)
     parser.padfree_task = task
     if task == "dpo":
+        parser.help_groups = {
+            "collator": "preference batch (trl_padfree.DPOTrainer: padding-free rows, prompt_once)",
+            "training": "training (TRL DPOConfig / transformers TrainingArguments)",
+        }
+        parser.help_texts = {
+            "padding_free": "Put the 2B sequences of each batch of B pairs in one row without padding "
+            "(trl_padfree.DPOTrainer; TRL 1.16 itself pads). (default: true)",
+        }
         parser.description = (
             "Preference-train a causal LM with trl_padfree.DPOTrainer (TRL's DPOTrainer, padding-free). --config "
             "FILE: a YAML mapping of any of the fields below (plus an optional `env` mapping of environment "

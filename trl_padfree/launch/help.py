@@ -119,13 +119,13 @@ class _Formatter(argparse.HelpFormatter):
         return f"{name} VALUE" if action.nargs in (None, "?") else f"{name} VALUE [VALUE ...]"
 
 
-def _with_help(action: argparse.Action) -> argparse.Action:
+def _with_help(action: argparse.Action, texts: Mapping[str, str] = HELP_TEXTS) -> argparse.Action:
     """A copy of ``action`` whose help is this launcher's text, or the library's text plus its default."""
     copy = argparse.Action(option_strings=action.option_strings, dest=action.dest, nargs=action.nargs,
                            const=action.const, default=action.default, type=action.type, choices=action.choices,
                            help=action.help)
-    if action.dest in HELP_TEXTS:
-        copy.help = HELP_TEXTS[action.dest]
+    if action.dest in texts:
+        copy.help = texts[action.dest]
     else:
         text = " ".join((action.help or "").split())
         copy.help = f"{text} (default: {_default_text(action).replace('%', '%%')})".strip()
@@ -150,10 +150,13 @@ def grouped_help(parser: Any, sections: Mapping[str, str]) -> str:
         f"{parser.description} Every option is also a YAML key (--learning_rate 1e-4 = learning_rate: 1.0e-4); "
         "both spellings work (--model_name_or_path, --model-name-or-path); booleans take true/false (or --no_x)."
     )
-    by_group: dict[str, list[argparse.Action]] = {key: [] for key in GROUPS}
+    # a parser may replace texts and section titles (trl-padfree dpo: launch.config.build_parser)
+    texts = {**HELP_TEXTS, **getattr(parser, "help_texts", {})}
+    groups = {**GROUPS, **getattr(parser, "help_groups", {})}
+    by_group: dict[str, list[argparse.Action]] = {key: [] for key in groups}
     first = {dest: i for i, dest in enumerate(_FIRST)}
     for action in sorted(_listed(parser._actions), key=lambda a: first.get(a.dest, len(first))):  # stable
-        by_group[group_of(action.dest, sections)].append(_with_help(action))
+        by_group[group_of(action.dest, sections)].append(_with_help(action, texts))
     formatter.start_section("options")
     formatter.add_arguments([
         argparse.Action(["--config"], "config", metavar="FILE", help="YAML file of any of the options below (plus an optional "
@@ -161,7 +164,7 @@ def grouped_help(parser: Any, sections: Mapping[str, str]) -> str:
         argparse.Action(["-h"], "help", nargs=0, help="show this help and exit"),
     ])
     formatter.end_section()
-    for key, title in GROUPS.items():
+    for key, title in groups.items():
         formatter.start_section(title)
         formatter.add_arguments(by_group[key])
         formatter.end_section()
