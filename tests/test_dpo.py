@@ -187,13 +187,17 @@ def test_keep_end_cutting_into_the_prompt_gives_separate_segments():
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_padding_free_under_sdpa_and_eager(tmp_path, attn):
+    """transformers' own block-diagonal mask from position_ids: loss and every gradient as the padded batch."""
     tok, data = T.tokenizer(), T.pairs(8)
-    losses = {}
+    results = {}
     for layout in ("padded", "padfree"):
         trainer = T.trainer(layout, data, tok, str(tmp_path / layout), model_kwargs={"attn_implementation": attn})
-        with torch.no_grad():
-            losses[layout] = trainer.compute_loss(trainer.model, first_batch(trainer)).item()
-    assert rel(losses["padfree"], losses["padded"]) <= RTOL, losses
+        trainer.model.zero_grad()
+        loss = trainer.compute_loss(trainer.model, first_batch(trainer))
+        loss.backward()
+        results[layout] = (loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
+    assert rel(results["padfree"][0], results["padded"][0]) <= RTOL
+    assert grad_rel(results["padfree"][1], results["padded"][1]) <= RTOL
 
 
 def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
