@@ -8,6 +8,7 @@ import math
 import pytest
 from trl.trainer.dpo_trainer import DataCollatorForPreference as TRLCollator
 
+from trl_padfree._compat import dpo_padding_free_unavailable
 from trl_padfree.bench import cli
 from trl_padfree.bench.dpo import DPOBenchConfig, main, run_dpo_benchmark
 from trl_padfree.bench.dpo_data import batch_pairs, batch_workload, make_pairs, pairs_fingerprint
@@ -73,6 +74,7 @@ def test_pairs_are_seeded_and_clipped():
         assert all(2 <= len(p[k]) <= 300 for k in ("prompt", "chosen", "rejected"))
 
 
+@pytest.mark.skipif(dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))
 def test_tiny_run_of_the_three_variants(tmp_path):
     config = DPOBenchConfig(layers=1, hidden=64, intermediate=128, heads=4, kv_heads=2, vocab_size=256,
                             batch_size=4, steps=2, warmup=0, length_scale=0.04, threads=1, subprocess=False)

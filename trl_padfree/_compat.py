@@ -8,6 +8,8 @@ is the first with ``activation_checkpointing`` (the name the configs, the exampl
 - trl 1.8-1.14 default to ``loss_type="chunked_nll"``, whose forward returns no logits when given labels (the
   packing probe calls the model without labels); their ``DataCollatorForLanguageModeling`` gives ``position_ids``
   but no ``cu_seq_lens``; the ``router_aux_loss_coef`` check of ``SFTTrainer`` arrived in 1.14.
+- transformers 5.23's falcon builds its mask without ``position_ids``: packed examples leak under sdpa/eager
+  (``trl-padfree check`` says so; 5.24 keeps them apart).
 - trl 1.15.x's ``SFTTrainer`` always computes the loss with a fused LM head that needs Triton, and crashes in the
   first step where Triton is missing (CPU-only torch, macOS): :func:`trl_cannot_train` refuses it up front.
 """
@@ -32,6 +34,15 @@ def trl_at_least(v: str) -> bool:
     True
     """
     return TRL_VERSION >= Version(v)
+
+
+def transformers_at_least(v: str) -> bool:
+    """Whether the installed transformers is ``v`` or newer.
+
+    >>> transformers_at_least(MIN_TRANSFORMERS)
+    True
+    """
+    return TRANSFORMERS_VERSION >= Version(v)
 
 
 def trl_cannot_train() -> str | None:
