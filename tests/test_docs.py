@@ -258,7 +258,7 @@ def test_shown_command_runs_and_prints_what_the_page_shows(shown: Shown, tmp_pat
         # the command's own lines (transformers' progress bars and warnings around them are not shown)
         own = "\n".join(line for line in output.splitlines() if not line.startswith(("Loading weights", "\r")))
         assert output_matches(shown.output, own), f"{shown}: the page shows\n{shown.output}\nbut it printed\n{own}"
-    if extra == FEW_STEPS:  # the run really trained and wrote its summary
+    if extra == FEW_STEPS and expected_code == 0:  # the run really trained and wrote its summary
         assert (tmp_path / "out" / "launch_summary.json").is_file(), output[-3000:]
     if shown.command == "trl-padfree train --help":
         assert output.startswith("usage: trl-padfree train"), output[:500]
