@@ -32,7 +32,7 @@ def test_license_is_the_apache_2_text_that_pyproject_declares():
     assert len(text.split()) > 1500  # the full text (about 1,580 words), not a notice pointing at it
 
 
-@pytest.mark.parametrize("name", ["demo", "demo-chat"])
+@pytest.mark.parametrize("name", ["demo", "demo-chat", "demo-dpo"])
 def test_the_packaged_demo_configs_are_the_repository_ones(name):
     packaged = (DEMO / "configs" / f"{name}.yaml").read_bytes()
     assert packaged == (ROOT / "configs" / f"{name}.yaml").read_bytes(), (

@@ -3,7 +3,7 @@
 A wheel holds the demo model, data and configs (``trl_padfree/demo/``) but not the repository's ``configs/``
 directory, and the demo configs name their files relative to the repository root. So:
 
-- ``--config demo`` / ``--config demo-chat`` (:data:`BUILTIN_CONFIGS`), when no file of that name is in the current
+- ``--config demo`` / ``demo-chat`` / ``demo-dpo`` (:data:`BUILTIN_CONFIGS`), when no file of that name is in the current
   directory, is the config shipped in the package (the same file as ``configs/demo.yaml`` /
   ``configs/demo-chat.yaml``, a test keeps them equal);
 - a relative path that starts with ``trl_padfree/demo/`` (``model_name_or_path``, ``train_file``, ``eval_file``,
@@ -24,7 +24,7 @@ __all__ = ["BUILTIN_CONFIGS", "DEMO_DIR", "builtin_config", "resolve_package_pat
 #: The demo assets inside the installed package.
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
 #: Config names ``--config`` accepts without a file: the demo configs shipped in the package.
-BUILTIN_CONFIGS = {name: DEMO_DIR / "configs" / f"{name}.yaml" for name in ("demo", "demo-chat")}
+BUILTIN_CONFIGS = {name: DEMO_DIR / "configs" / f"{name}.yaml" for name in ("demo", "demo-chat", "demo-dpo")}
 _PREFIX = "trl_padfree/demo/"
 
 

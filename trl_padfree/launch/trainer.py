@@ -24,6 +24,8 @@ import torch
 
 from trl_padfree.trainer import SFTTrainer
 
+from .whole_run import WholeRunLog
+
 __all__ = ["PadfreeSFTTrainer", "batch_token_counts"]
 
 
@@ -79,7 +81,7 @@ def _flat_counts_without_padding(inputs: dict[str, Any], cu: torch.Tensor, multi
     return sum(lengths), len(lengths) * width
 
 
-class PadfreeSFTTrainer(SFTTrainer):
+class PadfreeSFTTrainer(WholeRunLog, SFTTrainer):
     """``SFTTrainer`` + token throughput and padding metrics in the training logs (see the module docstring).
 
     Throughput counts training time only: time spent in evaluation is left out. The launcher probes the model
@@ -98,23 +100,13 @@ class PadfreeSFTTrainer(SFTTrainer):
         collator = self.data_collator
         self._pad_multiple = getattr(collator, "pad_to_multiple_of", None) if getattr(collator, "padding_free", False) \
             else None
-        self.first_step: int | None = None  # the global step this process started from (> 0 after a resume)
 
     def training_step(self, model: Any, inputs: dict[str, Any], num_items_in_batch: Any = None) -> torch.Tensor:
-        if self.first_step is None:
-            self.first_step = self.state.global_step
         real, padded = batch_token_counts(inputs, self._pad_multiple)
         self._token_counts += torch.tensor([real, padded], dtype=torch.float64)
         if self._interval_start is None:  # the first step (an eval on start does not count)
             self._interval_start, self._eval_seconds = time.perf_counter(), 0.0
         return super().training_step(model, inputs, num_items_in_batch)
-
-    def _maybe_log_save_evaluate(self, *args: Any, **kwargs: Any) -> None:
-        # a checkpoint or the last step: log the training loss first, so that every step's loss is in the log
-        # history (saved with the checkpoint) and a resumed run's summary covers the whole run
-        if self.control.should_save or self.control.should_training_stop:
-            self.control.should_log = True
-        return super()._maybe_log_save_evaluate(*args, **kwargs)
 
     def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float]:
         start = time.perf_counter()
