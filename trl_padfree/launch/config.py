@@ -44,6 +44,7 @@ __all__ = [
     "DataArguments",
     "LaunchArguments",
     "LaunchConfig",
+    "PreferenceArguments",
     "build_parser",
     "parse_arguments",
 ]
@@ -111,6 +112,20 @@ class CollatorArguments:
 
 
 @dataclass
+class PreferenceArguments:
+    """Settings of the padding-free preference batch (``padding_free`` is DPOConfig's field)."""
+
+    prompt_once: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute each pair's prompt once: the chosen and the rejected response both attend to its keys "
+            "and not to each other (|P|+|C|+|R|+1 tokens per pair instead of 2|P|+|C|+|R|). Needs padding_free: "
+            "true and attn_implementation 'padfree' (auto picks it)."
+        },
+    )
+
+
+@dataclass
 class LaunchArguments:
     """Pre-flight checks and run-time settings of the launcher itself."""
 
@@ -152,7 +167,7 @@ class LaunchConfig:
     """Everything ``trl-padfree train`` was asked to do, parsed and (after validation) resolved."""
 
     data: DataArguments
-    collator: Any  # CollatorArguments (sft) or launch.dpo.PreferenceArguments (dpo)
+    collator: Any  # CollatorArguments (sft) or PreferenceArguments (dpo)
     launch: LaunchArguments
     training: Any  # trl.SFTConfig or trl.DPOConfig (imported lazily: importing TRL takes seconds)
     model: Any  # trl.ModelConfig
@@ -206,14 +221,12 @@ def argument_classes(task: str = "sft") -> tuple[type, ...]:
     """The dataclasses whose fields make up the config of ``task``, in parsing order.
 
     SFT: the data, collator and launcher arguments, ``SFTConfig``, ``ModelConfig``; DPO: the same with
-    :class:`~.dpo.PreferenceArguments` for the collator's and ``DPOConfig`` for ``SFTConfig``.
+    :class:`PreferenceArguments` for the collator's and ``DPOConfig`` for ``SFTConfig``.
     """
     from trl import ModelConfig
 
     if task == "dpo":
         from trl import DPOConfig
-
-        from .dpo import PreferenceArguments
 
         return (DataArguments, PreferenceArguments, LaunchArguments, DPOConfig, ModelConfig)
     from trl import SFTConfig

@@ -4,7 +4,7 @@
 ``trl sft`` share one parser): the same config parsing and validation, machine defaults, run line, checkpoints,
 SIGTERM / Ctrl-C stop and resume, multi-process start and exit, and summary (:mod:`.run`). What differs lives here:
 
-- :class:`PreferenceArguments`: ``prompt_once`` (compute each pair's prompt once; needs ``"padfree"`` attention);
+- :class:`~.config.PreferenceArguments`: ``prompt_once`` (compute each pair's prompt once; needs ``"padfree"`` attention);
 - :func:`check_preference_config`: the SFT-only fields refused, ``attn_implementation`` made fit for the layout;
 - :func:`load_preference_data`: records with ``chosen`` / ``rejected`` (and ``prompt``, or TRL's implicit prompt),
   plain text or conversational, checked record by record before TRL tokenizes them;
@@ -17,33 +17,19 @@ SIGTERM / Ctrl-C stop and resume, multi-process start and exit, and summary (:mo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from .config import ConfigError, LaunchConfig
+from .config import ConfigError, LaunchConfig, PreferenceArguments
 
 __all__ = [
-    "PreferenceArguments",
+    "PreferenceArguments",  # defined with the other config dataclasses (.config)
     "PreparedPreferences",
     "check_preference_config",
     "load_preference_data",
     "load_reference",
     "make_trainer",
 ]
-
-
-@dataclass
-class PreferenceArguments:
-    """Settings of the padding-free preference batch (``padding_free`` is DPOConfig's field)."""
-
-    prompt_once: bool = field(
-        default=False,
-        metadata={
-            "help": "Compute each pair's prompt once: the chosen and the rejected response both attend to its keys "
-            "and not to each other (|P|+|C|+|R|+1 tokens per pair instead of 2|P|+|C|+|R|). Needs padding_free: "
-            "true and attn_implementation 'padfree' (auto picks it)."
-        },
-    )
 
 
 _SFT_ONLY = ("template", "response_template", "instruction_template", "max_tokens_per_batch")
@@ -208,59 +194,6 @@ def guess_task(argv: Sequence[str]) -> str:
         keys |= set(read_yaml_config(path))
     fields = {task: {f.name for cls in argument_classes(task) for f in dataclasses.fields(cls)} for task in ("sft", "dpo")}
     return "dpo" if keys & (fields["dpo"] - fields["sft"]) else "sft"
-
-
-def preview_pairs(cfg: LaunchConfig, tokenizer: Any, data: PreparedPreferences, n: int, color: bool = False
-                  ) -> list[str]:
-    """``trl-padfree preview`` of a DPO config: ``n`` pairs tokenized by TRL's own ``DPOTrainer`` preparation and
-    cut by the preference collator, the scored tokens of the chosen and of the rejected response marked, then the
-    counts over the training set (and what ``prompt_once`` saves)."""
-    from types import SimpleNamespace
-
-    import numpy as np
-    import trl
-
-    from trl_padfree.preference import truncate_pair
-    from trl_padfree.token_text import TokenText
-
-    from .preview import marked_text
-
-    training = cfg.training
-    pairs = trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tokenizer), data.train, tokenizer, training,
-                                            "train")
-    text = TokenText.from_tokenizer(tokenizer)
-
-    def shown(prompt: list[int], response: list[int]) -> str:
-        ids = prompt + response
-        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
-        labels = [-100] * len(prompt) + response
-        return marked_text(raw, starts.tolist(), labels, color)
-
-    lines: list[str] = []
-    totals = {"tokens": 0, "chosen": 0, "rejected": 0, "once": 0}
-    for index, pair in enumerate(pairs):
-        p_c, chosen = truncate_pair(pair["prompt_ids"], pair["chosen_ids"], training.max_length, training.truncation_mode)
-        p_r, rejected = truncate_pair(pair["prompt_ids"], pair["rejected_ids"], training.max_length,
-                                      training.truncation_mode)
-        totals["tokens"] += len(p_c) + len(chosen) + len(p_r) + len(rejected)
-        totals["chosen"] += len(chosen)
-        totals["rejected"] += len(rejected)
-        shared = p_c == p_r and bool(p_c)
-        totals["once"] += len(p_c) + len(chosen) + (1 + len(rejected) if shared else len(p_r) + len(rejected))
-        if index < n:
-            lines.append(f"--- pair {index} (prompt {len(p_c)} tokens; scored: chosen {len(chosen)}, rejected "
-                         f"{len(rejected)}) ---")
-            lines.append("chosen:   " + shown(p_c, chosen))
-            lines.append("rejected: " + shown(p_r, rejected))
-    lines.append("---")
-    lines.append(f"scored tokens: chosen {totals['chosen']:,}, rejected {totals['rejected']:,} of {totals['tokens']:,} "
-                 f"tokens in {len(pairs):,} pairs (format: {data.text_format})")
-    saved = 100.0 * (1 - totals["once"] / totals["tokens"]) if totals["tokens"] else 0.0
-    lines.append(f"prompt_once forwards {totals['once']:,} tokens instead of {totals['tokens']:,} ({saved:.1f}% fewer)")
-    dropped = len(data.train) - len(pairs)
-    lines.append(f"pairs dropped before training (prompt alone fills max_length={training.max_length}): {dropped:,} "
-                 f"of {len(data.train):,}")
-    return lines
 
 
 def probe_check(cfg: LaunchConfig) -> Any:

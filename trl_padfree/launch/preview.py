@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["main", "marked_text", "preview_lines"]
+if TYPE_CHECKING:
+    from .config import LaunchConfig
+    from .dpo import PreparedPreferences
+
+__all__ = ["main", "marked_text", "preview_lines", "preview_pairs"]
 
 IGNORE_INDEX = -100
 OPEN, CLOSE = "[[", "]]"
@@ -90,6 +94,57 @@ def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, respon
     return lines
 
 
+def preview_pairs(cfg: LaunchConfig, tokenizer: Any, data: PreparedPreferences, n: int, color: bool = False
+                  ) -> list[str]:
+    """``trl-padfree preview`` of a DPO config: ``n`` pairs tokenized by TRL's own ``DPOTrainer`` preparation and
+    cut by the preference collator, the scored tokens of the chosen and of the rejected response marked, then the
+    counts over the training set (and what ``prompt_once`` saves)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import trl
+
+    from trl_padfree.preference import truncate_pair
+    from trl_padfree.token_text import TokenText
+
+    training = cfg.training
+    pairs = trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tokenizer), data.train, tokenizer, training,
+                                            "train")
+    text = TokenText.from_tokenizer(tokenizer)
+
+    def shown(prompt: list[int], response: list[int]) -> str:
+        ids = prompt + response
+        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
+        labels = [-100] * len(prompt) + response
+        return marked_text(raw, starts.tolist(), labels, color)
+
+    lines: list[str] = []
+    totals = {"tokens": 0, "chosen": 0, "rejected": 0, "once": 0}
+    for index, pair in enumerate(pairs):
+        p_c, chosen = truncate_pair(pair["prompt_ids"], pair["chosen_ids"], training.max_length, training.truncation_mode)
+        p_r, rejected = truncate_pair(pair["prompt_ids"], pair["rejected_ids"], training.max_length,
+                                      training.truncation_mode)
+        totals["tokens"] += len(p_c) + len(chosen) + len(p_r) + len(rejected)
+        totals["chosen"] += len(chosen)
+        totals["rejected"] += len(rejected)
+        shared = p_c == p_r and bool(p_c)
+        totals["once"] += len(p_c) + len(chosen) + (1 + len(rejected) if shared else len(p_r) + len(rejected))
+        if index < n:
+            lines.append(f"--- pair {index} (prompt {len(p_c)} tokens; scored: chosen {len(chosen)}, rejected "
+                         f"{len(rejected)}) ---")
+            lines.append("chosen:   " + shown(p_c, chosen))
+            lines.append("rejected: " + shown(p_r, rejected))
+    lines.append("---")
+    lines.append(f"scored tokens: chosen {totals['chosen']:,}, rejected {totals['rejected']:,} of {totals['tokens']:,} "
+                 f"tokens in {len(pairs):,} pairs (format: {data.text_format})")
+    saved = 100.0 * (1 - totals["once"] / totals["tokens"]) if totals["tokens"] else 0.0
+    lines.append(f"prompt_once forwards {totals['once']:,} tokens instead of {totals['tokens']:,} ({saved:.1f}% fewer)")
+    dropped = len(data.train) - len(pairs)
+    lines.append(f"pairs dropped before training (prompt alone fills max_length={training.max_length}): {dropped:,} "
+                 f"of {len(data.train):,}")
+    return lines
+
+
 def _split_n(argv: Sequence[str]) -> tuple[int, list[str]]:
     """Take ``-n N`` / ``--num_examples N`` out of ``argv``."""
     from .config import ConfigError
@@ -130,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import load_config
         from .collators import make_collator_factory
         from .data import prepare_data
-        from .dpo import guess_task, load_preference_data, preview_pairs
+        from .dpo import guess_task, load_preference_data
         from .tokenizer import load_tokenizer
 
         task = guess_task(args)  # a DPO config (trl-padfree dpo) shows its pairs
