@@ -23,8 +23,10 @@ Reported: real tokens/s (the tokens of the ``2B`` sequences as TRL counts them: 
 padding), forwarded token slots/s, the median step time, peak memory (CPU: the worker's peak RSS; CUDA:
 ``max_memory_allocated``), every step's loss side by side. Targets (CPU, float32, one thread, tiny Llama, batch 8,
 >= 6 timed steps, workers): padding-free real tokens/s >= 85% of the padded/padding-free FLOP ratio over TRL's
-padded DPO, prompt-once >= 85% of its own FLOP ratio, both with peak memory below TRL's padded, and losses equal
-to TRL's (relative 1e-5 in float32) with identical batches. Exit 1 when a judged target fails, 2 on bad options.
+padded DPO, prompt-once >= 85% of its own FLOP ratio, both with peak memory below TRL's padded, and TRL's logged
+logps and the per-step losses equal to TRL's padded run (relative 1e-5 and 1e-3 in float32: the loss is a function
+of a difference of four log-prob sums of thousands of nats) with identical batches. Exit 1 when a judged target
+fails, 2 on bad options.
 
     trl-padfree bench --task dpo --threads 1
     trl-padfree bench --task dpo --length-scale 0.25 --steps 2 --warmup 0   # a quick look
