@@ -5,7 +5,7 @@
 SIGTERM / Ctrl-C stop and resume, multi-process start and exit, and summary (:mod:`.run`). What differs lives here:
 
 - :class:`~.config.PreferenceArguments`: ``prompt_once`` (compute each pair's prompt once; needs ``"padfree"`` attention);
-- :func:`check_preference_config`: the SFT-only fields refused, ``attn_implementation`` made fit for the layout;
+- :func:`~.validate.check_preference_config`: the SFT-only fields refused, ``attn_implementation`` made fit for the layout;
 - :func:`load_preference_data`: records with ``chosen`` / ``rejected`` (and ``prompt``, or TRL's implicit prompt),
   plain text or conversational, checked record by record before TRL tokenizes them;
 - :func:`load_reference`: the frozen reference, loaded like the policy (none with ``use_peft``: the adapters are
@@ -25,43 +25,10 @@ from .config import ConfigError, LaunchConfig, PreferenceArguments
 __all__ = [
     "PreferenceArguments",  # defined with the other config dataclasses (.config)
     "PreparedPreferences",
-    "check_preference_config",
     "load_preference_data",
     "load_reference",
     "make_trainer",
 ]
-
-
-_SFT_ONLY = ("template", "response_template", "instruction_template", "max_tokens_per_batch")
-
-
-def check_preference_config(cfg: LaunchConfig) -> None:
-    """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
-    for name in _SFT_ONLY:
-        holder = cfg.launch if name == "max_tokens_per_batch" else cfg.data if name == "template" else cfg.collator
-        if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
-            raise ConfigError(
-                f"{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected "
-                "records and scores only the responses: remove it"
-            )
-    if cfg.data.template is not None:
-        cfg.data.template = None
-    if cfg.training.padding_free:
-        from trl_padfree._compat import dpo_padding_free_unavailable
-
-        problem = dpo_padding_free_unavailable()
-        if problem is not None:
-            raise ConfigError(problem)
-    once = bool(getattr(cfg.collator, "prompt_once", False))
-    if once and not cfg.training.padding_free:
-        raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
-    if once and cfg.attn_implementation not in ("auto", "padfree"):
-        raise ConfigError(
-            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys; on a GPU "
-            f"it runs flash-attn or torch's varlen kernel), got {cfg.attn_implementation!r}: use auto or padfree"
-        )
-    if once:
-        cfg.attn_implementation = "padfree"
 
 
 def _is_messages(value: Any) -> bool:

@@ -339,6 +339,38 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
             raise ConfigError(f"invalid LoRA settings (peft.LoraConfig): {one_line(exc, limit=None)}") from None
 
 
+_SFT_ONLY_FIELDS = ("template", "response_template", "instruction_template", "max_tokens_per_batch")
+
+
+def check_preference_config(cfg: LaunchConfig) -> None:
+    """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
+    for name in _SFT_ONLY_FIELDS:
+        holder = cfg.launch if name == "max_tokens_per_batch" else cfg.data if name == "template" else cfg.collator
+        if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
+            raise ConfigError(
+                f"{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected "
+                "records and scores only the responses: remove it"
+            )
+    if cfg.data.template is not None:
+        cfg.data.template = None
+    if cfg.training.padding_free:
+        from trl_padfree._compat import dpo_padding_free_unavailable
+
+        problem = dpo_padding_free_unavailable()
+        if problem is not None:
+            raise ConfigError(problem)
+    once = bool(getattr(cfg.collator, "prompt_once", False))
+    if once and not cfg.training.padding_free:
+        raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
+    if once and cfg.attn_implementation not in ("auto", "padfree"):
+        raise ConfigError(
+            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys; on a GPU "
+            f"it runs flash-attn or torch's varlen kernel), got {cfg.attn_implementation!r}: use auto or padfree"
+        )
+    if once:
+        cfg.attn_implementation = "padfree"
+
+
 def _training_device(cfg: LaunchConfig) -> str:
     import torch
 
@@ -435,8 +467,6 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     _check_numbers(cfg)
     _check_data(cfg)
     if cfg.task == "dpo":
-        from .dpo import check_preference_config
-
         check_preference_config(cfg)
     else:
         _check_collator_and_trl(cfg)
