@@ -391,7 +391,7 @@ def first_failure(error: BaseException | None, collective: bool = True) -> str |
     reason = None if error is None else one_line(error, limit=200)
     if not (dist.is_available() and dist.is_initialized()):
         return None if reason is None else f": {reason}"
-    from .distributed import where
+    from .console import where
 
     rank = dist.get_rank()
     if not collective:

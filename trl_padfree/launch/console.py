@@ -15,13 +15,18 @@ from collections.abc import Iterator
 
 from ..messages import one_line  # the launch's one-line errors (defined there for the whole package)
 
-__all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quiet_replicas", "say"]
+__all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quiet_replicas", "say", "where"]
 
 
 def is_main_process() -> bool:
     """True on the process that logs for its node (``LOCAL_RANK`` 0; rank 0 on one node), also before the Trainer
     has set up distribution."""
     return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0
+
+
+def where() -> str:
+    """``node N, local rank L`` of this process (torchrun's ``GROUP_RANK`` / ``LOCAL_RANK``)."""
+    return f"node {os.environ.get('GROUP_RANK', '0')}, local rank {os.environ.get('LOCAL_RANK', '0')}"
 
 
 def say(message: str) -> None:

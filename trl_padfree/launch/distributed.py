@@ -36,6 +36,7 @@ from typing import Any
 
 from ..messages import one_line
 from .config import ConfigError
+from .console import where
 
 __all__ = [
     "check_process_group",
@@ -305,11 +306,6 @@ def end_process_group() -> None:
     for group in groups:  # never freed: their destructors would join those threads
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(group))
     dist.destroy_process_group()
-
-
-def where() -> str:
-    """``node N, local rank L`` of this process (torchrun's ``GROUP_RANK`` / ``LOCAL_RANK``)."""
-    return f"node {os.environ.get('GROUP_RANK', '0')}, local rank {os.environ.get('LOCAL_RANK', '0')}"
 
 
 _TIMEOUT: list[float] = []  # the process group's timeout set by _apply_timeout (seconds)
