@@ -476,7 +476,7 @@ def record_error(source: str, index: int, stage: str, error: BaseException, temp
 
     reason = f"{type(error).__name__}: {one_line(error)}"
     if isinstance(error, ChatMaskError):
-        what = "messages data without response_template: " + " ".join(str(error).split())  # ours: names the fix
+        what = "messages data without response_template: " + one_line(error, limit=None)  # ours: names the fix
     elif _raised_in_a_template(error):
         what = (f"the chat template cannot render it ({reason}); change the record to what the template accepts, "
                 "or set chat_template_path to a template that accepts it")

@@ -320,7 +320,7 @@ def lost_contact(error: BaseException) -> str | None:
     """The one-line cause when ``error`` is a collective that failed because another process of the run is gone
     (killed, crashed) or did not answer within the process group's timeout (``ddp_timeout``: stopped, hung, too
     slow); None for any other error (that one is printed with its traceback)."""
-    text = " ".join(str(error).split())
+    text = one_line(error, limit=None)
     detail = text[:240]
     if "closed by peer" in text or "reset by peer" in text or "Broken pipe" in text or "Connection refused" in text:
         return f"another process of the run is gone (killed or crashed; gloo: {detail})"
