@@ -201,6 +201,24 @@ def test_two_nodes_sharing_output_dir_write_once(data_dir, tmp_path):
     assert (out / "model.safetensors").is_file() and not (out / STAGING_DIR).exists()
 
 
+@slow
+def test_two_machines_through_accelerate_launch(data_dir, tmp_path):
+    """accelerate launch --num_machines 2 --machine_rank {0,1} on one machine (separate output_dirs)."""
+    port = free_port()
+    outs = [tmp_path / "machine0", tmp_path / "machine1"]
+    nodes = launch([[sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                     str(ROOT / "configs" / "accelerate" / "cpu-ddp.yaml"), "--num_machines", "2", "--machine_rank",
+                     str(i), "--main_process_ip", "127.0.0.1", "--main_process_port", port, "--num_processes", "2",
+                     str(ROOT / "scripts" / "train.py"), *run_argv(data_dir, out, "--save_steps", "2")]
+                    for i, out in enumerate(outs)])
+    for node, out in zip(nodes, outs, strict=True):
+        assert node.proc.returncode == 0, node.text[-4000:]
+        assert "processes=2 processes on 2 nodes, output_dir not shared" in node.text
+        assert f"[trl-padfree] model saved to {out}" in node.text
+        assert json.loads((out / "launch_summary.json").read_text())["world_size"] == 2
+        assert (out / "checkpoint-2" / CHECKPOINT_MARKER).is_file()
+
+
 # ------------------------------------------------------------------------------------------- elastic restart
 
 
@@ -226,7 +244,7 @@ def test_elastic_restart_resumes_the_newest_checkpoint_and_matches_an_uninterrup
 
 
 @contextlib.contextmanager
-def tmpfs(where: Path, size: str = "8m"):
+def tmpfs(where: Path, size: str = "64m"):
     """A small tmpfs at ``where`` (a disk of its own that fills up), or a plain directory where none can be
     mounted (the fault then falls back to RLIMIT_FSIZE)."""
     where.mkdir(parents=True)
@@ -356,6 +374,10 @@ DOC_COMMANDS = {
     "--config configs/demo.yaml --max_steps 20 --output_dir /tmp/node0": "run: two_nodes(port) in every 2x1 test",
     "torchrun --nnodes 2 --nproc_per_node 1 --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:29611 scripts/train.py "
     "--config configs/demo.yaml --max_steps 20 --output_dir /tmp/node1": "run: two_nodes(port) in every 2x1 test",
+    **{f"accelerate launch --config_file configs/accelerate/cpu-ddp.yaml --num_machines 2 --machine_rank {i} "
+       "--main_process_ip 127.0.0.1 --main_process_port 29612 --num_processes 2 scripts/train.py --config "
+       f"configs/demo.yaml --max_steps 20 --output_dir /tmp/machine{i}": (
+           "run: test_two_machines_through_accelerate_launch") for i in (0, 1)},
     "torchrun --standalone --nproc_per_node 2 --max_restarts 1 scripts/train.py --config configs/demo.yaml "
     "--max_steps 40 --save_strategy steps --save_steps 10 --output_dir /tmp/elastic": (
         "run: test_elastic_restart_resumes_the_newest_checkpoint_and_matches_an_uninterrupted_run"),
@@ -379,3 +401,72 @@ def test_the_several_nodes_commands_shown_are_those_run_here():
             assert DOC_COMMANDS[command].removeprefix("run: ") in globals()
         if "--rdzv_endpoint 127.0.0.1" in command:
             assert command.split(" scripts/train.py")[0].split()[1:] == two_nodes("29611")[3:]
+
+
+# ------------------------------------------------------------------------------------------- agreeing on the checkpoint
+
+
+def _agree(rank: int, store_path: str, outs: list[str], resumes: list[str | None], run_ids: list[str],
+           results: object) -> None:
+    import torch.distributed as dist
+
+    from trl_padfree.launch.distributed import _agree_on_run
+
+    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=2)
+    cfg = type("Cfg", (), {})()
+    cfg.training = type("T", (), {"output_dir": outs[rank]})()
+    cfg.resume_from_checkpoint, cfg.run_id, cfg.notes = resumes[rank], run_ids[rank], []
+    from trl_padfree.launch.checkpoints import complete_steps
+    from trl_padfree.launch.config import ConfigError
+
+    try:
+        _agree_on_run(cfg, complete_steps)
+        results[rank] = (cfg.resume_from_checkpoint, cfg.run_id, cfg.notes)  # type: ignore[index]
+    except ConfigError as exc:
+        results[rank] = ("error", str(exc), [])  # type: ignore[index]
+    dist.destroy_process_group()
+
+
+def agree(tmp_path: Path, steps: list[list[int]], resumes: list[str | None], run_ids: list[str]) -> list[tuple]:
+    """Two gloo processes, each with its own output_dir holding complete checkpoints ``steps[rank]`` of run
+    ``run_ids[rank]``, run :func:`_agree_on_run`; what each ended with."""
+    import torch.multiprocessing as mp
+
+    from trl_padfree.launch.checkpoints import mark_complete
+
+    tmp_path.mkdir(parents=True, exist_ok=True)  # (the FileStore's directory)
+    outs = []
+    for rank, (mine, run_id) in enumerate(zip(steps, run_ids, strict=True)):
+        out = tmp_path / f"node{rank}"
+        for step in mine:
+            path = out / f"checkpoint-{step}"
+            path.mkdir(parents=True)
+            (path / "model.safetensors").write_bytes(b"w")
+            mark_complete(str(path), run_id, step)
+        outs.append(str(out))
+    manager = mp.Manager()
+    results = manager.dict()
+    resumed = [None if r is None else os.path.join(outs[i], r) for i, r in enumerate(resumes)]
+    mp.spawn(_agree, args=(str(tmp_path / "store"), outs, resumed, run_ids, results), nprocs=2)
+    return [results[0], results[1]]
+
+
+@slow
+def test_nodes_resume_from_the_newest_checkpoint_complete_on_every_node(tmp_path):
+    """Node 1 died while writing checkpoint-6 (its own disk has 2 and 4): both resume from checkpoint-4."""
+    r0, r1 = agree(tmp_path, [[2, 4, 6], [2, 4]], ["checkpoint-6", "checkpoint-4"], ["run", "run"])
+    assert r0[0] == str(tmp_path / "node0" / "checkpoint-4") and r1[0] == str(tmp_path / "node1" / "checkpoint-4")
+    assert "step 4 is the newest checkpoint complete on every node" in r0[2][0]
+    # a checkpoint passed by path is kept as asked when every rank asks for the same one
+    r0, r1 = agree(tmp_path / "b", [[2, 4], [2, 4]], ["checkpoint-2", "checkpoint-2"], ["run", "run"])
+    assert r0[0].endswith("node0/checkpoint-2") and r1[0].endswith("node1/checkpoint-2")
+
+
+@slow
+def test_nodes_holding_different_runs_or_a_new_run_are_refused(tmp_path):
+    r0, r1 = agree(tmp_path, [[2], [2]], ["checkpoint-2", "checkpoint-2"], ["run-a", "run-b"])
+    assert r0[0] == r1[0] == "error" and "the processes do not resume the same run" in r0[1]
+    r0, _ = agree(tmp_path / "b", [[2], []], ["checkpoint-2", None], ["run", "run"])
+    assert r0[0] == "error" and "rank 1: a new run" in r0[1]
+    r0, r1 = agree(tmp_path / "c", [[], []], [None, None], ["x", "y"])
+    assert r0[1] == r1[1] == "x"  # a new run: rank 0's id everywhere

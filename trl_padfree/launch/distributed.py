@@ -228,10 +228,10 @@ def _agree_on_run(cfg: Any, complete_steps: Any) -> None:
             + "): each node's output_dir must hold the same run, resumed with the same resume_from_checkpoint"
         )
     cfg.run_id = run_id
-    if not all(inside for _, _, inside, _ in views):  # a checkpoint path elsewhere: the same step everywhere
-        if len({name for _, name, _, _ in views}) > 1:
-            raise ConfigError("the processes resume different checkpoints (" + listing(lambda v: v[1]) + ")")
+    if len({name for _, name, _, _ in views}) == 1:  # the same checkpoint everywhere (as asked, or as chosen)
         return
+    if not all(inside for _, _, inside, _ in views):  # checkpoint paths elsewhere that differ
+        raise ConfigError("the processes resume different checkpoints (" + listing(lambda v: v[1]) + ")")
     common = set.intersection(*(set(steps) for _, _, _, steps in views))
     if not common:
         raise ConfigError("no checkpoint of this run is complete on every node ("
