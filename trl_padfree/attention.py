@@ -397,6 +397,13 @@ def padfree_attention_forward(
     cu_k = cu_q if cu_k is bounds[0] else cu_k.to(device=query.device, dtype=torch.int32)
     head_dim = max(query.shape[-1], value.shape[-1])
     backend, slow_reason = decide_backend(query.device, query.dtype, dropout=dropout, head_dim=head_dim)
+    if backend == "torch_varlen" and kwargs.get(KV_INDEX) is not None and cu_q is not cu_k:
+        # Shared keys give query segments shorter than their keys; whether torch's varlen_attn aligns the causal
+        # mask bottom-right there (as flash-attn >= 2.1 does) has not been checked on a GPU: take the exact loop.
+        backend, slow_reason = "sdpa_loop", (
+            "shared prompt keys (prompt_once) on torch's varlen_attn are unverified; pip install flash-attn for a "
+            "varlen kernel with bottom-right causal alignment"
+        )
     if slow_reason is not None:  # a CUDA call that falls back to the loop
         _warn_slow_cuda(slow_reason)
     # (B, H, T, D) -> token-major (B*T, H, D); a view when B == 1.
