@@ -321,3 +321,23 @@ def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
         for g, w in zip(runs[layout][0], padded[0], strict=True):
             assert grad_rel(g, w) <= RTOL
         assert T.max_rel_diff(runs[layout][1], padded[1]) <= RTOL
+
+
+def test_shared_prompt_keys_never_take_torch_varlen(monkeypatch):
+    """Where torch's varlen_attn would be picked (CUDA without flash-attn), prompt-once batches run the exact loop:
+    its causal alignment for query segments shorter than their keys is unverified (trl_padfree/attention.py)."""
+    import warnings
+
+    import trl_padfree.attention as attention
+
+    monkeypatch.setattr(attention, "decide_backend", lambda *a, **k: ("torch_varlen", None))
+    attention._warn_slow_cuda.cache_clear()
+    model = T.model("once")
+    rows = [{"prompt_ids": [5, 6, 7], "chosen_ids": [8, 9], "rejected_ids": [10]}] * 2
+    batch = DataCollatorForPreference(pad_token_id=0, prompt_once=True)(rows)
+    inputs = {k: batch[k] for k in ("input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                                    "max_length_k", "padfree_kv_index")}
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        model(**inputs, use_cache=False)  # torch_varlen itself cannot run on a CPU
+    assert any("shared prompt keys (prompt_once)" in str(w.message) for w in caught)
