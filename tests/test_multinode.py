@@ -470,3 +470,46 @@ def test_nodes_holding_different_runs_or_a_new_run_are_refused(tmp_path):
     assert r0[0] == "error" and "rank 1: a new run" in r0[1]
     r0, r1 = agree(tmp_path / "c", [[], []], [None, None], ["x", "y"])
     assert r0[1] == r1[1] == "x"  # a new run: rank 0's id everywhere
+
+
+# ------------------------------------------------------------------------------------------- resume_from_checkpoint: auto
+
+
+def auto_cfg(out: Path, value: object, overwrite: bool = False) -> object:
+    cfg = type("Cfg", (), {})()
+    cfg.training = type("T", (), {"output_dir": str(out)})()
+    cfg.launch = type("L", (), {"overwrite_output_dir": overwrite})()
+    cfg.resume_from_checkpoint, cfg.run_id, cfg.notes = value, None, []
+    return cfg
+
+
+def test_resume_auto_and_torchrun_restarts(tmp_path):
+    from trl_padfree.launch.checkpoints import RUN_FILE, mark_complete, resolve_auto_resume, write_json_atomic
+    from trl_padfree.launch.config import ConfigError
+
+    out = tmp_path / "out"
+    cfg = auto_cfg(out, "auto")  # nothing there yet: a new run
+    assert resolve_auto_resume(cfg, 0) and cfg.resume_from_checkpoint is None and cfg.run_id
+    assert cfg.notes == [f"resume_from_checkpoint: auto: no complete checkpoint of an unfinished run in {out}: "
+                         "starting a new run"]
+    out.mkdir()
+    write_json_atomic(str(out / RUN_FILE), {"run_id": "r", "status": "training"})
+    cfg = auto_cfg(out, None)  # a run killed before its first checkpoint, restarted by torchrun: a new run
+    assert resolve_auto_resume(cfg, 1) and cfg.resume_from_checkpoint is None and cfg.run_id != "r"
+    for step in (2, 4):
+        path = out / f"checkpoint-{step}"
+        path.mkdir()
+        (path / "model.safetensors").write_bytes(b"w")
+        mark_complete(str(path), "r", step)
+    cfg = auto_cfg(out, None, overwrite=True)  # restarted: resumes even where the config says overwrite_output_dir
+    assert resolve_auto_resume(cfg, 1) and cfg.resume_from_checkpoint == str(out / "checkpoint-4") and cfg.run_id == "r"
+    assert cfg.notes[0].startswith(f"torchrun restart 1: resuming from {out / 'checkpoint-4'} (step 4")
+    assert not resolve_auto_resume(auto_cfg(out, None), 0)  # no restart, no auto: not this function's case
+    assert not resolve_auto_resume(auto_cfg(out, "true"), 1)  # asked for explicitly: as asked
+    write_json_atomic(str(out / RUN_FILE), {"run_id": "r", "status": "finished", "global_step": 4, "max_steps": 4})
+    with pytest.raises(ConfigError, match="is finished"):
+        resolve_auto_resume(auto_cfg(out, "auto"), 0)
+    foreign = tmp_path / "foreign"
+    (foreign / "checkpoint-3").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="holds files of another tool"):
+        resolve_auto_resume(auto_cfg(foreign, "auto"), 0)
