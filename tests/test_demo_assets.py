@@ -197,7 +197,7 @@ def test_model_loads_and_is_tiny(tokenizer, train_lengths) -> None:
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
     assert (MODEL_DIR / "model.safetensors").is_file()
     total_bytes = sum(p.stat().st_size for p in DEMO.rglob("*") if p.is_file())
-    assert total_bytes < 5 * 1024 * 1024, total_bytes
+    assert total_bytes < 6 * 1024 * 1024, total_bytes  # 5.4 MB with the preference demo pairs (0.6 MB)
 
 
 def test_random_init_loss_is_uniform(tokenizer, demo_data) -> None:

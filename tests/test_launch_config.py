@@ -306,6 +306,7 @@ def test_every_shipped_config_is_checked():
     shipped = {p.name for p in CONFIGS.glob("*.yaml")} | {f"accelerate/{p.name}" for p in (CONFIGS / "accelerate").glob("*.yaml")}
     assert shipped == {
         "demo.yaml", "demo-chat.yaml", "llama3-8b-flash.yaml", "mistral-7b-lora.yaml",
+        "demo-dpo.yaml",  # run (trl-padfree dpo) in test_launch_dpo.py
         "accelerate/ddp.yaml", "accelerate/fsdp.yaml", "accelerate/deepspeed-zero3.yaml",
         "accelerate/cpu-ddp.yaml",  # checked (and run with 2 ranks) in test_distributed.py
     }  # fmt: skip

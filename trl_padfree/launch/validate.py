@@ -136,6 +136,9 @@ NUMERIC_RANGES: dict[str, Range] = {
     "ld_alpha": Range(0, high=1, hint="or null for plain sums"),
     "label_smoothing": Range(0, high=0.5, high_open=True),
     "precompute_ref_batch_size": Range(1, hint="or null for per_device_train/eval_batch_size"),
+    "discopop_tau": Range(0, low_open=True),
+    "ref_model_mixup_alpha": Range(0, high=1),
+    "ref_model_sync_steps": Range(1),
 }
 #: Numeric fields without a range check here, and why (``tests/test_launch_validation.py`` checks that every
 #: numeric field is in one of the two tables).
@@ -143,6 +146,7 @@ UNCHECKED_NUMERIC: dict[str, str] = {
     "local_rank": "set by the distributed launcher, not by users",
     "num_train_epochs": "checked with max_steps (see _check_steps)",
     "max_steps": "checked with num_train_epochs (see _check_steps)",
+    "f_alpha_divergence_coef": "any real alpha of the alpha-divergence (TRL treats 1 as reverse KL)",
 }
 
 
