@@ -35,6 +35,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from .attention import ATTN_IMPLEMENTATION
 from .dpo_loss import LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
+from .trainer import PadfreeTrainerMixin, checked_threads
 
 __all__ = ["DPOTrainer", "PreferenceCheckCallback", "require_padfree_attention"]
 
@@ -89,17 +90,21 @@ class PreferenceCheckCallback(TrainerCallback):
         return control
 
 
-class DPOTrainer(trl.DPOTrainer):
+class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
     """``trl.DPOTrainer`` with a working ``padding_free`` (see the module docstring).
 
     Extra arguments:
         prompt_once: with ``padding_free``, compute each pair's prompt once (``attn_implementation="padfree"``).
         check_packing: probe the model(s) before the first step (default True).
+        torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer` (``"auto"``: the count
+            ``trl-padfree train`` picks unless the user chose one; a number; None: torch's own).
     """
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
-                 *rest: Any, prompt_once: bool = False, check_packing: bool = True, **kwargs: Any) -> None:
+                 *rest: Any, prompt_once: bool = False, check_packing: bool = True,
+                 torch_num_threads: int | str | None = "auto", **kwargs: Any) -> None:
+        self.torch_num_threads = checked_threads(torch_num_threads)
         self.padfree = bool(args is not None and getattr(args, "padding_free", False))
         self.prompt_once = bool(prompt_once)
         if self.prompt_once and not self.padfree:

@@ -206,50 +206,20 @@ def training_threads(model: Any, device: str) -> tuple[int | None, str]:
     return threads, why
 
 
-class SFTTrainer(trl.SFTTrainer):
-    """``trl.SFTTrainer`` that validates its settings for this collator and probes the model before training.
+def checked_threads(value: int | str | None) -> int | str | None:
+    """A ``torch_num_threads`` argument: ``"auto"``, a positive integer or None (else a ``ValueError``)."""
+    if value is not None and value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"torch_num_threads must be 'auto', a positive integer or None, got {value!r}")
+    return value
 
-    Everything else is TRL's. Pass ``check_packing=False`` to skip the probe (e.g. for a model the probe cannot
-    run, such as one that needs extra inputs). ``max_tokens_per_batch=N`` (opt-in) fills every training
-    mini-batch of a rank with as many whole examples as fit ``N`` real tokens (:func:`token_budget_dataloader`);
-    ``per_device_train_batch_size`` is then not used for training.
 
-    ``torch_num_threads``: the torch CPU threads to train with. ``"auto"`` (default): unless the user chose a
-    count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``torch.set_num_threads``), the count ``trl-padfree train``
-    picks (:func:`training_threads`; the demo model trains on 1 thread), said in one line when it differs from
-    torch's; a number: that many; None: torch's own choice. The count holds during ``train()`` only.
-    """
+class PadfreeTrainerMixin:
+    """What this package's trainers (:class:`SFTTrainer`, :class:`trl_padfree.DPOTrainer`) add to TRL's, before the
+    TRL class in the bases: the CPU thread policy during ``train()`` (``torch_num_threads``), a closed progress bar
+    when a run fails, no "missing key" warning for a tied weight on resume, a model card true for a local base
+    model, and ``use_cache: true`` in the saved config."""
 
-    def __init__(
-        self, *args: Any, check_packing: bool = True, max_tokens_per_batch: int | None = None,
-        torch_num_threads: int | str | None = "auto", **kwargs: Any
-    ):
-        if torch_num_threads is not None and torch_num_threads != "auto" and (
-            isinstance(torch_num_threads, bool) or not isinstance(torch_num_threads, int) or torch_num_threads < 1
-        ):
-            raise ValueError(f"torch_num_threads must be 'auto', a positive integer or None, got {torch_num_threads!r}")
-        self.torch_num_threads = torch_num_threads
-        if max_tokens_per_batch is not None and (
-            isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int)
-            or max_tokens_per_batch < 1
-        ):
-            raise ValueError(f"max_tokens_per_batch must be a positive integer (real tokens per mini-batch) or "
-                             f"None, got {max_tokens_per_batch!r}")
-        self.max_tokens_per_batch = max_tokens_per_batch
-        self.token_budget_sampler: TokenBudgetBatchSampler | None = None
-        if (refusal := trl_cannot_train()) is not None:
-            raise ValueError(refusal)
-        bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
-        collator = bound.get("data_collator")
-        check_trainer_args(bound.get("args"), collator)
-        super().__init__(*args, **kwargs)
-        if check_packing and is_padding_free_collator(collator):
-            self.add_callback(PackingCheckCallback())
-
-    def get_train_dataloader(self) -> Any:
-        if self.max_tokens_per_batch is None:
-            return super().get_train_dataloader()
-        return token_budget_dataloader(self, self.max_tokens_per_batch)
+    torch_num_threads: int | str | None = "auto"
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train`` with the CPU threads of ``torch_num_threads``; a run that fails (e.g. the packing probe
@@ -334,3 +304,45 @@ class SFTTrainer(trl.SFTTrainer):
             super().save_model(output_dir, _internal_call)
         finally:
             config.use_cache = False
+
+
+class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
+    """``trl.SFTTrainer`` that validates its settings for this collator and probes the model before training.
+
+    Everything else is TRL's. Pass ``check_packing=False`` to skip the probe (e.g. for a model the probe cannot
+    run, such as one that needs extra inputs). ``max_tokens_per_batch=N`` (opt-in) fills every training
+    mini-batch of a rank with as many whole examples as fit ``N`` real tokens (:func:`token_budget_dataloader`);
+    ``per_device_train_batch_size`` is then not used for training.
+
+    ``torch_num_threads``: the torch CPU threads to train with. ``"auto"`` (default): unless the user chose a
+    count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``torch.set_num_threads``), the count ``trl-padfree train``
+    picks (:func:`training_threads`; the demo model trains on 1 thread), said in one line when it differs from
+    torch's; a number: that many; None: torch's own choice. The count holds during ``train()`` only.
+    """
+
+    def __init__(
+        self, *args: Any, check_packing: bool = True, max_tokens_per_batch: int | None = None,
+        torch_num_threads: int | str | None = "auto", **kwargs: Any
+    ):
+        self.torch_num_threads = checked_threads(torch_num_threads)
+        if max_tokens_per_batch is not None and (
+            isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int)
+            or max_tokens_per_batch < 1
+        ):
+            raise ValueError(f"max_tokens_per_batch must be a positive integer (real tokens per mini-batch) or "
+                             f"None, got {max_tokens_per_batch!r}")
+        self.max_tokens_per_batch = max_tokens_per_batch
+        self.token_budget_sampler: TokenBudgetBatchSampler | None = None
+        if (refusal := trl_cannot_train()) is not None:
+            raise ValueError(refusal)
+        bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
+        collator = bound.get("data_collator")
+        check_trainer_args(bound.get("args"), collator)
+        super().__init__(*args, **kwargs)
+        if check_packing and is_padding_free_collator(collator):
+            self.add_callback(PackingCheckCallback())
+
+    def get_train_dataloader(self) -> Any:
+        if self.max_tokens_per_batch is None:
+            return super().get_train_dataloader()
+        return token_budget_dataloader(self, self.max_tokens_per_batch)

@@ -123,6 +123,7 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
         callbacks=list(callbacks),
         prompt_once=bool(getattr(cfg.collator, "prompt_once", False)),
         check_packing=False,
+        torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
     )
 
 
