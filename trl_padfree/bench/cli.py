@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 from .config import _DTYPES, MODEL_PRESETS, SCHEDULES, VARIANTS, BenchConfig, _fmt_params
 from .data import DATASETS
+from .paths import unwritable_dir
 from .plot import plot
 from .report import evaluate_targets, failed_targets, to_markdown, write_outputs
 from .runner import run_benchmark
@@ -85,27 +85,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _unwritable_dir(path: Path) -> str | None:
-    """Why ``path`` cannot be (created as) a writable directory, or None. Creates nothing.
-
-    >>> import tempfile, pathlib
-    >>> with tempfile.NamedTemporaryFile() as f:
-    ...     print(_unwritable_dir(pathlib.Path(f.name)) == "it is a file, not a directory",
-    ...           _unwritable_dir(pathlib.Path(f.name) / "sub") == f"{f.name} is a file, not a directory")
-    True True
-    """
-    if path.exists():
-        if not path.is_dir():
-            return "it is a file, not a directory"
-        return None if os.access(path, os.W_OK | os.X_OK) else "it is not writable"
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        return f"{parent} is a file, not a directory"
-    return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable, so it cannot be created"
-
-
 def _read_report(path: Path) -> dict[str, Any]:
     """The report JSON at ``path``; ``ValueError`` with the reason when it is not one."""
     if not path.is_file():
@@ -166,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
-    reason = _unwritable_dir(args.output_dir)
+    reason = unwritable_dir(args.output_dir)
     if reason:
         parser.error(f"--output-dir {args.output_dir}: {reason}; pass a directory that can be written")
     if config.device.startswith("cuda"):

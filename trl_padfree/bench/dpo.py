@@ -621,10 +621,8 @@ def main(argv: list[str] | None = None) -> int:
         return _worker_main(argv[1], argv[2])
     parser = build_parser()
     args, rest = parser.parse_known_args(argv)
-    if args.task == "sft":
-        from .cli import main as sft_main
-
-        return sft_main(argv)
+    if args.task == "sft":  # (trl-padfree bench dispatches in bench.cli; --task sft there is the SFT benchmark)
+        parser.error("--task sft is the SFT benchmark: run trl-padfree bench --task sft (or without --task)")
     if rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)} (the DPO benchmark's options: --help)")
     model = dict(MODEL_PRESETS[args.model_size])
@@ -641,9 +639,9 @@ def main(argv: list[str] | None = None) -> int:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
-    from .cli import _unwritable_dir
+    from .paths import unwritable_dir
 
-    reason = _unwritable_dir(args.output_dir)
+    reason = unwritable_dir(args.output_dir)
     if reason:
         parser.error(f"--output-dir {args.output_dir}: {reason}; pass a directory that can be written")
     if config.device.startswith("cuda"):
