@@ -37,16 +37,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import logging
 import math
 import os
-import queue
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -62,7 +58,8 @@ from .dpo_data import (
     to_records,
 )
 from .machine import _load_average, _project_root, machine_info
-from .training import MemoryMeter, StepRecords, bench_device, synchronize
+from .stepped import SteppedTrainerRun, bench_trainer_class
+from .training import StepRecords, bench_device
 
 
 @dataclass(frozen=True)
@@ -197,68 +194,16 @@ def build_model(config: DPOBenchConfig, attn_implementation: str | None, device)
     return LlamaForCausalLM._from_config(llama, dtype=getattr(torch, config.dtype), **kwargs).to(device)
 
 
-class _WarningLog(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage().splitlines()[0][:300])
-
-
-def _trainer_class(base: type) -> type:
-    class BenchDPOTrainer(base):
-        """The variant's ``DPOTrainer``, pausing at the start of every loop iteration and observing each batch."""
-
-        bench_run: DPOTrainerRun
-
-        def get_batch_samples(self, *args: Any, **kwargs: Any):
-            self.bench_run._boundary()
-            return super().get_batch_samples(*args, **kwargs)
-
-        def training_step(self, model, inputs, *args: Any, **kwargs: Any):
-            self.bench_run._observe(inputs)
-            synchronize(self.bench_run.device)
-            start = time.perf_counter()
-            loss = super().training_step(model, inputs, *args, **kwargs)
-            synchronize(self.bench_run.device)
-            self.bench_run._train_step_seconds = time.perf_counter() - start
-            return loss
-
-    return BenchDPOTrainer
-
-
-def _callback(run: DPOTrainerRun):
-    from transformers import TrainerCallback
-
-    class BenchCallback(TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.started = time.perf_counter()
-
-        def on_optimizer_step(self, args, state, control, **kwargs):
-            synchronize(run.device)
-            run.records.compute_seconds.append(run._train_step_seconds + time.perf_counter() - self.started)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                run.records.losses.append(float(logs["loss"]))
-                run.logged.append({k: float(v) for k, v in logs.items() if isinstance(v, int | float)})
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            run._close_step()
-
-    return BenchCallback()
-
-
-class DPOTrainerRun:
+class DPOTrainerRun(SteppedTrainerRun):
     """One DPO variant: its ``DPOTrainer`` trained one optimizer step per :meth:`step` (the trainer runs in a
     thread that pauses before the dataloader fetches each batch, so a step's time is the whole loop iteration:
     fetch + collation, policy forward/backward, reference forward, loss, optimizer, logging, callbacks)."""
 
+    trainer_name = "DPOTrainer"
+
     def __init__(self, config: DPOBenchConfig, variant: str, *, isolated: bool = False):
         import datasets
         import trl
-        from transformers import PrinterCallback
 
         import trl_padfree
 
@@ -268,7 +213,6 @@ class DPOTrainerRun:
         pairs = config.pairs()
         self.total_steps = len(pairs) // config.batch_size
         self.records = StepRecords(config.warmup)
-        self.logged: list[dict[str, float]] = []
         self.workloads: list[dict[str, int]] = []
         self.forwarded_tokens: list[int] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="trl-padfree-bench-dpo-")
@@ -304,73 +248,15 @@ class DPOTrainerRun:
 
         base = trl_padfree.DPOTrainer if spec.padding_free else trl.DPOTrainer
         extra = {"prompt_once": spec.prompt_once} if spec.padding_free else {}
-        log = _WarningLog()
-        loggers = [logging.getLogger(name) for name in ("trl", "transformers")]
-        for logger in loggers:
-            logger.addHandler(log)
-        bars = datasets.is_progress_bar_enabled()
-        datasets.disable_progress_bars()
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                trainer = _trainer_class(base)(
-                    policy, reference, args=args, train_dataset=datasets.Dataset.from_list(to_records(pairs)),
-                    processing_class=bench_tokenizer(config.vocab_size), **extra,
-                )
-        finally:
-            for logger in loggers:
-                logger.removeHandler(log)
-            if bars:
-                datasets.enable_progress_bars()
-        self.trainer_warnings = log.messages + [str(w.message).splitlines()[0][:300] for w in caught]
+        trainer = self._build_quietly(lambda: bench_trainer_class(base)(
+            policy, reference, args=args, train_dataset=datasets.Dataset.from_list(to_records(pairs)),
+            processing_class=bench_tokenizer(config.vocab_size), **extra,
+        ))
         prepared = trainer.train_dataset
         for key in ("prompt", "chosen", "rejected"):
             if prepared[f"{key}_ids"] != [p[key] for p in pairs]:
                 raise RuntimeError(f"DPOTrainer tokenized the {key} texts into other ids than the benchmark's pairs")
-        trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(_callback(self))
-        trainer.bench_run = self
-        self.trainer, self.model = trainer, policy
-        self._go = threading.Semaphore(0)
-        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._open: tuple[float, float] | None = None
-        self._ready = False
-        self._excluded = 0.0
-        self._train_step_seconds = 0.0
-        self.memory = MemoryMeter(self.device, isolated)
-        self.memory.start()
-        self._thread = threading.Thread(target=self._train, name=f"bench-{variant}", daemon=True)
-        self._thread.start()
-        self._wait("ready")
-
-    # --- the trainer thread -------------------------------------------------------------------------------------
-    def _train(self) -> None:
-        try:
-            self.trainer.train()
-            self._events.put(("finished", None))
-        except BaseException as exc:  # handed to the main thread, which raises it
-            self._events.put(("error", exc))
-
-    def _boundary(self) -> None:
-        self._close_step()
-        if not self._ready:
-            self._ready = True
-            self._events.put(("ready", None))
-        if len(self.records.step_seconds) >= self.total_steps:
-            return
-        self._go.acquire()
-        self._excluded = 0.0
-        self._open = (time.perf_counter(), time.process_time())
-
-    def _close_step(self) -> None:
-        if self._open is None:
-            return
-        synchronize(self.device)
-        wall, cpu = time.perf_counter() - self._open[0], time.process_time() - self._open[1]
-        self._open = None
-        self.records.step_seconds.append(wall - self._excluded)
-        self.records.cpu_seconds.append(cpu - self._excluded)
-        self._events.put(("step", wall - self._excluded))
+        self._start(trainer, policy, isolated)
 
     def _observe(self, inputs: dict[str, Any]) -> None:
         """Fingerprint the batch and count its tokens and FLOPs (not counted in the step's time)."""
@@ -385,33 +271,9 @@ class DPOTrainerRun:
         self.workloads.append(dataclasses.asdict(work))
         self._excluded += time.perf_counter() - start
 
-    # --- the caller's side ----------------------------------------------------------------------------------------
-    def _wait(self, expected: str) -> Any:
-        kind, payload = self._events.get()
-        if kind == "error":
-            raise RuntimeError(f"{self.variant}: DPOTrainer failed: {type(payload).__name__}: {payload}") from payload
-        if kind != expected:
-            raise RuntimeError(f"{self.variant}: expected {expected!r} from the trainer thread, got {kind!r}")
-        return payload
-
-    @property
-    def steps_left(self) -> int:
-        return self.total_steps - len(self.records.step_seconds)
-
-    def step(self) -> dict[str, Any]:
-        if not self.steps_left:
-            raise RuntimeError(f"{self.variant}: all {self.total_steps} steps are done")
-        self._go.release()
-        seconds = self._wait("step")
-        return {"step": len(self.records.step_seconds), "seconds": seconds, "loss": self.records.losses[-1]}
-
     def finish(self) -> dict[str, Any]:
-        self._wait("finished")
-        self._thread.join()
+        self._finished()
         rec = self.records
-        if not (len(rec.losses) == len(rec.compute_seconds) == len(rec.fingerprints) == self.total_steps):
-            raise RuntimeError(f"{self.variant}: the trainer ran {len(rec.losses)} logged steps, "
-                               f"{len(rec.fingerprints)} batches; expected {self.total_steps}")
         memory = self.memory.result()
         summary = rec.summary(self.memory.cuda)
         timed = slice(self.config.warmup, None)

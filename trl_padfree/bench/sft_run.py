@@ -25,12 +25,8 @@ the variant's own collator.
 from __future__ import annotations
 
 import dataclasses
-import logging
-import queue
 import tempfile
-import threading
 import time
-import warnings
 from typing import Any
 
 from .batches import batch_fingerprint, fixed_batches
@@ -38,8 +34,8 @@ from .config import VARIANTS, BenchConfig
 from .data import IGNORE_INDEX, completion_start
 from .flops import is_varlen, sft_workload
 from .records import bench_tokenizer, to_records
+from .stepped import SteppedTrainerRun, bench_trainer_class
 from .training import (
-    MemoryMeter,
     StepRecords,
     bench_device,
     bench_examples,
@@ -47,7 +43,6 @@ from .training import (
     count_targets,
     evaluate,
     make_optimizer,
-    synchronize,
 )
 
 
@@ -71,69 +66,14 @@ def _check_prepared(prepared: Any, examples: list[list[int]], split: str) -> Non
         raise RuntimeError(f"SFTTrainer's {split} labels are not the completion-only labels of the examples")
 
 
-class _WarningLog(logging.Handler):
-    """Collects the warnings TRL and transformers log while the trainer is built."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage().splitlines()[0][:300])
-
-
-def _trainer_class():
-    import trl
-
-    class BenchSFTTrainer(trl.SFTTrainer):
-        """``trl.SFTTrainer`` that pauses at the start of every loop iteration and observes each batch."""
-
-        bench_run: SFTTrainerRun
-
-        def get_batch_samples(self, *args: Any, **kwargs: Any):
-            self.bench_run._boundary()
-            return super().get_batch_samples(*args, **kwargs)
-
-        def training_step(self, model, inputs, *args: Any, **kwargs: Any):
-            self.bench_run._observe(inputs)
-            synchronize(self.bench_run.device)
-            start = time.perf_counter()
-            loss = super().training_step(model, inputs, *args, **kwargs)
-            synchronize(self.bench_run.device)
-            self.bench_run._train_step_seconds = time.perf_counter() - start
-            return loss
-
-    return BenchSFTTrainer
-
-
-def _callback(run: SFTTrainerRun):
-    from transformers import TrainerCallback
-
-    class BenchCallback(TrainerCallback):
-        def on_pre_optimizer_step(self, args, state, control, **kwargs):
-            self.started = time.perf_counter()
-
-        def on_optimizer_step(self, args, state, control, **kwargs):
-            synchronize(run.device)
-            run.records.compute_seconds.append(run._train_step_seconds + time.perf_counter() - self.started)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            if logs and "loss" in logs:
-                run.records.losses.append(float(logs["loss"]))
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            run._close_step()
-
-    return BenchCallback()
-
-
-class SFTTrainerRun:
+class SFTTrainerRun(SteppedTrainerRun):
     """One ``sft-trainer`` variant on one dataset; the same interface as :class:`~.worker.VariantRun`."""
+
+    trainer_name = "SFTTrainer"
 
     def __init__(self, config: BenchConfig, dataset: str, variant: str, *, isolated: bool = False):
         import datasets
         import trl
-        from transformers import PrinterCallback
 
         from ..collator import DataCollatorForCompletionOnlyLM
 
@@ -170,82 +110,23 @@ class SFTTrainerRun:
         collator = None
         if spec.collator == "trl-padfree":
             collator = DataCollatorForCompletionOnlyLM(None, padding_free=spec.padding_free)
-        log = _WarningLog()
-        loggers = [logging.getLogger(name) for name in ("trl", "transformers")]
-        for logger in loggers:
-            logger.addHandler(log)
-        bars = datasets.is_progress_bar_enabled()
-        datasets.disable_progress_bars()  # SFTTrainer's dataset preparation: six bars per variant otherwise
-        try:
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
-                trainer = _trainer_class()(
-                    model=model,
-                    args=args,
-                    train_dataset=datasets.Dataset.from_list(to_records(train)),
-                    eval_dataset=datasets.Dataset.from_list(to_records(evaluation)),
-                    processing_class=bench_tokenizer(config.vocab_size),
-                    data_collator=collator,
-                    optimizers=(make_optimizer(config, model), None),
-                )
-        finally:
-            for logger in loggers:
-                logger.removeHandler(log)
-            if bars:
-                datasets.enable_progress_bars()
-        self.trainer_warnings = log.messages + [str(w.message).splitlines()[0][:300] for w in caught]
-        trainer.remove_callback(PrinterCallback)
-        trainer.add_callback(_callback(self))
-        trainer.bench_run = self
+        trainer = self._build_quietly(lambda: bench_trainer_class(trl.SFTTrainer)(
+            model=model,
+            args=args,
+            train_dataset=datasets.Dataset.from_list(to_records(train)),
+            eval_dataset=datasets.Dataset.from_list(to_records(evaluation)),
+            processing_class=bench_tokenizer(config.vocab_size),
+            data_collator=collator,
+            optimizers=(make_optimizer(config, model), None),
+        ))
         _check_prepared(trainer.train_dataset, train, "train")
         _check_prepared(trainer.eval_dataset, evaluation, "eval")
-        self.trainer, self.model = trainer, model
         self.eval_features = [
             [{"input_ids": e, "labels": completion_labels(e)} for e in batch]
             for batch in fixed_batches(evaluation, config.batch_size)
         ]
 
-        self._go = threading.Semaphore(0)
-        self._events: queue.Queue[tuple[str, Any]] = queue.Queue()
-        self._open: tuple[float, float] | None = None
-        self._ready = False
-        self._excluded = 0.0
-        self._train_step_seconds = 0.0
-        self.memory = MemoryMeter(self.device, isolated)
-        self.memory.start()
-        self._thread = threading.Thread(target=self._train, name=f"bench-{variant}", daemon=True)
-        self._thread.start()
-        self._wait("ready")
-
-    # --- the trainer thread -------------------------------------------------------------------------------------
-    def _train(self) -> None:
-        try:
-            self.trainer.train()
-            self._events.put(("finished", None))
-        except BaseException as exc:  # handed to the main thread, which raises it
-            self._events.put(("error", exc))
-
-    def _boundary(self) -> None:
-        """Start of a loop iteration: close the running step, wait for the next :meth:`step` call."""
-        self._close_step()
-        if not self._ready:
-            self._ready = True
-            self._events.put(("ready", None))
-        if len(self.records.step_seconds) >= self.total_steps:
-            return  # never wait for a step that will not be asked for
-        self._go.acquire()
-        self._excluded = 0.0
-        self._open = (time.perf_counter(), time.process_time())
-
-    def _close_step(self) -> None:
-        if self._open is None:
-            return
-        synchronize(self.device)
-        wall, cpu = time.perf_counter() - self._open[0], time.process_time() - self._open[1]
-        self._open = None
-        self.records.step_seconds.append(wall - self._excluded)
-        self.records.cpu_seconds.append(cpu - self._excluded)
-        self._events.put(("step", wall - self._excluded))
+        self._start(trainer, model, isolated)
 
     def _observe(self, inputs: dict[str, Any]) -> None:
         """Record what the model receives (not counted in the step's time)."""
@@ -260,37 +141,12 @@ class SFTTrainerRun:
         rec.target_tokens.append(count_targets(inputs))
         self._excluded += time.perf_counter() - start
 
-    # --- the caller's side ----------------------------------------------------------------------------------------
-    def _wait(self, expected: str) -> Any:
-        kind, payload = self._events.get()
-        if kind == "error":
-            raise RuntimeError(f"{self.variant}: SFTTrainer failed: {type(payload).__name__}: {payload}") from payload
-        if kind != expected:
-            raise RuntimeError(f"{self.variant}: expected {expected!r} from the trainer thread, got {kind!r}")
-        return payload
-
-    @property
-    def steps_left(self) -> int:
-        return self.total_steps - len(self.records.step_seconds)
-
-    def step(self) -> dict[str, Any]:
-        """Let the trainer run one whole loop iteration (one optimizer step) and wait for it."""
-        if not self.steps_left:
-            raise RuntimeError(f"{self.variant}: all {self.total_steps} steps are done")
-        self._go.release()
-        seconds = self._wait("step")
-        return {"step": len(self.records.step_seconds), "seconds": seconds, "loss": self.records.losses[-1]}
-
     def finish(self) -> dict[str, Any]:
         """Wait for the trainer to end; evaluate; probe the attention that ran; return every measurement."""
         from ..probe import check_packing
 
-        self._wait("finished")
-        self._thread.join()
+        self._finished()
         rec = self.records
-        if not (len(rec.losses) == len(rec.compute_seconds) == len(rec.fingerprints) == self.total_steps):
-            raise RuntimeError(f"{self.variant}: the trainer ran {len(rec.losses)} logged steps, "
-                               f"{len(rec.fingerprints)} batches; expected {self.total_steps}")
         collate = self.trainer.data_collator
         eval_loss, eval_targets = evaluate(self.model, collate, self.eval_features, self.device)
         memory = self.memory.result()
