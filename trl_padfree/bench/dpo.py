@@ -38,8 +38,6 @@ import argparse
 import dataclasses
 import json
 import math
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,7 +55,7 @@ from .dpo_data import (
     pairs_fingerprint,
     to_records,
 )
-from .machine import _load_average, _project_root, machine_info
+from .machine import _load_average, machine_info
 from .stepped import SteppedTrainerRun, bench_trainer_class
 from .training import StepRecords, bench_device
 
@@ -306,89 +304,26 @@ def run_dpo_variant(config: DPOBenchConfig, variant: str, *, isolated: bool = Fa
 
 
 # ---- workers (one process per variant, trained in lockstep) -----------------------------------------------------
-_PROTOCOL = "@@trl-padfree-bench-dpo "
-
-
 def _worker_main(spec_path: str, output_path: str) -> int:
+    """The worker: one variant in this (fresh) process, one step per ``step`` line on stdin (:mod:`.lockstep`)."""
+    from .lockstep import serve
+
     spec = json.loads(Path(spec_path).read_text())
-    config = DPOBenchConfig(**spec["config"])
-    channel, sys.stdout = sys.stdout, sys.stderr  # only protocol messages go to the parent's pipe
-
-    def send(message: dict[str, Any]) -> None:
-        channel.write(_PROTOCOL + json.dumps(message) + "\n")
-        channel.flush()
-
-    run = DPOTrainerRun(config, spec["variant"], isolated=True)
-    send({"ready": True, "steps": run.total_steps})
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "step":
-            send(run.step())
-        elif command == "finish":
-            Path(output_path).write_text(json.dumps(run.finish()))
-            send({"done": True})
-            return 0
-        else:
-            raise ValueError(f"unknown worker command {command!r} (expected 'step' or 'finish')")
-    return 1
-
-
-class _Worker:
-    def __init__(self, tmp: str, config: DPOBenchConfig, variant: str):
-        self.name = variant
-        spec_path, self.out_path = Path(tmp, f"{variant}.spec.json"), Path(tmp, f"{variant}.result.json")
-        spec_path.write_text(json.dumps({"config": dataclasses.asdict(config), "variant": variant}))
-        self.stderr = open(Path(tmp, f"{variant}.stderr"), "w+")  # noqa: SIM115 (closed in close())
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_project_root(), env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trl_padfree.bench.dpo", "--worker", str(spec_path), str(self.out_path)],
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-        )
-
-    def request(self, command: str | None) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            if command is not None:
-                self.proc.stdin.write(command + "\n")
-                self.proc.stdin.flush()
-            for line in self.proc.stdout:
-                if line.startswith(_PROTOCOL):
-                    return json.loads(line[len(_PROTOCOL) :])
-        except BrokenPipeError:
-            pass
-        code = self.proc.wait()
-        self.stderr.seek(0)
-        tail = "\n".join(self.stderr.read().strip().splitlines()[-25:])
-        raise RuntimeError(f"the {self.name} worker failed (exit {code}):\n{tail}")
-
-    def result(self) -> dict[str, Any]:
-        self.request("finish")
-        self.proc.wait()
-        return json.loads(self.out_path.read_text())
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.stderr.close()
+    return serve(DPOTrainerRun(DPOBenchConfig(**spec["config"]), spec["variant"], isolated=True), output_path)
 
 
 def _run_lockstep(config: DPOBenchConfig) -> dict[str, dict[str, Any]]:
     """Every variant in its own worker, step i of each (in a rotating order) before step i+1."""
+    from .lockstep import LockstepWorker, run_in_lockstep
+
     with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-dpo-") as tmp:
-        workers = [_Worker(tmp, config, name) for name in config.variants]
-        try:
-            order = [(w, int(w.request(None)["steps"])) for w in workers]
-            for step in range(max(n for _, n in order)):
-                shift = step % len(order)
-                for worker, n in order[shift:] + order[:shift]:
-                    if step < n:
-                        worker.request("step")
-            return {w.name: w.result() for w in workers}
-        finally:
-            for worker in workers:
-                worker.close()
+        workers = []
+        for variant in config.variants:
+            spec_path, out_path = Path(tmp, f"{variant}.spec.json"), Path(tmp, f"{variant}.result.json")
+            spec_path.write_text(json.dumps({"config": dataclasses.asdict(config), "variant": variant}))
+            command = [sys.executable, "-m", "trl_padfree.bench.dpo", "--worker", str(spec_path), str(out_path)]
+            workers.append(LockstepWorker(variant, command, Path(tmp, f"{variant}.stderr"), out_path))
+        return dict(zip(config.variants, run_in_lockstep(workers), strict=True))
 
 
 def run_dpo_benchmark(config: DPOBenchConfig, log=print) -> dict[str, Any]:

@@ -5,7 +5,6 @@ schedules, repeats, and the report of :func:`run_benchmark`.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -16,15 +15,10 @@ from typing import Any
 
 from .config import BASELINE, VARIANTS, BenchConfig, variant_unavailable
 from .data import DATASETS
-from .machine import _load_average, _project_root, machine_info
+from .lockstep import LockstepWorker, run_in_lockstep, tail, worker_env
+from .machine import _load_average, machine_info
 from .report import PAPER, _max_rel_diff, compare, evaluate_targets
-from .worker import _PROTOCOL, run_variant
-
-
-def _worker_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (_project_root(), env.get("PYTHONPATH")) if p)
-    return env
+from .worker import run_variant
 
 
 def _worker_command(spec_path: Path, out_path: Path, interactive: bool) -> list[str]:
@@ -38,61 +32,17 @@ def _write_spec(tmp: str, config: BenchConfig, dataset: str, variant: str) -> tu
     return spec_path, out_path
 
 
-def _tail(text: str, lines: int = 25) -> str:
-    return "\n".join(text.strip().splitlines()[-lines:])
-
-
 def _run_in_subprocess(config: BenchConfig, dataset: str, variant: str) -> dict[str, Any]:
     """One variant, all steps, in a fresh worker process (the ``sequential`` schedule)."""
     with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-") as tmp:
         spec_path, out_path = _write_spec(tmp, config, dataset, variant)
         cmd = _worker_command(spec_path, out_path, interactive=False)
-        proc = subprocess.run(cmd, env=_worker_env(), capture_output=True, text=True)
+        proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True)
         if proc.returncode != 0 or not out_path.exists():
             raise RuntimeError(
-                f"the {dataset}/{variant} worker failed (exit {proc.returncode}):\n{_tail(proc.stderr or proc.stdout)}"
+                f"the {dataset}/{variant} worker failed (exit {proc.returncode}):\n{tail(proc.stderr or proc.stdout)}"
             )
         return json.loads(out_path.read_text())
-
-
-class _Worker:
-    """A fresh worker process driven step by step over its stdin/stdout (the ``interleaved`` schedule)."""
-
-    def __init__(self, tmp: str, config: BenchConfig, dataset: str, variant: str):
-        self.name = f"{dataset}/{variant}"
-        spec_path, self.out_path = _write_spec(tmp, config, dataset, variant)
-        self.stderr = open(Path(tmp, f"{variant}.stderr"), "w+")  # noqa: SIM115 (closed in close())
-        self.proc = subprocess.Popen(
-            _worker_command(spec_path, self.out_path, interactive=True),
-            env=_worker_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
-        )
-
-    def request(self, command: str | None) -> dict[str, Any]:
-        """Send ``command`` (None: only wait) and return the worker's next protocol message."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            if command is not None:
-                self.proc.stdin.write(command + "\n")
-                self.proc.stdin.flush()
-            for line in self.proc.stdout:
-                if line.startswith(_PROTOCOL):
-                    return json.loads(line[len(_PROTOCOL) :])
-        except BrokenPipeError:
-            pass
-        code = self.proc.wait()
-        self.stderr.seek(0)
-        raise RuntimeError(f"the {self.name} worker failed (exit {code}):\n{_tail(self.stderr.read())}")
-
-    def result(self) -> dict[str, Any]:
-        self.request("finish")
-        self.proc.wait()
-        return json.loads(self.out_path.read_text())
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
-        self.stderr.close()
 
 
 def _run_interleaved(config: BenchConfig, dataset: str, variants: list[str]) -> dict[str, dict[str, Any]]:
@@ -103,19 +53,12 @@ def _run_interleaved(config: BenchConfig, dataset: str, variants: list[str]) -> 
     fewer steps (token-budget batching can change the count) stops early; one with more runs on alone.
     """
     with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-") as tmp:
-        workers = [_Worker(tmp, config, dataset, name) for name in variants]
-        try:
-            # ready: data, model and optimizer built; each worker says how many steps it will train
-            order = [(worker, int(worker.request(None)["steps"])) for worker in workers]
-            for step in range(max(n for _, n in order)):
-                shift = step % len(order)
-                for worker, n in order[shift:] + order[:shift]:
-                    if step < n:
-                        worker.request("step")
-            return {name: worker.result() for name, worker in zip(variants, workers, strict=True)}
-        finally:
-            for worker in workers:
-                worker.close()
+        workers = []
+        for name in variants:
+            spec_path, out_path = _write_spec(tmp, config, dataset, name)
+            command = _worker_command(spec_path, out_path, interactive=True)
+            workers.append(LockstepWorker(f"{dataset}/{name}", command, Path(tmp, f"{name}.stderr"), out_path))
+        return dict(zip(variants, run_in_lockstep(workers), strict=True))
 
 
 def _merge_repeat(variants: dict[str, dict[str, Any]], name: str, result: dict[str, Any]) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -137,9 +136,6 @@ def run_variant(config: BenchConfig, dataset: str, variant: str, *, isolated: bo
     return run.finish()
 
 
-_PROTOCOL = "@@trl-padfree-bench "
-
-
 def _worker_main(spec_path: str, output_path: str, interactive: bool) -> int:
     """The worker: one variant in this (fresh) process; with ``interactive``, one step per ``step`` line on stdin."""
     spec = json.loads(Path(spec_path).read_text())
@@ -148,22 +144,6 @@ def _worker_main(spec_path: str, output_path: str, interactive: bool) -> int:
         result = run_variant(config, spec["dataset"], spec["variant"], isolated=True)
         Path(output_path).write_text(json.dumps(result))
         return 0
-    channel, sys.stdout = sys.stdout, sys.stderr  # only protocol messages go to the parent's pipe
+    from .lockstep import serve
 
-    def send(message: dict[str, Any]) -> None:
-        channel.write(_PROTOCOL + json.dumps(message) + "\n")
-        channel.flush()
-
-    run = make_run(config, spec["dataset"], spec["variant"], isolated=True)
-    send({"ready": True, "steps": run.total_steps})
-    for line in sys.stdin:
-        command = line.strip()
-        if command == "step":
-            send(run.step())
-        elif command == "finish":
-            Path(output_path).write_text(json.dumps(run.finish()))
-            send({"done": True})
-            return 0
-        else:
-            raise ValueError(f"unknown worker command {command!r} (expected 'step' or 'finish')")
-    return 1  # the parent went away
+    return serve(make_run(config, spec["dataset"], spec["variant"], isolated=True), output_path)
