@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -12,18 +10,14 @@ from typing import Any
 from .config import _fmt_params
 from .dpo_data import DISTRIBUTION_LABEL, STEP_FORWARDS
 from .flops import timed_flops
+from .measures import max_rel_diff
+from .paths import write_report_files
 
 DPO_BASELINE = "dpo-trl-padded"
 FLOP_SHARE_TARGET = 0.85
 _JUDGED = ("dpo-padfree", "dpo-prompt-once")
 SPEED_TARGET_SETUP = ("CPU, float32, 1 torch thread, tiny Llama (4 x 256, 8 / 4 heads, MLP 688, vocab 2048), batch 8 "
                       "pairs, >= 6 timed steps, each variant in its own worker")
-
-
-def _max_rel_diff(values: list[float], reference: list[float]) -> float:
-    if len(values) != len(reference):
-        return math.inf
-    return max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(values, reference, strict=True)), default=0.0)
 
 
 def compare(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -52,9 +46,9 @@ def compare(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 median_step_speedup=statistics.median(
                     b / v for b, v in zip(base["step_seconds"][warm:], res["step_seconds"][warm:], strict=True)),
                 memory_ratio=res["peak_memory_mb"] / base["peak_memory_mb"],
-                train_loss_max_rel_diff=_max_rel_diff(res["train_loss"], base["train_loss"]),
+                train_loss_max_rel_diff=max_rel_diff(res["train_loss"], base["train_loss"]),
                 logps_max_rel_diff=max(
-                    _max_rel_diff([e[k] for e in res["logged"]], [e[k] for e in base["logged"]])
+                    max_rel_diff([e[k] for e in res["logged"]], [e[k] for e in base["logged"]])
                     for k in ("logps/chosen", "logps/rejected")),
                 same_batches=res["batch_fingerprints"] == base["batch_fingerprints"],
                 same_steps=res["optimizer_steps"] == base["optimizer_steps"],
@@ -274,9 +268,5 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
 
 def write_outputs(report: dict[str, Any], output_dir: Path, name: str) -> dict[str, Path]:
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {ext: output_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps(report, indent=1) + "\n")
-    paths["md"].write_text(to_markdown(report))
-    plot(report, paths["png"])
-    return paths
+    """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``output_dir``; return their paths."""
+    return write_report_files(report, output_dir, name, to_markdown, plot)

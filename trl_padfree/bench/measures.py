@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 __all__ = ["step_medians"]
@@ -21,3 +23,14 @@ def step_medians(res: dict[str, Any]) -> tuple[float | None, float | None]:
     steps = res.get("step_seconds", [])[timed]
     rest = res.get("collate_seconds", [])[timed]
     return (statistics.median(steps) if steps else None), (statistics.median(rest) if rest else None)
+
+
+def max_rel_diff(values: Sequence[float], reference: Sequence[float]) -> float:
+    """Largest relative difference of two equally long series (inf when their lengths differ).
+
+    >>> max_rel_diff([1.0, 2.2], [1.0, 2.0]), max_rel_diff([1.0], [1.0, 2.0])
+    (0.10000000000000009, inf)
+    """
+    if len(values) != len(reference):
+        return math.inf
+    return max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(values, reference, strict=True)), default=0.0)

@@ -1,11 +1,15 @@
-"""Output paths of ``trl-padfree bench`` (SFT and DPO alike): checked before any work starts."""
+"""Output of ``trl-padfree bench`` (SFT and DPO alike): the directory checked before any work starts, and the
+report files written at the end."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["unwritable_dir"]
+__all__ = ["unwritable_dir", "write_report_files"]
 
 
 def unwritable_dir(path: Path) -> str | None:
@@ -27,3 +31,15 @@ def unwritable_dir(path: Path) -> str | None:
     if not parent.is_dir():
         return f"{parent} is a file, not a directory"
     return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable, so it cannot be created"
+
+
+def write_report_files(report: dict[str, Any], output_dir: Path, name: str, markdown: Callable[[dict[str, Any]], str],
+                       plot: Callable[[dict[str, Any], Path], None]) -> dict[str, Path]:
+    """Write ``<name>.json``, ``<name>.md`` (``markdown(report)``) and ``<name>.png`` (``plot``) under
+    ``output_dir``; return their paths."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = {ext: output_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
+    paths["json"].write_text(json.dumps(report, indent=1) + "\n")
+    paths["md"].write_text(markdown(report))
+    plot(report, paths["png"])
+    return paths

@@ -4,24 +4,16 @@ table and the written JSON/Markdown/PNG files.
 
 from __future__ import annotations
 
-import json
-import math
 import statistics
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .config import BASELINE, _fmt_params
 from .data import dataset_title
 from .flops import flop_ratio
-from .measures import step_medians
+from .measures import max_rel_diff, step_medians
+from .paths import write_report_files
 from .plot import plot
-
-
-def _max_rel_diff(values: Sequence[float], reference: Sequence[float]) -> float:
-    if len(values) != len(reference):
-        return math.inf
-    return max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(values, reference, strict=True)), default=0.0)
 
 
 def _same_batches(res: dict[str, Any], base: dict[str, Any]) -> bool | None:
@@ -61,7 +53,7 @@ def compare(results: dict[str, dict[str, Any]], config: dict[str, Any] | None = 
             if res["tokens_per_cpu_second"] is None
             else res["tokens_per_cpu_second"] / base["tokens_per_cpu_second"],
             "memory_ratio": res["peak_memory_mb"] / base["peak_memory_mb"],
-            "train_loss_max_rel_diff": _max_rel_diff(res["train_loss"], base["train_loss"]) if stepwise else None,
+            "train_loss_max_rel_diff": max_rel_diff(res["train_loss"], base["train_loss"]) if stepwise else None,
             "eval_loss_rel_diff": abs(res["eval_loss"] - base["eval_loss"]) / abs(base["eval_loss"]),
             "same_steps": res["optimizer_steps"] == base["optimizer_steps"],
             "same_batches": same,
@@ -432,9 +424,4 @@ def to_markdown(report: dict[str, Any]) -> str:
 
 def write_outputs(report: dict[str, Any], output_dir: Path, name: str) -> dict[str, Path]:
     """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``output_dir``; return their paths."""
-    output_dir.mkdir(parents=True, exist_ok=True)
-    paths = {ext: output_dir / f"{name}.{ext}" for ext in ("json", "md", "png")}
-    paths["json"].write_text(json.dumps(report, indent=1) + "\n")
-    paths["md"].write_text(to_markdown(report))
-    plot(report, paths["png"])
-    return paths
+    return write_report_files(report, output_dir, name, to_markdown, plot)

@@ -17,7 +17,8 @@ from .config import BASELINE, VARIANTS, BenchConfig, variant_unavailable
 from .data import DATASETS
 from .lockstep import LockstepWorker, run_in_lockstep, tail, worker_env
 from .machine import _load_average, machine_info
-from .report import PAPER, _max_rel_diff, compare, evaluate_targets
+from .measures import max_rel_diff
+from .report import PAPER, compare, evaluate_targets
 from .worker import run_variant
 
 
@@ -76,7 +77,7 @@ def _merge_repeat(variants: dict[str, dict[str, Any]], name: str, result: dict[s
         first["tokens_per_cpu_second"] = statistics.median(first["tokens_per_cpu_second_runs"])
     first["peak_memory_mb"] = max(first["peak_memory_mb"], result["peak_memory_mb"])
     first["repeat_loss_max_rel_diff"] = max(
-        first.get("repeat_loss_max_rel_diff", 0.0), _max_rel_diff(result["train_loss"], first["train_loss"])
+        first.get("repeat_loss_max_rel_diff", 0.0), max_rel_diff(result["train_loss"], first["train_loss"])
     )
 
 
