@@ -26,17 +26,15 @@ import torch
 from torch import nn
 
 from .probe import (
-    DEFAULT_RTOL,
     PackingLeakError,
     PackingReport,
     _alone_batch,
     _attn_name,
-    _compute_dtype,
     _deterministic_train_mode,
     _logits,
-    _model_device,
     _random_sequences,
     _vocab_size,
+    probe_setting,
 )
 
 __all__ = ["DEFAULT_PAIRS", "assert_preference_packing_safe", "check_preference_packing"]
@@ -57,10 +55,7 @@ def check_preference_packing(
     from .preference import MODEL_KEYS, DataCollatorForPreference
 
     start = time.perf_counter()
-    device = _model_device(model)
-    dtype = _compute_dtype(model, device)
-    if rtol is None:
-        rtol = DEFAULT_RTOL.get(dtype, DEFAULT_RTOL[torch.float32])
+    device, dtype, rtol = probe_setting(model, rtol)
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     lengths = [n for pair in pairs for n in pair]
@@ -68,15 +63,16 @@ def check_preference_packing(
     examples = [{"prompt_ids": seqs[3 * i], "chosen_ids": seqs[3 * i + 1], "rejected_ids": seqs[3 * i + 2]}
                 for i in range(len(pairs))]
     batch = DataCollatorForPreference(pad_token_id=0, prompt_once=prompt_once)(examples)
-    inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items() if k in MODEL_KEYS}
+    def on_device(b: dict[str, Any]) -> dict[str, Any]:
+        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in b.items()}
+
+    inputs = on_device({k: v for k, v in batch.items() if k in MODEL_KEYS})
     error = None
     with _deterministic_train_mode(model):
         expected = []
         for ex in examples:
-            chosen = _logits(model, {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                                     for k, v in _alone_batch(ex["prompt_ids"] + ex["chosen_ids"]).items()})
-            rejected = _logits(model, {k: v.to(device) if isinstance(v, torch.Tensor) else v
-                                       for k, v in _alone_batch(ex["prompt_ids"] + ex["rejected_ids"]).items()})
+            chosen = _logits(model, on_device(_alone_batch(ex["prompt_ids"] + ex["chosen_ids"])))
+            rejected = _logits(model, on_device(_alone_batch(ex["prompt_ids"] + ex["rejected_ids"])))
             expected.append(chosen)
             expected.append(rejected[len(ex["prompt_ids"]) - 1 :] if prompt_once else rejected)
         try:
@@ -85,7 +81,6 @@ def check_preference_packing(
             error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
     tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12
     if error is None:
-        want = torch.cat(expected)
         diffs = []
         offset = 0
         for e in expected:
@@ -93,7 +88,6 @@ def check_preference_packing(
             offset += e.shape[0]
     else:
         diffs = [math.inf] * len(expected)
-        want = None
     max_diff = max(diffs)
     status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
     attn = _attn_name(model)
@@ -104,7 +98,6 @@ def check_preference_packing(
         "its attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
         + ("" if prompt_once else " or 'flash_attention_2'") + ", or set DPOConfig(padding_free=False)."
     )
-    del want
     return PackingReport(
         ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance,
         model_type=str(getattr(config, "model_type", None) or type(model).__name__), attn_implementation=attn,

@@ -236,6 +236,13 @@ def _compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def probe_setting(model: nn.Module, rtol: float | None) -> tuple[torch.device, torch.dtype, float]:
+    """``(device, compute dtype, tolerance)`` of a probe of ``model``: ``rtol``, or the dtype's default."""
+    device = _model_device(model)
+    dtype = _compute_dtype(model, device)
+    return device, dtype, DEFAULT_RTOL.get(dtype, DEFAULT_RTOL[torch.float32]) if rtol is None else rtol
+
+
 def _vocab_size(model: nn.Module) -> int:
     sizes = []
     get = getattr(model, "get_input_embeddings", None)
@@ -434,10 +441,7 @@ def check_packing(
             f"check_packing needs at least 2 sequences of length >= 1; got lengths={list(lengths)}."
         )
     start = time.perf_counter()
-    device = _model_device(model)
-    dtype = _compute_dtype(model, device)
-    if rtol is None:
-        rtol = DEFAULT_RTOL.get(dtype, DEFAULT_RTOL[torch.float32])
+    device, dtype, rtol = probe_setting(model, rtol)
     config = getattr(model, "config", None)
     model_type = str(getattr(config, "model_type", None) or type(model).__name__)
     attn = _attn_name(model)

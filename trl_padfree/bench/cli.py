@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 
 from .config import _DTYPES, MODEL_PRESETS, SCHEDULES, VARIANTS, BenchConfig, _fmt_params
 from .data import DATASETS
-from .paths import unwritable_dir
+from .paths import refuse_unusable
 from .plot import plot
 from .report import evaluate_targets, failed_targets, to_markdown, write_outputs
 from .runner import run_benchmark
@@ -145,14 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
-    reason = unwritable_dir(args.output_dir)
-    if reason:
-        parser.error(f"--output-dir {args.output_dir}: {reason}; pass a directory that can be written")
-    if config.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            parser.error(f"--device {config.device} but torch.cuda.is_available() is False; use --device cpu")
+    refuse_unusable(parser, config.device, args.output_dir)
     print(f"trl-padfree bench: Llama {config.layers}x{config.hidden} ({_fmt_params(config.parameter_count())} "
           f"parameters), {config.dtype} on {config.device}, batch {config.batch_size}, {config.warmup} warm-up + "
           f"{config.steps} timed steps, variants {', '.join(config.variants)}")

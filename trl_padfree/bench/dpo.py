@@ -436,16 +436,9 @@ def main(argv: list[str] | None = None) -> int:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
-    from .paths import unwritable_dir
+    from .paths import refuse_unusable
 
-    reason = unwritable_dir(args.output_dir)
-    if reason:
-        parser.error(f"--output-dir {args.output_dir}: {reason}; pass a directory that can be written")
-    if config.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            parser.error(f"--device {config.device} but torch.cuda.is_available() is False; use --device cpu")
+    refuse_unusable(parser, config.device, args.output_dir)
     from .dpo_report import failed_targets, to_markdown, write_outputs
 
     print(f"trl-padfree bench --task dpo: Llama {config.layers}x{config.hidden} "

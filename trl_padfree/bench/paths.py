@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["unwritable_dir", "write_report_files"]
+__all__ = ["refuse_unusable", "unwritable_dir", "write_report_files"]
 
 
 def unwritable_dir(path: Path) -> str | None:
@@ -43,3 +43,15 @@ def write_report_files(report: dict[str, Any], output_dir: Path, name: str, mark
     paths["md"].write_text(markdown(report))
     plot(report, paths["png"])
     return paths
+
+
+def refuse_unusable(parser: Any, device: str, output_dir: Path) -> None:
+    """``parser.error`` (exit 2, one line) when ``output_dir`` cannot be written or ``device`` is CUDA without one."""
+    reason = unwritable_dir(output_dir)
+    if reason:
+        parser.error(f"--output-dir {output_dir}: {reason}; pass a directory that can be written")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device {device} but torch.cuda.is_available() is False; use --device cpu")
