@@ -151,13 +151,16 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
         kwargs = {k: inputs[k] for k in MODEL_KEYS if k in inputs}
         return model(**kwargs, **extra, shift_labels=inputs["shift_labels"], use_cache=False, fused_lm_head=True)
 
-    def _sequence_logps(self, per_token: torch.Tensor, inputs: dict[str, Any]) -> torch.Tensor:
-        """``(2B,)`` log-probability sums (TRL's ``ld_alpha`` weighting of the tails when it is set)."""
+    def _sequence_logps(self, per_token: torch.Tensor, inputs: dict[str, Any],
+                        scored: torch.Tensor | None = None) -> torch.Tensor:
+        """``(2B,)`` log-probability sums (TRL's ``ld_alpha`` weighting of the tails when it is set); ``scored``:
+        the scored tokens per sequence, when the caller has counted them already."""
         n = 2 * int(inputs["num_pairs"])
         index = inputs["score_index"]
         if self.ld_alpha is None:
             return segment_sum(per_token, index, n)
-        scored = segment_sum(torch.ones_like(per_token), index, n)
+        if scored is None:
+            scored = segment_sum(torch.ones_like(per_token), index, n)
         chosen, rejected = scored.chunk(2)
         shared = torch.minimum(chosen, rejected).repeat(2)
         rank = inputs["score_rank"].to(per_token.dtype)
@@ -200,14 +203,14 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
         pairs, index = int(inputs["num_pairs"]), inputs["score_index"]
         n = 2 * pairs
         per_token = outputs.log_probs
-        logps = self._sequence_logps(per_token, inputs)
+        scored = segment_sum(torch.ones_like(per_token), index, n)  # scored tokens per sequence (counted once)
+        logps = self._sequence_logps(per_token, inputs, scored)
         chosen_logps, rejected_logps = logps.chunk(2)
         if self.precompute_ref_logps:
             ref_chosen, ref_rejected = inputs["ref_chosen_logps"], inputs["ref_rejected_logps"]
         else:
             ref_chosen, ref_rejected = self._reference_logps(inputs).chunk(2)
         lens = inputs["completion_lens"].to(per_token.device)
-        scored = segment_sum(torch.ones_like(per_token), index, n)
         stats = PairStats(chosen_logps, rejected_logps, ref_chosen, ref_rejected, *lens.chunk(2))
         stats.chosen_scores, stats.rejected_scores = f_divergence_scores(
             stats.chosen_logratios, stats.rejected_logratios, self.f_divergence_type, self.f_alpha_divergence_coef
