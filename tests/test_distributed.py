@@ -188,7 +188,7 @@ def test_sigterm_on_one_rank_checkpoints_both_at_the_same_step_and_both_exit_0(d
     out = tmp_path / "out"
     code, lines, ended, text = with_fault(data_dir, out, "--rank", "1", "--sigterm-at-step", "2")
     assert code == 0, text[-4000:]  # torchrun exits 0 only when every worker did
-    assert "[trl-padfree] steps: 2/50 in " in text and "(stopped by signal on another process)" in text
+    assert "[trl-padfree] steps: 2/50 in " in text and "(stopped by SIGTERM on rank 1)" in text
     assert (out / "checkpoint-2" / "trainer_state.json").is_file() and not (out / "model.safetensors").exists()
     # both ranks saved at step 2: the Trainer writes one RNG state per rank into the checkpoint
     assert sorted(p.name for p in (out / "checkpoint-2").glob("rng_state*")) == ["rng_state_0.pth", "rng_state_1.pth"]

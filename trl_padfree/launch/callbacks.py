@@ -72,9 +72,19 @@ class GracefulStop(TrainerCallback):
         from .checkpoints import any_process
 
         if any_process(self.requested is not None):  # every rank stops at the same step
-            if self.requested is None:
-                self.requested = "signal on another process"
+            self.requested = _who_was_signalled(self.requested)
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at = state.global_step
         return control
+
+
+def _who_was_signalled(mine: str | None) -> str:
+    """Every rank's words for the stop, the same on each (``SIGTERM on rank 1``); a single process: its signal."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return mine or "a signal"
+    names: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(names, mine)
+    return ", ".join(f"{name} on rank {rank}" for rank, name in enumerate(names) if name)
