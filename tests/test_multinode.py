@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -167,6 +168,7 @@ def test_two_nodes_with_separate_disks_each_save_and_resume_on_every_node(data_d
                 "its own output_dir (save_on_each_node)") in text
         assert text.count("[trl-padfree] run: ") == 1  # node 1 prints the launch's lines too
         assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-2'}" in text, text[-3000:]
+        assert "(stopped by SIGTERM on rank 1)" in text  # on both nodes, whichever holds rank 1
         marker = json.loads((out / "checkpoint-2" / CHECKPOINT_MARKER).read_text())
         assert {"model.safetensors", "optimizer.pt"} <= set(marker["files"])
         assert choose_resume(str(out)).step == 2
@@ -222,37 +224,80 @@ def test_two_machines_through_accelerate_launch(data_dir, tmp_path):
 # ------------------------------------------------------------------------------------------- elastic restart
 
 
-SHARED_STORE_FLAKY = (
-    "with torchrun's shared store (its default), the restarted rank 0 sometimes connects to the killed rank's old "
-    "gloo address despite launch.distributed.separate_restart_attempts (failed 5 of 8 tries here on 2026-12-01; "
-    "cause not found); TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun restarted 12 of 12 (docs/distributed.md)"
-)
+ELASTIC = ("--max_steps", "8", "--save_steps", "2")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir, tmp_path_factory) -> Path:
+    """The elastic-restart tests' reference: the same run on 1 node x 2 ranks, not interrupted."""
+    reference = tmp_path_factory.mktemp("uninterrupted")
+    (node,) = launch_layout("1x2", data_dir, [reference], [], *ELASTIC)
+    assert node.proc.returncode == 0, node.text[-4000:]
+    return reference
 
 
 @slow
-@pytest.mark.parametrize("store", [
-    pytest.param("shared", marks=pytest.mark.xfail(reason=SHARED_STORE_FLAKY, strict=False)),
-    "own",  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a new store per attempt (the documented invocation)
+@pytest.mark.parametrize(("layout", "store"), [
+    ("1x2", "shared"),  # torchrun's default: the agent's store, kept across attempts (launch.restarts)
+    ("1x2", "own"),  # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: a new store per attempt
+    ("2x1", "shared"),  # two nodes with separate disks; only the killed worker's node counts a restart
 ])
-def test_elastic_restart_resumes_the_newest_checkpoint_and_matches_an_uninterrupted_run(data_dir, tmp_path, store,
+def test_elastic_restart_resumes_the_newest_checkpoint_and_matches_an_uninterrupted_run(layout, store, data_dir,
+                                                                                         uninterrupted, tmp_path,
                                                                                          monkeypatch):
-    """torchrun --max_restarts 1, rank 1 SIGKILLed after step 5: the restarted workers take checkpoint-4 by
-    themselves (no flag changed), and the final weights are byte-identical to an uninterrupted run's."""
+    """torchrun --max_restarts 1, global rank 1 SIGKILLed after step 5: the restarted workers (on every node) take
+    checkpoint-4 by themselves (no flag changed), and the final weights are byte-identical to an uninterrupted
+    run's."""
     if store == "own":
         monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    extra = ("--max_steps", "8", "--save_steps", "2")
-    reference, restarted = tmp_path / "reference", tmp_path / "restarted"
-    (node,) = launch_layout("1x2", data_dir, [reference], [], *extra)
-    assert node.proc.returncode == 0, node.text[-4000:]
-    (node,) = launch_layout("1x2", data_dir, [restarted], ["--rank", "1", "--sigkill-at-step", "5"], *extra,
-                            restarts=1)
-    assert node.proc.returncode == 0, node.text[-4000:]
+    outs = [tmp_path / "node0", tmp_path / "node1"] if layout == "2x1" else [tmp_path / "restarted"]
+    nodes = launch_layout(layout, data_dir, outs, ["--rank", "1", "--sigkill-at-step", "5"], *ELASTIC,
+                          restarts=1)
+    text = "\n".join(node.text for node in nodes)
     # torchrun saw the kill (or, first, rank 0 failing on its lost peer), then restarted the group
-    assert "exitcode: -9" in node.text or "another process of the run is gone" in node.text
-    assert (f"[trl-padfree] torchrun restart 1: resuming from {restarted / 'checkpoint-4'} (step 4, the newest "
-            "complete checkpoint of this run)") in node.text
-    assert losses(restarted) == losses(reference)
-    assert same_weights(restarted / "model.safetensors", reference / "model.safetensors")
+    assert "exitcode: -9" in text or "another process of the run is gone" in text
+    for node, out in zip(nodes, outs, strict=True):
+        assert node.proc.returncode == 0, node.text[-4000:]
+        assert (f"[trl-padfree] torchrun restart 1: resuming from {out / 'checkpoint-4'} (step 4, the newest "
+                "complete checkpoint of this run)") in node.text, node.text[-4000:]
+        assert losses(out) == losses(uninterrupted)
+        assert same_weights(out / "model.safetensors", uninterrupted / "model.safetensors")
+
+
+# ------------------------------------------------------------------------------------------- one node refuses
+
+
+@slow
+@pytest.mark.parametrize(("bad", "why"), [
+    # before the process group exists (reading the config is what creates it)
+    ("typo", "unknown key 'learning_rat' in {config}; did you mean 'learning_rate'?"),
+    # after it exists (a data file missing on one node's disk)
+    ("missing_data", "data file not found: train_file='{missing}' (relative paths start at the current directory "
+                     "{root})"),
+])
+def test_a_config_refused_on_one_node_stops_every_node_at_once(bad, why, data_dir, tmp_path):
+    """Node 1 alone has a bad config: both nodes exit 2 within seconds with the reason (the other node naming node
+    1), nothing is written, and no process is left; before launch.rendezvous the other node waited for its peer
+    until the process-group timeout (30 minutes)."""
+    config, missing = tmp_path / "node1.yaml", tmp_path / "nowhere" / "train.jsonl"
+    config.write_text((data_dir / "config.yaml").read_text() + "learning_rat: 0.1\n")
+    outs = [tmp_path / "node0", tmp_path / "node1"]
+    argv = [run_argv(data_dir, out) for out in outs]
+    if bad == "typo":
+        argv[1][argv[1].index("--config") + 1] = str(config)
+    else:
+        argv[1] += ["--train_file", str(missing)]
+    port = free_port()
+    nodes = launch([[*two_nodes(port), str(ROOT / "scripts" / "train.py"), *command] for command in argv])
+    reason = why.format(config=config, missing=missing, root=ROOT)
+    assert error_lines(nodes[1]) == [f"trl-padfree train: error: {reason}"], nodes[1].text[-3000:]
+    (line,) = error_lines(nodes[0])  # c10d numbers the nodes (and so the ranks) in the order they join
+    assert re.fullmatch(r"trl-padfree train: error: the config was refused on another process of the run, "
+                        r"rank [01] \(node [01], local rank 0\): " + re.escape(reason), line), line
+    for node in nodes:
+        assert node.proc.returncode != 0 and "exitcode  : 2" in node.text, node.text[-3000:]
+    assert abs(nodes[0].ended - nodes[1].ended) < 10
+    assert not any(out.exists() for out in outs)
 
 
 # ------------------------------------------------------------------------------------------- one-rank faults

@@ -62,15 +62,21 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     from .checkpoints import RunError
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
-    from .distributed import finish, plan_nodes, separate_restart_attempts
+    from .distributed import finish, plan_nodes
+    from .rendezvous import agree_on_config, separate_restart_attempts
     from .run import train
     from .validate import describe
 
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_replicas()  # under a distributed launcher only the first process of each node logs, from the very start
-    separate_restart_attempts()  # before the process group exists (parsing the config creates it)
+    separate_restart_attempts()  # torchrun restarts: before the process group exists (parsing the config creates it)
     try:
-        cfg = load_config(argv, task=task)
+        try:
+            cfg = load_config(argv, task=task)
+        except ConfigError as exc:
+            agree_on_config(exc)  # the other processes of the run stop too (launch.rendezvous)
+            raise
+        agree_on_config(None)
         apply_defaults(cfg)
         layout = plan_nodes(cfg)  # several processes: who writes what, one run id, one checkpoint to resume
         say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items())

@@ -54,6 +54,10 @@ class ConfigError(ValueError):
     """Bad user input: ``main`` prints the message as one line and exits with code 2, before any work starts."""
 
 
+class RefusedElsewhere(ConfigError):
+    """Another process of a multi-process run refused its config (``launch.rendezvous``): this one stops too."""
+
+
 @dataclass
 class DataArguments:
     """Where the data comes from and how each record becomes one training text."""
@@ -572,6 +576,8 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: 
         parser.set_defaults_with_config(**config)
     try:
         *parsed, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
+    except RefusedElsewhere:  # raised while the process group formed (parsing SFTConfig creates it)
+        raise
     except ConfigError as exc:
         raise ConfigError(f"command line: {exc}") from None
     except (ValueError, TypeError) as exc:  # raised by a dataclass's __post_init__

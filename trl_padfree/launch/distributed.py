@@ -46,48 +46,7 @@ __all__ = [
     "fsdp_requested",
     "launcher_world_size",
     "plan_nodes",
-    "restart_attempt",
-    "separate_restart_attempts",
 ]
-
-
-def restart_attempt() -> int:
-    """torchrun's restart count of this worker group (``TORCHELASTIC_RESTART_COUNT``; 0 on the first attempt)."""
-    try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    except ValueError:
-        return 0
-
-
-def separate_restart_attempts() -> None:
-    """Give each torchrun restart its own keys in the store the workers rendezvous through.
-
-    torchrun (torch 2.13) hands its workers the agent's own TCPStore (``TORCHELASTIC_USE_AGENT_STORE=True``); that
-    store lives as long as torchrun and the process group's keys in it are the same in every attempt. After a
-    restart, a new rank that reaches ``init_process_group`` before its peers reads the dead attempt's gloo
-    addresses and fails: ``Gloo connectFullMesh failed ... Connection refused`` (measured: the restarted group of a
-    2-rank ``--max_restarts 1`` run failed this way in 2 of 2 tries; a bare all-reduce script, whose ranks arrive
-    together, passed). Prefixing the keys with the attempt makes every attempt rendezvous afresh.
-    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` in torchrun's environment has the same effect: a new store per
-    attempt.) Call before the process group is created; a no-op outside torchrun.
-    """
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or "TORCHELASTIC_RESTART_COUNT" not in os.environ:
-        return
-    import torch.distributed as dist
-    from torch.distributed import rendezvous
-
-    handlers = getattr(rendezvous, "_rendezvous_handlers", None)  # torch's registry of init_method schemes
-    original = handlers.get("env") if isinstance(handlers, dict) else None
-    if original is None or getattr(original, "trl_padfree_attempts", False):
-        return
-    prefix = f"trl_padfree/attempt_{restart_attempt()}/"
-
-    def env_per_attempt(url: str, **kwargs: Any) -> Any:
-        for store, rank, world_size in original(url, **kwargs):
-            yield dist.PrefixStore(prefix, store), rank, world_size
-
-    env_per_attempt.trl_padfree_attempts = True  # type: ignore[attr-defined]
-    handlers["env"] = env_per_attempt
 
 
 def _apply_timeout(seconds: int) -> None:

@@ -421,7 +421,7 @@ def _check_resume(cfg: LaunchConfig) -> None:
         resolve_auto_resume,
         run_contents,
     )
-    from .distributed import restart_attempt
+    from .rendezvous import restart_attempt
 
     if resolve_auto_resume(cfg, restart_attempt()):  # auto, or a worker restarted by torchrun (launch.checkpoints)
         return
