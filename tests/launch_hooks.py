@@ -23,6 +23,7 @@ Faults (each takes the optimizer step K at which it strikes):
 - ``--sigstop-at-step K`` (:class:`SigstopAtStep`): the process stops itself (SIGSTOP) at the end of step K, as a
   node that hangs; only SIGCONT or SIGKILL from outside ends it.
 
+``--task dpo``: the run is ``trl-padfree dpo`` (default ``sft``: ``trl-padfree train``).
 ``--rank R``: only the process whose ``RANK`` is R (default: every process). ``--attempt N``: only in torchrun's
 restart N (``TORCHELASTIC_RESTART_COUNT``; default 0, so that a restarted worker runs clean).
 
@@ -182,6 +183,7 @@ def _main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tests/launch_hooks.py")
     parser.add_argument("--rank", type=int, help="only this rank (RANK); default every rank")
     parser.add_argument("--attempt", type=int, default=0, help="only in this torchrun restart (default 0)")
+    parser.add_argument("--task", choices=["sft", "dpo"], default="sft", help="trl-padfree train (sft) or dpo")
     for flag in _FAULTS:
         parser.add_argument(flag, type=int, metavar="K")
     parser.add_argument("--full-disk-at-step", type=int, metavar="K")
@@ -206,7 +208,7 @@ def _main(argv: list[str]) -> int:
             callbacks.append(FullDiskAtEnd(ballast, options.fsize_limit, at_step=options.full_disk_at_step))
     from trl_padfree.launch import main
 
-    return main(argv[split + 1 :], callbacks=callbacks)
+    return main(argv[split + 1 :], callbacks=callbacks, task=options.task)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,11 @@ pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dpo-data")
+    return write_preference_data(tmp_path_factory.mktemp("dpo-data"))
+
+
+def write_preference_data(out: Path) -> Path:
+    """Tiny preference data in ``out`` (48 short training pairs, 16 eval pairs of the demo's); returns ``out``."""
     train = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
     short = [line for line in train if len(line) < 400][:48]
     (out / "train.jsonl").write_text("\n".join(short) + "\n", encoding="utf-8")

@@ -264,6 +264,25 @@ def test_elastic_restart_resumes_the_newest_checkpoint_and_matches_an_uninterrup
         assert same_weights(out / "model.safetensors", uninterrupted / "model.safetensors")
 
 
+@slow
+def test_dpo_elastic_restart_matches_an_uninterrupted_run(tmp_path):
+    """trl-padfree dpo (prompt_once, its demo config) under torchrun --max_restarts 1 with global rank 1 SIGKILLed
+    after step 5: it resumes from checkpoint-4 and ends with the uninterrupted run's logged losses and weights."""
+    from test_launch_dpo import dpo_argv, write_preference_data
+
+    data = write_preference_data(tmp_path)
+    outs = {name: tmp_path / name for name in ("uninterrupted", "restarted")}
+    for name, hooks, restarts in (("uninterrupted", [], 0), ("restarted", ["--rank", "1", "--sigkill-at-step", "5"], 1)):
+        argv = dpo_argv(data, outs[name], *ELASTIC, "--save_strategy", "steps", "--eval_strategy", "no")
+        restart = ["--max_restarts", str(restarts)] if restarts else []
+        (node,) = launch([[*one_node(), *restart, HOOKS, "--task", "dpo", *hooks, "--", *argv]])
+        assert node.proc.returncode == 0, node.text[-4000:]
+    assert (f"[trl-padfree] torchrun restart 1: resuming from {outs['restarted'] / 'checkpoint-4'} (step 4, the "
+            "newest complete checkpoint of this run)") in node.text
+    assert losses(outs["restarted"]) == losses(outs["uninterrupted"])
+    assert same_weights(outs["restarted"] / "model.safetensors", outs["uninterrupted"] / "model.safetensors")
+
+
 # ------------------------------------------------------------------------------------------- one node refuses
 
 
@@ -441,6 +460,9 @@ DOC_COMMANDS = {
     "torchrun --standalone --nproc_per_node 2 --max_restarts 1 scripts/train.py --config configs/demo.yaml "
     "--max_steps 40 --save_strategy steps --save_steps 10 --output_dir /tmp/elastic": (
         "run: test_elastic_restart_resumes_the_newest_checkpoint_and_matches_an_uninterrupted_run"),
+    "torchrun --standalone --nproc_per_node 2 --max_restarts 1 -m trl_padfree.cli dpo --config configs/demo-dpo.yaml "
+    "--max_steps 40 --save_strategy steps --save_steps 10 --output_dir /tmp/elastic-dpo": (
+        "run: test_dpo_elastic_restart_matches_an_uninterrupted_run"),
     "torchrun --nnodes 2 --nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint NODE0_ADDRESS:29500 --rdzv_id my-run "
     "--max_restarts 1 scripts/train.py --config configs/llama3-8b-flash.yaml --resume_from_checkpoint auto": (
         "not run: two machines with 8 GPUs each (placeholders)"),
