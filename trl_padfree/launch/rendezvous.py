@@ -42,7 +42,7 @@ from .console import where
 __all__ = ["Attempt", "agree_on_config", "join_attempt", "refuse_in_rendezvous", "restart_attempt", "separate_restart_attempts"]
 
 KEY = "trl_padfree/attempts/"  # the handshake's keys in the launcher's store
-POLL = 0.05  # seconds between a waiting rank's looks at the store
+POLL, MAX_POLL = 0.01, 0.5  # seconds between a waiting rank's looks at the store: the first, the longest
 _RESTART: list[int] = []  # restart_attempt's answer, once agreed with the other ranks
 _REFUSAL: list[str] = []  # this process's refusal, handed to the handshake by refuse_in_rendezvous
 REFUSAL_TIMEOUT = timedelta(minutes=30)  # how long a refusing process waits to hand it over (torch's default)
@@ -131,9 +131,11 @@ def join_attempt(store: Any, rank: int, world_size: int, timeout: float, refusal
         return Attempt(number, restarts)
     token = uuid.uuid4().hex
     mine = json.dumps({"token": token, "refusal": refusal, "restarts": restarts, "where": where()})
+    pause = POLL
     while time.monotonic() < deadline:
+        time.sleep(pause)  # looks at the store slow down to one every MAX_POLL s: thousands of ranks share it
+        pause = min(pause * 1.5, MAX_POLL)
         if not store.check([current]):
-            time.sleep(POLL)
             continue
         number = int(_text(store.get(current)))
         store.set(f"{KEY}{number}/joined/{rank}", mine)
@@ -148,7 +150,8 @@ def join_attempt(store: Any, rank: int, world_size: int, timeout: float, refusal
                 return Attempt(number, view["restarts"])
             if int(_text(store.get(current))) != number:
                 break  # rank 0 of this attempt published a newer number
-            time.sleep(POLL)
+            time.sleep(pause)
+            pause = min(pause * 1.5, MAX_POLL)
     raise TimeoutError(
         f"rank {rank}: global rank 0 did not take part in forming the process group within {timeout:g} s "
         "(it never started, or failed before; see its output)"
