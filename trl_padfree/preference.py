@@ -112,13 +112,14 @@ class PreferenceLayout:
         self.kv_index += keys
         self.q_bounds.append(len(self.ids))
         self.k_bounds.append(len(self.kv_index))
-        n_prompt = len(prompt)
-        for i in range(len(tokens)):
-            nxt = i + 1
-            scored = n_prompt <= nxt < len(tokens)
-            self.shift_labels.append(tokens[nxt] if scored else IGNORE)
-            self.score_index.append(seq if scored else -1)
-            self.score_rank.append(nxt - n_prompt + 1 if scored else 0)
+        # token i predicts token i + 1, scored where that one is a response token: i in [before, before + scored)
+        before = min(max(len(prompt) - 1, 0), len(tokens))
+        targets = tokens[before + 1 :]
+        after = len(tokens) - before - len(targets)
+        self.shift_labels += [IGNORE] * before + targets + [IGNORE] * after
+        self.score_index += [-1] * before + [seq] * len(targets) + [-1] * after
+        first_rank = before + 2 - len(prompt)  # the rank of the first scored target (1 for the first response token)
+        self.score_rank += [0] * before + list(range(first_rank, first_rank + len(targets))) + [0] * after
 
 
 def segment_sum(values: torch.Tensor, index: torch.Tensor, count: int) -> torch.Tensor:
