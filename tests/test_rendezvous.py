@@ -95,10 +95,10 @@ def test_the_hook_is_installed_in_torchs_registry_under_torchrun(monkeypatch):
     module = importlib.import_module("torch.distributed.rendezvous")
     original = module._rendezvous_handlers["env"]
     monkeypatch.setitem(module._rendezvous_handlers, "env", original)  # restored after the test
-    assert not rendezvous.separate_restart_attempts()  # not under torchrun: nothing changes
+    assert not rendezvous.install_handshake()  # not under torchrun: nothing changes
     assert module._rendezvous_handlers["env"] is original
     for name, value in {"TORCHELASTIC_RUN_ID": "x", "RANK": "0", "MASTER_PORT": "1"}.items():
         monkeypatch.setenv(name, value)
-    assert rendezvous.separate_restart_attempts()
+    assert rendezvous.install_handshake()
     assert module._rendezvous_handlers["env"] is not original
     assert module._rendezvous_handlers["env"].trl_padfree_attempts

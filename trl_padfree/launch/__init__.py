@@ -63,13 +63,13 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
     from .distributed import finish, plan_nodes
-    from .rendezvous import agree_on_config, separate_restart_attempts
+    from .rendezvous import agree_on_config, install_handshake
     from .run import train
     from .validate import describe
 
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_replicas()  # under a distributed launcher only the first process of each node logs, from the very start
-    separate_restart_attempts()  # torchrun restarts: before the process group exists (parsing the config creates it)
+    install_handshake()  # torchrun: attempts apart, refusals shared; before the process group exists (parsing creates it)
     try:
         try:
             cfg = load_config(argv, task=task)

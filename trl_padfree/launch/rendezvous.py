@@ -39,13 +39,13 @@ from typing import Any
 from .config import ConfigError, RefusedElsewhere
 from .console import where
 
-__all__ = ["Attempt", "agree_on_config", "join_attempt", "refuse_in_rendezvous", "restart_attempt", "separate_restart_attempts"]
+__all__ = ["Attempt", "agree_on_config", "install_handshake", "join_attempt", "refuse_in_rendezvous", "restart_attempt"]
 
 KEY = "trl_padfree/attempts/"  # the handshake's keys in the launcher's store
 POLL, MAX_POLL = 0.01, 0.5  # seconds between a waiting rank's looks at the store: the first, the longest
 _RESTART: list[int] = []  # restart_attempt's answer, once agreed with the other ranks
 _REFUSAL: list[str] = []  # this process's refusal, handed to the handshake by refuse_in_rendezvous
-REFUSAL_TIMEOUT = timedelta(minutes=30)  # how long a refusing process waits to hand it over (torch's default)
+DEFAULT_TIMEOUT = timedelta(minutes=30)  # torch's default process-group timeout; also how long a refusal is offered
 
 
 def local_restart_count() -> int:
@@ -162,9 +162,10 @@ def _under_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ and "RANK" in os.environ and "MASTER_PORT" in os.environ
 
 
-def separate_restart_attempts() -> bool:
+def install_handshake() -> bool:
     """Under torchrun (also behind ``accelerate launch``), make every process take part in :func:`join_attempt`
-    when the process group forms, and key the group by the attempt's number (see the module docstring). Call before
+    when the process group forms, key the group by the attempt's number and keep the agreed restart count (see the
+    module docstring). Call before
     the process group is created; returns whether it applies (False outside torchrun or where torch no longer has
     the hook).
 
@@ -184,7 +185,7 @@ def separate_restart_attempts() -> bool:
         return True
 
     def env_per_attempt(url: str, **kwargs: Any) -> Any:
-        timeout = kwargs.get("timeout") or timedelta(minutes=30)
+        timeout = kwargs.get("timeout") or DEFAULT_TIMEOUT
         for store, rank, world_size in original(url, **kwargs):
             refusal = _REFUSAL[-1] if _REFUSAL else None
             attempt = join_attempt(store, rank, world_size, timeout.total_seconds(), refusal, local_restart_count())
@@ -202,13 +203,13 @@ def refuse_in_rendezvous(error: ConfigError) -> None:
     torchrun or once the process group exists (then the caller agrees with a collective)."""
     import torch.distributed as dist
 
-    if isinstance(error, RefusedElsewhere) or dist.is_initialized() or not separate_restart_attempts():
+    if isinstance(error, RefusedElsewhere) or dist.is_initialized() or not install_handshake():
         return
     from torch.distributed import rendezvous
 
     _REFUSAL.append(str(error))
     try:
-        next(rendezvous("env://", timeout=REFUSAL_TIMEOUT))  # the handshake alone, no process group
+        next(rendezvous("env://", timeout=DEFAULT_TIMEOUT))  # the handshake alone, no process group
     except Exception:  # noqa: BLE001  (the refusal is printed by the caller whatever becomes of this)
         pass
 
