@@ -85,6 +85,6 @@ def _who_was_signalled(mine: str | None) -> str:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return mine or "a signal"
-    names: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(names, mine)
-    return ", ".join(f"{name} on rank {rank}" for rank, name in enumerate(names) if name)
+    from .rendezvous import gather_reports
+
+    return ", ".join(f"{name} on rank {rank}" for rank, _, name in gather_reports(mine))

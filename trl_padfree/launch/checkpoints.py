@@ -396,12 +396,13 @@ def first_failure(error: BaseException | None, collective: bool = True) -> str |
     rank = dist.get_rank()
     if not collective:
         return None if reason is None else f" on rank {rank} ({where()}): {reason}"
-    views: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(views, None if reason is None else (reason, where()))
-    for rank, view in enumerate(views):
-        if view is not None:
-            return f" on rank {rank} ({view[1]}): {view[0]}"
-    return None
+    from .rendezvous import gather_reports
+
+    failures = gather_reports(reason)
+    if not failures:
+        return None
+    rank, place, reason = failures[0]
+    return f" on rank {rank} ({place}): {reason}"
 
 
 def mark_complete(staging: str, run_id: str | None, step: int) -> None:

@@ -39,7 +39,7 @@ from typing import Any
 from .config import ConfigError, RefusedElsewhere
 from .console import where
 
-__all__ = ["Attempt", "agree_on_config", "install_handshake", "join_attempt", "refuse_in_rendezvous", "restart_attempt"]
+__all__ = ["Attempt", "agree_on_config", "gather_reports", "install_handshake", "join_attempt", "refuse_in_rendezvous", "restart_attempt"]
 
 KEY = "trl_padfree/attempts/"  # the handshake's keys in the launcher's store
 POLL, MAX_POLL = 0.01, 0.5  # seconds between a waiting rank's looks at the store: the first, the longest
@@ -230,8 +230,16 @@ def agree_on_config(error: ConfigError | None) -> None:
         if error is not None:
             refuse_in_rendezvous(error)
         return
-    views: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(views, None if error is None else (where(), str(error)))
-    refusals = [(rank, *view) for rank, view in enumerate(views) if view]
+    refusals = gather_reports(None if error is None else str(error))
     if refusals and error is None:
         raise _verdict(refusals)
+
+
+def gather_reports(report: Any) -> list[tuple[int, str, Any]]:
+    """``(rank, where, report)`` of every process whose ``report`` is not None, in rank order: an all-gather over
+    the process group, so every process must call it (and all then take the same path)."""
+    import torch.distributed as dist
+
+    views: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(views, None if report is None else (where(), report))
+    return [(rank, *view) for rank, view in enumerate(views) if view is not None]
