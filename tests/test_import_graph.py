@@ -138,3 +138,46 @@ def test_the_package_has_no_import_circle() -> None:
 def test_a_tolerated_circle_is_still_there(pair: frozenset[str]) -> None:
     """Once broken, its entry goes (and a new circle between the two fails the test above again)."""
     assert sorted(pair) in circles(import_graph()), f"{' <-> '.join(sorted(pair))} is broken: remove it from TOLERATED"
+
+
+#: The layers on top: the command line and what it runs. The core (every other module) never imports them.
+TOP_LAYERS = ("trl_padfree.cli", "trl_padfree.launch", "trl_padfree.bench")
+
+
+def _in(module: str, layers: tuple[str, ...]) -> bool:
+    return any(module == layer or module.startswith(layer + ".") for layer in layers)
+
+
+def upward_imports(graph: dict[str, set[str]], top: tuple[str, ...] = TOP_LAYERS) -> list[str]:
+    """``"core -> top"`` for every import of a top layer by a module of the core (sorted).
+
+    >>> upward_imports({"trl_padfree.trainer": {"trl_padfree.launch.defaults"}, "trl_padfree.launch": {"trl_padfree.trainer"}})
+    ['trl_padfree.trainer -> trl_padfree.launch.defaults']
+    """
+    return sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if not _in(module, top)
+        for target in targets
+        if _in(target, top)
+    )
+
+
+def test_an_upward_import_is_found_in_a_function_too(tmp_path: Path) -> None:
+    pkg = tmp_path / "trl_padfree"
+    (pkg / "launch").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "trainer.py").write_text("def f():\n    from .launch import defaults\n")
+    (pkg / "launch" / "__init__.py").write_text("from .. import trainer\n")
+    (pkg / "launch" / "defaults.py").write_text("")
+    assert upward_imports(import_graph(pkg)) == ["trl_padfree.trainer -> trl_padfree.launch.defaults"]
+
+
+def test_the_core_never_imports_the_launch_or_the_bench() -> None:
+    graph = import_graph()
+    assert "trl_padfree.threads" in graph["trl_padfree.launch.defaults"]  # the launch sits on the core
+    found = upward_imports(graph)
+    assert not found, (
+        "modules below the launch import it or the bench (move what they need below, e.g. into "
+        "trl_padfree/threads.py for the thread policy): " + "; ".join(found)
+    )

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
-from trl_padfree.trainer import torch_default_threads
+from trl_padfree.threads import torch_default_threads
 
 DEMO = Path(__file__).resolve().parent.parent / "trl_padfree" / "demo"
 

@@ -12,7 +12,7 @@ what the stock trainers cannot know about it:
   trains on token-budget mini-batches (:class:`~trl_padfree.batching.TokenBudgetBatchSampler`) instead of
   ``per_device_train_batch_size`` examples; :func:`token_budget_dataloader` does the same for any ``Trainer``.
   Without a thread count chosen by the user it also trains with the torch CPU thread count that
-  ``trl-padfree train`` picks (:func:`training_threads`).
+  ``trl-padfree train`` picks (:func:`trl_padfree.threads.training_threads`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from transformers import TrainerCallback
 from ._compat import trl_cannot_train
 from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
+from .threads import checked_threads, training_threads
 
 
 def is_padding_free_collator(collator: Any) -> bool:
@@ -168,51 +169,6 @@ def loaded_through_a_tie(model: Any, missing_keys: list[str]) -> set[str]:
     }
 
 
-def torch_default_threads() -> int:
-    """The CPU thread count torch starts with when no environment variable sets one: the physical cores.
-
-    >>> torch_default_threads() >= 1
-    True
-    """
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
-def training_threads(model: Any, device: str) -> tuple[int | None, str]:
-    """``(torch thread count to train with, why)``; None when the user chose one.
-
-    The user chose when ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` is set or ``torch.set_num_threads`` was called
-    with another count than torch's default. Otherwise the count ``trl-padfree train`` picks
-    (:func:`trl_padfree.launch.defaults.threads_default`): on CUDA the cores per process; on CPU one thread per 256
-    units of hidden size, at most the cores per process, since the matrices of small models are too small to split
-    and extra threads mostly wait on each other on a busy machine (the demo model: 1 thread).
-    """
-    from .launch import defaults
-
-    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
-        return None, "OMP_NUM_THREADS / MKL_NUM_THREADS is set"
-    if torch.get_num_threads() != torch_default_threads():
-        return None, "torch.set_num_threads() was called"
-    config = getattr(model, "config", None)
-    text = getattr(config, "get_text_config", lambda: config)() if config is not None else None
-    hidden = getattr(text, "hidden_size", None)
-    hidden = hidden if isinstance(hidden, int) else None
-    threads = defaults.threads_default(device, hidden, defaults._cores(), defaults._processes_on_this_machine())
-    if device == "cpu" and hidden:
-        why = f"training on the CPU, hidden size {hidden}: one thread per {defaults.HIDDEN_PER_THREAD}"
-    else:
-        why = "the cores per process"
-    return threads, why
-
-
-def checked_threads(value: int | str | None) -> int | str | None:
-    """A ``torch_num_threads`` argument: ``"auto"``, a positive integer or None (else a ``ValueError``)."""
-    if value is not None and value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"torch_num_threads must be 'auto', a positive integer or None, got {value!r}")
-    return value
-
-
 class PadfreeTrainerMixin:
     """What this package's trainers (:class:`SFTTrainer`, :class:`trl_padfree.DPOTrainer`) add to TRL's, before the
     TRL class in the bases: the CPU thread policy during ``train()`` (``torch_num_threads``), a closed progress bar
@@ -316,7 +272,7 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
 
     ``torch_num_threads``: the torch CPU threads to train with. ``"auto"`` (default): unless the user chose a
     count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``torch.set_num_threads``), the count ``trl-padfree train``
-    picks (:func:`training_threads`; the demo model trains on 1 thread), said in one line when it differs from
+    picks (:func:`trl_padfree.threads.training_threads`; the demo model trains on 1 thread), said in one line when it differs from
     torch's; a number: that many; None: torch's own choice. The count holds during ``train()`` only.
     """
 

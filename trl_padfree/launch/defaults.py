@@ -25,6 +25,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ..threads import HIDDEN_PER_THREAD, cores, processes_on_this_machine, threads_default
 from .config import LaunchConfig
 
 __all__ = [
@@ -38,8 +39,6 @@ __all__ = [
 
 #: Models with at least this many parameters are "large": activation checkpointing is on by default on CUDA.
 LARGE_MODEL_PARAMETERS = 1_000_000_000
-#: On CPU, one torch thread per this many units of hidden size (at least 1, at most the cores per process).
-HIDDEN_PER_THREAD = 256
 
 
 @dataclass(frozen=True)
@@ -59,37 +58,6 @@ def checkpointing_default(device: str, parameters: int | None) -> bool:
     (False, False)
     """
     return device == "cuda" and parameters is not None and parameters >= LARGE_MODEL_PARAMETERS
-
-
-def threads_default(device: str, hidden_size: int | None, cores: int, processes: int = 1) -> int:
-    """The torch thread count for one process (see the module docstring).
-
-    >>> threads_default("cpu", 128, cores=16)     # the demo model: 1 thread
-    1
-    >>> threads_default("cpu", 896, cores=16), threads_default("cpu", 4096, cores=16, processes=2)
-    (3, 8)
-    >>> threads_default("cuda", 128, cores=16, processes=4), threads_default("cpu", None, cores=2)
-    (4, 2)
-    """
-    per_process = max(1, cores // max(1, processes))
-    if device != "cpu" or not hidden_size:
-        return per_process
-    return max(1, min(per_process, hidden_size // HIDDEN_PER_THREAD))
-
-
-def _cores() -> int:
-    """CPU cores this process may use: torch's own default (physical cores), within the CPU affinity."""
-    import torch
-
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        allowed = os.cpu_count() or 1
-    return max(1, min(allowed, torch.get_num_threads()))
-
-
-def _processes_on_this_machine() -> int:
-    return int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
 
 
 def model_shape(cfg: LaunchConfig, count_parameters: bool) -> ModelShape:
@@ -145,7 +113,7 @@ def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelSha
         training.activation_checkpointing = training.gradient_checkpointing = on
         chosen["activation_checkpointing"] = on
     if wants_threads:
-        cfg.launch.torch_num_threads = threads_default(device, shape.hidden_size, _cores(), _processes_on_this_machine())
+        cfg.launch.torch_num_threads = threads_default(device, shape.hidden_size, cores(), processes_on_this_machine())
         chosen["torch_num_threads"] = cfg.launch.torch_num_threads
     if "disable_tqdm" not in explicit and not (sys.stdout.isatty() and sys.stderr.isatty()):
         training.disable_tqdm = True

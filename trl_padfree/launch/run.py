@@ -14,12 +14,12 @@ code 2. Nothing is written (no ``output_dir``) before stage 4.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..messages import one_line
+from ..threads import torch_threads
 from .collators import make_collator_factory
 from .config import LaunchConfig
 from .console import quiet_progress, say
@@ -29,22 +29,6 @@ from .summary import RunResult, eval_losses, run_train_loss, summary_lines, writ
 from .tokenizer import load_tokenizer
 
 __all__ = ["train"]
-
-
-@contextlib.contextmanager
-def torch_threads(n: int | None) -> Iterator[None]:
-    """Run with ``n`` torch CPU threads (None: leave torch's choice), restoring the previous count afterwards."""
-    if n is None:
-        yield
-        return
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
