@@ -14,6 +14,7 @@ from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNo
 from .dpo import DPOTrainer
 from .preference import DataCollatorForPreference
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
+from .reward import RewardConfig, RewardTrainer
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
 
 __version__ = "0.1.0"
@@ -29,6 +30,8 @@ __all__ = [
     "PackingLeakError",
     "PackingReport",
     "PadfreeAttentionError",
+    "RewardConfig",
+    "RewardTrainer",
     "SFTTrainer",
     "TemplateNotFoundError",
     "TokenBudgetBatchSampler",

@@ -73,3 +73,9 @@ def dpo_padding_free_unavailable() -> str | None:
         return None
     return (f"padding-free DPO needs trl >= {MIN_TRL_DPO} (its DPOTrainer's fused LM head and loss types), and trl "
             f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_DPO}') or set padding_free=False")
+
+
+MIN_TRL_REWARD = "1.16"
+"""Padding-free reward training (:class:`trl_padfree.RewardTrainer`) restates TRL 1.16's ``RewardTrainer.compute_loss``
+(loss, ``margin``, ``center_rewards_coefficient``, metrics), checked exact against that release only. Older TRL
+releases train reward models only padded (``padding_free=False``: TRL's trainer unchanged)."""
