@@ -230,3 +230,45 @@ def test_float64_gradients_on_one_batch(tmp_path):
     last = {k: v for k, v in grads["padded"].items() if not k.startswith(("model.embed", "model.layers.0."))}
     assert T.max_rel_diff({k: grads["once"][k] for k in last}, last) <= 1e-12
     assert T.max_rel_diff(grads["once"], grads["padded"]) <= 1e-6
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
+    """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join([str(root), str(root / "tests")])  # this checkout's package, not the installed one
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(root / "tests" / "ddp_reward.py"), str(tmp_path)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()  # both ranks ran to the end
+    results = json.loads((tmp_path / "results.json").read_text())
+    runs = {}
+    for layout in T.LAYOUTS:
+        assert results[layout]["world_size"] == 2 and results[layout]["ranks"] == 2
+        # 3 steps x 2 micro-batches x 2 pairs x 2 ranks = 24 of the 32 pairs
+        assert results[layout]["epoch"] == pytest.approx(24 / 32)
+        saved = torch.load(tmp_path / f"{layout}.pt")
+        runs[layout] = (saved["grads"], saved["weights"])
+    padded_logs, padded = results["padded"]["logs"], runs["padded"]
+    for layout in ("padfree", "once"):
+        logs = results[layout]["logs"]
+        assert len(logs) == len(padded_logs) == 3
+        for got, want in zip(logs, padded_logs, strict=True):
+            scale = max(abs(want["min_reward"]), abs(want["max_reward"]))
+            for key in METRICS:
+                tol = RTOL * max(abs(want[key]), scale if key in ("margin", "mean_reward") else 0.0, 1e-7)
+                assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+        assert len(runs[layout][0]) == len(padded[0]) == 3
+        for g, w in zip(runs[layout][0], padded[0], strict=True):
+            assert T.max_rel_diff(g, w) <= (RTOL if layout == "padfree" else ONCE_GRAD_RTOL)
+        assert T.max_rel_diff(runs[layout][1], padded[1]) <= RTOL
