@@ -12,6 +12,7 @@ from .batching import TokenBudgetBatchSampler
 from .chat_masks import ChatMaskError, chat_labels, label_chats
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
 from .dpo import DPOTrainer
+from .kto import KTOConfig, KTOTrainer
 from .preference import DataCollatorForPreference
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
 from .reward import RewardConfig, RewardTrainer
@@ -26,6 +27,8 @@ __all__ = [
     "DPOTrainer",
     "DataCollatorForCompletionOnlyLM",
     "DataCollatorForPreference",
+    "KTOConfig",
+    "KTOTrainer",
     "PackingCheckCallback",
     "PackingLeakError",
     "PackingReport",
