@@ -124,3 +124,43 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
     with pytest.raises(ValueError, match="do not pass a data_collator"):
         KTOTrainer(T.model("padfree"), T.model("padfree", seed=1), args=T.config("padfree", str(tmp_path)),
                    train_dataset=data, processing_class=tok, data_collator=ours.data_collator)
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_train_the_same_model(tmp_path):
+    """torchrun, 2 CPU ranks (gloo): padded and padding-free KTO give the same per-step logs (the KL term gathered
+    across ranks), gradients and weights."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join([str(root), str(root / "tests")])  # this checkout's package, not the installed one
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(root / "tests" / "ddp_kto.py"), str(tmp_path)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()
+    results = json.loads((tmp_path / "results.json").read_text())
+    runs = {}
+    for layout in T.LAYOUTS:
+        assert results[layout]["world_size"] == 2 and results[layout]["ranks"] == 2
+        assert results[layout]["epoch"] == pytest.approx(24 / 32)  # 3 steps x 2 micro-batches x 2 x 2 ranks
+        saved = torch.load(tmp_path / f"{layout}.pt")
+        runs[layout] = (saved["grads"], saved["weights"])
+    want, got = results["padded"]["logs"], results["padfree"]["logs"]
+    assert len(want) == len(got) == 3 and any(e["kl"] > 0 for e in want)
+    for g, w in zip(got, want, strict=True):
+        scale = 0.1 * max(abs(w["logps/chosen"]), abs(w["logps/rejected"]))
+        for key in METRICS:
+            tol = RTOL * max(abs(w[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
+            assert abs(g[key] - w[key]) <= tol, (key, g[key], w[key])
+    assert len(runs["padfree"][0]) == len(runs["padded"][0]) == 3
+    for g, w in zip(runs["padfree"][0], runs["padded"][0], strict=True):
+        assert T.max_rel_diff(g, w) <= RTOL
+    assert T.max_rel_diff(runs["padfree"][1], runs["padded"][1]) <= RTOL
