@@ -164,3 +164,19 @@ def test_two_ddp_ranks_train_the_same_model(tmp_path):
     for g, w in zip(runs["padfree"][0], runs["padded"][0], strict=True):
         assert T.max_rel_diff(g, w) <= RTOL
     assert T.max_rel_diff(runs["padfree"][1], runs["padded"][1]) <= RTOL
+
+
+def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
+    from test_dpo import leaky_attention
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from trl_padfree.probe import PackingLeakError
+
+    AttentionInterface.register("leaky_test", leaky_attention)
+    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
+    tok, data = T.tokenizer(), T.examples(8)
+    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "leaky_test"})
+    with pytest.raises(PackingLeakError, match="LEAKS"):
+        trainer.train()
+    assert trainer.state.global_step == 0
