@@ -180,3 +180,34 @@ def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+def test_evaluation_gives_trls_metrics(tmp_path):
+    tok, data = T.tokenizer(), T.examples(12)
+    results = {}
+    for layout in T.LAYOUTS:
+        policy, ref = T.model(layout), T.model(layout, seed=1)
+        with torch.no_grad():
+            ref.lm_head.weight.mul_(4.0)
+        trainer = KTOTrainer(policy, ref, args=T.config(layout, str(tmp_path / layout), per_device_eval_batch_size=4),
+                             train_dataset=data, eval_dataset=T.examples(8, seed=1), processing_class=tok)
+        results[layout] = trainer.evaluate()
+    want, got = results["padded"], results["padfree"]
+    assert {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"} <= set(want)
+    scale = 0.1 * max(abs(want["eval_logps/chosen"]), abs(want["eval_logps/rejected"]))
+    for key in want:
+        if key.startswith("eval_") and not key.endswith(("runtime", "per_second", "preparation_time")):
+            tol = RTOL * max(abs(want[key]), scale if key.startswith(("eval_rewards/", "eval_kl")) else 0.0, 1e-7)
+            assert abs(got[key] - want[key]) <= tol, (key, got[key], want[key])
+
+
+def test_return_outputs_recomputes_the_rows_logits(tmp_path):
+    tok, data = T.tokenizer(), T.examples(8)
+    trainer = T.trainer("padfree", data, tok, str(tmp_path))
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, batch)
+        with pytest.warns(FutureWarning, match="return_outputs=True"):
+            again, outputs = trainer.compute_loss(trainer.model, batch, return_outputs=True)
+    assert again.item() == loss.item()
+    assert outputs.logits.shape == (1, batch["input_ids"].shape[1], trainer.model.config.vocab_size)

@@ -279,3 +279,23 @@ def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
         for g, w in zip(runs[layout][0], padded[0], strict=True):
             assert T.max_rel_diff(g, w) <= (RTOL if layout == "padfree" else ONCE_GRAD_RTOL)
         assert T.max_rel_diff(runs[layout][1], padded[1]) <= RTOL
+
+
+def test_evaluation_gives_trls_metrics(tmp_path):
+    tok, data = T.tokenizer(), T.pairs(12)
+    results = {}
+    for layout in T.LAYOUTS:
+        trainer = RewardTrainer(T.model(layout, tok), args=T.config(layout, str(tmp_path / layout),
+                                                                     per_device_eval_batch_size=4),
+                                train_dataset=data, eval_dataset=T.pairs(8, seed=1), processing_class=tok,
+                                prompt_once=layout == "once")
+        results[layout] = trainer.evaluate()
+    want = results["padded"]
+    timing = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_model_preparation_time")
+    keys = [k for k in want if k.startswith("eval_") and k not in timing]
+    assert {"eval_loss", "eval_accuracy", "eval_margin", "eval_mean_reward"} <= set(keys)
+    for layout in ("padfree", "once"):
+        scale = max(abs(want["eval_min_reward"]), abs(want["eval_max_reward"]))
+        for key in keys:
+            tol = RTOL * max(abs(want[key]), scale if key in ("eval_margin", "eval_mean_reward") else 0.0, 1e-7)
+            assert abs(results[layout][key] - want[key]) <= tol, (layout, key)
