@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-VARIANTS = {"reward": ("trl-padded", "padding-free", "prompt-once"), "kto": ("trl-padded", "padding-free")}
+VARIANTS = {"reward": ("trl-padded", "padding-free", "prompt-once"),
+            "kto": ("trl-padded", "padding-free", "prompt-once")}
 WORDS = ("what is the sum of and why does a cat sit on mat please answer question reverse these words sort numbers "
          "count letters in word yes no because it is true false capital city of france paris rome blue red green")
 MODEL = dict(vocab_size=2048, hidden_size=256, intermediate_size=704, num_hidden_layers=4, num_attention_heads=4,
@@ -98,7 +99,15 @@ def batch_flops(task: str, variant: str, batches: list[list[dict]], params: int)
                 main, klf = flop_model([[w] * len(seqs)], params), flop_model([[wk] * len(kl)], params)
             else:
                 main, klf = flop_model([seqs], params), flop_model([kl], params)
-            total += main + klf / 3 + (main + klf) / 3
+            reference = (main + klf) / 3
+            if variant == "prompt-once":  # the reference's KL sequence continues its prompt: p - 1 tokens fewer
+                layers, hidden = MODEL["num_hidden_layers"], MODEL["hidden_size"]
+                reference = 0.0
+                for b, k in zip(batch, kl, strict=True):
+                    p, c = len(b["prompt_ids"]), len(b["prompt_ids"]) + len(b["completion_ids"])
+                    q = k - p + 1  # KL queries: the last prompt token again and the KL completion, over k keys
+                    reference += (6 * params * (c + q) + 6 * layers * hidden * (c * c + q * k)) / 3
+            total += main + klf / 3 + reference
     return total
 
 
@@ -139,7 +148,7 @@ def worker(task: str, variant: str, args: argparse.Namespace) -> dict:
         model = LlamaForCausalLM._from_config(config, attn_implementation=attn)
         ref = LlamaForCausalLM._from_config(config, attn_implementation=attn)
         trainer = KTOTrainer(model, ref, args=KTOConfig(**common), train_dataset=Dataset.from_list(rows),
-                             processing_class=tok, torch_num_threads=None)
+                             processing_class=tok, prompt_once=variant == "prompt-once", torch_num_threads=None)
     clock = Clock()
     trainer.add_callback(clock)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

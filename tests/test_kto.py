@@ -1,4 +1,4 @@
-"""Padding-free KTO trains the same model as TRL's padded KTOTrainer (CPU, fp32).
+"""Padding-free KTO (and its reference prompt-once row) trains the same model as TRL's padded KTOTrainer (CPU, fp32).
 
 Through the real Trainer: per-step loss and every logged metric (KL term, rewards, log-probs, entropy, logits,
 token count), every parameter's gradient before every optimizer step (SGD) and the final weights, over 3 optimizer
@@ -41,19 +41,22 @@ def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[KTOTrainer, GradRecorder]
 
 def assert_same_training(runs: dict[str, tuple[KTOTrainer, GradRecorder]], metrics=METRICS) -> None:
     padded, padded_grads = runs["padded"]
-    trainer, grads = runs["padfree"]
-    want, got = T.step_logs(padded), T.step_logs(trainer)
-    assert len(want) == len(got) == 3 and len(padded_grads.steps) == len(grads.steps) == 3
-    for step_got, step_want in zip(got, want, strict=True):
-        # rewards and the KL term are beta * (logps - ref logps): judged against the log-probs they come from
-        scale = 0.1 * max(abs(step_want["logps/chosen"]), abs(step_want["logps/rejected"]))
-        for key in metrics:
-            a, b = step_got[key], step_want[key]
-            tol = RTOL * max(abs(b), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
-            assert abs(a - b) <= tol, (key, a, b)
-    for step, (g, w) in enumerate(zip(grads.steps, padded_grads.steps, strict=True)):
-        assert T.max_rel_diff(g, w) <= RTOL, (step, T.max_rel_diff(g, w))
-    assert T.max_rel_diff(T.weights(trainer), T.weights(padded)) <= RTOL
+    want = T.step_logs(padded)
+    assert len(want) == 3 and len(padded_grads.steps) == 3
+    for layout in T.LAYOUTS[1:]:
+        trainer, grads = runs[layout]
+        got = T.step_logs(trainer)
+        assert len(got) == 3 and len(grads.steps) == 3
+        for step_got, step_want in zip(got, want, strict=True):
+            # rewards and the KL term are beta * (logps - ref logps): judged against the log-probs they come from
+            scale = 0.1 * max(abs(step_want["logps/chosen"]), abs(step_want["logps/rejected"]))
+            for key in metrics:
+                a, b = step_got[key], step_want[key]
+                tol = RTOL * max(abs(b), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
+                assert abs(a - b) <= tol, (layout, key, a, b)
+        for step, (g, w) in enumerate(zip(grads.steps, padded_grads.steps, strict=True)):
+            assert T.max_rel_diff(g, w) <= RTOL, (layout, step, T.max_rel_diff(g, w))
+        assert T.max_rel_diff(T.weights(trainer), T.weights(padded)) <= RTOL
     assert T.max_rel_diff(T.weights(padded), padded_grads.initial) > 1e-4  # training moved the weights
 
 
@@ -153,17 +156,20 @@ def test_two_ddp_ranks_train_the_same_model(tmp_path):
         assert results[layout]["epoch"] == pytest.approx(24 / 32)  # 3 steps x 2 micro-batches x 2 x 2 ranks
         saved = torch.load(tmp_path / f"{layout}.pt")
         runs[layout] = (saved["grads"], saved["weights"])
-    want, got = results["padded"]["logs"], results["padfree"]["logs"]
-    assert len(want) == len(got) == 3 and any(e["kl"] > 0 for e in want)
-    for g, w in zip(got, want, strict=True):
-        scale = 0.1 * max(abs(w["logps/chosen"]), abs(w["logps/rejected"]))
-        for key in METRICS:
-            tol = RTOL * max(abs(w[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
-            assert abs(g[key] - w[key]) <= tol, (key, g[key], w[key])
-    assert len(runs["padfree"][0]) == len(runs["padded"][0]) == 3
-    for g, w in zip(runs["padfree"][0], runs["padded"][0], strict=True):
-        assert T.max_rel_diff(g, w) <= RTOL
-    assert T.max_rel_diff(runs["padfree"][1], runs["padded"][1]) <= RTOL
+    want = results["padded"]["logs"]
+    assert len(want) == 3 and any(e["kl"] > 0 for e in want)
+    for layout in T.LAYOUTS[1:]:
+        got = results[layout]["logs"]
+        assert len(got) == 3
+        for g, w in zip(got, want, strict=True):
+            scale = 0.1 * max(abs(w["logps/chosen"]), abs(w["logps/rejected"]))
+            for key in METRICS:
+                tol = RTOL * max(abs(w[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
+                assert abs(g[key] - w[key]) <= tol, (layout, key, g[key], w[key])
+        assert len(runs[layout][0]) == len(runs["padded"][0]) == 3
+        for g, w in zip(runs[layout][0], runs["padded"][0], strict=True):
+            assert T.max_rel_diff(g, w) <= RTOL
+        assert T.max_rel_diff(runs[layout][1], runs["padded"][1]) <= RTOL
 
 
 def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
@@ -190,15 +196,18 @@ def test_evaluation_gives_trls_metrics(tmp_path):
         with torch.no_grad():
             ref.lm_head.weight.mul_(4.0)
         trainer = KTOTrainer(policy, ref, args=T.config(layout, str(tmp_path / layout), per_device_eval_batch_size=4),
-                             train_dataset=data, eval_dataset=T.examples(8, seed=1), processing_class=tok)
+                             train_dataset=data, eval_dataset=T.examples(8, seed=1), processing_class=tok,
+                             prompt_once=layout == "once")
         results[layout] = trainer.evaluate()
-    want, got = results["padded"], results["padfree"]
+    want = results["padded"]
     assert {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"} <= set(want)
     scale = 0.1 * max(abs(want["eval_logps/chosen"]), abs(want["eval_logps/rejected"]))
-    for key in want:
-        if key.startswith("eval_") and not key.endswith(("runtime", "per_second", "preparation_time")):
-            tol = RTOL * max(abs(want[key]), scale if key.startswith(("eval_rewards/", "eval_kl")) else 0.0, 1e-7)
-            assert abs(got[key] - want[key]) <= tol, (key, got[key], want[key])
+    for layout in T.LAYOUTS[1:]:
+        got = results[layout]
+        for key in want:
+            if key.startswith("eval_") and not key.endswith(("runtime", "per_second", "preparation_time")):
+                tol = RTOL * max(abs(want[key]), scale if key.startswith(("eval_rewards/", "eval_kl")) else 0.0, 1e-7)
+                assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
 
 
 def test_return_outputs_recomputes_the_rows_logits(tmp_path):
@@ -211,3 +220,23 @@ def test_return_outputs_recomputes_the_rows_logits(tmp_path):
             again, outputs = trainer.compute_loss(trainer.model, batch, return_outputs=True)
     assert again.item() == loss.item()
     assert outputs.logits.shape == (1, batch["input_ids"].shape[1], trainer.model.config.vocab_size)
+
+
+def test_reference_row_computes_each_prompt_once(tmp_path):
+    tok, data = T.tokenizer(), T.examples(8)
+    trainer = T.trainer("once", data, tok, str(tmp_path))
+    rows = [trainer.train_dataset[i] for i in range(4)]
+    batch = trainer.data_collator(rows)
+    prompts = sum(len(r["prompt_ids"]) for r in rows)
+    # one row of prompt + completion + last prompt token + KL completion per example
+    assert batch["pair_input_ids"].shape[1] == batch["num_tokens"] + batch["KL_num_tokens"] - prompts + 4
+    with torch.no_grad():
+        once = trainer._reference_logps(batch)
+        two_rows = trainer._reference_logps({k: v for k, v in batch.items() if not k.startswith("pair_")})
+    for a, b in zip(once, two_rows, strict=True):
+        assert torch.allclose(a, b, rtol=RTOL, atol=0)
+    with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
+        T.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+    with pytest.raises(ValueError, match=r"needs KTOConfig\(padding_free=True\)"):
+        KTOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
+                   train_dataset=data, processing_class=tok, prompt_once=True)

@@ -1,6 +1,6 @@
 """Shared set-up of the KTO tests: a tiny tokenizer and Llama, unpaired (prompt, completion, label) examples of
 uneven lengths with more desirable than undesirable ones, and trainers for TRL's padded batches and this package's
-padding-free rows."""
+padding-free rows (without and with the reference's prompt computed once)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from datasets import Dataset
 from trl_padfree import KTOConfig, KTOTrainer
 from trl_padfree.testing import demo_corpus, tiny_byte_level_tokenizer, tiny_llama
 
-LAYOUTS = ("padded", "padfree")
+LAYOUTS = ("padded", "padfree", "once")
 
 
 def tokenizer() -> Any:
@@ -59,7 +59,8 @@ def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True,
         with torch.no_grad():  # a sharper reference: lower log-probs on the mismatched KL sequences, so KL > 0
             ref_model.lm_head.weight.mul_(4.0)
     return KTOTrainer(policy, ref_model, args=config(layout, out, **overrides), train_dataset=data,
-                      processing_class=tok, peft_config=peft, check_packing=check_packing)
+                      processing_class=tok, peft_config=peft, prompt_once=layout == "once",
+                      check_packing=check_packing)
 
 
 def step_logs(t: KTOTrainer) -> list[dict[str, float]]:

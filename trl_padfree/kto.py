@@ -13,9 +13,11 @@ weights, the KL term) and logged metrics, and replaces only the batches and the 
 - every model call is TRL's fused-LM-head call on a row with ``shift_labels`` (:meth:`KTOTrainer._flat_forward`),
   and each per-sequence quantity is a segment sum over the row (:func:`~trl_padfree.preference.segment_sum`).
 
-The KL sequences run as TRL runs them: a forward without gradients of the policy, one of the reference. Sharing a
-prompt between a sequence and its KL sequence is not done (the KL forward of the policy has no gradient, the
-completion's has; one row for both would back-propagate through the KL tokens). ``precompute_ref_log_probs``
+The KL sequences run as TRL runs them: a forward without gradients of the policy, one of the reference. With
+``prompt_once=True`` (``attn_implementation="padfree"``) the reference runs one row instead of two: each prompt
+once, then its completion and its KL completion, which shares the prompt's keys (DPO's prompt-once layout: the
+reference's two forwards have no gradient, so they can share). The policy keeps two rows: its KL forward has no
+gradient and its completion forward has, so one row for both would back-propagate through the KL tokens. ``precompute_ref_log_probs``
 computes the training set's reference log-probs in ``__init__`` with TRL's padded collator (TRL's own pass), and
 later evaluation sets in rows. Before the first step the model (and the reference) are probed as for DPO
 (:mod:`trl_padfree.preference_probe`). With ``padding_free=False`` the trainer is TRL's, unchanged.
@@ -37,7 +39,7 @@ import torch.nn.functional as F
 import trl
 from accelerate.utils import is_peft_model
 
-from .dpo import PreferenceCheckCallback
+from .dpo import PreferenceCheckCallback, require_padfree_attention
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
 from .trainer import PadfreeTrainerMixin, checked_threads
 
@@ -77,7 +79,10 @@ class DataCollatorForUnpairedFlat:
     Returns, for the completion sequences, the model inputs of :data:`~trl_padfree.preference.MODEL_KEYS` with
     ``shift_labels`` / ``score_index`` (sequence ``i``'s scored positions) and ``num_tokens``; the same with a
     ``KL_`` prefix for the KL sequences when the examples have ``KL_completion_ids``; ``label`` (B,),
-    ``num_sequences`` and ``ref_logps`` / ``ref_KL_logps`` when the examples have them.
+    ``num_sequences`` and ``ref_logps`` / ``ref_KL_logps`` when the examples have them. With
+    ``reference_prompt_once`` (and KL completions, no precomputed reference log-probs) also a ``pair_`` row for the
+    reference: each prompt once, followed by its completion and (sharing the prompt's keys) its KL completion,
+    laid out as :class:`~trl_padfree.preference.DataCollatorForPreference` lays out a prompt-once pair.
 
     >>> rows = [{"prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "KL_completion_ids": [6], "label": True},
     ...         {"prompt_ids": [7, 8], "completion_ids": [9], "KL_completion_ids": [4, 5], "label": False}]
@@ -91,6 +96,7 @@ class DataCollatorForUnpairedFlat:
     pad_token_id: int
     max_length: int | None = None
     pad_to_multiple_of: int | None = None
+    reference_prompt_once: bool = False
     return_tensors: str = "pt"
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
@@ -118,6 +124,13 @@ class DataCollatorForUnpairedFlat:
             out.update({prefix + k: v for k, v in batch.items()})
             out[prefix + "num_tokens"] = num_tokens
         out["num_sequences"] = len(examples)
+        if self.reference_prompt_once and "KL_completion_ids" in examples[0] and "ref_logps" not in examples[0]:
+            # the reference's row: each prompt once, its completion then its KL completion (DPO's prompt-once pair)
+            pairs = DataCollatorForPreference(pad_token_id=self.pad_token_id, max_length=self.max_length,
+                                              pad_to_multiple_of=self.pad_to_multiple_of, prompt_once=True)
+            batch = pairs([{"prompt_ids": ex["prompt_ids"], "chosen_ids": ex["completion_ids"],
+                            "rejected_ids": ex["KL_completion_ids"]} for ex in examples])
+            out.update({"pair_" + k: batch[k] for k in (*MODEL_KEYS, "shift_labels", "score_index") if k in batch})
         for key in ("ref_logps", "ref_KL_logps"):
             if key in examples[0]:
                 out[key] = torch.tensor([ex[key] for ex in examples])
@@ -131,15 +144,21 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
     ``padding_free`` is read from ``args`` (:class:`KTOConfig`, or any config with that attribute).
 
     Extra arguments:
+        prompt_once: with ``padding_free`` and the KL term, the reference computes each prompt once for the
+            completion and the KL sequence (``attn_implementation="padfree"``).
         check_packing: probe the model(s) before the first step (default True).
         torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer`.
     """
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None, *rest: Any,
-                 check_packing: bool = True, torch_num_threads: int | str | None = "auto", **kwargs: Any) -> None:
+                 prompt_once: bool = False, check_packing: bool = True,
+                 torch_num_threads: int | str | None = "auto", **kwargs: Any) -> None:
         self.torch_num_threads = checked_threads(torch_num_threads)
         self.padfree = bool(args is not None and getattr(args, "padding_free", False))
+        self.prompt_once = bool(prompt_once)
+        if self.prompt_once and not self.padfree:
+            raise ValueError("prompt_once=True needs KTOConfig(padding_free=True) (trl_padfree.KTOConfig).")
         if self.padfree:
             problem = kto_padding_free_unavailable()
             if problem is not None:
@@ -156,10 +175,15 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
             # (training-set reference log-probs, if precomputed, came from TRL's padded pass in __init__)
             self.data_collator = DataCollatorForUnpairedFlat(
                 pad_token_id=self._tokenizer.pad_token_id, max_length=self.args.max_length,
-                pad_to_multiple_of=multiple if isinstance(multiple, int) else None)
+                pad_to_multiple_of=multiple if isinstance(multiple, int) else None,
+                reference_prompt_once=self.prompt_once and self.calculate_KL)
+            models = [m for m in (self.model, self.ref_model) if m is not None]
+            if self.prompt_once:
+                for m in models:
+                    require_padfree_attention(self.accelerator.unwrap_model(m))
             if check_packing:
                 ref = [self.accelerator.unwrap_model(self.ref_model)] if self.ref_model is not None else []
-                self.add_callback(PreferenceCheckCallback(False, ref))
+                self.add_callback(PreferenceCheckCallback(self.prompt_once, ref))
 
     # ---- forward -------------------------------------------------------------------------------------------
     def _flat_forward(self, model: Any, inputs: dict[str, Any], prefix: str = "", **extra: Any) -> Any:
@@ -193,8 +217,13 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
         with torch.no_grad(), warnings.catch_warnings(), adapter:
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                kl = self._kl_logps(model, inputs)
-                logps = self._sequence_logps(self._flat_forward(model, inputs).log_probs, inputs)
+                if "pair_shift_labels" in inputs:  # prompt once: completion and KL sequence in one forward
+                    out = self._flat_forward(model, inputs, "pair_")
+                    n = int(inputs["num_sequences"])
+                    logps, kl = segment_sum(out.log_probs, inputs["pair_score_index"], 2 * n).chunk(2)
+                else:
+                    kl = self._kl_logps(model, inputs)
+                    logps = self._sequence_logps(self._flat_forward(model, inputs).log_probs, inputs)
         return logps, kl
 
     def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
