@@ -73,3 +73,15 @@ def dpo_padding_free_unavailable() -> str | None:
         return None
     return (f"padding-free DPO needs trl >= {MIN_TRL_DPO} (its DPOTrainer's fused LM head and loss types), and trl "
             f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_DPO}') or set padding_free=False")
+
+
+MIN_TRL_REWARD = "1.16"
+"""Padding-free reward training (:class:`trl_padfree.RewardTrainer`) restates TRL 1.16's ``RewardTrainer.compute_loss``
+(loss, ``margin``, ``center_rewards_coefficient``, metrics), checked exact against that release only. Older TRL
+releases train reward models only padded (``padding_free=False``: TRL's trainer unchanged)."""
+
+
+MIN_TRL_KTO = "1.16"
+"""Padding-free KTO (:class:`trl_padfree.KTOTrainer`) builds on TRL 1.16's ``KTOTrainer`` (mainline there, with its
+fused LM head taking ``shift_labels`` and returning per-token entropy and mean logits), checked exact against that
+release only."""

@@ -1,0 +1,242 @@
+"""Padding-free KTO (and its reference prompt-once row) trains the same model as TRL's padded KTOTrainer (CPU, fp32).
+
+Through the real Trainer: per-step loss and every logged metric (KL term, rewards, log-probs, entropy, logits,
+token count), every parameter's gradient before every optimizer step (SGD) and the final weights, over 3 optimizer
+steps with gradient accumulation 2, with desirable and undesirable weights, for the ``kto`` loss (with the KL term)
+and ``apo_zero_unpaired``, a separate reference, a PEFT reference (adapters off) and precomputed reference
+log-probs.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+
+import pytest
+import tiny_kto as T
+import torch
+from test_reward import GradRecorder
+
+from trl_padfree import KTOTrainer
+from trl_padfree.kto import DataCollatorForUnpairedFlat, kto_padding_free_unavailable
+
+RTOL = 1e-5
+pytestmark = pytest.mark.skipif(kto_padding_free_unavailable() is not None,
+                                reason=str(kto_padding_free_unavailable()))
+METRICS = ("loss", "kl", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
+           "entropy", "logits/chosen", "logits/rejected", "num_tokens")
+
+
+def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[KTOTrainer, GradRecorder]]:
+    tok, data = T.tokenizer(), T.examples(24)
+    out = {}
+    for layout in T.LAYOUTS:
+        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), optim="sgd", **kwargs)
+        recorder = GradRecorder()
+        trainer.add_callback(recorder)
+        recorder.initial = T.weights(trainer)
+        trainer.train()
+        out[layout] = (trainer, recorder)
+    return out
+
+
+def assert_same_training(runs: dict[str, tuple[KTOTrainer, GradRecorder]], metrics=METRICS) -> None:
+    padded, padded_grads = runs["padded"]
+    want = T.step_logs(padded)
+    assert len(want) == 3 and len(padded_grads.steps) == 3
+    for layout in T.LAYOUTS[1:]:
+        trainer, grads = runs[layout]
+        got = T.step_logs(trainer)
+        assert len(got) == 3 and len(grads.steps) == 3
+        for step_got, step_want in zip(got, want, strict=True):
+            # rewards and the KL term are beta * (logps - ref logps): judged against the log-probs they come from
+            scale = 0.1 * max(abs(step_want["logps/chosen"]), abs(step_want["logps/rejected"]))
+            for key in metrics:
+                a, b = step_got[key], step_want[key]
+                tol = RTOL * max(abs(b), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
+                assert abs(a - b) <= tol, (layout, key, a, b)
+        for step, (g, w) in enumerate(zip(grads.steps, padded_grads.steps, strict=True)):
+            assert T.max_rel_diff(g, w) <= RTOL, (layout, step, T.max_rel_diff(g, w))
+        assert T.max_rel_diff(T.weights(trainer), T.weights(padded)) <= RTOL
+    assert T.max_rel_diff(T.weights(padded), padded_grads.initial) > 1e-4  # training moved the weights
+
+
+@pytest.mark.parametrize(
+    "case",
+    [{}, {"precompute_ref_log_probs": True}, {"loss_type": "apo_zero_unpaired"}],
+    ids=["kto-kl", "kto-precomputed-ref", "apo_zero_unpaired"],
+)
+def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
+    runs = run_layouts(tmp_path, **case)
+    metrics = METRICS
+    if case.get("loss_type") == "apo_zero_unpaired":
+        metrics = tuple(m for m in METRICS if m != "kl")
+        assert all(e["kl"] == 0.0 for e in T.step_logs(runs["padfree"][0]))
+    else:
+        kl = [e["kl"] for e in T.step_logs(runs["padded"][0])]
+        assert any(k > 0 for k in kl), kl  # the KL term is in the comparison (not clamped to 0 everywhere)
+    assert_same_training(runs, metrics)
+
+
+def test_peft_reference_adapters_off(tmp_path):
+    from peft import LoraConfig
+
+    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
+    runs = run_layouts(tmp_path, ref=False, peft=peft)
+    for trainer, _ in runs.values():
+        assert trainer.ref_model is None
+    assert_same_training(runs)
+
+
+def test_weights_enter_the_loss(tmp_path):
+    """Desirable and undesirable weights scale their losses (so the comparison above can fail on them)."""
+    tok, data = T.tokenizer(), T.examples(8)
+    losses = {}
+    for name, (d, u) in {"even": (1.0, 1.0), "desirable": (2.0, 1.0), "undesirable": (1.0, 2.0)}.items():
+        trainer = T.trainer("padfree", data, tok, str(tmp_path / name), desirable_weight=d, undesirable_weight=u)
+        batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+        assert 0 < int(batch["label"].sum()) < 4
+        with torch.no_grad():
+            losses[name] = trainer.compute_loss(trainer.model, batch).item()
+    assert losses["desirable"] > losses["even"] and losses["undesirable"] > losses["even"]
+
+
+def test_collator_rows_are_trls_sequences(tmp_path):
+    """Each row segment is exactly a sequence of TRL's padded batch (tokens, truncation, KL rotation)."""
+    tok, data = T.tokenizer(), T.examples(8)
+    for max_length in (None, 60):
+        padded = T.trainer("padded", data, tok, str(tmp_path / "p"), max_length=max_length)
+        rows = [padded.train_dataset[i] for i in range(4)]  # (TRL drops prompts of max_length tokens or more)
+        want = padded.data_collator(rows)
+        flat = DataCollatorForUnpairedFlat(pad_token_id=tok.pad_token_id, max_length=max_length)(rows)
+        for prefix in ("", "KL_"):
+            ids, cu = flat[prefix + "input_ids"][0], flat[prefix + "cu_seq_lens_q"].tolist()
+            mask = want[prefix + "attention_mask"].bool()
+            assert len(cu) == 5 and flat[prefix + "num_tokens"] == int(mask.sum())
+            for i in range(4):
+                assert ids[cu[i] : cu[i + 1]].tolist() == want[prefix + "input_ids"][i][mask[i]].tolist()
+            if max_length:
+                assert max(b - a for a, b in pairwise(cu)) == max_length
+
+
+def test_padding_free_false_is_trl_unchanged(tmp_path):
+    import trl
+
+    tok, data = T.tokenizer(), T.examples(8)
+    ours = T.trainer("padded", data, tok, str(tmp_path / "ours"))
+    assert type(ours.data_collator) is trl.trainer.kto_trainer.DataCollatorForUnpairedPreference
+    with pytest.raises(ValueError, match="do not pass a data_collator"):
+        KTOTrainer(T.model("padfree"), T.model("padfree", seed=1), args=T.config("padfree", str(tmp_path)),
+                   train_dataset=data, processing_class=tok, data_collator=ours.data_collator)
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_train_the_same_model(tmp_path):
+    """torchrun, 2 CPU ranks (gloo): padded and padding-free KTO give the same per-step logs (the KL term gathered
+    across ranks), gradients and weights."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    path = os.pathsep.join([str(root), str(root / "tests")])  # this checkout's package, not the installed one
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         str(root / "tests" / "ddp_kto.py"), str(tmp_path)],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()
+    results = json.loads((tmp_path / "results.json").read_text())
+    runs = {}
+    for layout in T.LAYOUTS:
+        assert results[layout]["world_size"] == 2 and results[layout]["ranks"] == 2
+        assert results[layout]["epoch"] == pytest.approx(24 / 32)  # 3 steps x 2 micro-batches x 2 x 2 ranks
+        saved = torch.load(tmp_path / f"{layout}.pt")
+        runs[layout] = (saved["grads"], saved["weights"])
+    want = results["padded"]["logs"]
+    assert len(want) == 3 and any(e["kl"] > 0 for e in want)
+    for layout in T.LAYOUTS[1:]:
+        got = results[layout]["logs"]
+        assert len(got) == 3
+        for g, w in zip(got, want, strict=True):
+            scale = 0.1 * max(abs(w["logps/chosen"]), abs(w["logps/rejected"]))
+            for key in METRICS:
+                tol = RTOL * max(abs(w[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
+                assert abs(g[key] - w[key]) <= tol, (layout, key, g[key], w[key])
+        assert len(runs[layout][0]) == len(runs["padded"][0]) == 3
+        for g, w in zip(runs[layout][0], runs["padded"][0], strict=True):
+            assert T.max_rel_diff(g, w) <= RTOL
+        assert T.max_rel_diff(runs[layout][1], runs["padded"][1]) <= RTOL
+
+
+def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
+    from test_dpo import leaky_attention
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from trl_padfree.probe import PackingLeakError
+
+    AttentionInterface.register("leaky_test", leaky_attention)
+    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
+    tok, data = T.tokenizer(), T.examples(8)
+    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "leaky_test"})
+    with pytest.raises(PackingLeakError, match="LEAKS"):
+        trainer.train()
+    assert trainer.state.global_step == 0
+
+
+def test_evaluation_gives_trls_metrics(tmp_path):
+    tok, data = T.tokenizer(), T.examples(12)
+    results = {}
+    for layout in T.LAYOUTS:
+        policy, ref = T.model(layout), T.model(layout, seed=1)
+        with torch.no_grad():
+            ref.lm_head.weight.mul_(4.0)
+        trainer = KTOTrainer(policy, ref, args=T.config(layout, str(tmp_path / layout), per_device_eval_batch_size=4),
+                             train_dataset=data, eval_dataset=T.examples(8, seed=1), processing_class=tok,
+                             prompt_once=layout == "once")
+        results[layout] = trainer.evaluate()
+    want = results["padded"]
+    assert {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"} <= set(want)
+    scale = 0.1 * max(abs(want["eval_logps/chosen"]), abs(want["eval_logps/rejected"]))
+    for layout in T.LAYOUTS[1:]:
+        got = results[layout]
+        for key in want:
+            if key.startswith("eval_") and not key.endswith(("runtime", "per_second", "preparation_time")):
+                tol = RTOL * max(abs(want[key]), scale if key.startswith(("eval_rewards/", "eval_kl")) else 0.0, 1e-7)
+                assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+
+
+def test_return_outputs_recomputes_the_rows_logits(tmp_path):
+    tok, data = T.tokenizer(), T.examples(8)
+    trainer = T.trainer("padfree", data, tok, str(tmp_path))
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, batch)
+        with pytest.warns(FutureWarning, match="return_outputs=True"):
+            again, outputs = trainer.compute_loss(trainer.model, batch, return_outputs=True)
+    assert again.item() == loss.item()
+    assert outputs.logits.shape == (1, batch["input_ids"].shape[1], trainer.model.config.vocab_size)
+
+
+def test_reference_row_computes_each_prompt_once(tmp_path):
+    tok, data = T.tokenizer(), T.examples(8)
+    trainer = T.trainer("once", data, tok, str(tmp_path))
+    rows = [trainer.train_dataset[i] for i in range(4)]
+    batch = trainer.data_collator(rows)
+    prompts = sum(len(r["prompt_ids"]) for r in rows)
+    # one row of prompt + completion + last prompt token + KL completion per example
+    assert batch["pair_input_ids"].shape[1] == batch["num_tokens"] + batch["KL_num_tokens"] - prompts + 4
+    with torch.no_grad():
+        once = trainer._reference_logps(batch)
+        two_rows = trainer._reference_logps({k: v for k, v in batch.items() if not k.startswith("pair_")})
+    for a, b in zip(once, two_rows, strict=True):
+        assert torch.allclose(a, b, rtol=RTOL, atol=0)
+    with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
+        T.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+    with pytest.raises(ValueError, match=r"needs KTOConfig\(padding_free=True\)"):
+        KTOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
+                   train_dataset=data, processing_class=tok, prompt_once=True)

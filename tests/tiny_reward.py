@@ -1,0 +1,90 @@
+"""Shared set-up of the reward-model tests: a tiny tokenizer and sequence-classification Llama, preference pairs of
+uneven lengths, and trainers for the three layouts (TRL's padded batch, this package's padding-free row,
+prompt-once)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+from datasets import Dataset
+from transformers import LlamaConfig, LlamaForSequenceClassification
+
+from trl_padfree import RewardConfig, RewardTrainer
+from trl_padfree.testing import demo_corpus, tiny_byte_level_tokenizer
+
+LAYOUTS = ("padded", "padfree", "once")
+
+
+def tokenizer(pad_is_eos: bool = False) -> Any:
+    tok = tiny_byte_level_tokenizer()
+    if pad_is_eos:  # as for tokenizers without a pad token: every sequence ends with the "pad" (its EOS)
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def pairs(n: int = 24, seed: int = 0, *, explicit_prompt: bool = True, margin: bool = False) -> Dataset:
+    """Plain-text preference pairs with independently drawn, uneven lengths; the prompt as a column of its own
+    (``explicit_prompt``) or at the start of both texts (implicit)."""
+    rng = random.Random(seed)
+    corpus = demo_corpus(200, seed)
+
+    def text(k: int) -> str:
+        return " ".join(rng.choice(corpus) for _ in range(k))
+
+    rows = []
+    for _ in range(n):
+        prompt = "Q: " + text(rng.randint(1, 3)) + "\nA:"
+        chosen, rejected = " " + text(rng.randint(1, 3)), " " + text(rng.randint(1, 2))
+        row = ({"prompt": prompt, "chosen": chosen, "rejected": rejected} if explicit_prompt
+               else {"chosen": prompt + chosen, "rejected": prompt + rejected})
+        if margin:
+            row["margin"] = round(rng.uniform(-1.0, 2.0), 3)
+        rows.append(row)
+    return Dataset.from_list(rows)
+
+
+def model(layout: str, tok: Any, seed: int = 0, attn_implementation: str | None = None) -> Any:
+    """A randomly initialised 2-layer Llama (GQA) with a one-output score head, fp32."""
+    attn = attn_implementation or ("sdpa" if layout == "padded" else "padfree")
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, num_labels=1,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    return LlamaForSequenceClassification._from_config(config, attn_implementation=attn)
+
+
+def config(layout: str, out: str, **overrides: Any) -> RewardConfig:
+    return RewardConfig(**config_kwargs(layout, out, **overrides))
+
+
+def config_kwargs(layout: str, out: str, **overrides: Any) -> dict[str, Any]:
+    kwargs: dict[str, Any] = dict(
+        output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=3,
+        learning_rate=1e-2, logging_steps=1, report_to="none", save_strategy="no", bf16=False,
+        use_cpu=True, seed=0, disable_dropout=True, dataloader_num_workers=0, max_length=None,
+        padding_free=layout != "padded", gradient_checkpointing=False,
+    )
+    kwargs.update(overrides)
+    return kwargs
+
+
+def trainer(layout: str, data: Dataset, tok: Any, out: str, *, attn_implementation: str | None = None,
+            peft: Any = None, check_packing: bool = True, **overrides: Any) -> RewardTrainer:
+    return RewardTrainer(model(layout, tok, attn_implementation=attn_implementation),
+                         args=config(layout, out, **overrides), train_dataset=data, processing_class=tok,
+                         peft_config=peft, prompt_once=layout == "once", check_packing=check_packing)
+
+
+def step_logs(t: RewardTrainer) -> list[dict[str, float]]:
+    return [e for e in t.state.log_history if "loss" in e]
+
+
+def weights(t: RewardTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in t.model.named_parameters()}
+
+
+def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys() and a
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item() for k in b)

@@ -1,0 +1,337 @@
+"""``KTOTrainer``: TRL's ``KTOTrainer`` with ``KTOConfig(padding_free=True)``.
+
+TRL 1.16's ``KTOTrainer`` pads every batch twice: the ``B`` (prompt, completion) sequences and the ``B``
+mismatched "KL" sequences (each prompt with its neighbour's completion), each padded to its longest. ``KTOConfig``
+has no ``padding_free``: :class:`KTOConfig` here is TRL's with that field added. This trainer keeps TRL's dataset
+preparation (tokenization, the KL completions rotated within each batch), reference handling (separate model, PEFT
+adapters off, ``precompute_ref_log_probs``), losses (``kto``, ``apo_zero_unpaired``, desirable / undesirable
+weights, the KL term) and logged metrics, and replaces only the batches and the forward:
+
+- the collator (:class:`DataCollatorForUnpairedFlat`) lays the completion sequences out in one row and the KL
+  sequences in another, with ``position_ids`` and ``cu_seq_lens`` (the layout of
+  :class:`~trl_padfree.preference.PreferenceLayout`, one segment per sequence);
+- every model call is TRL's fused-LM-head call on a row with ``shift_labels`` (:meth:`KTOTrainer._flat_forward`),
+  and each per-sequence quantity is a segment sum over the row (:func:`~trl_padfree.preference.segment_sum`).
+
+The KL sequences run as TRL runs them: a forward without gradients of the policy, one of the reference. With
+``prompt_once=True`` (``attn_implementation="padfree"``) the reference runs one row instead of two: each prompt
+once, then its completion and its KL completion, which shares the prompt's keys (DPO's prompt-once layout: the
+reference's two forwards have no gradient, so they can share). The policy keeps two rows: its KL forward has no
+gradient and its completion forward has, so one row for both would back-propagate through the KL tokens. ``precompute_ref_log_probs``
+computes the training set's reference log-probs in ``__init__`` with TRL's padded collator (TRL's own pass), and
+later evaluation sets in rows. Before the first step the model (and the reference) are probed as for DPO
+(:mod:`trl_padfree.preference_probe`). With ``padding_free=False`` the trainer is TRL's, unchanged.
+
+    from trl_padfree import KTOConfig, KTOTrainer
+    config = KTOConfig(output_dir="out", padding_free=True)
+    trainer = KTOTrainer(model, ref_model, args=config, train_dataset=data, processing_class=tokenizer)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import trl
+from accelerate.utils import is_peft_model
+
+from .dpo import PreferenceCheckCallback, require_padfree_attention
+from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
+from .trainer import PadfreeTrainerMixin, checked_threads
+
+__all__ = ["DataCollatorForUnpairedFlat", "KTOConfig", "KTOTrainer", "kto_padding_free_unavailable"]
+
+
+@dataclass
+class KTOConfig(trl.KTOConfig):
+    """``trl.KTOConfig`` plus ``padding_free`` (read by :class:`trl_padfree.KTOTrainer`)."""
+
+    padding_free: bool = field(
+        default=False,
+        metadata={"help": "Lay the completion and the KL sequences of a batch out in rows without padding "
+                          "(trl_padfree.KTOTrainer)."},
+    )
+
+
+def kto_padding_free_unavailable() -> str | None:
+    """One line naming the fix where the installed TRL cannot run padding-free KTO, else None.
+
+    >>> kto_padding_free_unavailable() is None or "upgrade trl" in kto_padding_free_unavailable()
+    True
+    """
+    from ._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
+
+    if trl_at_least(MIN_TRL_KTO):
+        return None
+    return (f"padding-free KTO needs trl >= {MIN_TRL_KTO} (its KTOTrainer's fused LM head), and trl {TRL_VERSION} "
+            f"is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_KTO}') or set padding_free=False")
+
+
+@dataclass
+class DataCollatorForUnpairedFlat:
+    """Padding-free counterpart of TRL's ``DataCollatorForUnpairedPreference`` (same inputs, same truncation:
+    ``prompt + completion`` cut to ``max_length`` from the end).
+
+    Returns, for the completion sequences, the model inputs of :data:`~trl_padfree.preference.MODEL_KEYS` with
+    ``shift_labels`` / ``score_index`` (sequence ``i``'s scored positions) and ``num_tokens``; the same with a
+    ``KL_`` prefix for the KL sequences when the examples have ``KL_completion_ids``; ``label`` (B,),
+    ``num_sequences`` and ``ref_logps`` / ``ref_KL_logps`` when the examples have them. With
+    ``reference_prompt_once`` (and KL completions, no precomputed reference log-probs) also a ``pair_`` row for the
+    reference: each prompt once, followed by its completion and (sharing the prompt's keys) its KL completion,
+    laid out as :class:`~trl_padfree.preference.DataCollatorForPreference` lays out a prompt-once pair.
+
+    >>> rows = [{"prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "KL_completion_ids": [6], "label": True},
+    ...         {"prompt_ids": [7, 8], "completion_ids": [9], "KL_completion_ids": [4, 5], "label": False}]
+    >>> flat = DataCollatorForUnpairedFlat(pad_token_id=0)(rows)
+    >>> flat["input_ids"].tolist(), flat["shift_labels"].tolist(), flat["score_index"].tolist()
+    ([[1, 2, 3, 4, 5, 7, 8, 9]], [[-100, -100, 4, 5, -100, -100, 9, -100]], [[-1, -1, 0, 0, -1, -1, 1, -1]])
+    >>> flat["KL_input_ids"].tolist(), flat["KL_cu_seq_lens_q"].tolist(), flat["label"].tolist()
+    ([[1, 2, 3, 6, 7, 8, 4, 5]], [0, 4, 8], [True, False])
+    """
+
+    pad_token_id: int
+    max_length: int | None = None
+    pad_to_multiple_of: int | None = None
+    reference_prompt_once: bool = False
+    return_tensors: str = "pt"
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        if not examples:
+            raise ValueError("DataCollatorForUnpairedFlat got an empty batch")
+        missing = [k for k in ("prompt_ids", "completion_ids", "label") if k not in examples[0]]
+        if missing:
+            raise ValueError(f"KTO examples need 'prompt_ids', 'completion_ids' and 'label'; missing {missing}. "
+                             "Tokenize the dataset as TRL's KTOTrainer does (it does so for prompt/completion data).")
+        out: dict[str, Any] = {}
+        rows = DataCollatorForPreference(pad_token_id=self.pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of)
+        for prefix, key in (("", "completion_ids"), ("KL_", "KL_completion_ids")):
+            if key not in examples[0]:
+                continue
+            layout = PreferenceLayout.empty()
+            num_tokens = 0
+            for i, ex in enumerate(examples):
+                prompt, completion = truncate_pair(ex["prompt_ids"], ex[key], self.max_length, "keep_start")
+                if not prompt and not completion:
+                    raise ValueError(f"example {i} has no tokens ({key}); drop empty examples from the dataset")
+                layout.segment(prompt, completion, i)
+                num_tokens += len(prompt) + len(completion)
+            batch = rows._tensors(layout)
+            batch.pop("score_rank")
+            out.update({prefix + k: v for k, v in batch.items()})
+            out[prefix + "num_tokens"] = num_tokens
+        out["num_sequences"] = len(examples)
+        if self.reference_prompt_once and "KL_completion_ids" in examples[0] and "ref_logps" not in examples[0]:
+            # the reference's row: each prompt once, its completion then its KL completion (DPO's prompt-once pair)
+            pairs = DataCollatorForPreference(pad_token_id=self.pad_token_id, max_length=self.max_length,
+                                              pad_to_multiple_of=self.pad_to_multiple_of, prompt_once=True)
+            batch = pairs([{"prompt_ids": ex["prompt_ids"], "chosen_ids": ex["completion_ids"],
+                            "rejected_ids": ex["KL_completion_ids"]} for ex in examples])
+            out.update({"pair_" + k: batch[k] for k in (*MODEL_KEYS, "shift_labels", "score_index") if k in batch})
+        for key in ("ref_logps", "ref_KL_logps"):
+            if key in examples[0]:
+                out[key] = torch.tensor([ex[key] for ex in examples])
+        out["label"] = torch.tensor([ex["label"] for ex in examples])
+        return out
+
+
+class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
+    """``trl.KTOTrainer`` with a working ``padding_free`` (see the module docstring).
+
+    ``padding_free`` is read from ``args`` (:class:`KTOConfig`, or any config with that attribute).
+
+    Extra arguments:
+        prompt_once: with ``padding_free`` and the KL term, the reference computes each prompt once for the
+            completion and the KL sequence (``attn_implementation="padfree"``).
+        check_packing: probe the model(s) before the first step (default True).
+        torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer`.
+    """
+
+    def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
+                 train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None, *rest: Any,
+                 prompt_once: bool = False, check_packing: bool = True,
+                 torch_num_threads: int | str | None = "auto", **kwargs: Any) -> None:
+        self.torch_num_threads = checked_threads(torch_num_threads)
+        self.padfree = bool(args is not None and getattr(args, "padding_free", False))
+        self.prompt_once = bool(prompt_once)
+        if self.prompt_once and not self.padfree:
+            raise ValueError("prompt_once=True needs KTOConfig(padding_free=True) (trl_padfree.KTOConfig).")
+        if self.padfree:
+            problem = kto_padding_free_unavailable()
+            if problem is not None:
+                raise ValueError(problem)
+            if data_collator is not None:
+                raise ValueError("padding_free=True builds its own batches (DataCollatorForUnpairedFlat); do not pass "
+                                 "a data_collator, or set padding_free=False")
+        super().__init__(model, ref_model, args, data_collator, train_dataset, eval_dataset, processing_class,
+                         *rest, **kwargs)
+        if self.padfree:
+            if self._is_vision_dataset:
+                raise ValueError("padding-free KTO covers text data only; set padding_free=False for vision data")
+            multiple = self.args.pad_to_multiple_of
+            # (training-set reference log-probs, if precomputed, came from TRL's padded pass in __init__)
+            self.data_collator = DataCollatorForUnpairedFlat(
+                pad_token_id=self._tokenizer.pad_token_id, max_length=self.args.max_length,
+                pad_to_multiple_of=multiple if isinstance(multiple, int) else None,
+                reference_prompt_once=self.prompt_once and self.calculate_KL)
+            models = [m for m in (self.model, self.ref_model) if m is not None]
+            if self.prompt_once:
+                for m in models:
+                    require_padfree_attention(self.accelerator.unwrap_model(m))
+            if check_packing:
+                ref = [self.accelerator.unwrap_model(self.ref_model)] if self.ref_model is not None else []
+                self.add_callback(PreferenceCheckCallback(self.prompt_once, ref))
+
+    # ---- forward -------------------------------------------------------------------------------------------
+    def _flat_forward(self, model: Any, inputs: dict[str, Any], prefix: str = "", **extra: Any) -> Any:
+        """TRL's model call (fused LM head) on the completion row (``prefix=""``) or the KL row (``"KL_"``)."""
+        kwargs = {k: inputs[prefix + k] for k in MODEL_KEYS if prefix + k in inputs}
+        return model(**kwargs, **extra, shift_labels=inputs[prefix + "shift_labels"], use_cache=False,
+                     fused_lm_head=True)
+
+    def _sequence_logps(self, per_token: torch.Tensor, inputs: dict[str, Any], prefix: str = "") -> torch.Tensor:
+        return segment_sum(per_token, inputs[prefix + "score_index"], int(inputs["num_sequences"]))
+
+    def _kl_logps(self, model: Any, inputs: dict[str, Any]) -> torch.Tensor | None:
+        if not self.calculate_KL:
+            return None
+        with torch.no_grad():
+            return self._sequence_logps(self._flat_forward(model, inputs, "KL_").log_probs, inputs, "KL_")
+
+    def _reference_logps(self, inputs: dict[str, Any], model: Any = None) -> tuple[torch.Tensor, Any]:
+        """``(completion log-probs (B,), KL log-probs (B,) or None)`` of the reference."""
+        from trl.models.utils import disable_gradient_checkpointing
+        from trl.trainer.utils import use_adapter
+
+        adapter: Any = contextlib.nullcontext()
+        if model is None:
+            model = self.ref_model
+            if model is None and is_peft_model(self.model):
+                model = self.model
+        if model is self.model and is_peft_model(self.model) and self.ref_model is None:
+            unwrapped = self.accelerator.unwrap_model(self.model)
+            adapter = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+        with torch.no_grad(), warnings.catch_warnings(), adapter:
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
+                if "pair_shift_labels" in inputs:  # prompt once: completion and KL sequence in one forward
+                    out = self._flat_forward(model, inputs, "pair_")
+                    n = int(inputs["num_sequences"])
+                    logps, kl = segment_sum(out.log_probs, inputs["pair_score_index"], 2 * n).chunk(2)
+                else:
+                    kl = self._kl_logps(model, inputs)
+                    logps = self._sequence_logps(self._flat_forward(model, inputs).log_probs, inputs)
+        return logps, kl
+
+    def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
+        if "shift_labels" not in inputs:
+            return super().compute_ref_log_probs(model, inputs)
+        with self.accelerator.autocast():
+            return self._reference_logps(inputs, model)
+
+    # ---- loss ----------------------------------------------------------------------------------------------
+    def _compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool) -> Any:
+        if "shift_labels" not in inputs:
+            return super()._compute_loss(model, inputs, return_outputs)
+        mode = "train" if self.model.training else "eval"
+        device = self.accelerator.device
+        batch = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+        labels = batch["label"]
+        num_chosen = labels.sum().to(device)
+        num_rejected = (len(labels) - num_chosen).to(device)
+
+        KL_logps = self._kl_logps(model, batch)
+        extra = {"output_router_logits": True} if self.aux_loss_enabled else {}
+        outputs = self._flat_forward(model, batch, **extra)
+        index, n = batch["score_index"], int(batch["num_sequences"])
+        completion_logps = self._sequence_logps(outputs.log_probs, batch)
+        scored = segment_sum(torch.ones_like(outputs.log_probs), index, n)
+
+        bool_labels = torch.as_tensor(labels, dtype=torch.bool, device=completion_logps.device)
+        chosen_idx = torch.nonzero(bool_labels, as_tuple=False).view(-1)
+        rejected_idx = torch.nonzero(~bool_labels, as_tuple=False).view(-1)
+        chosen_logps = completion_logps.index_select(0, chosen_idx)
+        rejected_logps = completion_logps.index_select(0, rejected_idx)
+
+        if self.precompute_ref_logps:
+            ref_logps = batch["ref_logps"]
+            ref_KL_logps = batch["ref_KL_logps"] if self.calculate_KL else None
+        else:
+            ref_logps, ref_KL_logps = self._reference_logps(batch)
+        ref_chosen_logps = ref_logps.index_select(0, chosen_idx)
+        ref_rejected_logps = ref_logps.index_select(0, rejected_idx)
+
+        # from here on TRL 1.16's _compute_loss, on the segment sums
+        if self.calculate_KL:
+            kl = (KL_logps - ref_KL_logps).mean().detach()
+            kl = self.accelerator.gather_for_metrics(kl).mean().clamp(min=0)
+        else:
+            kl = torch.zeros(1).to(chosen_logps.device)
+        if chosen_logps.shape[0] != 0 or ref_chosen_logps.shape[0] != 0:
+            chosen_logratios = chosen_logps - ref_chosen_logps
+            if self.loss_type == "kto":
+                chosen_losses = 1 - F.sigmoid(self.beta * (chosen_logratios - kl))
+            elif self.loss_type == "apo_zero_unpaired":
+                chosen_losses = 1 - F.sigmoid(self.beta * chosen_logratios)
+            chosen_rewards = self.beta * chosen_logratios.detach()
+        else:
+            chosen_losses = torch.Tensor([]).to(device)
+            chosen_rewards = torch.Tensor([]).to(device)
+        if rejected_logps.shape[0] != 0 or ref_rejected_logps.shape[0] != 0:
+            rejected_logratios = rejected_logps - ref_rejected_logps
+            if self.loss_type == "kto":
+                rejected_losses = 1 - F.sigmoid(self.beta * (kl - rejected_logratios))
+            elif self.loss_type == "apo_zero_unpaired":
+                rejected_losses = F.sigmoid(self.beta * rejected_logratios)
+            rejected_rewards = self.beta * rejected_logratios.detach()
+        else:
+            rejected_losses = torch.Tensor([]).to(device)
+            rejected_rewards = torch.Tensor([]).to(device)
+        losses = torch.cat((self.desirable_weight * chosen_losses, self.undesirable_weight * rejected_losses), 0)
+        self._metrics[mode]["kl"].append(kl.item())
+        self._log_metrics(mode, batch, outputs, scored, (chosen_idx, rejected_idx), (num_chosen, num_rejected),
+                          (chosen_rewards, rejected_rewards), (chosen_logps, rejected_logps))
+        loss = losses.nanmean()
+        if self.aux_loss_enabled:
+            loss = loss + self.router_aux_loss_coef * outputs.aux_loss
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(outputs.aux_loss).mean().item())
+        if return_outputs:
+            # as TRL: the fused head builds no logits, so evaluation's logits take one more forward (of the row:
+            # (1, T, vocab), not TRL's (B, T, vocab))
+            warnings.warn("`return_outputs=True`, and the logits it passes to `compute_metrics`, are deprecated in TRL "
+                          "and recomputed with an extra forward pass.", FutureWarning, stacklevel=2)
+            with torch.no_grad():
+                outputs = model(**{k: batch[k] for k in MODEL_KEYS if k in batch}, use_cache=False)
+            return loss, outputs
+        return loss
+
+    def _log_metrics(self, mode: str, batch: dict[str, Any], outputs: Any, scored: torch.Tensor, idx: tuple,
+                     counts: tuple, rewards: tuple, logps: tuple) -> None:
+        """TRL 1.16's metrics, from segment sums (same names, same gathering across ranks)."""
+        gather = self.accelerator.gather_for_metrics
+        index, n = batch["score_index"], int(batch["num_sequences"])
+        chosen_idx, rejected_idx = idx
+        entropy_sum = gather(segment_sum(outputs.entropy.detach(), index, n).sum()).sum()
+        total_tokens = gather(scored.sum()).sum()
+        self._metrics[mode]["entropy"].append((entropy_sum / total_tokens).item() if total_tokens > 0 else 0.0)
+        if mode == "train":
+            num = gather(torch.tensor(int(batch["num_tokens"]), device=scored.device)).sum().item()
+            self._total_train_tokens += num // self._tp_size
+        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        logits = segment_sum(outputs.mean_logits.detach(), index, n)
+        for name, rows in (("chosen", chosen_idx), ("rejected", rejected_idx)):
+            total = gather(logits.index_select(0, rows).sum()).sum().item()
+            tokens = gather(scored.index_select(0, rows).sum()).sum().item()
+            if tokens > 0:
+                self._metrics[mode][f"logits/{name}"].append(total / tokens)
+        all_num = [gather(c).sum().item() for c in counts]
+        for name, num, reward, logp in zip(("chosen", "rejected"), all_num, rewards, logps, strict=True):
+            if num > 0:
+                self._metrics[mode][f"rewards/{name}"].append(gather(reward.nansum()).nansum().item() / num)
+                self._metrics[mode][f"logps/{name}"].append(gather(logp.detach().nansum()).nansum().item() / num)
+        if all_num[0] > 0 and all_num[1] > 0:
+            self._metrics[mode]["rewards/margins"].append(
+                self._metrics[mode]["rewards/chosen"][-1] - self._metrics[mode]["rewards/rejected"][-1])
