@@ -12,8 +12,10 @@ from .batching import TokenBudgetBatchSampler
 from .chat_masks import ChatMaskError, chat_labels, label_chats
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
 from .dpo import DPOTrainer
+from .grpo import GRPOTrainer
 from .preference import DataCollatorForPreference
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
+from .rloo import RLOOTrainer
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
 
 __version__ = "0.1.0"
@@ -25,10 +27,12 @@ __all__ = [
     "DPOTrainer",
     "DataCollatorForCompletionOnlyLM",
     "DataCollatorForPreference",
+    "GRPOTrainer",
     "PackingCheckCallback",
     "PackingLeakError",
     "PackingReport",
     "PadfreeAttentionError",
+    "RLOOTrainer",
     "SFTTrainer",
     "TemplateNotFoundError",
     "TokenBudgetBatchSampler",
