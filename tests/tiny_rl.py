@@ -64,7 +64,7 @@ def model_path(seed: int = 0) -> str:
         m.generation_config.eos_token_id = sorted({tok.eos_token_id, *range(3, m.config.vocab_size, STOP_EVERY)})
         m.generation_config.pad_token_id = tok.pad_token_id
         path = tempfile.mkdtemp(prefix="tiny-rl-llama-")
-        m.save_pretrained(path)
+        m.save_pretrained(path)  # (under torchrun: before the process group exists, or only rank 0 writes)
         tok.save_pretrained(path)
         _SAVED[seed] = path
     return _SAVED[seed]
