@@ -10,6 +10,12 @@ from __future__ import annotations
 
 import pytest
 import trl
+
+from trl_padfree._compat import rl_padding_free_unavailable
+
+if rl_padding_free_unavailable():
+    pytest.skip(rl_padding_free_unavailable(), allow_module_level=True)
+
 from tiny_rl import LAYOUTS, METRIC_RTOL, RTOL, compare, step_logs, trainer
 
 import trl_padfree

@@ -73,3 +73,22 @@ def dpo_padding_free_unavailable() -> str | None:
         return None
     return (f"padding-free DPO needs trl >= {MIN_TRL_DPO} (its DPOTrainer's fused LM head and loss types), and trl "
             f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_DPO}') or set padding_free=False")
+
+
+MIN_TRL_RL = "1.16"
+"""Padding-free GRPO/RLOO (:class:`trl_padfree.GRPOTrainer`, :class:`trl_padfree.RLOOTrainer`) replace TRL 1.16's
+single log-prob method (``_get_per_token_logps_and_entropies``) and call its fused LM head with ``shift_labels``;
+older TRL releases train GRPO/RLOO only padded (``padding_free=False``: TRL's trainers unchanged)."""
+
+
+def rl_padding_free_unavailable() -> str | None:
+    """One line naming the fix where the installed TRL cannot run padding-free GRPO/RLOO, else None.
+
+    >>> rl_padding_free_unavailable() is None or "upgrade trl" in rl_padding_free_unavailable()
+    True
+    """
+    if trl_at_least(MIN_TRL_RL):
+        return None
+    return (f"padding-free GRPO/RLOO needs trl >= {MIN_TRL_RL} (its trainers' single log-prob method and fused LM "
+            f"head), and trl {TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_RL}') or set "
+            "padding_free=False")

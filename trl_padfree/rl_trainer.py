@@ -101,6 +101,11 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
         self.prompt_once = bool(prompt_once)
         if self.prompt_once and not self.padfree:
             raise ValueError("prompt_once=True needs padding_free=True (pass both to the trainer).")
+        if self.padfree:
+            from ._compat import rl_padding_free_unavailable
+
+            if (problem := rl_padding_free_unavailable()) is not None:
+                raise ValueError(problem)
         self.pack_totals: dict[str, Counter] = {"train": Counter(), "no_grad": Counter()}
         trl_class.__init__(self, *args, **kwargs)
         if not self.padfree:
