@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 import trl
+from test_fa_contract import flash_attention_2_on_cpu, reference_varlen  # noqa: F401  (a fixture)
 from tiny_rl import LAYOUTS, METRIC_RTOL, RTOL, compare, grpo_loss_types, step_logs, tokenizer, trainer
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -223,3 +224,38 @@ def test_two_ddp_ranks_match_trl(tmp_path):
         assert saved["pack_totals"]["train"]["shared_tokens"] > 0
         for layout in ("padfree", "once"):
             _assert_exact(compare(runs[layout], runs["padded"]))
+
+
+@pytest.mark.usefixtures("flash_attention_2_on_cpu")
+def test_flash_attention_2_path_matches_trl(tmp_path):
+    """The packed forwards through transformers' real flash_attention_2 dispatch (flash-attn's varlen kernel replaced
+    by tests/test_fa_contract.py's reference, which records every call): TRL's padded run on sdpa is matched, and
+    every attention call got the packed row's cu_seq_lens (no inference from position_ids, no padded path).
+    Generation stays on "padfree" (flash-attn's padded path is not available on a CPU); no activation checkpointing
+    (its recomputation in the backward would run outside the switch to flash_attention_2)."""
+    calls = reference_varlen.calls
+    padded = trainer("grpo", "padded", str(tmp_path / "padded"), loss_type="bnpo", activation_checkpointing=False)
+    padded.train()
+    fa2 = trainer("grpo", "padfree", str(tmp_path / "fa2"), loss_type="bnpo", activation_checkpointing=False)
+    packed_scores = fa2.packed_scores
+    seen = []
+
+    def through_flash_attention_2(model, packed, compute_aux_loss=False):
+        configs = [m.config for m in (fa2.model, fa2.ref_model)]
+        before = [c._attn_implementation for c in configs]
+        for c in configs:
+            c._attn_implementation = "flash_attention_2"
+        start = len(calls)
+        try:
+            return packed_scores(model, packed, compute_aux_loss)
+        finally:
+            for c, attn in zip(configs, before, strict=True):
+                c._attn_implementation = attn
+            seen.append((packed["cu_seq_lens_q"].tolist(), [c[0].tolist() for c in calls[start:]]))
+
+    fa2.packed_scores = through_flash_attention_2
+    fa2.train()
+    assert seen and calls
+    for cu, got in seen:
+        assert got == [cu] * fa2.model.config.num_hidden_layers
+    _assert_exact(compare(fa2, padded))
