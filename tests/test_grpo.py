@@ -13,6 +13,12 @@ from __future__ import annotations
 import pytest
 import torch
 import trl
+
+from trl_padfree._compat import rl_padding_free_unavailable
+
+if rl_padding_free_unavailable():
+    pytest.skip(rl_padding_free_unavailable(), allow_module_level=True)
+
 from test_fa_contract import flash_attention_2_on_cpu, reference_varlen  # noqa: F401  (a fixture)
 from tiny_rl import LAYOUTS, METRIC_RTOL, RTOL, compare, grpo_loss_types, step_logs, tokenizer, trainer
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
