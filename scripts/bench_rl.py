@@ -1,4 +1,4 @@
-"""Time the training part of a GRPO/RLOO step: TRL's padded trainer vs padding-free vs prompt-once, side by side.
+"""Time the training part of a GRPO or RLOO step: TRL's padded trainer vs padding-free vs prompt-once, side by side.
 
 The training part is what runs after generation and rewards: the no-grad old-policy and reference forwards over the
 generation batch (chunks of ``per_device_train_batch_size`` rows, as TRL runs them), then for each micro-batch (TRL's
@@ -11,6 +11,7 @@ of a fresh process running one step of one layout (Linux: ``VmHWM`` reset just b
 that peak over the RSS before the step).
 
     OMP_NUM_THREADS=1 python scripts/bench_rl.py --steps 6 --scale 0.25
+    OMP_NUM_THREADS=1 python scripts/bench_rl.py --steps 6 --scale 0.25 --trainer rloo
 
 Prints per layout: median step seconds, real tokens/s, the speed-up over TRL's padded trainer next to the layout's
 FLOP ratio (linear layers and LM head per forwarded token, attention per query-key pair; backward = 2 forwards) and
@@ -71,13 +72,15 @@ def build(layout: str, args: argparse.Namespace, path: str) -> Any:
 
     import trl_padfree
 
-    cls = trl.GRPOTrainer if layout == "padded" else trl_padfree.GRPOTrainer
+    name = "GRPO" if args.trainer == "grpo" else "RLOO"
+    cls = getattr(trl if layout == "padded" else trl_padfree, f"{name}Trainer")
     attn = "sdpa" if layout == "padded" else "padfree"
-    config = trl.GRPOConfig(
+    extra = {"loss_type": args.loss_type, "beta": 0.04} if args.trainer == "grpo" else {}
+    config = getattr(trl, f"{name}Config")(
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.batch, num_generations=args.gens,
-        gradient_accumulation_steps=args.groups * args.gens // args.batch, beta=0.04, num_iterations=2,
+        gradient_accumulation_steps=args.groups * args.gens // args.batch, num_iterations=2,
         report_to="none", use_cpu=True, bf16=False, max_completion_length=int(1024 * args.scale),
-        model_init_kwargs={"attn_implementation": attn, "dtype": "float32"}, loss_type=args.loss_type,
+        model_init_kwargs={"attn_implementation": attn, "dtype": "float32"}, **extra,
     )
     from datasets import Dataset
     from transformers import AutoTokenizer
@@ -102,6 +105,7 @@ def training_part(t: Any, batch: dict[str, Any]) -> list[float]:
         ref, _, _ = t._get_per_token_logps_and_entropies(t.ref_model, ids, mask, width, batch_size=b)
     full = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")}
     full.update(old_per_token_logps=old, ref_per_token_logps=ref)
+    full["old_logps"] = (old * batch["completion_mask"]).sum(1)  # RLOO's (its reference enters the rewards)
     full["num_items_in_batch"] = batch["completion_mask"].sum()
     perm = batch["perm"]
     losses = []
@@ -176,7 +180,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--loss-type", default="dapo")
+    parser.add_argument("--trainer", choices=["grpo", "rloo"], default="grpo")
+    parser.add_argument("--loss-type", default="dapo", help="GRPO's loss_type")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-memory", action="store_true", help="skip the per-layout peak-memory processes")
@@ -236,7 +241,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["layouts"][layout] = entry
     result["load_after"] = os.getloadavg()
     pad_tokens = sum(b["prompt_ids"].numel() + b["completion_ids"].numel() for b in batches[1:])
-    print(f"GRPO training part ({args.loss_type}, beta 0.04, old + ref + policy), tiny Llama {args.layers}x"
+    what = f"GRPO training part ({args.loss_type}, beta 0.04" if args.trainer == "grpo" else "RLOO training part (beta 0.05"
+    print(f"{what}, old + ref + policy), tiny Llama {args.layers}x"
           f"{args.hidden} vocab {args.vocab}, fp32, {args.threads} thread(s); {args.steps} timed steps of "
           f"{args.groups} prompts x {args.gens} generations, micro-batch {args.batch}; lengths x{args.scale}: "
           f"real {sum(real)} of {pad_tokens} padded tokens")
@@ -249,7 +255,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"{e.get('step_rss_mib', float('nan')):9.0f}")
     print("per-step mean micro-batch loss (padded / padfree / once):")
     for i in range(args.steps):
-        print("  " + " / ".join(f"{statistics.mean(losses[k][i]):+.7f}" for k in LAYOUTS))
+        print("  " + " / ".join(f"{statistics.mean(losses[k][i]):+.7e}" for k in LAYOUTS))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)
