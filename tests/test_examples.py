@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trl_padfree._compat import dpo_padding_free_unavailable
+from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,4 +48,23 @@ def test_dpo_padfree_example_trains_and_saves(tmp_path):
     assert re.fullmatch(rf"train loss \d+\.\d{{3}} over 3 steps, reward accuracy \d\.\d\d; saved to {re.escape(str(out))}",
                         lines[-1])
     assert "temporarily unavailable" not in proc.stderr + proc.stdout  # TRL's padding-free fallback did not run
+    assert (out / "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
+def test_grpo_padfree_example_trains_and_saves(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "grpo_padfree.py"), "--max_steps", "3", "--output_dir", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert any(line.startswith("[trl-padfree] RL probe (prompt-once): llama with 'padfree' keeps") for line in lines)
+    forwarded, padded = map(int, re.fullmatch(r"forwarded (\d+) of (\d+) padded tokens \(no-grad forwards\)",
+                                              lines[-2]).groups())
+    assert 0 < forwarded < padded
+    assert re.fullmatch(rf"train loss -?\d+\.\d{{3}} over 3 steps, mean reward \d\.\d\d first, \d\.\d\d last; saved to "
+                        rf"{re.escape(str(out))}", lines[-1])
     assert (out / "model.safetensors").is_file()

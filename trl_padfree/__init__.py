@@ -12,10 +12,12 @@ from .batching import TokenBudgetBatchSampler
 from .chat_masks import ChatMaskError, chat_labels, label_chats
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
 from .dpo import DPOTrainer
+from .grpo import GRPOTrainer
 from .kto import KTOConfig, KTOTrainer
 from .preference import DataCollatorForPreference
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
 from .reward import RewardConfig, RewardTrainer
+from .rloo import RLOOTrainer
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
 
 __version__ = "0.1.0"
@@ -27,12 +29,14 @@ __all__ = [
     "DPOTrainer",
     "DataCollatorForCompletionOnlyLM",
     "DataCollatorForPreference",
+    "GRPOTrainer",
     "KTOConfig",
     "KTOTrainer",
     "PackingCheckCallback",
     "PackingLeakError",
     "PackingReport",
     "PadfreeAttentionError",
+    "RLOOTrainer",
     "RewardConfig",
     "RewardTrainer",
     "SFTTrainer",

@@ -85,3 +85,22 @@ MIN_TRL_KTO = "1.16"
 """Padding-free KTO (:class:`trl_padfree.KTOTrainer`) builds on TRL 1.16's ``KTOTrainer`` (mainline there, with its
 fused LM head taking ``shift_labels`` and returning per-token entropy and mean logits), checked exact against that
 release only."""
+
+
+MIN_TRL_RL = "1.16"
+"""Padding-free GRPO/RLOO (:class:`trl_padfree.GRPOTrainer`, :class:`trl_padfree.RLOOTrainer`) replace TRL 1.16's
+single log-prob method (``_get_per_token_logps_and_entropies``) and call its fused LM head with ``shift_labels``;
+older TRL releases train GRPO/RLOO only padded (``padding_free=False``: TRL's trainers unchanged)."""
+
+
+def rl_padding_free_unavailable() -> str | None:
+    """One line naming the fix where the installed TRL cannot run padding-free GRPO/RLOO, else None.
+
+    >>> rl_padding_free_unavailable() is None or "upgrade trl" in rl_padding_free_unavailable()
+    True
+    """
+    if trl_at_least(MIN_TRL_RL):
+        return None
+    return (f"padding-free GRPO/RLOO needs trl >= {MIN_TRL_RL} (its trainers' single log-prob method and fused LM "
+            f"head), and trl {TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_RL}') or set "
+            "padding_free=False")

@@ -1,0 +1,266 @@
+"""Time the training part of a GRPO or RLOO step: TRL's padded trainer vs padding-free vs prompt-once, side by side.
+
+The training part is what runs after generation and rewards: the no-grad old-policy and reference forwards over the
+generation batch (chunks of ``per_device_train_batch_size`` rows, as TRL runs them), then for each micro-batch (TRL's
+shuffled split) the policy forward, TRL's loss and the backward. It runs through each trainer's own methods
+(``_get_per_token_logps_and_entropies``, ``_compute_loss``) on the SAME recorded generation batches: synthetic
+groups with GSM8K-like lengths (completions lognormal, median 300, sigma 0.75, clipped to ``max_completion_length``
+1024, prompts ~150, 8 generations per prompt: FIELD-NOTES section 12, TRL #6263), all lengths multiplied by
+``--scale`` for a CPU. The layouts are timed in turns, step after step, in one process; peak memory is the peak RSS
+of a fresh process running one step of one layout (Linux: ``VmHWM`` reset just before the step; "step MiB" is
+that peak over the RSS before the step).
+
+    OMP_NUM_THREADS=1 python scripts/bench_rl.py --steps 6 --scale 0.25
+    OMP_NUM_THREADS=1 python scripts/bench_rl.py --steps 6 --scale 0.25 --trainer rloo
+
+Prints per layout: median step seconds, real tokens/s, the speed-up over TRL's padded trainer next to the layout's
+FLOP ratio (linear layers and LM head per forwarded token, attention per query-key pair; backward = 2 forwards) and
+their quotient, peak memory, and each step's loss side by side; ``os.getloadavg()`` before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+LAYOUTS = ("padded", "padfree", "once")
+
+
+def lengths(rng: np.random.Generator, groups: int, gens: int, scale: float, max_completion: int) -> tuple:
+    prompts = np.clip(np.round(rng.normal(150, 30, groups) * scale), 4, None).astype(int)
+    comp = np.exp(rng.normal(np.log(300 * scale), 0.75, (groups, gens)))
+    comp = np.clip(np.round(comp), 1, max_completion).astype(int)
+    return prompts, comp
+
+
+def generation_batch(rng: np.random.Generator, args: argparse.Namespace, vocab: int, pad: int) -> dict[str, Any]:
+    """One recorded generation batch in TRL's layout: prompts left-padded, completions right-padded, TRL's order
+    (a group's rows together), with advantages (group-normalised random rewards)."""
+    max_c = int(1024 * args.scale)
+    p_len, c_len = lengths(rng, args.groups, args.gens, args.scale, max_c)
+    rows = [(g, int(p_len[g]), int(c)) for g in range(args.groups) for c in c_len[g]]
+    pw, cw = int(p_len.max()), int(c_len.max())
+    prompt_ids = torch.full((len(rows), pw), pad)
+    prompt_mask = torch.zeros_like(prompt_ids)
+    completion_ids = torch.full((len(rows), cw), pad)
+    completion_mask = torch.zeros_like(completion_ids)
+    prompt_tokens = [torch.from_numpy(rng.integers(3, vocab, p)) for p in p_len]
+    for i, (g, p, c) in enumerate(rows):
+        prompt_ids[i, pw - p :] = prompt_tokens[g]
+        prompt_mask[i, pw - p :] = 1
+        completion_ids[i, :c] = torch.from_numpy(rng.integers(3, vocab, c))
+        completion_mask[i, :c] = 1
+    rewards = torch.from_numpy(rng.normal(size=(args.groups, args.gens))).float()
+    advantages = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-4)).flatten()
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "completion_ids": completion_ids,
+            "completion_mask": completion_mask, "advantages": advantages,
+            "perm": torch.from_numpy(rng.permutation(len(rows))), "rows": rows}
+
+
+def build(layout: str, args: argparse.Namespace, path: str) -> Any:
+    import trl
+
+    import trl_padfree
+
+    name = "GRPO" if args.trainer == "grpo" else "RLOO"
+    cls = getattr(trl if layout == "padded" else trl_padfree, f"{name}Trainer")
+    attn = "sdpa" if layout == "padded" else "padfree"
+    extra = {"loss_type": args.loss_type, "beta": 0.04} if args.trainer == "grpo" else {}
+    config = getattr(trl, f"{name}Config")(
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.batch, num_generations=args.gens,
+        gradient_accumulation_steps=args.groups * args.gens // args.batch, num_iterations=2,
+        report_to="none", use_cpu=True, bf16=False, max_completion_length=int(1024 * args.scale),
+        model_init_kwargs={"attn_implementation": attn, "dtype": "float32"}, **extra,
+    )
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    kw = {} if layout == "padded" else {"padding_free": True, "prompt_once": layout == "once",
+                                        "check_packing": False}
+    t = cls(path, reward_funcs=lambda completions, **k: [0.0] * len(completions), args=config,
+            train_dataset=Dataset.from_list([{"prompt": "x"}] * 8), processing_class=AutoTokenizer.from_pretrained(path), **kw)
+    t.model.train()
+    t.current_gradient_accumulation_steps = config.gradient_accumulation_steps  # (set by Trainer.train otherwise)
+    return t
+
+
+def training_part(t: Any, batch: dict[str, Any]) -> list[float]:
+    """Old + reference log-probs over the generation batch, then each micro-batch's loss and backward."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], 1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], 1)
+    width = batch["completion_ids"].shape[1]
+    b = t.args.per_device_train_batch_size
+    with torch.no_grad():
+        old, _, _ = t._get_per_token_logps_and_entropies(t.model, ids, mask, width, batch_size=b)
+        ref, _, _ = t._get_per_token_logps_and_entropies(t.ref_model, ids, mask, width, batch_size=b)
+    full = {k: batch[k] for k in ("prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "advantages")}
+    full.update(old_per_token_logps=old, ref_per_token_logps=ref)
+    full["old_logps"] = (old * batch["completion_mask"]).sum(1)  # RLOO's (its reference enters the rewards)
+    full["num_items_in_batch"] = batch["completion_mask"].sum()
+    perm = batch["perm"]
+    losses = []
+    for start in range(0, perm.numel(), b):
+        take = perm[start : start + b]
+        inputs = {k: (v[take] if isinstance(v, torch.Tensor) and v.ndim else v) for k, v in full.items()}
+        loss = t._compute_loss(t.model, inputs)
+        loss.backward()
+        losses.append(loss.item())
+    t.model.zero_grad(set_to_none=True)
+    return losses
+
+
+def flops(batch: dict[str, Any], layout: str, cfg: Any, b: int) -> float:
+    """Forward-equivalent FLOPs of the training part (2 no-grad forwards + forward and backward = 3 forwards)."""
+    d, layers, v = cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size
+    kv = cfg.num_key_value_heads * (d // cfg.num_attention_heads)
+    per_token = layers * (2 * d * d + 2 * d * kv + 3 * d * cfg.intermediate_size) + d * v
+    rows = batch["rows"]
+    pw = batch["prompt_ids"].shape[1]
+    cw = batch["completion_ids"].shape[1]
+
+    def chunk(idx: list[int]) -> float:
+        if layout == "padded":
+            tokens, pairs = len(idx) * (pw + cw), len(idx) * (pw + cw) ** 2 / 2
+        else:
+            seen, tokens, pairs = set(), 0, 0.0
+            for i in idx:
+                g, p, c = rows[i]
+                if layout == "once" and g in seen:
+                    tokens += 1 + c
+                    pairs += (1 + c) * (p - 1) + (1 + c) ** 2 / 2
+                else:
+                    tokens += p + c
+                    pairs += (p + c) ** 2 / 2
+                seen.add(g)
+        return 2 * per_token * tokens + 4 * d * layers * pairs
+
+    order = list(range(len(rows)))
+    no_grad = sum(chunk(order[s : s + b]) for s in range(0, len(rows), b))
+    perm = batch["perm"].tolist()
+    policy = sum(chunk(perm[s : s + b]) for s in range(0, len(rows), b))
+    return 2 * no_grad + 3 * policy
+
+
+def _memory_child(layout: str, args: argparse.Namespace, path: str, queue: Any) -> None:
+    torch.set_num_threads(args.threads)
+    t = build(layout, args, path)
+    batch = generation_batch(np.random.default_rng(args.seed), args, t.model.config.vocab_size, 0)
+    before = _status_kib("VmRSS")
+    with open("/proc/self/clear_refs", "w") as fh:  # Linux: reset the peak RSS (VmHWM) to the current RSS
+        fh.write("5")
+    training_part(t, batch)
+    queue.put((before, _status_kib("VmHWM")))
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=6, help="timed steps per layout (after one warm-up step)")
+    parser.add_argument("--scale", type=float, default=0.25, help="multiplies every length (1 = GSM8K-like)")
+    parser.add_argument("--groups", type=int, default=4, help="prompts per generation batch")
+    parser.add_argument("--gens", type=int, default=8, help="num_generations")
+    parser.add_argument("--batch", type=int, default=8, help="per_device_train_batch_size")
+    parser.add_argument("--hidden", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=2048)
+    parser.add_argument("--trainer", choices=["grpo", "rloo"], default="grpo")
+    parser.add_argument("--loss-type", default="dapo", help="GRPO's loss_type")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-memory", action="store_true", help="skip the per-layout peak-memory processes")
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from trl_padfree.testing import tiny_byte_level_tokenizer
+
+    load_before = os.getloadavg()
+    cfg = LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=int(args.hidden * 2.6875),
+                      num_hidden_layers=args.layers, num_attention_heads=8, num_key_value_heads=4,
+                      max_position_embeddings=4096)
+    torch.manual_seed(0)
+    path = tempfile.mkdtemp(prefix="bench-rl-")
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok = tiny_byte_level_tokenizer()
+    tok.save_pretrained(path)
+    trainers = {layout: build(layout, args, path) for layout in LAYOUTS}
+    rng = np.random.default_rng(args.seed)
+    batches = [generation_batch(rng, args, args.vocab, tok.pad_token_id) for _ in range(args.steps + 1)]
+    times: dict[str, list[float]] = {k: [] for k in LAYOUTS}
+    losses: dict[str, list[list[float]]] = {k: [] for k in LAYOUTS}
+    for step, batch in enumerate(batches):
+        for layout in LAYOUTS:
+            start = time.perf_counter()
+            out = training_part(trainers[layout], batch)
+            if step:  # the first step warms up
+                times[layout].append(time.perf_counter() - start)
+                losses[layout].append(out)
+    real = [int(b["prompt_mask"].sum() + b["completion_mask"].sum()) for b in batches[1:]]
+    result: dict[str, Any] = {"args": vars(args), "load_before": load_before, "layouts": {}}
+    base_time = statistics.median(times["padded"])
+    base_flops = sum(flops(b, "padded", cfg, args.batch) for b in batches[1:])
+    memory: dict[str, tuple[int, int]] = {}
+    if not args.no_memory:
+        ctx = mp.get_context("spawn")
+        for layout in LAYOUTS:
+            queue = ctx.Queue()
+            proc = ctx.Process(target=_memory_child, args=(layout, args, path, queue))
+            proc.start()
+            memory[layout] = queue.get()
+            proc.join()
+    for layout in LAYOUTS:
+        med = statistics.median(times[layout])
+        flop_ratio = base_flops / sum(flops(b, layout, cfg, args.batch) for b in batches[1:])
+        entry = {"median_s": med, "tokens_per_s": statistics.median(r / s for r, s in zip(real, times[layout], strict=True)),
+                 "speedup": base_time / med, "flop_ratio": flop_ratio, "of_flop_ratio": base_time / med / flop_ratio,
+                 "losses": losses[layout]}
+        if layout in memory:
+            before, peak = memory[layout]
+            entry.update(peak_rss_mib=peak / 1024, step_rss_mib=(peak - before) / 1024)
+        if layout != "padded":
+            totals = trainers[layout].pack_totals
+            entry["pack_totals"] = {k: dict(v) for k, v in totals.items()}
+        result["layouts"][layout] = entry
+    result["load_after"] = os.getloadavg()
+    pad_tokens = sum(b["prompt_ids"].numel() + b["completion_ids"].numel() for b in batches[1:])
+    what = f"GRPO training part ({args.loss_type}, beta 0.04" if args.trainer == "grpo" else "RLOO training part (beta 0.05"
+    print(f"{what}, old + ref + policy), tiny Llama {args.layers}x"
+          f"{args.hidden} vocab {args.vocab}, fp32, {args.threads} thread(s); {args.steps} timed steps of "
+          f"{args.groups} prompts x {args.gens} generations, micro-batch {args.batch}; lengths x{args.scale}: "
+          f"real {sum(real)} of {pad_tokens} padded tokens")
+    print(f"load average before {load_before}, after {result['load_after']}")
+    print(f"{'layout':8} {'step s':>8} {'tok/s':>8} {'speed-up':>9} {'FLOP ratio':>10} {'of FLOPs':>9} "
+          f"{'peak MiB':>9} {'step MiB':>9}")
+    for layout, e in result["layouts"].items():
+        print(f"{layout:8} {e['median_s']:8.3f} {e['tokens_per_s']:8.0f} {e['speedup']:8.2f}x {e['flop_ratio']:9.2f}x "
+              f"{e['of_flop_ratio']:8.0%} {e.get('peak_rss_mib', float('nan')):9.0f} "
+              f"{e.get('step_rss_mib', float('nan')):9.0f}")
+    print("per-step mean micro-batch loss (padded / padfree / once):")
+    for i in range(args.steps):
+        print("  " + " / ".join(f"{statistics.mean(losses[k][i]):+.7e}" for k in LAYOUTS))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(result, fh, indent=1, default=str)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(0 if main() else 1)

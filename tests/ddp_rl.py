@@ -1,0 +1,35 @@
+"""Test-only torchrun script for tests/test_grpo.py: padded, padding-free and prompt-once GRPO (``bnpo``, the loss
+that depends on the micro-batch) and RLOO on 2 DDP ranks (3 SGD steps, gradient accumulation 2, num_iterations 2,
+a reference model). Writes, from rank 0, ``KIND-LAYOUT.pt`` (per-step logs, world size, the gradients before every
+optimizer step, rank 0's recorded log-probs/entropies) to the directory given as the only argument, and
+``rankN.done`` from each rank.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def run(out: Path) -> None:
+    import tiny_rl as R
+    import torch
+    import torch.distributed as dist
+
+    from trl_padfree.launch.distributed import end_process_group
+
+    R.model_path()  # each rank saves its copy before the process group exists (then only rank 0 would write)
+    for kind, extra in (("grpo", {"loss_type": "bnpo"}), ("rloo", {})):
+        for layout in R.LAYOUTS:
+            t = R.trainer(kind, layout, str(out / f"{kind}-{layout}"), **extra)
+            t.train()
+            if dist.get_rank() == 0:
+                torch.save({"logs": R.step_logs(t), "world_size": t.args.world_size, "grads": t.recorder.grads,
+                            "recorded": t.recorded, "pack_totals": getattr(t, "pack_totals", None)},
+                           out / f"{kind}-{layout}.pt")
+    (out / f"rank{dist.get_rank()}.done").write_text("ok")
+    end_process_group()
+
+
+if __name__ == "__main__":
+    run(Path(sys.argv[1]))

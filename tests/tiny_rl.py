@@ -1,0 +1,182 @@
+"""Shared set-up of the GRPO/RLOO tests: a tiny tokenizer and Llama, prompts of uneven lengths, a reward, and trainers
+for TRL's padded layout and this package's padding-free and prompt-once layouts, recording what the loss code gets.
+
+Generation is TRL's own (transformers ``generate`` on the CPU, seeded by the Trainer's seed). The model stops at any
+of :data:`STOP_TOKENS` so that completions have uneven lengths and padding.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import tempfile
+from typing import Any
+
+import torch
+import trl
+from datasets import Dataset
+from transformers import TrainerCallback
+from trl import GRPOConfig, RLOOConfig
+
+import trl_padfree
+from trl_padfree.testing import demo_corpus, tiny_byte_level_tokenizer, tiny_llama
+
+LAYOUTS = ("padded", "padfree", "once")
+RTOL = 1e-5  # log-probs, entropies, gradients: max |diff| / max |TRL's|, per tensor
+METRIC_RTOL, METRIC_FLOOR = 1e-5, 1e-6  # logged metrics: |diff| <= 1e-5 |TRL's| + 1e-6
+STOP_EVERY = 9  # every 9th token id ends a completion: lengths spread over 1..max_completion_length
+
+
+def grpo_loss_types() -> list[str]:
+    """The loss types the installed TRL's ``GRPOConfig`` names in its ``loss_type`` help (not a list kept here)."""
+    field = GRPOConfig.__dataclass_fields__["loss_type"]
+    text = field.metadata["help"].split("Supported values are", 1)[1].split(". ", 1)[0]
+    found = re.findall(r"'(\w+)'", text)
+    assert found, f"cannot read the loss types from GRPOConfig's help: {text!r}"
+    return found
+
+
+def tokenizer() -> Any:
+    return tiny_byte_level_tokenizer()
+
+
+def prompts(n: int = 8, seed: int = 0) -> Dataset:
+    rng = random.Random(seed)
+    corpus = demo_corpus(100, seed)
+    rows = [{"prompt": "Q: " + " ".join(rng.choice(corpus)[:rng.randint(4, 40)] for _ in range(rng.randint(1, 2)))
+             + "\nA:"} for _ in range(n)]
+    return Dataset.from_list(rows)
+
+
+def reward_letters(completions: list[str], **kwargs: Any) -> list[float]:
+    """Distinct letters in the completion, a tenth each (uneven within a group, so advantages are not 0)."""
+    return [len({ch for ch in c if ch.isalpha()}) / 10 for c in completions]
+
+
+_SAVED: dict[int, str] = {}
+
+
+def model_path(seed: int = 0) -> str:
+    """A saved tiny Llama (TRL builds the reference model from the policy's path when ``beta > 0``)."""
+    if seed not in _SAVED:
+        m = tiny_llama(seed=seed)
+        tok = tokenizer()
+        m.generation_config.eos_token_id = sorted({tok.eos_token_id, *range(3, m.config.vocab_size, STOP_EVERY)})
+        m.generation_config.pad_token_id = tok.pad_token_id
+        path = tempfile.mkdtemp(prefix="tiny-rl-llama-")
+        m.save_pretrained(path)  # (under torchrun: before the process group exists, or only rank 0 writes)
+        tok.save_pretrained(path)
+        _SAVED[seed] = path
+    return _SAVED[seed]
+
+
+def attn(layout: str) -> str:
+    return "padfree" if layout in ("padfree", "once") else "sdpa"
+
+
+COMMON: dict[str, Any] = dict(
+    per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2, max_steps=3,
+    max_completion_length=10, learning_rate=0.05, optim="sgd", logging_steps=1, report_to="none", save_strategy="no",
+    bf16=False, use_cpu=True, seed=0, dataloader_num_workers=0, num_iterations=2,
+)
+
+
+def grpo_config(out: str, layout: str, **overrides: Any) -> GRPOConfig:
+    init = {"attn_implementation": attn(layout), "dtype": "float32", **overrides.pop("model_init_kwargs", {})}
+    return GRPOConfig(output_dir=out, model_init_kwargs=init, **{**COMMON, "beta": 0.1, **overrides})
+
+
+def rloo_config(out: str, layout: str, **overrides: Any) -> RLOOConfig:
+    init = {"attn_implementation": attn(layout), "dtype": "float32", **overrides.pop("model_init_kwargs", {})}
+    return RLOOConfig(output_dir=out, model_init_kwargs=init, **{**COMMON, **overrides})
+
+
+class Recorder(TrainerCallback):
+    """Every parameter's gradient right before each optimizer step."""
+
+    def __init__(self) -> None:
+        self.grads: list[dict[str, torch.Tensor]] = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.grads.append({k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None})
+
+
+class RecordingLogps:
+    """Keeps what ``_get_per_token_logps_and_entropies`` hands TRL's code (log-probs, entropies), call by call."""
+
+    def _get_per_token_logps_and_entropies(self, *args: Any, **kwargs: Any):
+        out = super()._get_per_token_logps_and_entropies(*args, **kwargs)
+        if not hasattr(self, "recorded"):
+            self.recorded = []
+        self.recorded.append(tuple(None if t is None else t.detach().clone() for t in out[:2]))
+        return out
+
+
+def _classes(kind: str, layout: str) -> type:
+    if layout == "trl_padfree(padding_free=False)":
+        layout = "padfree"
+    if layout == "padded":
+        base = trl.GRPOTrainer if kind == "grpo" else trl.RLOOTrainer
+    else:
+        base = trl_padfree.GRPOTrainer if kind == "grpo" else trl_padfree.RLOOTrainer
+    return type(f"Recording{base.__name__}", (RecordingLogps, base), {})
+
+
+def trainer(kind: str, layout: str, out: str, *, data: Dataset | None = None, peft: Any = None,
+            check_packing: bool = True, **overrides: Any) -> Any:
+    """A recording GRPO/RLOO trainer of ``layout`` (TRL loads the reference model from the same path where
+    ``beta > 0``, or switches the adapters off under PEFT)."""
+    tok = tokenizer()
+    config = (grpo_config if kind == "grpo" else rloo_config)(out, layout, **overrides)
+    kwargs: dict[str, Any] = {}
+    if layout == "trl_padfree(padding_free=False)":
+        kwargs = dict(padding_free=False)
+    elif layout != "padded":
+        kwargs = dict(padding_free=True, prompt_once=layout == "once", check_packing=check_packing)
+    recorder = Recorder()
+    t = _classes(kind, layout)(model_path(), reward_funcs=reward_letters, args=config,
+                               train_dataset=data if data is not None else prompts(), processing_class=tok,
+                               peft_config=peft, callbacks=[recorder], **kwargs)
+    t.recorder = recorder
+    return t
+
+
+def step_logs(t: Any) -> list[dict[str, float]]:
+    return [e for e in t.state.log_history if "loss" in e]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max |a - b| relative to max |b| (0 for two zero tensors)."""
+    scale = b.abs().max().clamp_min(1e-30)
+    return ((a - b).abs().max() / scale).item() if b.numel() else 0.0
+
+
+def compare(got: Any, want: Any) -> dict[str, float]:
+    """The worst relative difference of each thing recorded: log-probs, entropies, logged metrics, gradients."""
+    assert len(got.recorded) == len(want.recorded), (len(got.recorded), len(want.recorded))
+    out = {"logps": 0.0, "entropy": 0.0, "metrics": 0.0, "grads": 0.0}
+    for (g_lp, g_ent), (w_lp, w_ent) in zip(got.recorded, want.recorded, strict=True):
+        assert g_lp.shape == w_lp.shape
+        out["logps"] = max(out["logps"], rel(g_lp, w_lp))
+        assert (g_ent is None) == (w_ent is None)
+        if w_ent is not None:
+            out["entropy"] = max(out["entropy"], rel(g_ent, w_ent))
+    g_logs, w_logs = step_logs(got), step_logs(want)
+    assert len(g_logs) == len(w_logs) == got.args.max_steps
+    for g, w in zip(g_logs, w_logs, strict=True):
+        missing = set(w) - set(g)
+        assert not missing, f"metrics missing from the padding-free log: {sorted(missing)}"
+        for k, v in w.items():
+            if k in ("step_time", "learning_rate", "epoch", "step") or not isinstance(v, int | float):
+                continue
+            # relative, with an absolute floor for values that are 0 up to rounding (RLOO's first loss: its
+            # advantages sum to 0, so the loss is ~1e-8 of noise in every layout)
+            d = abs(g[k] - v) / (abs(v) + METRIC_FLOOR / METRIC_RTOL)
+            out["metrics"] = max(out["metrics"], d)
+            if d > METRIC_RTOL:
+                out.setdefault("worst_metric", (k, g[k], v))
+    assert len(got.recorder.grads) == len(want.recorder.grads) == got.args.max_steps
+    for g, w in zip(got.recorder.grads, want.recorder.grads, strict=True):
+        assert set(g) == set(w)
+        out["grads"] = max(out["grads"], max(rel(g[k], w[k]) for k in w))
+    return out

@@ -1,0 +1,170 @@
+"""What :class:`trl_padfree.GRPOTrainer` and :class:`trl_padfree.RLOOTrainer` add to TRL's: packed log-probs.
+
+TRL's RL trainers compute every per-token log-prob (policy with grad, old policy, reference) in one method,
+``_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size, ...)``, on chunks
+of ``batch_size`` padded rows. With ``padding_free`` the override here lays each chunk out as one flat row
+(:func:`~trl_padfree.rl_packing.pack_completion_rows`; with ``prompt_once`` rows of the same prompt share it), runs
+the model once on it with TRL's fused LM head (:meth:`PaddingFreeRLMixin.packed_scores`, the one place the head is
+called) and puts the per-token log-probs and entropies back into the ``[N, logits_to_keep]`` tensors TRL's loss code
+reads (:func:`~trl_padfree.rl_packing.scatter_scores`; 0 at padded positions, as TRL's head returns there).
+Generation, rewards, advantages, the losses and the metrics stay TRL's. Micro-batches are TRL's, so ``bnpo``'s
+per-micro-batch normalisation is unchanged; ``prompt_once`` shares only what a chunk holds.
+
+``padding_free`` is a trainer argument (``GRPOConfig``/``RLOOConfig`` have no such field); where it is not given,
+a ``padding_free`` attribute of the config is read, as ``DPOConfig(padding_free=True)`` is by
+:class:`trl_padfree.DPOTrainer`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from .preference import MODEL_KEYS
+from .rl_packing import PackStats, pack_completion_rows, scatter_scores
+from .trainer import PadfreeTrainerMixin, checked_threads
+
+__all__ = ["PaddingFreeRLMixin", "RLPackingCheckCallback", "resolve_padding_free"]
+
+#: Keyword arguments of TRL's log-prob method that carry images / processor outputs (not covered: TRL pads those).
+MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+                   "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
+
+
+def resolve_padding_free(padding_free: bool | None, args: Any) -> bool:
+    """The ``padding_free`` setting: the trainer argument, else the config's ``padding_free`` attribute, else False.
+
+    >>> from types import SimpleNamespace
+    >>> resolve_padding_free(None, SimpleNamespace(padding_free=True)), resolve_padding_free(True, None)
+    (True, True)
+    >>> resolve_padding_free(False, SimpleNamespace(padding_free=True))
+    Traceback (most recent call last):
+    ...
+    ValueError: padding_free=False contradicts the config's padding_free=True; set one of them (or both alike)
+    """
+    from_config = getattr(args, "padding_free", None) if args is not None else None
+    if padding_free is not None and not isinstance(padding_free, bool):
+        raise TypeError(f"padding_free must be True, False or None, got {padding_free!r}")
+    if padding_free is not None and from_config is not None and bool(from_config) != padding_free:
+        raise ValueError(f"padding_free={padding_free} contradicts the config's padding_free={bool(from_config)}; "
+                         "set one of them (or both alike)")
+    return bool(padding_free if padding_free is not None else from_config)
+
+
+class RLPackingCheckCallback(TrainerCallback):
+    """Runs the GRPO/RLOO packing probe once, when training begins; raises ``PackingLeakError`` if rows leak."""
+
+    def __init__(self, prompt_once: bool, models: list[Any]) -> None:
+        self.prompt_once = prompt_once
+        self.models = models
+        self.reports: list[Any] = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.reports:
+            return control
+        from .probe import training_rtol
+        from .rl_probe import assert_group_packing_safe
+
+        for m in [model, *self.models]:
+            if m is None:
+                continue
+            report = assert_group_packing_safe(m, prompt_once=self.prompt_once, rtol=training_rtol(args))
+            self.reports.append(report)
+            if state.is_world_process_zero:
+                layout = "prompt-once" if self.prompt_once else "padding-free"
+                print(f"[trl-padfree] RL probe ({layout}): {report.model_type} with {report.attn_implementation!r} "
+                      f"keeps packed sequences apart (max logit diff {report.max_abs_diff:.2g} <= tolerance "
+                      f"{report.tolerance:.2g})", flush=True)
+        return control
+
+
+class PaddingFreeRLMixin(PadfreeTrainerMixin):
+    """The packed ``_get_per_token_logps_and_entropies`` of TRL's GRPO/RLOO trainers (see the module docstring).
+
+    ``pack_totals`` counts, over every packed forward of this trainer, rows and tokens (padded, real, forwarded,
+    shared: :class:`~trl_padfree.rl_packing.PackStats` fields) by kind (``"train"`` with grad, ``"no_grad"``).
+    """
+
+    padfree: bool = False
+    prompt_once: bool = False
+
+    def _padfree_init(self, trl_class: type, args: tuple, kwargs: dict, *, padding_free: bool | None,
+                      prompt_once: bool, check_packing: bool, torch_num_threads: int | str | None) -> None:
+        self.torch_num_threads = checked_threads(torch_num_threads)
+        bound = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs).arguments
+        config = bound.get("args")
+        self.padfree = resolve_padding_free(padding_free, config)
+        self.prompt_once = bool(prompt_once)
+        if self.prompt_once and not self.padfree:
+            raise ValueError("prompt_once=True needs padding_free=True (pass both to the trainer).")
+        if self.padfree:
+            from ._compat import rl_padding_free_unavailable
+
+            if (problem := rl_padding_free_unavailable()) is not None:
+                raise ValueError(problem)
+        self.pack_totals: dict[str, Counter] = {"train": Counter(), "no_grad": Counter()}
+        trl_class.__init__(self, *args, **kwargs)
+        if not self.padfree:
+            return
+        from .dpo import require_padfree_attention
+
+        models = [m for m in (self.model, getattr(self, "ref_model", None)) if m is not None]
+        if self.prompt_once:
+            for m in models:
+                require_padfree_attention(self.accelerator.unwrap_model(m),
+                                          "prompt_once=True (siblings must not see each other)")
+        if check_packing:
+            ref = getattr(self, "ref_model", None)
+            self.add_callback(RLPackingCheckCallback(
+                self.prompt_once, [self.accelerator.unwrap_model(ref)] if ref is not None else []))
+
+    def packed_scores(self, model: Any, packed: dict[str, Any], compute_aux_loss: bool = False) -> Any:
+        """The model on one packed row with TRL's fused LM head: ``log_probs`` / ``entropy`` ``(1, T)`` per position.
+
+        The one place the LM head is called (a head that scores only the scored positions can replace it here).
+        """
+        device = self.accelerator.device
+        inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in packed.items()
+                  if k in MODEL_KEYS}
+        if compute_aux_loss:
+            inputs["output_router_logits"] = True
+        with self.accelerator.autocast():
+            return model(**inputs, shift_labels=packed["shift_labels"].to(device), use_cache=False,
+                         fused_lm_head=True)
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **extra):
+        if not self.padfree:
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size=batch_size,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss, **extra)
+        given = sorted(k for k, v in extra.items() if v is not None)
+        unknown = sorted(set(extra) - set(MULTIMODAL_KEYS))
+        if given or unknown:
+            raise ValueError(f"padding-free GRPO/RLOO covers text-only models; this batch has {given or unknown}. "
+                             "Set padding_free=False for vision-language models.")
+        batch_size = batch_size or input_ids.size(0)
+        kind = "train" if torch.is_grad_enabled() else "no_grad"
+        logps, entropies, aux = [], [], []
+        for start in range(0, input_ids.size(0), batch_size):
+            end = min(start + batch_size, input_ids.size(0))
+            packed = pack_completion_rows(input_ids[start:end], attention_mask[start:end], logits_to_keep,
+                                          prompt_once=self.prompt_once)
+            self._count(kind, packed["stats"])
+            out = self.packed_scores(model, packed, compute_aux_loss)
+            logps.append(scatter_scores(out.log_probs, packed, logits_to_keep))
+            if compute_entropy:
+                entropies.append(scatter_scores(out.entropy, packed, logits_to_keep))
+            if compute_aux_loss:
+                aux.append(out.aux_loss)
+        return (torch.cat(logps, dim=0), torch.cat(entropies, dim=0) if compute_entropy else None,
+                torch.stack(aux).mean() if compute_aux_loss else None)
+
+    def _count(self, kind: str, stats: PackStats) -> None:
+        totals = self.pack_totals[kind]
+        for name in ("rows", "padded_tokens", "real_tokens", "forwarded_tokens", "shared_tokens"):
+            totals[name] += getattr(stats, name)
