@@ -127,6 +127,13 @@ class PreferenceArguments:
             "true and attn_implementation 'padfree' (auto picks it)."
         },
     )
+    chat_template_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "A .jinja chat template that replaces the tokenizer's, for conversational pairs (e.g. with "
+            "system turns the model's own template does not render); as trl-padfree train's field."
+        },
+    )
 
 
 @dataclass
@@ -457,6 +464,21 @@ class _ValueChecker:
         return converted
 
 
+def _other_task_field(name: str, task: str) -> ConfigError | None:
+    """The one line for a key of the other trainer's config (an SFT-only field given to ``trl-padfree dpo``)."""
+    if task != "dpo":
+        return None
+    import dataclasses
+
+    fields = {t: {f.name for cls in argument_classes(t) for f in dataclasses.fields(cls)} for t in TASKS}
+    if name not in fields["sft"] - fields["dpo"]:
+        return None
+    return ConfigError(
+        f"{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected records "
+        "and scores only the responses: remove it"
+    )
+
+
 def _check_config_values(parser: Any, config: dict[str, Any], source: str) -> dict[str, Any]:
     """Reject unknown keys and wrongly typed values of a YAML config; return the values converted."""
     checker = _ValueChecker(parser, source)
@@ -464,6 +486,8 @@ def _check_config_values(parser: Any, config: dict[str, Any], source: str) -> di
     out: dict[str, Any] = {}
     for key, value in config.items():
         if key not in checker.actions:
+            if (other := _other_task_field(key, getattr(parser, "padfree_task", "sft"))) is not None:
+                raise other
             raise ConfigError(f"unknown key {key!r} in {source}{_closest(key, valid)}")
         out[key] = checker.check(key, value)
     return out
@@ -539,6 +563,8 @@ def _reject_unknown_flags(parser: Any, remaining: Sequence[str]) -> None:
     first = remaining[0]
     if first.startswith("--"):
         name = first[2:].split("=", 1)[0]
+        if (other := _other_task_field(name.removeprefix("no_"), getattr(parser, "padfree_task", "sft"))) is not None:
+            raise other
         raise ConfigError(f"unknown option '--{name}' on the command line{_closest(name, valid)}")
     raise ConfigError(f"unexpected argument {first!r} on the command line; options look like --field value")
 

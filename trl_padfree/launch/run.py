@@ -99,6 +99,11 @@ def _prepare_preferences(cfg: LaunchConfig, tokenizer: Any) -> Any:
     data = load_preference_data(cfg, tokenizer)
     say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None else "")
         + f" (format: {data.text_format})")
+    for split, count in data.dropped.items():
+        if count:
+            total = len(data.train if split == "train" else data.eval)
+            say(f"dropped {count} of {total} {split} pairs whose prompt alone has max_length={cfg.training.max_length} "
+                "tokens or more (truncation_mode keep_start leaves them no response token; TRL drops them)")
     return data
 
 
@@ -144,7 +149,8 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`)."""
 
     stop = GracefulStop(announce=say)
-    with trainer_settings_checked(training.output_dir):  # TRL's own checks at construction: exit 2, one line
+    # TRL's own checks at construction: exit 2, one line
+    with trainer_settings_checked(training.output_dir, "DPOTrainer" if cfg.task == "dpo" else "SFTTrainer"):
         if cfg.task == "dpo":
             from .dpo import make_trainer
 

@@ -42,8 +42,9 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     check_vocabulary(cfg, tokenizer)
-    if getattr(training, "chat_template_path", None) is not None:  # (SFTConfig's; DPOConfig has none)
-        path = training.chat_template_path
+    # SFTConfig's field; trl-padfree dpo's is PreferenceArguments' (DPOConfig has none)
+    path = getattr(training, "chat_template_path", None) or getattr(cfg.collator, "chat_template_path", None)
+    if path is not None:
         if not (os.path.isfile(path) and path.endswith((".jinja", ".j2"))):
             raise ConfigError(f"chat_template_path={path!r} must be an existing .jinja file")
         with open(path, encoding="utf-8") as handle:
