@@ -34,7 +34,7 @@ from accelerate.utils import is_peft_model
 from transformers import AutoTokenizer, TrainerCallback
 
 from .attention import ATTN_IMPLEMENTATION
-from .dpo_loss import LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
+from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
 from .trainer import PadfreeTrainerMixin, checked_threads
 
@@ -62,9 +62,6 @@ def _tokenizer(processing_class: Any, model: Any) -> Any:
         name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         processing_class = AutoTokenizer.from_pretrained(name)
     return getattr(processing_class, "tokenizer", processing_class)
-
-
-F_DIVERGENCE_TYPES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")  # TRL's DPOConfig help
 
 
 def check_dpo_arguments(model: Any, ref_model: Any, args: Any, processing_class: Any, peft_config: Any = None) -> None:

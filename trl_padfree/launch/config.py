@@ -584,6 +584,25 @@ def _null_templates(collator: CollatorArguments) -> None:
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 
+def cpu_for_several_processes(world_size: int, cuda_available: bool, explicit: frozenset[str] | set[str]) -> bool:
+    """Whether to default ``use_cpu: true``: several processes started by a launcher (``WORLD_SIZE`` > 1) on a
+    machine without a usable GPU, and ``use_cpu`` not set by the user. Without it accelerate and the Trainer build
+    no process group on such a machine, and each process would train its own copy (the launch refuses that).
+
+    >>> cpu_for_several_processes(2, False, set()), cpu_for_several_processes(2, True, set())
+    (True, False)
+    >>> cpu_for_several_processes(1, False, set()), cpu_for_several_processes(2, False, {"use_cpu"})
+    (False, False)
+    """
+    return world_size > 1 and not cuda_available and "use_cpu" not in explicit
+
+
+CPU_FOR_SEVERAL_PROCESSES_NOTE = (
+    "use_cpu: true (several processes on a machine without a GPU: they train as one DDP run over gloo; set use_cpu "
+    "to choose)"
+)
+
+
 def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: str = "sft") -> LaunchConfig:
     """Parse ``[--config FILE] [--field value ...]`` into a :class:`LaunchConfig` (no validation beyond types).
 
@@ -600,6 +619,14 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: 
         env = _take_env(config, config_path)
         config = _check_config_values(parser, config, config_path)
         parser.set_defaults_with_config(**config)
+    notes = []
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if os.environ.get("WORLD_SIZE", "1").isdigit() else 1
+    if world_size > 1 and "use_cpu" not in explicit:  # (as launch.distributed.launcher_world_size reads it)
+        import torch
+
+        if cpu_for_several_processes(world_size, torch.cuda.is_available(), explicit):
+            parser.set_defaults(use_cpu=True)
+            notes.append(CPU_FOR_SEVERAL_PROCESSES_NOTE)
     try:
         *parsed, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
     except RefusedElsewhere:  # raised while the process group formed (parsing SFTConfig creates it)
@@ -631,4 +658,5 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: 
         resume_from_checkpoint=training.resume_from_checkpoint,
         explicit=frozenset(explicit),
         env=env,
+        notes=notes,
     )

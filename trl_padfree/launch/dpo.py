@@ -16,7 +16,9 @@ SIGTERM / Ctrl-C stop and resume, multi-process start and exit, and summary (:mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,7 +134,13 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
 
     class LaunchDPOTrainer(AtomicCheckpoints, WholeRunLog, DPOTrainer):
         """``DPOTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`), logging what the
-        summary of the whole run needs (:mod:`.whole_run`)."""
+        summary of the whole run needs (:mod:`.whole_run`); with ``disable_tqdm`` (the launch sets it when the
+        output is not a terminal) no "Computing reference log probs" bar either (``precompute_ref_log_probs``:
+        TRL shows it, while the trainer is built, unless ``TQDM_DISABLE`` is set)."""
+
+        def _precompute_ref_logps(self, *args: Any, **kwargs: Any) -> Any:  # TRL's (when the trainer is built)
+            with tqdm_disabled(bool(getattr(self.args, "disable_tqdm", False))):
+                return super()._precompute_ref_logps(*args, **kwargs)
 
     return LaunchDPOTrainer(
         model=model,
@@ -147,6 +155,19 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
         check_packing=False,
         torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
     )
+
+
+@contextlib.contextmanager
+def tqdm_disabled(disable: bool) -> Iterator[None]:
+    """``TQDM_DISABLE=1`` in the environment while the block runs, when ``disable`` (TRL reads it for its own bars)."""
+    if not disable or os.environ.get("TQDM_DISABLE"):
+        yield
+        return
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TQDM_DISABLE", None)
 
 
 def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:

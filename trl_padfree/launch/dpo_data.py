@@ -124,7 +124,8 @@ def tokenized_prompts(dataset: Any, tokenizer: Any, source: str, max_length: int
 
     Plain-text pairs: the prompts are tokenized in one batch; only a pair whose prompt has ``max_length`` tokens or
     more is tokenized with its responses (TRL keeps ``prompt_ids`` up to where prompt and prompt + response
-    diverge). Conversational pairs are rendered with the chat template, each; a record the template cannot render
+    diverge), so the lengths are TRL's from ``max_length`` up (where they decide what is dropped) and, below it, an
+    upper bound of TRL's. Conversational pairs are rendered with the chat template, each; a record the template cannot render
     is a :class:`ConfigError` naming it (:func:`~.data.record_error`).
     """
     helpers = _trl_tokenization()

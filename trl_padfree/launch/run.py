@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -149,8 +150,11 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`)."""
 
     stop = GracefulStop(announce=say)
-    # TRL's own checks at construction: exit 2, one line
-    with trainer_settings_checked(training.output_dir, "DPOTrainer" if cfg.task == "dpo" else "SFTTrainer"):
+    # TRL's own checks at construction: exit 2, one line; peft reads transformers' deprecated
+    # `is_gradient_checkpointing` when it wraps the model (use_peft: a FutureWarning no setting can avoid)
+    with trainer_settings_checked(training.output_dir, "DPOTrainer" if cfg.task == "dpo" else "SFTTrainer"), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         if cfg.task == "dpo":
             from .dpo import make_trainer
 
@@ -213,9 +217,12 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         train_loss_steps=run_loss_steps,
     )
     if trainer.is_world_process_zero():
+        # the settings of this trainer only: max_tokens_per_batch for SFT, prompt_once for DPO
+        task_settings = ({"prompt_once": bool(getattr(cfg.collator, "prompt_once", False))} if cfg.task == "dpo"
+                         else {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch})
         write_summary(result, training.output_dir, padding_free=cfg.padding_free,
                       attn_implementation=cfg.attn_implementation, **describe_distribution(training),
-                      max_tokens_per_batch=cfg.launch.max_tokens_per_batch)
+                      **task_settings)
         lines = summary_lines(result, cfg.padding_free)
         if cfg.task == "dpo":
             from .dpo import preference_summary

@@ -379,8 +379,7 @@ def check_preference_config(cfg: LaunchConfig) -> None:
 def _check_preference_losses(training: Any) -> None:
     """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
     fails at the first step), before anything is loaded."""
-    from trl_padfree.dpo import F_DIVERGENCE_TYPES
-    from trl_padfree.dpo_loss import LOSS_TYPES
+    from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
 
     divergence = getattr(training, "f_divergence_type", "reverse_kl")
     if divergence not in F_DIVERGENCE_TYPES:
@@ -519,6 +518,7 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "attn_implementation": cfg.attn_implementation,
         "dtype": cfg.model.dtype,
         "padding_free": cfg.padding_free,
+        **({"prompt_once": bool(getattr(cfg.collator, "prompt_once", False))} if cfg.task == "dpo" else {}),
         "peft": bool(cfg.model.use_peft),
         "device": _training_device(cfg),
         "bf16": bool(cfg.training.bf16),
