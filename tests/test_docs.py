@@ -302,7 +302,8 @@ EXAMPLE_HEADER = "# examples/sft_padfree.py"
 def test_readme_shows_the_example_script():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     blocks = [body for lang, body, _ in fenced_blocks(readme) if lang == "python"]
-    assert len(blocks) == 1 and blocks[0].startswith(EXAMPLE_HEADER), "the README's Python is the example's excerpt"
+    assert blocks and blocks[0].startswith(EXAMPLE_HEADER), "the README's first Python is the example's excerpt"
+    assert all(body.startswith("# examples/") for body in blocks), "the README's Python blocks are example excerpts"
 
 
 @pytest.mark.parametrize("page,body", python_excerpts(), ids=lambda v: v if v.endswith(".md") else "")

@@ -79,7 +79,8 @@ def test_the_summary_train_loss_is_transformers_mean_over_every_step(whole_run):
     out, stdout = whole_run
     result = summary(out)
     # transformers' own train_loss: every step's loss summed over the steps this (only) process ran
-    assert result["metrics"]["train_loss"] == pytest.approx(result["train_loss"], rel=1e-6)
+    assert result["train_loss_this_process"] == pytest.approx(result["train_loss"], rel=1e-6)
+    assert "train_loss" not in result["metrics"]  # one meaning per key: the whole run's is the top-level one
     assert result["train_loss_steps"] == STEPS and result["steps_this_process"] == STEPS
     assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
     assert f"[trl-padfree] train loss: {result['train_loss']:.4f} (mean over the run's {STEPS} steps), last logged " \
@@ -101,7 +102,13 @@ def test_a_resumed_run_reports_the_whole_run_and_the_steps_it_ran(whole_run, tmp
     assert resumed["steps_this_process"] == STEPS - 5 and resumed["train_loss_steps"] == STEPS
     assert resumed["train_loss"] == pytest.approx(uninterrupted["train_loss"], rel=1e-5)
     # this process alone: its steps 6-7, not the run
-    assert resumed["metrics"]["train_loss"] != pytest.approx(uninterrupted["train_loss"], rel=1e-3)
+    assert resumed["train_loss_this_process"] != pytest.approx(uninterrupted["train_loss"], rel=1e-3)
+    assert "train_loss" not in resumed["metrics"]
+    # transformers' figure for this process: the mean of steps 6-7 (the log at step 7 covers steps 7 only after
+    # the checkpoint's log at step 5 and the log at 6)
+    history = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
+    logged = {e["step"]: e["loss"] for e in history if "loss" in e}
+    assert resumed["train_loss_this_process"] == pytest.approx((logged[6] + logged[7]) / 2, rel=1e-4)
     assert f"[trl-padfree] steps: {STEPS}/{STEPS}, {STEPS - 5} of them in this process (resumed at step 5), in " \
         in stdout
     assert f"[trl-padfree] train loss: {resumed['train_loss']:.4f} (mean over the run's {STEPS} steps)" in stdout

@@ -101,6 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         return bad(f"--lengths must be comma-separated integers, got {args.lengths!r}.")
     if len(lengths) < 2 or min(lengths) < 1:
         return bad(f"--lengths needs at least 2 lengths >= 1, got {args.lengths!r}.")
+    from .launch.demo import package_path
+
+    args.model = package_path(args.model)  # trl_padfree/demo/model from any directory: the installed package's
     model_path = os.path.expanduser(args.model)
     if _looks_like_path(args.model) and not os.path.exists(model_path):
         return bad(

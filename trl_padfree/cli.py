@@ -27,7 +27,10 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in {"-h", "--help"}:
+    if not argv:  # a sub-command is needed: the usage, and exit 2 as for an unknown one
+        print(f"trl-padfree: a sub-command is needed.\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if argv[0] in {"-h", "--help"}:
         print(_usage())
         return 0
     name, rest = argv[0], argv[1:]

@@ -24,6 +24,7 @@ With ``padding_free=False`` the trainer is TRL's, unchanged.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from typing import Any
 
@@ -33,11 +34,11 @@ from accelerate.utils import is_peft_model
 from transformers import AutoTokenizer, TrainerCallback
 
 from .attention import ATTN_IMPLEMENTATION
-from .dpo_loss import LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
+from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
 from .trainer import PadfreeTrainerMixin, checked_threads
 
-__all__ = ["DPOTrainer", "PreferenceCheckCallback", "require_padfree_attention"]
+__all__ = ["DPOTrainer", "PreferenceCheckCallback", "check_dpo_arguments", "require_padfree_attention"]
 
 def _attn(model: Any) -> str | None:
     config = getattr(model, "config", None)
@@ -61,6 +62,52 @@ def _tokenizer(processing_class: Any, model: Any) -> Any:
         name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
         processing_class = AutoTokenizer.from_pretrained(name)
     return getattr(processing_class, "tokenizer", processing_class)
+
+
+def check_dpo_arguments(model: Any, ref_model: Any, args: Any, processing_class: Any, peft_config: Any = None) -> None:
+    """Refuse, naming the fix, what TRL's ``DPOTrainer`` would fail on later with an unrelated message.
+
+    - ``ref_model`` that is not a model (e.g. a path: TRL fails with "'str' object has no attribute 'modules'");
+    - a model built from a config (no name or path) with no ``processing_class`` (TRL tries to load a tokenizer
+      named ``''``), or with no ``ref_model`` where TRL would load the reference from that name;
+    - an ``f_divergence_type`` TRL does not know (TRL accepts it and fails at the first step).
+
+    >>> check_dpo_arguments(None, "ref/path", None, object())
+    Traceback (most recent call last):
+    ...
+    TypeError: ref_model must be a model (a transformers PreTrainedModel) or None, got the string 'ref/path', a path ...
+    """
+    if isinstance(ref_model, (str, os.PathLike)):
+        missing = "" if os.path.exists(ref_model) else ", a path that does not exist"
+        raise TypeError(
+            f"ref_model must be a model (a transformers PreTrainedModel) or None, got the string {str(ref_model)!r}"
+            f"{missing}: load it first, ref_model=AutoModelForCausalLM.from_pretrained(path), or pass "
+            "ref_model=None to use a copy of the starting weights"
+        )
+    if ref_model is not None and not isinstance(ref_model, torch.nn.Module):
+        raise TypeError(f"ref_model must be a model (a transformers PreTrainedModel) or None, got "
+                        f"{type(ref_model).__name__}")
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        name = getattr(getattr(model, "config", None), "_name_or_path", None)
+        if not name:
+            if processing_class is None:
+                raise ValueError(
+                    "DPOTrainer needs processing_class=tokenizer for this model: it was built from a config, so it "
+                    "has no name or path to load a tokenizer from; pass the tokenizer, e.g. "
+                    "processing_class=AutoTokenizer.from_pretrained(...)"
+                )
+            reference_needed = not (is_peft_model(model) or peft_config is not None
+                                    or (args is not None and getattr(args, "precompute_ref_log_probs", False)))
+            if ref_model is None and reference_needed:
+                raise ValueError(
+                    "DPOTrainer needs ref_model= for this model: it was built from a config, so it has no name or "
+                    "path to load the reference from; pass ref_model=copy.deepcopy(model) (before training), or "
+                    "save the model and pass its directory as model"
+                )
+    divergence = getattr(args, "f_divergence_type", "reverse_kl") if args is not None else "reverse_kl"
+    if divergence not in F_DIVERGENCE_TYPES:
+        raise ValueError(f"f_divergence_type={divergence!r} is not one TRL knows; use one of "
+                         f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl is standard DPO)")
 
 
 class PreferenceCheckCallback(TrainerCallback):
@@ -105,6 +152,7 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
                  *rest: Any, prompt_once: bool = False, check_packing: bool = True,
                  torch_num_threads: int | str | None = "auto", **kwargs: Any) -> None:
         self.torch_num_threads = checked_threads(torch_num_threads)
+        check_dpo_arguments(model, ref_model, args, processing_class, kwargs.get("peft_config"))
         self.padfree = bool(args is not None and getattr(args, "padding_free", False))
         self.prompt_once = bool(prompt_once)
         if self.prompt_once and not self.padfree:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LOSS_TYPES", "PairStats", "f_divergence_scores", "pair_loss"]
+__all__ = ["F_DIVERGENCE_TYPES", "LOSS_TYPES", "PairStats", "f_divergence_scores", "pair_loss"]
 
 LOSS_TYPES = (
     "sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_pair", "sppo_hard", "aot", "aot_unpaired",
@@ -49,6 +49,10 @@ class PairStats:
     @property
     def rejected_logratios(self) -> torch.Tensor:
         return self.rejected_logps - self.ref_rejected_logps
+
+
+#: TRL's ``DPOConfig.f_divergence_type`` values (its field help; :func:`f_divergence_scores` handles each)
+F_DIVERGENCE_TYPES = ("reverse_kl", "forward_kl", "js_divergence", "alpha_divergence")
 
 
 def f_divergence_scores(

@@ -29,6 +29,7 @@ from transformers import TrainerCallback
 from ._compat import trl_cannot_train
 from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
+from .formatting import FormattingFunc, first_record
 from .threads import checked_threads, training_threads
 
 
@@ -262,6 +263,26 @@ class PadfreeTrainerMixin:
             config.use_cache = False
 
 
+def with_formatting_func_told(
+    args: tuple[Any, ...], kwargs: dict[str, Any], bound: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``SFTTrainer``'s arguments with ``formatting_func`` (if any) wrapped in a
+    :class:`~trl_padfree.formatting.FormattingFunc`, told on the first training (else eval) record how it is
+    written: per example (TRL 1.x) or for batches (TRL 0.10, the blog post's convention)."""
+    func = bound.get("formatting_func")
+    if func is None:
+        return args, kwargs
+    wrapped = FormattingFunc(func)
+    record = first_record(bound.get("train_dataset"))
+    record = record if record is not None else first_record(bound.get("eval_dataset"))
+    if record is not None:
+        wrapped.tell(record)
+    if "formatting_func" in kwargs:
+        return args, {**kwargs, "formatting_func": wrapped}
+    index = list(inspect.signature(trl.SFTTrainer.__init__).parameters).index("formatting_func") - 1  # no self
+    return (*args[:index], wrapped, *args[index + 1:]), kwargs
+
+
 class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     """``trl.SFTTrainer`` that validates its settings for this collator and probes the model before training.
 
@@ -272,8 +293,12 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
 
     ``torch_num_threads``: the torch CPU threads to train with. ``"auto"`` (default): unless the user chose a
     count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``torch.set_num_threads``), the count ``trl-padfree train``
-    picks (:func:`trl_padfree.threads.training_threads`; the demo model trains on 1 thread), said in one line when it differs from
-    torch's; a number: that many; None: torch's own choice. The count holds during ``train()`` only.
+    picks (:func:`trl_padfree.threads.training_threads`; the demo model trains on 1 thread), said in one line when
+    it differs from torch's; a number: that many; None: torch's own choice. The count holds during ``train()`` only.
+
+    ``formatting_func`` may be written per example (TRL 1.x) or for batches (TRL 0.10's convention, as in the
+    blog post: a dict of lists in, a list of strings out); it is told on the first record and applied as written
+    (:mod:`trl_padfree.formatting`), with one line saying so for a batched one.
     """
 
     def __init__(
@@ -294,6 +319,7 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
         bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
         collator = bound.get("data_collator")
         check_trainer_args(bound.get("args"), collator)
+        args, kwargs = with_formatting_func_told(args, kwargs, bound)
         super().__init__(*args, **kwargs)
         if check_packing and is_padding_free_collator(collator):
             self.add_callback(PackingCheckCallback())

@@ -68,7 +68,7 @@ def variant_unavailable(name: str, device: str) -> str | None:
     from ..attention_backends import flash_attn_available
 
     if not flash_attn_available():
-        return "the flash-attn package is not installed or does not import (pip install 'trl-padfree[flash]')"
+        return "the flash-attn package is not installed or does not import (pip install packaging ninja setuptools wheel && pip install --no-build-isolation 'trl-padfree[flash]')"
     return None
 
 

@@ -524,10 +524,11 @@ def save_final_model(trainer: Any, output_dir: str) -> None:
 
 
 @contextlib.contextmanager
-def trainer_settings_checked(output_dir: str) -> Iterator[None]:
+def trainer_settings_checked(output_dir: str, trainer: str = "SFTTrainer") -> Iterator[None]:
     """Around building the trainer: a ``ValueError`` (TRL's and transformers' own checks of settings against the
     model and data, e.g. ``router_aux_loss_coef`` for a model that is not a mixture of experts) becomes a
-    :class:`ConfigError` (exit 2, one line), and the ``output_dir`` the Trainer created for nothing is removed.
+    :class:`ConfigError` (exit 2, one line naming ``trainer``), and the ``output_dir`` the Trainer created for
+    nothing is removed.
     """
     existed = os.path.exists(output_dir)
     try:
@@ -535,7 +536,7 @@ def trainer_settings_checked(output_dir: str) -> Iterator[None]:
     except ValueError as exc:
         if not existed:
             _remove_if_empty(output_dir)
-        raise ConfigError(f"SFTTrainer refused the settings: {one_line(exc)}") from None
+        raise ConfigError(f"{trainer} refused the settings: {one_line(exc)}") from None
 
 
 def begin_run(trainer: Any, run_id: str | None, resume_from: str | None) -> bool:

@@ -127,6 +127,13 @@ class PreferenceArguments:
             "true and attn_implementation 'padfree' (auto picks it)."
         },
     )
+    chat_template_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "A .jinja chat template that replaces the tokenizer's, for conversational pairs (e.g. with "
+            "system turns the model's own template does not render); as trl-padfree train's field."
+        },
+    )
 
 
 @dataclass
@@ -457,6 +464,21 @@ class _ValueChecker:
         return converted
 
 
+def _other_task_field(name: str, task: str) -> ConfigError | None:
+    """The one line for a key of the other trainer's config (an SFT-only field given to ``trl-padfree dpo``)."""
+    if task != "dpo":
+        return None
+    import dataclasses
+
+    fields = {t: {f.name for cls in argument_classes(t) for f in dataclasses.fields(cls)} for t in TASKS}
+    if name not in fields["sft"] - fields["dpo"]:
+        return None
+    return ConfigError(
+        f"{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected records "
+        "and scores only the responses: remove it"
+    )
+
+
 def _check_config_values(parser: Any, config: dict[str, Any], source: str) -> dict[str, Any]:
     """Reject unknown keys and wrongly typed values of a YAML config; return the values converted."""
     checker = _ValueChecker(parser, source)
@@ -464,6 +486,8 @@ def _check_config_values(parser: Any, config: dict[str, Any], source: str) -> di
     out: dict[str, Any] = {}
     for key, value in config.items():
         if key not in checker.actions:
+            if (other := _other_task_field(key, getattr(parser, "padfree_task", "sft"))) is not None:
+                raise other
             raise ConfigError(f"unknown key {key!r} in {source}{_closest(key, valid)}")
         out[key] = checker.check(key, value)
     return out
@@ -539,6 +563,8 @@ def _reject_unknown_flags(parser: Any, remaining: Sequence[str]) -> None:
     first = remaining[0]
     if first.startswith("--"):
         name = first[2:].split("=", 1)[0]
+        if (other := _other_task_field(name.removeprefix("no_"), getattr(parser, "padfree_task", "sft"))) is not None:
+            raise other
         raise ConfigError(f"unknown option '--{name}' on the command line{_closest(name, valid)}")
     raise ConfigError(f"unexpected argument {first!r} on the command line; options look like --field value")
 
@@ -558,6 +584,25 @@ def _null_templates(collator: CollatorArguments) -> None:
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 
+def cpu_for_several_processes(world_size: int, cuda_available: bool, explicit: frozenset[str] | set[str]) -> bool:
+    """Whether to default ``use_cpu: true``: several processes started by a launcher (``WORLD_SIZE`` > 1) on a
+    machine without a usable GPU, and ``use_cpu`` not set by the user. Without it accelerate and the Trainer build
+    no process group on such a machine, and each process would train its own copy (the launch refuses that).
+
+    >>> cpu_for_several_processes(2, False, set()), cpu_for_several_processes(2, True, set())
+    (True, False)
+    >>> cpu_for_several_processes(1, False, set()), cpu_for_several_processes(2, False, {"use_cpu"})
+    (False, False)
+    """
+    return world_size > 1 and not cuda_available and "use_cpu" not in explicit
+
+
+CPU_FOR_SEVERAL_PROCESSES_NOTE = (
+    "use_cpu: true (several processes on a machine without a GPU: they train as one DDP run over gloo; set use_cpu "
+    "to choose)"
+)
+
+
 def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: str = "sft") -> LaunchConfig:
     """Parse ``[--config FILE] [--field value ...]`` into a :class:`LaunchConfig` (no validation beyond types).
 
@@ -574,6 +619,14 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: 
         env = _take_env(config, config_path)
         config = _check_config_values(parser, config, config_path)
         parser.set_defaults_with_config(**config)
+    notes = []
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if os.environ.get("WORLD_SIZE", "1").isdigit() else 1
+    if world_size > 1 and "use_cpu" not in explicit:  # (as launch.distributed.launcher_world_size reads it)
+        import torch
+
+        if cpu_for_several_processes(world_size, torch.cuda.is_available(), explicit):
+            parser.set_defaults(use_cpu=True)
+            notes.append(CPU_FOR_SEVERAL_PROCESSES_NOTE)
     try:
         *parsed, remaining = parser.parse_args_into_dataclasses(args=args, return_remaining_strings=True)
     except RefusedElsewhere:  # raised while the process group formed (parsing SFTConfig creates it)
@@ -605,4 +658,5 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: 
         resume_from_checkpoint=training.resume_from_checkpoint,
         explicit=frozenset(explicit),
         env=env,
+        notes=notes,
     )

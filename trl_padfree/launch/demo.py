@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN_CONFIGS", "DEMO_DIR", "builtin_config", "resolve_package_paths"]
+__all__ = ["BUILTIN_CONFIGS", "DEMO_DIR", "builtin_config", "package_path", "resolve_package_paths"]
 
 #: The demo assets inside the installed package.
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
@@ -63,10 +63,22 @@ def _in_package(value: Any) -> str | None:
     return str(candidate) if glob.glob(str(candidate)) else None
 
 
+def package_path(value: str) -> str:
+    """``value``, or the installed package's file when it is a relative ``trl_padfree/demo/...`` path missing from
+    here (``trl-padfree check --model trl_padfree/demo/model`` from any directory).
+
+    >>> package_path("trl_padfree/demo/model") == "trl_padfree/demo/model" or package_path(
+    ...     "trl_padfree/demo/model") == str(DEMO_DIR / "model")
+    True
+    """
+    return _in_package(value) or value
+
+
 def resolve_package_paths(cfg: Any) -> None:
     """Point the config's ``trl_padfree/demo/...`` paths that are missing from here at the installed package."""
     for section, name in (("model", "model_name_or_path"), ("data", "train_file"), ("data", "eval_file"),
-                          ("data", "dataset_name"), ("training", "chat_template_path")):
+                          ("data", "dataset_name"), ("training", "chat_template_path"),
+                          ("collator", "chat_template_path")):  # (trl-padfree dpo's chat_template_path)
         holder = getattr(cfg, section)
         resolved = _in_package(getattr(holder, name, None))
         if resolved is not None:

@@ -16,8 +16,10 @@ SIGTERM / Ctrl-C stop and resume, multi-process start and exit, and summary (:mo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ConfigError, LaunchConfig, PreferenceArguments
@@ -45,25 +47,32 @@ def check_preference_records(dataset: Any, source: str) -> None:
             f"{source}: preference records need 'chosen' and 'rejected' (and usually 'prompt'); missing "
             f"{', '.join(repr(m) for m in missing)} (columns: {', '.join(columns)})"
         )
+    from .dpo_data import mixed_kinds_error, value_kind
+
     fields = [c for c in ("prompt", "chosen", "rejected") if c in columns]
+    first: tuple[int, str] | None = None
     for index, record in enumerate(dataset.select_columns(fields)):
         kinds = set()
         for name in fields:
             value = record[name]
-            if isinstance(value, str):
-                kinds.add("text")
-            elif _is_messages(value):
-                kinds.add("messages")
-            else:
+            kind = value_kind(value)
+            if kind is None:
                 raise ConfigError(
-                    f"{source} record {index}: {name!r} must be a string or a list of chat messages "
-                    f"({{'role', 'content'}}), got {type(value).__name__}"
+                    f"{source} record {index} (counting from 0): {name!r} must be a string or a list of chat "
+                    f"messages ({{'role', 'content'}}), got {type(value).__name__}; fix the record"
                 )
+            if first is None:
+                first = (index, kind)
+            elif kind != first[1] and first[0] != index:
+                raise mixed_kinds_error(source, index, name, kind, *first)
+            kinds.add(kind)
             if not value and name != "prompt":
-                raise ConfigError(f"{source} record {index}: {name!r} is empty; drop the record or fill it in")
+                raise ConfigError(f"{source} record {index} (counting from 0): {name!r} is empty; drop the record "
+                                  "or fill it in")
         if len(kinds) > 1:
             raise ConfigError(
-                f"{source} record {index}: mixes text and chat messages across {', '.join(fields)}; use one kind"
+                f"{source} record {index} (counting from 0): mixes text and chat messages across "
+                f"{', '.join(fields)}; use one kind"
             )
 
 
@@ -72,12 +81,17 @@ class PreparedPreferences:
     train: Any
     eval: Any | None
     text_format: str
+    dropped: dict[str, int] = field(default_factory=dict)  # pairs TRL drops by truncation, per split ("train", "eval")
 
 
 def load_preference_data(cfg: LaunchConfig, tokenizer: Any) -> PreparedPreferences:
     """The training and eval pairs, checked (TRL's ``DPOTrainer`` tokenizes them when it is built)."""
     from .data import load_splits
+    from .dpo_data import check_one_kind_in_files, check_truncation, tokenized_prompts
 
+    for key in ("train_file", "eval_file"):
+        if getattr(cfg.data, key, None):
+            check_one_kind_in_files(key, getattr(cfg.data, key))
     train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_preference_records)
     first = train[0]
     conversational = _is_messages(first["chosen"])
@@ -86,7 +100,17 @@ def load_preference_data(cfg: LaunchConfig, tokenizer: Any) -> PreparedPreferenc
             f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has no chat "
             "template; set chat_template_path to a .jinja file, or use text records"
         )
-    return PreparedPreferences(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected")
+    training = cfg.training
+    dropped = {}
+    sources = {"train": "train_file" if cfg.data.train_file else "the training data",
+               "eval": "eval_file" if cfg.data.eval_file else "the eval data"}
+    for split, dataset, what in (("train", train, "training"), ("eval", eval_ds, "eval")):
+        if dataset is not None:
+            lengths = tokenized_prompts(dataset, tokenizer, sources[split], training.max_length)
+            dropped[split] = check_truncation(lengths, sources[split], what, training.max_length,
+                                              training.truncation_mode)
+    return PreparedPreferences(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected",
+                               dropped)
 
 
 def load_reference(cfg: LaunchConfig) -> Any:
@@ -110,7 +134,13 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
 
     class LaunchDPOTrainer(AtomicCheckpoints, WholeRunLog, DPOTrainer):
         """``DPOTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`), logging what the
-        summary of the whole run needs (:mod:`.whole_run`)."""
+        summary of the whole run needs (:mod:`.whole_run`); with ``disable_tqdm`` (the launch sets it when the
+        output is not a terminal) no "Computing reference log probs" bar either (``precompute_ref_log_probs``:
+        TRL shows it, while the trainer is built, unless ``TQDM_DISABLE`` is set)."""
+
+        def _precompute_ref_logps(self, *args: Any, **kwargs: Any) -> Any:  # TRL's (when the trainer is built)
+            with tqdm_disabled(bool(getattr(self.args, "disable_tqdm", False))):
+                return super()._precompute_ref_logps(*args, **kwargs)
 
     return LaunchDPOTrainer(
         model=model,
@@ -125,6 +155,19 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
         check_packing=False,
         torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
     )
+
+
+@contextlib.contextmanager
+def tqdm_disabled(disable: bool) -> Iterator[None]:
+    """``TQDM_DISABLE=1`` in the environment while the block runs, when ``disable`` (TRL reads it for its own bars)."""
+    if not disable or os.environ.get("TQDM_DISABLE"):
+        yield
+        return
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TQDM_DISABLE", None)
 
 
 def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:

@@ -185,9 +185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         from . import load_config
         from .collators import make_collator_factory
         from .data import prepare_data
+        from .demo import builtin_config
         from .dpo import guess_task, load_preference_data
         from .tokenizer import load_tokenizer
 
+        args = builtin_config(args)  # --config demo / demo-chat / demo-dpo: the configs shipped in the package
         task = guess_task(args)  # a DPO config (trl-padfree dpo) shows its pairs
         cfg = load_config(args, check_environment=False, task=task)
         with quiet_progress():

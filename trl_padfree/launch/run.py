@@ -15,6 +15,7 @@ code 2. Nothing is written (no ``output_dir``) before stage 4.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -83,6 +84,11 @@ def _prepare_preferences(cfg: LaunchConfig, tokenizer: Any) -> Any:
     data = load_preference_data(cfg, tokenizer)
     say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None else "")
         + f" (format: {data.text_format})")
+    for split, count in data.dropped.items():
+        if count:
+            total = len(data.train if split == "train" else data.eval)
+            say(f"dropped {count} of {total} {split} pairs whose prompt alone has max_length={cfg.training.max_length} "
+                "tokens or more (truncation_mode keep_start leaves them no response token; TRL drops them)")
     return data
 
 
@@ -128,7 +134,11 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`)."""
 
     stop = GracefulStop(announce=say)
-    with trainer_settings_checked(training.output_dir):  # TRL's own checks at construction: exit 2, one line
+    # TRL's own checks at construction: exit 2, one line; peft reads transformers' deprecated
+    # `is_gradient_checkpointing` when it wraps the model (use_peft: a FutureWarning no setting can avoid)
+    with trainer_settings_checked(training.output_dir, "DPOTrainer" if cfg.task == "dpo" else "SFTTrainer"), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         if cfg.task == "dpo":
             from .dpo import make_trainer
 
@@ -191,9 +201,12 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         train_loss_steps=run_loss_steps,
     )
     if trainer.is_world_process_zero():
+        # the settings of this trainer only: max_tokens_per_batch for SFT, prompt_once for DPO
+        task_settings = ({"prompt_once": bool(getattr(cfg.collator, "prompt_once", False))} if cfg.task == "dpo"
+                         else {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch})
         write_summary(result, training.output_dir, padding_free=cfg.padding_free,
                       attn_implementation=cfg.attn_implementation, **describe_distribution(training),
-                      max_tokens_per_batch=cfg.launch.max_tokens_per_batch)
+                      **task_settings)
         lines = summary_lines(result, cfg.padding_free)
         if cfg.task == "dpo":
             from .dpo import preference_summary

@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["RunResult", "eval_losses", "run_train_loss", "summary_lines", "write_summary"]
+__all__ = ["RunResult", "eval_losses", "run_train_loss", "summary_lines", "summary_record", "write_summary"]
 
 
 @dataclass
@@ -98,7 +98,26 @@ def eval_losses(history: list[dict[str, Any]]) -> tuple[float | None, float | No
     return (losses[0], losses[-1]) if losses else (None, None)
 
 
+def summary_record(result: RunResult, **extra: Any) -> dict[str, Any]:
+    """``launch_summary.json``'s content: one meaning per key.
+
+    ``train_loss`` is the whole run's mean (:func:`run_train_loss`); transformers' own ``train_loss`` (the mean over
+    the steps this process ran, fewer than the run's after a resume) is ``train_loss_this_process``, next to
+    ``steps_this_process``, and not repeated under ``metrics``.
+
+    >>> r = RunResult(10, 10, None, None, "out", {"train_loss": 2.0, "train_runtime": 1.5}, None, None, 3.0, 1.0, 4, 10)
+    >>> record = summary_record(r)
+    >>> record["train_loss"], record["train_loss_this_process"], record["metrics"]
+    (3.0, 2.0, {'train_runtime': 1.5})
+    """
+    record = asdict(result)
+    metrics = dict(record["metrics"])
+    record["train_loss_this_process"] = metrics.pop("train_loss", None)
+    record["metrics"] = metrics
+    return {**record, **extra}
+
+
 def write_summary(result: RunResult, output_dir: str, **extra: Any) -> None:
-    """Save ``result`` (and ``extra`` fields) as ``output_dir/launch_summary.json``."""
+    """Save ``result`` (and ``extra`` fields) as ``output_dir/launch_summary.json`` (:func:`summary_record`)."""
     with open(os.path.join(output_dir, "launch_summary.json"), "w", encoding="utf-8") as handle:
-        json.dump({**asdict(result), **extra}, handle, indent=2, default=str)
+        json.dump(summary_record(result, **extra), handle, indent=2, default=str)

@@ -12,7 +12,10 @@ from typing import Any
 from .config import ConfigError, LaunchConfig
 from .console import one_line
 
-__all__ = ["check_vocabulary", "load_tokenizer"]
+__all__ = ["LONGER_THAN_MAXIMUM", "check_vocabulary", "load_tokenizer"]
+
+#: transformers' key for its once-per-tokenizer warning about texts longer than ``model_max_length``
+LONGER_THAN_MAXIMUM = "sequence-length-is-longer-than-the-specified-maximum"
 
 
 def _load_auto(auto_class: Any, cfg: LaunchConfig, what: str) -> Any:
@@ -41,9 +44,15 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
             setattr(tokenizer, attr, value)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if getattr(training, "max_length", None) is not None:
+        # the sequences are cut to max_length before the model sees them (and the launch counts what it drops):
+        # transformers' "Token indices sequence length is longer than the specified maximum sequence length ...
+        # will result in indexing errors" (printed once, for any text longer than model_max_length) is not true here
+        tokenizer.deprecation_warnings[LONGER_THAN_MAXIMUM] = True
     check_vocabulary(cfg, tokenizer)
-    if getattr(training, "chat_template_path", None) is not None:  # (SFTConfig's; DPOConfig has none)
-        path = training.chat_template_path
+    # SFTConfig's field; trl-padfree dpo's is PreferenceArguments' (DPOConfig has none)
+    path = getattr(training, "chat_template_path", None) or getattr(cfg.collator, "chat_template_path", None)
+    if path is not None:
         if not (os.path.isfile(path) and path.endswith((".jinja", ".j2"))):
             raise ConfigError(f"chat_template_path={path!r} must be an existing .jinja file")
         with open(path, encoding="utf-8") as handle:

@@ -363,6 +363,7 @@ def check_preference_config(cfg: LaunchConfig) -> None:
         problem = dpo_padding_free_unavailable()
         if problem is not None:
             raise ConfigError(problem)
+    _check_preference_losses(cfg.training)
     once = bool(getattr(cfg.collator, "prompt_once", False))
     if once and not cfg.training.padding_free:
         raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
@@ -373,6 +374,22 @@ def check_preference_config(cfg: LaunchConfig) -> None:
         )
     if once:
         cfg.attn_implementation = "padfree"
+
+
+def _check_preference_losses(training: Any) -> None:
+    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
+    fails at the first step), before anything is loaded."""
+    from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
+
+    divergence = getattr(training, "f_divergence_type", "reverse_kl")
+    if divergence not in F_DIVERGENCE_TYPES:
+        raise ConfigError(f"f_divergence_type: {divergence!r} is not one TRL knows; use one of "
+                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl, the default, is standard DPO)")
+    losses = training.loss_type if isinstance(training.loss_type, list) else [training.loss_type]
+    unknown = [t for t in losses if t not in LOSS_TYPES]
+    if unknown and training.padding_free:
+        raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
+                          f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
 
 
 def _training_device(cfg: LaunchConfig) -> str:
@@ -501,6 +518,7 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "attn_implementation": cfg.attn_implementation,
         "dtype": cfg.model.dtype,
         "padding_free": cfg.padding_free,
+        **({"prompt_once": bool(getattr(cfg.collator, "prompt_once", False))} if cfg.task == "dpo" else {}),
         "peft": bool(cfg.model.use_peft),
         "device": _training_device(cfg),
         "bf16": bool(cfg.training.bf16),

@@ -1,0 +1,265 @@
+"""``trl-padfree dpo`` on bad preference data, templates and settings: exit 2, one line naming the cause and the
+fix, no traceback, nothing written (no ``output_dir``), refused before the model loads where the data tells; the
+Python API's ``DPOTrainer`` raises a ``ValueError`` / ``TypeError`` naming the fix (issue 25, item 2).
+
+By class, as the SFT data errors are tested (tests/test_record_errors.py, tests/test_launch_validation.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from trl_padfree._compat import dpo_padding_free_unavailable
+from trl_padfree.launch import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
+                                reason=str(dpo_padding_free_unavailable()))
+SFT_LINE = ("is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected records and "
+            "scores only the responses: remove it")
+
+
+@pytest.fixture(scope="module")
+def pairs() -> list[dict]:
+    lines = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines if len(line) < 300][:16]
+
+
+def chat(pair: dict, system: bool = False) -> dict:
+    turns = [{"role": "system", "content": "Answer briefly."}] if system else []
+    return {
+        "prompt": [*turns, {"role": "user", "content": pair["prompt"]}],
+        "chosen": [{"role": "assistant", "content": pair["chosen"]}],
+        "rejected": [{"role": "assistant", "content": pair["rejected"]}],
+    }
+
+
+def write(path: Path, records: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return str(path)
+
+
+def run(tmp_path: Path, train_file: str, *extra: str, eval_file: str = "",
+        config: str = str(ROOT / "configs" / "demo-dpo.yaml")) -> tuple[int, str, str, Path]:
+    out = tmp_path / "out"
+    argv = [
+        "--config", config, "--model_name_or_path", str(DEMO / "model"),
+        "--train_file", train_file, "--eval_file", eval_file, "--eval_strategy", "no", "--eval_on_start", "false",
+        "--max_steps", "2", "--per_device_train_batch_size", "4", "--logging_steps", "1", "--output_dir", str(out),
+        *extra,
+    ]  # fmt: skip
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(argv, (), task="dpo")
+    return code, stdout.getvalue(), stderr.getvalue(), out
+
+
+def refused(tmp_path: Path, train_file: str, *extra: str, before_model: bool = True, **kw: str) -> str:
+    """Run, assert exit 2 with one line and nothing written; return the line (without the program's prefix)."""
+    code, stdout, stderr, out = run(tmp_path, train_file, *extra, **kw)
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1, (code, stderr[-2000:])
+    assert "Traceback" not in stderr + stdout and not out.exists()
+    if before_model:
+        assert "loading model" not in stdout
+    prefix = "trl-padfree dpo: error: "
+    assert lines[0].startswith(prefix)
+    return lines[0][len(prefix):]
+
+
+# ---------------------------------------------------------------------------------------------- truncation
+
+
+def test_every_pair_dropped_by_truncation_is_refused_before_the_model_loads(tmp_path, pairs):
+    line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_length", "2")
+    assert line == (
+        "train_file: all 16 training pairs would be dropped: with truncation_mode keep_start (the default) a pair "
+        "whose prompt alone has max_length=2 tokens or more has no response token left, and TRL drops it (the "
+        "shortest prompt has 13 tokens); raise max_length above 13, or set truncation_mode: keep_end"
+    )
+
+
+def test_every_long_prompt_dropped_from_the_eval_split_is_refused(tmp_path, pairs):
+    long = [{**p, "prompt": p["prompt"] + " pad" * 60} for p in pairs[:4]]
+    line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_length", "40",
+                   eval_file=write(tmp_path / "e.jsonl", long))
+    assert line.startswith("eval_file: all 4 eval pairs would be dropped: with truncation_mode keep_start")
+
+
+@pytest.mark.parametrize("kind", ["plain", "implicit prompt", "conversational"])
+def test_the_dropped_count_is_what_trl_drops(pairs, kind):
+    """Some prompts long enough to be dropped: the launch's count equals the pairs TRL's DPOTrainer leaves out, and
+    for plain text, an implicit prompt inside chosen/rejected, and chat messages."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import DPOConfig
+
+    from trl_padfree import DPOTrainer
+    from trl_padfree.launch.dpo_data import check_truncation, tokenized_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
+    mixed = [{**p, "prompt": p["prompt"] + " x" * (3 * i)} for i, p in enumerate(pairs)]
+    if kind == "implicit prompt":
+        mixed = [{"chosen": p["prompt"] + p["chosen"], "rejected": p["prompt"] + p["rejected"]} for p in mixed]
+    elif kind == "conversational":
+        mixed = [chat(p) for p in mixed]
+    dataset = Dataset.from_list(mixed)
+    max_length = 30
+    lengths = tokenized_prompts(dataset, tokenizer, "train_file", max_length)
+    dropped = check_truncation(lengths, "train_file", "training", max_length, "keep_start")
+    assert 0 < dropped < len(mixed)
+    model = AutoModelForCausalLM.from_pretrained(DEMO / "model")
+    config = DPOConfig(output_dir="unused", max_length=max_length, use_cpu=True, bf16=False, report_to=[],
+                       padding_free=True)
+    trainer = DPOTrainer(model, args=config, train_dataset=dataset, processing_class=tokenizer, check_packing=False)
+    assert len(trainer.train_dataset) == len(mixed) - dropped
+    # the lengths are TRL's where they decide (max_length or more); below it an upper bound of TRL's (a prompt that
+    # ends inside a token, e.g. an implicit one, loses its last tokens to the response in TRL's common prefix)
+    kept = sorted(len(ids) for ids in trainer.train_dataset["prompt_ids"])
+    assert all(a <= b < max_length for a, b in zip(kept, sorted(n for n in lengths if n < max_length), strict=True))
+
+
+def test_a_partial_drop_is_said_in_one_line_and_the_run_trains(tmp_path, pairs):
+    long = [{**p, "prompt": p["prompt"] + " pad" * 60} for p in pairs[:3]]
+    code, stdout, stderr, _ = run(tmp_path, write(tmp_path / "t.jsonl", long + pairs), "--max_length", "48")
+    assert code == 0, stderr[-2000:]
+    assert ("dropped 3 of 19 train pairs whose prompt alone has max_length=48 tokens or more (truncation_mode "
+            "keep_start leaves them no response token; TRL drops them)") in stdout
+    assert "Token indices sequence length is longer" not in stdout + stderr
+
+
+# ------------------------------------------------------------------------------------------------ settings
+
+
+@pytest.mark.parametrize("flag, value, expected", [
+    ("f_divergence_type", "hellinger", "f_divergence_type: 'hellinger' is not one TRL knows; use one of reverse_kl, "
+                                       "forward_kl, js_divergence, alpha_divergence (reverse_kl, the default, is "
+                                       "standard DPO)"),
+    ("loss_type", "nope", "loss_type: 'nope' is not a DPO loss type; use one of sigmoid, "),
+    ("response_template", "### Answer:", f"response_template {SFT_LINE}"),
+    ("instruction_template", "### Question:", f"instruction_template {SFT_LINE}"),
+    ("completion_only_loss", "true", f"completion_only_loss {SFT_LINE}"),
+])
+def test_a_bad_or_sft_only_setting_is_one_line(tmp_path, pairs, flag, value, expected):
+    data = write(tmp_path / "t.jsonl", pairs)
+    assert refused(tmp_path, data, f"--{flag}", value).startswith(expected)
+    config = tmp_path / "c.yaml"  # the same in a config file
+    config.write_text((ROOT / "configs" / "demo-dpo.yaml").read_text() + f"\n{flag}: {value!r}\n")
+    line = refused(tmp_path, data, config=str(config))
+    assert line.startswith(expected)
+
+
+# ----------------------------------------------------------------------------------------------- templates
+
+SYSTEM_TEMPLATE = (DEMO / "model" / "chat_template.jinja").read_text(encoding="utf-8").replace(
+    "{% else %}", "{% elif message['role'] == 'system' %}### System: {{ message['content'] }}\n{% else %}")
+
+
+def test_a_turn_the_chat_template_cannot_render_is_one_line_naming_the_record(tmp_path, pairs):
+    records = [chat(p) for p in pairs[:5]] + [chat(p, system=True) for p in pairs[5:]]
+    line = refused(tmp_path, write(tmp_path / "t.jsonl", records))
+    assert line == (
+        "train_file record 5 (counting from 0): the chat template cannot render it (TemplateError: The demo chat "
+        "template supports only user and assistant roles, got system); change the record to what the template "
+        "accepts, or set chat_template_path to a template that accepts it"
+    )
+
+
+def test_chat_template_path_replaces_the_template_in_a_dpo_run(tmp_path, pairs):
+    template = tmp_path / "with_system.jinja"
+    template.write_text(SYSTEM_TEMPLATE, encoding="utf-8")
+    records = [chat(p, system=True) for p in pairs]
+    code, stdout, stderr, out = run(tmp_path, write(tmp_path / "t.jsonl", records), "--chat_template_path",
+                                    str(template))
+    assert code == 0, stderr[-2000:]
+    assert "(format: conversational)" in stdout and (out / "model.safetensors").is_file()
+    assert (out / "chat_template.jinja").read_text(encoding="utf-8") == SYSTEM_TEMPLATE
+
+
+# --------------------------------------------------------------------------------------------------- mixes
+
+
+def test_plain_records_then_conversational_ones_are_refused_naming_the_mix(tmp_path, pairs):
+    line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs[:8] + [chat(p) for p in pairs[8:]]))
+    assert line.startswith("train_file record 8 (counting from 0): 'prompt' is chat messages (conversational), but "
+                           "in record 0 it is plain text: the data mixes plain-text and conversational pairs")
+    assert line.endswith("use one kind: convert the records of one kind, or put them in separate files and runs")
+
+
+def test_conversational_records_then_plain_ones_are_refused_naming_the_mix(tmp_path, pairs):
+    line = refused(tmp_path, write(tmp_path / "t.jsonl", [chat(p) for p in pairs[:3]] + pairs[3:]))
+    assert line.startswith("train_file record 3 (counting from 0): 'prompt' is plain text, but in record 0 it is "
+                           "chat messages (conversational): the data mixes plain-text and conversational pairs")
+
+
+def test_a_mix_inside_one_record_is_refused_and_one_kind_per_split_trains(tmp_path, pairs):
+    one = [*pairs[:2], {**pairs[2], "chosen": [{"role": "assistant", "content": " 47"}]}]
+    line = refused(tmp_path, write(tmp_path / "t.jsonl", one))
+    assert line.startswith("train_file record 2 (counting from 0): 'chosen' is chat messages (conversational), but "
+                           "in record 0 it is plain text: the data mixes")
+    # one kind in each split is what TRL handles (it tokenizes each split by its own first record): no refusal
+    code, _, stderr, _ = run(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_steps", "1",
+                             eval_file=write(tmp_path / "e.jsonl", [chat(p) for p in pairs[:4]]))
+    assert code == 0, stderr[-2000:]
+
+
+def test_a_record_of_another_type_counts_from_0(tmp_path, pairs):
+    line = refused(tmp_path, write(tmp_path / "t.jsonl", [*pairs[:2], {**pairs[2], "chosen": {"text": "x"}}]))
+    assert line == ("train_file record 2 (counting from 0): 'chosen' must be a string or a list of chat messages "
+                    "({'role', 'content'}), got an object; fix the record")
+    line = refused(tmp_path, write(tmp_path / "t.jsonl", [*pairs[:2], {**pairs[2], "rejected": 47}]))
+    assert line.startswith("train_file record 2 (counting from 0): 'rejected' must be a string or a list of chat "
+                           "messages ({'role', 'content'}), got a number")
+
+
+# ---------------------------------------------------------------------------------------------- Python API
+
+
+@pytest.fixture(scope="module")
+def api():
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import DPOConfig
+
+    from trl_padfree.testing import tiny_llama
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
+    data = Dataset.from_dict({"prompt": ["a b"], "chosen": [" c"], "rejected": [" d"]})
+    return tokenizer, data, lambda **kw: DPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **kw), \
+        lambda: tiny_llama(vocab_size=len(tokenizer))
+
+
+def test_api_model_from_a_config_needs_a_tokenizer_and_a_reference(api):
+    from trl_padfree import DPOTrainer
+
+    tokenizer, data, config, model = api
+    with pytest.raises(ValueError, match=r"^DPOTrainer needs processing_class=tokenizer for this model: it was built "
+                                         r"from a config, so it has no name or path to load a tokenizer from"):
+        DPOTrainer(model(), args=config(), train_dataset=data)
+    with pytest.raises(ValueError, match=r"^DPOTrainer needs ref_model= for this model: .*pass "
+                                         r"ref_model=copy\.deepcopy\(model\)"):
+        DPOTrainer(model(), args=config(), train_dataset=data, processing_class=tokenizer)
+    policy = model()  # with the reference given, it builds
+    import copy
+
+    DPOTrainer(policy, ref_model=copy.deepcopy(policy), args=config(), train_dataset=data, processing_class=tokenizer)
+
+
+def test_api_ref_model_given_as_a_path_names_the_fix(api, tmp_path):
+    from trl_padfree import DPOTrainer
+
+    tokenizer, data, config, model = api
+    with pytest.raises(TypeError, match=r"^ref_model must be a model \(a transformers PreTrainedModel\) or None, got "
+                                        r"the string '.*nope', a path that does not exist: load it first, "
+                                        r"ref_model=AutoModelForCausalLM\.from_pretrained\(path\)"):
+        DPOTrainer(model(), ref_model=str(tmp_path / "nope"), args=config(), train_dataset=data,
+                   processing_class=tokenizer)
+    with pytest.raises(ValueError, match=r"^f_divergence_type='hellinger' is not one TRL knows"):
+        DPOTrainer(model(), ref_model=model(), args=config(f_divergence_type="hellinger"), train_dataset=data,
+                   processing_class=tokenizer)

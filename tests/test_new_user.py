@@ -1,0 +1,163 @@
+"""What a new user hit from a fresh clone (issue 25, item 3): each fixed, each tested as the user runs it (the
+``trl-padfree`` command in its own process, from a directory outside the checkout where that matters).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import tomllib
+
+from trl_padfree._compat import dpo_padding_free_unavailable
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+FLASH_INSTALL = 'pip install packaging ninja setuptools wheel && pip install --no-build-isolation -e ".[flash]"'
+INDEXING_WARNING = "Token indices sequence length is longer than the specified maximum"
+DPO_OK = dpo_padding_free_unavailable() is None
+
+
+def trl_padfree(*args: str, cwd: Path, timeout: int = 300, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    """``trl-padfree ARGS`` in its own process, output into pipes (as in CI or ``| tee``), this checkout's code."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(extra_env or {})}
+    return subprocess.run([sys.executable, "-m", "trl_padfree.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_no_sub_command_exits_2_with_the_usage(capsys):
+    from trl_padfree.cli import main
+
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("trl-padfree: a sub-command is needed.\n\nusage: trl-padfree {train,dpo,")
+    assert main(["--help"]) == 0 and capsys.readouterr().out.startswith("usage: trl-padfree {")
+
+
+def test_preview_takes_the_built_in_config_names_and_prints_no_indexing_warning(tmp_path, monkeypatch, capfd):
+    """From a directory outside the checkout, as an installed package runs it (capfd: transformers' logging too)."""
+    from trl_padfree.launch.preview import main
+
+    monkeypatch.chdir(tmp_path)
+    for name in ["demo", "demo-chat", *(["demo-dpo"] if DPO_OK else [])]:
+        assert main(["--config", name, "-n", "1"]) == 0, name
+        out, err = capfd.readouterr()
+        assert "--- " in out and INDEXING_WARNING not in out + err, (name, err[-2000:])
+
+
+@pytest.mark.parametrize("config", ["demo", "demo-dpo"])
+def test_the_launch_tokenizer_does_not_warn_about_indexing_errors_where_max_length_cuts(config):
+    """transformers warns once per tokenizer about a text longer than ``model_max_length`` ("... will result in
+    indexing errors"); the launch cuts every sequence to ``max_length`` (and counts what it drops), so its
+    tokenizer does not. Without ``max_length`` the warning is true and stays."""
+    import logging
+
+    from trl_padfree.launch import load_config
+    from trl_padfree.launch.tokenizer import load_tokenizer
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logger = logging.getLogger("transformers.tokenization_utils_base")
+    logger.addHandler(handler)
+    try:
+        for max_length, warned in (("512", False), ("null", True)):
+            cfg = load_config(["--config", config, "--max_length", max_length], check_environment=False,
+                              task="dpo" if config == "demo-dpo" else "sft")
+            tokenizer = load_tokenizer(cfg)
+            records.clear()
+            assert len(tokenizer("word " * 700)["input_ids"]) > tokenizer.model_max_length
+            assert any(INDEXING_WARNING in r.getMessage() for r in records) is warned, max_length
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_check_finds_the_demo_model_outside_the_checkout(tmp_path, monkeypatch, capsys):
+    from trl_padfree.check import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["--model", "trl_padfree/demo/model"]) == 0
+    assert "advice: padding_free=True is safe for llama with attn_implementation='padfree'." in capsys.readouterr().out
+
+
+def test_the_flash_extra_is_documented_with_the_install_that_builds_it():
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["flash"]
+    assert any(requirement.startswith("flash-attn") for requirement in extra)
+    for page in ("README.md", "docs/attention.md"):
+        assert FLASH_INSTALL in (ROOT / page).read_text(encoding="utf-8"), page
+    # the bench's skip line for a GPU without flash-attn names an install that builds it too
+    assert "pip install --no-build-isolation 'trl-padfree[flash]'" in (ROOT / "trl_padfree" / "bench" /
+                                                                      "config.py").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(not DPO_OK, reason=str(dpo_padding_free_unavailable()))
+def test_a_dpo_run_into_a_pipe_is_quiet_and_reports_prompt_once(tmp_path):
+    """LoRA and precomputed reference log-probs into a pipe: no FutureWarning, no progress bar, no indexing
+    warning; ``prompt_once`` in the run line and in launch_summary.json, which has no SFT-only setting."""
+    lines = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
+    long = [json.loads(line) for line in lines if len(line) > 1400][:4]
+    assert long  # pairs longer than the demo model's 512 tokens: transformers would warn about indexing errors
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("\n".join(lines[:20]) + "\n" + "".join(json.dumps(r) + "\n" for r in long), encoding="utf-8")
+    out = tmp_path / "out"
+    proc = trl_padfree(
+        "dpo", "--config", "demo-dpo", "--train_file", str(data), "--eval_file", "", "--eval_strategy", "no",
+        "--eval_on_start", "false", "--max_steps", "2", "--per_device_train_batch_size", "4",
+        "--use_peft", "true", "--precompute_ref_log_probs", "true", "--output_dir", str(out), cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = proc.stdout + proc.stderr
+    assert "Warning" not in text and "Computing reference log probs" not in text and "it/s]" not in text
+    assert INDEXING_WARNING not in text
+    run_line = next(line for line in proc.stdout.splitlines() if line.startswith("[trl-padfree] run: "))
+    assert ", padding_free=True, prompt_once=True, peft=True, " in run_line
+    summary = json.loads((out / "launch_summary.json").read_text(encoding="utf-8"))
+    assert summary["prompt_once"] is True and "max_tokens_per_batch" not in summary
+
+
+def test_an_sft_summary_keeps_max_tokens_per_batch_and_has_no_prompt_once(tmp_path, monkeypatch, capfd):
+    from trl_padfree.launch import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "out"
+    assert main(["--config", "demo", "--max_steps", "1", "--max_train_examples", "8", "--eval_file", "",
+                 "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no",
+                 "--output_dir", str(out)]) == 0
+    summary = json.loads((out / "launch_summary.json").read_text(encoding="utf-8"))
+    assert "max_tokens_per_batch" in summary and "prompt_once" not in summary
+    stdout, stderr = capfd.readouterr()
+    assert INDEXING_WARNING not in stdout + stderr and "prompt_once" not in stdout
+
+
+def test_ctrl_c_under_torchrun_is_documented_with_the_quiet_alternative():
+    text = " ".join((ROOT / "docs" / "distributed.md").read_text(encoding="utf-8").split())
+    assert "**Ctrl-C** in the terminal that runs torchrun:" in text
+    assert "`SignalException` and prints its traceback (about 40 lines) and exits 1" in text
+    assert "send SIGTERM to one worker (`kill -TERM <pid>`): every rank saves and torchrun exits 0." in text
+
+
+@pytest.mark.slow
+def test_two_ranks_on_a_cpu_only_machine_pick_use_cpu_themselves(tmp_path):
+    """A config without ``use_cpu``, two ranks, no GPU: the launch sets ``use_cpu: true`` (one DDP run over gloo)
+    and says so, instead of refusing the run because the ranks did not join one process group."""
+    from test_distributed import free_port
+
+    config = tmp_path / "no-use-cpu.yaml"
+    text = (ROOT / "configs" / "demo.yaml").read_text(encoding="utf-8")
+    config.write_text("\n".join(line for line in text.splitlines() if not line.startswith("use_cpu:")) + "\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
+           "CUDA_VISIBLE_DEVICES": ""}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
+           "-m", "trl_padfree.cli", "train", "--config", str(config), "--max_steps", "2", "--max_train_examples", "32",
+           "--eval_file", "", "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no",
+           "--output_dir", str(out)]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "[trl-padfree] use_cpu: true (several processes on a machine without a GPU" in proc.stdout
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["global_step"] == 2
