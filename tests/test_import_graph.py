@@ -140,8 +140,9 @@ def test_a_tolerated_circle_is_still_there(pair: frozenset[str]) -> None:
     assert sorted(pair) in circles(import_graph()), f"{' <-> '.join(sorted(pair))} is broken: remove it from TOLERATED"
 
 
-#: The layers on top: the command line and what it runs. The core (every other module) never imports them.
-TOP_LAYERS = ("trl_padfree.cli", "trl_padfree.launch", "trl_padfree.bench")
+#: The layers on top: the command line and the commands it runs (``check`` is ``trl-padfree check``). The core (every
+#: other module) never imports them.
+TOP_LAYERS = ("trl_padfree.cli", "trl_padfree.check", "trl_padfree.launch", "trl_padfree.bench")
 
 
 def _in(module: str, layers: tuple[str, ...]) -> bool:
