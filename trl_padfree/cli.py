@@ -12,6 +12,8 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trl_padfree.launch", "fine-tune a model from a YAML config (SFTTrainer + this collator)"),
     "dpo": ("trl_padfree.launch.dpo_cli", "preference-train a model from a YAML config (DPOTrainer, padding-free)"),
+    "grpo": ("trl_padfree.launch.rl_cli:grpo_main", "RL-train a model from a YAML config (GRPOTrainer, padding-free)"),
+    "rloo": ("trl_padfree.launch.rl_cli:rloo_main", "RL-train a model from a YAML config (RLOOTrainer, padding-free)"),
     "preview": ("trl_padfree.launch.preview", "show the first examples of a config's data, trained tokens marked"),
     "check": ("trl_padfree.check", "probe whether a model keeps packed examples apart"),
     "bench": ("trl_padfree.bench", "padded vs padding-free benchmark (throughput, memory, loss)"),
@@ -37,8 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"trl-padfree: unknown sub-command {name!r}.\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    module_name, _, function = SUBCOMMANDS[name][0].partition(":")  # "module" (its main) or "module:function"
+    module = importlib.import_module(module_name)
+    return int(getattr(module, function or "main")(rest) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -45,16 +45,17 @@ def load_config(argv: Sequence[str], check_environment: bool = True, task: str =
     packages, existing checkpoints) are skipped, so a config for another machine can be checked anywhere.
     """
     from .demo import builtin_config, resolve_package_paths
+    from .tasks import get_task
     from .validate import validate_config
 
-    prog = "trl-padfree dpo" if task == "dpo" else "trl-padfree train"
+    prog = get_task(task).prog
     cfg = parse_arguments(builtin_config(argv), prog=prog, task=task)  # --config demo: the demo config shipped in the package
     resolve_package_paths(cfg)  # trl_padfree/demo/... paths of an installed package, from any directory
     return validate_config(cfg, check_environment=check_environment)
 
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task: str = "sft") -> int:
-    """Run ``trl-padfree train`` (``task="dpo"``: ``trl-padfree dpo``) with ``argv`` (default ``sys.argv[1:]``);
+    """Run ``trl-padfree train`` (``task``: another trainer of :mod:`.tasks`, e.g. ``"dpo"``) with ``argv`` (default ``sys.argv[1:]``);
     returns the exit code.
 
     ``callbacks``: extra Trainer callbacks for the run (the tests' fault injection uses them).
@@ -65,8 +66,10 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     from .distributed import finish, plan_nodes
     from .rendezvous import agree_on_config, install_handshake
     from .run import train
+    from .tasks import get_task
     from .validate import describe
 
+    prog = get_task(task).prog
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_replicas()  # under a distributed launcher only the first process of each node logs, from the very start
     install_handshake()  # torchrun: attempts apart, refusals shared; before the process group exists (parsing creates it)
@@ -83,10 +86,10 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
             + (f", processes={layout}" if layout else ""))
         train(cfg, callbacks)
     except ConfigError as exc:
-        print_error(str(exc), "trl-padfree dpo" if task == "dpo" else "trl-padfree train")
+        print_error(str(exc), prog)
         return finish(2)
     except RunError as exc:  # a failure during the run, e.g. a save on a full disk (launch.checkpoints)
-        print_error(str(exc), "trl-padfree dpo" if task == "dpo" else "trl-padfree train")
+        print_error(str(exc), prog)
         return finish(1)
     except SystemExit as exc:  # --help
         return finish(exc.code if isinstance(exc.code, int) else 0)

@@ -192,7 +192,7 @@ class LaunchConfig:
     run_id: str | None = None  # this run's id (launch.checkpoints), decided by validation
     model_init_kwargs: dict[str, Any] | None = None  # SFTConfig.model_init_kwargs, applied by the launcher
     notes: list[str] = dataclasses.field(default_factory=list)  # lines validation leaves for the run to print
-    task: str = "sft"  # "sft" (trl-padfree train) or "dpo" (trl-padfree dpo)
+    task: str = "sft"  # the trainer: a name of launch.tasks.REGISTRY ("sft": trl-padfree train, "dpo", "grpo", ...)
 
 
 #: Defaults of the launcher that differ from those of the dataclasses. ``gradient_checkpointing`` (TRL: True) is
@@ -223,48 +223,25 @@ def _strict_parser(dataclass_types: Sequence[type], prog: str) -> Any:
     )
 
 
-TASKS = ("sft", "dpo")
-"""The trainers of the launch: ``trl-padfree train`` (SFT) and ``trl-padfree dpo`` share this parser, as ``trl sft``
-and ``trl dpo`` share TRL's."""
-
-
 def argument_classes(task: str = "sft") -> tuple[type, ...]:
-    """The dataclasses whose fields make up the config of ``task``, in parsing order.
-
-    SFT: the data, collator and launcher arguments, ``SFTConfig``, ``ModelConfig``; DPO: the same with
-    :class:`PreferenceArguments` for the collator's and ``DPOConfig`` for ``SFTConfig``.
+    """The dataclasses whose fields make up the config of ``task``, in parsing order (the task's, see
+    :mod:`.tasks`): SFT: the data, collator and launcher arguments, ``SFTConfig``, ``ModelConfig``; DPO: the same
+    with :class:`PreferenceArguments` for the collator's and ``DPOConfig`` for ``SFTConfig``.
     """
-    from trl import ModelConfig
+    from .tasks import get_task
 
-    if task == "dpo":
-        from trl import DPOConfig
-
-        return (DataArguments, PreferenceArguments, LaunchArguments, DPOConfig, ModelConfig)
-    from trl import SFTConfig
-
-    return (DataArguments, CollatorArguments, LaunchArguments, SFTConfig, ModelConfig)
+    return get_task(task).argument_classes()
 
 
 def build_parser(prog: str = "trl-padfree train", task: str = "sft") -> Any:
     """The launcher's ``TrlParser`` over :func:`argument_classes`, with the launcher's defaults."""
     from transformers.utils import is_torch_bf16_gpu_available
 
+    from .tasks import get_task
+
     parser = _strict_parser(argument_classes(task), prog)
     parser.padfree_task = task
-    if task == "dpo":
-        parser.help_groups = {
-            "collator": "preference batch (trl_padfree.DPOTrainer: padding-free rows, prompt_once)",
-            "training": "training (TRL DPOConfig / transformers TrainingArguments)",
-        }
-        parser.help_texts = {
-            "padding_free": "Put the 2B sequences of each batch of B pairs in one row without padding "
-            "(trl_padfree.DPOTrainer; TRL 1.16 itself pads). (default: true)",
-        }
-        parser.description = (
-            "Preference-train a causal LM with trl_padfree.DPOTrainer (TRL's DPOTrainer, padding-free). --config "
-            "FILE: a YAML mapping of any of the fields below (plus an optional `env` mapping of environment "
-            "variables); command-line values override the file. Exit code 2 on bad input."
-        )
+    get_task(task).configure_parser(parser)
     parser.set_defaults(**LAUNCH_DEFAULTS, bf16=is_torch_bf16_gpu_available())
     return install_help(parser, field_sections(task))  # --help: grouped, with this launcher's defaults
 
@@ -465,18 +442,11 @@ class _ValueChecker:
 
 
 def _other_task_field(name: str, task: str) -> ConfigError | None:
-    """The one line for a key of the other trainer's config (an SFT-only field given to ``trl-padfree dpo``)."""
-    if task != "dpo":
-        return None
-    import dataclasses
+    """The one line for a key of another trainer's config that ``task`` refuses (an SFT-only field given to
+    ``trl-padfree dpo``), or None."""
+    from .tasks import get_task
 
-    fields = {t: {f.name for cls in argument_classes(t) for f in dataclasses.fields(cls)} for t in TASKS}
-    if name not in fields["sft"] - fields["dpo"]:
-        return None
-    return ConfigError(
-        f"{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected records "
-        "and scores only the responses: remove it"
-    )
+    return get_task(task).foreign_field(name)
 
 
 def _check_config_values(parser: Any, config: dict[str, Any], source: str) -> dict[str, Any]:
@@ -653,7 +623,7 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: 
         training=training,
         model=model,
         config_path=config_path,
-        padding_free=bool(training.padding_free),
+        padding_free=bool(getattr(training, "padding_free", getattr(collator, "padding_free", True))),
         attn_implementation=model.attn_implementation or "auto",
         resume_from_checkpoint=training.resume_from_checkpoint,
         explicit=frozenset(explicit),

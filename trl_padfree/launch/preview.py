@@ -183,28 +183,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         n, args = _split_n(argv)
         from . import load_config
-        from .collators import make_collator_factory
-        from .data import prepare_data
         from .demo import builtin_config
-        from .dpo import guess_task, load_preference_data
+        from .dpo import guess_task
+        from .tasks import get_task
         from .tokenizer import load_tokenizer
 
         args = builtin_config(args)  # --config demo / demo-chat / demo-dpo: the configs shipped in the package
-        task = guess_task(args)  # a DPO config (trl-padfree dpo) shows its pairs
+        task = guess_task(args)  # a DPO config (trl-padfree dpo) shows its pairs, a GRPO one its groups
         cfg = load_config(args, check_environment=False, task=task)
         with quiet_progress():
             tokenizer = load_tokenizer(cfg)
-            if task == "dpo":
-                lines = preview_pairs(cfg, tokenizer, load_preference_data(cfg, tokenizer), n, sys.stdout.isatty())
-            else:
-                data = prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True,
-                                                                          quiet=True))
+            lines = get_task(task).preview(cfg, tokenizer, n, sys.stdout.isatty())
     except ConfigError as exc:
         print(f"trl-padfree preview: error: {exc}", file=sys.stderr)
         return 2
-    if task == "dpo":
-        print("\n".join(lines))
-        return 0
-    for line in preview_lines(data, tokenizer, n, sys.stdout.isatty(), cfg.collator.response_template):
-        print(line)
+    print("\n".join(lines))
     return 0

@@ -21,12 +21,12 @@ from typing import Any
 
 from ..messages import one_line
 from ..threads import torch_threads
-from .collators import make_collator_factory
 from .config import LaunchConfig
 from .console import quiet_progress, say
 from .model import load_model
 from .probe import probe_model
 from .summary import RunResult, eval_losses, run_train_loss, summary_lines, write_summary
+from .tasks import Task, get_task
 from .tokenizer import load_tokenizer
 
 __all__ = ["train"]
@@ -42,6 +42,7 @@ def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
     from .distributed import check_process_group
 
     training = cfg.training
+    task = get_task(cfg.task)  # what is the trainer's own, stage by stage (launch.tasks)
     check_process_group(training)  # before anything is written
     if training.ddp_find_unused_parameters is None:
         # transformers turns it on for every model without activation checkpointing (and every PEFT model): an
@@ -56,68 +57,22 @@ def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
         with training.main_process_first(desc="loading the tokenizer"):
             tokenizer = load_tokenizer(cfg)
         with training.main_process_first(desc="preparing the data"):
-            data = _prepare_preferences(cfg, tokenizer) if cfg.task == "dpo" else _prepare_sft_data(cfg, tokenizer)
+            data = task.prepare_data(cfg, tokenizer)
         say(f"loading model {cfg.model.model_name_or_path} (attn_implementation={cfg.attn_implementation!r}, "
             f"dtype={cfg.model.dtype})")
         model = load_model(cfg)
-        check = None
-        if cfg.task == "dpo":
-            from .dpo import probe_check
-
-            check = probe_check(cfg)
         if cfg.padding_free and cfg.launch.check_packing:
-            probe_model(model, training, check=check)
-        ref_model = None
-        if cfg.task == "dpo":
-            from .dpo import load_reference
-
-            ref_model = load_reference(cfg)
-            say("reference model: " + ("a second copy of the starting weights" if ref_model is not None else
-                                       "the policy with its LoRA adapters switched off"))
-        return _fit(cfg, tokenizer, model, data, callbacks, ref_model)  # (the Trainer's own bar follows disable_tqdm)
+            probe_model(model, training, check=task.probe_check(cfg))
+        ref_model, line = task.load_reference(cfg)
+        if line:
+            say(line)
+        return _fit(cfg, task, tokenizer, model, data, callbacks, ref_model)  # (the Trainer's own bar follows disable_tqdm)
 
 
-def _prepare_preferences(cfg: LaunchConfig, tokenizer: Any) -> Any:
-    """``trl-padfree dpo``'s data: checked preference records (TRL's DPOTrainer tokenizes them when built)."""
-    from .dpo import load_preference_data
-
-    data = load_preference_data(cfg, tokenizer)
-    say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None else "")
-        + f" (format: {data.text_format})")
-    for split, count in data.dropped.items():
-        if count:
-            total = len(data.train if split == "train" else data.eval)
-            say(f"dropped {count} of {total} {split} pairs whose prompt alone has max_length={cfg.training.max_length} "
-                "tokens or more (truncation_mode keep_start leaves them no response token; TRL drops them)")
-    return data
-
-
-def _prepare_sft_data(cfg: LaunchConfig, tokenizer: Any) -> Any:
-    """``trl-padfree train``'s data: formatted, tokenized and labelled by the collator, with the template check."""
-    from .data import prepare_data
-
-    training = cfg.training
-    label_factory = make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True)
-    data = prepare_data(cfg, tokenizer, label_factory)
-    say(f"data: {len(data.train)} training examples"
-        + (f", {len(data.eval)} eval examples" if data.eval is not None else "") + f" (format: {data.text_format})")
-    if data.template_missing_in_check:
-        say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
-            f"template {cfg.collator.response_template!r}")
-    for split, count in data.dropped.items():
-        if count:
-            say(f"dropped {count} of {data.loaded[split]} {split} examples with no trained token left (response "
-                f"template missing, or the completion cut off by max_length={training.max_length})")
-    return data
-
-
-def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Sequence[Any] = (),
+def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, callbacks: Sequence[Any] = (),
          ref_model: Any = None) -> RunResult:
-    from trl import get_peft_config
-
     from .callbacks import GracefulStop
     from .checkpoints import (
-        AtomicCheckpoints,
         RunError,
         begin_run,
         crash_reported,
@@ -126,36 +81,15 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
         trainer_settings_checked,
     )
     from .distributed import describe_distribution
-    from .trainer import PadfreeSFTTrainer
 
     training = cfg.training
-
-    class LaunchTrainer(AtomicCheckpoints, PadfreeSFTTrainer):
-        """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`)."""
-
     stop = GracefulStop(announce=say)
     # TRL's own checks at construction: exit 2, one line; peft reads transformers' deprecated
     # `is_gradient_checkpointing` when it wraps the model (use_peft: a FutureWarning no setting can avoid)
-    with trainer_settings_checked(training.output_dir, "DPOTrainer" if cfg.task == "dpo" else "SFTTrainer"), \
-            warnings.catch_warnings():
+    with trainer_settings_checked(training.output_dir, task.trainer_name), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-        if cfg.task == "dpo":
-            from .dpo import make_trainer
-
-            trainer = make_trainer(cfg, tokenizer, model, ref_model, data, [*callbacks, stop])
-        else:
-            collator = make_collator_factory(cfg, tokenizer, padding_free=cfg.padding_free, quiet=False)()
-            trainer = LaunchTrainer(
-                model=model,
-                args=training,
-                data_collator=collator,
-                train_dataset=data.train,
-                eval_dataset=data.eval,
-                processing_class=tokenizer,
-                peft_config=get_peft_config(cfg.model),
-                callbacks=[*callbacks, stop],  # extra callbacks act first within a step (a test hook signals before the check)
-                max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
-            )
+        # extra callbacks act first within a step (a test hook signals before the check)
+        trainer = task.make_trainer(cfg, tokenizer, model, ref_model, data, [*callbacks, stop])
     metrics: dict[str, Any] = {}
     if begin_run(trainer, cfg.run_id, cfg.resume_from_checkpoint):
         with stop, crash_reported(trainer, say):
@@ -202,16 +136,10 @@ def _fit(cfg: LaunchConfig, tokenizer: Any, model: Any, data: Any, callbacks: Se
     )
     if trainer.is_world_process_zero():
         # the settings of this trainer only: max_tokens_per_batch for SFT, prompt_once for DPO
-        task_settings = ({"prompt_once": bool(getattr(cfg.collator, "prompt_once", False))} if cfg.task == "dpo"
-                         else {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch})
         write_summary(result, training.output_dir, padding_free=cfg.padding_free,
                       attn_implementation=cfg.attn_implementation, **describe_distribution(training),
-                      **task_settings)
-        lines = summary_lines(result, cfg.padding_free)
-        if cfg.task == "dpo":
-            from .dpo import preference_summary
-
-            lines = preference_summary(lines, trainer.state.log_history)
+                      **task.summary_settings(cfg))
+        lines = task.summary_lines(summary_lines(result, cfg.padding_free), trainer.state.log_history)
         for line in lines:
             say(line)
     end_run(trainer, "interrupted" if interrupted else "finished", checkpoint=checkpoint, saved_to=saved_to)

@@ -293,7 +293,8 @@ def _check_data(cfg: LaunchConfig) -> None:
         )
 
 
-def _check_collator_and_trl(cfg: LaunchConfig) -> None:
+def check_sft_config(cfg: LaunchConfig) -> None:
+    """``trl-padfree train``'s collator and template settings, and the SFTConfig fields it cannot honour."""
     training = cfg.training
     if not cfg.collator.response_template:
         if cfg.data.template is not None:
@@ -487,19 +488,17 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     """
     _check_numbers(cfg)
     _check_data(cfg)
-    if cfg.task == "dpo":
-        check_preference_config(cfg)
-    else:
-        _check_collator_and_trl(cfg)
+    from .tasks import get_task
+
+    task = get_task(cfg.task)
+    task.check(cfg)  # the trainer's own settings (launch.tasks)
     _check_model(cfg, check_environment)
     _check_model_init_kwargs(cfg)
     if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():
         raise ConfigError("output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1")
     training = cfg.training
-    cfg.padding_free = bool(training.padding_free)
-    if cfg.task == "sft":  # (DPO: trl_padfree.DPOTrainer reads DPOConfig.padding_free itself)
-        training.padding_free = False  # the collator flattens by itself; TRL refuses a custom collator otherwise
-        training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
+    cfg.padding_free = bool(getattr(training, "padding_free", cfg.padding_free))  # (RL: the task's own field)
+    task.resolve(cfg)  # e.g. SFT: the collator flattens (TRL's padding_free off); DPO/RL trainers read it themselves
     if check_environment:
         cfg.attn_auto = cfg.attn_implementation == "auto"
         cfg.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, _training_device(cfg))
@@ -512,13 +511,15 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
 
 def describe(cfg: LaunchConfig) -> dict[str, Any]:
     """A short summary of the resolved run (logged at start)."""
+    from .tasks import get_task
+
     return {
         "model": cfg.model.model_name_or_path,
         **({"trust_remote_code": True} if cfg.training.trust_remote_code else {}),
         "attn_implementation": cfg.attn_implementation,
         "dtype": cfg.model.dtype,
         "padding_free": cfg.padding_free,
-        **({"prompt_once": bool(getattr(cfg.collator, "prompt_once", False))} if cfg.task == "dpo" else {}),
+        **get_task(cfg.task).describe(cfg),
         "peft": bool(cfg.model.use_peft),
         "device": _training_device(cfg),
         "bf16": bool(cfg.training.bf16),

@@ -1,0 +1,54 @@
+"""The trainers of the launch, one :class:`~.base.Task` per module; the stages of a run call the task.
+
+``trl-padfree train`` is the ``"sft"`` task, ``trl-padfree dpo`` the ``"dpo"`` task, ``trl-padfree grpo`` /
+``trl-padfree rloo`` the ``"grpo"`` / ``"rloo"`` tasks. A new trainer is one module here holding a ``TASK`` object
+and one line in :data:`REGISTRY` (or :func:`register` at run time, as the tests do).
+
+>>> get_task("dpo").prog
+'trl-padfree dpo'
+>>> sorted(REGISTRY)
+['dpo', 'grpo', 'rloo', 'sft']
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from .base import Task
+
+__all__ = ["REGISTRY", "Task", "get_task", "register", "task_names"]
+
+#: Task name -> the module that holds its ``TASK`` (imported on first use: the CLI's help stays fast).
+REGISTRY: dict[str, str] = {
+    "sft": "trl_padfree.launch.tasks.sft",
+    "dpo": "trl_padfree.launch.tasks.dpo",
+    "grpo": "trl_padfree.launch.tasks.grpo",
+    "rloo": "trl_padfree.launch.tasks.rloo",
+}
+
+_LOADED: dict[str, Task] = {}
+
+
+def register(task: Task) -> Task:
+    """Add (or replace) ``task`` under ``task.name``; returns it."""
+    if not isinstance(task, Task):
+        raise TypeError(f"register() takes a launch Task, got {type(task).__name__}")
+    _LOADED[task.name] = task
+    REGISTRY.setdefault(task.name, type(task).__module__)
+    return task
+
+
+def get_task(name: str | Task) -> Task:
+    """The task called ``name`` (a :class:`Task` is returned as it is)."""
+    if isinstance(name, Task):
+        return name
+    if name not in _LOADED:
+        if name not in REGISTRY:
+            raise ValueError(f"unknown launch task {name!r}; known: {', '.join(sorted(REGISTRY))}")
+        _LOADED[name] = importlib.import_module(REGISTRY[name]).TASK
+    return _LOADED[name]
+
+
+def task_names() -> list[str]:
+    """The registered task names, in registration order."""
+    return list(REGISTRY)

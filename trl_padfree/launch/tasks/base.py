@@ -1,0 +1,88 @@
+"""What a trainer of the launch provides: :class:`Task`, whose methods the stages of a run call in turn.
+
+The stages (:mod:`..config` -> :mod:`..validate` -> :mod:`..defaults` -> data -> :mod:`..model` -> :mod:`..probe`
+-> train -> :mod:`..summary`) hold what every trainer shares (YAML parsing, strict keys and types, output_dir,
+resume, attention choice, atomic checkpoints, SIGTERM stop, multi-process start and exit, the run line); a task
+holds what is its own, one method per stage. This module imports nothing of the launch (the stages import it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["Task"]
+
+
+class Task:
+    """One trainer of the launch (subclass it; see :mod:`trl_padfree.launch.tasks`).
+
+    Attributes:
+        name: the registry key (``LaunchConfig.task``).
+        command: the ``trl-padfree`` sub-command (``prog`` is ``"trl-padfree " + command``).
+        trainer_name: TRL's trainer class name, for the one-line errors of its constructor's checks.
+    """
+
+    name: str = ""
+    command: str = ""
+    trainer_name: str = ""
+
+    @property
+    def prog(self) -> str:
+        return f"trl-padfree {self.command}"
+
+    # -- config ---------------------------------------------------------------------------------------------------
+    def argument_classes(self) -> tuple[type, ...]:
+        """The dataclasses of the config, in parsing order: data, the task's own (collator) arguments, launcher,
+        TRL's config class, ``ModelConfig`` (``LaunchConfig`` takes them by position)."""
+        raise NotImplementedError
+
+    def configure_parser(self, parser: Any) -> None:
+        """Set the parser's ``description`` / ``help_groups`` / ``help_texts`` for ``--help`` (default: as is)."""
+
+    def foreign_field(self, name: str) -> Exception | None:
+        """The error for ``name``, a key of another trainer's config this one refuses, or None (then the generic
+        "unknown key ... did you mean" line is used)."""
+        return None
+
+    # -- validate -------------------------------------------------------------------------------------------------
+    def check(self, cfg: Any) -> None:
+        """The task's own checks (raise ``ConfigError``), before the model and output_dir checks."""
+
+    def resolve(self, cfg: Any) -> None:
+        """Resolve the task's settings once every check passed (``cfg.padding_free`` is already set)."""
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        """The task's own fields of the run line, after ``padding_free``."""
+        return {}
+
+    # -- data, model, probe, trainer ------------------------------------------------------------------------------
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
+        """The prepared data: an object with ``train`` and ``eval`` (or None) datasets."""
+        raise NotImplementedError
+
+    def probe_check(self, cfg: Any) -> Any:
+        """The probe the launch runs before anything is written (None: SFT's ``assert_packing_safe``)."""
+        return None
+
+    def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
+        """The reference model (or None) and the line that says which (None: no line)."""
+        return None, None
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        """The trainer, with the launch's atomic checkpoints and whole-run log (the probe already ran)."""
+        raise NotImplementedError
+
+    # -- summary, preview -----------------------------------------------------------------------------------------
+    def summary_settings(self, cfg: Any) -> dict[str, Any]:
+        """The task's own settings in ``launch_summary.json``."""
+        return {}
+
+    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+        """The summary's lines for this task (given the shared ones and the log history)."""
+        return lines
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        """``trl-padfree preview``'s lines for the first ``n`` records."""
+        raise NotImplementedError

@@ -1,0 +1,315 @@
+"""``trl-padfree grpo``: RL with verifiable rewards through :class:`trl_padfree.GRPOTrainer` (TRL's, padding-free).
+
+Its own parts: :class:`RLArguments` (``padding_free``, ``prompt_once``, ``reward_funcs``) and TRL's ``GRPOConfig``;
+reward functions by name (TRL's built-in rewards as ``trl grpo`` names them, this package's
+:data:`trl_padfree.rewards.REWARDS`) or by import path (``module:function`` or ``module.function``), imported at
+validation so that a wrong name is exit 2 with nothing written; prompt records checked one by one; the group probe
+(:func:`trl_padfree.rl_probe.assert_group_packing_safe`) before anything is written; the summary's mean reward
+and ``preview``'s group layout. ``trl-padfree rloo`` (:mod:`.rloo`) is the same task with ``RLOOConfig``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..checkpoints import AtomicCheckpoints
+from ..config import ConfigError, DataArguments, LaunchArguments
+from ..console import say
+from ..whole_run import WholeRunLog
+from .base import Task
+
+__all__ = ["TASK", "GRPOTask", "RLArguments", "resolve_reward", "trl_rewards"]
+
+
+@dataclass
+class RLArguments:
+    """Settings of the padding-free RL forwards and the rewards (``trl-padfree grpo`` / ``rloo``)."""
+
+    padding_free: bool = field(
+        default=True,
+        metadata={"help": "Run the policy, old-policy and reference forwards on one flat row per micro-batch, no "
+                  "padding (trl_padfree.GRPOTrainer / RLOOTrainer; TRL itself pads). (default: true)"},
+    )
+    prompt_once: bool | None = field(
+        default=None,
+        metadata={"help": "The completions of one prompt in a micro-batch share one forwarded copy of it (needs "
+                  "padding_free and attn_implementation 'padfree'). Default: on where the attention is 'padfree'."},
+    )
+    reward_funcs: list[str] | None = field(
+        default=None,
+        metadata={"help": "Reward functions: TRL's built-in ones by name (accuracy_reward, reasoning_accuracy_reward, "
+                  "think_format_reward, get_soft_overlong_punishment), this package's (answer_prefix, "
+                  "answer_overlap, exact_match: trl_padfree.rewards), or an import path 'module:function'."},
+    )
+
+
+def trl_rewards() -> dict[str, Callable[[], Any]]:
+    """TRL's built-in rewards as ``trl grpo`` names them (each made on use: some need optional packages)."""
+    def builtin(name: str) -> Callable[[], Any]:
+        def make() -> Any:
+            import trl.rewards
+
+            return getattr(trl.rewards, name)
+        return make
+
+    def overlong() -> Any:
+        from trl.rewards import get_soft_overlong_punishment
+
+        return get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)  # trl grpo's values
+
+    return {"accuracy_reward": builtin("accuracy_reward"),
+            "reasoning_accuracy_reward": builtin("reasoning_accuracy_reward"),
+            "think_format_reward": builtin("think_format_reward"), "get_soft_overlong_punishment": overlong}
+
+
+def resolve_reward(name: str) -> Callable[..., Any]:
+    """The reward function called ``name`` (see :class:`RLArguments`); a bad name is a :class:`ConfigError`.
+
+    >>> resolve_reward("answer_prefix").__name__, resolve_reward("trl_padfree.rewards:exact_match").__name__
+    ('answer_prefix', 'exact_match')
+    >>> resolve_reward("no_such_reward")
+    Traceback (most recent call last):
+    ...
+    trl_padfree.launch.config.ConfigError: reward_funcs: 'no_such_reward' is not a known reward (answer_overlap, answer_prefix, exact_match, accuracy_reward, get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward) nor an import path 'module:function'
+    """
+    from trl_padfree.rewards import REWARDS
+
+    builtins = trl_rewards()
+    if name in REWARDS:
+        return REWARDS[name]
+    if name in builtins:
+        try:
+            return builtins[name]()
+        except ImportError as exc:
+            raise ConfigError(f"reward_funcs: {name!r} needs a package that is not installed ({exc}); install it "
+                              "or choose another reward") from None
+    if ":" in name or "." in name:
+        module_name, _, func_name = name.rpartition(":") if ":" in name else name.rpartition(".")
+        if not module_name or not func_name:
+            raise ConfigError(f"reward_funcs: {name!r} is not an import path; write 'module:function'")
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as trl grpo: modules next to the config
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ConfigError(f"reward_funcs: cannot import {module_name!r} for {name!r}: {exc}") from None
+        func = getattr(module, func_name, None)
+        if func is None:
+            raise ConfigError(f"reward_funcs: module {module_name!r} has no {func_name!r} (from {name!r})")
+        if not callable(func):
+            raise ConfigError(f"reward_funcs: {name!r} is a {type(func).__name__}, not a function")
+        return func
+    known = ", ".join([*sorted(REWARDS), *sorted(builtins)])
+    raise ConfigError(f"reward_funcs: {name!r} is not a known reward ({known}) nor an import path 'module:function'")
+
+
+def check_prompt_records(dataset: Any, source: str) -> None:
+    """Every record has a ``prompt``: a non-empty string or list of chat messages, all of one kind."""
+    columns = list(dataset.column_names)
+    if "prompt" not in columns:
+        raise ConfigError(f"{source}: RL records need a 'prompt' (plus any columns the rewards read, e.g. "
+                          f"'answer'); columns: {', '.join(columns)}")
+    first = None
+    for index, value in enumerate(dataset["prompt"]):
+        if isinstance(value, str):
+            kind = "text"
+        elif isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m
+                                                       for m in value):
+            kind = "messages"
+        else:
+            raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' must be a string or a list of "
+                              f"chat messages ({{'role', 'content'}}), got {type(value).__name__}; fix the record")
+        if not value:
+            raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' is empty; drop the record or "
+                              "fill it in")
+        if first is None:
+            first = kind
+        elif kind != first:
+            raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' is {kind} but the records "
+                              f"before it are {first}; use one kind")
+
+
+@dataclass
+class PreparedPrompts:
+    train: Any
+    eval: Any | None
+    text_format: str
+
+
+def prompt_once(cfg: Any) -> bool:
+    """``prompt_once`` as the run uses it: the config's, else on where the attention is ``"padfree"`` (or still
+    ``"auto"``, which picks it where prompt_once can run) and the rows are padding-free."""
+    value = cfg.collator.prompt_once
+    if value is not None:
+        return bool(value)
+    return bool(cfg.padding_free) and cfg.attn_implementation in ("padfree", "auto")
+
+
+class GRPOTask(Task):
+    name = "grpo"
+    command = "grpo"
+    trainer_name = "GRPOTrainer"
+
+    def config_class(self) -> type:
+        from trl import GRPOConfig
+
+        return GRPOConfig
+
+    def trainer_class(self) -> type:
+        from trl_padfree.grpo import GRPOTrainer
+
+        return launch_trainer_class(GRPOTrainer)
+
+    def argument_classes(self) -> tuple[type, ...]:
+        from trl import ModelConfig
+
+        return (DataArguments, RLArguments, LaunchArguments, self.config_class(), ModelConfig)
+
+    def configure_parser(self, parser: Any) -> None:
+        parser.help_groups = {
+            "collator": f"RL forwards and rewards (trl_padfree.{self.trainer_name}: padding-free rows, prompt_once)",
+            "training": f"training (TRL {self.config_class().__name__} / transformers TrainingArguments)",
+        }
+        parser.description = (
+            f"Train a causal LM with verifiable rewards through trl_padfree.{self.trainer_name} (TRL's, "
+            "padding-free). --config FILE: a YAML mapping of any of the fields below (plus an optional `env` "
+            "mapping of environment variables); command-line values override the file. Exit code 2 on bad input."
+        )
+
+    def check(self, cfg: Any) -> None:
+        for name, holder in (("template", cfg.data), ("max_tokens_per_batch", cfg.launch)):
+            if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
+                raise ConfigError(f"{name} is a setting of trl-padfree train (SFT); {self.prog} generates from "
+                                  "'prompt' records and scores the completions: remove it")
+        names = cfg.collator.reward_funcs or []
+        if not names:
+            raise ConfigError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [answer_prefix] "
+                              "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
+        for name in names:
+            resolve_reward(name)
+        once = cfg.collator.prompt_once
+        if once and not cfg.padding_free:
+            raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
+        if once and cfg.attn_implementation not in ("auto", "padfree"):
+            raise ConfigError(
+                f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
+                f"{cfg.attn_implementation!r}: use auto or padfree")
+        if once:
+            cfg.attn_implementation = "padfree"
+        if cfg.padding_free:
+            from trl_padfree._compat import rl_padding_free_unavailable
+
+            if (problem := rl_padding_free_unavailable()) is not None:
+                raise ConfigError(problem)
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.collator.reward_funcs or [])}
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedPrompts:
+        from ..data import load_splits
+
+        train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_prompt_records)
+        conversational = isinstance(train[0]["prompt"], list)
+        if conversational and getattr(tokenizer, "chat_template", None) is None:
+            raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
+                              "has no chat template; use text prompts")
+        data = PreparedPrompts(train, eval_ds, "conversational" if conversational else "prompt")
+        say(f"data: {len(train)} training prompts" + (f", {len(eval_ds)} eval prompts" if eval_ds is not None else "")
+            + f" (format: {data.text_format})")
+        return data
+
+    def probe_check(self, cfg: Any) -> Any:
+        from functools import partial
+
+        from trl_padfree.rl_probe import assert_group_packing_safe
+
+        return partial(assert_group_packing_safe, prompt_once=prompt_once(cfg))
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        from trl import get_peft_config
+
+        return self.trainer_class()(
+            model=model,
+            reward_funcs=[resolve_reward(name) for name in cfg.collator.reward_funcs],
+            args=cfg.training,
+            train_dataset=data.train,
+            eval_dataset=data.eval,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(cfg.model),
+            callbacks=list(callbacks),
+            padding_free=cfg.padding_free,
+            prompt_once=prompt_once(cfg),
+            check_packing=False,  # the launch probed the policy before anything was written (the reference is its copy)
+            torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
+        )
+
+    def summary_settings(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": prompt_once(cfg), "reward_funcs": list(cfg.collator.reward_funcs or [])}
+
+    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+        return reward_summary(lines, history)
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        return group_layout(cfg, tokenizer, self.prepare_data(cfg, tokenizer), n)
+
+
+def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+    """The summary lines of an RL run: SFT's token-throughput line left out, the mean reward first and last.
+
+    >>> reward_summary(["steps: 2/2", "real tokens/s: n/a"], [{"reward": 0.1}, {"reward": 0.25}])
+    ['steps: 2/2', 'mean reward: 0.100 first logged step -> 0.250 last (2 logged steps)']
+    """
+    out = [line for line in lines if not line.startswith("real tokens/s")]
+    rewards = [e["reward"] for e in history if "reward" in e]
+    if rewards:
+        out.append(f"mean reward: {rewards[0]:.3f} first logged step -> {rewards[-1]:.3f} last "
+                   f"({len(rewards)} logged steps)")
+    return out
+
+
+def group_layout(cfg: Any, tokenizer: Any, data: PreparedPrompts, n: int) -> list[str]:
+    """``preview``'s lines: for the first ``n`` prompts, what one group forwards (shared) and scores."""
+    training = cfg.training
+    g, c = training.num_generations, training.max_completion_length
+    once = prompt_once(cfg)
+    lines = [f"{len(data.train)} training prompts; each group: 1 prompt, {g} completions of up to {c} tokens "
+             f"(padding_free={cfg.padding_free}, prompt_once={once})"]
+    for index in range(min(n, len(data.train))):
+        prompt = data.train[index]["prompt"]
+        if isinstance(prompt, list):
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict):
+                ids = ids["input_ids"]
+            text = str(prompt[-1]["content"])
+        else:
+            ids, text = tokenizer(prompt, add_special_tokens=False)["input_ids"], prompt
+        p = len(ids)
+        forwarded = p + g * c if once else g * (p + c)
+        shown = text if len(text) <= 80 else text[:77] + "..."
+        lines += [f"--- prompt {index} ({p} tokens): {shown!r}",
+                  f"    shared: the prompt, forwarded {'once for the group' if once else f'{g} times (once per row)'}"
+                  "; not scored",
+                  f"    scored: each completion's tokens ({g} x up to {c}), attending to the prompt and to itself only",
+                  f"    forwarded tokens at most: {forwarded} (padded TRL layout: {g * (p + c)})"]
+    return lines
+
+
+@functools.cache
+def launch_trainer_class(base: type) -> type:
+    """``base`` (trl_padfree's GRPO or RLOO trainer) with the launch's atomic checkpoints and whole-run log (made on
+    first use, so that parsing a config does not import the trainers)."""
+    return type(f"Launch{base.__name__}", (AtomicCheckpoints, WholeRunLog, base), {
+        "__doc__": f"``{base.__name__}`` whose checkpoints appear complete or not at all (launch.checkpoints), "
+                   "logging what the summary of the whole run needs (launch.whole_run).",
+        "__module__": __name__,
+    })
+
+
+TASK = GRPOTask()

@@ -1,0 +1,94 @@
+"""``trl-padfree train``: SFT with :class:`trl_padfree.launch.trainer.PadfreeSFTTrainer` and this package's
+completion-only collator (padding-free unless ``padding_free: false``).
+
+Its own parts: :class:`~..config.CollatorArguments` (``response_template``, ``instruction_template``) and TRL's
+``SFTConfig``; the collator/template checks (:func:`~..validate.check_sft_config`); the data tokenized and labelled
+once by :mod:`..data`, with the response-template check; the summary's ``max_tokens_per_batch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..checkpoints import AtomicCheckpoints
+from ..collators import make_collator_factory
+from ..config import CollatorArguments, DataArguments, LaunchArguments
+from ..console import say
+from ..trainer import PadfreeSFTTrainer
+from .base import Task
+
+__all__ = ["TASK", "LaunchSFTTrainer", "SFTTask"]
+
+
+class LaunchSFTTrainer(AtomicCheckpoints, PadfreeSFTTrainer):
+    """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`..checkpoints`)."""
+
+
+class SFTTask(Task):
+    name = "sft"
+    command = "train"
+    trainer_name = "SFTTrainer"
+
+    def argument_classes(self) -> tuple[type, ...]:
+        from trl import ModelConfig, SFTConfig
+
+        return (DataArguments, CollatorArguments, LaunchArguments, SFTConfig, ModelConfig)
+
+    def check(self, cfg: Any) -> None:
+        from ..validate import check_sft_config
+
+        check_sft_config(cfg)
+
+    def resolve(self, cfg: Any) -> None:
+        training = cfg.training
+        training.padding_free = False  # the collator flattens by itself; TRL refuses a custom collator otherwise
+        training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
+        """Formatted, tokenized and labelled by the collator, with the template check."""
+        from ..data import prepare_data
+
+        training = cfg.training
+        label_factory = make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True)
+        data = prepare_data(cfg, tokenizer, label_factory)
+        say(f"data: {len(data.train)} training examples"
+            + (f", {len(data.eval)} eval examples" if data.eval is not None else "") + f" (format: {data.text_format})")
+        if data.template_missing_in_check:
+            say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
+                f"template {cfg.collator.response_template!r}")
+        for split, count in data.dropped.items():
+            if count:
+                say(f"dropped {count} of {data.loaded[split]} {split} examples with no trained token left (response "
+                    f"template missing, or the completion cut off by max_length={training.max_length})")
+        return data
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        from trl import get_peft_config
+
+        collator = make_collator_factory(cfg, tokenizer, padding_free=cfg.padding_free, quiet=False)()
+        return LaunchSFTTrainer(
+            model=model,
+            args=cfg.training,
+            data_collator=collator,
+            train_dataset=data.train,
+            eval_dataset=data.eval,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(cfg.model),
+            callbacks=list(callbacks),  # extra callbacks act first within a step (a test hook signals before the check)
+            max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
+        )
+
+    def summary_settings(self, cfg: Any) -> dict[str, Any]:
+        return {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch}
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        from ..data import prepare_data
+        from ..preview import preview_lines
+
+        data = prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+        return list(preview_lines(data, tokenizer, n, color, cfg.collator.response_template))
+
+
+TASK = SFTTask()
