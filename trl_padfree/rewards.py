@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["REWARDS", "answer_overlap", "answer_prefix", "exact_match"]
+__all__ = ["REWARDS", "answer_chars", "answer_overlap", "answer_prefix", "exact_match"]
 
 
 def _text(completion: Any) -> str:
@@ -66,6 +66,22 @@ def answer_overlap(completions: Sequence[Any], **kwargs: Any) -> list[float]:
     return out
 
 
+def answer_chars(completions: Sequence[Any], **kwargs: Any) -> list[float]:
+    """Partial credit a barely trained model can move: the share of the completion's non-space characters that
+    occur in the answer (digits for counting, capitals for upper-casing, the word's letters for repetition); an
+    empty completion gets 0.
+
+    >>> answer_chars(["12 ab", "", "3 3"], answer=["1 2 3", "1", "3"])
+    [0.5, 0.0, 1.0]
+    """
+    out = []
+    for completion, answer in zip(completions, _answers(len(completions), kwargs), strict=True):
+        allowed = set(answer) - {" "}
+        got = [ch for ch in _text(completion) if not ch.isspace()]
+        out.append(sum(ch in allowed for ch in got) / len(got) if got else 0.0)
+    return out
+
+
 def exact_match(completions: Sequence[Any], **kwargs: Any) -> list[float]:
     """1.0 when the completion's words are the answer's, else 0.0 (whitespace ignored)."""
     return [float(_text(c).split() == a.split()) for c, a in zip(completions, _answers(len(completions), kwargs),
@@ -73,4 +89,4 @@ def exact_match(completions: Sequence[Any], **kwargs: Any) -> list[float]:
 
 
 #: The rewards ``trl-padfree grpo`` / ``rloo`` accept by name (``reward_funcs: [answer_prefix]``).
-REWARDS = {"answer_prefix": answer_prefix, "answer_overlap": answer_overlap, "exact_match": exact_match}
+REWARDS = {"answer_chars": answer_chars, "answer_prefix": answer_prefix, "answer_overlap": answer_overlap, "exact_match": exact_match}

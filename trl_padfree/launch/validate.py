@@ -162,8 +162,11 @@ _INTERVAL_STRATEGY = {"logging_steps": "logging_strategy", "eval_steps": "eval_s
 
 
 def _check_numbers(cfg: LaunchConfig) -> None:
-    """Every field of :data:`NUMERIC_RANGES` in its range; ``max_steps`` / ``num_train_epochs`` train something."""
-    for name, legal in NUMERIC_RANGES.items():
+    """Every field of :data:`NUMERIC_RANGES` (with the task's own ranges) in its range; ``max_steps`` /
+    ``num_train_epochs`` train something."""
+    from .tasks import get_task
+
+    for name, legal in {**NUMERIC_RANGES, **get_task(cfg.task).numeric_ranges()}.items():
         value = _numeric_value(cfg, name)
         if value is None or isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
             continue

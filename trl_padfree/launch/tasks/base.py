@@ -46,6 +46,10 @@ class Task:
         return None
 
     # -- validate -------------------------------------------------------------------------------------------------
+    def numeric_ranges(self) -> dict[str, Any]:
+        """Legal ranges (``validate.Range``) of this task's fields that differ from ``validate.NUMERIC_RANGES``."""
+        return {}
+
     def check(self, cfg: Any) -> None:
         """The task's own checks (raise ``ConfigError``), before the model and output_dir checks."""
 

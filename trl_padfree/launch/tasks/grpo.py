@@ -44,7 +44,7 @@ class RLArguments:
     reward_funcs: list[str] | None = field(
         default=None,
         metadata={"help": "Reward functions: TRL's built-in ones by name (accuracy_reward, reasoning_accuracy_reward, "
-                  "think_format_reward, get_soft_overlong_punishment), this package's (answer_prefix, "
+                  "think_format_reward, get_soft_overlong_punishment), this package's (answer_chars, answer_prefix, "
                   "answer_overlap, exact_match: trl_padfree.rewards), or an import path 'module:function'."},
     )
 
@@ -76,7 +76,7 @@ def resolve_reward(name: str) -> Callable[..., Any]:
     >>> resolve_reward("no_such_reward")
     Traceback (most recent call last):
     ...
-    trl_padfree.launch.config.ConfigError: reward_funcs: 'no_such_reward' is not a known reward (answer_overlap, answer_prefix, exact_match, accuracy_reward, get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward) nor an import path 'module:function'
+    trl_padfree.launch.config.ConfigError: reward_funcs: 'no_such_reward' is not a known reward (answer_chars, answer_overlap, answer_prefix, exact_match, accuracy_reward, get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward) nor an import path 'module:function'
     """
     from trl_padfree.rewards import REWARDS
 
@@ -181,6 +181,11 @@ class GRPOTask(Task):
             "padding-free). --config FILE: a YAML mapping of any of the fields below (plus an optional `env` "
             "mapping of environment variables); command-line values override the file. Exit code 2 on bad input."
         )
+
+    def numeric_ranges(self) -> dict[str, Any]:
+        from ..validate import Range
+
+        return {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
 
     def check(self, cfg: Any) -> None:
         for name, holder in (("template", cfg.data), ("max_tokens_per_batch", cfg.launch)):

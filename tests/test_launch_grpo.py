@@ -1,0 +1,221 @@
+"""``trl-padfree grpo`` / ``rloo`` end to end on CPU, and the launch's task structure: a short GRPO run trains,
+probes and summarises; SIGTERM saves a checkpoint and resuming reproduces the uninterrupted run (losses, rewards
+and entropies of every step); bad input exits 2 with one line and nothing written; RLOO runs; a trainer added at
+run time plugs into every stage; the stages never branch on a task's name. Small runs: 32 demo prompts, 2 prompts
+x 4 completions of 8 tokens per step."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from transformers import TrainerCallback
+
+from trl_padfree._compat import rl_padding_free_unavailable
+from trl_padfree.launch import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+LAUNCH = ROOT / "trl_padfree" / "launch"
+STEPS = 4
+needs_rl = pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """32 short prompts (with their answers, ``chosen``) of the demo's preference data."""
+    lines = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
+    path = tmp_path_factory.mktemp("grpo-data") / "prompts.jsonl"
+    path.write_text("\n".join([line for line in lines if len(line) < 300][:32]) + "\n", encoding="utf-8")
+    return path
+
+
+def grpo_argv(prompts: Path, out: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(ROOT / "configs" / "demo-grpo.yaml"),
+        "--model_name_or_path", str(DEMO / "model"),
+        "--train_file", str(prompts),
+        "--output_dir", str(out),
+        "--max_steps", str(STEPS),
+        "--per_device_train_batch_size", "8",
+        "--num_generations", "4",
+        "--max_completion_length", "8",
+        "--logging_steps", "1",
+        *extra,
+    ]  # fmt: skip
+
+
+def run(argv: list[str], task: str = "grpo", callbacks=()) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv, callbacks, task=task)
+    return code, out.getvalue(), err.getvalue()
+
+
+def steps(out: Path) -> dict[int, dict]:
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    return {e["step"]: e for e in history if "reward" in e}
+
+
+@pytest.fixture(scope="module")
+def full_run(prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    out = tmp_path_factory.mktemp("grpo-full") / "out"
+    code, stdout, stderr = run(grpo_argv(prompts, out))
+    assert code == 0, (stdout + stderr)[-3000:]
+    return out, stdout
+
+
+@needs_rl
+def test_demo_config_trains_probes_and_summarises(full_run):
+    out, stdout = full_run
+    assert (out / "model.safetensors").is_file()
+    run_line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] run: "))
+    for part in ("attn_implementation=padfree", "padding_free=True", "prompt_once=True", "reward_funcs=answer_chars"):
+        assert part in run_line, run_line
+    assert "[trl-padfree] data: 32 training prompts (format: prompt)" in stdout
+    assert "keeps packed examples apart" in stdout  # the group probe ran before anything was written
+    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout and "real tokens/s" not in stdout
+    logged = steps(out)
+    assert sorted(logged) == list(range(1, STEPS + 1))
+    line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] mean reward: "))
+    assert line == (f"[trl-padfree] mean reward: {logged[1]['reward']:.3f} first logged step -> "
+                    f"{logged[STEPS]['reward']:.3f} last ({STEPS} logged steps)")
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["global_step"] == STEPS and summary["saved_to"] == str(out)
+    assert summary["prompt_once"] is True and summary["reward_funcs"] == ["answer_chars"]
+
+
+class SigtermAt(TrainerCallback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@needs_rl
+def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prompts, tmp_path):
+    out = tmp_path / "out"
+    code, stdout, _ = run(grpo_argv(prompts, out), callbacks=[SigtermAt(2)])
+    assert code == 0
+    assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-2'}" in stdout
+    assert not (out / "model.safetensors").exists() and sorted(steps(out)) == [1, 2]
+    code, stdout, _ = run(grpo_argv(prompts, out, "--resume_from_checkpoint", "true"))
+    assert code == 0 and "checkpoint-2" in stdout
+    expected, resumed = steps(full_run[0]), steps(out)
+    assert sorted(resumed) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):  # the same completions sampled, rewarded and trained on after the resume
+        for key in ("loss", "reward", "reward_std", "entropy", "completions/mean_length"):
+            assert resumed[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-6), (step, key)
+
+
+@needs_rl
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--num_generation", "4"), "unknown option '--num_generation' on the command line; did you mean "
+                                    "'num_generations'?"),
+        (("--reward_funcs", "no_such_reward"), "reward_funcs: 'no_such_reward' is not a known reward"),
+        (("--reward_funcs", "no_such_module:score"), "reward_funcs: cannot import 'no_such_module'"),
+        (("--reward_funcs", "trl_padfree.rewards:nothing"), "reward_funcs: module 'trl_padfree.rewards' has no "
+                                                             "'nothing'"),
+        (("--reward_funcs", "trl_padfree.rewards:REWARDS"), "is a dict, not a function"),
+        (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
+        (("--padding_free", "false"), "prompt_once: true needs padding_free: true"),
+        (("--template", "{prompt}"), "template is a setting of trl-padfree train (SFT)"),
+        (("--beta", "-0.1"), "beta must be at least 0"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(prompts, tmp_path, extra, message):
+    out = tmp_path / "out"
+    code, stdout, stderr = run(grpo_argv(prompts, out, *extra))
+    assert code == 2, stdout + stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("trl-padfree grpo: error: "), stderr
+    assert not out.exists()  # nothing written
+
+
+@needs_rl
+def test_records_without_prompt_and_a_config_without_rewards_are_refused(tmp_path, prompts):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "hi", "answer": "there"}) + "\n", encoding="utf-8")
+    code, _, stderr = run(grpo_argv(prompts, tmp_path / "out", "--train_file", str(bad)))
+    assert code == 2 and "train_file: RL records need a 'prompt'" in stderr and not (tmp_path / "out").exists()
+    config = tmp_path / "no-rewards.yaml"
+    text = (ROOT / "configs" / "demo-grpo.yaml").read_text(encoding="utf-8")
+    config.write_text("\n".join(line for line in text.splitlines() if not line.startswith("reward_funcs")) + "\n")
+    argv = grpo_argv(prompts, tmp_path / "out")
+    argv[1] = str(config)
+    code, _, stderr = run(argv)
+    assert code == 2 and "reward_funcs is empty: name at least one reward" in stderr
+
+
+@needs_rl
+def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path):
+    module = tmp_path / "my_rewards.py"
+    module.write_text("def short(completions, **kwargs):\n    return [-len(c) / 100 for c in completions]\n")
+    out = tmp_path / "out"
+    cwd = os.getcwd()
+    os.chdir(tmp_path)  # as trl grpo: a reward module beside the config, imported from the working directory
+    try:
+        code, stdout, stderr = run(grpo_argv(prompts, out, "--reward_funcs", "my_rewards:short", "--max_steps", "2"),
+                                   task="rloo")
+    finally:
+        os.chdir(cwd)
+    assert code == 0, (stdout + stderr)[-3000:]
+    assert "reward_funcs=my_rewards:short" in stdout and "[trl-padfree] steps: 2/2" in stdout
+    assert all("rewards/short/mean" in e for e in steps(out).values())
+
+
+def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path):
+    """One module (here: a class in this test) and one registry line make a new trainer of the launch."""
+    from trl_padfree.launch.tasks import get_task, register
+    from trl_padfree.launch.tasks.sft import SFTTask
+
+    class ToyTask(SFTTask):  # SFT's parts, its own name, command, summary line
+        name, command = "toy", "toy"
+
+        def summary_lines(self, lines, history):
+            return [*lines, "toy task: " + ", ".join(sorted({k for e in history for k in e if k == "loss"}))]
+
+    register(ToyTask())
+    assert get_task("toy").prog == "trl-padfree toy"
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}"}) + "\n" for i in range(8)))
+    argv = ["--model_name_or_path", str(DEMO / "model"), "--train_file", str(data), "--output_dir",
+            str(tmp_path / "out"), "--max_steps", "2", "--per_device_train_batch_size", "4", "--use_cpu", "true",
+            "--report_to", "none", "--save_strategy", "no", "--torch_num_threads", "1"]
+    code, stdout, stderr = run(argv, task="toy")
+    assert code == 0, (stdout + stderr)[-3000:]
+    assert "[trl-padfree] toy task: loss" in stdout and "[trl-padfree] steps: 2/2" in stdout
+    code, _, stderr = run([*argv, "--no_such_field", "1"], task="toy")
+    assert code == 2 and stderr.startswith("trl-padfree toy: error: unknown option '--no_such_field'")
+
+
+def test_the_stages_never_branch_on_a_task_name():
+    """Nothing in launch/ (but launch/tasks/) compares ``task`` or ``cfg.task`` with a string."""
+    found = []
+    for path in sorted(LAUNCH.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Compare):
+                names = [n for n in (node.left, *node.comparators)
+                         if (isinstance(n, ast.Name) and n.id == "task") or (isinstance(n, ast.Attribute)
+                                                                             and n.attr == "task")]
+                strings = [n for n in (node.left, *node.comparators) if isinstance(n, ast.Constant)
+                           and isinstance(n.value, str)]
+                if names and strings:
+                    found.append(f"{path.name}:{node.lineno}")
+    assert found == []
+
+
+def test_the_grpo_task_imports_no_other_task():
+    tree = ast.parse((LAUNCH / "tasks" / "grpo.py").read_text(encoding="utf-8"))
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
+    assert imported == {"base"}, imported
