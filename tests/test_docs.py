@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trl_padfree._compat import dpo_padding_free_unavailable
+from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,6 +53,7 @@ FEW_STEPS = (
     "--save_strategy no --output_dir {tmp}/out"
 )
 DPO_OK = dpo_padding_free_unavailable() is None
+RL_OK = rl_padding_free_unavailable() is None
 # shown command -> (what the test appends, expected exit code)
 RUN: dict[str, tuple[str, int]] = {
     "trl-padfree train --config configs/demo.yaml": (FEW_STEPS, 0),
@@ -66,6 +67,9 @@ RUN: dict[str, tuple[str, int]] = {
     # padding-free DPO needs trl >= 1.16: below (make test-lowest) both refuse in one line, exit 2
     "trl-padfree preview --config configs/demo-dpo.yaml -n 2": ("", 0 if DPO_OK else 2),
     "trl-padfree dpo --config configs/demo-dpo.yaml": (FEW_STEPS, 0 if DPO_OK else 2),
+    # padding-free RL needs trl >= 1.16 too (trl_padfree._compat.MIN_TRL_RL)
+    "trl-padfree preview --config configs/demo-grpo.yaml -n 2": ("", 0 if RL_OK else 2),
+    "trl-padfree grpo --config configs/demo-grpo.yaml": (FEW_STEPS, 0 if RL_OK else 2),
     # two families instead of 32, written to a temporary file (compared with docs/probe-families.md below)
     "python scripts/probe_families.py": ("--types llama,opt --out {tmp}/families.md", 0),
 }

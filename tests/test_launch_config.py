@@ -307,6 +307,7 @@ def test_every_shipped_config_is_checked():
     assert shipped == {
         "demo.yaml", "demo-chat.yaml", "llama3-8b-flash.yaml", "mistral-7b-lora.yaml",
         "demo-dpo.yaml",  # run (trl-padfree dpo) in test_launch_dpo.py
+        "demo-grpo.yaml",  # run (trl-padfree grpo) in test_launch_grpo.py
         "accelerate/ddp.yaml", "accelerate/fsdp.yaml", "accelerate/deepspeed-zero3.yaml",
         "accelerate/cpu-ddp.yaml",  # checked (and run with 2 ranks) in test_distributed.py
     }  # fmt: skip

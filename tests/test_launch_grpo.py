@@ -219,3 +219,26 @@ def test_the_grpo_task_imports_no_other_task():
     tree = ast.parse((LAUNCH / "tasks" / "grpo.py").read_text(encoding="utf-8"))
     imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
     assert imported == {"base"}, imported
+
+
+@needs_rl
+def test_preview_shows_a_groups_layout(prompts):
+    from trl_padfree.launch.preview import main as preview_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = preview_main(["--config", str(ROOT / "configs" / "demo-grpo.yaml"), "--train_file", str(prompts),
+                             "--model_name_or_path", str(DEMO / "model"), "--max_completion_length", "8", "-n", "1"])
+    assert code == 0, err.getvalue()
+    from transformers import AutoTokenizer
+
+    first = json.loads(prompts.read_text(encoding="utf-8").splitlines()[0])["prompt"]
+    p = len(AutoTokenizer.from_pretrained(DEMO / "model")(first, add_special_tokens=False)["input_ids"])
+    assert out.getvalue().splitlines() == [
+        "32 training prompts; each group: 1 prompt, 4 completions of up to 8 tokens (padding_free=True, "
+        "prompt_once=True)",
+        f"--- prompt 0 ({p} tokens): {first!r}",
+        "    shared: the prompt, forwarded once for the group; not scored",
+        "    scored: each completion's tokens (4 x up to 8), attending to the prompt and to itself only",
+        f"    forwarded tokens at most: {p + 4 * 8} (padded TRL layout: {4 * (p + 8)})",
+    ]

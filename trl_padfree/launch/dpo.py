@@ -151,7 +151,7 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
         processing_class=tokenizer,
         peft_config=get_peft_config(cfg.model),
         callbacks=list(callbacks),
-        prompt_once=bool(getattr(cfg.collator, "prompt_once", False)),
+        prompt_once=bool(cfg.collator.prompt_once),
         check_packing=False,
         torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
     )
@@ -219,4 +219,4 @@ def probe_check(cfg: LaunchConfig) -> Any:
 
     from trl_padfree.preference_probe import assert_preference_packing_safe
 
-    return partial(assert_preference_packing_safe, prompt_once=bool(getattr(cfg.collator, "prompt_once", False)))
+    return partial(assert_preference_packing_safe, prompt_once=bool(cfg.collator.prompt_once))

@@ -368,7 +368,7 @@ def check_preference_config(cfg: LaunchConfig) -> None:
         if problem is not None:
             raise ConfigError(problem)
     _check_preference_losses(cfg.training)
-    once = bool(getattr(cfg.collator, "prompt_once", False))
+    once = bool(cfg.collator.prompt_once)
     if once and not cfg.training.padding_free:
         raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
     if once and cfg.attn_implementation not in ("auto", "padfree"):

@@ -142,6 +142,18 @@ class PreparedPrompts:
     text_format: str
 
 
+def load_prompts(cfg: Any, tokenizer: Any) -> PreparedPrompts:
+    """The training and eval prompt records, checked (TRL's trainer tokenizes them as it generates)."""
+    from ..data import load_splits
+
+    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_prompt_records)
+    conversational = isinstance(train[0]["prompt"], list)
+    if conversational and getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
+                          "has no chat template; use text prompts")
+    return PreparedPrompts(train, eval_ds, "conversational" if conversational else "prompt")
+
+
 def prompt_once(cfg: Any) -> bool:
     """``prompt_once`` as the run uses it: the config's, else on where the attention is ``"padfree"`` (or still
     ``"auto"``, which picks it where prompt_once can run) and the rows are padding-free."""
@@ -217,14 +229,8 @@ class GRPOTask(Task):
         return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.collator.reward_funcs or [])}
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedPrompts:
-        from ..data import load_splits
-
-        train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_prompt_records)
-        conversational = isinstance(train[0]["prompt"], list)
-        if conversational and getattr(tokenizer, "chat_template", None) is None:
-            raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
-                              "has no chat template; use text prompts")
-        data = PreparedPrompts(train, eval_ds, "conversational" if conversational else "prompt")
+        data = load_prompts(cfg, tokenizer)
+        train, eval_ds = data.train, data.eval
         say(f"data: {len(train)} training prompts" + (f", {len(eval_ds)} eval prompts" if eval_ds is not None else "")
             + f" (format: {data.text_format})")
         return data
@@ -262,7 +268,7 @@ class GRPOTask(Task):
         return reward_summary(lines, history)
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return group_layout(cfg, tokenizer, self.prepare_data(cfg, tokenizer), n)
+        return group_layout(cfg, tokenizer, load_prompts(cfg, tokenizer), n)
 
 
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
