@@ -242,3 +242,31 @@ def test_preview_shows_a_groups_layout(prompts):
         "    scored: each completion's tokens (4 x up to 8), attending to the prompt and to itself only",
         f"    forwarded tokens at most: {p + 4 * 8} (padded TRL layout: {4 * (p + 8)})",
     ]
+
+
+@needs_rl
+@pytest.mark.slow
+def test_two_ranks_train_and_exit(prompts, tmp_path):
+    import subprocess
+    import sys
+
+    from test_distributed import free_port
+
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
+           "-m", "trl_padfree.cli", "grpo", *grpo_argv(prompts, out, "--max_steps", "2")]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["global_step"] == 2
+    assert proc.stdout.count("[trl-padfree] steps: 2/2") == 1 and proc.stdout.count("[trl-padfree] run: ") == 1
+
+
+@pytest.mark.parametrize(("task", "config"), [("grpo", "GRPOConfig"), ("rloo", "RLOOConfig")])
+def test_help_names_the_rl_settings(task, config):
+    code, stdout, _ = run(["--help"], task=task)
+    assert code == 0 and stdout.startswith(f"usage: trl-padfree {task} --config")
+    assert f"training (TRL {config} / transformers TrainingArguments)" in stdout
+    assert "--reward_funcs" in stdout and "--prompt_once" in stdout and "--num_generations" in stdout
+    assert "--response_template" not in stdout
