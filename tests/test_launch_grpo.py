@@ -174,10 +174,14 @@ def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path):
     assert all("rewards/short/mean" in e for e in steps(out).values())
 
 
-def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path):
+def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
     """One module (here: a class in this test) and one registry line make a new trainer of the launch."""
+    from trl_padfree.launch import tasks
     from trl_padfree.launch.tasks import get_task, register
     from trl_padfree.launch.tasks.sft import SFTTask
+
+    monkeypatch.setattr(tasks, "REGISTRY", dict(tasks.REGISTRY))  # the toy task is gone after the test
+    monkeypatch.setattr(tasks, "_LOADED", dict(tasks._LOADED))
 
     class ToyTask(SFTTask):  # SFT's parts, its own name, command, summary line
         name, command = "toy", "toy"

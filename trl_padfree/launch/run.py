@@ -1,12 +1,14 @@
-"""The ``trl-padfree train`` run, stage by stage.
+"""The launch's run, stage by stage, for every trainer; what is a trainer's own comes from its task
+(:mod:`.tasks`, looked up by ``cfg.task``).
 
-1. parse and validate the config (:mod:`.config`, :mod:`.validate`): nothing loaded yet;
-2. load the tokenizer (:mod:`.tokenizer`), make the collator (:mod:`.collators`) and prepare the data
-   (:mod:`.data`), including the response-template check;
-3. load the model (:mod:`.model`) and, for padding-free runs, probe that packed examples stay apart (:mod:`.probe`);
-4. train with :class:`~.trainer.PadfreeSFTTrainer` (SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`;
+1. parse and validate the config (:mod:`.config`, :mod:`.validate`, the task's ``check``): nothing loaded yet;
+2. load the tokenizer (:mod:`.tokenizer`) and prepare the data (the task's ``prepare_data``: SFT makes the
+   collator, :mod:`.collators`, and labels the records, :mod:`.data`, with the response-template check);
+3. load the model (:mod:`.model`) and, for padding-free runs, probe that packed sequences stay apart
+   (:mod:`.probe`, with the task's ``probe_check``); the task's reference model, if any;
+4. train with the task's trainer (``make_trainer``; SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`;
    checkpoints and the final model appear complete or not at all, see :mod:`.checkpoints`), save the model, then
-   run the final evaluation, and print a summary (:mod:`.summary`).
+   run the final evaluation, and print a summary (:mod:`.summary`, with the task's ``summary_lines``).
 
 Stages 1-3 raise :class:`~.config.ConfigError` for bad input; ``main`` turns it into one line on stderr and exit
 code 2. Nothing is written (no ``output_dir``) before stage 4.

@@ -18,10 +18,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..checkpoints import AtomicCheckpoints
 from ..config import ConfigError, DataArguments, LaunchArguments
 from ..console import say
-from ..whole_run import WholeRunLog
 from .base import Task
 
 __all__ = ["TASK", "GRPOTask", "RLArguments", "resolve_reward", "trl_rewards"]
@@ -316,6 +314,9 @@ def group_layout(cfg: Any, tokenizer: Any, data: PreparedPrompts, n: int) -> lis
 def launch_trainer_class(base: type) -> type:
     """``base`` (trl_padfree's GRPO or RLOO trainer) with the launch's atomic checkpoints and whole-run log (made on
     first use, so that parsing a config does not import the trainers)."""
+    from ..checkpoints import AtomicCheckpoints
+    from ..whole_run import WholeRunLog
+
     return type(f"Launch{base.__name__}", (AtomicCheckpoints, WholeRunLog, base), {
         "__doc__": f"``{base.__name__}`` whose checkpoints appear complete or not at all (launch.checkpoints), "
                    "logging what the summary of the whole run needs (launch.whole_run).",

@@ -8,21 +8,27 @@ once by :mod:`..data`, with the response-template check; the summary's ``max_tok
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-from ..checkpoints import AtomicCheckpoints
 from ..collators import make_collator_factory
 from ..config import CollatorArguments, DataArguments, LaunchArguments
 from ..console import say
-from ..trainer import PadfreeSFTTrainer
 from .base import Task
 
-__all__ = ["TASK", "LaunchSFTTrainer", "SFTTask"]
+__all__ = ["TASK", "SFTTask", "launch_sft_trainer"]
 
 
-class LaunchSFTTrainer(AtomicCheckpoints, PadfreeSFTTrainer):
-    """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`..checkpoints`)."""
+@functools.cache
+def launch_sft_trainer() -> type:
+    """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`..checkpoints`); made on first
+    use: parsing a config imports no trainer (the timing of a multi-node refusal depends on it)."""
+    from ..checkpoints import AtomicCheckpoints
+    from ..trainer import PadfreeSFTTrainer
+
+    return type("LaunchSFTTrainer", (AtomicCheckpoints, PadfreeSFTTrainer), {"__module__": __name__,
+                                                                           "__doc__": launch_sft_trainer.__doc__})
 
 
 class SFTTask(Task):
@@ -68,7 +74,7 @@ class SFTTask(Task):
         from trl import get_peft_config
 
         collator = make_collator_factory(cfg, tokenizer, padding_free=cfg.padding_free, quiet=False)()
-        return LaunchSFTTrainer(
+        return launch_sft_trainer()(
             model=model,
             args=cfg.training,
             data_collator=collator,
