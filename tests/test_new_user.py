@@ -49,7 +49,8 @@ def test_preview_takes_the_built_in_config_names_and_prints_no_indexing_warning(
         assert "--- " in out and INDEXING_WARNING not in out + err, (name, err[-2000:])
 
 
-@pytest.mark.parametrize("config", ["demo", "demo-dpo"])
+@pytest.mark.parametrize("config", ["demo", pytest.param("demo-dpo", marks=pytest.mark.skipif(
+    not DPO_OK, reason=str(dpo_padding_free_unavailable())))])
 def test_the_launch_tokenizer_does_not_warn_about_indexing_errors_where_max_length_cuts(config):
     """transformers warns once per tokenizer about a text longer than ``model_max_length`` ("... will result in
     indexing errors"); the launch cuts every sequence to ``max_length`` (and counts what it drops), so its

@@ -275,8 +275,9 @@ def with_formatting_func_told(
     wrapped = FormattingFunc(func)
     record = first_record(bound.get("train_dataset"))
     record = record if record is not None else first_record(bound.get("eval_dataset"))
-    if record is not None:
-        wrapped.tell(record)
+    dataset_kwargs = getattr(bound.get("args"), "dataset_kwargs", None) or {}
+    if record is not None and "input_ids" not in record and not dataset_kwargs.get("skip_prepare_dataset"):
+        wrapped.tell(record)  # (TRL ignores formatting_func on a tokenized dataset: then it is never called)
     if "formatting_func" in kwargs:
         return args, {**kwargs, "formatting_func": wrapped}
     index = list(inspect.signature(trl.SFTTrainer.__init__).parameters).index("formatting_func") - 1  # no self
