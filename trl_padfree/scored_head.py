@@ -17,7 +17,8 @@ positions are prompts, never scored. This module scores only what counts, on any
   PEFT and accelerate's unwrapping keep working: ``model(..., labels|shift_labels, fused_lm_head=True)`` (TRL's call,
   unchanged) returns TRL's ``FusedCausalLMOutput`` computed by this head. Where this head is not exact for the model
   (logit softcapping, logit scaling, a head that is not a ``torch.nn.Linear``, MoE router logits, an FSDP2-sharded
-  head), the call goes to TRL's fused head instead, and :func:`head_fallback_reason` names why.
+  head), the call goes to TRL's fused head instead, and :func:`head_fallback_reason` names why. On CUDA/XPU with
+  Triton the calls go to TRL's head by default too: there it already projects only the labelled positions.
 
 Why not ``logits_to_keep``: a transformers CausalLM given ``logits_to_keep`` as a tensor of indices projects only
 those positions, but it still builds their full ``[N, V]`` logits (and the model's loss over them) at once; the
@@ -60,6 +61,7 @@ __all__ = [
     "ScoredLogProbs",
     "ScoredTokens",
     "add_scored_head",
+    "trl_head_is_compact",
     "remove_scored_head",
     "chunk_rows",
     "head_fallback_reason",
@@ -349,7 +351,7 @@ def scored_head_state(model: Any) -> str | None:
 
 def add_scored_head(
     model: Any, *, temperature: float = 1.0, outputs: tuple[str, ...] = ("log_probs",),
-    cast_lm_head_to_fp32: bool = False, chunk_tokens: int | None = None,
+    cast_lm_head_to_fp32: bool = False, chunk_tokens: int | None = None, use_trl_on_triton: bool = True,
 ) -> str | None:
     """Make ``model(..., labels=..., fused_lm_head=True)`` score only the labelled positions with this head.
 
@@ -362,7 +364,9 @@ def add_scored_head(
     takes the calls this head is not exact for.
 
     Args: as TRL's ``add_fused_lm_head`` (``temperature``, ``cast_lm_head_to_fp32``, ``outputs``), plus
-    ``chunk_tokens`` (:func:`score_tokens`).
+    ``chunk_tokens`` (:func:`score_tokens`) and ``use_trl_on_triton``: on CUDA/XPU with Triton, TRL's head already
+    projects only the labelled positions, with its Triton kernels; by default (True) those calls go to it (this head
+    has not been measured against it on a GPU). False: this head on every device.
 
     Returns:
         None when this head scores the model; else why TRL's head does (:func:`head_fallback_reason`). Calls with
@@ -389,7 +393,8 @@ def add_scored_head(
                         **kwargs):
         lm_head = self.get_output_embeddings()
         router = kwargs.get("output_router_logits") or getattr(text_config, "output_router_logits", False)
-        if not fused_lm_head or router or isinstance(lm_head.weight, DTensor):
+        trl_compacts = use_trl_on_triton and trl_head_is_compact(lm_head.weight.device)
+        if not fused_lm_head or router or trl_compacts or isinstance(lm_head.weight, DTensor):
             return previous(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                             num_items_in_batch=num_items_in_batch, **kwargs)
         kwargs["use_cache"] = False
@@ -416,6 +421,13 @@ def add_scored_head(
     model.forward = types.MethodType(_scored_forward, model)
     setattr(model, _PREVIOUS, previous)
     return None
+
+
+def trl_head_is_compact(device: torch.device) -> bool:
+    """Where TRL's fused head scores only the labelled positions: CUDA/XPU with Triton (``_use_triton`` in TRL)."""
+    from transformers.utils import is_triton_available
+
+    return device.type in ("cuda", "xpu") and is_triton_available()
 
 
 def remove_scored_head(model: Any) -> bool:
