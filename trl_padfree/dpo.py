@@ -148,9 +148,10 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
                 ("log_sum_sq_probs",) if self.use_weighting else ())
             main = self.is_world_process_zero()
             self.lm_head_state = install_scored_head(self.model, outputs, self.scored_lm_head, main)
-            self.ref_lm_head_state = (install_scored_head(
-                self.accelerator.unwrap_model(self.ref_model), ("log_probs",), self.scored_lm_head, main)
-                                      if self.ref_model is not None else None)
+            self.ref_lm_head_state = None
+            if self.ref_model is not None:
+                ref_model = self.accelerator.unwrap_model(self.ref_model)
+                self.ref_lm_head_state = install_scored_head(ref_model, ("log_probs",), self.scored_lm_head, main)
             models = [m for m in (self.model, self.ref_model) if m is not None]
             if self.prompt_once:
                 for m in models:

@@ -16,9 +16,10 @@ positions are prompts, never scored. This module scores only what counts, on any
 - :func:`add_scored_head`: installs it on a model **through the model's own forward**, so DDP (gradient sync),
   PEFT and accelerate's unwrapping keep working: ``model(..., labels|shift_labels, fused_lm_head=True)`` (TRL's call,
   unchanged) returns TRL's ``FusedCausalLMOutput`` computed by this head. Where this head is not exact for the model
-  (logit softcapping, logit scaling, a head that is not a ``torch.nn.Linear``, MoE router logits, an FSDP2-sharded
-  head), the call goes to TRL's fused head instead, and :func:`head_fallback_reason` names why. On CUDA/XPU with
-  Triton the calls go to TRL's head by default too: there it already projects only the labelled positions.
+  (logit softcapping, logit scaling, a head that is not a ``torch.nn.Linear``, MoE router logits, a head sharded by
+  FSDP2 or DeepSpeed ZeRO-3), the call goes to TRL's fused head instead, and :func:`head_fallback_reason` names
+  why. On CUDA/XPU with Triton the calls go to TRL's head by default too: there it already projects only the
+  labelled positions.
 
 Why not ``logits_to_keep``: a transformers CausalLM given ``logits_to_keep`` as a tensor of indices projects only
 those positions, but it still builds their full ``[N, V]`` logits (and the model's loss over them) at once; the
@@ -370,12 +371,14 @@ def add_scored_head(
 
     Returns:
         None when this head scores the model; else why TRL's head does (:func:`head_fallback_reason`). Calls with
-        ``output_router_logits`` (MoE) or an FSDP2-sharded head also go to TRL's head.
+        ``output_router_logits`` (MoE), an FSDP2-sharded head or under DeepSpeed ZeRO-3 (TRL's head gathers the
+        sharded weight) also go to TRL's head.
     """
     if (problem := scored_head_unavailable()) is not None:
         raise RuntimeError(problem)
     from torch.distributed.tensor import DTensor
-    from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head, maybe_gather_lm_head_ctx
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
 
     outputs = _checked_outputs(outputs)
     remove_scored_head(model)  # added before: replaced, over the same TRL head
@@ -394,7 +397,8 @@ def add_scored_head(
         lm_head = self.get_output_embeddings()
         router = kwargs.get("output_router_logits") or getattr(text_config, "output_router_logits", False)
         trl_compacts = use_trl_on_triton and trl_head_is_compact(lm_head.weight.device)
-        if not fused_lm_head or router or trl_compacts or isinstance(lm_head.weight, DTensor):
+        sharded = isinstance(lm_head.weight, DTensor) or is_deepspeed_zero3_enabled()  # TRL gathers the head
+        if not fused_lm_head or router or trl_compacts or sharded:
             return previous(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                             num_items_in_batch=num_items_in_batch, **kwargs)
         kwargs["use_cache"] = False
@@ -409,7 +413,7 @@ def add_scored_head(
         if cast_lm_head_to_fp32:
             hidden = hidden.float()
             autocast = torch.autocast(hidden.device.type, enabled=False)
-        with autocast, maybe_gather_lm_head_ctx(weight, bias):
+        with autocast:
             scored, mask = score_row(hidden, targets, weight, bias, temperature=temperature, outputs=outputs,
                                      chunk_tokens=chunk_tokens)
         count = mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch
