@@ -44,18 +44,24 @@ def bench_part(args: argparse.Namespace) -> None:
            "--output-dir", str(out), "--name", "scored-head"]
     print(f"[bench] {' '.join(cmd[1:])}  ({load()} at start)", flush=True)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
-    report = json.loads((out / "scored-head.json").read_text())
     print(f"[bench] done ({load()}); report {out / 'scored-head.md'}")
-    print("| workload | variant | LM head | real tokens/s | vs packed-padfree | ms/step | peak RSS (MB) | final loss |")
-    print("|---|---|---|---:|---:|---:|---:|---:|")
+    print_bench(json.loads((out / "scored-head.json").read_text()))
+
+
+def print_bench(report: dict) -> None:
+    """The bench part's table and ratios, from the bench's JSON report."""
+    print("| workload | variant | LM head | real tokens/s | vs packed-padfree | tokens/CPU-s | vs packed-padfree | "
+          "ms/step | peak RSS (MB) | final loss |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, entry in report["datasets"].items():
         runs = entry["variants"]
-        base = runs["packed-padfree"]["tokens_per_second"]
+        base, base_cpu = (runs["packed-padfree"][k] for k in ("tokens_per_second", "tokens_per_cpu_second"))
         for variant in BENCH_VARIANTS:
             r = runs[variant]
             head = r.get("lm_head", "plain: model(**batch).loss over every position")
             print(f"| {name} | {variant} | {head} | {r['tokens_per_second']:,.0f} | "
-                  f"{r['tokens_per_second'] / base:.3f}x | {1000 * r['median_step_seconds']:,.0f} | "
+                  f"{r['tokens_per_second'] / base:.3f}x | {r['tokens_per_cpu_second']:,.0f} | "
+                  f"{r['tokens_per_cpu_second'] / base_cpu:.3f}x | {1000 * r['median_step_seconds']:,.0f} | "
                   f"{r['peak_memory_mb']:,.0f} | {r['train_loss'][-1]:.6f} |")
         a, b = runs["sft-padfree"], runs["sft-padfree-trl-head"]
         print(f"[bench] {name}: sft-padfree / sft-padfree-trl-head = "
