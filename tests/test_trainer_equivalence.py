@@ -16,6 +16,8 @@ import pytest
 import torch
 from tiny_sft import losses, make_trainer, max_rel_diff, tokenized_dataset, tokenizer, weights
 
+from trl_padfree.scored_head import scored_head_unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 LOSS_RTOL, WEIGHT_RTOL = 1e-5, 1e-4
 
@@ -66,6 +68,7 @@ def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return results
 
 
+@pytest.mark.skipif(scored_head_unavailable() is not None, reason=str(scored_head_unavailable()))
 def test_two_ddp_ranks_scored_head_trains_as_trls_head(ddp_results):
     """The scored-positions LM head is called through DDP's forward: both ranks end with the same weights, and
     they are those TRL's fused head trains (2 ranks, grad accumulation 2, 3 AdamW steps)."""

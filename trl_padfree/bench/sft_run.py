@@ -139,9 +139,10 @@ class SFTTrainerRun(SteppedTrainerRun):
     def _head_scores_targets_only(self) -> bool:
         """Whether the LM head projects only the trained positions: this project's scored head, or TRL's fused head
         on CUDA/XPU with Triton (elsewhere TRL's head projects every position)."""
-        if self.spec.collator == "trl-padfree" and self.spec.lm_head == "scored":
+        from ..scored_head import scored_head_unavailable, trl_head_is_compact
+
+        if self.spec.collator == "trl-padfree" and self.spec.lm_head == "scored" and scored_head_unavailable() is None:
             return True
-        from ..scored_head import trl_head_is_compact
 
         return trl_head_is_compact(self.device)
 
