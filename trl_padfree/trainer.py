@@ -346,6 +346,11 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``torch.set_num_threads``), the count ``trl-padfree train``
     picks (:func:`training_threads`; the demo model trains on 1 thread), said in one line when it differs from
     torch's; a number: that many; None: torch's own choice. The count holds during ``train()`` only.
+
+    ``scored_lm_head`` (default True): TRL's loss is scored by :mod:`trl_padfree.scored_head`, an LM head that
+    projects only the positions whose label is not -100, on every device (TRL 1.16's own head does so only on
+    CUDA/XPU with Triton); loss, metrics and gradients are TRL's. False: TRL's fused head.
+    ``self.lm_head_state`` says which scores (:meth:`use_scored_lm_head`).
     """
 
     def __init__(
