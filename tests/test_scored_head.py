@@ -99,10 +99,27 @@ def test_a_row_with_nothing_scored_gives_a_differentiable_zero():
     assert hidden.grad.abs().sum() == 0 and weight.grad.abs().sum() == 0
 
 
-def _packed_batch(tok, n: int = 6):
-    data = tokenized_dataset(tok, n, seed=3)
+def _packed_batch(tok, n: int = 6, seed: int = 3):
+    data = tokenized_dataset(tok, n, seed=seed)
     collate = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
     return collate([dict(r) for r in data])
+
+
+def _favour_the_commonest_target(model, batch) -> None:
+    """Raise the head's row of the batch's commonest target along the mean hidden state, so that top-1 is right at
+    some positions and wrong at others (a random model is right nowhere: accuracy would compare 0 with 0)."""
+    from trl_padfree.preference import MODEL_KEYS
+
+    with torch.no_grad():
+        inputs = {k: batch[k] for k in MODEL_KEYS if k in batch}
+        hidden = model.model(**inputs).last_hidden_state[0]
+        if "shift_labels" in batch:
+            targets = batch["shift_labels"][0]
+        else:
+            hidden, targets = hidden[:-1], batch["labels"][0, 1:]
+        keep = targets != -100
+        u = hidden[keep].mean(0)
+        model.lm_head.weight[targets[keep].mode().values] += 3 * u / u.norm() ** 2
 
 
 @pytest.mark.parametrize("shifted", [False, True])
@@ -117,6 +134,7 @@ def test_model_call_equals_trls_fused_head(shifted):
     results = []
     for scored in (False, True):
         model = tiny_llama(vocab_size=len(tok), attn_implementation="padfree")
+        _favour_the_commonest_target(model, {**batch, "labels": labels})
         add_fused_lm_head(model, outputs=ALL)
         if scored:
             assert add_scored_head(model, outputs=ALL) is None and scored_head_state(model) == "scored"
@@ -129,6 +147,7 @@ def test_model_call_equals_trls_fused_head(shifted):
     for name in ALL:
         a, b = getattr(got, name), getattr(want, name)
         assert torch.equal(a, b) if name == "is_top1" else rel(a, b) <= RTOL, name
+    assert 0 < int(got.is_top1.sum()) < int(got.label_mask.sum())  # right at some positions, wrong at others
     assert grad_rel(got_grads, want_grads) <= RTOL
     # without fused_lm_head the model's own forward (logits of every position)
     assert model(**batch).logits.shape[1] == batch["input_ids"].shape[1]
@@ -139,6 +158,7 @@ def _sft_run(tmp_path, scored: bool):
     data = tokenized_dataset(tok, 24)
     trainer = make_trainer(True, data, tok, str(tmp_path / str(scored)), gradient_accumulation_steps=2,
                            max_steps=3, optim="sgd", scored_lm_head=scored)
+    _favour_the_commonest_target(trainer.model, _packed_batch(tok, 24, seed=0))
     recorder = GradRecorder()
     trainer.add_callback(recorder)
     trainer.train()
@@ -154,6 +174,7 @@ def test_sft_trainer_equals_trls_head(tmp_path):
     want = [e for e in trl_head.state.log_history if "loss" in e]
     got = [e for e in scored.state.log_history if "loss" in e]
     assert len(want) == len(got) == 3
+    assert all(0 < e["mean_token_accuracy"] < 1 for e in got)  # (a comparison of more than zeros)
     for g, w in zip(got, want, strict=True):
         for key in ("loss", "entropy", "mean_token_accuracy", "num_tokens"):
             assert abs(g[key] - w[key]) <= RTOL * max(abs(w[key]), 1e-7), (key, g[key], w[key])
@@ -191,6 +212,7 @@ def test_dpo_equals_trls_head(tmp_path, once):
         recorder = GradRecorder()
         trainer.add_callback(recorder)
         batch = next(iter(trainer.get_train_dataloader()))
+        _favour_the_commonest_target(trainer.model, batch)
         with torch.no_grad():
             logps = trainer._sequence_logps(trainer._flat_forward(trainer.model, batch).log_probs, batch)
             ref = trainer._reference_logps(batch)
@@ -200,6 +222,7 @@ def test_dpo_equals_trls_head(tmp_path, once):
     assert (want.lm_head_state, want.ref_lm_head_state) == ("trl: scored_lm_head=False",) * 2
     assert (got.lm_head_state, got.ref_lm_head_state) == ("scored", "scored")
     assert rel(got_logps, want_logps) <= RTOL and rel(got_ref, want_ref) <= RTOL
+    assert all(0 < e["mean_token_accuracy"] < 1 for e in T.step_logs(got))  # (a comparison of more than zeros)
     for g, w in zip(T.step_logs(got), T.step_logs(want), strict=True):
         for key in ("loss", "logps/chosen", "logps/rejected", "entropy", "logits/chosen", "logits/rejected",
                     "mean_token_accuracy"):
