@@ -27,7 +27,9 @@ from trl_padfree.bench import (
 from trl_padfree.bench.batches import fixed_batches
 from trl_padfree.bench.data import dataset_title
 from trl_padfree.bench.flops import Workload, forward_flops
+from trl_padfree.scored_head import scored_head_unavailable
 
+SCORED = scored_head_unavailable() is None  # trl >= 1.16: sft-padfree's head projects only the trained positions
 TINY = [
     "--layers", "1", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--intermediate", "64",
     "--vocab-size", "128", "--batch-size", "4", "--steps", "2", "--warmup", "1", "--eval-batches", "1",
@@ -45,7 +47,7 @@ RESULT_FIELDS = {
     "memory_kind", "peak_memory_mb", "memory_above_start_mb", "tokens_per_second_runs",
 }  # fmt: skip
 TRAINER_FIELDS = RESULT_FIELDS | {
-    "attn_requested", "sft_config_padding_free", "collator", "probe", "trainer_warnings",
+    "attn_requested", "sft_config_padding_free", "collator", "probe", "trainer_warnings", "lm_head",
 }  # fmt: skip
 
 
@@ -265,7 +267,11 @@ def test_each_step_records_what_its_batch_computed_and_the_flop_ratio_follows(sm
         for name, counts in expected.items():
             work = runs[name]["workloads"]
             assert [(w["slots"], w["attention_qk"]) for w in work] == counts, (dataset, name)
-            assert all(w["head_slots"] == w["slots"] for w in work)
+            if name == "sft-padfree" and SCORED:  # the scored-positions LM head projects only the trained positions
+                assert [w["head_slots"] for w in work] == runs[name]["target_tokens"]
+                assert all(w["head_slots"] < w["slots"] for w in work)
+            else:
+                assert all(w["head_slots"] == w["slots"] for w in work)
         assert [w["slots"] for w in runs["padded-sdpa"]["workloads"]] == runs["padded-sdpa"]["input_tokens"]
         cmp = entry["comparison"]
         timed = [Workload(*counts) for counts in [(s, s, a) for s, a in expected["padded-sdpa"][1:]]]
@@ -275,7 +281,8 @@ def test_each_step_records_what_its_batch_computed_and_the_flop_ratio_follows(sm
         assert cmp["packed-padfree"]["flop_ratio"] == pytest.approx(padded / packed)
         assert cmp["packed-padfree"]["flop_ratio"] > max(1.0, cmp["packed-sdpa"]["flop_ratio"])  # (sdpa's dense
         # block mask over a whole packed row can cost more than padding: the ratio may be below 1)
-        assert cmp["sft-padfree"]["flop_ratio"] == cmp["packed-padfree"]["flop_ratio"]
+        if SCORED:  # fewer positions through the head
+            assert cmp["sft-padfree"]["flop_ratio"] > cmp["packed-padfree"]["flop_ratio"]
         assert cmp["padded-sdpa"]["flop_ratio"] == 1.0
         share = cmp["packed-padfree"]["share_of_flop_ratio"]
         assert share == pytest.approx(cmp["packed-padfree"]["throughput_ratio"] / cmp["packed-padfree"]["flop_ratio"])
@@ -377,12 +384,14 @@ def test_sft_trainer_variants_train_the_same_batches_and_losses_as_padded(smoke)
     _, report = smoke
     for entry in report["datasets"].values():
         padded = entry["variants"]["padded-sdpa"]
-        for name, attn, collator, sft_padding_free in (
-            ("trl-native", "sdpa", "trl.trainer.sft_trainer.DataCollatorForLanguageModeling", True),
-            ("sft-padfree", "padfree", "trl_padfree.collator.DataCollatorForCompletionOnlyLM", False),
+        for name, attn, collator, sft_padding_free, head in (
+            ("trl-native", "sdpa", "trl.trainer.sft_trainer.DataCollatorForLanguageModeling", True,
+             "trl: trl.SFTTrainer"),
+            ("sft-padfree", "padfree", "trl_padfree.collator.DataCollatorForCompletionOnlyLM", False,
+             "scored" if SCORED else f"trl: {scored_head_unavailable()}"),
         ):
             res, cmp = entry["variants"][name], entry["comparison"][name]
-            assert res["runner"] == "sft-trainer" and res["attn_implementation"] == attn
+            assert res["runner"] == "sft-trainer" and res["attn_implementation"] == attn and res["lm_head"] == head
             assert (res["collator"], res["sft_config_padding_free"]) == (collator, sft_padding_free)
             assert res["batch_fingerprints"] == padded["batch_fingerprints"] and cmp["same_batches"] is True
             assert res["real_tokens"] == res["input_tokens"] == padded["real_tokens"]  # no padding at all
@@ -581,3 +590,12 @@ def test_trainer_note_judges_losses_with_the_runs_tolerance():
     }
     assert "(keeps examples apart)" in _trainer_notes(entry, 1e-2)[0]
     assert "(differs: examples are NOT kept apart)" in _trainer_notes(entry, 1e-5)[0]
+
+
+def test_the_trl_head_variant_runs_only_when_named():
+    """``sft-padfree-trl-head`` (sft-padfree with TRL's fused head, for scripts/bench_scored_head.py) is opt-in."""
+    from trl_padfree.bench.config import OPT_IN, VARIANTS
+
+    assert OPT_IN == ("sft-padfree-trl-head",) and VARIANTS["sft-padfree-trl-head"].lm_head == "trl"
+    assert "sft-padfree-trl-head" not in BenchConfig().variants and "sft-padfree" in BenchConfig().variants
+    BenchConfig(variants=["sft-padfree-trl-head"]).validate()

@@ -19,7 +19,10 @@ class Variant:
     ``"sft-trainer"`` (``trl.SFTTrainer`` on prompt/completion records: its dataset preparation, dataloader,
     loss, logging every step). ``collator``: ``"trl-padfree"`` (this project's) or ``"trl"`` (TRL's own, chosen by
     ``SFTConfig(padding_free=True)``). ``batching``: ``"fixed"`` (``batch_size`` examples per step) or
-    ``"token-budget"`` (whole examples up to a token budget per step; a different number of steps).
+    ``"token-budget"`` (whole examples up to a token budget per step; a different number of steps). ``lm_head``
+    (``sft-trainer`` runner with this project's collator): ``"scored"`` (:class:`trl_padfree.SFTTrainer`, whose
+    scored-positions head projects only the completion positions) or ``"trl"`` (the same trainer with
+    ``scored_lm_head=False``: TRL's fused head, every position on a CPU).
     """
 
     name: str
@@ -29,6 +32,7 @@ class Variant:
     runner: str = "loop"
     collator: str = "trl-padfree"
     batching: str = "fixed"
+    lm_head: str = "scored"
 
 
 VARIANTS: dict[str, Variant] = {
@@ -40,12 +44,18 @@ VARIANTS: dict[str, Variant] = {
         Variant("packed-fa2", True, "flash_attention_2", "padding-free + flash_attention_2"),
         Variant("trl-native", True, None, "trl.SFTTrainer, SFTConfig(padding_free=True), TRL's collator, "
                 "the model's default attention", runner="sft-trainer", collator="trl"),
-        Variant("sft-padfree", True, "padfree", 'trl.SFTTrainer, this collator, "padfree"', runner="sft-trainer"),
+        Variant("sft-padfree", True, "padfree", 'trl_padfree.SFTTrainer, this collator, "padfree"',
+                runner="sft-trainer"),
+        Variant("sft-padfree-trl-head", True, "padfree", 'trl_padfree.SFTTrainer, this collator, "padfree", '
+                "TRL's fused LM head (scored_lm_head=False)", runner="sft-trainer", lm_head="trl"),
         Variant("token-budget", True, "padfree", 'padding-free + "padfree", token-budget mini-batches',
                 batching="token-budget"),
     )
 }
 BASELINE = "padded-sdpa"
+OPT_IN = ("sft-padfree-trl-head",)
+"""Variants run only when ``--variants`` names them (``sft-padfree-trl-head``: ``sft-padfree`` before the
+scored-positions LM head, for ``scripts/bench_scored_head.py``)."""
 
 
 def variant_unavailable(name: str, device: str) -> str | None:
@@ -85,7 +95,7 @@ class BenchConfig:
     """Everything that defines a benchmark run (also the worker's input, as JSON)."""
 
     datasets: list[str] = field(default_factory=lambda: list(DATASETS))
-    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    variants: list[str] = field(default_factory=lambda: [v for v in VARIANTS if v not in OPT_IN])
     model_size: str = "tiny"
     layers: int = 4
     hidden: int = 256

@@ -260,7 +260,7 @@ class DPOTrainerRun(SteppedTrainerRun):
         """Fingerprint the batch and count its tokens and FLOPs (not counted in the step's time)."""
         start = time.perf_counter()
         pairs = batch_pairs(inputs)
-        work = batch_workload(inputs)
+        work = batch_workload(inputs, scored_head=getattr(self.trainer, "lm_head_state", None) == "scored")
         rec = self.records
         rec.fingerprints.append(pairs_fingerprint(pairs))
         rec.real_tokens.append(sum(2 * len(p) + len(c) + len(r) for p, c, r in pairs))
