@@ -88,8 +88,9 @@ def assert_same_training(runs: dict[str, tuple[RewardTrainer, GradRecorder]]) ->
         {},
         {"margin": True, "center_rewards_coefficient": 0.01},
         {"explicit_prompt": False, "pad_is_eos": True},
+        {"gradient_checkpointing": True},
     ],
-    ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos"],
+    ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos", "gradient-checkpointing"],
 )
 def test_three_layouts_train_the_same_model(tmp_path, case):
     case = dict(case)
