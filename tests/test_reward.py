@@ -300,3 +300,21 @@ def test_evaluation_gives_trls_metrics(tmp_path):
         for key in keys:
             tol = RTOL * max(abs(want[key]), scale if key in ("eval_margin", "eval_mean_reward") else 0.0, 1e-7)
             assert abs(results[layout][key] - want[key]) <= tol, (layout, key)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma"])
+def test_probe_accepts_other_decoder_families(family):
+    """The score hook and the probe work for other sequence-classification decoders (and catch their leaks)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.for_model(family, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_labels=1,
+                                  pad_token_id=0, max_position_embeddings=128)
+    torch.manual_seed(0)
+    for prompt_once in (False, True):
+        model = AutoModelForSequenceClassification.from_config(config, attn_implementation="padfree")
+        assert check_reward_packing(model, prompt_once=prompt_once).status == "safe", (family, prompt_once)
+    AttentionInterface.register("leaky_test", leaky_attention)
+    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
+    leaky = AutoModelForSequenceClassification.from_config(config, attn_implementation="leaky_test")
+    assert check_reward_packing(leaky).status == "leaks"
