@@ -88,9 +88,9 @@ def assert_same_training(runs: dict[str, tuple[RewardTrainer, GradRecorder]]) ->
         {},
         {"margin": True, "center_rewards_coefficient": 0.01},
         {"explicit_prompt": False, "pad_is_eos": True},
-        {"gradient_checkpointing": True},
+        {"gradient_checkpointing": True, "pad_to_multiple_of": 8},
     ],
-    ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos", "gradient-checkpointing"],
+    ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos", "checkpointing-pad-to-multiple"],
 )
 def test_three_layouts_train_the_same_model(tmp_path, case):
     case = dict(case)
@@ -138,6 +138,9 @@ def test_scores_are_read_where_trl_pools():
     flat = DataCollatorForRewardPairs(pad_token_id=1)(rows)
     # row: [5 6 1 1][5 6 7 1][8 1 9][1] -> chosen at 1 and 10, rejected at 6 and 11 (all pad: its first token)
     assert flat["score_positions"].tolist() == [1, 10, 6, 11] and flat["num_tokens"] == 12
+    padded = DataCollatorForRewardPairs(pad_token_id=1, pad_to_multiple_of=8)(rows)  # a segment of its own, unread
+    assert padded["input_ids"].shape[1] == 16 and padded["cu_seq_lens_q"].tolist()[-2:] == [12, 16]
+    assert padded["score_positions"].tolist() == [1, 10, 6, 11]
     once = DataCollatorForRewardPairs(pad_token_id=1, prompt_once=True)(rows)
     # pair 0 shares [5 6]: [5 6 1 1][6 7 1] (keys 5 + own); pair 1 shares nothing: [8 1 9][1]
     assert once["input_ids"].tolist() == [[5, 6, 1, 1, 6, 7, 1, 8, 1, 9, 1]]
