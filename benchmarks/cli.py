@@ -1,59 +1,36 @@
-"""``trl-padfree bench`` command line: arguments, the :class:`BenchConfig` they make, :func:`main`."""
+"""``trl-padfree bench`` command line: the SFT task's arguments, the :class:`BenchConfig` they make, and
+:func:`main`, which hands every other ``--task`` to its module (:data:`.args.TASKS`)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from .config import _DTYPES, MODEL_PRESETS, SCHEDULES, VARIANTS, BenchConfig, _fmt_params
+from .args import TASKS, add_common, common_values, csv, task_of, task_parser
+from .config import SCHEDULES, BenchConfig
 from .data import DATASETS
 from .paths import refuse_unusable
 from .plot import plot
-from .report import evaluate_targets, failed_targets, to_markdown, write_outputs
+from .preset import MODEL_PRESETS, fmt_params
+from .report import evaluate_targets, to_markdown, write_outputs
 from .runner import run_benchmark
+from .targets import verdict
 from .worker import _worker_main
 
 
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The package docstring as written, and every option's default."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """Bad input: one line on stderr (what is wrong and the fix), exit 2; no usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from .. import bench  # the package docstring is the help text
+    import benchmarks as bench  # the package docstring is the help text
 
-    p = _Parser(prog="trl-padfree bench", description=bench.__doc__, formatter_class=_HelpFormatter)
+    p = task_parser("sft", bench.__doc__, prog="trl-padfree bench")
     d = BenchConfig()
-    p.add_argument("--datasets", type=_csv, default=",".join(d.datasets), help=f"comma list of {', '.join(DATASETS)}")
-    p.add_argument("--variants", type=_csv, default=",".join(d.variants),
-                   help=f"comma list of {', '.join(VARIANTS)} (packed-fa2 is skipped without CUDA + flash-attn)")
-    p.add_argument("--model-size", choices=list(MODEL_PRESETS), default="tiny",
-                   help="model preset; --layers/--hidden/... override single values")
-    for flag in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab-size"):
-        p.add_argument(f"--{flag}", type=int, default=None, help="override the preset's value")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="examples per optimizer step")
-    p.add_argument("--steps", type=int, default=d.steps, help="timed optimizer steps")
-    p.add_argument("--warmup", type=int, default=d.warmup, help="optimizer steps trained before timing starts")
+    p.add_argument("--datasets", type=csv, default=",".join(d.datasets), help=f"comma list of {', '.join(DATASETS)}")
+    add_common(p, d, MODEL_PRESETS, batch_help="examples per optimizer step",
+               seed_help="seed of the data and of the initial weights")
     p.add_argument("--eval-batches", type=int, default=d.eval_batches, help="eval mini-batches (after training)")
-    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (constant)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the data and of the initial weights")
-    p.add_argument("--dtype", choices=_DTYPES, default=d.dtype, help="model/optimizer dtype")
-    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (0: torch's default)")
     p.add_argument("--min-length", type=int, default=d.min_length, help="examples are at least this long")
     p.add_argument("--max-length", type=int, default=d.max_length, help="examples are clipped to this length")
     p.add_argument("--length-scale", type=float, default=d.length_scale,
@@ -73,10 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "each holding its model. sequential: one worker after the other")
     p.add_argument("--in-process", action="store_true",
                    help="run variants in this process (faster start; CPU peak memory is then less exact)")
-    p.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where the reports are written")
     p.add_argument("--name", default=None, help="output file stem (default: the device type, e.g. cpu)")
-    p.add_argument("--task", choices=("sft", "dpo"), default="sft",
-                   help="dpo: the DPO benchmark, its own options (trl-padfree bench --task dpo --help)")
     p.add_argument("--replot", type=Path, metavar="REPORT_JSON",
                    help="only rewrite the Markdown and PNG next to an existing report JSON (no training)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -101,30 +75,20 @@ def _read_report(path: Path) -> dict[str, Any]:
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """A :class:`BenchConfig` from parsed arguments (model preset first, then explicit overrides)."""
-    model = dict(MODEL_PRESETS[args.model_size])
-    for key in model:
-        if getattr(args, key) is not None:
-            model[key] = getattr(args, key)
     return BenchConfig(
-        datasets=args.datasets, variants=args.variants, model_size=args.model_size, **model,
-        batch_size=args.batch_size, steps=args.steps, warmup=args.warmup, eval_batches=args.eval_batches,
-        lr=args.lr, seed=args.seed, dtype=args.dtype, device=args.device, threads=args.threads,
+        **common_values(args, MODEL_PRESETS), datasets=args.datasets, eval_batches=args.eval_batches,
         min_length=args.min_length, max_length=args.max_length, length_scale=args.length_scale,
         prompt_fraction=args.prompt_fraction, repeats=args.repeats, subprocess=not args.in_process,
-        schedule=args.schedule,
-        loss_rtol=args.loss_rtol, max_tokens=args.max_tokens,
+        schedule=args.schedule, loss_rtol=args.loss_rtol, max_tokens=args.max_tokens,
     )
 
 
 def main(argv: list[str] | None = None) -> int:
     """``trl-padfree bench``: run the benchmark, write JSON/Markdown/PNG, print the table and the targets."""
     argv = sys.argv[1:] if argv is None else argv
-    from .dpo import wants_dpo
-
-    if wants_dpo(argv):
-        from .dpo import main as dpo_main
-
-        return dpo_main(argv)
+    task = task_of(argv)
+    if task in TASKS and TASKS[task] != __name__:  # another task: its own module and options
+        return int(importlib.import_module(TASKS[task]).main(argv) or 0)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.worker:
@@ -139,26 +103,18 @@ def main(argv: list[str] | None = None) -> int:
         args.replot.with_suffix(".md").write_text(to_markdown(report))
         plot(report, args.replot.with_suffix(".png"))
         print(f"Wrote {args.replot.with_suffix('.md')}, {args.replot.with_suffix('.png')}")
-        return _verdict(report)
+        return verdict(report)
     config = config_from_args(args)
     try:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
     refuse_unusable(parser, config.device, args.output_dir)
-    print(f"trl-padfree bench: Llama {config.layers}x{config.hidden} ({_fmt_params(config.parameter_count())} "
+    print(f"trl-padfree bench: Llama {config.layers}x{config.hidden} ({fmt_params(config.parameter_count())} "
           f"parameters), {config.dtype} on {config.device}, batch {config.batch_size}, {config.warmup} warm-up + "
           f"{config.steps} timed steps, variants {', '.join(config.variants)}")
     report = run_benchmark(config)
     paths = write_outputs(report, args.output_dir, args.name or config.device.split(":")[0])
     print("\n" + to_markdown(report))
     print("Wrote " + ", ".join(str(p) for p in paths.values()))
-    return _verdict(report)
-
-
-def _verdict(report: dict[str, Any]) -> int:
-    """0 when no judged target failed, else 1 (after saying which, on stderr)."""
-    failed = failed_targets(report)
-    for target in failed:
-        print(f"trl-padfree bench: target failed: {target['target']}: {target['shown']}", file=sys.stderr)
-    return 1 if failed else 0
+    return verdict(report)
