@@ -48,6 +48,10 @@ bad options.
     trl-padfree bench                                   # CPU defaults (a few minutes on 2 cores)
     python scripts/bench.py --datasets flan --steps 20
     python scripts/bench.py --device cuda --dtype bfloat16 --model-size 0.5b
+
+This is ``--task sft``; ``--task dpo|grpo|rloo|reward|kto`` runs the other trainers' benchmarks, each with its own
+options (``trl-padfree bench --task dpo --help``). The benchmark is this directory of a source checkout, not part of
+the installed package.
 """
 
 from __future__ import annotations

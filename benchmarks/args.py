@@ -63,24 +63,30 @@ def task_parser(task: str, description: str | None, prog: str | None = None) -> 
     return p
 
 
-def add_common(p: argparse.ArgumentParser, defaults: Any, presets: dict[str, dict[str, int]], *,
-               batch_help: str, seed_help: str) -> None:
-    """The options of a :class:`~.preset.Preset` (defaults from ``defaults``, an instance of the task's config)."""
+def add_common(p: argparse.ArgumentParser, defaults: Any, presets: dict[str, dict[str, int]], **helps: str) -> None:
+    """The options of a :class:`~.preset.Preset` (defaults from ``defaults``, an instance of the task's config);
+    ``helps``: the task's words for ``batch``, ``seed``, ``length_scale``, ``max_length``, ``loss_rtol``,
+    ``in_process`` and ``name``."""
     p.add_argument("--variants", type=csv, default=",".join(defaults.variants),
                    help=f"comma list of {', '.join(defaults.VARIANTS)}")
     p.add_argument("--model-size", choices=list(presets), default="tiny",
                    help="model preset; --layers/--hidden/... override single values")
     for flag in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab-size"):
         p.add_argument(f"--{flag}", type=int, default=None, help="override the preset's value")
-    p.add_argument("--batch-size", type=int, default=defaults.batch_size, help=batch_help)
+    p.add_argument("--batch-size", type=int, default=defaults.batch_size, help=helps["batch"])
     p.add_argument("--steps", type=int, default=defaults.steps, help="timed optimizer steps")
     p.add_argument("--warmup", type=int, default=defaults.warmup, help="optimizer steps trained before timing starts")
     p.add_argument("--lr", type=float, default=defaults.lr, help="AdamW learning rate (constant)")
-    p.add_argument("--seed", type=int, default=defaults.seed, help=seed_help)
+    p.add_argument("--seed", type=int, default=defaults.seed, help=helps["seed"])
     p.add_argument("--dtype", choices=DTYPES, default=defaults.dtype, help="model/optimizer dtype")
     p.add_argument("--device", default=defaults.device, help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=defaults.threads, help="torch threads per worker (0: torch's default)")
+    p.add_argument("--length-scale", type=float, default=defaults.length_scale, help=helps["length_scale"])
+    p.add_argument("--max-length", type=int, default=defaults.max_length, help=helps["max_length"])
+    p.add_argument("--loss-rtol", type=float, default=None, help=helps["loss_rtol"])
+    p.add_argument("--in-process", action="store_true", help=helps["in_process"])
     p.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where the reports are written")
+    p.add_argument("--name", default=None, help=helps["name"])
 
 
 def common_values(args: argparse.Namespace, presets: dict[str, dict[str, int]]) -> dict[str, Any]:
@@ -91,7 +97,8 @@ def common_values(args: argparse.Namespace, presets: dict[str, dict[str, int]]) 
             model[key] = getattr(args, key)
     return dict(variants=args.variants, model_size=args.model_size, **model, batch_size=args.batch_size,
                 steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, dtype=args.dtype,
-                device=args.device, threads=args.threads)
+                device=args.device, threads=args.threads, length_scale=args.length_scale, max_length=args.max_length,
+                subprocess=not args.in_process, loss_rtol=args.loss_rtol)
 
 
 DTYPES = ("float32", "bfloat16", "float16")

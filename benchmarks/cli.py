@@ -28,13 +28,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = task_parser("sft", bench.__doc__, prog="trl-padfree bench")
     d = BenchConfig()
     p.add_argument("--datasets", type=csv, default=",".join(d.datasets), help=f"comma list of {', '.join(DATASETS)}")
-    add_common(p, d, MODEL_PRESETS, batch_help="examples per optimizer step",
-               seed_help="seed of the data and of the initial weights")
+    add_common(p, d, MODEL_PRESETS, batch="examples per optimizer step",
+               seed="seed of the data and of the initial weights",
+               length_scale="multiply the datasets' lengths (e.g. 0.1 for a quick smoke run)",
+               max_length="examples are clipped to this length",
+               loss_rtol="tolerance of the loss-equality target (default 1e-5 in float32, 1e-2 otherwise)",
+               in_process="run variants in this process (faster start; CPU peak memory is then less exact)",
+               name="output file stem (default: the device type, e.g. cpu)")
     p.add_argument("--eval-batches", type=int, default=d.eval_batches, help="eval mini-batches (after training)")
     p.add_argument("--min-length", type=int, default=d.min_length, help="examples are at least this long")
-    p.add_argument("--max-length", type=int, default=d.max_length, help="examples are clipped to this length")
-    p.add_argument("--length-scale", type=float, default=d.length_scale,
-                   help="multiply the datasets' lengths (e.g. 0.1 for a quick smoke run)")
     p.add_argument("--prompt-fraction", type=float, default=d.prompt_fraction,
                    help="share of an example before the response template (not trained)")
     p.add_argument("--max-tokens", type=int, default=None,
@@ -42,15 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "the fixed mini-batches)")
     p.add_argument("--repeats", type=int, default=d.repeats,
                    help="interleaved runs per variant; tokens/s is the median")
-    p.add_argument("--loss-rtol", type=float, default=None,
-                   help="tolerance of the loss-equality target (default 1e-5 in float32, 1e-2 otherwise)")
     p.add_argument("--schedule", choices=SCHEDULES, default=d.schedule,
                    help="interleaved: every variant in its own worker, trained in lockstep (step i of each, then "
                    "step i+1), so load drift on a shared machine hits all alike; all workers are alive at once, "
                    "each holding its model. sequential: one worker after the other")
-    p.add_argument("--in-process", action="store_true",
-                   help="run variants in this process (faster start; CPU peak memory is then less exact)")
-    p.add_argument("--name", default=None, help="output file stem (default: the device type, e.g. cpu)")
     p.add_argument("--replot", type=Path, metavar="REPORT_JSON",
                    help="only rewrite the Markdown and PNG next to an existing report JSON (no training)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -77,9 +74,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """A :class:`BenchConfig` from parsed arguments (model preset first, then explicit overrides)."""
     return BenchConfig(
         **common_values(args, MODEL_PRESETS), datasets=args.datasets, eval_batches=args.eval_batches,
-        min_length=args.min_length, max_length=args.max_length, length_scale=args.length_scale,
-        prompt_fraction=args.prompt_fraction, repeats=args.repeats, subprocess=not args.in_process,
-        schedule=args.schedule, loss_rtol=args.loss_rtol, max_tokens=args.max_tokens,
+        min_length=args.min_length, prompt_fraction=args.prompt_fraction, repeats=args.repeats,
+        schedule=args.schedule, max_tokens=args.max_tokens,
     )
 
 

@@ -281,19 +281,15 @@ def run_dpo_benchmark(config: DPOBenchConfig, log=print) -> dict[str, Any]:
 def build_parser(task: str = "dpo") -> argparse.ArgumentParser:
     p = task_parser(task, __doc__)
     d = DPOBenchConfig()
-    add_common(p, d, MODEL_PRESETS, batch_help="preference pairs per optimizer step",
-               seed_help="seed of the pairs and of the initial weights")
+    add_common(p, d, MODEL_PRESETS, batch="preference pairs per optimizer step",
+               seed="seed of the pairs and of the initial weights",
+               length_scale="multiply every prompt and response length (keeps the distributions' shape)",
+               max_length="each prompt, chosen and rejected is clipped to this many tokens",
+               loss_rtol="tolerance of the per-step loss target (default 1e-3 in float32, 5e-2 in half precision: "
+               "see DPOBenchConfig.effective_loss_rtol)",
+               in_process="run the variants in this process, one after the other (CPU peak memory not judged)",
+               name="output file stem (default: dpo-<device type>)")
     p.add_argument("--beta", type=float, default=d.beta, help="DPO beta (sigmoid loss)")
-    p.add_argument("--length-scale", type=float, default=d.length_scale,
-                   help="multiply every prompt and response length (keeps the distributions' shape)")
-    p.add_argument("--max-length", type=int, default=d.max_length,
-                   help="each prompt, chosen and rejected is clipped to this many tokens")
-    p.add_argument("--loss-rtol", type=float, default=None,
-                   help="tolerance of the per-step loss target (default 1e-3 in float32, 5e-2 in half precision"
-                   ": see DPOBenchConfig.effective_loss_rtol)")
-    p.add_argument("--in-process", action="store_true",
-                   help="run the variants in this process, one after the other (CPU peak memory not judged)")
-    p.add_argument("--name", default=None, help="output file stem (default: dpo-<device type>)")
     return p
 
 
@@ -304,8 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         return _worker_main(argv[1], argv[2])
     parser = build_parser()
     args = parser.parse_args(argv)
-    config = DPOBenchConfig(**common_values(args, MODEL_PRESETS), beta=args.beta, length_scale=args.length_scale,
-                            max_length=args.max_length, subprocess=not args.in_process, loss_rtol=args.loss_rtol)
+    config = DPOBenchConfig(**common_values(args, MODEL_PRESETS), beta=args.beta)
     try:
         config.validate()
     except ValueError as exc:

@@ -638,3 +638,20 @@ def test_every_task_has_a_module_with_a_parser_and_its_flop_share_target():
         parser = importlib.import_module(module).build_parser(*([] if task == "sft" else [task]))
         assert parser.parse_args(["--task", task]).task == task
         assert 0 < TARGETS[task]["flop_share"] <= 1
+
+
+def test_only_the_command_line_imports_the_benchmark_and_nothing_imports_it_at_import_time():
+    """benchmarks/ is not in the wheel: inside trl_padfree only ``cli.bench_main`` imports it, in the function."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for path in sorted((root / "trl_padfree").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(root)}:{node.lineno}" for n in names if n.split(".")[0] == "benchmarks"]
+    assert len(found) == 1 and found[0].startswith("trl_padfree/cli.py:"), found
+    tree = ast.parse((root / "trl_padfree" / "cli.py").read_text(encoding="utf-8"))
+    bench_main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "bench_main")
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "benchmarks.cli" for n in ast.walk(bench_main))
