@@ -13,9 +13,9 @@ from typing import Any
 from .args import TASKS, add_common, common_values, csv, task_of, task_parser
 from .config import SCHEDULES, BenchConfig
 from .data import DATASETS
-from .paths import refuse_unusable
+from .paths import run_and_report
 from .plot import plot
-from .preset import MODEL_PRESETS, fmt_params
+from .preset import MODEL_PRESETS
 from .report import evaluate_targets, to_markdown, write_outputs
 from .runner import run_benchmark
 from .targets import verdict
@@ -100,17 +100,5 @@ def main(argv: list[str] | None = None) -> int:
         plot(report, args.replot.with_suffix(".png"))
         print(f"Wrote {args.replot.with_suffix('.md')}, {args.replot.with_suffix('.png')}")
         return verdict(report)
-    config = config_from_args(args)
-    try:
-        config.validate()
-    except ValueError as exc:
-        parser.error(str(exc))
-    refuse_unusable(parser, config.device, args.output_dir)
-    print(f"trl-padfree bench: Llama {config.layers}x{config.hidden} ({fmt_params(config.parameter_count())} "
-          f"parameters), {config.dtype} on {config.device}, batch {config.batch_size}, {config.warmup} warm-up + "
-          f"{config.steps} timed steps, variants {', '.join(config.variants)}")
-    report = run_benchmark(config)
-    paths = write_outputs(report, args.output_dir, args.name or config.device.split(":")[0])
-    print("\n" + to_markdown(report))
-    print("Wrote " + ", ".join(str(p) for p in paths.values()))
-    return verdict(report)
+    return run_and_report(parser, args, config_from_args(args), run_benchmark, write_outputs, to_markdown,
+                          stem=args.device.split(":")[0])

@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from .args import DTYPES as _DTYPES  # noqa: F401
 from .data import DATASETS, FIRST_CONTENT_ID, TEMPLATE_IDS, length_stats, make_examples
 from .preset import MODEL_PRESETS as MODEL_PRESETS
 from .preset import Preset
-from .preset import fmt_params as _fmt_params  # noqa: F401  (the name the reports import)
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ from .dpo_data import (
     to_records,
 )
 from .machine import _load_average, machine_info
-from .preset import MODEL_PRESETS, Preset, fmt_params
+from .preset import MODEL_PRESETS, Preset
 from .stepped import SteppedTrainerRun, bench_trainer_class, trainer_arguments
 from .training import StepRecords, bench_device, build_model
 
@@ -300,26 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         return _worker_main(argv[1], argv[2])
     parser = build_parser()
     args = parser.parse_args(argv)
-    config = DPOBenchConfig(**common_values(args, MODEL_PRESETS), beta=args.beta)
-    try:
-        config.validate()
-    except ValueError as exc:
-        parser.error(str(exc))
-    from .paths import refuse_unusable
-
-    refuse_unusable(parser, config.device, args.output_dir)
     from .dpo_report import to_markdown, write_outputs
-    from .targets import verdict
+    from .paths import run_and_report
 
-    print(f"trl-padfree bench --task dpo: Llama {config.layers}x{config.hidden} "
-          f"({fmt_params(config.parameter_count())} parameters), {config.dtype} on {config.device}, batch "
-          f"{config.batch_size} pairs, {config.warmup} warm-up + {config.steps} timed steps, variants "
-          f"{', '.join(config.variants)}")
-    report = run_dpo_benchmark(config)
-    paths = write_outputs(report, args.output_dir, args.name or f"dpo-{config.device.split(':')[0]}")
-    print("\n" + to_markdown(report))
-    print("Wrote " + ", ".join(str(p) for p in paths.values()))
-    return verdict(report)
+    config = DPOBenchConfig(**common_values(args, MODEL_PRESETS), beta=args.beta)
+    return run_and_report(parser, args, config, run_dpo_benchmark, write_outputs, to_markdown,
+                          stem=f"dpo-{config.device.split(':')[0]}", unit=" pairs")
 
 
 if __name__ == "__main__":
