@@ -68,7 +68,7 @@ def add_common(p: argparse.ArgumentParser, defaults: Any, presets: dict[str, dic
     ``helps``: the task's words for ``batch``, ``seed``, ``length_scale``, ``max_length``, ``loss_rtol``,
     ``in_process`` and ``name``."""
     p.add_argument("--variants", type=csv, default=",".join(defaults.variants),
-                   help=f"comma list of {', '.join(defaults.VARIANTS)}")
+                   help=f"comma list of {', '.join(defaults.VARIANTS)}{helps.get('variants', '')}")
     p.add_argument("--model-size", choices=list(presets), default="tiny",
                    help="model preset; --layers/--hidden/... override single values")
     for flag in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab-size"):

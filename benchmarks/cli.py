@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = task_parser("sft", bench.__doc__, prog="trl-padfree bench")
     d = BenchConfig()
     p.add_argument("--datasets", type=csv, default=",".join(d.datasets), help=f"comma list of {', '.join(DATASETS)}")
-    add_common(p, d, MODEL_PRESETS, batch="examples per optimizer step",
+    add_common(p, d, MODEL_PRESETS, variants=" (packed-fa2 is skipped without CUDA + flash-attn)",
+               batch="examples per optimizer step",
                seed="seed of the data and of the initial weights",
                length_scale="multiply the datasets' lengths (e.g. 0.1 for a quick smoke run)",
                max_length="examples are clipped to this length",
