@@ -39,7 +39,7 @@ def load() -> str:
 
 def bench_part(args: argparse.Namespace) -> None:
     out = Path(args.output_dir)
-    cmd = [sys.executable, "-m", "trl_padfree.bench", "--datasets", "flan,orcamath", "--variants",
+    cmd = [sys.executable, "-m", "benchmarks", "--datasets", "flan,orcamath", "--variants",
            ",".join(BENCH_VARIANTS), "--steps", str(args.bench_steps), "--warmup", "1", "--threads", "1",
            "--output-dir", str(out), "--name", "scored-head"]
     print(f"[bench] {' '.join(cmd[1:])}  ({load()} at start)", flush=True)

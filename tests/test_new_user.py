@@ -91,7 +91,7 @@ def test_the_flash_extra_is_documented_with_the_install_that_builds_it():
     for page in ("README.md", "docs/attention.md"):
         assert FLASH_INSTALL in (ROOT / page).read_text(encoding="utf-8"), page
     # the bench's skip line for a GPU without flash-attn names an install that builds it too
-    assert "pip install --no-build-isolation 'trl-padfree[flash]'" in (ROOT / "trl_padfree" / "bench" /
+    assert "pip install --no-build-isolation 'trl-padfree[flash]'" in (ROOT / "benchmarks" /
                                                                       "config.py").read_text(encoding="utf-8")
 
 

@@ -36,7 +36,7 @@ from .config import VARIANTS, BenchConfig
 from .data import IGNORE_INDEX, completion_start
 from .flops import is_varlen, sft_workload
 from .records import bench_tokenizer, to_records
-from .stepped import SteppedTrainerRun, bench_trainer_class
+from .stepped import SteppedTrainerRun, bench_trainer_class, trainer_arguments
 from .training import (
     StepRecords,
     bench_device,
@@ -63,7 +63,7 @@ def _check_prepared(prepared: Any, examples: list[list[int]], split: str) -> Non
     ids, labels = prepared["input_ids"], prepared["labels"]
     if ids != examples:
         raise RuntimeError(f"SFTTrainer tokenized the {split} records into other token ids than the benchmark's "
-                           "examples (a bug in trl_padfree.bench.records)")
+                           "examples (a bug in benchmarks.records)")
     if labels != [completion_labels(e) for e in examples]:
         raise RuntimeError(f"SFTTrainer's {split} labels are not the completion-only labels of the examples")
 
@@ -77,7 +77,7 @@ class SFTTrainerRun(SteppedTrainerRun):
         import datasets
         import trl
 
-        from ..collator import DataCollatorForCompletionOnlyLM
+        from trl_padfree.collator import DataCollatorForCompletionOnlyLM
 
         self.config, self.dataset, self.variant = config, dataset, variant
         self.spec = spec = VARIANTS[variant]
@@ -88,30 +88,13 @@ class SFTTrainerRun(SteppedTrainerRun):
         self._tmp = tempfile.TemporaryDirectory(prefix="trl-padfree-bench-sft-")
         model = build_model(config, spec.attn_implementation, self.device)
         args = trl.SFTConfig(
-            output_dir=self._tmp.name,
+            **trainer_arguments(config, self.device, self._tmp.name, self.total_steps),
             padding_free=spec.collator == "trl",  # TRL's own padding-free path (and TRL's collator)
             max_length=None,  # the examples are already clipped to --max-length; TRL refuses padding_free + max_length
-            per_device_train_batch_size=config.batch_size,
-            max_steps=self.total_steps,
-            train_sampling_strategy="sequential",  # the same mini-batches, in the same order, as the other variants
-            learning_rate=config.lr,
-            lr_scheduler_type="constant",
-            max_grad_norm=0.0,  # no clipping, as in the benchmark's loop (the Trainer still computes the norm)
-            activation_checkpointing=False,  # TRL defaults to on; the benchmark's loop has none
-            bf16=False,
-            fp16=False,  # the model is built in --dtype; no autocast
-            logging_steps=1,
-            save_strategy="no",
-            eval_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            use_cpu=self.device.type == "cpu",
-            dataloader_pin_memory=self.device.type == "cuda",
-            seed=config.seed,
         )
         collator, trainer_class, extra = None, trl.SFTTrainer, {}
         if spec.collator == "trl-padfree":
-            from ..trainer import SFTTrainer
+            from trl_padfree.trainer import SFTTrainer
 
             collator = DataCollatorForCompletionOnlyLM(None, padding_free=spec.padding_free)
             # this project's trainer: its LM head (the probe runs after training; the threads are the bench's)
@@ -139,7 +122,7 @@ class SFTTrainerRun(SteppedTrainerRun):
     def _head_scores_targets_only(self) -> bool:
         """Whether the LM head projects only the trained positions: this project's scored head, or TRL's fused head
         on CUDA/XPU with Triton (elsewhere TRL's head projects every position)."""
-        from ..scored_head import scored_head_unavailable, trl_head_is_compact
+        from trl_padfree.scored_head import scored_head_unavailable, trl_head_is_compact
 
         if self.spec.collator == "trl-padfree" and self.spec.lm_head == "scored" and scored_head_unavailable() is None:
             return True
@@ -164,7 +147,7 @@ class SFTTrainerRun(SteppedTrainerRun):
 
     def finish(self) -> dict[str, Any]:
         """Wait for the trainer to end; evaluate; probe the attention that ran; return every measurement."""
-        from ..probe import check_packing
+        from trl_padfree.probe import check_packing
 
         self._finished()
         rec = self.records
