@@ -177,9 +177,13 @@ def checked_switch(name: str, value: Any) -> bool:
     return value
 
 
-def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, main_process: bool = True) -> str:
+def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, main_process: bool = True, *,
+                        temperature: float = 1.0, cast_lm_head_to_fp32: bool = False) -> str:
     """Add :func:`trl_padfree.scored_head.add_scored_head` to ``model`` (its base model under PEFT, where TRL adds
-    its fused head); return ``"scored"`` or ``"trl: <why>"`` (printed when the model is the reason)."""
+    its fused head); return ``"scored"`` or ``"trl: <why>"`` (printed when the model is the reason).
+
+    ``temperature`` and ``cast_lm_head_to_fp32``: those TRL gave its own fused head (GRPO/RLOO divide the logits by
+    ``args.temperature``)."""
     from accelerate.utils import is_peft_model
 
     from .scored_head import add_scored_head, remove_scored_head, scored_head_unavailable
@@ -190,7 +194,8 @@ def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, mai
         return "trl: scored_lm_head=False"
     if (problem := scored_head_unavailable()) is not None:
         return f"trl: {problem}"
-    reason = add_scored_head(target, outputs=outputs)
+    reason = add_scored_head(target, outputs=outputs, temperature=temperature,
+                             cast_lm_head_to_fp32=cast_lm_head_to_fp32)
     if reason is None:
         return "scored"
     if main_process:
