@@ -52,7 +52,7 @@ real-tokenizers: $(REAL_TOKENIZERS)/manifest.json
 # HF_HUB_OFFLINE: the tests never need the network; a test that tried would fail fast instead of hanging.
 test: install $(REAL_TOKENIZERS)/manifest.json
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
-	$(VENV)/bin/ruff check trl_padfree tests scripts examples
+	$(VENV)/bin/ruff check trl_padfree benchmarks tests scripts examples
 
 # The lowest supported versions (pyproject.toml: trl>=1.8, transformers>=5.23; trl_padfree/_compat.py): the whole
 # suite again, in .venv-lowest with trl and transformers pinned to the window's lower bounds (the other packages:
@@ -69,7 +69,7 @@ test-lowest: $(LOWEST_VENV)/.installed $(REAL_TOKENIZERS)/manifest.json
 	HF_HUB_OFFLINE=1 $(LOWEST_VENV)/bin/python -m pytest -q
 
 lint: install
-	$(VENV)/bin/ruff check trl_padfree tests scripts examples
+	$(VENV)/bin/ruff check trl_padfree benchmarks tests scripts examples
 
 bench: install
 	$(PY) scripts/bench.py

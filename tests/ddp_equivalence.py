@@ -38,9 +38,20 @@ def run(out: Path) -> None:
                                    gradient_accumulation_steps=2, max_steps=3,
                                    average_tokens_across_devices=average_tokens)
             trainer.train()
-            results[key] = {"world_size": trainer.args.world_size, "losses": losses(trainer), **per_rank(trainer)}
+            results[key] = {"world_size": trainer.args.world_size, "losses": losses(trainer), **per_rank(trainer),
+                            "lm_head_state": trainer.lm_head_state}
             if dist.get_rank() == 0:
                 torch.save(weights(trainer), out / f"{key}.pt")
+            elif padding_free and average_tokens:  # rank 1's weights: DDP kept them in sync through the LM head
+                torch.save(weights(trainer), out / "rank1.pt")
+    # TRL's fused head instead of the scored-positions head (the padding-free run with averaged tokens)
+    trainer = make_trainer(True, data, tok, str(out / "trl_head"), per_device_train_batch_size=4,
+                           gradient_accumulation_steps=2, max_steps=3, scored_lm_head=False)
+    trainer.train()
+    results["trl_head"] = {"world_size": trainer.args.world_size, "losses": losses(trainer),
+                           "lm_head_state": trainer.lm_head_state}
+    if dist.get_rank() == 0:
+        torch.save(weights(trainer), out / "trl_head.pt")
     # token-budget batches (padding-free): every rank builds its own share of the same stream of batches
     trainer = make_trainer(True, data, tok, str(out / "budget"), max_tokens_per_batch=150,
                            gradient_accumulation_steps=2, max_steps=3)

@@ -1,4 +1,4 @@
-"""Tests for trl_padfree.bench (`trl-padfree bench`): a tiny smoke run of the real benchmark, its outputs, its
+"""Tests for benchmarks (`trl-padfree bench`): a tiny smoke run of the real benchmark, its outputs, its
 target checks and its error messages. No timing assertions: only structure and exact (seeded) training results.
 """
 
@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trl_padfree import cli
-from trl_padfree.bench import (
+from benchmarks import (
     DATASETS,
     MODEL_PRESETS,
     TEMPLATE_IDS,
@@ -24,10 +23,13 @@ from trl_padfree.bench import (
     run_benchmark,
     to_markdown,
 )
-from trl_padfree.bench.batches import fixed_batches
-from trl_padfree.bench.data import dataset_title
-from trl_padfree.bench.flops import Workload, forward_flops
+from benchmarks.batches import fixed_batches
+from benchmarks.data import dataset_title
+from benchmarks.flops import Workload, forward_flops
+from trl_padfree import cli
+from trl_padfree.scored_head import scored_head_unavailable
 
+SCORED = scored_head_unavailable() is None  # trl >= 1.16: sft-padfree's head projects only the trained positions
 TINY = [
     "--layers", "1", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--intermediate", "64",
     "--vocab-size", "128", "--batch-size", "4", "--steps", "2", "--warmup", "1", "--eval-batches", "1",
@@ -45,7 +47,7 @@ RESULT_FIELDS = {
     "memory_kind", "peak_memory_mb", "memory_above_start_mb", "tokens_per_second_runs",
 }  # fmt: skip
 TRAINER_FIELDS = RESULT_FIELDS | {
-    "attn_requested", "sft_config_padding_free", "collator", "probe", "trainer_warnings",
+    "attn_requested", "sft_config_padding_free", "collator", "probe", "trainer_warnings", "lm_head",
 }  # fmt: skip
 
 
@@ -265,7 +267,11 @@ def test_each_step_records_what_its_batch_computed_and_the_flop_ratio_follows(sm
         for name, counts in expected.items():
             work = runs[name]["workloads"]
             assert [(w["slots"], w["attention_qk"]) for w in work] == counts, (dataset, name)
-            assert all(w["head_slots"] == w["slots"] for w in work)
+            if name == "sft-padfree" and SCORED:  # the scored-positions LM head projects only the trained positions
+                assert [w["head_slots"] for w in work] == runs[name]["target_tokens"]
+                assert all(w["head_slots"] < w["slots"] for w in work)
+            else:
+                assert all(w["head_slots"] == w["slots"] for w in work)
         assert [w["slots"] for w in runs["padded-sdpa"]["workloads"]] == runs["padded-sdpa"]["input_tokens"]
         cmp = entry["comparison"]
         timed = [Workload(*counts) for counts in [(s, s, a) for s, a in expected["padded-sdpa"][1:]]]
@@ -275,7 +281,8 @@ def test_each_step_records_what_its_batch_computed_and_the_flop_ratio_follows(sm
         assert cmp["packed-padfree"]["flop_ratio"] == pytest.approx(padded / packed)
         assert cmp["packed-padfree"]["flop_ratio"] > max(1.0, cmp["packed-sdpa"]["flop_ratio"])  # (sdpa's dense
         # block mask over a whole packed row can cost more than padding: the ratio may be below 1)
-        assert cmp["sft-padfree"]["flop_ratio"] == cmp["packed-padfree"]["flop_ratio"]
+        if SCORED:  # fewer positions through the head
+            assert cmp["sft-padfree"]["flop_ratio"] > cmp["packed-padfree"]["flop_ratio"]
         assert cmp["padded-sdpa"]["flop_ratio"] == 1.0
         share = cmp["packed-padfree"]["share_of_flop_ratio"]
         assert share == pytest.approx(cmp["packed-padfree"]["throughput_ratio"] / cmp["packed-padfree"]["flop_ratio"])
@@ -337,7 +344,7 @@ def test_bfloat16_runs_the_same_device_agnostic_path(tmp_path):
 
 
 def test_model_size_preset_and_overrides():
-    from trl_padfree.bench import build_parser, config_from_args
+    from benchmarks import build_parser, config_from_args
 
     big = config_from_args(build_parser().parse_args(["--model-size", "0.5b", "--device", "cuda", "--dtype", "bfloat16"]))
     assert (big.layers, big.hidden, big.heads, big.kv_heads, big.vocab_size) == (24, 1280, 10, 2, 32000)
@@ -377,12 +384,14 @@ def test_sft_trainer_variants_train_the_same_batches_and_losses_as_padded(smoke)
     _, report = smoke
     for entry in report["datasets"].values():
         padded = entry["variants"]["padded-sdpa"]
-        for name, attn, collator, sft_padding_free in (
-            ("trl-native", "sdpa", "trl.trainer.sft_trainer.DataCollatorForLanguageModeling", True),
-            ("sft-padfree", "padfree", "trl_padfree.collator.DataCollatorForCompletionOnlyLM", False),
+        for name, attn, collator, sft_padding_free, head in (
+            ("trl-native", "sdpa", "trl.trainer.sft_trainer.DataCollatorForLanguageModeling", True,
+             "trl: trl.SFTTrainer"),
+            ("sft-padfree", "padfree", "trl_padfree.collator.DataCollatorForCompletionOnlyLM", False,
+             "scored" if SCORED else f"trl: {scored_head_unavailable()}"),
         ):
             res, cmp = entry["variants"][name], entry["comparison"][name]
-            assert res["runner"] == "sft-trainer" and res["attn_implementation"] == attn
+            assert res["runner"] == "sft-trainer" and res["attn_implementation"] == attn and res["lm_head"] == head
             assert (res["collator"], res["sft_config_padding_free"]) == (collator, sft_padding_free)
             assert res["batch_fingerprints"] == padded["batch_fingerprints"] and cmp["same_batches"] is True
             assert res["real_tokens"] == res["input_tokens"] == padded["real_tokens"]  # no padding at all
@@ -410,7 +419,7 @@ def test_different_batches_are_caught_not_assumed(smoke):
 
 
 def test_prepared_dataset_must_be_the_benchmark_examples():
-    from trl_padfree.bench.sft_run import _check_prepared, completion_labels
+    from benchmarks.sft_run import _check_prepared, completion_labels
 
     examples = [[1, 7, 3, 4, 5, 9, 2], [1, 8, 8, 3, 4, 5, 6, 2]]
     good = {"input_ids": examples, "labels": [completion_labels(e) for e in examples]}
@@ -452,7 +461,7 @@ def test_help_shows_the_defaults(capsys):
 
 def test_one_step_run_judges_only_what_applies_and_plots_a_readable_loss(tmp_path):
     """1 step at --length-scale 0.1: labels from the run's data, no throughput/memory verdict, a visible loss."""
-    from trl_padfree.bench.plot import make_figure
+    from benchmarks.plot import make_figure
 
     argv = [*TINY, "--steps", "1", "--warmup", "0", "--datasets", "flan", "--variants", "padded-sdpa,packed-padfree",
             "--in-process", "--output-dir", str(tmp_path)]
@@ -554,26 +563,37 @@ def test_replot_of_a_bad_file_exits_2_with_one_line(content, reason, tmp_path, c
 def test_commands_on_the_benchmark_page_are_valid_bench_commands():
     """Every `trl-padfree bench` / `python scripts/bench.py` command shown in docs/benchmark.md parses and
     validates (they are not run here: the page's runs take minutes)."""
+    import importlib
     import re
     import shlex
 
-    from trl_padfree.bench import build_parser, config_from_args
+    from benchmarks import build_parser, config_from_args
+    from benchmarks.args import TASKS, task_of
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "benchmark.md").read_text()
     blocks = re.findall(r"```(?:bash|console|sh)?\n(.*?)```", page, flags=re.S)
     commands = [ln.split("#")[0].strip() for block in blocks for ln in block.splitlines()]
     commands = [c for c in commands if c.startswith(("trl-padfree bench", "python scripts/bench.py"))]
+    commands = [c.removeprefix("OMP_NUM_THREADS=1 ") for c in commands + [
+        ln.split("#")[0].strip() for block in blocks for ln in block.splitlines()
+        if ln.startswith("OMP_NUM_THREADS=1 trl-padfree bench")]]
     assert len(commands) >= 3
+    others = set()
     for command in commands:
         argv = shlex.split(command)[2:]
+        if task_of(argv) != "sft":  # another task: its own module's parser
+            others.add(task_of(argv))
+            importlib.import_module(TASKS[task_of(argv)]).build_parser(task_of(argv)).parse_args(argv)
+            continue
         args = build_parser().parse_args(argv)
         if args.replot is None:
             config_from_args(args).validate()
+    assert others == set(TASKS) - {"sft"}  # the page shows every other task once at least
 
 
 def test_trainer_note_judges_losses_with_the_runs_tolerance():
     """A bf16 run (loss_rtol 1e-2) whose SFTTrainer losses differ by bf16 noise still reads 'kept apart'."""
-    from trl_padfree.bench.report import _trainer_notes
+    from benchmarks.report import _trainer_notes
 
     entry = {
         "variants": {"sft-padfree": {"attn_implementation": "padfree", "probe": {"status": "SAFE", "max_abs_diff": 0.0}}},
@@ -581,3 +601,57 @@ def test_trainer_note_judges_losses_with_the_runs_tolerance():
     }
     assert "(keeps examples apart)" in _trainer_notes(entry, 1e-2)[0]
     assert "(differs: examples are NOT kept apart)" in _trainer_notes(entry, 1e-5)[0]
+
+
+def test_the_trl_head_variant_runs_only_when_named():
+    """``sft-padfree-trl-head`` (sft-padfree with TRL's fused head, for scripts/bench_scored_head.py) is opt-in."""
+    from benchmarks.config import OPT_IN, VARIANTS
+
+    assert OPT_IN == ("sft-padfree-trl-head",) and VARIANTS["sft-padfree-trl-head"].lm_head == "trl"
+    assert "sft-padfree-trl-head" not in BenchConfig().variants and "sft-padfree" in BenchConfig().variants
+    BenchConfig(variants=["sft-padfree-trl-head"]).validate()
+
+
+@pytest.mark.parametrize(("argv", "prog", "message"), [
+    (["--task", "kto", "--bogus"], "trl-padfree bench --task kto", "unrecognized arguments: --bogus"),
+    (["--task", "grpo", "--steps", "x"], "trl-padfree bench --task grpo", "argument --steps: invalid int value: 'x'"),
+    (["--task", "reward", "--rounds", "x"], "trl-padfree bench --task reward", "argument --rounds: invalid int"),
+    (["--task", "nope"], "trl-padfree bench", "argument --task: invalid choice: 'nope'"),
+])
+def test_one_command_runs_every_task_and_bad_options_exit_2_with_one_line(argv, prog, message, capsys):
+    """``trl-padfree bench --task T`` hands the command line to T's module (benchmarks.args.TASKS): its own parser."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bench", *argv])
+    captured = capsys.readouterr()
+    assert exc.value.code == 2 and captured.out == ""
+    assert captured.err.count("\n") == 1 and captured.err.startswith(f"{prog}: error: ") and message in captured.err
+
+
+def test_every_task_has_a_module_with_a_parser_and_its_flop_share_target():
+    import importlib
+
+    from benchmarks.args import TASKS
+    from benchmarks.targets import TARGETS
+
+    assert set(TASKS) == set(TARGETS) == {"sft", "dpo", "grpo", "rloo", "reward", "kto"}
+    for task, module in TASKS.items():
+        parser = importlib.import_module(module).build_parser(*([] if task == "sft" else [task]))
+        assert parser.parse_args(["--task", task]).task == task
+        assert 0 < TARGETS[task]["flop_share"] <= 1
+
+
+def test_only_the_command_line_imports_the_benchmark_and_nothing_imports_it_at_import_time():
+    """benchmarks/ is not in the wheel: inside trl_padfree only ``cli.bench_main`` imports it, in the function."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for path in sorted((root / "trl_padfree").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            found += [f"{path.relative_to(root)}:{node.lineno}" for n in names if n.split(".")[0] == "benchmarks"]
+    assert len(found) == 1 and found[0].startswith("trl_padfree/cli.py:"), found
+    tree = ast.parse((root / "trl_padfree" / "cli.py").read_text(encoding="utf-8"))
+    bench_main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "bench_main")
+    assert any(isinstance(n, ast.ImportFrom) and n.module == "benchmarks.cli" for n in ast.walk(bench_main))

@@ -8,12 +8,12 @@ import math
 import pytest
 from trl.trainer.dpo_trainer import DataCollatorForPreference as TRLCollator
 
+from benchmarks import cli
+from benchmarks.dpo import DPOBenchConfig, main, run_dpo_benchmark
+from benchmarks.dpo_data import batch_pairs, batch_workload, make_pairs, pairs_fingerprint
+from benchmarks.dpo_report import failed_targets
+from benchmarks.flops import Workload, forward_flops
 from trl_padfree._compat import dpo_padding_free_unavailable
-from trl_padfree.bench import cli
-from trl_padfree.bench.dpo import DPOBenchConfig, main, run_dpo_benchmark
-from trl_padfree.bench.dpo_data import batch_pairs, batch_workload, make_pairs, pairs_fingerprint
-from trl_padfree.bench.dpo_report import failed_targets
-from trl_padfree.bench.flops import Workload, forward_flops
 from trl_padfree.preference import DataCollatorForPreference
 
 TINY = dict(layers=4, hidden=256, intermediate=688, heads=8, kv_heads=4, vocab_size=2048)

@@ -1,25 +1,18 @@
-"""scripts/bench_rl.py runs (tiny sizes, one timed step) and its three layouts compute the same losses."""
+"""`trl-padfree bench --task grpo|rloo` (benchmarks/rl.py) runs (tiny sizes, one timed step) and its three layouts compute the same losses."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
+from benchmarks.rl import run_rl
 from trl_padfree._compat import rl_padding_free_unavailable
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
 @pytest.mark.parametrize("kind", ["grpo", "rloo"])
 def test_bench_rl_runs_and_the_layouts_agree(kind, tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("bench_rl", ROOT / "scripts" / "bench_rl.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    result = bench.main(["--steps", "1", "--scale", "0.05", "--hidden", "32", "--layers", "1", "--vocab", "128",
-                         "--no-memory", "--trainer", kind, "--json", str(tmp_path / "r.json")])
+    result = run_rl(["--steps", "1", "--scale", "0.05", "--hidden", "32", "--layers", "1", "--vocab", "128",
+                     "--no-memory", "--task", kind, "--json", str(tmp_path / "r.json")])
     layouts = result["layouts"]
     padded = layouts["padded"]["losses"][0]
     for layout in ("padfree", "once"):

@@ -292,7 +292,8 @@ def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(root / "tests")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
+        [str(root / "tests"), str(root)])}  # this checkout, not an installed copy
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(root / "tests" / "ddp_dpo.py"), str(tmp_path)],

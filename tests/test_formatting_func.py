@@ -220,3 +220,23 @@ def test_trainer_refuses_a_formatting_func_it_cannot_tell_before_any_work(data_f
             data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tokenizer, padding_free=True),
         )
     assert not (tmp_path / "out").exists()
+
+
+def test_a_tokenized_dataset_does_not_call_the_formatting_func(tmp_path):
+    """TRL ignores ``formatting_func`` (with a warning) when the dataset has ``input_ids``: nothing is told or
+    refused then."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM
+    from trl import SFTConfig
+
+    from trl_padfree import SFTTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    calls = []
+    dataset = Dataset.from_dict({"input_ids": [[5, 6, 7, 8]] * 4})
+    SFTTrainer(
+        AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32), train_dataset=dataset,
+        args=SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[]),
+        processing_class=tokenizer, formatting_func=lambda ex: calls.append(ex) or 0,
+    )
+    assert calls == []

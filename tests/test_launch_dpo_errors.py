@@ -81,7 +81,7 @@ def test_every_pair_dropped_by_truncation_is_refused_before_the_model_loads(tmp_
     assert line == (
         "train_file: all 16 training pairs would be dropped: with truncation_mode keep_start (the default) a pair "
         "whose prompt alone has max_length=2 tokens or more has no response token left, and TRL drops it (the "
-        "shortest prompt has 13 tokens); raise max_length above 13, or set truncation_mode: keep_end"
+        "shortest prompt has 13 tokens); raise max_length above 13 (or set max_length: null, no truncation)"
     )
 
 

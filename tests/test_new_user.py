@@ -49,7 +49,8 @@ def test_preview_takes_the_built_in_config_names_and_prints_no_indexing_warning(
         assert "--- " in out and INDEXING_WARNING not in out + err, (name, err[-2000:])
 
 
-@pytest.mark.parametrize("config", ["demo", "demo-dpo"])
+@pytest.mark.parametrize("config", ["demo", pytest.param("demo-dpo", marks=pytest.mark.skipif(
+    not DPO_OK, reason=str(dpo_padding_free_unavailable())))])
 def test_the_launch_tokenizer_does_not_warn_about_indexing_errors_where_max_length_cuts(config):
     """transformers warns once per tokenizer about a text longer than ``model_max_length`` ("... will result in
     indexing errors"); the launch cuts every sequence to ``max_length`` (and counts what it drops), so its
@@ -90,7 +91,7 @@ def test_the_flash_extra_is_documented_with_the_install_that_builds_it():
     for page in ("README.md", "docs/attention.md"):
         assert FLASH_INSTALL in (ROOT / page).read_text(encoding="utf-8"), page
     # the bench's skip line for a GPU without flash-attn names an install that builds it too
-    assert "pip install --no-build-isolation 'trl-padfree[flash]'" in (ROOT / "trl_padfree" / "bench" /
+    assert "pip install --no-build-isolation 'trl-padfree[flash]'" in (ROOT / "benchmarks" /
                                                                       "config.py").read_text(encoding="utf-8")
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from trl_padfree import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "trl_padfree" / "demo"
 
@@ -59,6 +61,7 @@ def test_the_installed_wheel_runs_the_demo_from_any_directory(tmp_path):
     assert {"trl_padfree/demo/configs/demo.yaml", "trl_padfree/demo/model/model.safetensors",
             "trl_padfree/demo/data/train.jsonl"} <= names  # fmt: skip
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    assert not [n for n in names if n.startswith(("benchmarks/", "trl_padfree/bench/"))]  # the bench stays out
 
     # a fresh venv that sees the test environment's dependencies (torch, transformers, ...) but not this checkout:
     # a .pth line adds their site-packages after its own, without running the editable install's hook there
@@ -77,6 +80,10 @@ def test_the_installed_wheel_runs_the_demo_from_any_directory(tmp_path):
     where = subprocess.run([str(venv / "bin" / "python"), "-c", "import trl_padfree; print(trl_padfree.__file__)"],
                            cwd=work, env=env, capture_output=True, text=True, check=True, timeout=120)  # fmt: skip
     assert where.stdout.strip().startswith(str(site)), where.stdout  # the wheel's copy, not the checkout
+    bench = subprocess.run(["trl-padfree", "bench", "--task", "sft"], cwd=work, env=env, capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert (bench.returncode, bench.stdout) == (2, "")
+    assert bench.stderr == cli.BENCH_MISSING + "\n"  # one line: how to get the benchmark
 
     run = subprocess.run(["trl-padfree", "train", "--config", "demo", "--max_steps", "3", "--max_train_examples", "32",
                           "--max_eval_examples", "8", "--eval_steps", "3", "--eval_on_start", "false",
@@ -87,3 +94,47 @@ def test_the_installed_wheel_runs_the_demo_from_any_directory(tmp_path):
     assert "eval loss: " in run.stdout  # the eval file, too, came from the package
     assert (work / "run" / "model.safetensors").is_file() and (work / "run" / "launch_summary.json").is_file()
     assert not (ROOT / "run").exists()
+
+
+NO_MATPLOTLIB = """
+import importlib.abc, sys
+
+class Blocker(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError(f"{name} is blocked: the package must not need it")
+        return None
+
+sys.meta_path.insert(0, Blocker())
+try:
+    import matplotlib  # noqa: F401
+except ImportError:
+    pass
+else:
+    raise SystemExit("the blocker let matplotlib through")
+from trl_padfree.cli import main
+code = main(sys.argv[1:])
+assert not [m for m in sys.modules if m.split(".")[0] in ("matplotlib", "benchmarks")], "imported"
+sys.exit(code)
+"""
+
+
+def test_the_package_imports_and_trains_without_matplotlib(tmp_path):
+    """matplotlib is the ``bench`` extra's: ``import trl_padfree`` and two SFT steps on the demo model run with
+    every ``import matplotlib`` refused (a meta-path blocker, checked to block)."""
+    run = subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, "train", "--config", "demo", "--max_steps", "2",
+                          "--max_train_examples", "16", "--max_eval_examples", "4", "--eval_steps", "2",
+                          "--eval_on_start", "false", "--logging_steps", "1", "--output_dir", str(tmp_path / "run")],
+                         cwd=tmp_path, env={**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)},
+                         capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert "steps: 2/2" in run.stdout and (tmp_path / "run" / "model.safetensors").is_file()
+
+
+def test_extras_bench_holds_matplotlib_and_dev_installs_it():
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    dependencies = pyproject.split("dependencies = [", 1)[1].split("]", 1)[0]
+    assert "matplotlib" not in dependencies
+    assert re.search(r'^bench = \["matplotlib>=3\.7"\]', pyproject, re.M)
+    assert re.search(r'^dev = \[.*"matplotlib>=3\.7".*\]', pyproject, re.M)
+    assert 'include = ["trl_padfree*"]' in pyproject  # benchmarks/ is not a package of the wheel

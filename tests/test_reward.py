@@ -88,8 +88,9 @@ def assert_same_training(runs: dict[str, tuple[RewardTrainer, GradRecorder]]) ->
         {},
         {"margin": True, "center_rewards_coefficient": 0.01},
         {"explicit_prompt": False, "pad_is_eos": True},
+        {"gradient_checkpointing": True, "pad_to_multiple_of": 8},
     ],
-    ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos"],
+    ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos", "checkpointing-pad-to-multiple"],
 )
 def test_three_layouts_train_the_same_model(tmp_path, case):
     case = dict(case)
@@ -137,6 +138,9 @@ def test_scores_are_read_where_trl_pools():
     flat = DataCollatorForRewardPairs(pad_token_id=1)(rows)
     # row: [5 6 1 1][5 6 7 1][8 1 9][1] -> chosen at 1 and 10, rejected at 6 and 11 (all pad: its first token)
     assert flat["score_positions"].tolist() == [1, 10, 6, 11] and flat["num_tokens"] == 12
+    padded = DataCollatorForRewardPairs(pad_token_id=1, pad_to_multiple_of=8)(rows)  # a segment of its own, unread
+    assert padded["input_ids"].shape[1] == 16 and padded["cu_seq_lens_q"].tolist()[-2:] == [12, 16]
+    assert padded["score_positions"].tolist() == [1, 10, 6, 11]
     once = DataCollatorForRewardPairs(pad_token_id=1, prompt_once=True)(rows)
     # pair 0 shares [5 6]: [5 6 1 1][6 7 1] (keys 5 + own); pair 1 shares nothing: [8 1 9][1]
     assert once["input_ids"].tolist() == [[5, 6, 1, 1, 6, 7, 1, 8, 1, 9, 1]]
@@ -299,3 +303,21 @@ def test_evaluation_gives_trls_metrics(tmp_path):
         for key in keys:
             tol = RTOL * max(abs(want[key]), scale if key in ("eval_margin", "eval_mean_reward") else 0.0, 1e-7)
             assert abs(results[layout][key] - want[key]) <= tol, (layout, key)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "mistral", "gemma"])
+def test_probe_accepts_other_decoder_families(family):
+    """The score hook and the probe work for other sequence-classification decoders (and catch their leaks)."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.for_model(family, vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_labels=1,
+                                  pad_token_id=0, max_position_embeddings=128)
+    torch.manual_seed(0)
+    for prompt_once in (False, True):
+        model = AutoModelForSequenceClassification.from_config(config, attn_implementation="padfree")
+        assert check_reward_packing(model, prompt_once=prompt_once).status == "safe", (family, prompt_once)
+    AttentionInterface.register("leaky_test", leaky_attention)
+    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
+    leaky = AutoModelForSequenceClassification.from_config(config, attn_implementation="leaky_test")
+    assert check_reward_packing(leaky).status == "leaks"

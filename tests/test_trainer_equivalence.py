@@ -16,6 +16,8 @@ import pytest
 import torch
 from tiny_sft import losses, make_trainer, max_rel_diff, tokenized_dataset, tokenizer, weights
 
+from trl_padfree.scored_head import scored_head_unavailable
+
 ROOT = Path(__file__).resolve().parent.parent
 LOSS_RTOL, WEIGHT_RTOL = 1e-5, 1e-4
 
@@ -53,7 +55,8 @@ def test_gradient_accumulation_padded_and_padding_free_train_the_same_model(tmp_
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("ddp-equivalence")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT / "tests")}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}  # this checkout, not an installed copy
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
          str(ROOT / "tests" / "ddp_equivalence.py"), str(out)],
@@ -61,8 +64,22 @@ def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     )  # fmt: skip
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     results = json.loads((out / "results.json").read_text())
-    results["weights"] = {key: torch.load(out / f"{key}.pt") for key in results["runs"]}
+    results["weights"] = {key: torch.load(out / f"{key}.pt") for key in [*results["runs"], "rank1"]}
     return results
+
+
+@pytest.mark.skipif(scored_head_unavailable() is not None, reason=str(scored_head_unavailable()))
+def test_two_ddp_ranks_scored_head_trains_as_trls_head(ddp_results):
+    """The scored-positions LM head is called through DDP's forward: both ranks end with the same weights, and
+    they are those TRL's fused head trains (2 ranks, grad accumulation 2, 3 AdamW steps)."""
+    runs, w = ddp_results["runs"], ddp_results["weights"]
+    scored, trl_head = runs["padding_free=True,average_tokens=True"], runs["trl_head"]
+    assert (scored["lm_head_state"], trl_head["lm_head_state"]) == ("scored", "trl: scored_lm_head=False")
+    assert trl_head["world_size"] == 2
+    rel = max(abs(a - b) / abs(b) for a, b in zip(scored["losses"], trl_head["losses"], strict=True))
+    assert rel <= LOSS_RTOL
+    assert max_rel_diff(w["rank1"], w["padding_free=True,average_tokens=True"]) == 0.0
+    assert max_rel_diff(w["padding_free=True,average_tokens=True"], w["trl_head"]) <= WEIGHT_RTOL
 
 
 @pytest.mark.parametrize("average_tokens", [True, False])

@@ -51,7 +51,8 @@ def config(layout: str, out: str, **overrides: Any) -> KTOConfig:
 
 
 def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True, peft: Any = None,
-            model_kwargs: dict | None = None, check_packing: bool = True, **overrides: Any) -> KTOTrainer:
+            model_kwargs: dict | None = None, check_packing: bool = True, scored_lm_head: bool | None = None,
+            **overrides: Any) -> KTOTrainer:
     policy = model(layout, **(model_kwargs or {}))
     ref_model = None
     if ref:
@@ -60,7 +61,8 @@ def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True,
             ref_model.lm_head.weight.mul_(4.0)
     return KTOTrainer(policy, ref_model, args=config(layout, out, **overrides), train_dataset=data,
                       processing_class=tok, peft_config=peft, prompt_once=layout == "once",
-                      check_packing=check_packing)
+                      check_packing=check_packing,
+                      **({} if scored_lm_head is None else {"scored_lm_head": scored_lm_head}))
 
 
 def step_logs(t: KTOTrainer) -> list[dict[str, float]]:

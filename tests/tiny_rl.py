@@ -123,7 +123,7 @@ def _classes(kind: str, layout: str) -> type:
 
 
 def trainer(kind: str, layout: str, out: str, *, data: Dataset | None = None, peft: Any = None,
-            check_packing: bool = True, **overrides: Any) -> Any:
+            check_packing: bool = True, scored_lm_head: bool | None = None, **overrides: Any) -> Any:
     """A recording GRPO/RLOO trainer of ``layout`` (TRL loads the reference model from the same path where
     ``beta > 0``, or switches the adapters off under PEFT)."""
     tok = tokenizer()
@@ -133,6 +133,8 @@ def trainer(kind: str, layout: str, out: str, *, data: Dataset | None = None, pe
         kwargs = dict(padding_free=False)
     elif layout != "padded":
         kwargs = dict(padding_free=True, prompt_once=layout == "once", check_packing=check_packing)
+    if scored_lm_head is not None:  # (None: the trainer's default)
+        kwargs["scored_lm_head"] = scored_lm_head
     recorder = Recorder()
     t = _classes(kind, layout)(model_path(), reward_funcs=reward_letters, args=config,
                                train_dataset=data if data is not None else prompts(), processing_class=tok,

@@ -69,6 +69,7 @@ def make_trainer(
     model = tiny_llama(vocab_size=len(tokenizer), seed=model_seed,
                        attn_implementation="padfree" if padding_free else "sdpa")
     max_tokens = config.pop("max_tokens_per_batch", None)
+    trainer_kwargs = {k: config.pop(k) for k in ("scored_lm_head",) if k in config}
     defaults = dict(
         output_dir=output_dir, per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=3,
         learning_rate=3e-3, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, logging_steps=1,
@@ -80,7 +81,7 @@ def make_trainer(
     collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tokenizer, padding_free=padding_free)
     return RecordingTrainer(
         model=model, args=SFTConfig(**defaults), train_dataset=dataset, processing_class=tokenizer,
-        data_collator=collator, check_packing=False, max_tokens_per_batch=max_tokens,
+        data_collator=collator, check_packing=False, max_tokens_per_batch=max_tokens, **trainer_kwargs,
     )  # fmt: skip
 
 

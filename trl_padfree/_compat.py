@@ -75,10 +75,10 @@ def dpo_padding_free_unavailable() -> str | None:
             f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_DPO}') or set padding_free=False")
 
 
-MIN_TRL_REWARD = "1.16"
-"""Padding-free reward training (:class:`trl_padfree.RewardTrainer`) restates TRL 1.16's ``RewardTrainer.compute_loss``
-(loss, ``margin``, ``center_rewards_coefficient``, metrics), checked exact against that release only. Older TRL
-releases train reward models only padded (``padding_free=False``: TRL's trainer unchanged)."""
+MIN_TRL_REWARD = "1.8"
+"""Padding-free reward training (:class:`trl_padfree.RewardTrainer`) restates ``RewardTrainer.compute_loss`` (loss,
+``margin``, ``center_rewards_coefficient``, metrics), the same from trl 1.8 to 1.16 except 1.16's division of the
+token count by the tensor-parallel size; its tests pass on 1.8.0 and on the newest release."""
 
 
 MIN_TRL_KTO = "1.16"

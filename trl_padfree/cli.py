@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from pathlib import Path
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("trl_padfree.launch", "fine-tune a model from a YAML config (SFTTrainer + this collator)"),
@@ -16,8 +17,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "rloo": ("trl_padfree.launch.rl_cli:rloo_main", "RL-train a model from a YAML config (RLOOTrainer, padding-free)"),
     "preview": ("trl_padfree.launch.preview", "show the first examples of a config's data, trained tokens marked"),
     "check": ("trl_padfree.check", "probe whether a model keeps packed examples apart"),
-    "bench": ("trl_padfree.bench", "padded vs padding-free benchmark (throughput, memory, loss)"),
+    "bench": ("trl_padfree.cli", "padded vs padding-free benchmark (a source checkout's benchmarks/ directory)"),
 }
+BENCH_MISSING = (
+    "trl-padfree bench: the benchmark is not part of the installed package; it is the benchmarks/ directory of "
+    "a source checkout: clone the repository, `pip install -e '.[bench]'` there and run trl-padfree bench in it"
+)
 
 
 def _usage() -> str:
@@ -39,9 +44,25 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"trl-padfree: unknown sub-command {name!r}.\n\n{_usage()}", file=sys.stderr)
         return 2
+    if name == "bench":
+        return bench_main(rest)
     module_name, _, function = SUBCOMMANDS[name][0].partition(":")  # "module" (its main) or "module:function"
     module = importlib.import_module(module_name)
     return int(getattr(module, function or "main")(rest) or 0)
+
+
+def bench_main(argv: list[str]) -> int:
+    """``trl-padfree bench``: the benchmark beside this package in a source checkout (``benchmarks/``, not in the
+    wheel), run with ``argv``; without one, :data:`BENCH_MISSING` on stderr and exit 2."""
+    root = Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "__init__.py").is_file():
+        print(BENCH_MISSING, file=sys.stderr)
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from benchmarks.cli import main as bench
+
+    return int(bench(argv) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,7 +7,8 @@ logged metrics, and replaces only the batch and the forward:
 
 - the collator (:class:`~trl_padfree.preference.DataCollatorForPreference`) puts the ``2B`` sequences in one row
   with ``position_ids`` and ``cu_seq_lens``; with ``prompt_once=True`` each pair's prompt is computed once;
-- policy and reference run TRL's fused LM head on the row with ``shift_labels`` (no logits tensor), and every
+- policy and reference run the scored-positions LM head (:mod:`trl_padfree.scored_head`; TRL's fused head where it
+  is not exact, or with ``scored_lm_head=False``) on the row with ``shift_labels`` (no logits tensor), and every
   per-sequence quantity is a segment sum over the row (:func:`~trl_padfree.preference.segment_sum`);
 - the losses are TRL's, restated on those sums (:mod:`trl_padfree.dpo_loss`).
 
@@ -36,7 +37,7 @@ from transformers import AutoTokenizer, TrainerCallback
 from .attention import ATTN_IMPLEMENTATION
 from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
-from .trainer import PadfreeTrainerMixin, checked_threads
+from .trainer import PadfreeTrainerMixin, checked_switch, checked_threads, install_scored_head
 
 __all__ = ["DPOTrainer", "PreferenceCheckCallback", "check_dpo_arguments", "require_padfree_attention"]
 
@@ -145,13 +146,17 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
         check_packing: probe the model(s) before the first step (default True).
         torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer` (``"auto"``: the count
             ``trl-padfree train`` picks unless the user chose one; a number; None: torch's own).
+        scored_lm_head: with ``padding_free``, score policy and reference with :mod:`trl_padfree.scored_head` (only
+            the response positions are projected, on every device; default True); False: TRL's fused head.
+            ``self.lm_head_state`` / ``self.ref_lm_head_state``: ``"scored"`` or ``"trl: <why>"``.
     """
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
                  *rest: Any, prompt_once: bool = False, check_packing: bool = True,
-                 torch_num_threads: int | str | None = "auto", **kwargs: Any) -> None:
+                 torch_num_threads: int | str | None = "auto", scored_lm_head: bool = True, **kwargs: Any) -> None:
         self.torch_num_threads = checked_threads(torch_num_threads)
+        self.scored_lm_head = checked_switch("scored_lm_head", scored_lm_head)
         check_dpo_arguments(model, ref_model, args, processing_class, kwargs.get("peft_config"))
         self.padfree = bool(args is not None and getattr(args, "padding_free", False))
         self.prompt_once = bool(prompt_once)
@@ -186,6 +191,15 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
             if self.padfree:
                 args.padding_free = True
         if self.padfree:
+            # the outputs TRL's own fused head computes here (DPOTrainer.__init__)
+            outputs = ("log_probs", "entropy", "mean_logits", "is_top1") + (
+                ("log_sum_sq_probs",) if self.use_weighting else ())
+            main = self.is_world_process_zero()
+            self.lm_head_state = install_scored_head(self.model, outputs, self.scored_lm_head, main)
+            self.ref_lm_head_state = None
+            if self.ref_model is not None:
+                ref_model = self.accelerator.unwrap_model(self.ref_model)
+                self.ref_lm_head_state = install_scored_head(ref_model, ("log_probs",), self.scored_lm_head, main)
             models = [m for m in (self.model, self.ref_model) if m is not None]
             if self.prompt_once:
                 for m in models:

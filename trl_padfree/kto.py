@@ -11,7 +11,11 @@ weights, the KL term) and logged metrics, and replaces only the batches and the 
   sequences in another, with ``position_ids`` and ``cu_seq_lens`` (the layout of
   :class:`~trl_padfree.preference.PreferenceLayout`, one segment per sequence);
 - every model call is TRL's fused-LM-head call on a row with ``shift_labels`` (:meth:`KTOTrainer._flat_forward`),
-  and each per-sequence quantity is a segment sum over the row (:func:`~trl_padfree.preference.segment_sum`).
+  and each per-sequence quantity is a segment sum over the row (:func:`~trl_padfree.preference.segment_sum`);
+- that call is scored by the scored-positions LM head (:mod:`trl_padfree.scored_head`, on by default:
+  ``scored_lm_head``): only the completion positions are projected, in bounded chunks, with the outputs TRL's head
+  computes (policy: log-probs, entropy, mean logit; reference: log-probs); TRL's fused head where it is not exact for
+  the model (``lm_head_state`` / ``ref_lm_head_state`` say which).
 
 The KL sequences run as TRL runs them: a forward without gradients of the policy, one of the reference. With
 ``prompt_once=True`` (``attn_implementation="padfree"``) the reference runs one row instead of two: each prompt
@@ -41,7 +45,7 @@ from accelerate.utils import is_peft_model
 
 from .dpo import PreferenceCheckCallback, require_padfree_attention
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
-from .trainer import PadfreeTrainerMixin, checked_threads
+from .trainer import PadfreeTrainerMixin, checked_switch, checked_threads, install_scored_head
 
 __all__ = ["DataCollatorForUnpairedFlat", "KTOConfig", "KTOTrainer", "kto_padding_free_unavailable"]
 
@@ -148,13 +152,18 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
             completion and the KL sequence (``attn_implementation="padfree"``).
         check_packing: probe the model(s) before the first step (default True).
         torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer`.
+        scored_lm_head: with ``padding_free``, score policy and reference with :mod:`trl_padfree.scored_head` (only
+            the completion positions are projected, on every device; default True); False: TRL's fused head.
+            ``self.lm_head_state`` / ``self.ref_lm_head_state``: ``"scored"`` or ``"trl: <why>"``. (A training set's
+            ``precompute_ref_log_probs`` pass is TRL's, padded, in ``__init__``: TRL's head.)
     """
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None, *rest: Any,
                  prompt_once: bool = False, check_packing: bool = True,
-                 torch_num_threads: int | str | None = "auto", **kwargs: Any) -> None:
+                 torch_num_threads: int | str | None = "auto", scored_lm_head: bool = True, **kwargs: Any) -> None:
         self.torch_num_threads = checked_threads(torch_num_threads)
+        self.scored_lm_head = checked_switch("scored_lm_head", scored_lm_head)
         self.padfree = bool(args is not None and getattr(args, "padding_free", False))
         self.prompt_once = bool(prompt_once)
         if self.prompt_once and not self.padfree:
@@ -168,9 +177,18 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
                                  "a data_collator, or set padding_free=False")
         super().__init__(model, ref_model, args, data_collator, train_dataset, eval_dataset, processing_class,
                          *rest, **kwargs)
+        self.lm_head_state = self.ref_lm_head_state = "trl: padding_free=False"
         if self.padfree:
             if self._is_vision_dataset:
                 raise ValueError("padding-free KTO covers text data only; set padding_free=False for vision data")
+            # the outputs TRL's own fused heads compute here (KTOTrainer.__init__)
+            main = self.is_world_process_zero()
+            self.lm_head_state = install_scored_head(self.model, ("log_probs", "entropy", "mean_logits"),
+                                                     self.scored_lm_head, main)
+            self.ref_lm_head_state = None
+            if self.ref_model is not None:
+                self.ref_lm_head_state = install_scored_head(self.accelerator.unwrap_model(self.ref_model),
+                                                             ("log_probs",), self.scored_lm_head, main)
             multiple = self.args.pad_to_multiple_of
             # (training-set reference log-probs, if precomputed, came from TRL's padded pass in __init__)
             self.data_collator = DataCollatorForUnpairedFlat(

@@ -143,7 +143,7 @@ class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         mode = "train" if self.model.training else "eval"
         outputs, logits = self._flat_rewards(model, inputs)
-        # from here on TRL 1.16's compute_loss, on the rewards read at every sequence's pooled token
+        # from here on TRL's compute_loss (1.8-1.16), on the rewards read at every sequence's pooled token
         rewards_chosen, rewards_rejected = torch.chunk(logits.squeeze(-1), chunks=2)
         if "margin" in inputs:
             loss = -nn.functional.logsigmoid(rewards_chosen - rewards_rejected - inputs["margin"]).mean()
@@ -153,7 +153,8 @@ class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
             loss += self.args.center_rewards_coefficient * torch.mean((rewards_chosen + rewards_rejected) ** 2)
         if mode == "train":
             tokens = torch.tensor(int(inputs["num_tokens"]), device=logits.device)
-            self._total_train_tokens += self.accelerator.gather_for_metrics(tokens).sum().item() // self._tp_size
+            tp_size = getattr(self, "_tp_size", 1)  # (trl < 1.16 does not divide by it)
+            self._total_train_tokens += self.accelerator.gather_for_metrics(tokens).sum().item() // tp_size
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
         with torch.no_grad():
             all_rewards = self.accelerator.gather(logits)

@@ -4,9 +4,12 @@ TRL's RL trainers compute every per-token log-prob (policy with grad, old policy
 ``_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size, ...)``, on chunks
 of ``batch_size`` padded rows. With ``padding_free`` the override here lays each chunk out as one flat row
 (:func:`~trl_padfree.rl_packing.pack_completion_rows`; with ``prompt_once`` rows of the same prompt share it), runs
-the model once on it with TRL's fused LM head (:meth:`PaddingFreeRLMixin.packed_scores`, the one place the head is
-called) and puts the per-token log-probs and entropies back into the ``[N, logits_to_keep]`` tensors TRL's loss code
+the model once on it (:meth:`PaddingFreeRLMixin.packed_scores`, the one place the head is called) and puts the per-token log-probs and entropies back into the ``[N, logits_to_keep]`` tensors TRL's loss code
 reads (:func:`~trl_padfree.rl_packing.scatter_scores`; 0 at padded positions, as TRL's head returns there).
+The head is the scored-positions LM head (:mod:`trl_padfree.scored_head`, on by default: ``scored_lm_head``):
+policy (its old-policy pass too) and reference project only the completion positions of the row, with TRL's
+``temperature`` and outputs (policy: log-probs and entropies; reference: log-probs), in bounded chunks; TRL's fused
+head where that head is not exact for the model (``lm_head_state`` / ``ref_lm_head_state`` say which).
 Generation, rewards, advantages, the losses and the metrics stay TRL's. Micro-batches are TRL's, so ``bnpo``'s
 per-micro-batch normalisation is unchanged; ``prompt_once`` shares only what a chunk holds.
 
@@ -26,7 +29,7 @@ from transformers import TrainerCallback
 
 from .preference import MODEL_KEYS
 from .rl_packing import PackStats, pack_completion_rows, scatter_scores
-from .trainer import PadfreeTrainerMixin, checked_threads
+from .trainer import PadfreeTrainerMixin, checked_switch, checked_threads, install_scored_head
 
 __all__ = ["PaddingFreeRLMixin", "RLPackingCheckCallback", "resolve_padding_free"]
 
@@ -91,10 +94,14 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
 
     padfree: bool = False
     prompt_once: bool = False
+    #: whether TRL passes ``args.cast_lm_head_to_fp32`` to its fused head (GRPO does, RLOO has no such option)
+    casts_lm_head_to_fp32: bool = False
 
     def _padfree_init(self, trl_class: type, args: tuple, kwargs: dict, *, padding_free: bool | None,
-                      prompt_once: bool, check_packing: bool, torch_num_threads: int | str | None) -> None:
+                      prompt_once: bool, check_packing: bool, torch_num_threads: int | str | None,
+                      scored_lm_head: bool = True) -> None:
         self.torch_num_threads = checked_threads(torch_num_threads)
+        self.scored_lm_head = checked_switch("scored_lm_head", scored_lm_head)
         bound = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs).arguments
         config = bound.get("args")
         self.padfree = resolve_padding_free(padding_free, config)
@@ -109,7 +116,9 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
         self.pack_totals: dict[str, Counter] = {"train": Counter(), "no_grad": Counter()}
         trl_class.__init__(self, *args, **kwargs)
         if not self.padfree:
+            self.lm_head_state = self.ref_lm_head_state = "trl: padding_free=False"
             return
+        self._install_scored_heads()
         from .dpo import require_padfree_attention
 
         models = [m for m in (self.model, getattr(self, "ref_model", None)) if m is not None]
@@ -122,10 +131,25 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
             self.add_callback(RLPackingCheckCallback(
                 self.prompt_once, [self.accelerator.unwrap_model(ref)] if ref is not None else []))
 
-    def packed_scores(self, model: Any, packed: dict[str, Any], compute_aux_loss: bool = False) -> Any:
-        """The model on one packed row with TRL's fused LM head: ``log_probs`` / ``entropy`` ``(1, T)`` per position.
+    def _install_scored_heads(self) -> None:
+        """The scored-positions head on the policy and the reference, over the fused heads TRL added in its
+        ``__init__``, with the same temperature and outputs (``lm_head_state`` / ``ref_lm_head_state``)."""
+        temperature = float(self.temperature)
+        cast = bool(getattr(self.args, "cast_lm_head_to_fp32", False)) if self.casts_lm_head_to_fp32 else False
+        main = self.is_world_process_zero()
+        self.lm_head_state = install_scored_head(self.model, ("log_probs", "entropy"), self.scored_lm_head, main,
+                                                 temperature=temperature, cast_lm_head_to_fp32=cast)
+        self.ref_lm_head_state = None
+        if getattr(self, "ref_model", None) is not None:
+            self.ref_lm_head_state = install_scored_head(
+                self.accelerator.unwrap_model(self.ref_model), ("log_probs",), self.scored_lm_head, main,
+                temperature=temperature, cast_lm_head_to_fp32=cast)
 
-        The one place the LM head is called (a head that scores only the scored positions can replace it here).
+    def packed_scores(self, model: Any, packed: dict[str, Any], compute_aux_loss: bool = False) -> Any:
+        """The model on one packed row with the fused-head call: ``log_probs`` / ``entropy`` ``(1, T)`` per position.
+
+        The one place the LM head is called: ``model(..., shift_labels=..., fused_lm_head=True)``, scored by the
+        scored-positions head where :meth:`_install_scored_heads` gave it, else by TRL's fused head.
         """
         device = self.accelerator.device
         inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in packed.items()

@@ -29,9 +29,15 @@ class RLOOTrainer(PaddingFreeRLMixin, trl.RLOOTrainer):
             (needs ``attn_implementation="padfree"``).
         check_packing: probe the model(s) before the first step (default True).
         torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer`.
+        scored_lm_head: with ``padding_free``, score policy, old policy and reference with
+            :mod:`trl_padfree.scored_head` (only the completion positions are projected, on every device; default
+            True); False: TRL's fused head. ``self.lm_head_state`` / ``self.ref_lm_head_state``: ``"scored"`` or
+            ``"trl: <why>"``.
     """
 
     def __init__(self, *args: Any, padding_free: bool | None = None, prompt_once: bool = False,
-                 check_packing: bool = True, torch_num_threads: int | str | None = "auto", **kwargs: Any) -> None:
+                 check_packing: bool = True, torch_num_threads: int | str | None = "auto",
+                 scored_lm_head: bool = True, **kwargs: Any) -> None:
         self._padfree_init(trl.RLOOTrainer, args, kwargs, padding_free=padding_free, prompt_once=prompt_once,
-                           check_packing=check_packing, torch_num_threads=torch_num_threads)
+                           check_packing=check_packing, torch_num_threads=torch_num_threads,
+                           scored_lm_head=scored_lm_head)

@@ -170,6 +170,39 @@ def loaded_through_a_tie(model: Any, missing_keys: list[str]) -> set[str]:
     }
 
 
+def checked_switch(name: str, value: Any) -> bool:
+    """``value`` if it is a bool, else a ValueError naming ``name``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, main_process: bool = True, *,
+                        temperature: float = 1.0, cast_lm_head_to_fp32: bool = False) -> str:
+    """Add :func:`trl_padfree.scored_head.add_scored_head` to ``model`` (its base model under PEFT, where TRL adds
+    its fused head); return ``"scored"`` or ``"trl: <why>"`` (printed when the model is the reason).
+
+    ``temperature`` and ``cast_lm_head_to_fp32``: those TRL gave its own fused head (GRPO/RLOO divide the logits by
+    ``args.temperature``)."""
+    from accelerate.utils import is_peft_model
+
+    from .scored_head import add_scored_head, remove_scored_head, scored_head_unavailable
+
+    target = model.get_base_model() if is_peft_model(model) else model
+    if not enabled:
+        remove_scored_head(target)  # (a model given the scored head by an earlier trainer)
+        return "trl: scored_lm_head=False"
+    if (problem := scored_head_unavailable()) is not None:
+        return f"trl: {problem}"
+    reason = add_scored_head(target, outputs=outputs, temperature=temperature,
+                             cast_lm_head_to_fp32=cast_lm_head_to_fp32)
+    if reason is None:
+        return "scored"
+    if main_process:
+        print(f"[trl-padfree] LM head: TRL's fused head, not the scored-positions head ({reason})", flush=True)
+    return f"trl: {reason}"
+
+
 class PadfreeTrainerMixin:
     """What this package's trainers (:class:`SFTTrainer`, :class:`trl_padfree.DPOTrainer`) add to TRL's, before the
     TRL class in the bases: the CPU thread policy during ``train()`` (``torch_num_threads``), a closed progress bar
@@ -275,8 +308,9 @@ def with_formatting_func_told(
     wrapped = FormattingFunc(func)
     record = first_record(bound.get("train_dataset"))
     record = record if record is not None else first_record(bound.get("eval_dataset"))
-    if record is not None:
-        wrapped.tell(record)
+    dataset_kwargs = getattr(bound.get("args"), "dataset_kwargs", None) or {}
+    if record is not None and "input_ids" not in record and not dataset_kwargs.get("skip_prepare_dataset"):
+        wrapped.tell(record)  # (TRL ignores formatting_func on a tokenized dataset: then it is never called)
     if "formatting_func" in kwargs:
         return args, {**kwargs, "formatting_func": wrapped}
     index = list(inspect.signature(trl.SFTTrainer.__init__).parameters).index("formatting_func") - 1  # no self
@@ -299,12 +333,18 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     ``formatting_func`` may be written per example (TRL 1.x) or for batches (TRL 0.10's convention, as in the
     blog post: a dict of lists in, a list of strings out); it is told on the first record and applied as written
     (:mod:`trl_padfree.formatting`), with one line saying so for a batched one.
+
+    ``scored_lm_head`` (default True): TRL's loss is scored by :mod:`trl_padfree.scored_head`, an LM head that
+    projects only the positions whose label is not -100, on every device (TRL 1.16's own head does so only on
+    CUDA/XPU with Triton); loss, metrics and gradients are TRL's. False: TRL's fused head.
+    ``self.lm_head_state`` says which scores (:meth:`use_scored_lm_head`).
     """
 
     def __init__(
         self, *args: Any, check_packing: bool = True, max_tokens_per_batch: int | None = None,
         torch_num_threads: int | str | None = "auto", **kwargs: Any
     ):
+        self.scored_lm_head = checked_switch("scored_lm_head", kwargs.pop("scored_lm_head", True))
         self.torch_num_threads = checked_threads(torch_num_threads)
         if max_tokens_per_batch is not None and (
             isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int)
@@ -323,6 +363,28 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
         super().__init__(*args, **kwargs)
         if check_packing and is_padding_free_collator(collator):
             self.add_callback(PackingCheckCallback())
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,
+                     num_items_in_batch: Any = None) -> Any:
+        """TRL's ``compute_loss``, with the scored-positions LM head (:meth:`use_scored_lm_head`) added first."""
+        self.use_scored_lm_head()
+        return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                    num_items_in_batch=num_items_in_batch)
+
+    def use_scored_lm_head(self) -> str:
+        """Give the model :mod:`trl_padfree.scored_head` (once), unless ``scored_lm_head=False``; return the state.
+
+        TRL's ``compute_loss`` calls ``model(**inputs, fused_lm_head=True)``; with the scored head that call projects
+        only the positions whose label is not -100, on every device, and returns TRL's outputs (the loss, entropy and
+        top-1 of TRL's metrics computed by TRL from them). ``"scored"``, or ``"trl: <why>"`` where TRL's fused head
+        scores instead (switched off, a model this head is not exact for, trl < 1.16), also in
+        ``self.lm_head_state``; a fallback for the model is said in one line.
+        """
+        state = getattr(self, "lm_head_state", None)
+        if state is None:
+            state = self.lm_head_state = install_scored_head(
+                self.model, ("log_probs", "entropy", "is_top1"), self.scored_lm_head, self.is_world_process_zero())
+        return state
 
     def get_train_dataloader(self) -> Any:
         if self.max_tokens_per_batch is None:

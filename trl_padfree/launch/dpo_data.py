@@ -199,7 +199,7 @@ def check_truncation(lengths: list[int] | None, source: str, what: str, max_leng
         raise ConfigError(
             f"{source}: all {dropped} {what} pairs would be dropped: with truncation_mode keep_start (the default) "
             f"a pair whose prompt alone has max_length={max_length} tokens or more has no response token left, and "
-            f"TRL drops it (the shortest prompt has {min(lengths)} tokens); raise max_length above {min(lengths)}, "
-            "or set truncation_mode: keep_end"
+            f"TRL drops it (the shortest prompt has {min(lengths)} tokens); raise max_length above {min(lengths)} "
+            "(or set max_length: null, no truncation)"
         )
     return dropped

@@ -10,8 +10,10 @@ fingerprinted (:func:`~.batches.batch_fingerprint`), so "same mini-batches" is v
 
 - ``trl-native``: ``SFTConfig(padding_free=True)`` with TRL's own collator and the model's default attention
   (transformers picks it; on CPU that is sdpa, not the FlashAttention TRL's docs ask for);
-- ``sft-padfree``: this project's collator (``response_template=None``: it keeps TRL's labels and flattens) with
-  ``attn_implementation="padfree"`` and ``SFTConfig(padding_free=False)``.
+- ``sft-padfree``: :class:`trl_padfree.SFTTrainer` (its scored-positions LM head, :mod:`trl_padfree.scored_head`)
+  with this project's collator (``response_template=None``: it keeps TRL's labels and flattens),
+  ``attn_implementation="padfree"`` and ``SFTConfig(padding_free=False)``; ``sft-padfree-trl-head`` (opt-in): the
+  same with ``scored_lm_head=False`` (TRL's fused head).
 
 Timing covers the whole trainer loop, one optimizer step at a time: the trainer runs in a thread that pauses at
 the start of every loop iteration (before the dataloader fetches and collates the next batch) until
@@ -34,7 +36,7 @@ from .config import VARIANTS, BenchConfig
 from .data import IGNORE_INDEX, completion_start
 from .flops import is_varlen, sft_workload
 from .records import bench_tokenizer, to_records
-from .stepped import SteppedTrainerRun, bench_trainer_class
+from .stepped import SteppedTrainerRun, bench_trainer_class, trainer_arguments
 from .training import (
     StepRecords,
     bench_device,
@@ -61,7 +63,7 @@ def _check_prepared(prepared: Any, examples: list[list[int]], split: str) -> Non
     ids, labels = prepared["input_ids"], prepared["labels"]
     if ids != examples:
         raise RuntimeError(f"SFTTrainer tokenized the {split} records into other token ids than the benchmark's "
-                           "examples (a bug in trl_padfree.bench.records)")
+                           "examples (a bug in benchmarks.records)")
     if labels != [completion_labels(e) for e in examples]:
         raise RuntimeError(f"SFTTrainer's {split} labels are not the completion-only labels of the examples")
 
@@ -75,7 +77,7 @@ class SFTTrainerRun(SteppedTrainerRun):
         import datasets
         import trl
 
-        from ..collator import DataCollatorForCompletionOnlyLM
+        from trl_padfree.collator import DataCollatorForCompletionOnlyLM
 
         self.config, self.dataset, self.variant = config, dataset, variant
         self.spec = spec = VARIANTS[variant]
@@ -86,31 +88,19 @@ class SFTTrainerRun(SteppedTrainerRun):
         self._tmp = tempfile.TemporaryDirectory(prefix="trl-padfree-bench-sft-")
         model = build_model(config, spec.attn_implementation, self.device)
         args = trl.SFTConfig(
-            output_dir=self._tmp.name,
+            **trainer_arguments(config, self.device, self._tmp.name, self.total_steps),
             padding_free=spec.collator == "trl",  # TRL's own padding-free path (and TRL's collator)
             max_length=None,  # the examples are already clipped to --max-length; TRL refuses padding_free + max_length
-            per_device_train_batch_size=config.batch_size,
-            max_steps=self.total_steps,
-            train_sampling_strategy="sequential",  # the same mini-batches, in the same order, as the other variants
-            learning_rate=config.lr,
-            lr_scheduler_type="constant",
-            max_grad_norm=0.0,  # no clipping, as in the benchmark's loop (the Trainer still computes the norm)
-            activation_checkpointing=False,  # TRL defaults to on; the benchmark's loop has none
-            bf16=False,
-            fp16=False,  # the model is built in --dtype; no autocast
-            logging_steps=1,
-            save_strategy="no",
-            eval_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            use_cpu=self.device.type == "cpu",
-            dataloader_pin_memory=self.device.type == "cuda",
-            seed=config.seed,
         )
-        collator = None
+        collator, trainer_class, extra = None, trl.SFTTrainer, {}
         if spec.collator == "trl-padfree":
+            from trl_padfree.trainer import SFTTrainer
+
             collator = DataCollatorForCompletionOnlyLM(None, padding_free=spec.padding_free)
-        trainer = self._build_quietly(lambda: bench_trainer_class(trl.SFTTrainer)(
+            # this project's trainer: its LM head (the probe runs after training; the threads are the bench's)
+            trainer_class = SFTTrainer
+            extra = dict(check_packing=False, torch_num_threads=None, scored_lm_head=spec.lm_head == "scored")
+        trainer = self._build_quietly(lambda: bench_trainer_class(trainer_class)(
             model=model,
             args=args,
             train_dataset=datasets.Dataset.from_list(to_records(train)),
@@ -118,6 +108,7 @@ class SFTTrainerRun(SteppedTrainerRun):
             processing_class=bench_tokenizer(config.vocab_size),
             data_collator=collator,
             optimizers=(make_optimizer(config, model), None),
+            **extra,
         ))
         _check_prepared(trainer.train_dataset, train, "train")
         _check_prepared(trainer.eval_dataset, evaluation, "eval")
@@ -128,13 +119,26 @@ class SFTTrainerRun(SteppedTrainerRun):
 
         self._start(trainer, model, isolated)
 
+    def _head_scores_targets_only(self) -> bool:
+        """Whether the LM head projects only the trained positions: this project's scored head, or TRL's fused head
+        on CUDA/XPU with Triton (elsewhere TRL's head projects every position)."""
+        from trl_padfree.scored_head import scored_head_unavailable, trl_head_is_compact
+
+        if self.spec.collator == "trl-padfree" and self.spec.lm_head == "scored" and scored_head_unavailable() is None:
+            return True
+
+        return trl_head_is_compact(self.device)
+
     def _observe(self, inputs: dict[str, Any]) -> None:
         """Record what the model receives (not counted in the step's time)."""
         start = time.perf_counter()
         rec = self.records
         rec.fingerprints.append(batch_fingerprint(inputs))
         varlen = is_varlen(self.model.config._attn_implementation)
-        rec.workloads.append(dataclasses.asdict(sft_workload(inputs, varlen)))
+        work = sft_workload(inputs, varlen)
+        if self._head_scores_targets_only():
+            work = dataclasses.replace(work, head_slots=count_targets(inputs))
+        rec.workloads.append(dataclasses.asdict(work))
         mask = inputs.get("attention_mask")
         rec.real_tokens.append(int(inputs["input_ids"].numel() if mask is None else mask.sum()))
         rec.input_tokens.append(int(inputs["input_ids"].numel()))
@@ -143,7 +147,7 @@ class SFTTrainerRun(SteppedTrainerRun):
 
     def finish(self) -> dict[str, Any]:
         """Wait for the trainer to end; evaluate; probe the attention that ran; return every measurement."""
-        from ..probe import check_packing
+        from trl_padfree.probe import check_packing
 
         self._finished()
         rec = self.records
@@ -156,6 +160,7 @@ class SFTTrainerRun(SteppedTrainerRun):
             "dataset": self.dataset,
             "variant": self.variant,
             "runner": "sft-trainer",
+            "lm_head": getattr(self.trainer, "lm_head_state", None) or "trl: trl.SFTTrainer",
             "attn_implementation": self.model.config._attn_implementation,
             "attn_requested": self.spec.attn_implementation or "model default",
             "padding_free": self.spec.padding_free,

@@ -1,4 +1,4 @@
-"""Time the training part of a GRPO or RLOO step: TRL's padded trainer vs padding-free vs prompt-once, side by side.
+"""``trl-padfree bench --task grpo|rloo``: the training part of a GRPO or RLOO step, TRL's padded trainer vs padding-free vs prompt-once, side by side.
 
 The training part is what runs after generation and rewards: the no-grad old-policy and reference forwards over the
 generation batch (chunks of ``per_device_train_batch_size`` rows, as TRL runs them), then for each micro-batch (TRL's
@@ -10,8 +10,8 @@ groups with GSM8K-like lengths (completions lognormal, median 300, sigma 0.75, c
 of a fresh process running one step of one layout (Linux: ``VmHWM`` reset just before the step; "step MiB" is
 that peak over the RSS before the step).
 
-    OMP_NUM_THREADS=1 python scripts/bench_rl.py --steps 6 --scale 0.25
-    OMP_NUM_THREADS=1 python scripts/bench_rl.py --steps 6 --scale 0.25 --trainer rloo
+    OMP_NUM_THREADS=1 trl-padfree bench --task grpo --steps 6 --scale 0.25
+    OMP_NUM_THREADS=1 trl-padfree bench --task rloo --steps 6 --scale 0.25
 
 Prints per layout: median step seconds, real tokens/s, the speed-up over TRL's padded trainer next to the layout's
 FLOP ratio (linear layers and LM head per forwarded token, attention per query-key pair; backward = 2 forwards) and
@@ -32,6 +32,9 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .args import task_of, task_parser
+from .targets import flop_share_verdict
 
 LAYOUTS = ("padded", "padfree", "once")
 
@@ -72,10 +75,10 @@ def build(layout: str, args: argparse.Namespace, path: str) -> Any:
 
     import trl_padfree
 
-    name = "GRPO" if args.trainer == "grpo" else "RLOO"
+    name = "GRPO" if args.task == "grpo" else "RLOO"
     cls = getattr(trl if layout == "padded" else trl_padfree, f"{name}Trainer")
     attn = "sdpa" if layout == "padded" else "padfree"
-    extra = {"loss_type": args.loss_type, "beta": 0.04} if args.trainer == "grpo" else {}
+    extra = {"loss_type": args.loss_type, "beta": 0.04} if args.task == "grpo" else {}
     config = getattr(trl, f"{name}Config")(
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.batch, num_generations=args.gens,
         gradient_accumulation_steps=args.groups * args.gens // args.batch, num_iterations=2,
@@ -170,8 +173,8 @@ def _status_kib(field: str) -> int:
     raise RuntimeError(f"no {field} in /proc/self/status")
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def build_parser(task: str = "grpo") -> argparse.ArgumentParser:
+    parser = task_parser(task, __doc__)
     parser.add_argument("--steps", type=int, default=6, help="timed steps per layout (after one warm-up step)")
     parser.add_argument("--scale", type=float, default=0.25, help="multiplies every length (1 = GSM8K-like)")
     parser.add_argument("--groups", type=int, default=4, help="prompts per generation batch")
@@ -180,13 +183,26 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=2048)
-    parser.add_argument("--trainer", choices=["grpo", "rloo"], default="grpo")
     parser.add_argument("--loss-type", default="dapo", help="GRPO's loss_type")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-memory", action="store_true", help="skip the per-layout peak-memory processes")
     parser.add_argument("--json", help="write the figures to this file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``trl-padfree bench --task grpo|rloo``: print the table (:func:`run_rl`); 0 when it ran."""
+    run_rl(sys.argv[1:] if argv is None else argv)
+    return 0
+
+
+def run_rl(argv: list[str]) -> dict[str, Any]:
+    """Parse ``argv``, time every layout, print the table and return the figures."""
+    parser = build_parser(task_of(argv, "grpo"))
     args = parser.parse_args(argv)
+    if args.task not in ("grpo", "rloo"):
+        parser.error(f"--task {args.task} is not an RL task; this benchmark runs --task grpo or --task rloo")
     torch.set_num_threads(args.threads)
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -241,7 +257,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         result["layouts"][layout] = entry
     result["load_after"] = os.getloadavg()
     pad_tokens = sum(b["prompt_ids"].numel() + b["completion_ids"].numel() for b in batches[1:])
-    what = f"GRPO training part ({args.loss_type}, beta 0.04" if args.trainer == "grpo" else "RLOO training part (beta 0.05"
+    what = f"GRPO training part ({args.loss_type}, beta 0.04" if args.task == "grpo" else "RLOO training part (beta 0.05"
     print(f"{what}, old + ref + policy), tiny Llama {args.layers}x"
           f"{args.hidden} vocab {args.vocab}, fp32, {args.threads} thread(s); {args.steps} timed steps of "
           f"{args.groups} prompts x {args.gens} generations, micro-batch {args.batch}; lengths x{args.scale}: "
@@ -253,6 +269,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{layout:8} {e['median_s']:8.3f} {e['tokens_per_s']:8.0f} {e['speedup']:8.2f}x {e['flop_ratio']:9.2f}x "
               f"{e['of_flop_ratio']:8.0%} {e.get('peak_rss_mib', float('nan')):9.0f} "
               f"{e.get('step_rss_mib', float('nan')):9.0f}")
+    for layout, e in result["layouts"].items():
+        if layout != "padded":
+            e["target"] = flop_share_verdict(args.task, e["of_flop_ratio"])
+            print(f"{layout}: {e['of_flop_ratio']:.0%} of its FLOP ratio; {e['target']}")
     print("per-step mean micro-batch loss (padded / padfree / once):")
     for i in range(args.steps):
         print("  " + " / ".join(f"{statistics.mean(losses[k][i]):+.7e}" for k in LAYOUTS))
@@ -263,4 +283,4 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    sys.exit(0 if main() else 1)
+    sys.exit(main())

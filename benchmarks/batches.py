@@ -23,7 +23,7 @@ def fixed_batches(examples: Sequence[list[int]], batch_size: int) -> list[list[l
 def token_budget_batches(examples: Sequence[list[int]], max_tokens: int, seed: int) -> list[list[list[int]]]:
     """Mini-batches of whole examples chosen by :class:`trl_padfree.batching.TokenBudgetBatchSampler` (one epoch,
     shuffled with ``seed``): each holds as many examples as fit ``max_tokens`` real tokens."""
-    from ..batching import TokenBudgetBatchSampler
+    from trl_padfree.batching import TokenBudgetBatchSampler
 
     sampler = TokenBudgetBatchSampler([len(e) for e in examples], max_tokens, shuffle=True, seed=seed)
     sampler.set_epoch(0)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .config import _fmt_params
 from .data import dataset_title
 from .measures import step_medians
+from .preset import fmt_params as _fmt_params
 
 _COLORS = {"padded-sdpa": "#7f7f7f", "packed-sdpa": "#1f77b4", "packed-padfree": "#d62728", "packed-fa2": "#2ca02c",
            "trl-native": "#ff7f0e", "sft-padfree": "#9467bd", "token-budget": "#8c564b"}

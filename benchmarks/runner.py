@@ -23,7 +23,7 @@ from .worker import run_variant
 
 
 def _worker_command(spec_path: Path, out_path: Path, interactive: bool) -> list[str]:
-    cmd = [sys.executable, "-m", "trl_padfree.bench", "--worker", str(spec_path), "--worker-output", str(out_path)]
+    cmd = [sys.executable, "-m", "benchmarks", "--worker", str(spec_path), "--worker-output", str(out_path)]
     return [*cmd, "--interactive"] if interactive else cmd
 
 

@@ -8,12 +8,15 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .config import BASELINE, _fmt_params
+from .config import BASELINE
 from .data import dataset_title
 from .flops import flop_ratio
 from .measures import max_rel_diff, step_medians
 from .paths import write_report_files
 from .plot import plot
+from .preset import fmt_params as _fmt_params
+from .targets import MEMORY_SETUP_TEXT, TARGETS, in_memory_setup, in_speed_setup
+from .targets import failed_targets as failed_targets
 
 
 def _same_batches(res: dict[str, Any], base: dict[str, Any]) -> bool | None:
@@ -61,58 +64,11 @@ def compare(results: dict[str, dict[str, Any]], config: dict[str, Any] | None = 
     return out
 
 
-SPEED_TARGET_SETUP = (
-    "CPU, float32, tiny Llama (4 x 256, 8 / 4 heads, MLP 688, vocab 2048), batch 8, the datasets' real lengths "
-    "(--length-scale 1), >= 5 timed steps"
-)
-
-
-def _is_speed_target_setup(config: dict[str, Any]) -> bool:
-    """Whether a run is the setup the throughput targets were set for (other setups report ratios, no verdict).
-
-    >>> tiny = {"device": "cpu", "dtype": "float32", "batch_size": 8, "layers": 4, "hidden": 256, "heads": 8,
-    ...         "kv_heads": 4, "intermediate": 688, "vocab_size": 2048, "length_scale": 1.0, "steps": 10}
-    >>> _is_speed_target_setup(tiny), _is_speed_target_setup({**tiny, "steps": 1})
-    (True, False)
-    >>> _is_speed_target_setup({**tiny, "length_scale": 0.1}), _is_speed_target_setup({"device": "cuda"})
-    (False, False)
-    """
-    expected = dict(device="cpu", dtype="float32", batch_size=8, layers=4, hidden=256, heads=8, kv_heads=4,
-                    intermediate=688, vocab_size=2048, length_scale=1.0)
-    return all(config.get(key) == value for key, value in expected.items()) and config.get("steps", 0) >= 5
-
-
-MEMORY_TARGET_SETUP = (
-    "CUDA, or CPU with each variant in its own worker process (not --in-process) at the datasets' real lengths "
-    "(--length-scale 1)"
-)
-
-
-def _is_memory_target_setup(config: dict[str, Any]) -> bool:
-    """Whether peak memory is measured well enough to judge "padfree below padded": CUDA counts the tensors
-    themselves; on CPU only a fresh worker's peak RSS is the variant's own, and only at real lengths is the
-    activation memory more than the noise of a process's few hundred MB.
-
-    >>> _is_memory_target_setup({"device": "cuda:0", "subprocess": False, "length_scale": 0.1})
-    True
-    >>> _is_memory_target_setup({"device": "cpu", "subprocess": True, "length_scale": 1.0})
-    True
-    >>> _is_memory_target_setup({"device": "cpu", "subprocess": False, "length_scale": 1.0})
-    False
-    """
-    if str(config.get("device", "cpu")).startswith("cuda"):
-        return True
-    return bool(config.get("subprocess", True)) and config.get("length_scale") == 1.0
-
-
-#: The throughput targets: real tokens/s over the baseline at least this share of the workload's FLOP ratio.
-FLOP_SHARE_TARGET = 0.9
-#: (dataset, variant, baseline) of the throughput targets.
-SPEED_TARGETS = (("flan", "packed-padfree", BASELINE), ("flan", "packed-padfree", "packed-sdpa"),
-                 ("orcamath", "packed-padfree", BASELINE))
-
-# Variants whose losses must equal padded (this project's layouts); trl-native is compared, not judged.
-_LOSS_JUDGED = ("packed-sdpa", "packed-padfree", "packed-fa2", "sft-padfree")
+SPEED_TARGET_SETUP = TARGETS["sft"]["speed_setup_text"]
+MEMORY_TARGET_SETUP = MEMORY_SETUP_TEXT
+FLOP_SHARE_TARGET = TARGETS["sft"]["flop_share"]
+SPEED_TARGETS = TARGETS["sft"]["speed"]
+_LOSS_JUDGED = TARGETS["sft"]["loss_equal"]
 
 
 def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -135,8 +91,8 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     config = report["config"]
     rtol = config["loss_rtol"]
     datasets = report["datasets"]
-    speed_setup = _is_speed_target_setup(report["config"])
-    memory_setup = _is_memory_target_setup(report["config"])
+    speed_setup = in_speed_setup("sft", report["config"])
+    memory_setup = in_memory_setup(report["config"])
     targets: list[dict[str, Any]] = []
 
     def ran(dataset: str, variant: str) -> dict[str, Any] | None:
@@ -185,14 +141,14 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "shown": f"max rel. diff {worst:.1e}" + ("" if cmp["same_steps"] else ", different step counts"),
                 "holds": worst <= rtol and cmp["same_steps"],
             })
-    for dataset in datasets:
-        a, b = ran(dataset, "packed-padfree"), ran(dataset, BASELINE)
+    for dataset, (variant, baseline) in ((d, pair) for d in datasets for pair in TARGETS["sft"]["memory_below"]):
+        a, b = ran(dataset, variant), ran(dataset, baseline)
         measured = a is not None and b is not None
         shown = f"{a['peak_memory_mb']:.0f} vs {b['peak_memory_mb']:.0f} MB" if measured else "not measured"
         if measured and not memory_setup:
             shown += f" (judged only on {MEMORY_TARGET_SETUP})"
         targets.append({
-            "target": f"{dataset}: packed-padfree peak memory below {BASELINE}",
+            "target": f"{dataset}: {variant} peak memory below {baseline}",
             "value": a["peak_memory_mb"] / b["peak_memory_mb"] if measured else None,
             "shown": shown,
             "holds": a["peak_memory_mb"] < b["peak_memory_mb"] if measured and memory_setup else None,
@@ -208,11 +164,6 @@ def _fmt_share(value: float, threshold: float) -> str:
     ('89.96%', '90.31%', '104%')
     """
     return f"{value:.2%}" if round(value, 2) == threshold else f"{value:.0%}"
-
-
-def failed_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The judged targets that failed (``holds`` False)."""
-    return [t for t in report["targets"] if t["holds"] is False]
 
 
 PAPER = {
@@ -372,7 +323,7 @@ def to_markdown(report: dict[str, Any]) -> str:
         + ". 'FLOP ratio': padded forward matmul FLOPs per real token over the variant's, counted from the "
         "batches each really trained (linear layers per token slot, attention per query-key pair: a padded row's "
         "width squared, a packed example's length squared under a varlen kernel, the whole packed row squared "
-        "under sdpa's dense block mask; trl_padfree.bench.flops): what the layout allows if time followed the "
+        "under sdpa's dense block mask; benchmarks.flops): what the layout allows if time followed the "
         "matmuls; 'share of it' = vs padded / FLOP ratio. 'Median step speed-up' is the median over the timed steps of padded seconds / variant seconds "
         "for the same mini-batch (robust to load spikes). 'ms/step' is the median wall time of a whole step; "
         "'outside compute' the part of it not spent in forward, backward and the optimizer step",

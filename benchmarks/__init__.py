@@ -48,40 +48,19 @@ bad options.
     trl-padfree bench                                   # CPU defaults (a few minutes on 2 cores)
     python scripts/bench.py --datasets flan --steps 20
     python scripts/bench.py --device cuda --dtype bfloat16 --model-size 0.5b
+
+This is ``--task sft``; ``--task dpo|grpo|rloo|reward|kto`` runs the other trainers' benchmarks, each with its own
+options (``trl-padfree bench --task dpo --help``). The benchmark is this directory of a source checkout, not part of
+the installed package.
 """
 
 from __future__ import annotations
 
-from .cli import build_parser as build_parser
-from .cli import config_from_args as config_from_args
-from .cli import main
-from .config import BASELINE as BASELINE
-from .config import MODEL_PRESETS, VARIANTS, BenchConfig, Variant
-from .config import SCHEDULES as SCHEDULES
-from .config import variant_unavailable as variant_unavailable
-from .data import DATASETS, LengthDistribution, make_examples
-from .data import TEMPLATE_IDS as TEMPLATE_IDS
-from .data import length_stats as length_stats
-from .plot import plot as plot
-from .report import PAPER as PAPER
-from .report import compare as compare
-from .report import evaluate_targets
-from .report import to_markdown as to_markdown
-from .report import write_outputs as write_outputs
+from .cli import build_parser, config_from_args, main
+from .config import MODEL_PRESETS, VARIANTS, BenchConfig
+from .data import DATASETS, TEMPLATE_IDS, make_examples
+from .report import compare, evaluate_targets, to_markdown
 from .runner import run_benchmark
-from .worker import VariantRun as VariantRun
-from .worker import run_variant
 
-__all__ = [
-    "DATASETS",
-    "MODEL_PRESETS",
-    "VARIANTS",
-    "BenchConfig",
-    "LengthDistribution",
-    "Variant",
-    "evaluate_targets",
-    "main",
-    "make_examples",
-    "run_benchmark",
-    "run_variant",
-]
+__all__ = ["DATASETS", "MODEL_PRESETS", "TEMPLATE_IDS", "VARIANTS", "BenchConfig", "build_parser", "compare",
+           "config_from_args", "evaluate_targets", "main", "make_examples", "run_benchmark", "to_markdown"]

@@ -1,5 +1,5 @@
 """One variant's training run in this project's own loop (:class:`VariantRun`), the factory that picks the run
-class of a variant (:func:`make_run`), and the worker process that runs it (``python -m trl_padfree.bench --worker
+class of a variant (:func:`make_run`), and the worker process that runs it (``python -m benchmarks --worker
 SPEC``).
 """
 
@@ -41,7 +41,7 @@ class VariantRun:
     """
 
     def __init__(self, config: BenchConfig, dataset: str, variant: str, *, isolated: bool = False):
-        from ..collator import DataCollatorForCompletionOnlyLM
+        from trl_padfree.collator import DataCollatorForCompletionOnlyLM
 
         self.config, self.dataset, self.variant = config, dataset, variant
         self.spec = spec = VARIANTS[variant]

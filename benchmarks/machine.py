@@ -10,7 +10,7 @@ from typing import Any
 
 
 def _project_root() -> str:
-    return str(Path(__file__).resolve().parents[2])
+    return str(Path(__file__).resolve().parents[1])
 
 
 def _load_average() -> list[float] | None:
@@ -34,7 +34,7 @@ def machine_info(device: str, threads: int = 0) -> dict[str, Any]:
     import torch
     import transformers
 
-    from .. import __version__
+    from trl_padfree import __version__
 
     cpu = platform.processor() or platform.machine()
     try:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["refuse_unusable", "unwritable_dir", "write_report_files"]
+__all__ = ["refuse_unusable", "run_and_report", "unwritable_dir", "write_report_files"]
 
 
 def unwritable_dir(path: Path) -> str | None:
@@ -55,3 +55,27 @@ def refuse_unusable(parser: Any, device: str, output_dir: Path) -> None:
 
         if not torch.cuda.is_available():
             parser.error(f"--device {device} but torch.cuda.is_available() is False; use --device cpu")
+
+
+def run_and_report(parser: Any, args: Any, config: Any, run: Callable[[Any], dict[str, Any]],
+                   write: Callable[..., dict[str, Path]], markdown: Callable[[dict[str, Any]], str], stem: str,
+                   unit: str = "") -> int:
+    """A task's run from its parsed ``args`` and ``config``: a bad option or an unusable ``--output-dir`` or device
+    exits 2 in one line before any work; then the run line, ``run(config)``, the report files (``write``), the
+    tables (``markdown``), and the verdict of the targets (0, or 1 when a judged target failed)."""
+    from .preset import fmt_params
+    from .targets import verdict
+
+    try:
+        config.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    refuse_unusable(parser, config.device, args.output_dir)
+    print(f"{parser.prog}: Llama {config.layers}x{config.hidden} ({fmt_params(config.parameter_count())} "
+          f"parameters), {config.dtype} on {config.device}, batch {config.batch_size}{unit}, {config.warmup} warm-up + "
+          f"{config.steps} timed steps, variants {', '.join(config.variants)}")
+    report = run(config)
+    paths = write(report, args.output_dir, args.name or stem)
+    print("\n" + markdown(report))
+    print("Wrote " + ", ".join(str(p) for p in paths.values()))
+    return verdict(report)

@@ -20,7 +20,21 @@ from typing import Any
 
 from .training import MemoryMeter, synchronize
 
-__all__ = ["SteppedTrainerRun", "bench_callback", "bench_trainer_class"]
+__all__ = ["SteppedTrainerRun", "bench_callback", "bench_trainer_class", "trainer_arguments"]
+
+
+def trainer_arguments(config: Any, device: Any, output_dir: str, total_steps: int) -> dict[str, Any]:
+    """The ``TrainingArguments`` every trainer variant shares: ``batch_size`` per step, the same batches in the same
+    order (sequential sampling), AdamW at a constant ``lr`` without clipping (the Trainer still computes the norm),
+    no activation checkpointing (TRL defaults to on; the benchmark's loop has none), the model in its own
+    ``--dtype`` (no autocast), a log every step, nothing saved or evaluated."""
+    return dict(
+        output_dir=output_dir, per_device_train_batch_size=config.batch_size, max_steps=total_steps,
+        train_sampling_strategy="sequential", learning_rate=config.lr, lr_scheduler_type="constant",
+        max_grad_norm=0.0, activation_checkpointing=False, bf16=False, fp16=False, logging_steps=1,
+        save_strategy="no", eval_strategy="no", report_to="none", disable_tqdm=True,
+        use_cpu=device.type == "cpu", dataloader_pin_memory=device.type == "cuda", seed=config.seed,
+    )
 
 
 class _WarningLog(logging.Handler):

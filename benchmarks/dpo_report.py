@@ -7,17 +7,18 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .config import _fmt_params
 from .dpo_data import DISTRIBUTION_LABEL, STEP_FORWARDS
 from .flops import timed_flops
 from .measures import max_rel_diff
 from .paths import write_report_files
+from .preset import fmt_params as _fmt_params
+from .targets import TARGETS, in_memory_setup, in_speed_setup
+from .targets import failed_targets as failed_targets
 
-DPO_BASELINE = "dpo-trl-padded"
-FLOP_SHARE_TARGET = 0.85
-_JUDGED = ("dpo-padfree", "dpo-prompt-once")
-SPEED_TARGET_SETUP = ("CPU, float32, 1 torch thread, tiny Llama (4 x 256, 8 / 4 heads, MLP 688, vocab 2048), batch 8 "
-                      "pairs, >= 6 timed steps, each variant in its own worker")
+DPO_BASELINE = TARGETS["dpo"]["baseline"]
+FLOP_SHARE_TARGET = TARGETS["dpo"]["flop_share"]
+_JUDGED = TARGETS["dpo"]["judged"]
+SPEED_TARGET_SETUP = TARGETS["dpo"]["speed_setup_text"]
 
 
 def compare(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -57,30 +58,10 @@ def compare(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def is_speed_target_setup(config: dict[str, Any]) -> bool:
-    """Whether the run is the setup the speed targets were set for (:data:`SPEED_TARGET_SETUP`).
-
-    >>> setup = dict(device="cpu", dtype="float32", threads=1, batch_size=8, steps=6, subprocess=True, layers=4,
-    ...              hidden=256, intermediate=688, heads=8, kv_heads=4, vocab_size=2048)
-    >>> is_speed_target_setup(setup), is_speed_target_setup({**setup, "threads": 2})
-    (True, False)
-    """
-    expected = dict(device="cpu", dtype="float32", threads=1, batch_size=8, subprocess=True, layers=4, hidden=256,
-                    intermediate=688, heads=8, kv_heads=4, vocab_size=2048)
-    return all(config.get(k) == v for k, v in expected.items()) and config.get("steps", 0) >= 6
-
-
-def is_memory_target_setup(config: dict[str, Any]) -> bool:
-    """Peak memory is each variant's own: CUDA, or CPU workers (not in-process) at the full lengths."""
-    if str(config.get("device", "cpu")).startswith("cuda"):
-        return True
-    return bool(config.get("subprocess")) and config.get("length_scale") == 1.0
-
-
 def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's targets; ``holds`` None ("n/a") where a target does not apply, with the reason in ``shown``."""
     config, cmp, variants = report["config"], report["comparison"], report["variants"]
-    speed, memory = is_speed_target_setup(config), is_memory_target_setup(config)
+    speed, memory = in_speed_setup("dpo", config), in_memory_setup(config)
     rtol, logps_rtol = config["loss_rtol"], config.get("logps_rtol", config["loss_rtol"])
     targets: list[dict[str, Any]] = []
     for name in _JUDGED:
@@ -119,10 +100,6 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                                   f"(rel. tol. {rtol:g}) equal {DPO_BASELINE}'s, same batches",
                         "value": c["train_loss_max_rel_diff"], "shown": shown, "holds": ok})
     return targets
-
-
-def failed_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    return [t for t in report["targets"] if t["holds"] is False]
 
 
 def _x(value: float | None, digits: int = 2) -> str:

@@ -1,4 +1,4 @@
-"""Reward-model and KTO training speed and peak memory: TRL's padded trainers vs padding-free, side by side.
+"""``trl-padfree bench --task reward|kto``: reward-model and KTO training speed and peak memory: TRL's padded trainers vs padding-free, side by side.
 
 Each variant trains a randomly initialised Llama (CPU, fp32, 1 thread by default) for ``--steps`` optimizer steps
 after ``--warmup`` steps, in its own process (so that peak memory is its own), on the same random data with
@@ -10,7 +10,7 @@ before ``train()``, and next to each measured speed ratio the FLOP ratio of the 
 forward+backward FLOPs: ``6 * params`` per computed token plus ``6 * layers * hidden * n^2`` of causal attention
 per computed sequence of ``n`` keys, forward-only passes a third of that; padded rows count their full width).
 
-    python scripts/bench_reward.py [--task reward|kto] [--steps 8] [--rounds 3] [--batch 8] [--threads 1]
+    trl-padfree bench --task reward|kto [--steps 8] [--rounds 3] [--batch 8] [--threads 1]
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
+from .args import task_of, task_parser
+from .lockstep import worker_env
+from .targets import flop_share_verdict
+
 VARIANTS = {"reward": ("trl-padded", "padding-free", "prompt-once"),
             "kto": ("trl-padded", "padding-free", "prompt-once")}
 WORDS = ("what is the sum of and why does a cat sit on mat please answer question reverse these words sort numbers "
@@ -168,25 +170,32 @@ def worker(task: str, variant: str, args: argparse.Namespace) -> dict:
             "flops": batch_flops(task, variant, batches, params)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--task", choices=tuple(VARIANTS), default="reward")
+def build_parser(task: str = "reward") -> argparse.ArgumentParser:
+    parser = task_parser(task, __doc__)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every variant ``--rounds`` times, each in its own worker; print the table; 0 when all ran."""
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(task_of(argv, "reward"))
+    args = parser.parse_args(argv)
+    if args.task not in VARIANTS:
+        parser.error(f"--task {args.task} is not run by this benchmark; it runs --task reward or --task kto")
     if args.worker:
         print("RESULT " + json.dumps(worker(args.task, args.worker, args)), flush=True)
-        return
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+        return 0
+    env = {**worker_env(), "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
     results: dict[str, list[dict]] = {v: [] for v in VARIANTS[args.task]}
     for _ in range(args.rounds):
         for variant in VARIANTS[args.task]:
-            cmd = [sys.executable, __file__, "--worker", variant, "--task", args.task, "--steps", str(args.steps),
+            cmd = [sys.executable, "-m", "benchmarks.reward", "--worker", variant, "--task", args.task, "--steps", str(args.steps),
                    "--warmup", str(args.warmup), "--batch", str(args.batch), "--threads", str(args.threads)]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
             line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
@@ -202,8 +211,10 @@ def main() -> None:
     print(f"{'variant':14} {'tokens/s':>10} {'speed ratio':>12} {'FLOP ratio':>11} {'of FLOP':>8} {'peak MiB':>9}")
     for v in results:
         ratio, fratio = speed[v] / speed[base], flops[base] / flops[v]
-        print(f"{v:14} {speed[v]:10.0f} {ratio:11.2f}x {fratio:10.2f}x {ratio / fratio:7.0%} {memory[v]:9.0f}")
+        note = "" if v == base else "  " + flop_share_verdict(args.task, ratio / fratio)
+        print(f"{v:14} {speed[v]:10.0f} {ratio:11.2f}x {fratio:10.2f}x {ratio / fratio:7.0%} {memory[v]:9.0f}{note}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

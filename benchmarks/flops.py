@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from .preset import MODEL_KEYS
+
 __all__ = ["Workload", "flop_ratio", "flops_per_real_token", "forward_flops", "is_varlen", "model_shape", "sft_workload",
            "timed_flops"]
 
@@ -63,7 +65,7 @@ def forward_flops(model: Mapping[str, int], work: Workload) -> dict[str, float]:
 
 def model_shape(config: Mapping[str, Any]) -> dict[str, int]:
     """The model sizes :func:`forward_flops` needs, from a benchmark config (as a dict)."""
-    return {k: config[k] for k in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab_size")}
+    return {k: config[k] for k in MODEL_KEYS}
 
 
 def timed_flops(config: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, float]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from .config import BenchConfig
 from .data import BOS_ID, EOS_ID, IGNORE_INDEX, PAD_ID
+from .preset import Preset
 
 
 def _current_rss() -> int | None:
@@ -53,7 +54,7 @@ def count_targets(batch: dict[str, Any]) -> int:
     return int((batch["labels"][..., 1:] != IGNORE_INDEX).sum())
 
 
-def bench_device(config: BenchConfig):
+def bench_device(config: Preset):
     """The ``torch.device`` of the run (CUDA: made current, peak statistics reset)."""
     import torch
 
@@ -73,16 +74,17 @@ def bench_examples(config: BenchConfig, dataset: str) -> tuple[list[list[int]], 
     return config.examples(dataset, "train"), config.examples(dataset, "eval")
 
 
-def build_model(config: BenchConfig, attn_implementation: str | None, device):
+def build_model(config: Preset, attn_implementation: str | None, device, positions: int | None = None):
     """The random-init Llama of ``config`` (seeded: the same initial weights for every variant), in train mode.
 
-    ``attn_implementation=None`` leaves the choice to transformers (the model's default, sdpa for Llama).
+    ``attn_implementation=None`` leaves the choice to transformers (the model's default, sdpa for Llama);
+    ``positions``: the longest row it is built for (default ``config.max_length``; a DPO pair is two parts).
     """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     if attn_implementation == "padfree":
-        from .. import attention  # noqa: F401  (registers "padfree")
+        from trl_padfree import attention  # noqa: F401  (registers "padfree")
     llama = LlamaConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden,
@@ -90,7 +92,7 @@ def build_model(config: BenchConfig, attn_implementation: str | None, device):
         num_hidden_layers=config.layers,
         num_attention_heads=config.heads,
         num_key_value_heads=config.kv_heads,
-        max_position_embeddings=max(4096, config.max_length),
+        max_position_embeddings=max(4096, positions or config.max_length),
         pad_token_id=PAD_ID,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,

@@ -43,10 +43,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, ClassVar
 
-from .config import MODEL_PRESETS, _fmt_params
-from .data import BOS_ID, EOS_ID, PAD_ID
+from .args import add_common, common_values, task_parser
 from .dpo_data import (
     batch_pairs,
     batch_workload,
@@ -56,8 +55,9 @@ from .dpo_data import (
     to_records,
 )
 from .machine import _load_average, machine_info
-from .stepped import SteppedTrainerRun, bench_trainer_class
-from .training import StepRecords, bench_device
+from .preset import MODEL_PRESETS, Preset
+from .stepped import SteppedTrainerRun, bench_trainer_class, trainer_arguments
+from .training import StepRecords, bench_device, build_model
 
 
 @dataclass(frozen=True)
@@ -79,38 +79,20 @@ DPO_VARIANTS: dict[str, DPOVariant] = {
                    True, "padfree"),
     )
 }
-_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
-class DPOBenchConfig:
-    """Everything that defines a DPO benchmark run (also the worker's input, as JSON)."""
+class DPOBenchConfig(Preset):
+    """Everything that defines a DPO benchmark run: the :class:`~.preset.Preset` and DPO's ``beta``."""
+
+    VARIANTS: ClassVar[dict[str, DPOVariant]] = DPO_VARIANTS
+    KIND: ClassVar[str] = "DPO "
 
     variants: list[str] = field(default_factory=lambda: list(DPO_VARIANTS))
-    model_size: str = "tiny"
-    layers: int = 4
-    hidden: int = 256
-    intermediate: int = 688
-    heads: int = 8
-    kv_heads: int = 4
-    vocab_size: int = 2048
-    batch_size: int = 8
     steps: int = 6
-    warmup: int = 1
     lr: float = 1e-4
-    beta: float = 0.1
-    seed: int = 0
-    dtype: str = "float32"
-    device: str = "cpu"
-    threads: int = 0
-    length_scale: float = 1.0
     max_length: int = 1024
-    subprocess: bool = True
-    loss_rtol: float | None = None
-
-    @property
-    def model(self) -> dict[str, int]:
-        return {k: getattr(self, k) for k in ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab_size")}
+    beta: float = 0.1
 
     @property
     def effective_loss_rtol(self) -> float:
@@ -128,68 +110,16 @@ class DPOBenchConfig:
 
     def validate(self) -> None:
         """Raise ``ValueError`` naming the bad option and how to fix it."""
-        for name in self.variants:
-            if name not in DPO_VARIANTS:
-                raise ValueError(f"unknown DPO variant {name!r} in --variants; choose from {', '.join(DPO_VARIANTS)}")
-        if not self.variants:
-            raise ValueError(f"--variants must name at least one of {', '.join(DPO_VARIANTS)}")
-        positive = dict(layers=self.layers, hidden=self.hidden, intermediate=self.intermediate, heads=self.heads,
-                        kv_heads=self.kv_heads, batch_size=self.batch_size, steps=self.steps)
-        for name, value in positive.items():
-            if value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
-        if self.warmup < 0:
-            raise ValueError(f"--warmup must be >= 0, got {self.warmup}")
-        if self.threads < 0:
-            raise ValueError(f"--threads must be >= 0 (0: torch's default), got {self.threads}")
-        for name in ("lr", "beta"):
-            value = getattr(self, name)
-            if not (value > 0 and math.isfinite(value)):
-                raise ValueError(f"--{name} must be a finite number > 0, got {value}")
-        if self.hidden % self.heads or self.heads % self.kv_heads:
-            raise ValueError(f"--hidden ({self.hidden}) must be divisible by --heads ({self.heads}) and --heads by "
-                             f"--kv-heads ({self.kv_heads})")
-        if self.vocab_size < 16:
-            raise ValueError(f"--vocab-size must be >= 16, got {self.vocab_size}")
-        if not (self.length_scale > 0 and math.isfinite(self.length_scale)):
-            raise ValueError(f"--length-scale must be a finite number > 0, got {self.length_scale}")
+        super().validate()
+        if not (self.beta > 0 and math.isfinite(self.beta)):
+            raise ValueError(f"--beta must be a finite number > 0, got {self.beta}")
         if self.max_length < 2:
             raise ValueError(f"--max-length must be >= 2 (a part is at least 2 tokens), got {self.max_length}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"--dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
-        if not (self.device == "cpu" or self.device == "cuda" or self.device.startswith("cuda:")):
-            raise ValueError(f"--device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
-        if self.loss_rtol is not None and not self.loss_rtol > 0:
-            raise ValueError(f"--loss-rtol must be > 0, got {self.loss_rtol}")
-
-    def parameter_count(self) -> int:
-        head_dim = self.hidden // self.heads
-        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * self.kv_heads * head_dim
-        per_layer = attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
-        return self.layers * per_layer + 2 * self.vocab_size * self.hidden + self.hidden
 
     def pairs(self) -> list[dict[str, list[int]]]:
         """The seeded train pairs: ``(warmup + steps) * batch_size``, the same in every process."""
         return make_pairs((self.warmup + self.steps) * self.batch_size, vocab_size=self.vocab_size, seed=self.seed,
                           length_scale=self.length_scale, max_length=self.max_length)
-
-
-def build_model(config: DPOBenchConfig, attn_implementation: str | None, device):
-    """The random-init Llama of ``config``, seeded (policy and reference of every variant start from it)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    if attn_implementation == "padfree":
-        from .. import attention  # noqa: F401  (registers "padfree")
-    llama = LlamaConfig(
-        vocab_size=config.vocab_size, hidden_size=config.hidden, intermediate_size=config.intermediate,
-        num_hidden_layers=config.layers, num_attention_heads=config.heads, num_key_value_heads=config.kv_heads,
-        max_position_embeddings=max(4096, 2 * config.max_length), pad_token_id=PAD_ID, bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID, tie_word_embeddings=False, use_cache=False,
-    )
-    torch.manual_seed(config.seed)
-    kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-    return LlamaForCausalLM._from_config(llama, dtype=getattr(torch, config.dtype), **kwargs).to(device)
 
 
 class DPOTrainerRun(SteppedTrainerRun):
@@ -214,33 +144,16 @@ class DPOTrainerRun(SteppedTrainerRun):
         self.workloads: list[dict[str, int]] = []
         self.forwarded_tokens: list[int] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="trl-padfree-bench-dpo-")
-        policy = build_model(config, spec.attn_implementation, self.device)
-        reference = build_model(config, spec.attn_implementation, self.device)
+        policy = build_model(config, spec.attn_implementation, self.device, positions=2 * config.max_length)
+        reference = build_model(config, spec.attn_implementation, self.device, positions=2 * config.max_length)
         args = trl.DPOConfig(
-            output_dir=self._tmp.name,
+            **trainer_arguments(config, self.device, self._tmp.name, self.total_steps),
             padding_free=spec.padding_free,
             max_length=None,  # the pairs are already clipped per part (--max-length); no truncation
             beta=config.beta,
             loss_type="sigmoid",
-            per_device_train_batch_size=config.batch_size,
-            max_steps=self.total_steps,
-            train_sampling_strategy="sequential",  # the same batches, in the same order, in every variant
-            learning_rate=config.lr,
-            lr_scheduler_type="constant",
-            max_grad_norm=0.0,
-            activation_checkpointing=False,
             gradient_checkpointing=False,
-            bf16=False,
-            fp16=False,
-            logging_steps=1,
-            save_strategy="no",
-            eval_strategy="no",
-            report_to="none",
-            disable_tqdm=True,
-            use_cpu=self.device.type == "cpu",
-            dataloader_pin_memory=self.device.type == "cuda",
             dataloader_num_workers=0,
-            seed=config.seed,
         )
         from .records import bench_tokenizer
 
@@ -260,7 +173,7 @@ class DPOTrainerRun(SteppedTrainerRun):
         """Fingerprint the batch and count its tokens and FLOPs (not counted in the step's time)."""
         start = time.perf_counter()
         pairs = batch_pairs(inputs)
-        work = batch_workload(inputs)
+        work = batch_workload(inputs, scored_head=getattr(self.trainer, "lm_head_state", None) == "scored")
         rec = self.records
         rec.fingerprints.append(pairs_fingerprint(pairs))
         rec.real_tokens.append(sum(2 * len(p) + len(c) + len(r) for p, c, r in pairs))
@@ -321,7 +234,7 @@ def _run_lockstep(config: DPOBenchConfig) -> dict[str, dict[str, Any]]:
         for variant in config.variants:
             spec_path, out_path = Path(tmp, f"{variant}.spec.json"), Path(tmp, f"{variant}.result.json")
             spec_path.write_text(json.dumps({"config": dataclasses.asdict(config), "variant": variant}))
-            command = [sys.executable, "-m", "trl_padfree.bench.dpo", "--worker", str(spec_path), str(out_path)]
+            command = [sys.executable, "-m", "benchmarks.dpo", "--worker", str(spec_path), str(out_path)]
             workers.append(LockstepWorker(variant, command, Path(tmp, f"{variant}.stderr"), out_path))
         return dict(zip(config.variants, run_in_lockstep(workers), strict=True))
 
@@ -365,49 +278,18 @@ def run_dpo_benchmark(config: DPOBenchConfig, log=print) -> dict[str, Any]:
 
 
 # ---- command line ------------------------------------------------------------------------------------------------
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
-
-
-def _csv(value: str) -> list[str]:
-    return [v.strip() for v in value.split(",") if v.strip()]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="trl-padfree bench --task dpo", description=__doc__, formatter_class=_HelpFormatter)
+def build_parser(task: str = "dpo") -> argparse.ArgumentParser:
+    p = task_parser(task, __doc__)
     d = DPOBenchConfig()
-    p.add_argument("--task", choices=("sft", "dpo"), default="dpo", help="sft: the SFT benchmark (its own options)")
-    p.add_argument("--variants", type=_csv, default=",".join(d.variants), help=f"comma list of {', '.join(DPO_VARIANTS)}")
-    p.add_argument("--model-size", choices=list(MODEL_PRESETS), default="tiny",
-                   help="model preset; --layers/--hidden/... override single values")
-    for flag in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab-size"):
-        p.add_argument(f"--{flag}", type=int, default=None, help="override the preset's value")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="preference pairs per optimizer step")
-    p.add_argument("--steps", type=int, default=d.steps, help="timed optimizer steps")
-    p.add_argument("--warmup", type=int, default=d.warmup, help="optimizer steps trained before timing starts")
-    p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (constant)")
+    add_common(p, d, MODEL_PRESETS, batch="preference pairs per optimizer step",
+               seed="seed of the pairs and of the initial weights",
+               length_scale="multiply every prompt and response length (keeps the distributions' shape)",
+               max_length="each prompt, chosen and rejected is clipped to this many tokens",
+               loss_rtol="tolerance of the per-step loss target (default 1e-3 in float32, 5e-2 in half precision: "
+               "see DPOBenchConfig.effective_loss_rtol)",
+               in_process="run the variants in this process, one after the other (CPU peak memory not judged)",
+               name="output file stem (default: dpo-<device type>)")
     p.add_argument("--beta", type=float, default=d.beta, help="DPO beta (sigmoid loss)")
-    p.add_argument("--seed", type=int, default=d.seed, help="seed of the pairs and of the initial weights")
-    p.add_argument("--dtype", choices=_DTYPES, default=d.dtype, help="model dtype")
-    p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
-    p.add_argument("--threads", type=int, default=d.threads, help="torch threads per worker (0: torch's default)")
-    p.add_argument("--length-scale", type=float, default=d.length_scale,
-                   help="multiply every prompt and response length (keeps the distributions' shape)")
-    p.add_argument("--max-length", type=int, default=d.max_length,
-                   help="each prompt, chosen and rejected is clipped to this many tokens")
-    p.add_argument("--loss-rtol", type=float, default=None,
-                   help="tolerance of the per-step loss target (default 1e-3 in float32, 5e-2 in half precision"
-                   ": see DPOBenchConfig.effective_loss_rtol)")
-    p.add_argument("--in-process", action="store_true",
-                   help="run the variants in this process, one after the other (CPU peak memory not judged)")
-    p.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where the reports are written")
-    p.add_argument("--name", default=None, help="output file stem (default: dpo-<device type>)")
     return p
 
 
@@ -417,51 +299,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) >= 2 and argv[0] == "--worker":
         return _worker_main(argv[1], argv[2])
     parser = build_parser()
-    args, rest = parser.parse_known_args(argv)
-    if args.task == "sft":  # (trl-padfree bench dispatches in bench.cli; --task sft there is the SFT benchmark)
-        parser.error("--task sft is the SFT benchmark: run trl-padfree bench --task sft (or without --task)")
-    if rest:
-        parser.error(f"unrecognized arguments: {' '.join(rest)} (the DPO benchmark's options: --help)")
-    model = dict(MODEL_PRESETS[args.model_size])
-    for key in model:
-        if getattr(args, key) is not None:
-            model[key] = getattr(args, key)
-    config = DPOBenchConfig(
-        variants=args.variants, model_size=args.model_size, **model, batch_size=args.batch_size, steps=args.steps,
-        warmup=args.warmup, lr=args.lr, beta=args.beta, seed=args.seed, dtype=args.dtype, device=args.device,
-        threads=args.threads, length_scale=args.length_scale, max_length=args.max_length,
-        subprocess=not args.in_process, loss_rtol=args.loss_rtol,
-    )
-    try:
-        config.validate()
-    except ValueError as exc:
-        parser.error(str(exc))
-    from .paths import refuse_unusable
+    args = parser.parse_args(argv)
+    from .dpo_report import to_markdown, write_outputs
+    from .paths import run_and_report
 
-    refuse_unusable(parser, config.device, args.output_dir)
-    from .dpo_report import failed_targets, to_markdown, write_outputs
-
-    print(f"trl-padfree bench --task dpo: Llama {config.layers}x{config.hidden} "
-          f"({_fmt_params(config.parameter_count())} parameters), {config.dtype} on {config.device}, batch "
-          f"{config.batch_size} pairs, {config.warmup} warm-up + {config.steps} timed steps, variants "
-          f"{', '.join(config.variants)}")
-    report = run_dpo_benchmark(config)
-    paths = write_outputs(report, args.output_dir, args.name or f"dpo-{config.device.split(':')[0]}")
-    print("\n" + to_markdown(report))
-    print("Wrote " + ", ".join(str(p) for p in paths.values()))
-    failed = failed_targets(report)
-    for target in failed:
-        print(f"trl-padfree bench: target failed: {target['target']}: {target['shown']}", file=sys.stderr)
-    return 1 if failed else 0
-
-
-def wants_dpo(argv: list[str]) -> bool:
-    """Whether a ``trl-padfree bench`` command line asks for the DPO benchmark (``--task dpo``).
-
-    >>> wants_dpo(["--task", "dpo", "--steps", "2"]), wants_dpo(["--task=dpo"]), wants_dpo(["--steps", "2"])
-    (True, True, False)
-    """
-    return any(a == "--task=dpo" or (a == "--task" and argv[i + 1 : i + 2] == ["dpo"]) for i, a in enumerate(argv))
+    config = DPOBenchConfig(**common_values(args, MODEL_PRESETS), beta=args.beta)
+    return run_and_report(parser, args, config, run_dpo_benchmark, write_outputs, to_markdown,
+                          stem=f"dpo-{config.device.split(':')[0]}", unit=" pairs")
 
 
 if __name__ == "__main__":

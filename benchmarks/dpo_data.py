@@ -208,8 +208,11 @@ def pairs_fingerprint(pairs: Sequence[tuple[Sequence[int], Sequence[int], Sequen
 
 
 # ---- FLOPs ---------------------------------------------------------------------------------------------------------
-def batch_workload(batch: Mapping[str, Any]) -> Workload:
+def batch_workload(batch: Mapping[str, Any], scored_head: bool = False) -> Workload:
     """The :class:`Workload` of a collated batch as the model receives it.
+
+    ``scored_head``: the flat row is scored by :mod:`trl_padfree.scored_head`, which projects only the positions
+    with a label (``shift_labels != -100``); otherwise (TRL's fused head on a CPU) every position of the row.
 
     >>> import torch
     >>> padded = {"input_ids": torch.zeros(4, 10, dtype=torch.long), "attention_mask": torch.ones(4, 10),
@@ -224,6 +227,8 @@ def batch_workload(batch: Mapping[str, Any]) -> Workload:
     ...         "cu_seq_lens_k": torch.tensor([0, 4, 7])}
     >>> batch_workload(once)  # 4 x 4 + 2 x 3
     Workload(slots=6, head_slots=6, attention_qk=22)
+    >>> batch_workload({**flat, "shift_labels": torch.tensor([[-100, 5, 6, -100, 7, 8, -100]])}, scored_head=True)
+    Workload(slots=7, head_slots=4, attention_qk=25)
     """
     ids = batch["input_ids"]
     rows, width = int(ids.shape[0]), int(ids.shape[-1])
@@ -231,7 +236,8 @@ def batch_workload(batch: Mapping[str, Any]) -> Workload:
         return Workload(rows * width, rows * (width - 1), rows * width * width)
     q = np.diff(_np(batch["cu_seq_lens_q"]).astype(np.int64))
     k = np.diff(_np(batch["cu_seq_lens_k"]).astype(np.int64)) if "cu_seq_lens_k" in batch else q
-    return Workload(rows * width, rows * width, int((q * k).sum()))
+    head = int((_np(batch["shift_labels"]) != -100).sum()) if scored_head else rows * width
+    return Workload(rows * width, head, int((q * k).sum()))
 
 
 STEP_FORWARDS = 4  # policy forward + backward (~3 forwards) + the reference forward (1)

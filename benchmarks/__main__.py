@@ -1,0 +1,8 @@
+"""``python -m benchmarks``: the same as ``trl-padfree bench``; also how the worker processes start."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The scored-positions LM head in padding-free GRPO, RLOO and KTO equals TRL's fused head (fp32, relative 1e-5).
+
+Each test trains the same padding-free (or prompt-once) trainer twice, with ``scored_lm_head=True`` (the default:
+:mod:`trl_padfree.scored_head` scores policy, old policy and reference) and ``False`` (TRL's fused head, which on a
+CPU projects every position of the row), and compares every log-prob and entropy tensor TRL's loss code receives,
+every logged metric and every parameter's gradient before each optimizer step (GRPO/RLOO: 3 SGD steps, gradient
+accumulation 2, ``num_iterations=2``, a reference model; KTO: the KL term, a separate reference). GRPO runs at
+temperatures other than 1 (TRL divides the logits by it: a head given the wrong one fails the log-prob comparison),
+with the entropy mask (``top_entropy_quantile``) and the entropy bonus (``entropy_coef``: the entropy's gradient is
+in the loss). The comparisons with TRL's padded trainers (tests/test_grpo.py, test_rloo.py, test_kto.py) run with
+the scored head on, as it is by default.
+"""
+
+from __future__ import annotations
+
+import pytest
+import tiny_kto as K
+import tiny_rl as R
+from accelerate.utils import is_peft_model
+
+from trl_padfree._compat import rl_padding_free_unavailable
+from trl_padfree.kto import kto_padding_free_unavailable
+from trl_padfree.scored_head import scored_head_state, scored_head_unavailable
+
+_SKIP = scored_head_unavailable() or rl_padding_free_unavailable() or kto_padding_free_unavailable()
+pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
+
+
+def _base(model):
+    return model.get_base_model() if is_peft_model(model) else model
+
+
+def _assert_exact(diffs: dict) -> None:
+    assert diffs["logps"] <= R.RTOL and diffs["entropy"] <= R.RTOL and diffs["grads"] <= R.RTOL, diffs
+    assert diffs["metrics"] <= R.METRIC_RTOL, diffs
+
+
+def _rl_pair(tmp_path, kind: str, layout: str, **overrides):
+    runs = {}
+    for scored in (True, False):
+        t = R.trainer(kind, layout, str(tmp_path / f"{layout}-{scored}"), scored_lm_head=scored, **overrides)
+        t.train()
+        runs[scored] = t
+    scored, trl_head = runs[True], runs[False]
+    assert scored.lm_head_state == scored.ref_lm_head_state == "scored"
+    assert scored_head_state(_base(scored.model)) == "scored"
+    assert scored_head_state(scored.accelerator.unwrap_model(scored.ref_model)) == "scored"
+    assert trl_head.lm_head_state == trl_head.ref_lm_head_state == "trl: scored_lm_head=False"
+    assert scored_head_state(_base(trl_head.model)) is None
+    return scored, trl_head
+
+
+GRPO_CASES = {
+    "dapo-entropy-mask-and-bonus-t0.7": ("padfree", dict(loss_type="dapo", temperature=0.7,
+                                                         top_entropy_quantile=0.5, entropy_coef=0.05)),
+    "grpo-prompt-once-t1.3": ("once", dict(loss_type="grpo", temperature=1.3)),
+}
+
+
+@pytest.mark.parametrize("case", list(GRPO_CASES))
+def test_grpo_scored_head_equals_trls_head(tmp_path, case):
+    layout, overrides = GRPO_CASES[case]
+    scored, trl_head = _rl_pair(tmp_path, "grpo", layout, **overrides)
+    assert any(ent is not None for _, ent in scored.recorded)  # entropies were handed to TRL's loss
+    assert any(e.get("kl", 0) > 0 for e in R.step_logs(trl_head))  # the reference forward mattered
+    _assert_exact(R.compare(scored, trl_head))
+
+
+def test_rloo_scored_head_equals_trls_head(tmp_path):
+    scored, trl_head = _rl_pair(tmp_path, "rloo", "padfree", temperature=0.8)
+    assert any(e.get("kl", 0) > 0 for e in R.step_logs(trl_head))
+    _assert_exact(R.compare(scored, trl_head))
+
+
+def test_rl_switch_is_checked_and_padded_stays_trls(tmp_path):
+    with pytest.raises(ValueError, match="scored_lm_head must be True or False, got 'yes'"):
+        R.trainer("grpo", "padfree", str(tmp_path / "a"), scored_lm_head="yes")
+    t = R.trainer("rloo", "trl_padfree(padding_free=False)", str(tmp_path / "b"))
+    assert t.lm_head_state == "trl: padding_free=False" and scored_head_state(t.model) is None
+
+
+def _kto_run(tmp_path, layout: str, scored: bool):
+    from test_reward import GradRecorder
+
+    tok, data = K.tokenizer(), K.examples(24)
+    t = K.trainer(layout, data, tok, str(tmp_path / f"{layout}-{scored}"), optim="sgd", scored_lm_head=scored)
+    recorder = GradRecorder()
+    t.add_callback(recorder)
+    t.train()
+    return t, recorder
+
+
+@pytest.mark.parametrize("layout", ["padfree", "once"])
+def test_kto_scored_head_equals_trls_head(tmp_path, layout):
+    (scored, scored_grads), (trl_head, trl_grads) = (_kto_run(tmp_path, layout, s) for s in (True, False))
+    assert scored.lm_head_state == scored.ref_lm_head_state == "scored"
+    assert scored_head_state(scored.model) == "scored" and scored_head_state(trl_head.model) is None
+    assert trl_head.lm_head_state == "trl: scored_lm_head=False"
+    got, want = K.step_logs(scored), K.step_logs(trl_head)
+    assert len(got) == len(want) == 3 and len(scored_grads.steps) == len(trl_grads.steps) == 3
+    assert any(e["kl"] > 0 for e in want)  # the KL forwards (policy and reference) are in the comparison
+    for g, w in zip(got, want, strict=True):
+        # rewards and the KL term are beta * (logps - ref logps): judged against the log-probs they come from
+        scale = 0.1 * max(abs(w["logps/chosen"]), abs(w["logps/rejected"]))
+        for key in ("loss", "kl", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected",
+                    "rewards/margins", "entropy", "logits/chosen", "logits/rejected", "num_tokens"):
+            tol = 1e-5 * max(abs(w[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
+            assert abs(g[key] - w[key]) <= tol, (key, g[key], w[key])
+    for g, w in zip(scored_grads.steps, trl_grads.steps, strict=True):
+        assert K.max_rel_diff(g, w) <= 1e-5
+    assert K.max_rel_diff(K.weights(scored), K.weights(trl_head)) <= 1e-5
+
+
+def test_kto_switch_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="scored_lm_head must be True or False, got 1"):
+        K.trainer("padfree", K.examples(4), K.tokenizer(), str(tmp_path), scored_lm_head=1)

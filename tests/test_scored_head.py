@@ -1,0 +1,272 @@
+"""The scored-positions LM head (:mod:`trl_padfree.scored_head`) against TRL 1.16's fused head: the kernel's outputs
+and gradients, a model call (labels and shift_labels), SFT and DPO through the trainers (loss, logged metrics and
+every gradient over 3 optimizer steps with gradient accumulation 2, fp32, relative 1e-5), and the fallback to TRL's
+head for a model whose logits are softcapped."""
+
+from __future__ import annotations
+
+import pytest
+import tiny_dpo as T
+import torch
+from test_dpo import GradRecorder, grad_rel
+from tiny_sft import make_trainer, tokenized_dataset, tokenizer
+
+from trl_padfree import DataCollatorForCompletionOnlyLM
+from trl_padfree.scored_head import (
+    add_scored_head,
+    head_fallback_reason,
+    remove_scored_head,
+    score_row,
+    score_tokens,
+    scored_head_state,
+    scored_head_unavailable,
+)
+from trl_padfree.testing import tiny_llama
+
+RTOL = 1e-5
+pytestmark = pytest.mark.skipif(scored_head_unavailable() is not None, reason=str(scored_head_unavailable()))
+ALL = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_score_tokens_equals_trls_kernel_and_its_gradients(temperature):
+    from trl.kernels import ChunkedLogProbFunction
+
+    torch.manual_seed(0)
+    n, h, v = 37, 16, 50
+    hidden, weight, bias = (torch.randn(*s, requires_grad=True) for s in ((n, h), (v, h), (v,)))
+    targets = torch.randint(0, v, (n,))
+    want = ChunkedLogProbFunction.apply(hidden, weight, bias, targets, temperature, 32768, None, 1.0, ALL)
+    got = score_tokens(hidden, weight, targets, bias, temperature=temperature, outputs=ALL, chunk_tokens=5)
+    for name, w in zip(ALL, want, strict=True):
+        g = getattr(got, name)
+        if name == "is_top1":
+            assert torch.equal(g, w)
+        else:
+            assert rel(g, w) <= RTOL, name
+    g_lp, g_h = torch.randn(n), torch.randn(n)
+    for use_entropy in (False, True):
+        a = torch.autograd.grad((want[0] * g_lp).sum() + use_entropy * (want[1] * g_h).sum(), (hidden, weight, bias),
+                                retain_graph=True)
+        b = torch.autograd.grad((got.log_probs * g_lp).sum() + use_entropy * (got.entropy * g_h).sum(),
+                                (hidden, weight, bias), retain_graph=True)
+        for x, y in zip(b, a, strict=True):
+            assert rel(x, y) <= RTOL
+
+
+def test_score_tokens_keeps_no_logits_of_the_whole_set_for_backward():
+    """What autograd saves for backward: the scored hidden states and [N] vectors, no [N, V] logits."""
+    torch.manual_seed(0)
+    n, h, v = 300, 8, 1000
+    hidden, weight = torch.randn(n, h, requires_grad=True), torch.randn(v, h, requires_grad=True)
+    saved: list[tuple[int, ...]] = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = score_tokens(hidden, weight, torch.randint(0, v, (n,)), outputs=("entropy",), chunk_tokens=64)
+    assert (n, h) in saved and (v, h) in saved
+    assert max(torch.Size(s).numel() for s in saved) == v * h  # the weight; nothing [N, V]
+    out.log_probs.sum().backward()
+    assert hidden.grad.shape == (n, h) and weight.grad.abs().sum() > 0
+
+
+def test_score_tokens_refuses_bad_input():
+    h, w = torch.zeros(2, 4), torch.zeros(8, 4)
+    with pytest.raises(ValueError, match=r"targets must be token ids in \[0, 8\).*got ids from -100 to 3; gather only"):
+        score_tokens(h, w, torch.tensor([-100, 3]))
+    with pytest.raises(ValueError, match=r"hidden must be \[N, H\] and weight \[V, H\] with the same H"):
+        score_tokens(torch.zeros(2, 5), w, torch.tensor([0, 1]))
+    with pytest.raises(ValueError, match=r"unknown output\(s\) \['logits'\]"):
+        score_tokens(h, w, torch.tensor([0, 1]), outputs=("logits",))
+    with pytest.raises(ValueError, match="chunk_tokens must be a positive integer"):
+        score_tokens(h, w, torch.tensor([0, 1]), chunk_tokens=0)
+
+
+def test_a_row_with_nothing_scored_gives_a_differentiable_zero():
+    hidden = torch.randn(1, 5, 4, requires_grad=True)
+    weight = torch.randn(8, 4, requires_grad=True)
+    out, mask = score_row(hidden, torch.full((1, 5), -100), weight, outputs=("entropy", "is_top1"))
+    assert not mask.any() and out.log_probs.abs().sum() == 0 and not out.is_top1.any()
+    out.log_probs.sum().backward()
+    assert hidden.grad.abs().sum() == 0 and weight.grad.abs().sum() == 0
+
+
+def _packed_batch(tok, n: int = 6, seed: int = 3):
+    data = tokenized_dataset(tok, n, seed=seed)
+    collate = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    return collate([dict(r) for r in data])
+
+
+def _favour_the_commonest_target(model, batch) -> None:
+    """Raise the head's row of the batch's commonest target along the mean hidden state, so that top-1 is right at
+    some positions and wrong at others (a random model is right nowhere: accuracy would compare 0 with 0)."""
+    from trl_padfree.preference import MODEL_KEYS
+
+    with torch.no_grad():
+        inputs = {k: batch[k] for k in MODEL_KEYS if k in batch}
+        hidden = model.model(**inputs).last_hidden_state[0]
+        if "shift_labels" in batch:
+            targets = batch["shift_labels"][0]
+        else:
+            hidden, targets = hidden[:-1], batch["labels"][0, 1:]
+        keep = targets != -100
+        u = hidden[keep].mean(0)
+        model.lm_head.weight[targets[keep].mode().values] += 3 * u / u.norm() ** 2
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_model_call_equals_trls_fused_head(shifted):
+    """``model(..., fused_lm_head=True)``: every output field, the loss and every gradient equal to TRL's head."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    tok = tokenizer()
+    batch = _packed_batch(tok)
+    labels = batch.pop("labels")
+    call = dict(shift_labels=torch.cat([labels[:, 1:], torch.full((1, 1), -100)], 1)) if shifted else dict(labels=labels)
+    results = []
+    for scored in (False, True):
+        model = tiny_llama(vocab_size=len(tok), attn_implementation="padfree")
+        _favour_the_commonest_target(model, {**batch, "labels": labels})
+        add_fused_lm_head(model, outputs=ALL)
+        if scored:
+            assert add_scored_head(model, outputs=ALL) is None and scored_head_state(model) == "scored"
+        out = model(**batch, **call, fused_lm_head=True, num_items_in_batch=torch.tensor(40))
+        out.loss.backward()
+        results.append((out, {k: p.grad.clone() for k, p in model.named_parameters()}))
+    (want, want_grads), (got, got_grads) = results
+    assert rel(got.loss, want.loss) <= RTOL
+    assert torch.equal(got.label_mask, want.label_mask) and got.label_mask.sum() < got.label_mask.numel() / 2
+    for name in ALL:
+        a, b = getattr(got, name), getattr(want, name)
+        assert torch.equal(a, b) if name == "is_top1" else rel(a, b) <= RTOL, name
+    assert 0 < int(got.is_top1.sum()) < int(got.label_mask.sum())  # right at some positions, wrong at others
+    assert grad_rel(got_grads, want_grads) <= RTOL
+    # without fused_lm_head the model's own forward (logits of every position)
+    assert model(**batch).logits.shape[1] == batch["input_ids"].shape[1]
+
+
+def _sft_run(tmp_path, scored: bool):
+    tok = tokenizer()
+    data = tokenized_dataset(tok, 24)
+    trainer = make_trainer(True, data, tok, str(tmp_path / str(scored)), gradient_accumulation_steps=2,
+                           max_steps=3, optim="sgd", scored_lm_head=scored)
+    _favour_the_commonest_target(trainer.model, _packed_batch(tok, 24, seed=0))
+    recorder = GradRecorder()
+    trainer.add_callback(recorder)
+    trainer.train()
+    return trainer, recorder
+
+
+def test_sft_trainer_equals_trls_head(tmp_path):
+    """Through trl_padfree.SFTTrainer (padding-free, grad accumulation 2, 3 steps): the loss, entropy and
+    mean_token_accuracy logged, every gradient before each optimizer step, and the weights: equal to TRL's head."""
+    (trl_head, trl_grads), (scored, scored_grads) = (_sft_run(tmp_path, s) for s in (False, True))
+    assert trl_head.lm_head_state == "trl: scored_lm_head=False" and scored.lm_head_state == "scored"
+    assert scored_head_state(scored.model) == "scored" and scored_head_state(trl_head.model) is None
+    want = [e for e in trl_head.state.log_history if "loss" in e]
+    got = [e for e in scored.state.log_history if "loss" in e]
+    assert len(want) == len(got) == 3
+    assert all(0 < e["mean_token_accuracy"] < 1 for e in got)  # (a comparison of more than zeros)
+    for g, w in zip(got, want, strict=True):
+        for key in ("loss", "entropy", "mean_token_accuracy", "num_tokens"):
+            assert abs(g[key] - w[key]) <= RTOL * max(abs(w[key]), 1e-7), (key, g[key], w[key])
+    assert len(scored_grads.steps) == len(trl_grads.steps) == 3
+    for g, w in zip(scored_grads.steps, trl_grads.steps, strict=True):
+        assert grad_rel(g, w) <= RTOL
+    assert T.max_rel_diff(T.weights(scored), T.weights(trl_head)) <= RTOL
+    assert T.max_rel_diff(T.weights(scored), T.weights(make_trainer(True, tokenized_dataset(tokenizer(), 4),
+                                                                     tokenizer(), str(tmp_path / "init")))) > 1e-4
+
+
+def test_sft_switch_is_checked_and_removes_an_earlier_head(tmp_path):
+    tok = tokenizer()
+    data = tokenized_dataset(tok, 4)
+    with pytest.raises(ValueError, match="scored_lm_head must be True or False, got 'no'"):
+        make_trainer(True, data, tok, str(tmp_path / "a"), scored_lm_head="no")
+    trainer = make_trainer(True, data, tok, str(tmp_path / "b"))
+    assert trainer.use_scored_lm_head() == "scored"
+    assert remove_scored_head(trainer.model) and scored_head_state(trainer.model) is None
+    assert not remove_scored_head(trainer.model)
+
+
+@pytest.mark.parametrize("once", [False, True], ids=["padfree", "prompt-once"])
+def test_dpo_equals_trls_head(tmp_path, once):
+    """Padding-free DPO (and prompt-once): per-sequence log-probs, every logged metric and every gradient equal."""
+    tok, data = T.tokenizer(), T.pairs(16)
+    layout = "once" if once else "padfree"
+    runs = {}
+    for scored in (False, True):
+        trainer = T.trainer(layout, data, tok, str(tmp_path / str(scored)), optim="sgd", check_packing=False)
+        if not scored:  # the switch, as a user passes it
+            trainer = T.DPOTrainer(T.model(layout), T.model(layout, seed=1), args=T.config(layout, str(tmp_path / "o"),
+                                   optim="sgd"), train_dataset=data, processing_class=tok, prompt_once=once,
+                                   check_packing=False, scored_lm_head=False)
+        recorder = GradRecorder()
+        trainer.add_callback(recorder)
+        batch = next(iter(trainer.get_train_dataloader()))
+        _favour_the_commonest_target(trainer.model, batch)
+        with torch.no_grad():
+            logps = trainer._sequence_logps(trainer._flat_forward(trainer.model, batch).log_probs, batch)
+            ref = trainer._reference_logps(batch)
+        trainer.train()
+        runs[scored] = trainer, recorder, logps, ref
+    (want, want_grads, want_logps, want_ref), (got, got_grads, got_logps, got_ref) = runs[False], runs[True]
+    assert (want.lm_head_state, want.ref_lm_head_state) == ("trl: scored_lm_head=False",) * 2
+    assert (got.lm_head_state, got.ref_lm_head_state) == ("scored", "scored")
+    assert rel(got_logps, want_logps) <= RTOL and rel(got_ref, want_ref) <= RTOL
+    assert all(0 < e["mean_token_accuracy"] < 1 for e in T.step_logs(got))  # (a comparison of more than zeros)
+    for g, w in zip(T.step_logs(got), T.step_logs(want), strict=True):
+        for key in ("loss", "logps/chosen", "logps/rejected", "entropy", "logits/chosen", "logits/rejected",
+                    "mean_token_accuracy"):
+            assert abs(g[key] - w[key]) <= RTOL * max(abs(w[key]), 1e-7), (key, g[key], w[key])
+    for g, w in zip(got_grads.steps, want_grads.steps, strict=True):
+        assert grad_rel(g, w) <= RTOL
+    assert len(got_grads.steps) == 3
+
+
+def _tiny_gemma2(vocab_size: int):
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Gemma2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
+                          final_logit_softcapping=30.0, attn_logit_softcapping=None,
+                          attn_implementation="padfree")
+    return Gemma2ForCausalLM(config)
+
+
+def test_softcapped_logits_fall_back_to_trls_head(tmp_path, capsys):
+    """gemma2 softcaps its logits: the scored head names why and leaves the call to TRL's head (same outputs)."""
+    from trl.trainer.utils import add_fused_lm_head
+
+    tok = tokenizer()
+    model = _tiny_gemma2(len(tok))
+    why = "final_logit_softcapping=30.0 (gemma2): logits softcapped before the loss"
+    assert head_fallback_reason(model) == why
+    batch = _packed_batch(tok)
+    add_fused_lm_head(model, outputs=ALL)
+    want = model(**batch, fused_lm_head=True)
+    assert add_scored_head(model, outputs=ALL) == why and scored_head_state(model) == f"trl: {why}"
+    got = model(**batch, fused_lm_head=True)
+    assert torch.equal(got.log_probs, want.log_probs) and torch.equal(got.entropy, want.entropy)
+    # through the trainer: the state and one printed line
+    from trl import SFTConfig
+
+    from trl_padfree import SFTTrainer
+
+    trainer = SFTTrainer(
+        model=_tiny_gemma2(len(tok)), processing_class=tok, train_dataset=tokenized_dataset(tok, 4),
+        data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True),
+        args=SFTConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, max_length=256,
+                       dataset_kwargs={"skip_prepare_dataset": True}, activation_checkpointing=False),
+        check_packing=False)
+    assert trainer.use_scored_lm_head() == f"trl: {why}"
+    assert f"LM head: TRL's fused head, not the scored-positions head ({why})" in capsys.readouterr().out

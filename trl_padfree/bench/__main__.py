@@ -1,8 +1,0 @@
-"""``python -m trl_padfree.bench``: the same as ``trl-padfree bench``; also how the worker processes start."""
-
-import sys
-
-from .cli import main
-
-if __name__ == "__main__":
-    sys.exit(main())
