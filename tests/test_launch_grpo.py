@@ -157,6 +157,16 @@ def test_records_without_prompt_and_a_config_without_rewards_are_refused(tmp_pat
     assert code == 2 and "reward_funcs is empty: name at least one reward" in stderr
 
 
+def test_a_packaged_reward_without_an_answer_column_is_refused_before_any_work(tmp_path, prompts):
+    """The demo's rewards read the known answer; records with a prompt only fail at validation, not at step 1."""
+    bare = tmp_path / "prompts-only.jsonl"
+    bare.write_text(json.dumps({"prompt": "### Question: Count to three.\n### Answer:"}) + "\n", encoding="utf-8")
+    code, _, stderr = run(grpo_argv(prompts, tmp_path / "out", "--train_file", str(bare)))
+    assert code == 2 and not (tmp_path / "out").exists(), stderr
+    assert "reward_funcs answer_chars score a completion against its known answer" in stderr
+    assert "no 'answer' or 'chosen' column (columns: prompt)" in stderr and "Traceback" not in stderr
+
+
 @needs_rl
 def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path):
     module = tmp_path / "my_rewards.py"

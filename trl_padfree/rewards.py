@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["REWARDS", "answer_chars", "answer_overlap", "answer_prefix", "exact_match"]
+__all__ = ["ANSWER_COLUMNS", "REWARDS", "answer_chars", "answer_overlap", "answer_prefix", "exact_match"]
 
 
 def _text(completion: Any) -> str:
@@ -25,6 +25,10 @@ def _text(completion: Any) -> str:
     if isinstance(completion, list) and completion and isinstance(completion[-1], dict):
         return str(completion[-1].get("content", ""))
     raise TypeError(f"a completion is a string or a list of chat messages, got {type(completion).__name__}")
+
+
+#: The columns a reward of this module reads the known answer from (the first present): every reward here needs one.
+ANSWER_COLUMNS = ("answer", "chosen")
 
 
 def _answers(n: int, kwargs: dict[str, Any]) -> Sequence[str]:

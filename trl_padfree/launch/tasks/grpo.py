@@ -149,7 +149,23 @@ def load_prompts(cfg: Any, tokenizer: Any) -> PreparedPrompts:
     if conversational and getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
                           "has no chat template; use text prompts")
+    check_answer_columns(cfg.collator.reward_funcs or [], train, "train_file" if cfg.data.train_file else "dataset")
     return PreparedPrompts(train, eval_ds, "conversational" if conversational else "prompt")
+
+
+def check_answer_columns(reward_names: Any, dataset: Any, source: str) -> None:
+    """This package's rewards read the known answer from an ``answer`` (or ``chosen``) column: refuse records
+    without one before any work starts (else the first step fails inside the reward)."""
+    from trl_padfree.rewards import ANSWER_COLUMNS, REWARDS
+
+    names = [name for name in reward_names if name in REWARDS]
+    columns = set(getattr(dataset, "column_names", None) or [])
+    if names and not columns & set(ANSWER_COLUMNS):
+        raise ConfigError(
+            f"{source}: reward_funcs {', '.join(names)} score a completion against its known answer, but the records "
+            f"have no {' or '.join(repr(c) for c in ANSWER_COLUMNS)} column (columns: {', '.join(sorted(columns))}); "
+            "add the answer to each record or choose a reward that needs none (e.g. an import path 'module:function')"
+        )
 
 
 def prompt_once(cfg: Any) -> bool:
