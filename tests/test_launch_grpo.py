@@ -157,6 +157,7 @@ def test_records_without_prompt_and_a_config_without_rewards_are_refused(tmp_pat
     assert code == 2 and "reward_funcs is empty: name at least one reward" in stderr
 
 
+@needs_rl
 def test_a_packaged_reward_without_an_answer_column_is_refused_before_any_work(tmp_path, prompts):
     """The demo's rewards read the known answer; records with a prompt only fail at validation, not at step 1."""
     bare = tmp_path / "prompts-only.jsonl"
