@@ -32,12 +32,18 @@ from typing import Any
 import torch
 import trl
 from accelerate.utils import is_peft_model
-from transformers import AutoTokenizer, TrainerCallback
+from transformers import AutoTokenizer
 
 from .attention import ATTN_IMPLEMENTATION
 from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
-from .trainer import PadfreeTrainerMixin, checked_switch, checked_threads, install_scored_head
+from .trainer import (
+    LayoutProbeCallback,
+    PadfreeTrainerMixin,
+    checked_switch,
+    checked_threads,
+    install_scored_head,
+)
 
 __all__ = ["DPOTrainer", "PreferenceCheckCallback", "check_dpo_arguments", "require_padfree_attention"]
 
@@ -111,31 +117,15 @@ def check_dpo_arguments(model: Any, ref_model: Any, args: Any, processing_class:
                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl is standard DPO)")
 
 
-class PreferenceCheckCallback(TrainerCallback):
+class PreferenceCheckCallback(LayoutProbeCallback):
     """Runs the preference packing probe once, when training begins; raises if packed sequences leak."""
 
-    def __init__(self, prompt_once: bool, models: list[Any]) -> None:
-        self.prompt_once = prompt_once
-        self.models = models
-        self.reports: list[Any] = []
+    what = "preference"
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.reports:
-            return control
+    def probe(self) -> Any:
         from .preference_probe import assert_preference_packing_safe
-        from .probe import training_rtol
 
-        for m in [model, *self.models]:
-            if m is None:
-                continue
-            report = assert_preference_packing_safe(m, prompt_once=self.prompt_once, rtol=training_rtol(args))
-            self.reports.append(report)
-            if state.is_world_process_zero:
-                layout = "prompt-once" if self.prompt_once else "padding-free"
-                print(f"[trl-padfree] preference probe ({layout}): {report.model_type} with "
-                      f"{report.attn_implementation!r} keeps packed sequences apart (max logit diff "
-                      f"{report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})", flush=True)
-        return control
+        return assert_preference_packing_safe
 
 
 class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):

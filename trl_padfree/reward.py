@@ -30,14 +30,13 @@ from typing import Any
 import torch
 import trl
 from torch import nn
-from transformers import TrainerCallback
 from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
 from .dpo import require_padfree_attention
 from .preference import MODEL_KEYS
 from .reward_layout import DataCollatorForRewardPairs
 from .reward_probe import score_head, scores_of
-from .trainer import PadfreeTrainerMixin, checked_threads
+from .trainer import LayoutProbeCallback, PadfreeTrainerMixin, checked_threads
 
 __all__ = ["RewardCheckCallback", "RewardConfig", "RewardTrainer"]
 
@@ -53,27 +52,16 @@ class RewardConfig(trl.RewardConfig):
     )
 
 
-class RewardCheckCallback(TrainerCallback):
+class RewardCheckCallback(LayoutProbeCallback):
     """Runs the reward packing probe once, when training begins; raises if packed sequences leak."""
 
-    def __init__(self, prompt_once: bool) -> None:
-        self.prompt_once = prompt_once
-        self.reports: list[Any] = []
+    what = "reward"
+    compared = "score"
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.reports or model is None:
-            return control
-        from .probe import training_rtol
+    def probe(self) -> Any:
         from .reward_probe import assert_reward_packing_safe
 
-        report = assert_reward_packing_safe(model, prompt_once=self.prompt_once, rtol=training_rtol(args))
-        self.reports.append(report)
-        if state.is_world_process_zero:
-            layout = "prompt-once" if self.prompt_once else "padding-free"
-            print(f"[trl-padfree] reward probe ({layout}): {report.model_type} with {report.attn_implementation!r} "
-                  f"keeps packed sequences apart (max score diff {report.max_abs_diff:.2g} <= tolerance "
-                  f"{report.tolerance:.2g})", flush=True)
-        return control
+        return assert_reward_packing_safe
 
 
 def reward_padding_free_unavailable() -> str | None:

@@ -25,11 +25,16 @@ from collections import Counter
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
 
 from .preference import MODEL_KEYS
 from .rl_packing import PackStats, pack_completion_rows, scatter_scores
-from .trainer import PadfreeTrainerMixin, checked_switch, checked_threads, install_scored_head
+from .trainer import (
+    LayoutProbeCallback,
+    PadfreeTrainerMixin,
+    checked_switch,
+    checked_threads,
+    install_scored_head,
+)
 
 __all__ = ["PaddingFreeRLMixin", "RLPackingCheckCallback", "resolve_padding_free"]
 
@@ -58,31 +63,15 @@ def resolve_padding_free(padding_free: bool | None, args: Any) -> bool:
     return bool(padding_free if padding_free is not None else from_config)
 
 
-class RLPackingCheckCallback(TrainerCallback):
+class RLPackingCheckCallback(LayoutProbeCallback):
     """Runs the GRPO/RLOO packing probe once, when training begins; raises ``PackingLeakError`` if rows leak."""
 
-    def __init__(self, prompt_once: bool, models: list[Any]) -> None:
-        self.prompt_once = prompt_once
-        self.models = models
-        self.reports: list[Any] = []
+    what = "RL"
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.reports:
-            return control
-        from .probe import training_rtol
+    def probe(self) -> Any:
         from .rl_probe import assert_group_packing_safe
 
-        for m in [model, *self.models]:
-            if m is None:
-                continue
-            report = assert_group_packing_safe(m, prompt_once=self.prompt_once, rtol=training_rtol(args))
-            self.reports.append(report)
-            if state.is_world_process_zero:
-                layout = "prompt-once" if self.prompt_once else "padding-free"
-                print(f"[trl-padfree] RL probe ({layout}): {report.model_type} with {report.attn_implementation!r} "
-                      f"keeps packed sequences apart (max logit diff {report.max_abs_diff:.2g} <= tolerance "
-                      f"{report.tolerance:.2g})", flush=True)
-        return control
+        return assert_group_packing_safe
 
 
 class PaddingFreeRLMixin(PadfreeTrainerMixin):

@@ -73,6 +73,45 @@ class PackingCheckCallback(TrainerCallback):
         return control
 
 
+class LayoutProbeCallback(TrainerCallback):
+    """Runs a layout probe (pairs, RL groups, reward pairs) once, when training begins, on the trained model and
+    ``models`` (e.g. a separate reference); the probe raises ``PackingLeakError`` if packed sequences leak.
+
+    Subclasses name the probe (:meth:`probe`), what it checks (``what``: "preference", "RL", "reward") and what
+    it compares (``compared``: "logit", "score"), which the passed line shows.
+    """
+
+    what = "layout"
+    compared = "logit"
+
+    def __init__(self, prompt_once: bool, models: list[Any] | tuple[Any, ...] = ()) -> None:
+        self.prompt_once = prompt_once
+        self.models = list(models)
+        self.reports: list[Any] = []
+
+    def probe(self) -> Any:
+        """The function ``probe(model, prompt_once=..., rtol=...) -> PackingReport``."""
+        raise NotImplementedError
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.reports:
+            return control
+        from .probe import training_rtol
+
+        probe = self.probe()
+        for m in [model, *self.models]:
+            if m is None:
+                continue
+            report = probe(m, prompt_once=self.prompt_once, rtol=training_rtol(args))
+            self.reports.append(report)
+            if state.is_world_process_zero:
+                layout = "prompt-once" if self.prompt_once else "padding-free"
+                print(f"[trl-padfree] {self.what} probe ({layout}): {report.model_type} with "
+                      f"{report.attn_implementation!r} keeps packed sequences apart (max {self.compared} diff "
+                      f"{report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})", flush=True)
+        return control
+
+
 def probe_passed_line(report: Any) -> str:
     """The one log line of a passed packing probe (the launcher prints the same line)."""
     return (f"[trl-padfree] packing probe: {report.model_type} with {report.attn_implementation!r} keeps packed "
