@@ -17,7 +17,6 @@ deterministic train mode, same :class:`~trl_padfree.probe.PackingReport`).
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -29,11 +28,12 @@ from .probe import (
     PackingLeakError,
     PackingReport,
     _alone_batch,
-    _attn_name,
     _deterministic_train_mode,
     _logits,
     _random_sequences,
     _vocab_size,
+    error_line,
+    layout_report,
     probe_setting,
 )
 
@@ -55,7 +55,7 @@ def check_preference_packing(
     from .preference import MODEL_KEYS, DataCollatorForPreference
 
     start = time.perf_counter()
-    device, dtype, rtol = probe_setting(model, rtol)
+    setting = device, _, _ = probe_setting(model, rtol)
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     lengths = [n for pair in pairs for n in pair]
@@ -75,36 +75,16 @@ def check_preference_packing(
             rejected = _logits(model, on_device(_alone_batch(ex["prompt_ids"] + ex["rejected_ids"])))
             expected.append(chosen)
             expected.append(rejected[len(ex["prompt_ids"]) - 1 :] if prompt_once else rejected)
+        got = None
         try:
             packed = _logits(model, {**inputs, "use_cache": False})
+            bounds = torch.tensor([0, *(e.shape[0] for e in expected)]).cumsum(0).tolist()
+            got = [packed[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         except Exception as exc:  # the Trainer would hit the same error: report it
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12
-    if error is None:
-        diffs = []
-        offset = 0
-        for e in expected:
-            diffs.append((packed[offset : offset + e.shape[0]] - e).abs().max().item())
-            offset += e.shape[0]
-    else:
-        diffs = [math.inf] * len(expected)
-    max_diff = max(diffs)
-    status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
-    attn = _attn_name(model)
-    layout = "prompt-once" if prompt_once else "padding-free"
-    advice = (
-        "" if status == "safe" else
-        f"the {layout} preference batch changes this model's logits (max diff {max_diff:.3g} > {tolerance:.3g}): "
-        "its attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
-        + ("" if prompt_once else " or 'flash_attention_2'") + ", or set DPOConfig(padding_free=False)."
-    )
-    return PackingReport(
-        ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance,
-        model_type=str(getattr(config, "model_type", None) or type(model).__name__), attn_implementation=attn,
-        advice=advice, dtype=str(dtype).removeprefix("torch."), device=str(device), lengths=tuple(lengths),
-        example_diffs=tuple(diffs), noise=0.0, seconds=time.perf_counter() - start, error=error,
-    )
-
+            error = error_line(exc)
+    return layout_report(model, expected=expected, got=got, error=error, setting=setting, lengths=lengths, start=start,
+                         batch="preference batch", values="logits", prompt_once=prompt_once,
+                         fix="DPOConfig(padding_free=False)")
 
 def assert_preference_packing_safe(model: nn.Module, **kwargs: Any) -> PackingReport:
     """Like :func:`check_preference_packing`, but raise :class:`~trl_padfree.probe.PackingLeakError` unless safe."""

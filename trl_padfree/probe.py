@@ -406,6 +406,59 @@ def _advice(
     )
 
 
+def error_line(exc: BaseException) -> str:
+    """``"Type: first line of the message"``: how a probe reports a forward that failed (the Trainer would too).
+
+    >>> error_line(ValueError("bad shape\\nmore"))
+    'ValueError: bad shape'
+    """
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def layout_report(
+    model: nn.Module,
+    *,
+    expected: Sequence[torch.Tensor],
+    got: Sequence[torch.Tensor] | None,
+    error: str | None,
+    setting: tuple[torch.device, torch.dtype, float],
+    lengths: Sequence[int],
+    start: float,
+    batch: str,
+    values: str,
+    prompt_once: bool,
+    fix: str,
+) -> PackingReport:
+    """The report of a layout probe (preference pairs, RL groups, reward pairs): ``got[i]`` is what the packed row
+    gives for the sequence whose values alone are ``expected[i]`` (``got`` None where the packed forward failed
+    with ``error``); ``batch`` and ``values`` name what was compared ("preference batch", "logits") and ``fix``
+    the setting that turns padding-free off."""
+    device, dtype, rtol = setting
+    tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12
+    if got is None:
+        diffs = [math.inf] * len(expected)
+    else:
+        diffs = [(g - e).abs().max().item() for g, e in zip(got, expected, strict=True)]
+    max_diff = max(diffs)
+    status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
+    layout = "prompt-once" if prompt_once else "padding-free"
+    advice = (
+        "" if status == "safe" else
+        f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}): its "
+        "attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
+        + ("" if prompt_once else " or 'flash_attention_2'") + f", or set {fix}."
+    )
+    config = getattr(model, "config", None)
+    return PackingReport(
+        ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance,
+        model_type=str(getattr(config, "model_type", None) or type(model).__name__),
+        attn_implementation=_attn_name(model), advice=advice, dtype=str(dtype).removeprefix("torch."),
+        device=str(device), lengths=tuple(lengths), example_diffs=tuple(diffs), noise=0.0,
+        seconds=time.perf_counter() - start, error=error,
+    )
+
+
 def check_packing(
     model: nn.Module,
     *,

@@ -21,7 +21,6 @@ deterministic train mode, same :class:`~trl_padfree.probe.PackingReport`).
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -33,10 +32,11 @@ from torch import nn
 from .probe import (
     PackingLeakError,
     PackingReport,
-    _attn_name,
     _deterministic_train_mode,
     _random_sequences,
     _vocab_size,
+    error_line,
+    layout_report,
     probe_setting,
 )
 
@@ -108,7 +108,7 @@ def check_reward_packing(
     from .reward_layout import DataCollatorForRewardPairs, reward_layout
 
     start = time.perf_counter()
-    device, dtype, rtol = probe_setting(model, rtol)
+    setting = device, _, _ = probe_setting(model, rtol)
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     pad_id = getattr(text_config, "pad_token_id", None)
@@ -135,34 +135,16 @@ def check_reward_packing(
             _, s = scores_of(model, on_device({"input_ids": ids, "attention_mask": torch.ones_like(ids),
                                                "use_cache": False}))
             expected.append(s.detach().float())
+        got = None
         try:
             _, packed = scores_of(model, {**inputs, "use_cache": False})
             packed = packed.detach().float()
+            got = [packed[torch.as_tensor(r, device=packed.device)] for r in rows]
         except Exception as exc:  # the Trainer would hit the same error: report it
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12
-    if error is None:
-        diffs = [(packed[torch.as_tensor(r, device=packed.device)] - e).abs().max().item()
-                 for r, e in zip(rows, expected, strict=True)]
-    else:
-        diffs = [math.inf] * len(expected)
-    max_diff = max(diffs)
-    status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
-    layout = "prompt-once" if prompt_once else "padding-free"
-    advice = (
-        "" if status == "safe" else
-        f"the {layout} reward batch changes this model's scores (max diff {max_diff:.3g} > {tolerance:.3g}): its "
-        "attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
-        + ("" if prompt_once else " or 'flash_attention_2'") + ", or set RewardConfig(padding_free=False)."
-    )
-    return PackingReport(
-        ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance,
-        model_type=str(getattr(config, "model_type", None) or type(model).__name__),
-        attn_implementation=_attn_name(model), advice=advice, dtype=str(dtype).removeprefix("torch."),
-        device=str(device), lengths=tuple(lengths), example_diffs=tuple(diffs), noise=0.0,
-        seconds=time.perf_counter() - start, error=error,
-    )
-
+            error = error_line(exc)
+    return layout_report(model, expected=expected, got=got, error=error, setting=setting, lengths=lengths,
+                         start=start, batch="reward batch", values="scores", prompt_once=prompt_once,
+                         fix="RewardConfig(padding_free=False)")
 
 def assert_reward_packing_safe(model: nn.Module, **kwargs: Any) -> PackingReport:
     """Like :func:`check_reward_packing`, but raise :class:`~trl_padfree.probe.PackingLeakError` unless safe."""

@@ -18,7 +18,6 @@ keys and not its siblings. Same tolerance, deterministic train mode and report a
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,11 +29,12 @@ from .probe import (
     PackingLeakError,
     PackingReport,
     _alone_batch,
-    _attn_name,
     _deterministic_train_mode,
     _logits,
     _random_sequences,
     _vocab_size,
+    error_line,
+    layout_report,
     probe_setting,
 )
 
@@ -89,7 +89,7 @@ def check_group_packing(
     from .rl_packing import pack_completion_rows
 
     start = time.perf_counter()
-    device, dtype, rtol = probe_setting(model, rtol)
+    setting = device, _, _ = probe_setting(model, rtol)
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     pad_id = getattr(text_config, "pad_token_id", None)
@@ -107,33 +107,15 @@ def check_group_packing(
             shared = prompt_once and tuple(prompt) in seen
             seen.add(tuple(prompt))
             expected.append(alone[len(prompt) - 1 :] if shared else alone)
+        got = None
         try:
-            got = _logits(model, {**inputs, "use_cache": False})
+            packed = _logits(model, {**inputs, "use_cache": False})
+            got = [packed[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         except Exception as exc:  # the Trainer would hit the same error: report it
-            error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-    tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12
-    if error is None:
-        diffs = [(got[a:b] - e).abs().max().item() for a, b, e in zip(bounds[:-1], bounds[1:], expected, strict=True)]
-    else:
-        diffs = [math.inf] * len(expected)
-    max_diff = max(diffs)
-    status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
-    layout = "prompt-once" if prompt_once else "padding-free"
-    advice = (
-        "" if status == "safe" else
-        f"the {layout} GRPO/RLOO batch changes this model's logits (max diff {max_diff:.3g} > {tolerance:.3g}): "
-        "its attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
-        + ("" if prompt_once else " or 'flash_attention_2'") + ", or set padding_free=False."
-    )
-    return PackingReport(
-        ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance,
-        model_type=str(getattr(config, "model_type", None) or type(model).__name__),
-        attn_implementation=_attn_name(model),
-        advice=advice, dtype=str(dtype).removeprefix("torch."), device=str(device),
-        lengths=tuple(len(p) + len(c) for p, c in rows), example_diffs=tuple(diffs), noise=0.0,
-        seconds=time.perf_counter() - start, error=error,
-    )
-
+            error = error_line(exc)
+    return layout_report(model, expected=expected, got=got, error=error, setting=setting,
+                         lengths=[len(p) + len(c) for p, c in rows], start=start, batch="GRPO/RLOO batch",
+                         values="logits", prompt_once=prompt_once, fix="padding_free=False")
 
 def assert_group_packing_safe(model: nn.Module, **kwargs: Any) -> PackingReport:
     """Like :func:`check_group_packing`, but raise :class:`~trl_padfree.probe.PackingLeakError` unless safe."""
