@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -115,6 +116,29 @@ def check_dpo_arguments(model: Any, ref_model: Any, args: Any, processing_class:
     if divergence not in F_DIVERGENCE_TYPES:
         raise ValueError(f"f_divergence_type={divergence!r} is not one TRL knows; use one of "
                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl is standard DPO)")
+
+
+@contextlib.contextmanager
+def reference_forward(trainer: Any, model: Any = None) -> Iterator[Any]:
+    """The reference of ``trainer`` (DPO, KTO) for a forward without gradients: ``model`` if given, else its
+    ``ref_model``, else the PEFT policy with its adapters off (or the ``"ref"`` adapter on), as TRL picks it;
+    gradient checkpointing off during the forward, as in TRL."""
+    from trl.models.utils import disable_gradient_checkpointing
+    from trl.trainer.utils import use_adapter
+
+    adapter: Any = contextlib.nullcontext()
+    if model is None:
+        model = trainer.ref_model
+        if model is None and is_peft_model(trainer.model):
+            model = trainer.model
+    if model is trainer.model and is_peft_model(trainer.model) and trainer.ref_model is None:
+        unwrapped = trainer.accelerator.unwrap_model(trainer.model)
+        adapter = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
+    with torch.no_grad(), warnings.catch_warnings(), adapter:
+        # TRL's helper reads transformers' deprecated `is_gradient_checkpointing` (a FutureWarning every step)
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
+            yield model
 
 
 class PreferenceCheckCallback(LayoutProbeCallback):
@@ -221,22 +245,8 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
         return segment_sum(per_token * weights, index, n)
 
     def _reference_logps(self, inputs: dict[str, Any], model: Any = None) -> torch.Tensor:
-        from trl.models.utils import disable_gradient_checkpointing
-        from trl.trainer.utils import use_adapter
-
-        adapter: Any = contextlib.nullcontext()
-        if model is None:
-            model = self.ref_model
-            if model is None and is_peft_model(self.model):
-                model = self.model
-        if model is self.model and is_peft_model(self.model) and self.ref_model is None:
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            adapter = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
-        with torch.no_grad(), warnings.catch_warnings(), adapter:
-            # TRL's helper reads transformers' deprecated `is_gradient_checkpointing` (a FutureWarning every step)
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                out = self._flat_forward(model, inputs)
+        with reference_forward(self, model) as ref:
+            out = self._flat_forward(ref, inputs)
         return self._sequence_logps(out.log_probs, inputs)
 
     def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:

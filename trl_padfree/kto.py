@@ -33,7 +33,6 @@ later evaluation sets in rows. Before the first step the model (and the referenc
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,9 +40,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import trl
-from accelerate.utils import is_peft_model
 
-from .dpo import PreferenceCheckCallback, require_padfree_attention
+from .dpo import PreferenceCheckCallback, reference_forward, require_padfree_attention
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
 from .trainer import PadfreeTrainerMixin, checked_switch, checked_threads, install_scored_head
 
@@ -221,27 +219,14 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
 
     def _reference_logps(self, inputs: dict[str, Any], model: Any = None) -> tuple[torch.Tensor, Any]:
         """``(completion log-probs (B,), KL log-probs (B,) or None)`` of the reference."""
-        from trl.models.utils import disable_gradient_checkpointing
-        from trl.trainer.utils import use_adapter
-
-        adapter: Any = contextlib.nullcontext()
-        if model is None:
-            model = self.ref_model
-            if model is None and is_peft_model(self.model):
-                model = self.model
-        if model is self.model and is_peft_model(self.model) and self.ref_model is None:
-            unwrapped = self.accelerator.unwrap_model(self.model)
-            adapter = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
-        with torch.no_grad(), warnings.catch_warnings(), adapter:
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-            with disable_gradient_checkpointing(self.model, self.args.gradient_checkpointing_kwargs):
-                if "pair_shift_labels" in inputs:  # prompt once: completion and KL sequence in one forward
-                    out = self._flat_forward(model, inputs, "pair_")
-                    n = int(inputs["num_sequences"])
-                    logps, kl = segment_sum(out.log_probs, inputs["pair_score_index"], 2 * n).chunk(2)
-                else:
-                    kl = self._kl_logps(model, inputs)
-                    logps = self._sequence_logps(self._flat_forward(model, inputs).log_probs, inputs)
+        with reference_forward(self, model) as model:
+            if "pair_shift_labels" in inputs:  # prompt once: completion and KL sequence in one forward
+                out = self._flat_forward(model, inputs, "pair_")
+                n = int(inputs["num_sequences"])
+                logps, kl = segment_sum(out.log_probs, inputs["pair_score_index"], 2 * n).chunk(2)
+            else:
+                kl = self._kl_logps(model, inputs)
+                logps = self._sequence_logps(self._flat_forward(model, inputs).log_probs, inputs)
         return logps, kl
 
     def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
