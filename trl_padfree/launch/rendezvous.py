@@ -20,6 +20,14 @@ a YAML error: parsing the config is what creates the group) would leave the othe
 nodes left the other waiting until it was killed). :func:`refuse_in_rendezvous` takes part in the same handshake
 with the refusal as its answer, rank 0 tells every rank, and all of them stop with that line (exit 2).
 
+**Leaving together.** The rendezvous store of a multi-node run lives in one node's torchrun agent. When that
+agent's worker exits first, the agent exits and takes the store with it, and an agent on another node whose worker
+is still shutting down looks at the store once more and dies of ``RendezvousConnectionError: ... Broken pipe``
+instead of reporting its worker's exit code (seen once in CI: a refusing node ended with exit 1 and a torch
+traceback under the refusal line). So when a run stops on a refusal, every rank first marks that it is leaving
+and waits for the others' marks (:func:`leave_together`), and a rank whose agent hosts the store then lingers
+:data:`HOST_LINGER` seconds, so that the other agents see their workers' exit first.
+
 **Is this a restart?** :func:`restart_attempt` is the largest ``TORCHELASTIC_RESTART_COUNT`` of all ranks, so that
 every node of a restarted run resumes (``resume_from_checkpoint`` unset or ``auto``), not only the node whose worker
 failed.
@@ -27,6 +35,7 @@ failed.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -39,13 +48,18 @@ from typing import Any
 from .config import ConfigError, RefusedElsewhere
 from .console import where
 
-__all__ = ["Attempt", "agree_on_config", "gather_reports", "install_handshake", "join_attempt", "refuse_in_rendezvous", "restart_attempt"]
+__all__ = [
+    "Attempt", "agent_hosts_store", "agree_on_config", "gather_reports", "install_handshake", "join_attempt",
+    "leave_together", "refuse_in_rendezvous", "restart_attempt",
+]
 
 KEY = "trl_padfree/attempts/"  # the handshake's keys in the launcher's store
 POLL, MAX_POLL = 0.01, 0.5  # seconds between a waiting rank's looks at the store: the first, the longest
 _RESTART: list[int] = []  # restart_attempt's answer, once agreed with the other ranks
 _REFUSAL: list[str] = []  # this process's refusal, handed to the handshake by refuse_in_rendezvous
 DEFAULT_TIMEOUT = timedelta(minutes=30)  # torch's default process-group timeout; also how long a refusal is offered
+HOST_LINGER = 3.0  # seconds a refusing run's rank on the store's node waits before exiting (leave_together)
+LEAVE_WAIT = 30.0  # the longest a rank waits for the others to mark that they are leaving
 
 
 def local_restart_count() -> int:
@@ -79,6 +93,51 @@ def _verdict(refusals: list[Any]) -> RefusedElsewhere:
     shown = "; ".join(f"rank {rank} ({place}): {message}" for rank, place, message in refusals)
     return RefusedElsewhere(f"the config was refused on another process of the run, {shown}")
 
+
+
+def agent_hosts_store() -> bool:
+    """Whether this process's torchrun agent (its parent, or the parent's parent when a wrapper sits between)
+    listens on a TCP port: under torchrun that is the agent holding the rendezvous store. False outside torchrun
+    and where it cannot be told.
+
+    >>> agent_hosts_store()  # not under torchrun
+    False
+    """
+    if not _under_torchrun():
+        return False
+    import psutil
+
+    try:
+        process = psutil.Process(os.getppid())
+        for _ in range(2):
+            connections = getattr(process, "net_connections", None) or process.connections  # psutil < 6
+            if any(c.status == psutil.CONN_LISTEN for c in connections(kind="tcp")):
+                return True
+            process = process.parent()
+            if process is None:
+                return False
+    except psutil.Error:
+        return False
+    return False
+
+
+def leave_together(store: Any, number: int, rank: int, world_size: int) -> None:
+    """Mark in ``store`` that ``rank`` leaves attempt ``number`` (stopped by a refusal) and wait, at most
+    :data:`LEAVE_WAIT` s, for every rank's mark; then linger :data:`HOST_LINGER` s where this node's agent holds the
+    store (see the module docstring).
+
+    >>> from torch.distributed import HashStore
+    >>> store = HashStore()
+    >>> store.set(KEY + "7/left/1", "1")
+    >>> leave_together(store, 7, 0, 2)  # rank 1 has left already: returns at once
+    >>> store.check([KEY + "7/left/0"])
+    True
+    """
+    store.set(f"{KEY}{number}/left/{rank}", "1")
+    with contextlib.suppress(Exception):  # a rank that died meanwhile: leave anyway
+        store.wait([f"{KEY}{number}/left/{peer}" for peer in range(world_size)], timedelta(seconds=LEAVE_WAIT))
+    if agent_hosts_store():
+        time.sleep(HOST_LINGER)
 
 
 def join_attempt(store: Any, rank: int, world_size: int, timeout: float, refusal: str | None = None,
@@ -126,8 +185,10 @@ def join_attempt(store: Any, rank: int, world_size: int, timeout: float, refusal
         for peer, view in joined.items():
             store.set(f"{KEY}{number}/answer/{peer}",
                       json.dumps({"token": view["token"], "refusals": refusals, "restarts": restarts}))
-        if refusals and not refusal:
-            raise _verdict(refusals)
+        if refusals:
+            leave_together(store, number, 0, world_size)
+            if not refusal:
+                raise _verdict(refusals)
         return Attempt(number, restarts)
     token = uuid.uuid4().hex
     mine = json.dumps({"token": token, "refusal": refusal, "restarts": restarts, "where": where()})
@@ -145,8 +206,10 @@ def join_attempt(store: Any, rank: int, world_size: int, timeout: float, refusal
                 view = json.loads(_text(store.get(answer)))
                 if view["token"] != token:
                     break  # the answer of an earlier attempt: rank 0 of this one has not published its number yet
-                if view["refusals"] and not refusal:
-                    raise _verdict(view["refusals"])
+                if view["refusals"]:
+                    leave_together(store, number, rank, world_size)
+                    if not refusal:
+                        raise _verdict(view["refusals"])
                 return Attempt(number, view["restarts"])
             if int(_text(store.get(current))) != number:
                 break  # rank 0 of this attempt published a newer number
@@ -231,6 +294,8 @@ def agree_on_config(error: ConfigError | None) -> None:
             refuse_in_rendezvous(error)
         return
     refusals = gather_reports(None if error is None else str(error))
+    if refusals and agent_hosts_store():
+        time.sleep(HOST_LINGER)  # the other nodes' agents see their workers' exit first (module docstring)
     if refusals and error is None:
         raise _verdict(refusals)
 
