@@ -337,7 +337,9 @@ def test_help_lists_the_launcher_fields(capsys):
 
 
 def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, data_dir):
-    from trl_padfree.launch.checkpoints import RUN_FILE, mark_complete, write_json_atomic
+    from trl_padfree.launch.atomic_save import mark_complete
+    from trl_padfree.launch.files import write_json_atomic
+    from trl_padfree.launch.run_files import RUN_FILE
 
     out = tmp_path / "out"
     out.mkdir()

@@ -129,7 +129,7 @@ def plan_nodes(cfg: Any) -> str | None:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
-    from .checkpoints import complete_steps
+    from .run_files import complete_steps
 
     training = cfg.training
     _apply_timeout(training.ddp_timeout)
