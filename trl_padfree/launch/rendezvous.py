@@ -27,7 +27,6 @@ failed.
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import time
@@ -36,6 +35,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .._torch_private import rendezvous_handlers
 from .config import ConfigError, RefusedElsewhere
 from .console import where
 
@@ -176,8 +176,7 @@ def install_handshake() -> bool:
         return False
     import torch.distributed as dist
 
-    module = importlib.import_module("torch.distributed.rendezvous")
-    handlers = getattr(module, "_rendezvous_handlers", None)
+    handlers = rendezvous_handlers()  # torch's private registry (trl_padfree._torch_private)
     original = handlers.get("env") if isinstance(handlers, dict) else None
     if original is None:
         return False
