@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 from launch_hooks import FailAtStep, FailEvaluation, FullDiskAtEnd
+from paths import ROOT
 from safetensors.torch import load_file
-from test_launch_config import ROOT, write_demo_data
+from test_launch_config import write_demo_data
 from test_launch_train import STEPS, train_argv
 
 from trl_padfree.launch import main

@@ -17,14 +17,12 @@ import torch
 import yaml
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
+from paths import CONFIGS, DEMO, ROOT
 
 from trl_padfree.attention import flash_attn_available
 from trl_padfree.launch import ConfigError, load_config, main
 from trl_padfree.launch.config import describe_type
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
-DEMO = ROOT / "trl_padfree" / "demo"
 DEMO_YAML = CONFIGS / "demo.yaml"
 
 

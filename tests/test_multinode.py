@@ -23,8 +23,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from paths import ROOT
 from safetensors.torch import load_file
-from test_distributed import N_TRAIN, ROOT, free_port, train_argv
+from test_distributed import N_TRAIN, free_port, train_argv
 from test_distributed import data_dir as data_dir  # the module's fixture (tiny demo data)
 
 from trl_padfree.launch.resume import choose_resume
