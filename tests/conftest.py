@@ -1,8 +1,13 @@
-"""Test-suite settings: the ``slow`` marker.
+"""Test-suite settings: the ``slow`` marker, and the fixtures test modules share.
 
 Tests marked ``slow`` (several multi-process launches each, minutes on a 2-core machine: ``tests/test_multinode.py``)
 run only with ``TRL_PADFREE_SLOW=1``; ``make test`` stays within about ten minutes without them, and ``.ci/run``
 runs them after ``make test``.
+
+Shared fixtures: ``tok`` (the tiny byte-level tokenizer, ``trl_padfree.testing``) and ``demo_tokenizer`` (the
+shipped demo model's tokenizer), one per test module. Paths of the checkout (``ROOT``, ``DEMO``, ...) are constants
+in ``tests/paths.py``; the tiny Llama's config and model are ``trl_padfree.testing.tiny_llama_config`` /
+``tiny_llama``.
 """
 
 from __future__ import annotations
@@ -23,3 +28,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The tiny byte-level BPE tokenizer (``trl_padfree.testing.tiny_byte_level_tokenizer``)."""
+    from trl_padfree.testing import tiny_byte_level_tokenizer
+
+    return tiny_byte_level_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def demo_tokenizer():
+    """The shipped demo model's tokenizer (``trl_padfree/demo/model``)."""
+    from paths import DEMO_MODEL
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(DEMO_MODEL)

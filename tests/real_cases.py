@@ -15,9 +15,10 @@ import json
 import warnings
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
 
-CACHE = Path(__file__).resolve().parent.parent / ".cache" / "real-tokenizers"
+from paths import ROOT
+
+CACHE = ROOT / ".cache" / "real-tokenizers"
 MISSING = (
     f"The real tokenizers are not built ({CACHE}/manifest.json is missing). Run `make real-tokenizers` "
     "(it downloads llama-cpp-python's source archive with pip once and builds them; `make test` does it too)."

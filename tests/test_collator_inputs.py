@@ -21,11 +21,6 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def tok():
-    return tiny_byte_level_tokenizer()
-
-
-@pytest.fixture(scope="module")
 def ids(tok):
     return [tok(t)["input_ids"] for t in TEXTS]
 

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from trl_padfree import _compat
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_declared_window_is_the_one_the_code_and_the_lowest_run_use():

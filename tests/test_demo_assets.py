@@ -20,11 +20,10 @@ import numpy as np
 import pytest
 import torch
 from datasets import load_dataset
+from paths import DEMO, ROOT
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 MODEL_DIR = DEMO / "model"
 DATA_DIR = DEMO / "data"
 SCRIPT = ROOT / "scripts" / "make_demo_assets.py"

@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+from paths import DEMO, ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 N_TRAIN, BATCH, STEPS = 32, 4, 2
 TIMEOUT = 240  # seconds for a whole 2-rank run (loaded machine); a hang is caught here
 FIND_UNUSED_WARNING = "find_unused_parameters=True was specified in DDP constructor"

@@ -25,10 +25,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from paths import ROOT
 
 from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
-
-ROOT = Path(__file__).resolve().parent.parent
 
 LINKED_PAGES = sorted(
     [ROOT / "README.md", ROOT / "trl_padfree" / "demo" / "README.md", *(ROOT / "docs").rglob("*.md")]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
-from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_llama
+from trl_padfree.testing import tiny_llama
 
 TEXTS = [
     "### Question: what is the capital city of france?\n### Answer: paris.",
@@ -58,11 +58,6 @@ def merged(tok, padding_free: bool):
         "attention_mask": torch.cat([pad(single["attention_mask"], 0), pad(multi["attention_mask"], 0)]),
         "labels": torch.cat([pad(single["labels"], -100), pad(multi["labels"], -100)]),
     }
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_byte_level_tokenizer()
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])

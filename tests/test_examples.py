@@ -7,13 +7,11 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from paths import ROOT
 
 from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_sft_padfree_example_trains_and_saves(tmp_path):

@@ -24,7 +24,7 @@ from transformers.utils.generic import TransformersKwargs
 
 import trl_padfree.attention as padfree_attention
 from trl_padfree import DataCollatorForCompletionOnlyLM
-from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_llama
+from trl_padfree.testing import tiny_llama
 
 IGNORE = -100
 
@@ -52,11 +52,6 @@ def _kind(annotation) -> type:
         return int
     assert args[0] is torch.Tensor or args[0] in (torch.LongTensor, torch.IntTensor), annotation
     return torch.Tensor
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_byte_level_tokenizer()
 
 
 @pytest.fixture(scope="module")

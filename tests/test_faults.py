@@ -18,21 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 from launch_hooks import FailAtStep, FailEvaluation, FullDiskAtEnd
+from paths import ROOT
 from safetensors.torch import load_file
-from test_launch_config import ROOT, write_demo_data
+from test_launch_config import write_demo_data
 from test_launch_train import STEPS, train_argv
 
 from trl_padfree.launch import main
-from trl_padfree.launch.checkpoints import (
-    CHECKPOINT_MARKER,
-    RUN_FILE,
-    STAGING_DIR,
-    checkpoint_problem,
-    choose_resume,
-    mark_complete,
-    write_json_atomic,
-)
+from trl_padfree.launch.atomic_save import mark_complete
 from trl_padfree.launch.config import ConfigError
+from trl_padfree.launch.files import write_json_atomic
+from trl_padfree.launch.resume import choose_resume
+from trl_padfree.launch.run_files import CHECKPOINT_MARKER, RUN_FILE, STAGING_DIR, checkpoint_problem
 
 
 def fault_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:

@@ -10,15 +10,14 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import json
-from pathlib import Path
 
 import pytest
 import torch
+from paths import ROOT
 from transformers import AutoTokenizer
 
 from trl_padfree.formatting import BATCHED_LINE, FormattingFunc, formatting_convention
 
-ROOT = Path(__file__).resolve().parent.parent
 DEMO_MODEL = str(ROOT / "trl_padfree" / "demo" / "model")
 N_RECORDS = 48
 

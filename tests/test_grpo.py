@@ -21,7 +21,7 @@ if rl_padding_free_unavailable():
 
 from test_fa_contract import flash_attention_2_on_cpu, reference_varlen  # noqa: F401  (a fixture)
 from tiny_rl import LAYOUTS, METRIC_RTOL, RTOL, compare, grpo_loss_types, step_logs, tokenizer, trainer
-from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
+from transformers import AttentionInterface, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
 
@@ -29,7 +29,7 @@ import trl_padfree
 from trl_padfree import PackingLeakError
 from trl_padfree.rl_packing import pack_completion_rows, scatter_scores
 from trl_padfree.rl_probe import check_group_packing
-from trl_padfree.testing import tiny_llama
+from trl_padfree.testing import tiny_llama, tiny_llama_config
 
 
 def _assert_exact(diffs: dict) -> None:
@@ -172,8 +172,8 @@ def test_probe_refuses_a_leaking_attention(tmp_path):
 
 def test_probe_sees_siblings_leak_without_the_key_index():
     """sdpa keeps packed sequences apart by position_ids, but cannot read the shared prompt keys."""
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1)
+    config = tiny_llama_config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=1)
     model = LlamaForCausalLM._from_config(config, attn_implementation="sdpa")
     assert check_group_packing(model).status == "safe"
     report = check_group_packing(model, prompt_once=True)

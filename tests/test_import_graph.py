@@ -11,8 +11,7 @@ import ast
 from pathlib import Path
 
 import pytest
-
-PACKAGE = Path(__file__).resolve().parent.parent / "trl_padfree"
+from paths import PACKAGE
 
 #: Circles known and owned elsewhere, each with the way out; remove an entry once its circle is broken.
 TOLERATED: dict[frozenset[str], str] = {}

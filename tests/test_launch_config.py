@@ -17,14 +17,12 @@ import torch
 import yaml
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
+from paths import CONFIGS, DEMO, ROOT
 
 from trl_padfree.attention import flash_attn_available
 from trl_padfree.launch import ConfigError, load_config, main
 from trl_padfree.launch.config import describe_type
 
-ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
-DEMO = ROOT / "trl_padfree" / "demo"
 DEMO_YAML = CONFIGS / "demo.yaml"
 
 
@@ -337,7 +335,9 @@ def test_help_lists_the_launcher_fields(capsys):
 
 
 def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, data_dir):
-    from trl_padfree.launch.checkpoints import RUN_FILE, mark_complete, write_json_atomic
+    from trl_padfree.launch.atomic_save import mark_complete
+    from trl_padfree.launch.files import write_json_atomic
+    from trl_padfree.launch.run_files import RUN_FILE
 
     out = tmp_path / "out"
     out.mkdir()

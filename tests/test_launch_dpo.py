@@ -14,13 +14,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import DEMO, ROOT
 from transformers import TrainerCallback
 
 from trl_padfree._compat import dpo_padding_free_unavailable
 from trl_padfree.launch import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 STEPS = 6
 pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
                                 reason=str(dpo_padding_free_unavailable()))  # tests/test_dpo_version.py

@@ -13,12 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+from paths import DEMO, ROOT
 
 from trl_padfree._compat import dpo_padding_free_unavailable
 from trl_padfree.launch import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
                                 reason=str(dpo_padding_free_unavailable()))
 SFT_LINE = ("is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected records and "

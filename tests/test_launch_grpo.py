@@ -15,13 +15,12 @@ import signal
 from pathlib import Path
 
 import pytest
+from paths import DEMO, ROOT
 from transformers import TrainerCallback
 
 from trl_padfree._compat import rl_padding_free_unavailable
 from trl_padfree.launch import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 LAUNCH = ROOT / "trl_padfree" / "launch"
 STEPS = 4
 needs_rl = pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))

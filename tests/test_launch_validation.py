@@ -16,7 +16,8 @@ import typing
 from pathlib import Path
 
 import pytest
-from test_launch_config import DEMO, DEMO_YAML, ROOT, demo_argv, run_bad, write_demo_data, write_yaml
+from paths import DEMO, ROOT
+from test_launch_config import DEMO_YAML, demo_argv, run_bad, write_demo_data, write_yaml
 
 from trl_padfree._compat import trl_at_least
 from trl_padfree.launch import load_config
@@ -249,11 +250,13 @@ def test_model_init_kwargs_are_applied_by_the_launcher_not_trl(tmp_path, data_di
 def small_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama whose embeddings hold 700 rows, saved with the demo tokenizer (768 tokens)."""
     import torch
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from trl_padfree.testing import tiny_llama_config
 
     out = tmp_path_factory.mktemp("small-vocab")
-    config = LlamaConfig(vocab_size=700, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
+    config = tiny_llama_config(vocab_size=700, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                               num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(out)
     AutoTokenizer.from_pretrained(DEMO / "model").save_pretrained(out)

@@ -23,11 +23,13 @@ from pathlib import Path
 
 import psutil
 import pytest
+from paths import ROOT
 from safetensors.torch import load_file
-from test_distributed import N_TRAIN, ROOT, free_port, train_argv
+from test_distributed import N_TRAIN, free_port, train_argv
 from test_distributed import data_dir as data_dir  # the module's fixture (tiny demo data)
 
-from trl_padfree.launch.checkpoints import CHECKPOINT_MARKER, STAGING_DIR, choose_resume
+from trl_padfree.launch.resume import choose_resume
+from trl_padfree.launch.run_files import CHECKPOINT_MARKER, STAGING_DIR
 
 slow = pytest.mark.slow  # several launches each: run with TRL_PADFREE_SLOW=1 (tests/conftest.py; .ci/run does)
 
@@ -498,8 +500,8 @@ def _agree(rank: int, store_path: str, outs: list[str], resumes: list[str | None
     cfg = type("Cfg", (), {})()
     cfg.training = type("T", (), {"output_dir": outs[rank]})()
     cfg.resume_from_checkpoint, cfg.run_id, cfg.notes = resumes[rank], run_ids[rank], []
-    from trl_padfree.launch.checkpoints import complete_steps
     from trl_padfree.launch.config import ConfigError
+    from trl_padfree.launch.run_files import complete_steps
 
     try:
         _agree_on_run(cfg, complete_steps)
@@ -514,7 +516,7 @@ def agree(tmp_path: Path, steps: list[list[int]], resumes: list[str | None], run
     ``run_ids[rank]``, run :func:`_agree_on_run`; what each ended with."""
     import torch.multiprocessing as mp
 
-    from trl_padfree.launch.checkpoints import mark_complete
+    from trl_padfree.launch.atomic_save import mark_complete
 
     tmp_path.mkdir(parents=True, exist_ok=True)  # (the FileStore's directory)
     outs = []
@@ -566,8 +568,11 @@ def auto_cfg(out: Path, value: object, overwrite: bool = False) -> object:
 
 
 def test_resume_auto_and_torchrun_restarts(tmp_path):
-    from trl_padfree.launch.checkpoints import RUN_FILE, mark_complete, resolve_auto_resume, write_json_atomic
+    from trl_padfree.launch.atomic_save import mark_complete
     from trl_padfree.launch.config import ConfigError
+    from trl_padfree.launch.files import write_json_atomic
+    from trl_padfree.launch.resume import resolve_auto_resume
+    from trl_padfree.launch.run_files import RUN_FILE
 
     out = tmp_path / "out"
     cfg = auto_cfg(out, "auto")  # nothing there yet: a new run

@@ -11,11 +11,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from paths import DEMO, ROOT
 
 from trl_padfree import cli
-
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 
 
 def test_license_is_the_apache_2_text_that_pyproject_declares():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from paths import ROOT
 from torch import nn
 from transformers import (
     AutoModelForCausalLM,
@@ -40,17 +41,13 @@ from trl_padfree.probe import (
     check_packing,
     packed_batch,
 )
-
-REPO = Path(__file__).resolve().parents[1]
+from trl_padfree.testing import tiny_llama_config
 
 
 def llama(attn: str = "sdpa", dtype: torch.dtype = torch.float32, **overrides: object) -> LlamaForCausalLM:
     """Tiny random Llama; a fresh config each time (``_from_config`` writes the dtype into the config)."""
     torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, **overrides,
-    )  # fmt: skip
+    config = tiny_llama_config(vocab_size=128, max_position_embeddings=128, **overrides)
     return LlamaForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype)
 
 
@@ -398,7 +395,7 @@ def test_cli_missing_path_in_a_real_process_prints_no_traceback(tmp_path: Path) 
     missing = tmp_path / "nope"
     proc = subprocess.run(
         [sys.executable, "-m", "trl_padfree.cli", "check", "--model", str(missing)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
@@ -419,7 +416,7 @@ def test_cuda_bf16_inputs_follow_the_model() -> None:
 
 
 def test_probe_families_script_writes_the_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = runpy.run_path(str(REPO / "scripts/probe_families.py"), run_name="probe_families")
+    script = runpy.run_path(str(ROOT / "scripts/probe_families.py"), run_name="probe_families")
     out = tmp_path / "families.md"
     assert script["main"](["--types", "llama,opt,bloom", "--out", str(out)]) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ")]

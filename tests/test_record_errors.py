@@ -12,11 +12,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from paths import DEMO
 
 from trl_padfree import cli
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 QUESTION = "### Question: {instruction}\n### Answer: {output}"
 
 

@@ -16,14 +16,13 @@ import signal
 from pathlib import Path
 
 import pytest
+from paths import DEMO, ROOT
 from transformers import AutoTokenizer, TrainerCallback
 
 from trl_padfree.launch import load_config, main
 from trl_padfree.launch.collators import make_collator_factory
 from trl_padfree.launch.data import prepare_data
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 STEPS, BATCH, EXAMPLES, MULTIPLE = 7, 4, 28, 64  # one epoch: every example is trained exactly once
 
 

@@ -11,12 +11,7 @@ from trl import SFTConfig
 import trl_padfree
 from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
 from trl_padfree.probe import PackingLeakError
-from trl_padfree.testing import demo_corpus, tiny_byte_level_tokenizer, tiny_llama
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_byte_level_tokenizer()
+from trl_padfree.testing import demo_corpus, tiny_llama
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,14 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from paths import ROOT
 from tiny_sft import losses, make_trainer, max_rel_diff, tokenized_dataset, tokenizer, weights
 
 from trl_padfree.scored_head import scored_head_unavailable
 
-ROOT = Path(__file__).resolve().parent.parent
 LOSS_RTOL, WEIGHT_RTOL = 1e-5, 1e-4
 
 

@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from paths import DEMO
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
 from trl_padfree.threads import torch_default_threads
-
-DEMO = Path(__file__).resolve().parent.parent / "trl_padfree" / "demo"
 
 
 class Threads(TrainerCallback):

@@ -6,14 +6,13 @@ import contextlib
 import io
 import json
 import re
-from pathlib import Path
 
 import pytest
 import yaml
+from paths import ROOT
 
 from trl_padfree.launch import main
 
-ROOT = Path(__file__).resolve().parent.parent
 USAGE = ROOT / "docs" / "usage.md"
 
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from transformers import LlamaConfig, LlamaForSequenceClassification
+from transformers import LlamaForSequenceClassification
 
 from trl_padfree import RewardConfig, RewardTrainer
-from trl_padfree.testing import demo_corpus, tiny_byte_level_tokenizer
+from trl_padfree.testing import demo_corpus, tiny_byte_level_tokenizer, tiny_llama_config
 
 LAYOUTS = ("padded", "padfree", "once")
 
@@ -48,9 +48,7 @@ def pairs(n: int = 24, seed: int = 0, *, explicit_prompt: bool = True, margin: b
 def model(layout: str, tok: Any, seed: int = 0, attn_implementation: str | None = None) -> Any:
     """A randomly initialised 2-layer Llama (GQA) with a one-output score head, fp32."""
     attn = attn_implementation or ("sdpa" if layout == "padded" else "padfree")
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, num_labels=1,
-                         pad_token_id=tok.pad_token_id)
+    config = tiny_llama_config(vocab_size=len(tok), num_labels=1, pad_token_id=tok.pad_token_id)
     torch.manual_seed(seed)
     return LlamaForSequenceClassification._from_config(config, attn_implementation=attn)
 

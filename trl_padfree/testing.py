@@ -83,8 +83,14 @@ def tiny_metaspace_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
     return _wrap(raw)
 
 
-def tiny_llama(vocab_size: int = 400, seed: int = 0, **overrides) -> LlamaForCausalLM:
-    """A randomly initialised 2-layer Llama (GQA: 4 heads, 2 kv heads) in fp32."""
+def tiny_llama_config(vocab_size: int = 400, **overrides) -> LlamaConfig:
+    """The config of :func:`tiny_llama`: 2 layers, hidden 64, GQA (4 heads, 2 kv heads), 512 positions;
+    ``overrides`` replace or add fields.
+
+    >>> c = tiny_llama_config(vocab_size=128, num_labels=1)
+    >>> c.vocab_size, c.hidden_size, c.num_key_value_heads, c.max_position_embeddings, c.num_labels
+    (128, 64, 2, 512, 1)
+    """
     cfg = dict(
         vocab_size=vocab_size,
         hidden_size=64,
@@ -93,10 +99,13 @@ def tiny_llama(vocab_size: int = 400, seed: int = 0, **overrides) -> LlamaForCau
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=512,
-        attn_implementation="sdpa",
     )
     cfg.update(overrides)
-    attn = cfg.pop("attn_implementation")
+    return LlamaConfig(**cfg)
+
+
+def tiny_llama(vocab_size: int = 400, seed: int = 0, **overrides) -> LlamaForCausalLM:
+    """A randomly initialised 2-layer Llama (GQA: 4 heads, 2 kv heads) in fp32 (:func:`tiny_llama_config`)."""
+    overrides.setdefault("attn_implementation", "sdpa")
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**cfg, attn_implementation=attn))
-    return model
+    return LlamaForCausalLM(tiny_llama_config(vocab_size, **overrides))

@@ -60,12 +60,12 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
 
     ``callbacks``: extra Trainer callbacks for the run (the tests' fault injection uses them).
     """
-    from .checkpoints import RunError
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
     from .distributed import finish, plan_nodes
     from .rendezvous import agree_on_config, install_handshake
     from .run import train
+    from .run_record import RunError
     from .tasks import get_task
     from .validate import describe
 
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     except ConfigError as exc:
         print_error(str(exc), prog)
         return finish(2)
-    except RunError as exc:  # a failure during the run, e.g. a save on a full disk (launch.checkpoints)
+    except RunError as exc:  # a failure during the run, e.g. a save on a full disk (launch.atomic_save)
         print_error(str(exc), prog)
         return finish(1)
     except SystemExit as exc:  # --help

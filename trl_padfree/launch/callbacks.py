@@ -69,7 +69,7 @@ class GracefulStop(TrainerCallback):
 
     # ------------------------------------------------------------------ trainer hooks
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        from .checkpoints import any_process
+        from .collective import any_process
 
         if any_process(self.requested is not None):  # every rank stops at the same step
             self.requested = _who_was_signalled(self.requested)

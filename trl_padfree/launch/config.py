@@ -189,7 +189,7 @@ class LaunchConfig:
     resume_from_checkpoint: str | bool | None = None
     explicit: frozenset[str] = frozenset()  # fields set in the YAML file or on the command line
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # the YAML's env mapping, set after validation
-    run_id: str | None = None  # this run's id (launch.checkpoints), decided by validation
+    run_id: str | None = None  # this run's id (launch.run_record), decided by validation
     model_init_kwargs: dict[str, Any] | None = None  # SFTConfig.model_init_kwargs, applied by the launcher
     notes: list[str] = dataclasses.field(default_factory=list)  # lines validation leaves for the run to print
     task: str = "sft"  # the trainer: a name of launch.tasks.REGISTRY ("sft": trl-padfree train, "dpo", "grpo", ...)

@@ -34,6 +34,7 @@ import time
 import traceback
 from typing import Any
 
+from .._torch_private import pg_timeout_setter, registered_groups
 from ..messages import one_line
 from .config import ConfigError
 from .console import where
@@ -56,9 +57,7 @@ def _apply_timeout(seconds: int) -> None:
     with SIGSTOP held the others for as long as the run was left, ``--ddp_timeout 10`` notwithstanding)."""
     from datetime import timedelta
 
-    import torch.distributed as dist
-
-    setter = getattr(dist.distributed_c10d, "_set_pg_timeout", None)  # torch >= 2.3
+    setter = pg_timeout_setter()  # torch >= 2.3
     if setter is not None and seconds:
         setter(timedelta(seconds=seconds))
         _TIMEOUT.append(float(seconds))
@@ -129,7 +128,7 @@ def plan_nodes(cfg: Any) -> str | None:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return None
-    from .checkpoints import complete_steps
+    from .run_files import complete_steps
 
     training = cfg.training
     _apply_timeout(training.ddp_timeout)
@@ -258,8 +257,7 @@ def end_process_group() -> None:
     docstring: that destructor can deadlock with the group's own worker threads). Call it once, at the very end."""
     import torch.distributed as dist
 
-    world = getattr(dist.distributed_c10d, "_world", None)
-    groups = list(getattr(world, "pg_map", None) or [dist.group.WORLD])  # every registered group (private map)
+    groups = registered_groups()  # every registered group (torch's private map)
     dist.barrier()
     time.sleep(0.05)  # let the worker threads release their finished works (they need the GIL for that)
     for group in groups:  # never freed: their destructors would join those threads

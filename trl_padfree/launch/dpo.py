@@ -129,11 +129,11 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
 
     from trl_padfree.dpo import DPOTrainer
 
-    from .checkpoints import AtomicCheckpoints
+    from .atomic_save import AtomicCheckpoints
     from .whole_run import WholeRunLog
 
     class LaunchDPOTrainer(AtomicCheckpoints, WholeRunLog, DPOTrainer):
-        """``DPOTrainer`` whose checkpoints appear complete or not at all (:mod:`.checkpoints`), logging what the
+        """``DPOTrainer`` whose checkpoints appear complete or not at all (:mod:`.atomic_save`), logging what the
         summary of the whole run needs (:mod:`.whole_run`); with ``disable_tqdm`` (the launch sets it when the
         output is not a terminal) no "Computing reference log probs" bar either (``precompute_ref_log_probs``:
         TRL shows it, while the trainer is built, unless ``TQDM_DISABLE`` is set)."""

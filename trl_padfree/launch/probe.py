@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .checkpoints import any_process
+from .collective import any_process
 from .config import ConfigError
 from .console import is_main_process, say
 from .model import materialized, sharded_launch

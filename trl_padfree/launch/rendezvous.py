@@ -36,7 +36,6 @@ failed.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import json
 import os
 import time
@@ -45,6 +44,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from .._torch_private import rendezvous_handlers
 from .config import ConfigError, RefusedElsewhere
 from .console import where
 
@@ -233,14 +233,13 @@ def install_handshake() -> bool:
     the hook).
 
     It wraps torch's ``env://`` rendezvous (the private ``torch.distributed.rendezvous._rendezvous_handlers``
-    registry; ``torch.distributed.rendezvous`` as an attribute is the function, hence the import by name).
+    registry; ``torch.distributed.rendezvous`` as an attribute is the function, hence the import by name in :mod:`trl_padfree._torch_private`).
     """
     if not _under_torchrun():
         return False
     import torch.distributed as dist
 
-    module = importlib.import_module("torch.distributed.rendezvous")
-    handlers = getattr(module, "_rendezvous_handlers", None)
+    handlers = rendezvous_handlers()  # torch's private registry (trl_padfree._torch_private)
     original = handlers.get("env") if isinstance(handlers, dict) else None
     if original is None:
         return False

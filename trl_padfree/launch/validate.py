@@ -3,7 +3,7 @@
 Each check raises :class:`~trl_padfree.launch.config.ConfigError` with one line that says what is wrong and how
 to fix it: the range of every numeric field (:data:`NUMERIC_RANGES`), data and collator settings, the model and
 LoRA settings (peft's own checks), ``model_init_kwargs``, ``output_dir`` (usable, and not holding another run),
-``resume_from_checkpoint`` (a complete checkpoint, see :mod:`.checkpoints`). The config's ``env:`` mapping is
+``resume_from_checkpoint`` (a complete checkpoint, see :mod:`.resume`). The config's ``env:`` mapping is
 applied only after all of them passed. Checks that depend on this machine (CUDA, flash-attn, installed packages,
 the filesystem) can be skipped with ``check_environment=False``, which is how the shipped real-model configs are
 tested on a CPU-only machine. The full list, with what happens on faults during a run: ``docs/faults.md``.
@@ -433,18 +433,13 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
 def _check_resume(cfg: LaunchConfig) -> None:
     """Resolve ``resume_from_checkpoint`` to a complete checkpoint and decide the run id; refuse an output_dir
     that holds another run unless ``overwrite_output_dir`` is set (see docs/faults.md)."""
-    from .checkpoints import (
-        CHECKPOINT_MARKER,
-        checkpoint_problem,
-        choose_resume,
-        new_run_id,
-        read_json,
-        resolve_auto_resume,
-        run_contents,
-    )
+    from .files import read_json
     from .rendezvous import restart_attempt
+    from .resume import choose_resume, resolve_auto_resume
+    from .run_files import CHECKPOINT_MARKER, checkpoint_problem, run_contents
+    from .run_record import new_run_id
 
-    if resolve_auto_resume(cfg, restart_attempt()):  # auto, or a worker restarted by torchrun (launch.checkpoints)
+    if resolve_auto_resume(cfg, restart_attempt()):  # auto, or a worker restarted by torchrun (launch.resume)
         return
     value = cfg.resume_from_checkpoint
     output_dir = cfg.training.output_dir

@@ -330,11 +330,11 @@ def group_layout(cfg: Any, tokenizer: Any, data: PreparedPrompts, n: int) -> lis
 def launch_trainer_class(base: type) -> type:
     """``base`` (trl_padfree's GRPO or RLOO trainer) with the launch's atomic checkpoints and whole-run log (made on
     first use, so that parsing a config does not import the trainers)."""
-    from ..checkpoints import AtomicCheckpoints
+    from ..atomic_save import AtomicCheckpoints
     from ..whole_run import WholeRunLog
 
     return type(f"Launch{base.__name__}", (AtomicCheckpoints, WholeRunLog, base), {
-        "__doc__": f"``{base.__name__}`` whose checkpoints appear complete or not at all (launch.checkpoints), "
+        "__doc__": f"``{base.__name__}`` whose checkpoints appear complete or not at all (launch.atomic_save), "
                    "logging what the summary of the whole run needs (launch.whole_run).",
         "__module__": __name__,
     })

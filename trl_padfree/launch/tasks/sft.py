@@ -22,9 +22,9 @@ __all__ = ["TASK", "SFTTask", "launch_sft_trainer"]
 
 @functools.cache
 def launch_sft_trainer() -> type:
-    """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`..checkpoints`); made on first
+    """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`..atomic_save`); made on first
     use: parsing a config imports no trainer (the timing of a multi-node refusal depends on it)."""
-    from ..checkpoints import AtomicCheckpoints
+    from ..atomic_save import AtomicCheckpoints
     from ..trainer import PadfreeSFTTrainer
 
     return type("LaunchSFTTrainer", (AtomicCheckpoints, PadfreeSFTTrainer), {"__module__": __name__,

@@ -12,11 +12,10 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from paths import DEMO, ROOT
 
 from trl_padfree._compat import dpo_padding_free_unavailable
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 FLASH_INSTALL = 'pip install packaging ninja setuptools wheel && pip install --no-build-isolation -e ".[flash]"'
 INDEXING_WARNING = "Token indices sequence length is longer than the specified maximum"
 DPO_OK = dpo_padding_free_unavailable() is None

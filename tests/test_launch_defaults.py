@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from paths import DEMO, ROOT
 from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
 from trl import SFTConfig
 
@@ -31,9 +32,6 @@ from trl_padfree.launch.help import GROUPS
 from trl_padfree.probe import PackingLeakError
 from trl_padfree.testing import tiny_llama
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
-
 #: prompt/completion records (TRL's standard format) and their exact tokens under the demo tokenizer.
 PROMPT_COMPLETION = [{"prompt": "Q: red?\nA:", "completion": " RED"}, {"prompt": "Q: cat dog?\nA:", "completion": " CAT DOG"}]
 
@@ -41,11 +39,6 @@ PROMPT_COMPLETION = [{"prompt": "Q: red?\nA:", "completion": " RED"}, {"prompt":
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
-
-
-@pytest.fixture(scope="module")
-def demo_tokenizer():
-    return AutoTokenizer.from_pretrained(DEMO / "model")
 
 
 # ---------------------------------------------------------------------------------------------- a real run
