@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["printed_markdown", "refuse_unusable", "run_and_report", "unwritable_dir", "write_report_files"]
+__all__ = ["print_and_report", "printed_markdown", "refuse_unusable", "run_and_report", "unwritable_dir", "write_report_files"]
 
 
 def unwritable_dir(path: Path) -> str | None:
@@ -58,6 +58,16 @@ def printed_markdown(report: dict[str, Any]) -> str:
     ```
     """
     return f"# {report['title']}\n\n```\n" + "\n".join(report["printed"]) + "\n```\n"
+
+
+def print_and_report(report: dict[str, Any], args: Any, lines: list[str]) -> dict[str, Path]:
+    """Print ``lines`` and write them with ``report`` (:func:`printed_markdown`) as ``--output-dir``/``--name``
+    (default ``<task>-cpu``) say: the report of a task without its own tables (grpo, rloo, reward, kto)."""
+    print("\n".join(lines))
+    report.update(title=f"trl-padfree bench --task {args.task}", printed=lines)
+    paths = write_report_files(report, args.output_dir, args.name or f"{args.task}-cpu", printed_markdown)
+    print("Wrote " + ", ".join(str(p) for p in paths.values()))
+    return paths
 
 
 def refuse_unusable(parser: Any, device: str, output_dir: Path) -> None:

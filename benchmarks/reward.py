@@ -31,7 +31,7 @@ import numpy as np
 
 from .args import add_output, task_of, task_parser
 from .lockstep import worker_env
-from .paths import printed_markdown, refuse_unusable, write_report_files
+from .paths import print_and_report, refuse_unusable
 from .targets import flop_share_verdict
 
 VARIANTS = {"reward": ("trl-padded", "padding-free", "prompt-once"),
@@ -218,11 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio, fratio = speed[v] / speed[base], flops[base] / flops[v]
         note = "" if v == base else "  " + flop_share_verdict(args.task, ratio / fratio)
         out.append(f"{v:14} {speed[v]:10.0f} {ratio:11.2f}x {fratio:10.2f}x {ratio / fratio:7.0%} {memory[v]:9.0f}{note}")
-    print("\n".join(out))
-    report = {"title": f"trl-padfree bench --task {args.task}", "args": vars(args), "variants": results,
-              "printed": out}
-    paths = write_report_files(report, args.output_dir, args.name or f"{args.task}-cpu", printed_markdown)
-    print("Wrote " + ", ".join(str(p) for p in paths.values()))
+    print_and_report({"args": vars(args), "variants": results}, args, out)
     return 0
 
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from .args import add_output, task_of, task_parser
-from .paths import printed_markdown, refuse_unusable, write_report_files
+from .paths import print_and_report, refuse_unusable
 from .targets import flop_share_verdict
 
 LAYOUTS = ("padded", "padfree", "once")
@@ -255,8 +255,7 @@ def run_rl(argv: list[str]) -> dict[str, Any]:
     result["load_after"] = os.getloadavg()
     pad_tokens = sum(b["prompt_ids"].numel() + b["completion_ids"].numel() for b in batches[1:])
     what = f"GRPO training part ({args.loss_type}, beta 0.04" if args.task == "grpo" else "RLOO training part (beta 0.05"
-    result["title"] = f"trl-padfree bench --task {args.task}"
-    out = result["printed"] = [
+    out = [
         f"{what}, old + ref + policy), tiny Llama {args.layers}x{args.hidden} vocab {args.vocab}, fp32, {args.threads} "
         f"thread(s); {args.steps} timed steps of {args.groups} prompts x {args.gens} generations, micro-batch "
         f"{args.batch}; lengths x{args.scale}: real {sum(real)} of {pad_tokens} padded tokens",
@@ -273,12 +272,10 @@ def run_rl(argv: list[str]) -> dict[str, Any]:
             out.append(f"{layout}: {e['of_flop_ratio']:.0%} of its FLOP ratio; {e['target']}")
     out.append("per-step mean micro-batch loss (padded / padfree / once):")
     out += ["  " + " / ".join(f"{statistics.mean(losses[k][i]):+.7e}" for k in LAYOUTS) for i in range(args.steps)]
-    print("\n".join(out))
-    paths = write_report_files(result, args.output_dir, args.name or f"{args.task}-cpu", printed_markdown)
+    print_and_report(result, args, out)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)
-    print("Wrote " + ", ".join(str(p) for p in paths.values()))
     return result
 
 
