@@ -15,8 +15,8 @@ flattens the labels made here, :func:`training_collator`):
 4. :func:`check_template`: the response template must occur in at least one of the first N examples, otherwise
    the config is wrong (a typo, a missing newline...) and the run stops before loading the model.
 5. :func:`label_and_filter`: truncation to ``max_length`` and the labels of the run's one labelling collator
-   (:func:`labelling_collator`), computed here once; examples left without a single trained token are dropped
-   and counted. For ``messages`` data, :func:`warn_untrained_turns` says in one line when the templates leave
+   (:func:`labelling_collator`), computed here once (only the untrained-turn check below labels a truncated record
+   of its sample again, untruncated); examples left without a single trained token are dropped and counted. For ``messages`` data, :func:`warn_untrained_turns` says in one line when the templates leave
    assistant turns untrained.
 
 Every failure on a record in steps 2-5 is a one-line :class:`~.config.ConfigError` naming the split, the record's
@@ -338,18 +338,21 @@ def tokenize_chat_split(dataset: Any, tokenizer: Any, formatter: Formatter, name
     return out.remove_columns("completion_mask")
 
 
-def warn_untrained_turns(raw: Any, labelled: Any, tokenizer: Any, n: int) -> int:
+def warn_untrained_turns(raw: Any, tokenized: Any, labelled: Any, collator: Any, tokenizer: Any, n: int) -> int:
     """One line when the templates leave assistant turns of ``messages`` data untrained (first ``n`` examples of
-    ``labelled``, row for row the records of ``raw``). Returns the number of affected examples (0 also when the
-    chat template cannot be analysed turn by turn)."""
+    ``labelled``; ``raw`` and ``tokenized``: row for row the same records, as loaded and untruncated). A record that
+    truncation shortened is judged on its untruncated labels (``collator``), as the templates label it. Returns
+    the number of affected examples (0 also when the chat template cannot be analysed turn by turn)."""
     from ..chat_masks import untrained_assistant_turns
 
     count = min(n, len(raw))
     affected = turns = 0
     try:
-        head = labelled.select(range(count))
-        for messages, ids, labels in zip(raw.select(range(count))["messages"], head["input_ids"], head["labels"],
-                                         strict=True):
+        rows = zip(raw.select(range(count))["messages"], tokenized.select(range(count))["input_ids"],
+                   labelled.select(range(count))["labels"], strict=True)
+        for messages, ids, labels in rows:
+            if len(labels) != len(ids):  # truncated: the untruncated labels
+                labels = collator([{"input_ids": ids}])["labels"].reshape(-1).tolist()
             missing = untrained_assistant_turns(tokenizer, messages, ids, labels)
             affected += bool(missing)
             turns += missing
@@ -479,7 +482,8 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     if response is not None:
         missing_in_check = check_template(train_tok, collator, tokenizer, n_check, train_source, train_raw)
         if text_format == "messages":
-            inspect = partial(warn_untrained_turns, train_raw, tokenizer=tokenizer, n=n_check)
+            inspect = partial(warn_untrained_turns, train_raw, train_tok, collator=collator, tokenizer=tokenizer,
+                              n=n_check)
     keep_end = training.truncation_mode == "keep_end"
     train, dropped_train = label_and_filter(train_tok, collator, training.max_length, keep_end, "train",
                                             train_source, train_raw, inspect)
