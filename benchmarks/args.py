@@ -85,8 +85,13 @@ def add_common(p: argparse.ArgumentParser, defaults: Any, presets: dict[str, dic
     p.add_argument("--max-length", type=int, default=defaults.max_length, help=helps["max_length"])
     p.add_argument("--loss-rtol", type=float, default=None, help=helps["loss_rtol"])
     p.add_argument("--in-process", action="store_true", help=helps["in_process"])
+    add_output(p, helps["name"])
+
+
+def add_output(p: argparse.ArgumentParser, name_help: str) -> None:
+    """``--output-dir`` and ``--name``: where every task writes its report (:func:`~.paths.write_report_files`)."""
     p.add_argument("--output-dir", type=Path, default=Path("bench-results"), help="where the reports are written")
-    p.add_argument("--name", default=None, help=helps["name"])
+    p.add_argument("--name", default=None, help=name_help)
 
 
 def common_values(args: argparse.Namespace, presets: dict[str, dict[str, int]]) -> dict[str, Any]:

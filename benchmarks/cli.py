@@ -16,7 +16,7 @@ from .data import DATASETS
 from .paths import run_and_report
 from .plot import plot
 from .preset import MODEL_PRESETS
-from .report import evaluate_targets, to_markdown, write_outputs
+from .report import evaluate_targets, to_markdown
 from .runner import run_benchmark
 from .targets import verdict
 from .worker import _worker_main
@@ -101,5 +101,5 @@ def main(argv: list[str] | None = None) -> int:
         plot(report, args.replot.with_suffix(".png"))
         print(f"Wrote {args.replot.with_suffix('.md')}, {args.replot.with_suffix('.png')}")
         return verdict(report)
-    return run_and_report(parser, args, config_from_args(args), run_benchmark, write_outputs, to_markdown,
+    return run_and_report(parser, args, config_from_args(args), run_benchmark, to_markdown, plot,
                           stem=args.device.split(":")[0])

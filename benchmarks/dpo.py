@@ -300,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         return _worker_main(argv[1], argv[2])
     parser = build_parser()
     args = parser.parse_args(argv)
-    from .dpo_report import to_markdown, write_outputs
+    from .dpo_report import plot, to_markdown
     from .paths import run_and_report
 
     config = DPOBenchConfig(**common_values(args, MODEL_PRESETS), beta=args.beta)
-    return run_and_report(parser, args, config, run_dpo_benchmark, write_outputs, to_markdown,
+    return run_and_report(parser, args, config, run_dpo_benchmark, to_markdown, plot,
                           stem=f"dpo-{config.device.split(':')[0]}", unit=" pairs")
 
 

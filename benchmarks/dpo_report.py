@@ -10,7 +10,6 @@ from typing import Any
 from .dpo_data import DISTRIBUTION_LABEL, STEP_FORWARDS
 from .flops import timed_flops
 from .measures import max_rel_diff
-from .paths import write_report_files
 from .preset import fmt_params as _fmt_params
 from .targets import TARGETS, in_memory_setup, in_speed_setup
 from .targets import failed_targets as failed_targets
@@ -243,7 +242,3 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
-
-def write_outputs(report: dict[str, Any], output_dir: Path, name: str) -> dict[str, Path]:
-    """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``output_dir``; return their paths."""
-    return write_report_files(report, output_dir, name, to_markdown, plot)

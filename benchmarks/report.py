@@ -5,15 +5,12 @@ table and the written JSON/Markdown/PNG files.
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 from typing import Any
 
 from .config import BASELINE
 from .data import dataset_title
 from .flops import flop_ratio
 from .measures import max_rel_diff, step_medians
-from .paths import write_report_files
-from .plot import plot
 from .preset import fmt_params as _fmt_params
 from .targets import MEMORY_SETUP_TEXT, TARGETS, in_memory_setup, in_speed_setup
 from .targets import failed_targets as failed_targets
@@ -372,7 +369,3 @@ def to_markdown(report: dict[str, Any]) -> str:
     ]
     return "\n".join(lines)
 
-
-def write_outputs(report: dict[str, Any], output_dir: Path, name: str) -> dict[str, Path]:
-    """Write ``<name>.json``, ``<name>.md`` and ``<name>.png`` under ``output_dir``; return their paths."""
-    return write_report_files(report, output_dir, name, to_markdown, plot)

@@ -11,6 +11,8 @@ forward+backward FLOPs: ``6 * params`` per computed token plus ``6 * layers * hi
 per computed sequence of ``n`` keys, forward-only passes a third of that; padded rows count their full width).
 
     trl-padfree bench --task reward|kto [--steps 8] [--rounds 3] [--batch 8] [--threads 1]
+
+The figures and the printed lines go to ``<output-dir>/<name>.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import time
 
 import numpy as np
 
-from .args import task_of, task_parser
+from .args import add_output, task_of, task_parser
 from .lockstep import worker_env
+from .paths import print_and_report, refuse_unusable
 from .targets import flop_share_verdict
 
 VARIANTS = {"reward": ("trl-padded", "padding-free", "prompt-once"),
@@ -178,6 +181,7 @@ def build_parser(task: str = "reward") -> argparse.ArgumentParser:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
+    add_output(parser, f"output file stem (default: {task}-cpu)")
     return parser
 
 
@@ -191,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print("RESULT " + json.dumps(worker(args.task, args.worker, args)), flush=True)
         return 0
+    refuse_unusable(parser, "cpu", args.output_dir)
     env = {**worker_env(), "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
     results: dict[str, list[dict]] = {v: [] for v in VARIANTS[args.task]}
     for _ in range(args.rounds):
@@ -206,13 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     speed = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in results.items()}
     memory = {v: statistics.median(r["peak_mib"] for r in rs) for v, rs in results.items()}
     flops = {v: rs[0]["flops"] for v, rs in results.items()}
-    print(f"task {args.task}: {args.steps} steps of {args.batch} x {args.rounds} rounds, {args.threads} thread(s), "
-          f"load average {os.getloadavg()}")
-    print(f"{'variant':14} {'tokens/s':>10} {'speed ratio':>12} {'FLOP ratio':>11} {'of FLOP':>8} {'peak MiB':>9}")
+    out = [f"task {args.task}: {args.steps} steps of {args.batch} x {args.rounds} rounds, {args.threads} thread(s), "
+           f"load average {os.getloadavg()}",
+           f"{'variant':14} {'tokens/s':>10} {'speed ratio':>12} {'FLOP ratio':>11} {'of FLOP':>8} {'peak MiB':>9}"]
     for v in results:
         ratio, fratio = speed[v] / speed[base], flops[base] / flops[v]
         note = "" if v == base else "  " + flop_share_verdict(args.task, ratio / fratio)
-        print(f"{v:14} {speed[v]:10.0f} {ratio:11.2f}x {fratio:10.2f}x {ratio / fratio:7.0%} {memory[v]:9.0f}{note}")
+        out.append(f"{v:14} {speed[v]:10.0f} {ratio:11.2f}x {fratio:10.2f}x {ratio / fratio:7.0%} {memory[v]:9.0f}{note}")
+    print_and_report({"args": vars(args), "variants": results}, args, out)
     return 0
 
 

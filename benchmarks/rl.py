@@ -15,7 +15,8 @@ that peak over the RSS before the step).
 
 Prints per layout: median step seconds, real tokens/s, the speed-up over TRL's padded trainer next to the layout's
 FLOP ratio (linear layers and LM head per forwarded token, attention per query-key pair; backward = 2 forwards) and
-their quotient, peak memory, and each step's loss side by side; ``os.getloadavg()`` before and after.
+their quotient, peak memory, and each step's loss side by side; ``os.getloadavg()`` before and after. The figures
+and the printed lines go to ``<output-dir>/<name>.json`` and ``.md`` (and ``--json PATH``, a copy of the JSON).
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .args import task_of, task_parser
+from .args import add_output, task_of, task_parser
+from .paths import print_and_report, refuse_unusable
 from .targets import flop_share_verdict
 
 LAYOUTS = ("padded", "padfree", "once")
@@ -155,22 +157,15 @@ def flops(batch: dict[str, Any], layout: str, cfg: Any, b: int) -> float:
 
 
 def _memory_child(layout: str, args: argparse.Namespace, path: str, queue: Any) -> None:
+    from .training import _current_rss, _peak_rss_since_reset, _reset_peak_rss
+
     torch.set_num_threads(args.threads)
     t = build(layout, args, path)
     batch = generation_batch(np.random.default_rng(args.seed), args, t.model.config.vocab_size, 0)
-    before = _status_kib("VmRSS")
-    with open("/proc/self/clear_refs", "w") as fh:  # Linux: reset the peak RSS (VmHWM) to the current RSS
-        fh.write("5")
+    before = _current_rss()
+    _reset_peak_rss()  # Linux: the peak RSS (VmHWM) starts again at the current RSS
     training_part(t, batch)
-    queue.put((before, _status_kib("VmHWM")))
-
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field} in /proc/self/status")
+    queue.put((before // 1024, _peak_rss_since_reset() // 1024))  # KiB
 
 
 def build_parser(task: str = "grpo") -> argparse.ArgumentParser:
@@ -187,7 +182,8 @@ def build_parser(task: str = "grpo") -> argparse.ArgumentParser:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-memory", action="store_true", help="skip the per-layout peak-memory processes")
-    parser.add_argument("--json", help="write the figures to this file")
+    parser.add_argument("--json", help="also write the figures to this file")
+    add_output(parser, f"output file stem (default: {task}-cpu)")
     return parser
 
 
@@ -203,6 +199,7 @@ def run_rl(argv: list[str]) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.task not in ("grpo", "rloo"):
         parser.error(f"--task {args.task} is not an RL task; this benchmark runs --task grpo or --task rloo")
+    refuse_unusable(parser, "cpu", args.output_dir)
     torch.set_num_threads(args.threads)
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -258,24 +255,24 @@ def run_rl(argv: list[str]) -> dict[str, Any]:
     result["load_after"] = os.getloadavg()
     pad_tokens = sum(b["prompt_ids"].numel() + b["completion_ids"].numel() for b in batches[1:])
     what = f"GRPO training part ({args.loss_type}, beta 0.04" if args.task == "grpo" else "RLOO training part (beta 0.05"
-    print(f"{what}, old + ref + policy), tiny Llama {args.layers}x"
-          f"{args.hidden} vocab {args.vocab}, fp32, {args.threads} thread(s); {args.steps} timed steps of "
-          f"{args.groups} prompts x {args.gens} generations, micro-batch {args.batch}; lengths x{args.scale}: "
-          f"real {sum(real)} of {pad_tokens} padded tokens")
-    print(f"load average before {load_before}, after {result['load_after']}")
-    print(f"{'layout':8} {'step s':>8} {'tok/s':>8} {'speed-up':>9} {'FLOP ratio':>10} {'of FLOPs':>9} "
-          f"{'peak MiB':>9} {'step MiB':>9}")
+    out = [
+        f"{what}, old + ref + policy), tiny Llama {args.layers}x{args.hidden} vocab {args.vocab}, fp32, {args.threads} "
+        f"thread(s); {args.steps} timed steps of {args.groups} prompts x {args.gens} generations, micro-batch "
+        f"{args.batch}; lengths x{args.scale}: real {sum(real)} of {pad_tokens} padded tokens",
+        f"load average before {load_before}, after {result['load_after']}",
+        f"{'layout':8} {'step s':>8} {'tok/s':>8} {'speed-up':>9} {'FLOP ratio':>10} {'of FLOPs':>9} "
+        f"{'peak MiB':>9} {'step MiB':>9}"]
     for layout, e in result["layouts"].items():
-        print(f"{layout:8} {e['median_s']:8.3f} {e['tokens_per_s']:8.0f} {e['speedup']:8.2f}x {e['flop_ratio']:9.2f}x "
-              f"{e['of_flop_ratio']:8.0%} {e.get('peak_rss_mib', float('nan')):9.0f} "
-              f"{e.get('step_rss_mib', float('nan')):9.0f}")
+        out.append(f"{layout:8} {e['median_s']:8.3f} {e['tokens_per_s']:8.0f} {e['speedup']:8.2f}x "
+                   f"{e['flop_ratio']:9.2f}x {e['of_flop_ratio']:8.0%} {e.get('peak_rss_mib', float('nan')):9.0f} "
+                   f"{e.get('step_rss_mib', float('nan')):9.0f}")
     for layout, e in result["layouts"].items():
         if layout != "padded":
             e["target"] = flop_share_verdict(args.task, e["of_flop_ratio"])
-            print(f"{layout}: {e['of_flop_ratio']:.0%} of its FLOP ratio; {e['target']}")
-    print("per-step mean micro-batch loss (padded / padfree / once):")
-    for i in range(args.steps):
-        print("  " + " / ".join(f"{statistics.mean(losses[k][i]):+.7e}" for k in LAYOUTS))
+            out.append(f"{layout}: {e['of_flop_ratio']:.0%} of its FLOP ratio; {e['target']}")
+    out.append("per-step mean micro-batch loss (padded / padfree / once):")
+    out += ["  " + " / ".join(f"{statistics.mean(losses[k][i]):+.7e}" for k in LAYOUTS) for i in range(args.steps)]
+    print_and_report(result, args, out)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)

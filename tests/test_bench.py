@@ -617,6 +617,10 @@ def test_the_trl_head_variant_runs_only_when_named():
     (["--task", "grpo", "--steps", "x"], "trl-padfree bench --task grpo", "argument --steps: invalid int value: 'x'"),
     (["--task", "reward", "--rounds", "x"], "trl-padfree bench --task reward", "argument --rounds: invalid int"),
     (["--task", "nope"], "trl-padfree bench", "argument --task: invalid choice: 'nope'"),
+    (["--task", "kto", "--output-dir", __file__], "trl-padfree bench --task kto",
+     "it is a file, not a directory; pass a directory that can be written"),
+    (["--task", "rloo", "--output-dir", __file__], "trl-padfree bench --task rloo",
+     "it is a file, not a directory; pass a directory that can be written"),
 ])
 def test_one_command_runs_every_task_and_bad_options_exit_2_with_one_line(argv, prog, message, capsys):
     """``trl-padfree bench --task T`` hands the command line to T's module (benchmarks.args.TASKS): its own parser."""

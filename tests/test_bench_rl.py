@@ -12,7 +12,7 @@ from trl_padfree._compat import rl_padding_free_unavailable
 @pytest.mark.parametrize("kind", ["grpo", "rloo"])
 def test_bench_rl_runs_and_the_layouts_agree(kind, tmp_path, capsys):
     result = run_rl(["--steps", "1", "--scale", "0.05", "--hidden", "32", "--layers", "1", "--vocab", "128",
-                     "--no-memory", "--task", kind, "--json", str(tmp_path / "r.json")])
+                     "--no-memory", "--task", kind, "--json", str(tmp_path / "r.json"), "--output-dir", str(tmp_path)])
     layouts = result["layouts"]
     padded = layouts["padded"]["losses"][0]
     for layout in ("padfree", "once"):
@@ -24,3 +24,4 @@ def test_bench_rl_runs_and_the_layouts_agree(kind, tmp_path, capsys):
     assert layouts["once"]["pack_totals"]["no_grad"]["shared_tokens"] > 0
     assert layouts["padfree"]["pack_totals"]["no_grad"]["shared_tokens"] == 0
     assert "FLOP ratio" in capsys.readouterr().out and (tmp_path / "r.json").is_file()
+    assert "FLOP ratio" in (tmp_path / f"{kind}-cpu.md").read_text() and (tmp_path / f"{kind}-cpu.json").is_file()

@@ -9,8 +9,7 @@ from real_cases import CACHE, CHAT, cache_problem, conversations, load
 
 from trl_padfree.chat_masks import chat_labels
 from trl_padfree.launch import ConfigError, load_config
-from trl_padfree.launch.collators import make_collator_factory
-from trl_padfree.launch.data import prepare_data
+from trl_padfree.launch.sft_data import prepare_data
 
 QWEN = CHAT["qwen2"]
 
@@ -28,7 +27,7 @@ def qwen(tmp_path_factory):
 def prepare(tokenizer, argv):
     cfg = load_config(["--model_name_or_path", str(CACHE / "qwen2"), "--output_dir", "/nonexistent/out",
                        "--max_length", "4096", *argv])
-    return prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+    return prepare_data(cfg, tokenizer)
 
 
 def test_messages_without_templates_train_every_assistant_turn(qwen, capsys):

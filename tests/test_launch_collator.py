@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trl_padfree.launch import load_config
-from trl_padfree.launch.collators import make_collator_factory
+from trl_padfree.launch.sft_data import training_collator
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "trl_padfree" / "demo"
@@ -26,7 +26,7 @@ def test_pad_to_multiple_of_reaches_the_training_collator(tmp_path, padding_free
         "--pad_to_multiple_of", "16",
     ])  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
-    collator = make_collator_factory(cfg, tokenizer, padding_free=padding_free, quiet=False)()
+    collator = training_collator(cfg, tokenizer)
     texts = ["### Question: a\n### Answer: b", "### Question: cd\n### Answer: e"]
     batch = collator([tokenizer(t) for t in texts])
     n = sum(len(tokenizer(t)["input_ids"]) for t in texts)
@@ -42,13 +42,13 @@ def test_chat_demo_trains_exactly_the_assistant_turns_of_its_chat_template(tmp_p
     """configs/demo-chat.yaml labels from the chat template: every answer and its <|eos|>, not the "\\n" after it."""
     import json
 
-    from trl_padfree.launch.data import prepare_data
+    from trl_padfree.launch.sft_data import prepare_data
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(["--config", str(ROOT / "configs" / "demo-chat.yaml"), "--output_dir", str(tmp_path / "out"),
                        "--max_train_examples", "16"])  # fmt: skip
     tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
-    data = prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+    data = prepare_data(cfg, tokenizer)
     rows = [json.loads(line) for line in (DEMO / "data" / "chat_train.jsonl").read_text().splitlines()[:16]]
     assert len(data.train) == 16
     for example, row in zip(data.train, rows, strict=True):

@@ -9,8 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trl_padfree.launch import ConfigError, load_config
-from trl_padfree.launch.collators import make_collator_factory
-from trl_padfree.launch.data import make_formatter, prepare_data
+from trl_padfree.launch.sft_data import make_formatter, prepare_data
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "trl_padfree" / "demo"
@@ -28,7 +27,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def prepare(tokenizer, argv: list[str]):
     cfg = load_config(["--model_name_or_path", str(DEMO / "model"), "--output_dir", "/nonexistent/out", *argv])
-    return cfg, prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+    return cfg, prepare_data(cfg, tokenizer)
 
 
 def trained_text(tokenizer, example: dict) -> str:

@@ -25,10 +25,9 @@ from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
 from trl_padfree.check import main as check_main
 from trl_padfree.launch import ConfigError, load_config
 from trl_padfree.launch import main as train_main
-from trl_padfree.launch.collators import make_collator_factory
-from trl_padfree.launch.data import prepare_data
 from trl_padfree.launch.defaults import ModelShape, apply_defaults
 from trl_padfree.launch.help import GROUPS
+from trl_padfree.launch.sft_data import prepare_data
 from trl_padfree.probe import PackingLeakError
 from trl_padfree.testing import tiny_llama
 
@@ -107,7 +106,7 @@ def test_prompt_completion_labels_without_response_template(demo_tokenizer, tmp_
     cfg = load_config(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train),
                        "--output_dir", str(tmp_path / "out")])  # fmt: skip
     assert cfg.collator.response_template is None
-    data = prepare_data(cfg, demo_tokenizer, make_collator_factory(cfg, demo_tokenizer, padding_free=True, quiet=True))
+    data = prepare_data(cfg, demo_tokenizer)
     assert data.text_format == "prompt+completion" and data.template_missing_in_check == 0
     assert data.train["input_ids"] == [[51, 28, 294, 33, 201, 35, 28, 390, 2], [51, 28, 279, 300, 33, 201, 35, 28, 395, 417, 2]]
     assert data.train["labels"] == [
@@ -133,7 +132,7 @@ def test_response_template_still_required_for_other_formats(demo_tokenizer, tmp_
             str(tmp_path / "out"), *extra]  # fmt: skip
     with pytest.raises(ConfigError) as err:
         cfg = load_config(argv)
-        prepare_data(cfg, demo_tokenizer, make_collator_factory(cfg, demo_tokenizer, padding_free=True, quiet=True))
+        prepare_data(cfg, demo_tokenizer)
     assert str(err.value) == message
 
 

@@ -20,8 +20,7 @@ from paths import DEMO, ROOT
 from transformers import AutoTokenizer, TrainerCallback
 
 from trl_padfree.launch import load_config, main
-from trl_padfree.launch.collators import make_collator_factory
-from trl_padfree.launch.data import prepare_data
+from trl_padfree.launch.sft_data import prepare_data
 
 STEPS, BATCH, EXAMPLES, MULTIPLE = 7, 4, 28, 64  # one epoch: every example is trained exactly once
 
@@ -117,7 +116,7 @@ def test_the_padding_segment_of_pad_to_multiple_of_is_no_real_token(whole_run):
     out, _ = whole_run
     cfg = load_config(run_argv(out, "--overwrite_output_dir", "true"), check_environment=False)
     tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
-    data = prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+    data = prepare_data(cfg, tokenizer)
     lengths = [len(ids) for ids in data.train["input_ids"]]
     assert len(lengths) == EXAMPLES == STEPS * BATCH
     metrics = summary(out)["metrics"]

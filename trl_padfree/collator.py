@@ -206,6 +206,19 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
 
+    def templates_found(self, features: Sequence[Any]) -> np.ndarray:
+        """Per example, whether the response template occurs in it (all True without one); no labels are made.
+
+        >>> DataCollatorForCompletionOnlyLM([7, 8]).templates_found([[1, 7, 8, 2], [1, 7, 2]]).tolist()
+        [True, False]
+        """
+        ids, _, cu = self._flatten(features)
+        found = np.full(cu.size - 1, self._response is None)
+        if self._response is not None:
+            row = RowText.build(self._text, ids) if self._text is not None else None
+            found[find_matches(self._response, ids, cu, row).example] = True
+        return found
+
     def _flatten(self, features: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         try:
             return flatten_features(features, vocab_size=self._vocab_size, ignore_index=self.ignore_index)

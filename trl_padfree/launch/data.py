@@ -1,26 +1,14 @@
-"""Data for ``trl-padfree train``: load, format into text, tokenize, label with the collator, drop the untrainable.
+"""Records of every launch task: load the splits, and name the record that cannot be prepared.
 
-The pipeline, run once before training (the datasets handed to ``SFTTrainer`` are final: TRL's own preparation
-is skipped):
+- :func:`load_splits`: local JSON/JSONL/CSV/Parquet files (``train_file``/``eval_file``, checked first by
+  :func:`check_data_files`) or ``dataset_name`` (hub id or local directory) with its splits; an ``eval_fraction``
+  is held out with the run's seed.
+- :func:`map_records`: ``datasets.map`` whose failure on a record (a chat template that refuses it, a format string
+  that cannot format it, a tokenizer or the collator raising on it) is a :class:`~.config.ConfigError` naming the
+  split, the record's index in file order and the fix (:func:`record_error`): one line and exit code 2, never a
+  traceback.
 
-1. :func:`load_splits`: local JSON/JSONL/CSV/Parquet files (``train_file``/``eval_file``) or ``dataset_name``
-   (hub id or local directory) with its splits; an ``eval_fraction`` is held out with the run's seed.
-2. :func:`make_formatter`: each record becomes one text, from ``template`` (a format string over the record's
-   fields) or the record's own ``text`` / ``prompt`` + ``completion`` / ``messages`` (chat template).
-3. :func:`tokenize_split`: ``input_ids`` (EOS appended to plain text, like TRL) and ``labels`` (the prompt
-   already masked for prompt/completion records). ``messages`` data without response/instruction templates:
-   :func:`tokenize_chat_split`, labels from the chat template itself (every assistant turn trained).
-4. :func:`check_template`: the response template must occur in at least one of the first N examples, otherwise
-   the config is wrong (a typo, a missing newline...) and the run stops before loading the model. For
-   ``messages`` data, :func:`warn_untrained_turns` says in one line when the templates leave assistant turns
-   untrained.
-5. :func:`label_and_filter`: truncation to ``max_length`` and the collator's own labels; examples left without a
-   single trained token are dropped and counted.
-
-Every failure on a record in steps 2-5 (a chat template that refuses it, a format string that cannot format it, a
-tokenizer or the collator raising on it) is a :class:`~.config.ConfigError` naming the split, the record's index
-and the fix (:func:`record_error`): one line and exit code 2, never a traceback. A ``template`` that is not a valid
-format string is refused before any data is loaded.
+What each task does with the records is its own (SFT: :mod:`.sft_data`; DPO: :mod:`.dpo_data`).
 """
 
 from __future__ import annotations
@@ -28,49 +16,16 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
-import string
-import warnings
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
-from functools import partial
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
-from .config import ConfigError, DataArguments, LaunchConfig
-from .console import one_line, say
+from .config import ConfigError, DataArguments
+from .console import one_line
 from .validate import data_builder
 
-__all__ = [
-    "PreparedData",
-    "check_data_files",
-    "check_records",
-    "check_template",
-    "check_template_values",
-    "label_and_filter",
-    "load_splits",
-    "make_formatter",
-    "prepare_data",
-    "required_fields",
-    "template_fields",
-    "tokenize_split",
-]
+__all__ = ["check_data_files", "load_splits", "map_records", "record_error", "stage"]
 
-IGNORE_INDEX = -100
 _MAP_BATCH = 256
-
-
-@dataclass
-class PreparedData:
-    """Tokenized, labelled datasets ready for ``SFTTrainer`` (columns ``input_ids`` and ``labels``)."""
-
-    train: Any  # datasets.Dataset
-    eval: Any | None
-    text_format: str
-    dropped: dict[str, int] = field(default_factory=dict)
-    loaded: dict[str, int] = field(default_factory=dict)
-    template_missing_in_check: int = 0
-    checked: int = 0
 
 
 _FORMAT_WORDS = {".jsonl": "JSON Lines (one JSON object per line)", ".json": "JSON", ".csv": "CSV"}
@@ -164,86 +119,6 @@ def _check_hub_dataset(name: str) -> None:
         ) from None
 
 
-def required_fields(columns: Sequence[str], template: str | None, text_field: str,
-                    response_template: str | None) -> tuple[list[str], list[str]]:
-    """``(fields that must not be null, completion fields that must not be empty)`` for the data's format.
-
-    The format is chosen as :func:`make_formatter` chooses it; the completion fields of a ``template`` are those
-    placed after ``response_template`` in it.
-
-    >>> required_fields(["instruction", "output"], "Q: {instruction}\\nA: {output}", "text", "A:")
-    (['instruction', 'output'], ['output'])
-    >>> required_fields(["prompt", "completion"], None, "text", None)
-    (['prompt', 'completion'], ['completion'])
-    """
-    columns = list(columns)
-    if template is not None:
-        try:
-            fields = [f for f in template_fields(template) if f in columns]
-            at = template.find(response_template) if response_template else -1
-            after = template_fields(template[at + len(response_template):]) if at >= 0 and response_template else []
-        except ConfigError:
-            return [], []
-        return fields, [f for f in after if f in fields]
-    if text_field in columns:
-        return [text_field], []
-    if "prompt" in columns and "completion" in columns:
-        return ["prompt", "completion"], ["completion"]
-    if "messages" in columns:
-        return ["messages"], ["messages"]
-    return [], []
-
-
-def check_template_values(dataset: Any, source: str, template: str) -> None:
-    """Refuse a ``{field}`` of the template whose values are lists or mappings: they would be formatted as their
-    Python repr (``{'a': 1}``) and trained. ``{field[0]}`` / ``{field.key}`` pick an element and are fine.
-    """
-    import pyarrow as pa
-
-    bare = {name for _, name, _, _ in string.Formatter().parse(template) if name and name.isidentifier()}
-    table = dataset.with_format("arrow")
-    for name in sorted(bare & set(dataset.column_names)):
-        column = table[name]
-        nested = pa.types.is_nested(column.type)
-        if not nested and not pa.types.is_string(column.type) and not pa.types.is_large_string(column.type):
-            try:  # values of mixed types (datasets' Json feature): look at them
-                nested = any(isinstance(v, (list, dict)) for v in dataset[name])
-            except Exception:  # noqa: BLE001  (undecodable values are reported elsewhere)
-                nested = False
-        if nested:
-            raise ConfigError(
-                f"{source}: template field {{{name}}} holds lists or mappings, which would be trained as their Python "
-                f"text; pick an element ({{{name}[0]}}, {{{name}.key}}) or make {name!r} text"
-            )
-
-
-def check_records(dataset: Any, source: str, fields: Sequence[str], completion_fields: Sequence[str]) -> None:
-    """Refuse records whose ``fields`` are null or missing, or whose completion is empty (with the record's index).
-
-    A null would otherwise be formatted as the text ``None`` and trained.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    table = dataset.with_format("arrow")
-    for name in fields:
-        column = table[name]
-        problems = [("is null or missing", pc.is_null(column))]
-        if name in completion_fields:
-            if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-                problems.append(("is empty", pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(column)), 0)))
-            elif pa.types.is_list(column.type) or pa.types.is_large_list(column.type):
-                problems.append(("is empty", pc.equal(pc.list_value_length(column), 0)))
-        for what, mask in problems:
-            bad = np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
-            if len(bad):
-                more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-                raise ConfigError(
-                    f"{source} record {bad[0]} (counting from 0): {name!r} {what}{more}; fill it in or remove the "
-                    "record"
-                )
-
-
 def load_splits(data: DataArguments, seed: int,
                 check: Callable[[Any, str], None] | None = None) -> tuple[Any, Any | None]:
     """Load the training split and the eval split (or None) described by ``data``.
@@ -302,95 +177,6 @@ def _offline() -> bool:
     return bool(constants.is_offline_mode())
 
 
-def template_fields(template: str) -> list[str]:
-    """Names of the record fields a ``template`` (a ``str.format`` string) uses.
-
-    >>> template_fields("### Question: {instruction}\\n### Answer: {output}")
-    ['instruction', 'output']
-    >>> template_fields("{a[0]} {b.x} {{literal}}")
-    ['a', 'b']
-    """
-    try:
-        parsed = list(string.Formatter().parse(template))
-    except ValueError as exc:
-        raise ConfigError(f"template {template!r} is not a valid format string ({exc}); write each field as "
-                          "{name} with its closing brace, and literal braces as {{ and }}") from None
-    names: list[str] = []
-    for _, name, _, _ in parsed:
-        if name is None:
-            continue
-        if name == "" or name.isdigit():
-            raise ConfigError("template fields must be named, e.g. {instruction}; positional {} is not allowed")
-        base = name.split(".", 1)[0].split("[", 1)[0]
-        if base not in names:
-            names.append(base)
-    return names
-
-
-#: A formatter maps one record to ``(text, prompt_text_or_None, rendered_by_chat_template)``.
-Formatter = Callable[[dict[str, Any]], tuple[str, str | None, bool]]
-
-
-def _chat_text(tokenizer: Any, messages: Any, add_generation_prompt: bool = False) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-
-
-def make_formatter(columns: Sequence[str], template: str | None, text_field: str, tokenizer: Any) -> tuple[str, Formatter]:
-    """Pick how records become text: ``(format_name, formatter)``.
-
-    Order: ``template`` if set; else the ``text_field`` column; else ``prompt`` + ``completion``; else
-    ``messages`` (rendered with the tokenizer's chat template).
-    """
-    columns = list(columns)
-    if template is not None:
-        missing = [name for name in template_fields(template) if name not in columns]
-        if missing:
-            raise ConfigError(
-                f"template uses field(s) {', '.join(map(repr, missing))} that the data does not have; its fields "
-                f"are: {', '.join(columns)}"
-            )
-        return "template", lambda record: (template.format(**record), None, False)
-    if text_field in columns:
-        return text_field, lambda record: (str(record[text_field]), None, False)
-    if "prompt" in columns and "completion" in columns:
-
-        def prompt_completion(record: dict[str, Any]) -> tuple[str, str | None, bool]:
-            prompt, completion = record["prompt"], record["completion"]
-            if isinstance(prompt, list) != isinstance(completion, list):
-                raise TypeError("prompt and completion must both be lists of messages (TRL's conversational "
-                                "prompt/completion) or both be text")
-            if isinstance(prompt, list):  # conversational prompt/completion
-                _require_chat_template(tokenizer)
-                return _chat_text(tokenizer, prompt + completion), _chat_text(tokenizer, prompt, True), True
-            return str(prompt) + str(completion), str(prompt), False
-
-        return "prompt+completion", prompt_completion
-    if "messages" in columns:
-        _require_chat_template(tokenizer)
-        return "messages", lambda record: (_chat_text(tokenizer, record["messages"]), None, True)
-    raise ConfigError(
-        f"cannot tell how to turn the data's fields ({', '.join(columns)}) into text: set template, e.g. "
-        "'### Question: {instruction}\\n### Answer: {output}', or provide a text, prompt+completion or messages field"
-    )
-
-
-def _require_chat_template(tokenizer: Any) -> None:
-    if not getattr(tokenizer, "chat_template", None):
-        raise ConfigError(
-            "the data has messages but the tokenizer has no chat template: set chat_template_path to a .jinja file "
-            "or use template to format the records"
-        )
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 class _StageFailed(Exception):
     """An exception raised at one stage of preparing records: ``format``, ``tokenize``, ``chat`` or ``label``."""
 
@@ -400,7 +186,7 @@ class _StageFailed(Exception):
 
 
 @contextlib.contextmanager
-def _stage(name: str) -> Iterator[None]:
+def stage(name: str) -> Iterator[None]:
     """Tag any exception raised inside with the stage it was raised in (see :func:`record_error`)."""
     try:
         yield
@@ -434,13 +220,13 @@ class _PerRecord:
 
     def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
         try:
-            with _stage(self.stage):
+            with stage(self.stage):
                 return self.fn(batch)
         except _StageFailed as exc:
             first = exc
         for j, position in enumerate(indices):
             try:
-                with _stage(self.stage):
+                with stage(self.stage):
                     self.fn({key: values[j : j + 1] for key, values in batch.items()})
             except _StageFailed as exc:
                 raise _RecordFailed(position, exc.stage, exc.error) from None
@@ -506,7 +292,7 @@ def _file_index(dataset: Any, position: int) -> int:
         return position
 
 
-def _map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str,
+def map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str,
                  source: str, template: str | None = None, origin: Any = None, **map_kwargs: Any) -> Any:
     """``dataset.map(fn, batched=True)``; a record ``fn`` fails on becomes :func:`record_error` (one line).
 
@@ -520,244 +306,3 @@ def _map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, li
         raise record_error(source, index, failed.stage, failed.error, template) from None
 
 
-class _Tokenize:
-    """Batched ``datasets.map`` function: records -> ``input_ids`` + ``labels`` (prompt pre-masked).
-
-    Plain text gets the tokenizer's special tokens and an EOS at the end (as TRL does); text rendered by a chat
-    template already has them.
-    """
-
-    def __init__(self, tokenizer: Any, formatter: Formatter) -> None:
-        self.tokenizer = tokenizer
-        self.formatter = formatter
-        self.eos = tokenizer.eos_token_id
-
-    def _encode(self, texts: list[str], chat: list[bool]) -> list[list[int]]:
-        """Tokenize in (at most two) batched calls: chat-rendered texts without added special tokens."""
-        out: list[list[int]] = [[] for _ in texts]
-        for flag in (False, True):
-            index = [i for i, c in enumerate(chat) if c is flag]
-            if index:
-                encoded = self.tokenizer([texts[i] for i in index], add_special_tokens=not flag)["input_ids"]
-                for i, ids in zip(index, encoded, strict=True):
-                    out[i] = list(ids)
-        return out
-
-    def __call__(self, batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
-        keys = list(batch)
-        with _stage("format"):
-            rows = [self.formatter(dict(zip(keys, values, strict=True))) for values in zip(*batch.values(), strict=True)]
-        chat = [c for _, _, c in rows]
-        with _stage("tokenize"):
-            input_ids = self._encode([t for t, _, _ in rows], chat)
-            with_prompt = [i for i, (_, p, _) in enumerate(rows) if p is not None]
-            prompt_ids = self._encode([rows[i][1] for i in with_prompt], [chat[i] for i in with_prompt])
-        prompt_of = dict(zip(with_prompt, prompt_ids, strict=True))
-        labels = []
-        for i, ids in enumerate(input_ids):
-            if not chat[i] and self.eos is not None and (not ids or ids[-1] != self.eos):
-                ids.append(self.eos)
-            lab = list(ids)
-            if i in prompt_of:
-                n = _common_prefix(prompt_of[i], ids)
-                lab[:n] = [IGNORE_INDEX] * n
-            labels.append(lab)
-        return {"input_ids": input_ids, "labels": labels}
-
-
-def tokenize_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str, source: str | None = None,
-                   template: str | None = None) -> Any:
-    """Tokenize one split: every original column is replaced by ``input_ids`` and ``labels``.
-
-    A record that cannot be formatted or tokenized raises :func:`record_error` naming ``source`` (default
-    ``name``) and the record; ``template``: the format string of the records, if they have one.
-    """
-    return _map_records(dataset, _Tokenize(tokenizer, formatter), "format", source or name, template,
-                        remove_columns=dataset.column_names, desc=f"Tokenizing {name} data")
-
-
-def tokenize_chat_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str, source: str | None = None,
-                        template: str | None = None) -> Any:
-    """``messages`` data without templates: ``input_ids`` and ``labels`` from the chat template itself.
-
-    Every assistant turn is trained (:mod:`trl_padfree.chat_masks`); ``formatter`` and ``template`` are not needed.
-    """
-    from ..chat_masks import label_chats
-
-    out = _map_records(dataset, partial(label_chats, tokenizer=tokenizer), "chat", source or name,
-                       remove_columns=dataset.column_names, desc=f"Tokenizing {name} data")
-    return out.remove_columns("completion_mask")
-
-
-def warn_untrained_turns(raw: Any, tokenized: Any, make_collator: Callable[[], Any], tokenizer: Any, n: int) -> int:
-    """One line when the templates leave assistant turns of ``messages`` data untrained (first ``n`` examples).
-
-    Returns the number of affected examples (0 also when the chat template cannot be analysed turn by turn).
-    """
-    from ..chat_masks import untrained_assistant_turns
-
-    head = range(min(n, len(raw)))
-    collator = make_collator()
-    affected = turns = 0
-    try:
-        for start in range(0, len(head), 64):
-            part = tokenized.select(range(start, min(start + 64, len(head))))
-            features = [{"input_ids": i} for i in part["input_ids"]]
-            out = collator(features)
-            flat, cu = out["labels"].reshape(-1).tolist(), out["cu_seq_lens_q"].tolist()
-            for k, messages in enumerate(raw.select(range(start, start + len(part)))["messages"]):
-                missing = untrained_assistant_turns(tokenizer, messages, features[k]["input_ids"],
-                                                    flat[cu[k] : cu[k + 1]])
-                affected += bool(missing)
-                turns += missing
-    except Exception:  # noqa: BLE001  (no turn-by-turn analysis, no warning; a record's errors came up in tokenizing)
-        return 0
-    if affected:
-        say(f"warning: in {affected} of the first {len(head)} examples, {turns} assistant turn(s) get no trained "
-            "token from response_template/instruction_template (without instruction_template only the last "
-            "assistant turn is trained); leave both unset to train every assistant turn from the chat template")
-    return affected
-
-
-def check_template(dataset: Any, make_collator: Callable[[], Any], tokenizer: Any, n: int, response: str,
-                   source: str = "train", origin: Any = None) -> int:
-    """Fail unless the response template occurs in at least one of the first ``n`` examples (untruncated).
-
-    Returns how many of those examples lack it (they will be dropped, see :func:`label_and_filter`). A record the
-    collator fails on raises :func:`record_error` (``source``, ``origin``: as for :func:`label_and_filter`).
-    """
-    head = dataset.select(range(min(n, len(dataset))))
-    collator = make_collator()
-    collate = _PerRecord(lambda batch: collator([{"input_ids": i, "labels": lab} for i, lab in
-                                                  zip(batch["input_ids"], batch["labels"], strict=True)]), "label")
-    for start in range(0, len(head), 64):
-        part = head[start : start + 64]
-        try:
-            collate({"input_ids": part["input_ids"], "labels": part["labels"]},
-                    list(range(start, start + len(part["input_ids"]))))
-        except _RecordFailed as failed:
-            index = _file_index(dataset if origin is None else origin, failed.position)
-            raise record_error(source, index, failed.stage, failed.error) from None
-    missing = collator.stats.templates_not_found
-    if missing == len(head):
-        first = tokenizer.decode(head[0]["input_ids"][:60])
-        raise ConfigError(
-            f"response_template {response!r} was found in none of the first {len(head)} examples (the first one "
-            f"starts {first!r}); make it match the formatted text exactly (spaces, newlines, case)"
-        )
-    return missing
-
-
-class _Label:
-    """Batched ``datasets.map`` function: truncate, then label with the collator exactly as training will."""
-
-    def __init__(self, make_collator: Callable[[], Any], max_length: int | None, keep_end: bool) -> None:
-        self.make_collator = make_collator
-        self.max_length = max_length
-        self.keep_end = keep_end
-        self._collator: Any = None
-
-    def _cut(self, seq: list[int]) -> list[int]:
-        if self.max_length is None or len(seq) <= self.max_length:
-            return seq
-        return seq[-self.max_length :] if self.keep_end else seq[: self.max_length]
-
-    def __call__(self, batch: dict[str, list[list[int]]]) -> dict[str, list[Any]]:
-        if self._collator is None:
-            self._collator = self.make_collator()
-        ids = [self._cut(list(x)) for x in batch["input_ids"]]
-        labels = [self._cut(list(x)) for x in batch["labels"]]
-        out = self._collator([{"input_ids": i, "labels": lab} for i, lab in zip(ids, labels, strict=True)])
-        flat = out["labels"].reshape(-1).numpy()
-        cu = out["cu_seq_lens_q"].numpy()
-        new_labels = [flat[cu[k] : cu[k + 1]].tolist() for k in range(len(ids))]
-        trained = [bool(np.any(flat[cu[k] : cu[k + 1]] != IGNORE_INDEX)) for k in range(len(ids))]
-        return {"input_ids": ids, "labels": new_labels, "trained": trained}
-
-
-def label_and_filter(dataset: Any, make_collator: Callable[[], Any], max_length: int | None, keep_end: bool,
-                     name: str, source: str | None = None, origin: Any = None) -> tuple[Any, int]:
-    """Truncate, label with the collator and drop examples with no trained token; returns ``(dataset, dropped)``.
-
-    A record the collator fails on raises :func:`record_error` naming ``source`` (default ``name``) and its index
-    in ``origin`` (the split as loaded, row for row the records of ``dataset``; default ``dataset``).
-    """
-    labelled = _map_records(dataset, _Label(make_collator, max_length, keep_end), "label", source or name,
-                            origin=origin, desc=f"Labelling {name} data")
-    kept = labelled.filter(lambda flags: flags, input_columns="trained", batched=True, desc=f"Filtering {name} data")
-    return kept.remove_columns("trained"), len(labelled) - len(kept)
-
-
-def prepare_data(cfg: LaunchConfig, tokenizer: Any, make_collator: Callable[[], Any]) -> PreparedData:
-    """Run the whole pipeline (see the module docstring); raises :class:`ConfigError` on bad data."""
-    training = cfg.training
-    template = cfg.data.template
-    if template is not None:
-        template_fields(template)  # a template that is not a format string: refused before any data is read
-    sources: list[str] = []  # the split names as load_splits reports them: train first, then eval
-
-    def check(dataset: Any, source: str) -> None:
-        sources.append(source)
-        fields, completion = required_fields(dataset.column_names, cfg.data.template, training.dataset_text_field,
-                                             cfg.collator.response_template)
-        check_records(dataset, source, fields, completion)
-        if cfg.data.template is not None:
-            check_template_values(dataset, source, cfg.data.template)
-
-    train_raw, eval_raw = load_splits(cfg.data, training.seed, check)
-    text_format, formatter = make_formatter(
-        train_raw.column_names, cfg.data.template, training.dataset_text_field, tokenizer
-    )
-    if cfg.collator.response_template is None and text_format not in ("prompt+completion", "messages"):
-        raise ConfigError(
-            f"response_template is missing: set the text that precedes every completion, e.g. '### Answer:' (only "
-            f"prompt/completion and messages data can do without it; this data is formatted as {text_format!r})"
-        )
-    # messages without templates: labels from the chat template itself, every assistant turn trained
-    tokenize = tokenize_chat_split if text_format == "messages" and cfg.collator.response_template is None else (
-        tokenize_split)
-    if eval_raw is not None:
-        missing = sorted(set(train_raw.column_names) - set(eval_raw.column_names))
-        if text_format != "template" and missing:
-            raise ConfigError(f"the eval data lacks field(s) {', '.join(missing)} that the training data has")
-        make_formatter(eval_raw.column_names, cfg.data.template, training.dataset_text_field, tokenizer)
-    train_source, eval_source = sources[0], sources[-1]  # one source: eval_fraction holds records of train out
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
-        train_tok = tokenize(train_raw, tokenizer, formatter, "train", train_source, template)
-        eval_tok = None if eval_raw is None else tokenize(eval_raw, tokenizer, formatter, "eval", eval_source,
-                                                           template)
-    n_check = cfg.launch.template_check_examples
-    if cfg.collator.response_template is None:  # prompt/completion: the prompt is masked already, the collator flattens
-        missing_in_check = 0
-    else:
-        missing_in_check = check_template(train_tok, make_collator, tokenizer, n_check, cfg.collator.response_template,
-                                          train_source, train_raw)
-        if text_format == "messages":
-            warn_untrained_turns(train_raw, train_tok, make_collator, tokenizer, n_check)
-    keep_end = training.truncation_mode == "keep_end"
-    train, dropped_train = label_and_filter(train_tok, make_collator, training.max_length, keep_end, "train",
-                                            train_source, train_raw)
-    if len(train) == 0:
-        raise ConfigError(
-            f"no training example has a trained token left (response template missing, or every completion cut "
-            f"off by max_length={training.max_length}); check response_template and max_length"
-        )
-    dropped = {"train": dropped_train}
-    loaded = {"train": len(train_raw)}
-    eval_ds = None
-    if eval_tok is not None:
-        eval_ds, dropped["eval"] = label_and_filter(eval_tok, make_collator, training.max_length, keep_end, "eval",
-                                                    eval_source, eval_raw)
-        loaded["eval"] = len(eval_raw)
-        if len(eval_ds) == 0:
-            raise ConfigError("no eval example has a trained token left; check the eval data and max_length")
-    return PreparedData(
-        train=train,
-        eval=eval_ds,
-        text_format=text_format,
-        dropped=dropped,
-        loaded=loaded,
-        template_missing_in_check=missing_in_check,
-        checked=min(n_check, len(train_tok)),
-    )

@@ -1,7 +1,7 @@
 """``trl-padfree preview --config x.yaml [-n 3] [--field value ...]``: the first examples as the trainer sees them.
 
 The config is read and validated exactly as ``trl-padfree train`` reads it (bad input: one line, exit 2), then the
-data pipeline of the run is applied (:func:`~.data.prepare_data`: formatting, tokenization, truncation, the
+data pipeline of the run is applied (:func:`~.sft_data.prepare_data`: formatting, tokenization, truncation, the
 collator's labels, dropping examples without a trained token); no model is loaded and nothing is written.
 
 Each shown example is its exact text (token bytes, special tokens literally) with the trained tokens marked: in
@@ -61,7 +61,7 @@ def marked_text(data: bytes, starts: Sequence[int], labels: Sequence[int], color
 
 def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
                   ) -> list[str]:
-    """The preview of prepared data (:class:`~.data.PreparedData`): ``n`` examples, then the counts.
+    """The preview of prepared data (:class:`~.sft_data.PreparedData`): ``n`` examples, then the counts.
 
     With a ``response_template``, how many of the examples checked for it lack it.
     """

@@ -299,12 +299,8 @@ def _check_data(cfg: LaunchConfig) -> None:
 def check_sft_config(cfg: LaunchConfig) -> None:
     """``trl-padfree train``'s collator and template settings, and the SFTConfig fields it cannot honour."""
     training = cfg.training
-    if not cfg.collator.response_template:
-        if cfg.data.template is not None:
-            raise ConfigError(
-                "response_template is missing: set the text that precedes every completion, e.g. '### Answer:'"
-            )
-        cfg.collator.response_template = None  # allowed for prompt/completion data only (checked by launch.data)
+    if not cfg.collator.response_template:  # needed or not: told by the data's format (launch.sft_data)
+        cfg.collator.response_template = None
     if training.packing:
         raise ConfigError(
             "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "

@@ -2,8 +2,9 @@
 completion-only collator (padding-free unless ``padding_free: false``).
 
 Its own parts: :class:`~..config.CollatorArguments` (``response_template``, ``instruction_template``) and TRL's
-``SFTConfig``; the collator/template checks (:func:`~..validate.check_sft_config`); the data tokenized and labelled
-once by :mod:`..data`, with the response-template check; the summary's ``max_tokens_per_batch``.
+``SFTConfig``; the SFTConfig fields it cannot honour (:func:`~..validate.check_sft_config`); the data tokenized and
+labelled once by :mod:`..sft_data`, with the one response-template check, and a training collator that only
+flattens those labels; the summary's ``max_tokens_per_batch``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from ..collators import make_collator_factory
 from ..config import CollatorArguments, DataArguments, LaunchArguments
 from ..console import say
 from .base import Task
@@ -52,12 +52,11 @@ class SFTTask(Task):
         training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
-        """Formatted, tokenized and labelled by the collator, with the template check."""
-        from ..data import prepare_data
+        """Formatted, tokenized and labelled once by the run's collator, with the template check."""
+        from ..sft_data import prepare_data
 
         training = cfg.training
-        label_factory = make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True)
-        data = prepare_data(cfg, tokenizer, label_factory)
+        data = prepare_data(cfg, tokenizer)
         say(f"data: {len(data.train)} training examples"
             + (f", {len(data.eval)} eval examples" if data.eval is not None else "") + f" (format: {data.text_format})")
         if data.template_missing_in_check:
@@ -73,7 +72,9 @@ class SFTTask(Task):
                      callbacks: Sequence[Any]) -> Any:
         from trl import get_peft_config
 
-        collator = make_collator_factory(cfg, tokenizer, padding_free=cfg.padding_free, quiet=False)()
+        from ..sft_data import training_collator
+
+        collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
         return launch_sft_trainer()(
             model=model,
             args=cfg.training,
@@ -90,10 +91,10 @@ class SFTTask(Task):
         return {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch}
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        from ..data import prepare_data
         from ..preview import preview_lines
+        from ..sft_data import prepare_data
 
-        data = prepare_data(cfg, tokenizer, make_collator_factory(cfg, tokenizer, padding_free=True, quiet=True))
+        data = prepare_data(cfg, tokenizer)
         return list(preview_lines(data, tokenizer, n, color, cfg.collator.response_template))
 
 
