@@ -163,6 +163,14 @@ class LaunchArguments:
             "train much faster with 1. Default: torch's own choice."
         },
     )
+    scored_lm_head: bool = field(
+        default=True,
+        metadata={
+            "help": "Score the loss with the scored-positions LM head (trl_padfree.scored_head: only the trained "
+            "positions are projected, in bounded chunks); false: TRL's own LM head. Not for trl-padfree reward "
+            "(a reward model has a score head, no LM head)."
+        },
+    )
     max_tokens_per_batch: int | None = field(
         default=None,
         metadata={

@@ -69,6 +69,21 @@ class Task:
         """The probe the launch runs before anything is written (None: SFT's ``assert_packing_safe``)."""
         return None
 
+    def model_class(self) -> Any:
+        """The ``transformers`` auto class the launch loads the model with (:mod:`..model`; default a causal LM)."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    def model_kwargs(self, cfg: Any) -> dict[str, Any]:
+        """Extra ``from_pretrained`` arguments of this task's model (e.g. ``num_labels``; default none)."""
+        return {}
+
+    def trainer_kwargs(self, cfg: Any) -> dict[str, Any]:
+        """The launcher settings every trainer of this package takes, for ``make_trainer`` to pass on:
+        ``scored_lm_head`` (``LaunchArguments.scored_lm_head``). A task whose trainer has no LM head overrides it."""
+        return {"scored_lm_head": bool(cfg.launch.scored_lm_head)}
+
     def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
         """The reference model (or None) and the line that says which (None: no line)."""
         return None, None
