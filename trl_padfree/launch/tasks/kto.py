@@ -118,7 +118,8 @@ def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
     dropped = {}
     for split, dataset, what in (("train", train, "training"), ("eval", eval_ds, "eval")):
         if dataset is not None:
-            dropped[split] = prompt_fills_max_length(cfg, tokenizer, dataset, paired, split, what)
+            dropped[split] = prompt_fills_max_length(cfg, tokenizer, dataset, "chosen" in dataset.column_names, split,
+                                                     what)
     return PreparedKTO(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
                                                       else "prompt/completion/label"), paired, dropped)
 
@@ -197,17 +198,19 @@ class KTOTask(Task):
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedKTO:
         data = load_kto_data(cfg, tokenizer)
-        noun = "pairs" if data.paired else "examples"
-        line = f"data: {len(data.train)} training {noun}"
+        def noun(dataset: Any) -> str:
+            return "pairs" if "chosen" in dataset.column_names else "examples"
+
+        line = f"data: {len(data.train)} training {noun(data.train)}"
         if data.eval is not None:
-            line += f", {len(data.eval)} eval {noun}"
+            line += f", {len(data.eval)} eval {noun(data.eval)}"
         good, bad = count(data.train, data.paired)
         line += f" (format: {data.text_format}; training examples: {good} desirable, {bad} undesirable"
         say(line + (", each pair unpaired by TRL)" if data.paired else ")"))
         for split, dropped in data.dropped.items():
             if dropped:
-                total = len(data.train if split == "train" else data.eval)
-                say(f"dropped {dropped} of {total} {split} {noun} whose prompt alone has max_length="
+                dataset = data.train if split == "train" else data.eval
+                say(f"dropped {dropped} of {len(dataset)} {split} {noun(dataset)} whose prompt alone has max_length="
                     f"{cfg.training.max_length} tokens or more (no completion token would be left; TRL drops them)")
         return data
 
