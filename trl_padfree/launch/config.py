@@ -42,6 +42,7 @@ __all__ = [
     "CollatorArguments",
     "ConfigError",
     "DataArguments",
+    "HeadLaunchArguments",
     "LaunchArguments",
     "LaunchConfig",
     "PreferenceArguments",
@@ -163,20 +164,27 @@ class LaunchArguments:
             "train much faster with 1. Default: torch's own choice."
         },
     )
-    scored_lm_head: bool = field(
-        default=True,
-        metadata={
-            "help": "Score the loss with the scored-positions LM head (trl_padfree.scored_head: only the trained "
-            "positions are projected, in bounded chunks); false: TRL's own LM head. Not for trl-padfree reward "
-            "(a reward model has a score head, no LM head)."
-        },
-    )
     max_tokens_per_batch: int | None = field(
         default=None,
         metadata={
             "help": "Token-budget batching (opt-in): each mini-batch of a rank holds as many whole examples as fit "
             "this many real tokens (trl_padfree.TokenBudgetBatchSampler), instead of per_device_train_batch_size "
             "examples. Default: fixed-size batches."
+        },
+    )
+
+
+@dataclass
+class HeadLaunchArguments(LaunchArguments):
+    """:class:`LaunchArguments` plus the switch of the scored-positions LM head, for the tasks whose trainer has an
+    LM head and takes ``scored_lm_head=`` (a task passes it on with ``Task.trainer_kwargs``; a task with the plain
+    :class:`LaunchArguments` refuses the key as unknown rather than ignore it)."""
+
+    scored_lm_head: bool = field(
+        default=True,
+        metadata={
+            "help": "Score the loss with the scored-positions LM head (trl_padfree.scored_head: only the scored "
+            "positions are projected, in bounded chunks, on every device); false: TRL's own LM head."
         },
     )
 
@@ -260,8 +268,8 @@ def field_sections(task: str = "sft") -> dict[str, str]:
     from trl import ModelConfig
 
     sections: dict[str, str] = {}
-    collator = argument_classes(task)[1]
-    for key, cls in (("data", DataArguments), ("collator", collator), ("launcher", LaunchArguments),
+    _, collator, launcher, *_ = argument_classes(task)  # (launcher: LaunchArguments or HeadLaunchArguments)
+    for key, cls in (("data", DataArguments), ("collator", collator), ("launcher", launcher),
                      ("model", ModelConfig)):
         for f in dataclasses.fields(cls):
             sections.setdefault(f.name, key)

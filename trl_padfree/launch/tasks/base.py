@@ -80,8 +80,10 @@ class Task:
         return {}
 
     def trainer_kwargs(self, cfg: Any) -> dict[str, Any]:
-        """The launcher settings every trainer of this package takes, for ``make_trainer`` to pass on:
-        ``scored_lm_head`` (``LaunchArguments.scored_lm_head``). A task whose trainer has no LM head overrides it."""
+        """The shared launcher settings for ``make_trainer`` to pass on to the trainer: ``scored_lm_head`` where the
+        task's config has it (``config.HeadLaunchArguments``, the tasks whose trainer has an LM head), else none."""
+        if not hasattr(cfg.launch, "scored_lm_head"):
+            return {}
         return {"scored_lm_head": bool(cfg.launch.scored_lm_head)}
 
     def load_reference(self, cfg: Any) -> tuple[Any, str | None]:

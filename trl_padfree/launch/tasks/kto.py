@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import ConfigError, DataArguments, LaunchArguments
+from ..config import ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
 from .base import Task
 from .reward import check_prompt_once, refuse_sft_settings, sft_only_fields
@@ -159,7 +159,7 @@ class KTOTask(Task):
 
         from trl_padfree.kto import KTOConfig
 
-        return (DataArguments, KTOArguments, LaunchArguments, KTOConfig, ModelConfig)
+        return (DataArguments, KTOArguments, HeadLaunchArguments, KTOConfig, ModelConfig)
 
     def configure_parser(self, parser: Any) -> None:
         parser.help_groups = {

@@ -162,6 +162,9 @@ class RewardTask(Task):
         )
 
     def foreign_field(self, name: str) -> Exception | None:
+        if name == "scored_lm_head":
+            return ConfigError("scored_lm_head does not apply to trl-padfree reward: a reward model has a score head "
+                               "(one output per sequence), no LM head; remove it")
         if name in sft_only_fields(self):
             return ConfigError(SFT_ONLY_MESSAGE.format(name=name, prog=self.prog))
         return None
@@ -173,9 +176,6 @@ class RewardTask(Task):
 
     def check(self, cfg: Any) -> None:
         refuse_sft_settings(cfg, self.prog)
-        if "scored_lm_head" in cfg.explicit:
-            raise ConfigError("scored_lm_head does not apply to trl-padfree reward: a reward model has a score head "
-                              "(one output per sequence), no LM head; remove it")
         cfg.padding_free = bool(cfg.training.padding_free)
         check_prompt_once(cfg)
         if cfg.padding_free:
@@ -198,9 +198,6 @@ class RewardTask(Task):
 
     def model_kwargs(self, cfg: Any) -> dict[str, Any]:
         return {"num_labels": 1}  # one output: the reward (as TRL's RewardTrainer loads a model by name)
-
-    def trainer_kwargs(self, cfg: Any) -> dict[str, Any]:
-        return {}  # no LM head: scored_lm_head is refused in check
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedPairs:
         data = load_pairs(cfg, tokenizer)
