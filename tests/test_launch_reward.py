@@ -57,6 +57,8 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
     for part in ("attn_implementation=padfree", "padding_free=True", "prompt_once=True"):
         assert part in run_line, run_line
     assert "[trl-padfree] data: 32 training pairs, 8 eval pairs (format: prompt/chosen/rejected)" in stdout
+    assert ("[trl-padfree] reward model: LlamaForSequenceClassification from a LlamaForCausalLM checkpoint, with a new "
+            "score head (drawn from the config's seed)") in stdout and "MISSING" not in stdout + proc.stderr
     assert "keeps packed examples apart" in stdout  # the reward probe ran before anything was written
     assert "[trl-padfree] steps: 4/4 in " in stdout and "real tokens/s" not in stdout
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]

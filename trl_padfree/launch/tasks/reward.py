@@ -133,6 +133,25 @@ def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
                          loaded, margin="margin" in train.column_names)
 
 
+class SequenceClassifier:
+    """``AutoModelForSequenceClassification`` loaded as TRL's ``RewardTrainer`` loads a model by name: without the
+    warnings of a cross-architecture load (the causal LM's ``lm_head`` unused, ``score`` missing), saying instead
+    that the head is new."""
+
+    @staticmethod
+    def from_pretrained(*args: Any, **kwargs: Any) -> Any:
+        from transformers import AutoModelForSequenceClassification
+        from trl.trainer.reward_trainer import suppress_seqcls_warning
+
+        with suppress_seqcls_warning():
+            model = AutoModelForSequenceClassification.from_pretrained(*args, **kwargs)
+        source = [a for a in (getattr(model.config, "architectures", None) or []) if a != type(model).__name__]
+        if source:
+            say(f"reward model: {type(model).__name__} from a {source[0]} checkpoint, with a new score head "
+                "(drawn from the config's seed)")
+        return model
+
+
 class RewardTask(Task):
     name = "reward"
     command = "reward"
@@ -192,9 +211,7 @@ class RewardTask(Task):
         return {"prompt_once": bool(cfg.collator.prompt_once)}
 
     def model_class(self) -> Any:
-        from transformers import AutoModelForSequenceClassification
-
-        return AutoModelForSequenceClassification
+        return SequenceClassifier
 
     def model_kwargs(self, cfg: Any) -> dict[str, Any]:
         return {"num_labels": 1}  # one output: the reward (as TRL's RewardTrainer loads a model by name)
@@ -256,10 +273,15 @@ def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]
     >>> reward_summary(["steps: 2/2", "real tokens/s: n/a"], [{"eval_accuracy": 0.5, "eval_margin": 0.01},
     ...                                                       {"eval_accuracy": 0.9, "eval_margin": 1.5}])
     ['steps: 2/2', 'eval accuracy: 0.500 -> 0.900 (reward margin 0.010 -> 1.500; 2 evaluations)']
+    >>> reward_summary([], [{"eval_accuracy": 0.5, "eval_margin": 0.01}])
+    ['eval accuracy: 0.500 (reward margin 0.010; 1 evaluation)']
     """
     out = [line for line in lines if not line.startswith("real tokens/s")]
     evals = [e for e in history if "eval_accuracy" in e]
-    if evals:
+    if len(evals) == 1:
+        out.append(f"eval accuracy: {evals[0]['eval_accuracy']:.3f} (reward margin "
+                   f"{evals[0].get('eval_margin', float('nan')):.3f}; 1 evaluation)")
+    elif evals:
         first, last = evals[0], evals[-1]
         out.append(f"eval accuracy: {first['eval_accuracy']:.3f} -> {last['eval_accuracy']:.3f} (reward margin "
                    f"{first.get('eval_margin', float('nan')):.3f} -> {last.get('eval_margin', float('nan')):.3f}; "
