@@ -208,3 +208,13 @@ def test_make_demo_reward_runs_the_command_the_readme_shows():
     assert recipe and recipe.group(1) == "$(VENV)/bin/trl-padfree reward --config configs/demo-reward.yaml"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "`make demo-reward` trains a reward model (`trl-padfree reward --config configs/demo-reward.yaml`" in readme
+
+
+def test_lora_trains_the_new_score_head_too(tmp_path):
+    """With use_peft the LoRA task type is SEQ_CLS (unless set): peft then saves the fresh score head with the adapters."""
+    out = tmp_path / "out"
+    code, stdout, stderr = run(reward_argv(out, "--max_steps", "1", "--eval_strategy", "no", "--eval_on_start", "false",
+                                           "--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"))
+    assert code == 0, (stdout + stderr)[-3000:]
+    adapter = json.loads((out / "adapter_config.json").read_text())
+    assert adapter["task_type"] == "SEQ_CLS" and "score" in adapter["modules_to_save"]
