@@ -242,3 +242,21 @@ def test_make_demo_kto_runs_the_command_the_readme_shows():
     assert recipe and recipe.group(1) == "$(VENV)/bin/trl-padfree kto --config configs/demo-kto.yaml"
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert "`make demo-kto` runs KTO on the same pairs (`trl-padfree kto --config configs/demo-kto.yaml`" in readme
+
+
+def test_every_numeric_field_has_a_range_or_a_reason():
+    import dataclasses
+    import typing
+
+    from trl_padfree.launch.tasks import get_task
+    from trl_padfree.launch.validate import NUMERIC_RANGES, UNCHECKED_NUMERIC
+
+    task = get_task("kto")
+    numeric = set()
+    for cls in task.argument_classes():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            args = typing.get_args(hints[f.name]) or (hints[f.name],)
+            if any(a in (int, float) for a in args) and bool not in args:
+                numeric.add(f.name)
+    assert numeric - set(NUMERIC_RANGES) - set(UNCHECKED_NUMERIC) - set(task.numeric_ranges()) == set()
