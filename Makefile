@@ -11,7 +11,7 @@ HAS_NVIDIA      := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 TORCH_SPEC      ?= $(if $(HAS_NVIDIA),torch>=2.6,torch==2.13.0)
 TORCH_CPU_INDEX ?= $(if $(HAS_NVIDIA),,https://download.pytorch.org/whl/cpu)
 
-.PHONY: install demo demo-dpo demo-grpo test test-lowest lint bench clean real-tokenizers
+.PHONY: install demo demo-dpo demo-grpo demo-reward demo-kto test test-lowest lint bench clean real-tokenizers
 
 # $(call venv_with_torch,VENV,TORCH_SPEC): a virtual environment with pip upgraded and torch installed as above.
 define venv_with_torch
@@ -40,6 +40,14 @@ demo-dpo: install
 # The RL demo (GRPO, padding-free, each group's prompt once; docs/rl.md): the mean reward rises in about 2 minutes of CPU.
 demo-grpo: install
 	$(VENV)/bin/trl-padfree grpo --config configs/demo-grpo.yaml
+
+# The reward-model demo (padding-free, each pair's prompt once; docs/reward.md): eval accuracy rises in about a minute of CPU.
+demo-reward: install
+	$(VENV)/bin/trl-padfree reward --config configs/demo-reward.yaml
+
+# The KTO demo (padding-free, the DPO demo's pairs unpaired; docs/reward.md, needs trl >= 1.16): about a minute of CPU.
+demo-kto: install
+	$(VENV)/bin/trl-padfree kto --config configs/demo-kto.yaml
 
 # Real tokenizers of 15 model families for the tests, built from the vocabulary files in llama-cpp-python's source
 # archive (downloaded with pip; scripts/real_tokenizers.py), cached and git-ignored; rebuilt when the script changes.

@@ -27,7 +27,7 @@ import pytest
 import yaml
 from paths import ROOT
 
-from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
+from trl_padfree._compat import MIN_TRL_KTO, dpo_padding_free_unavailable, rl_padding_free_unavailable, trl_at_least
 
 LINKED_PAGES = sorted(
     [ROOT / "README.md", ROOT / "trl_padfree" / "demo" / "README.md", *(ROOT / "docs").rglob("*.md")]
@@ -53,6 +53,7 @@ FEW_STEPS = (
 )
 DPO_OK = dpo_padding_free_unavailable() is None
 RL_OK = rl_padding_free_unavailable() is None
+KTO_OK = trl_at_least(MIN_TRL_KTO)
 # shown command -> (what the test appends, expected exit code)
 RUN: dict[str, tuple[str, int]] = {
     "trl-padfree train --config configs/demo.yaml": (FEW_STEPS, 0),
@@ -69,6 +70,9 @@ RUN: dict[str, tuple[str, int]] = {
     # padding-free RL needs trl >= 1.16 too (trl_padfree._compat.MIN_TRL_RL)
     "trl-padfree preview --config configs/demo-grpo.yaml -n 2": ("", 0 if RL_OK else 2),
     "trl-padfree grpo --config configs/demo-grpo.yaml": (FEW_STEPS, 0 if RL_OK else 2),
+    # a reward model runs on the whole window; KTO needs trl >= 1.16 (trl_padfree._compat.MIN_TRL_KTO)
+    "trl-padfree reward --config configs/demo-reward.yaml": (FEW_STEPS, 0),
+    "trl-padfree kto --config configs/demo-kto.yaml": (FEW_STEPS, 0 if KTO_OK else 2),
     # two families instead of 32, written to a temporary file (compared with docs/probe-families.md below)
     "python scripts/probe_families.py": ("--types llama,opt --out {tmp}/families.md", 0),
 }

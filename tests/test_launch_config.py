@@ -306,6 +306,8 @@ def test_every_shipped_config_is_checked():
         "demo.yaml", "demo-chat.yaml", "llama3-8b-flash.yaml", "mistral-7b-lora.yaml",
         "demo-dpo.yaml",  # run (trl-padfree dpo) in test_launch_dpo.py
         "demo-grpo.yaml",  # run (trl-padfree grpo) in test_launch_grpo.py
+        "demo-reward.yaml",  # run (trl-padfree reward) in test_launch_reward.py
+        "demo-kto.yaml",  # run (trl-padfree kto) in test_launch_kto.py
         "accelerate/ddp.yaml", "accelerate/fsdp.yaml", "accelerate/deepspeed-zero3.yaml",
         "accelerate/cpu-ddp.yaml",  # checked (and run with 2 ranks) in test_distributed.py
     }  # fmt: skip

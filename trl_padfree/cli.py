@@ -1,4 +1,5 @@
-"""The ``trl-padfree`` command: ``train``, ``preview``, ``check`` and ``bench`` sub-commands.
+"""The ``trl-padfree`` command: ``train``, ``dpo``, ``grpo``, ``rloo``, ``reward``, ``kto``, ``preview``, ``check`` and
+``bench`` sub-commands.
 
 Each sub-command lives in its own module and exposes ``main(argv: list[str]) -> int``; this module only
 dispatches, so ``trl-padfree --help`` stays fast (no torch import).
@@ -15,6 +16,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dpo": ("trl_padfree.launch.dpo_cli", "preference-train a model from a YAML config (DPOTrainer, padding-free)"),
     "grpo": ("trl_padfree.launch.rl_cli:grpo_main", "RL-train a model from a YAML config (GRPOTrainer, padding-free)"),
     "rloo": ("trl_padfree.launch.rl_cli:rloo_main", "RL-train a model from a YAML config (RLOOTrainer, padding-free)"),
+    "reward": ("trl_padfree.launch.reward_cli:reward_main",
+               "train a reward model from a YAML config (RewardTrainer, padding-free)"),
+    "kto": ("trl_padfree.launch.reward_cli:kto_main", "KTO-train a model from a YAML config (KTOTrainer, padding-free)"),
     "preview": ("trl_padfree.launch.preview", "show the first examples of a config's data, trained tokens marked"),
     "check": ("trl_padfree.check", "probe whether a model keeps packed examples apart"),
     "bench": ("trl_padfree.cli", "padded vs padding-free benchmark (a source checkout's benchmarks/ directory)"),

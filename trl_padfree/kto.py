@@ -311,6 +311,30 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
             return loss, outputs
         return loss
 
+    def prediction_step(self, model: Any, inputs: dict[str, Any], prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> Any:
+        """TRL's, with the logits and labels of a flat batch given back per sequence, as TRL's padded batch gives them:
+        ``(B, T, vocab)`` logits and ``(B, T)`` input ids, right-padded to the batch's longest sequence (rounded up to
+        ``pad_to_multiple_of``), so that ``compute_metrics`` sees one row per example (the row itself is
+        ``(1, total tokens)``, and evaluation would concatenate one such row per batch). Padded positions: logits
+        -100 (the Trainer's own padding value across batches), ids ``pad_token_id`` (TRL's)."""
+        loss, logits, labels = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+        if logits is None or "cu_seq_lens_q" not in inputs:
+            return loss, logits, labels
+        n = int(inputs["num_sequences"])
+        bounds = inputs["cu_seq_lens_q"].tolist()[: n + 1]
+        lengths = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
+        width = max(lengths)
+        multiple = self.args.pad_to_multiple_of
+        if isinstance(multiple, int) and multiple > 1:
+            width = -(-width // multiple) * multiple
+        rows = logits.new_full((n, width, logits.shape[-1]), -100.0)
+        ids = labels.new_full((n, width), self._tokenizer.pad_token_id)
+        for i, (start, length) in enumerate(zip(bounds, lengths, strict=False)):
+            rows[i, :length] = logits[0, start : start + length]
+            ids[i, :length] = labels[0, start : start + length]
+        return loss, rows, ids
+
     def _log_metrics(self, mode: str, batch: dict[str, Any], outputs: Any, scored: torch.Tensor, idx: tuple,
                      counts: tuple, rewards: tuple, logps: tuple) -> None:
         """TRL 1.16's metrics, from segment sums (same names, same gathering across ranks)."""

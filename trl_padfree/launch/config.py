@@ -42,6 +42,7 @@ __all__ = [
     "CollatorArguments",
     "ConfigError",
     "DataArguments",
+    "HeadLaunchArguments",
     "LaunchArguments",
     "LaunchConfig",
     "PreferenceArguments",
@@ -174,6 +175,21 @@ class LaunchArguments:
 
 
 @dataclass
+class HeadLaunchArguments(LaunchArguments):
+    """:class:`LaunchArguments` plus the switch of the scored-positions LM head, for the tasks whose trainer has an
+    LM head and takes ``scored_lm_head=`` (a task passes it on with ``Task.trainer_kwargs``; a task with the plain
+    :class:`LaunchArguments` refuses the key as unknown rather than ignore it)."""
+
+    scored_lm_head: bool = field(
+        default=True,
+        metadata={
+            "help": "Score the loss with the scored-positions LM head (trl_padfree.scored_head: only the scored "
+            "positions are projected, in bounded chunks, on every device); false: TRL's own LM head."
+        },
+    )
+
+
+@dataclass
 class LaunchConfig:
     """Everything ``trl-padfree train`` was asked to do, parsed and (after validation) resolved."""
 
@@ -252,8 +268,8 @@ def field_sections(task: str = "sft") -> dict[str, str]:
     from trl import ModelConfig
 
     sections: dict[str, str] = {}
-    collator = argument_classes(task)[1]
-    for key, cls in (("data", DataArguments), ("collator", collator), ("launcher", LaunchArguments),
+    _, collator, launcher, *_ = argument_classes(task)  # (launcher: LaunchArguments or HeadLaunchArguments)
+    for key, cls in (("data", DataArguments), ("collator", collator), ("launcher", launcher),
                      ("model", ModelConfig)):
         for f in dataclasses.fields(cls):
             sections.setdefault(f.name, key)

@@ -12,6 +12,7 @@ from typing import Any
 
 from .config import ConfigError, LaunchConfig
 from .console import say
+from .tasks import get_task
 
 __all__ = ["check_lora_targets", "load_model", "materialized", "sharded_launch"]
 
@@ -69,7 +70,7 @@ def _load_model(cfg: LaunchConfig) -> Any:
     loaded again with its own default attention (sdpa, else eager), ``cfg.attn_implementation`` is updated and the
     packing probe decides from there.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import set_seed
     from trl import get_quantization_config
 
     import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
@@ -88,10 +89,14 @@ def _load_model(cfg: LaunchConfig) -> Any:
         # k-bit weights are placed at load time, one full copy per process (TRL's own scripts do the same)
         kwargs.update(quantization_config=quantization, device_map={"": PartialState().local_process_index})
     kwargs.update(cfg.model_init_kwargs or {})  # validated: no key of the launcher's own fields
+    task = get_task(cfg.task)  # the auto class and its own arguments (a reward model: a sequence classifier)
+    auto_class = task.model_class()
+    kwargs.update(task.model_kwargs(cfg))
 
     def load(attn_implementation: str | None) -> Any:
         attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-        return AutoModelForCausalLM.from_pretrained(model_args.model_name_or_path, **attn, **kwargs)
+        set_seed(cfg.training.seed)  # a head the checkpoint lacks (a reward model's score) starts the same every run
+        return auto_class.from_pretrained(model_args.model_name_or_path, **attn, **kwargs)
 
     fell_back = []
 

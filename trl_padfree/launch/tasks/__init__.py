@@ -1,13 +1,14 @@
 """The trainers of the launch, one :class:`~.base.Task` per module; the stages of a run call the task.
 
 ``trl-padfree train`` is the ``"sft"`` task, ``trl-padfree dpo`` the ``"dpo"`` task, ``trl-padfree grpo`` /
-``trl-padfree rloo`` the ``"grpo"`` / ``"rloo"`` tasks. A new trainer is one module here holding a ``TASK`` object
+``trl-padfree rloo`` the ``"grpo"`` / ``"rloo"`` tasks, ``trl-padfree reward`` / ``trl-padfree kto`` the ``"reward"`` /
+``"kto"`` tasks. A new trainer is one module here holding a ``TASK`` object
 and one line in :data:`REGISTRY` (or :func:`register` at run time, as the tests do).
 
 >>> get_task("dpo").prog
 'trl-padfree dpo'
 >>> sorted(REGISTRY)
-['dpo', 'grpo', 'rloo', 'sft']
+['dpo', 'grpo', 'kto', 'reward', 'rloo', 'sft']
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ REGISTRY: dict[str, str] = {
     "dpo": "trl_padfree.launch.tasks.dpo",
     "grpo": "trl_padfree.launch.tasks.grpo",
     "rloo": "trl_padfree.launch.tasks.rloo",
+    "reward": "trl_padfree.launch.tasks.reward",
+    "kto": "trl_padfree.launch.tasks.kto",
 }
 
 _LOADED: dict[str, Task] = {}

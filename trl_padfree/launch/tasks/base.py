@@ -69,6 +69,23 @@ class Task:
         """The probe the launch runs before anything is written (None: SFT's ``assert_packing_safe``)."""
         return None
 
+    def model_class(self) -> Any:
+        """The ``transformers`` auto class the launch loads the model with (:mod:`..model`; default a causal LM)."""
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM
+
+    def model_kwargs(self, cfg: Any) -> dict[str, Any]:
+        """Extra ``from_pretrained`` arguments of this task's model (e.g. ``num_labels``; default none)."""
+        return {}
+
+    def trainer_kwargs(self, cfg: Any) -> dict[str, Any]:
+        """The shared launcher settings for ``make_trainer`` to pass on to the trainer: ``scored_lm_head`` where the
+        task's config has it (``config.HeadLaunchArguments``, the tasks whose trainer has an LM head), else none."""
+        if not hasattr(cfg.launch, "scored_lm_head"):
+            return {}
+        return {"scored_lm_head": bool(cfg.launch.scored_lm_head)}
+
     def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
         """The reference model (or None) and the line that says which (None: no line)."""
         return None, None

@@ -1,0 +1,263 @@
+"""``trl-padfree kto`` end to end on CPU: the demo config through the real command (a few steps, on the DPO demo's
+pairs, which TRL unpairs), unpaired prompt/completion/label records, bad input exits 2 with one line and nothing
+written, ``scored_lm_head`` reaches the trainer, the preview, evaluation's per-example logits, and the refusal below
+trl 1.16 (``make test-lowest``)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import TrainerCallback
+
+from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
+from trl_padfree.launch import main
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO = ROOT / "trl_padfree" / "demo"
+CONFIG = ROOT / "configs" / "demo-kto.yaml"
+PREFIX = "trl-padfree kto: error: "
+needs_kto = pytest.mark.skipif(not trl_at_least(MIN_TRL_KTO), reason=f"trl-padfree kto needs trl >= {MIN_TRL_KTO}")
+
+
+def kto_argv(out: Path, *extra: str) -> list[str]:
+    return [
+        "--config", str(CONFIG),
+        "--model_name_or_path", str(DEMO / "model"),
+        "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
+        "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
+        "--output_dir", str(out),
+        "--max_steps", "4", "--max_train_examples", "32", "--max_eval_examples", "8",
+        "--per_device_train_batch_size", "4", "--logging_steps", "2", "--eval_steps", "2",
+        *extra,
+    ]  # fmt: skip
+
+
+def quick(out: Path, *extra: str) -> list[str]:
+    return kto_argv(out, "--max_steps", "1", "--max_train_examples", "8", "--eval_strategy", "no", "--eval_on_start",
+                    "false", *extra)
+
+
+def run(argv: list[str], callbacks=()) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv, callbacks, task="kto")
+    return code, out.getvalue(), err.getvalue()
+
+
+@needs_kto
+def test_the_demo_config_trains_through_the_command(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "kto", *kto_argv(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    stdout = proc.stdout
+    run_line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] run: "))
+    for part in ("attn_implementation=padfree", "padding_free=True", "prompt_once=True", "loss_type=kto",
+                 "scored_lm_head=True"):
+        assert part in run_line, run_line
+    assert ("[trl-padfree] data: 32 training pairs, 8 eval pairs (format: text, prompt/chosen/rejected pairs; training "
+            "examples: 32 desirable, 32 undesirable, each pair unpaired by TRL)") in stdout
+    assert "keeps packed examples apart" in stdout and "[trl-padfree] reference model: a second copy" in stdout
+    assert "[trl-padfree] steps: 4/4 in " in stdout and "real tokens/s" not in stdout
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    evals = [e for e in history if "eval_rewards/chosen" in e]
+    assert [e["step"] for e in evals] == [0, 2, 4]
+    assert evals[0]["eval_rewards/chosen"] == 0.0 and evals[0]["eval_rewards/rejected"] == 0.0  # policy = reference
+
+    def pair(key: str) -> str:
+        return f"{evals[0][key]:.3f} -> {evals[-1][key]:.3f}"
+
+    line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval rewards: "))
+    assert line == (f"[trl-padfree] eval rewards: desirable {pair('eval_rewards/chosen')}, undesirable "
+                    f"{pair('eval_rewards/rejected')} (margin {pair('eval_rewards/margins')}, KL {pair('eval_kl')})")
+    assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]  # KTO's loss falls
+    summary = json.loads((out / "launch_summary.json").read_text())
+    assert summary["global_step"] == 4 and summary["saved_to"] == str(out)
+    assert summary["prompt_once"] is True and summary["scored_lm_head"] is True
+
+
+class HeadSeen(TrainerCallback):
+    def __init__(self) -> None:
+        self.states = []
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        from trl_padfree.scored_head import scored_head_state
+
+        self.states.append(scored_head_state(model))
+
+
+@needs_kto
+@pytest.mark.parametrize(("value", "state"), [("true", "scored"), ("false", None)])
+def test_scored_lm_head_reaches_the_trainer(tmp_path, value, state):
+    seen = HeadSeen()
+    code, stdout, stderr = run(quick(tmp_path / "out", "--scored_lm_head", value), [seen])
+    assert code == 0, (stdout + stderr)[-3000:]
+    assert seen.states == [state] and f"scored_lm_head={value.capitalize()}" in stdout
+    summary = json.loads((tmp_path / "out" / "launch_summary.json").read_text())
+    assert summary["scored_lm_head"] is (value == "true")
+
+
+@needs_kto
+def test_unpaired_records_train(tmp_path):
+    rows = [json.loads(line) for line in (DEMO / "data" / "pref_train.jsonl").read_text().splitlines()[:8]]
+    path = tmp_path / "unpaired.jsonl"
+    path.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["chosen" if i % 3 else "rejected"],
+                                        "label": bool(i % 3)}) + "\n" for i, r in enumerate(rows)), encoding="utf-8")
+    code, stdout, stderr = run(quick(tmp_path / "out", "--train_file", str(path)))
+    assert code == 0, (stdout + stderr)[-3000:]
+    assert ("[trl-padfree] data: 8 training examples, 8 eval pairs (format: text, prompt/completion/label; training "
+            "examples: 5 desirable, 3 undesirable)") in stdout
+    assert "[trl-padfree] steps: 1/1 in " in stdout
+
+
+def _write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+@needs_kto
+def test_bad_records_are_named(tmp_path):
+    rows = [json.loads(line) for line in (DEMO / "data" / "pref_train.jsonl").read_text().splitlines()[:6]]
+    unpaired = [{"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in rows]
+    cases = [
+        ("no-chosen", [*rows[:3], {"prompt": rows[3]["prompt"], "rejected": rows[3]["rejected"]}, *rows[4:]],
+         "train_file record 3 (counting from 0): 'chosen' must be a string or a list of chat messages"),
+        ("label", [*unpaired[:2], {**unpaired[2], "label": "yes"}, *unpaired[3:]],
+         "train_file record 2 (counting from 0): 'label' must be true (desirable) or false (undesirable), got 'yes'"),
+        ("columns", [{"prompt": r["prompt"], "completion": r["chosen"]} for r in rows],
+         "train_file: KTO records need 'prompt', 'completion' and 'label' (true: desirable), or preference pairs "
+         "'prompt', 'chosen', 'rejected'; missing 'label' (columns: prompt, completion)"),
+    ]
+    for name, records, message in cases:
+        path = _write(tmp_path / f"{name}.jsonl", records)
+        code, _, stderr = run(quick(tmp_path / "out", "--train_file", str(path)))
+        assert code == 2 and not (tmp_path / "out").exists(), stderr
+        assert stderr.startswith(PREFIX) and message in stderr and len(stderr.strip().splitlines()) == 1, stderr
+
+
+@needs_kto
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (("--desirable_weigth", "1.0"), "unknown option '--desirable_weigth' on the command line; did you mean "
+                                        "'desirable_weight'?"),
+        (("--response_template", "### Answer:"), "response_template is a setting of trl-padfree train (SFT)"),
+        (("--desirable_weight", "0"), "desirable_weight must be greater than 0"),
+        (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
+        (("--max_length", "8"), "train_file: all 32 training pairs would be dropped"),
+        (("--per_device_train_batch_size", "1"), "KTOTrainer"),  # TRL's own check, as one line
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
+    out = tmp_path / "out"
+    code, stdout, stderr = run(kto_argv(out, *extra))
+    assert code == 2, stdout + stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(PREFIX) and message in lines[0], stderr
+    assert not out.exists()  # nothing written
+
+
+def test_a_typo_in_the_config_file_names_the_key(tmp_path):
+    """Parsing comes first: the same line on every supported TRL."""
+    config = tmp_path / "typo.yaml"
+    config.write_text(CONFIG.read_text(encoding="utf-8").replace("undesirable_weight:", "undesirable_weigth:"),
+                      encoding="utf-8")
+    argv = kto_argv(tmp_path / "out")
+    argv[1] = str(config)
+    code, _, stderr = run(argv)
+    assert code == 2 and not (tmp_path / "out").exists()
+    assert stderr.strip() == (f"{PREFIX}unknown key 'undesirable_weigth' in {config}; did you mean "
+                              "'undesirable_weight'?")
+
+
+@pytest.mark.skipif(trl_at_least(MIN_TRL_KTO), reason="the refusal below trl 1.16 (make test-lowest)")
+def test_below_trl_1_16_kto_refuses_naming_the_version(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "kto", *kto_argv(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 2 and not out.exists()
+    assert proc.stderr.strip() == (
+        f"{PREFIX}trl-padfree kto needs trl >= {MIN_TRL_KTO} (trl_padfree.KTOTrainer builds on its KTOTrainer), and "
+        f"trl {TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_KTO}')")
+
+
+@needs_kto
+def test_preview_shows_the_examples():
+    from trl_padfree.launch.preview import main as preview_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = preview_main(["--config", str(CONFIG), "--model_name_or_path", str(DEMO / "model"), "-n", "2",
+                             "--max_train_examples", "4"])
+    assert code == 0, err.getvalue()
+    lines = out.getvalue().splitlines()
+    first = json.loads((DEMO / "data" / "pref_train.jsonl").read_text().splitlines()[0])
+    assert lines[0].startswith("8 training examples (format: text, prompt/chosen/rejected pairs)")
+    assert lines[1].startswith("--- example 0 (desirable; prompt ")
+    assert lines[2:4] == [first["prompt"].split("\n")[0], "### Answer:[[" + first["chosen"] + "<|eos|>]]"]
+    assert lines[-1] == "examples dropped before training (prompt alone fills max_length=512): 0 of 8"
+
+
+@needs_kto
+def test_evaluation_logits_are_one_row_per_example_as_trls(tmp_path):
+    """``prediction_loss_only=False``: ``compute_metrics`` gets TRL's padded shapes and values (issue 24)."""
+    import numpy as np
+    import tiny_kto as T
+
+    from trl_padfree import KTOTrainer
+
+    tok, data, eval_data = T.tokenizer(), T.examples(8), T.examples(10, seed=1)
+    seen = {}
+    for layout in ("padded", "padfree"):
+        def metrics(prediction, layout=layout):
+            seen[layout] = (prediction.predictions, prediction.label_ids)
+            return {}
+
+        trainer = KTOTrainer(T.model(layout), T.model(layout, seed=1), processing_class=tok, train_dataset=data,
+                             eval_dataset=eval_data, compute_metrics=metrics,
+                             args=T.config(layout, str(tmp_path / layout), per_device_eval_batch_size=4,
+                                           prediction_loss_only=False))
+        trainer.evaluate()
+    (want, want_ids), (got, got_ids) = seen["padded"], seen["padfree"]
+    assert got.shape == want.shape and got.shape[0] == len(eval_data)
+    assert (got_ids == want_ids).all()
+    real = got[..., 0] != -100
+    assert all(row[: row.sum()].all() for row in real)  # each row: its sequence, then padding
+    assert np.abs(got[real] - want[real]).max() < 1e-4
+
+
+def test_make_demo_kto_runs_the_command_the_readme_shows():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = re.search(r"^demo-kto: install\n\t(.+)$", makefile, re.M)
+    assert recipe and recipe.group(1) == "$(VENV)/bin/trl-padfree kto --config configs/demo-kto.yaml"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "`make demo-kto`" in readme
+    assert re.search(r"^trl-padfree kto --config configs/demo-kto\.yaml +# ", readme, re.M)  # shown in the README's command block (run by test_docs)
+
+
+def test_every_numeric_field_has_a_range_or_a_reason():
+    import dataclasses
+    import typing
+
+    from trl_padfree.launch.tasks import get_task
+    from trl_padfree.launch.validate import NUMERIC_RANGES, UNCHECKED_NUMERIC
+
+    task = get_task("kto")
+    numeric = set()
+    for cls in task.argument_classes():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            args = typing.get_args(hints[f.name]) or (hints[f.name],)
+            if any(a in (int, float) for a in args) and bool not in args:
+                numeric.add(f.name)
+    assert numeric - set(NUMERIC_RANGES) - set(UNCHECKED_NUMERIC) - set(task.numeric_ranges()) == set()

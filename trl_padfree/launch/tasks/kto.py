@@ -1,0 +1,327 @@
+"""``trl-padfree kto``: KTO with :class:`trl_padfree.KTOTrainer` (TRL's, padding-free; trl >= 1.16).
+
+Its own parts: :class:`KTOArguments` (``prompt_once``, ``chat_template_path``) and this package's ``KTOConfig``
+(TRL's plus ``padding_free``); the records TRL's ``KTOTrainer`` takes: unpaired ``prompt`` / ``completion`` /
+``label`` (a boolean: desirable or not), or the preference pairs of ``trl-padfree dpo`` (``prompt`` / ``chosen`` /
+``rejected``, checked as there), which TRL unpairs (the chosen response desirable, the rejected one not); the
+reference model and the preference probe of ``trl-padfree dpo``; ``scored_lm_head`` passed on; the summary's KTO
+rewards and KL; ``preview``'s examples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import ConfigError, DataArguments, HeadLaunchArguments
+from ..console import say
+from .base import Task
+from .reward import check_prompt_once, refuse_sft_settings, sft_only_fields
+
+__all__ = ["TASK", "KTOArguments", "KTOTask", "kto_summary"]
+
+SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree kto trains on prompt/completion/label "
+                    "(or prompt/chosen/rejected) records and scores only the completions: remove it")
+
+
+@dataclass
+class KTOArguments:
+    """Settings of the padding-free KTO rows (``padding_free`` is ``KTOConfig``'s field)."""
+
+    prompt_once: bool = field(
+        default=False,
+        metadata={"help": "The reference computes each prompt once for its completion and its KL completion (one row "
+                  "instead of two). Needs padding_free: true and attn_implementation 'padfree' (auto picks it)."},
+    )
+    chat_template_path: str | None = field(
+        default=None,
+        metadata={"help": "A .jinja chat template that replaces the tokenizer's, for conversational records; as "
+                  "trl-padfree train's field."},
+    )
+
+
+def kto_unavailable() -> str | None:
+    """One line naming the version and the fix where the installed TRL cannot run ``trl-padfree kto``, else None."""
+    from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
+
+    if trl_at_least(MIN_TRL_KTO):
+        return None
+    return (f"trl-padfree kto needs trl >= {MIN_TRL_KTO} (trl_padfree.KTOTrainer builds on its KTOTrainer), and trl "
+            f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_KTO}')")
+
+
+def check_kto_records(dataset: Any, source: str) -> None:
+    """Unpaired ``prompt`` / ``completion`` / ``label`` records, or preference pairs (``chosen`` / ``rejected``);
+    a bad record is a :class:`ConfigError` naming it and the fix."""
+    columns = list(dataset.column_names)
+    if "chosen" in columns or "rejected" in columns:
+        from ..dpo import check_preference_records
+
+        check_preference_records(dataset, source)
+        return
+    missing = [c for c in ("prompt", "completion", "label") if c not in columns]
+    if missing:
+        raise ConfigError(
+            f"{source}: KTO records need 'prompt', 'completion' and 'label' (true: desirable), or preference pairs "
+            f"'prompt', 'chosen', 'rejected'; missing {', '.join(repr(m) for m in missing)} (columns: "
+            f"{', '.join(columns)})")
+    from ..dpo_data import mixed_kinds_error, value_kind
+
+    first: tuple[int, str] | None = None
+    for index, record in enumerate(dataset.select_columns(["prompt", "completion", "label"])):
+        where = f"{source} record {index} (counting from 0)"
+        if not isinstance(record["label"], bool):
+            raise ConfigError(f"{where}: 'label' must be true (desirable) or false (undesirable), got "
+                              f"{record['label']!r}; fix the record")
+        kinds = set()
+        for name in ("prompt", "completion"):
+            kind = value_kind(record[name])
+            if kind is None:
+                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
+                                  f"'content'}}), got {type(record[name]).__name__}; fix the record")
+            if first is None:
+                first = (index, kind)
+            elif kind != first[1] and first[0] != index:
+                raise mixed_kinds_error(source, index, name, kind, *first)
+            kinds.add(kind)
+        if not record["completion"]:
+            raise ConfigError(f"{where}: 'completion' is empty; drop the record or fill it in")
+        if len(kinds) > 1:
+            raise ConfigError(f"{where}: mixes text and chat messages across prompt and completion; use one kind")
+
+
+@dataclass
+class PreparedKTO:
+    train: Any  # the records as loaded (TRL's KTOTrainer unpairs and tokenizes them when it is built)
+    eval: Any | None
+    text_format: str
+    paired: bool
+    dropped: dict[str, int] = field(default_factory=dict)  # records TRL drops (prompt fills max_length), per split
+
+
+def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
+    """The training and eval records, checked (TRL's ``KTOTrainer`` unpairs and tokenizes them when it is built)."""
+    from ..data import load_splits
+    from ..dpo_data import check_one_kind_in_files, value_kind
+
+    for key in ("train_file", "eval_file"):
+        if getattr(cfg.data, key, None):
+            check_one_kind_in_files(key, getattr(cfg.data, key))
+    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_kto_records)
+    paired = "chosen" in train.column_names
+    conversational = value_kind(train[0]["chosen" if paired else "completion"]) == "messages"
+    if conversational and getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "
+                          "no chat template; set chat_template_path to a .jinja file, or use text records")
+    kind = "conversational" if conversational else "text"
+    dropped = {}
+    for split, dataset, what in (("train", train, "training"), ("eval", eval_ds, "eval")):
+        if dataset is not None:
+            dropped[split] = prompt_fills_max_length(cfg, tokenizer, dataset, "chosen" in dataset.column_names, split,
+                                                     what)
+    return PreparedKTO(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
+                                                      else "prompt/completion/label"), paired, dropped)
+
+
+def prompt_fills_max_length(cfg: Any, tokenizer: Any, dataset: Any, paired: bool, split: str, what: str) -> int:
+    """How many records TRL's ``KTOTrainer`` drops because the prompt alone has ``max_length`` tokens or more (its
+    filter; DPO's ``keep_start`` rule, counted as ``trl-padfree dpo`` counts it); a split left empty is refused."""
+    from ..dpo_data import check_truncation, tokenized_prompts
+
+    max_length = cfg.training.max_length
+    if max_length is None:
+        return 0
+    source = ("train_file" if cfg.data.train_file else "the training data") if split == "train" else (
+        "eval_file" if cfg.data.eval_file else "the eval data")
+    if not paired:  # the pair check's view of an unpaired record: the completion as both responses
+        dataset = dataset.select_columns(["prompt", "completion"]).map(
+            lambda r: {"chosen": r["completion"], "rejected": r["completion"]}, remove_columns=["completion"])
+    lengths = tokenized_prompts(dataset, tokenizer, source, max_length)
+    return check_truncation(lengths, source, what, max_length, "keep_start")
+
+
+def count(dataset: Any, paired: bool) -> tuple[int, int]:
+    """``(desirable, undesirable)`` examples once TRL has unpaired the records."""
+    if paired:
+        return len(dataset), len(dataset)
+    good = sum(bool(v) for v in dataset["label"])
+    return good, len(dataset) - good
+
+
+class KTOTask(Task):
+    name = "kto"
+    command = "kto"
+    trainer_name = "KTOTrainer"
+
+    def argument_classes(self) -> tuple[type, ...]:
+        from trl import ModelConfig
+
+        from trl_padfree.kto import KTOConfig
+
+        return (DataArguments, KTOArguments, HeadLaunchArguments, KTOConfig, ModelConfig)
+
+    def configure_parser(self, parser: Any) -> None:
+        parser.help_groups = {
+            "collator": "KTO rows (trl_padfree.KTOTrainer: padding-free rows, prompt_once)",
+            "training": "training (trl_padfree.KTOConfig: TRL's KTOConfig + padding_free / TrainingArguments)",
+        }
+        parser.help_texts = {
+            "padding_free": "Lay the completion and the KL sequences of each batch out in rows without padding "
+            "(trl_padfree.KTOTrainer; TRL itself pads). (default: true)",
+        }
+        parser.description = (
+            "Align a causal LM with KTO through trl_padfree.KTOTrainer (TRL's KTOTrainer, padding-free), on "
+            "prompt/completion/label or prompt/chosen/rejected records. --config FILE: a YAML mapping of any of the "
+            "fields below (plus an optional `env` mapping of environment variables); command-line values override "
+            "the file. Exit code 2 on bad input."
+        )
+
+    def foreign_field(self, name: str) -> Exception | None:
+        return ConfigError(SFT_ONLY_MESSAGE.format(name=name)) if name in sft_only_fields(self) else None
+
+    def numeric_ranges(self) -> dict[str, Any]:
+        from ..validate import Range
+
+        return {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
+
+    def check(self, cfg: Any) -> None:
+        if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
+            raise ConfigError(problem)
+        refuse_sft_settings(cfg, self.prog)
+        cfg.padding_free = bool(cfg.training.padding_free)
+        check_prompt_once(cfg)
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": bool(cfg.collator.prompt_once), "loss_type": cfg.training.loss_type,
+                "scored_lm_head": bool(cfg.launch.scored_lm_head)}
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedKTO:
+        data = load_kto_data(cfg, tokenizer)
+        def noun(dataset: Any) -> str:
+            return "pairs" if "chosen" in dataset.column_names else "examples"
+
+        line = f"data: {len(data.train)} training {noun(data.train)}"
+        if data.eval is not None:
+            line += f", {len(data.eval)} eval {noun(data.eval)}"
+        good, bad = count(data.train, data.paired)
+        line += f" (format: {data.text_format}; training examples: {good} desirable, {bad} undesirable"
+        say(line + (", each pair unpaired by TRL)" if data.paired else ")"))
+        for split, dropped in data.dropped.items():
+            if dropped:
+                dataset = data.train if split == "train" else data.eval
+                say(f"dropped {dropped} of {len(dataset)} {split} {noun(dataset)} whose prompt alone has max_length="
+                    f"{cfg.training.max_length} tokens or more (no completion token would be left; TRL drops them)")
+        return data
+
+    def probe_check(self, cfg: Any) -> Any:
+        from ..dpo import probe_check
+
+        return probe_check(cfg)  # the preference probe (KTO's rows are its segments)
+
+    def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
+        from ..dpo import load_reference
+
+        ref_model = load_reference(cfg)
+        return ref_model, "reference model: " + ("a second copy of the starting weights" if ref_model is not None
+                                                 else "the policy with its LoRA adapters switched off")
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        from trl import get_peft_config
+
+        from trl_padfree.kto import KTOTrainer
+
+        from .grpo import launch_trainer_class
+
+        return launch_trainer_class(KTOTrainer)(
+            model=model,
+            ref_model=ref_model,
+            args=cfg.training,
+            train_dataset=data.train,
+            eval_dataset=data.eval,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(cfg.model),
+            callbacks=list(callbacks),
+            prompt_once=bool(cfg.collator.prompt_once),
+            check_packing=False,  # the launch probed the policy before anything was written
+            torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
+            **self.trainer_kwargs(cfg),
+        )
+
+    def summary_settings(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": bool(cfg.collator.prompt_once), "scored_lm_head": bool(cfg.launch.scored_lm_head)}
+
+    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+        return kto_summary(lines, history)
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        return kto_examples(cfg, tokenizer, load_kto_data(cfg, tokenizer), n, color)
+
+
+def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+    """The summary lines of a KTO run: SFT's token-throughput line left out, the eval rewards of the desirable
+    (``rewards/chosen``) and undesirable (``rewards/rejected``) completions, their margin and the KL estimate, first
+    and last evaluation.
+
+    >>> kto_summary(["steps: 2/2", "real tokens/s: n/a"], [
+    ...     {"eval_rewards/chosen": 0.0, "eval_rewards/rejected": 0.0, "eval_rewards/margins": 0.0, "eval_kl": 0.0},
+    ...     {"eval_rewards/chosen": 0.5, "eval_rewards/rejected": -0.7, "eval_rewards/margins": 1.2, "eval_kl": 0.1}])
+    ['steps: 2/2', 'eval rewards: desirable 0.000 -> 0.500, undesirable 0.000 -> -0.700 (margin 0.000 -> 1.200, KL 0.000 -> 0.100)']
+    """
+    out = [line for line in lines if not line.startswith("real tokens/s")]
+    evals = [e for e in history if "eval_rewards/chosen" in e or "eval_rewards/rejected" in e]
+    if evals:
+        first, last = evals[0], evals[-1]
+
+        def pair(key: str) -> str:
+            nan = float("nan")
+            return f"{first.get(key, nan):.3f} -> {last.get(key, nan):.3f}"
+
+        out.append(f"eval rewards: desirable {pair('eval_rewards/chosen')}, undesirable {pair('eval_rewards/rejected')}"
+                   f" (margin {pair('eval_rewards/margins')}, KL {pair('eval_kl')})")
+    return out
+
+
+def kto_examples(cfg: Any, tokenizer: Any, data: PreparedKTO, n: int, color: bool = False) -> list[str]:
+    """``preview``'s lines: the first ``n`` examples as TRL's ``KTOTrainer`` tokenizes them (pairs unpaired), the
+    scored completion tokens marked, then the totals over the training set."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import trl
+
+    from trl_padfree.preference import truncate_pair
+    from trl_padfree.token_text import TokenText
+
+    from ..preview import marked_text
+
+    training = cfg.training
+    trainer = SimpleNamespace(_tokenizer=tokenizer, _is_vision_dataset=False, _signature_columns=None, args=training,
+                              calculate_KL=False, desirable_weight=training.desirable_weight,
+                              undesirable_weight=training.undesirable_weight)  # what TRL's preparation reads
+    examples = trl.KTOTrainer._prepare_dataset(trainer, data.train, tokenizer, training, "train")
+    text = TokenText.from_tokenizer(tokenizer)
+    lines = [f"{len(examples)} training examples (format: {data.text_format}); each scored on its completion, and a "
+             "KL sequence (its prompt with another example's completion) per example "
+             f"(padding_free={cfg.padding_free}, prompt_once={bool(cfg.collator.prompt_once)})"]
+    total = scored = 0
+    for index, ex in enumerate(examples):
+        prompt, completion = truncate_pair(ex["prompt_ids"], ex["completion_ids"], training.max_length, "keep_start")
+        total += len(prompt) + len(completion)
+        scored += len(completion)
+        if index < n:
+            ids = prompt + completion
+            raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
+            label = "desirable" if ex["label"] else "undesirable"
+            lines += [f"--- example {index} ({label}; prompt {len(prompt)} tokens, completion {len(completion)}) ---",
+                      marked_text(raw, starts.tolist(), [-100] * len(prompt) + completion, color)]
+    share = 100.0 * scored / total if total else 0.0
+    unpaired = 2 * len(data.train) if data.paired else len(data.train)
+    lines += ["---", f"scored tokens: {scored:,} of {total:,} ({share:.1f}%) in {len(examples):,} examples",
+              f"examples dropped before training (prompt alone fills max_length={training.max_length}): "
+              f"{unpaired - len(examples):,} of {unpaired:,}"]
+    return lines
+
+
+TASK = KTOTask()

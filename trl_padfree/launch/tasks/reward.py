@@ -1,0 +1,329 @@
+"""``trl-padfree reward``: reward-model training with :class:`trl_padfree.RewardTrainer` (TRL's, padding-free).
+
+Its own parts: :class:`RewardArguments` (``prompt_once``) and this package's ``RewardConfig`` (TRL's plus
+``padding_free``); the model loaded as ``AutoModelForSequenceClassification`` with ``num_labels=1`` (a causal LM
+checkpoint gets a fresh ``score`` head, seeded, as ``trl reward`` does); the preference records of ``trl-padfree
+dpo`` (:func:`~..dpo.check_preference_records`, one by one, plus an optional numeric ``margin``), tokenized by TRL's
+own ``RewardTrainer`` preparation once, here, so that the pairs it drops (longer than ``max_length``) are counted
+before anything is written; the reward layout probe (:func:`trl_padfree.reward_probe.assert_reward_packing_safe`);
+the summary's eval accuracy and margin; ``preview``'s pair layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import ConfigError, DataArguments, LaunchArguments
+from ..console import say
+from .base import Task
+
+__all__ = ["TASK", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
+
+SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); {prog} trains on prompt/chosen/rejected "
+                    "records and scores each whole sequence: remove it")
+
+
+@dataclass
+class RewardArguments:
+    """Settings of the padding-free reward batch (``padding_free`` is ``RewardConfig``'s field)."""
+
+    prompt_once: bool = field(
+        default=False,
+        metadata={"help": "Compute each pair's common token prefix (its prompt) once: the chosen and the rejected "
+                  "sequence both attend to its keys. Needs padding_free: true and attn_implementation 'padfree' "
+                  "(auto picks it)."},
+    )
+
+
+def fields_of(task: Task) -> set[str]:
+    """Every config field of ``task``."""
+    return {f.name for cls in task.argument_classes() for f in dataclasses.fields(cls)}
+
+
+def sft_only_fields(task: Task) -> set[str]:
+    """Fields of ``trl-padfree train``'s config that ``task``'s lacks."""
+    from .sft import TASK as SFT
+
+    return fields_of(SFT) - fields_of(task)
+
+
+def refuse_sft_settings(cfg: Any, prog: str) -> None:
+    """SFT's own settings (present in every config through the shared classes) refused where they are set."""
+    for name, holder in (("template", cfg.data), ("max_tokens_per_batch", cfg.launch)):
+        if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
+            raise ConfigError(SFT_ONLY_MESSAGE.format(name=name, prog=prog))
+
+
+def check_prompt_once(cfg: Any) -> None:
+    """``prompt_once`` needs the flat row and the ``"padfree"`` attention (pinned here)."""
+    if not cfg.collator.prompt_once:
+        return
+    if not cfg.padding_free:
+        raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
+    if cfg.attn_implementation not in ("auto", "padfree"):
+        raise ConfigError(
+            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
+            f"{cfg.attn_implementation!r}: use auto or padfree")
+    cfg.attn_implementation = "padfree"
+
+
+def check_reward_records(dataset: Any, source: str) -> None:
+    """The preference records of ``trl-padfree dpo``, plus an optional ``margin`` that is a number in every record."""
+    from ..dpo import check_preference_records
+
+    check_preference_records(dataset, source)
+    if "margin" not in dataset.column_names:
+        return
+    for index, value in enumerate(dataset["margin"]):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{source} record {index} (counting from 0): 'margin' must be a number (the reward "
+                              f"gap the pair should have), got {value!r}; fix the record or drop the column")
+
+
+@dataclass
+class PreparedPairs:
+    train: Any  # tokenized by TRL's RewardTrainer preparation (chosen_ids, rejected_ids; the trainer skips it)
+    eval: Any | None
+    text_format: str
+    loaded: dict[str, int]  # pairs per split before TRL's max_length filter
+    margin: bool = False
+
+
+def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
+    """The training and eval pairs, checked record by record, then tokenized (and filtered by ``max_length``) by
+    TRL's own ``RewardTrainer._prepare_dataset``; a split left empty by the filter is a :class:`ConfigError`."""
+    from types import SimpleNamespace
+
+    import trl
+
+    from ..data import load_splits
+    from ..dpo_data import check_one_kind_in_files, tokenized_prompts, value_kind
+
+    for key in ("train_file", "eval_file"):
+        if getattr(cfg.data, key, None):
+            check_one_kind_in_files(key, getattr(cfg.data, key))
+    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_reward_records)
+    conversational = value_kind(train[0]["chosen"]) == "messages"
+    if conversational and getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "
+                          "no chat template; set chat_template_path to a .jinja file, or use text records")
+    training = cfg.training
+    sources = {"train": "train_file" if cfg.data.train_file else "the training data",
+               "eval": "eval_file" if cfg.data.eval_file else "the eval data"}
+    out: dict[str, Any] = {}
+    loaded: dict[str, int] = {}
+    for split, dataset in (("train", train), ("eval", eval_ds)):
+        if dataset is None:
+            out[split] = None
+            continue
+        if conversational:  # a record the chat template cannot render: one line naming it (as trl-padfree dpo)
+            tokenized_prompts(dataset, tokenizer, sources[split], None)
+        loaded[split] = len(dataset)
+        prepared = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
+        if len(prepared) == 0:
+            raise ConfigError(
+                f"{sources[split]}: all {len(dataset)} pairs would be dropped: TRL's RewardTrainer drops a pair whose "
+                f"chosen or rejected sequence has more than max_length={training.max_length} tokens; raise "
+                "max_length (or set max_length: null, no filter)")
+        out[split] = prepared
+    return PreparedPairs(out["train"], out["eval"], "conversational" if conversational else "prompt/chosen/rejected",
+                         loaded, margin="margin" in train.column_names)
+
+
+class SequenceClassifier:
+    """``AutoModelForSequenceClassification`` loaded as TRL's ``RewardTrainer`` loads a model by name: without the
+    warnings of a cross-architecture load (the causal LM's ``lm_head`` unused, ``score`` missing), saying instead
+    that the head is new."""
+
+    @staticmethod
+    def from_pretrained(*args: Any, **kwargs: Any) -> Any:
+        from transformers import AutoModelForSequenceClassification
+        from trl.trainer.reward_trainer import suppress_seqcls_warning
+
+        with suppress_seqcls_warning():
+            model = AutoModelForSequenceClassification.from_pretrained(*args, **kwargs)
+        source = [a for a in (getattr(model.config, "architectures", None) or []) if a != type(model).__name__]
+        if source:
+            say(f"reward model: {type(model).__name__} from a {source[0]} checkpoint, with a new score head "
+                "(drawn from the config's seed)")
+        return model
+
+
+class RewardTask(Task):
+    name = "reward"
+    command = "reward"
+    trainer_name = "RewardTrainer"
+
+    def argument_classes(self) -> tuple[type, ...]:
+        from trl import ModelConfig
+
+        from trl_padfree.reward import RewardConfig
+
+        return (DataArguments, RewardArguments, LaunchArguments, RewardConfig, ModelConfig)
+
+    def configure_parser(self, parser: Any) -> None:
+        parser.help_groups = {
+            "collator": "reward batch (trl_padfree.RewardTrainer: padding-free rows, prompt_once)",
+            "training": "training (trl_padfree.RewardConfig: TRL's RewardConfig + padding_free / TrainingArguments)",
+        }
+        parser.help_texts = {
+            "padding_free": "Put the 2B sequences of each batch of B pairs in one row without padding "
+            "(trl_padfree.RewardTrainer; TRL itself pads). (default: true)",
+        }
+        parser.description = (
+            "Train a reward model (a sequence classifier with one output, loaded from any causal LM or classifier "
+            "checkpoint) with trl_padfree.RewardTrainer (TRL's RewardTrainer, padding-free). --config FILE: a YAML "
+            "mapping of any of the fields below (plus an optional `env` mapping of environment variables); "
+            "command-line values override the file. Exit code 2 on bad input."
+        )
+
+    def foreign_field(self, name: str) -> Exception | None:
+        if name == "scored_lm_head":
+            return ConfigError("scored_lm_head does not apply to trl-padfree reward: a reward model has a score head "
+                               "(one output per sequence), no LM head; remove it")
+        if name in sft_only_fields(self):
+            return ConfigError(SFT_ONLY_MESSAGE.format(name=name, prog=self.prog))
+        return None
+
+    def numeric_ranges(self) -> dict[str, Any]:
+        from ..validate import Range
+
+        return {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
+
+    def check(self, cfg: Any) -> None:
+        refuse_sft_settings(cfg, self.prog)
+        cfg.padding_free = bool(cfg.training.padding_free)
+        check_prompt_once(cfg)
+        if cfg.padding_free:
+            from trl_padfree.reward import reward_padding_free_unavailable
+
+            if (problem := reward_padding_free_unavailable()) is not None:
+                raise ConfigError(problem)
+
+    def resolve(self, cfg: Any) -> None:
+        if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
+            cfg.model.lora_task_type = "SEQ_CLS"  # peft then trains the fresh score head too (modules_to_save)
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": bool(cfg.collator.prompt_once)}
+
+    def model_class(self) -> Any:
+        return SequenceClassifier
+
+    def model_kwargs(self, cfg: Any) -> dict[str, Any]:
+        return {"num_labels": 1}  # one output: the reward (as TRL's RewardTrainer loads a model by name)
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedPairs:
+        data = load_pairs(cfg, tokenizer)
+        say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None
+                                                          else "") + f" (format: {data.text_format}"
+            + (", with margins" if data.margin else "") + ")")
+        for split, dataset in (("train", data.train), ("eval", data.eval)):
+            if dataset is not None and len(dataset) < data.loaded[split]:
+                say(f"dropped {data.loaded[split] - len(dataset)} of {data.loaded[split]} {split} pairs longer than "
+                    f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
+        return data
+
+    def probe_check(self, cfg: Any) -> Any:
+        from functools import partial
+
+        from trl_padfree.reward_probe import assert_reward_packing_safe
+
+        return partial(assert_reward_packing_safe, prompt_once=bool(cfg.collator.prompt_once))
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        from trl import get_peft_config
+
+        from trl_padfree.reward import RewardTrainer
+
+        from .grpo import launch_trainer_class
+
+        return launch_trainer_class(RewardTrainer)(
+            model=model,
+            args=cfg.training,
+            train_dataset=data.train,
+            eval_dataset=data.eval,
+            processing_class=tokenizer,
+            peft_config=get_peft_config(cfg.model),
+            callbacks=list(callbacks),
+            prompt_once=bool(cfg.collator.prompt_once),
+            check_packing=False,  # the launch probed the model before anything was written
+            torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
+            **self.trainer_kwargs(cfg),
+        )
+
+    def summary_settings(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": bool(cfg.collator.prompt_once)}
+
+    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+        return reward_summary(lines, history)
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        return pair_layout(cfg, tokenizer, load_pairs(cfg, tokenizer), n, color)
+
+
+def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+    """The summary lines of a reward run: SFT's token-throughput line left out, the eval accuracy (pairs whose
+    chosen sequence gets the higher reward) and mean reward margin, first and last evaluation.
+
+    >>> reward_summary(["steps: 2/2", "real tokens/s: n/a"], [{"eval_accuracy": 0.5, "eval_margin": 0.01},
+    ...                                                       {"eval_accuracy": 0.9, "eval_margin": 1.5}])
+    ['steps: 2/2', 'eval accuracy: 0.500 -> 0.900 (reward margin 0.010 -> 1.500; 2 evaluations)']
+    >>> reward_summary([], [{"eval_accuracy": 0.5, "eval_margin": 0.01}])
+    ['eval accuracy: 0.500 (reward margin 0.010; 1 evaluation)']
+    """
+    out = [line for line in lines if not line.startswith("real tokens/s")]
+    evals = [e for e in history if "eval_accuracy" in e]
+    if len(evals) == 1:
+        out.append(f"eval accuracy: {evals[0]['eval_accuracy']:.3f} (reward margin "
+                   f"{evals[0].get('eval_margin', float('nan')):.3f}; 1 evaluation)")
+    elif evals:
+        first, last = evals[0], evals[-1]
+        out.append(f"eval accuracy: {first['eval_accuracy']:.3f} -> {last['eval_accuracy']:.3f} (reward margin "
+                   f"{first.get('eval_margin', float('nan')):.3f} -> {last.get('eval_margin', float('nan')):.3f}; "
+                   f"{len(evals)} evaluations)")
+    return out
+
+
+def pair_layout(cfg: Any, tokenizer: Any, data: PreparedPairs, n: int, color: bool = False) -> list[str]:
+    """``preview``'s lines: the first ``n`` tokenized pairs with the token each reward is read at marked, what one
+    pair forwards in the flat row (and with ``prompt_once``), then the totals over the training set."""
+    import numpy as np
+
+    from trl_padfree.reward_layout import shared_prefix
+    from trl_padfree.token_text import TokenText
+
+    from ..preview import marked_text
+
+    once = bool(cfg.collator.prompt_once)
+    text = TokenText.from_tokenizer(tokenizer)
+
+    def shown(ids: list[int]) -> str:
+        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
+        return marked_text(raw, starts.tolist(), [-100] * (len(ids) - 1) + [ids[-1]], color)
+
+    def forwarded(chosen: list[int], rejected: list[int]) -> int:
+        shared = shared_prefix(chosen, rejected) if once else 0
+        return len(chosen) + len(rejected) - (shared - 1 if shared else 0)
+
+    lines = [f"{len(data.train)} training pairs; each pair: the chosen and the rejected sequence, each scored at its "
+             f"last token (padding_free={cfg.padding_free}, prompt_once={once})"]
+    flat = padded = 0
+    for index, pair in enumerate(data.train):
+        chosen, rejected = list(pair["chosen_ids"]), list(pair["rejected_ids"])
+        flat += forwarded(chosen, rejected)
+        padded += 2 * max(len(chosen), len(rejected))
+        if index < n:
+            lines += [f"--- pair {index} (chosen {len(chosen)} tokens, rejected {len(rejected)}, common prefix "
+                      f"{shared_prefix(chosen, rejected)}; forwarded {forwarded(chosen, rejected)}) ---",
+                      "chosen:   " + shown(chosen), "rejected: " + shown(rejected)]
+    lines += ["---", f"forwarded tokens: {flat:,} in {len(data.train):,} pairs (TRL's padded rows, one pair per batch: "
+              f"{padded:,}; a larger batch pads to its longest sequence)"]
+    return lines
+
+
+TASK = RewardTask()
