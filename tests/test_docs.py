@@ -27,7 +27,12 @@ import pytest
 import yaml
 from paths import ROOT
 
-from trl_padfree._compat import MIN_TRL_KTO, dpo_padding_free_unavailable, rl_padding_free_unavailable, trl_at_least
+from trl_padfree._compat import (
+    MIN_TRL_KTO,
+    dpo_padding_free_unavailable,
+    rl_padding_free_unavailable,
+    trl_at_least,
+)
 
 LINKED_PAGES = sorted(
     [ROOT / "README.md", ROOT / "trl_padfree" / "demo" / "README.md", *(ROOT / "docs").rglob("*.md")]
