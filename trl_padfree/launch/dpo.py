@@ -122,27 +122,27 @@ def load_reference(cfg: LaunchConfig) -> Any:
     return load_model(cfg)
 
 
+class QuietReferencePrecompute:
+    """With ``disable_tqdm`` (the launch sets it when the output is not a terminal) no "Computing reference log
+    probs" bar (``precompute_ref_log_probs``: TRL shows it, while the trainer is built, unless ``TQDM_DISABLE`` is
+    set). A mixin of the launch's ``DPOTrainer``."""
+
+    def _precompute_ref_logps(self, *args: Any, **kwargs: Any) -> Any:  # TRL's (when the trainer is built)
+        with tqdm_disabled(bool(getattr(self.args, "disable_tqdm", False))):
+            return super()._precompute_ref_logps(*args, **kwargs)  # type: ignore[misc]
+
+
 def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, data: PreparedPreferences,
-                 callbacks: Sequence[Any]) -> Any:
-    """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built)."""
+                 callbacks: Sequence[Any], **kwargs: Any) -> Any:
+    """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built);
+    ``kwargs``: the shared launcher settings for the trainer (``Task.trainer_kwargs``)."""
     from trl import get_peft_config
 
     from trl_padfree.dpo import DPOTrainer
 
-    from .atomic_save import AtomicCheckpoints
-    from .whole_run import WholeRunLog
+    from .tasks.shared import launch_trainer_class
 
-    class LaunchDPOTrainer(AtomicCheckpoints, WholeRunLog, DPOTrainer):
-        """``DPOTrainer`` whose checkpoints appear complete or not at all (:mod:`.atomic_save`), logging what the
-        summary of the whole run needs (:mod:`.whole_run`); with ``disable_tqdm`` (the launch sets it when the
-        output is not a terminal) no "Computing reference log probs" bar either (``precompute_ref_log_probs``:
-        TRL shows it, while the trainer is built, unless ``TQDM_DISABLE`` is set)."""
-
-        def _precompute_ref_logps(self, *args: Any, **kwargs: Any) -> Any:  # TRL's (when the trainer is built)
-            with tqdm_disabled(bool(getattr(self.args, "disable_tqdm", False))):
-                return super()._precompute_ref_logps(*args, **kwargs)
-
-    return LaunchDPOTrainer(
+    return launch_trainer_class(DPOTrainer, QuietReferencePrecompute)(
         model=model,
         ref_model=ref_model,
         args=cfg.training,
@@ -154,6 +154,7 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
         prompt_once=bool(cfg.collator.prompt_once),
         check_packing=False,
         torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
+        **kwargs,
     )
 
 

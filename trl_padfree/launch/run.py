@@ -134,7 +134,7 @@ def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, c
         # the settings of this trainer only: max_tokens_per_batch for SFT, prompt_once for DPO
         write_summary(result, training.output_dir, padding_free=cfg.padding_free,
                       attn_implementation=cfg.attn_implementation, **describe_distribution(training),
-                      **task.summary_settings(cfg))
+                      **task.summary_settings(cfg), **task.trainer_kwargs(cfg))
         lines = task.summary_lines(summary_lines(result, cfg.padding_free), trainer.state.log_history)
         for line in lines:
             say(line)

@@ -507,13 +507,15 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
     """A short summary of the resolved run (logged at start)."""
     from .tasks import get_task
 
+    task = get_task(cfg.task)
     return {
         "model": cfg.model.model_name_or_path,
         **({"trust_remote_code": True} if cfg.training.trust_remote_code else {}),
         "attn_implementation": cfg.attn_implementation,
         "dtype": cfg.model.dtype,
         "padding_free": cfg.padding_free,
-        **get_task(cfg.task).describe(cfg),
+        **task.describe(cfg),
+        **task.trainer_kwargs(cfg),  # scored_lm_head, where the task's trainer has an LM head
         "peft": bool(cfg.model.use_peft),
         "device": _training_device(cfg),
         "bf16": bool(cfg.training.bf16),

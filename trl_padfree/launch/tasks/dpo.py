@@ -11,26 +11,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import ConfigError, DataArguments, LaunchArguments, PreferenceArguments
+from ..config import ConfigError, DataArguments, HeadLaunchArguments, PreferenceArguments
 from ..console import say
 from .base import Task
+from .shared import sft_only_fields
 
 __all__ = ["TASK", "DPOTask"]
 
 SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected "
                     "records and scores only the responses: remove it")
-
-
-def sft_only_fields() -> set[str]:
-    """Fields of ``trl-padfree train``'s config that ``trl-padfree dpo``'s lacks."""
-    import dataclasses
-
-    from .sft import TASK as SFT
-
-    def names(task: Task) -> set[str]:
-        return {f.name for cls in task.argument_classes() for f in dataclasses.fields(cls)}
-
-    return names(SFT) - names(TASK)
 
 
 class DPOTask(Task):
@@ -41,7 +30,7 @@ class DPOTask(Task):
     def argument_classes(self) -> tuple[type, ...]:
         from trl import DPOConfig, ModelConfig
 
-        return (DataArguments, PreferenceArguments, LaunchArguments, DPOConfig, ModelConfig)
+        return (DataArguments, PreferenceArguments, HeadLaunchArguments, DPOConfig, ModelConfig)
 
     def configure_parser(self, parser: Any) -> None:
         parser.help_groups = {
@@ -59,7 +48,7 @@ class DPOTask(Task):
         )
 
     def foreign_field(self, name: str) -> Exception | None:
-        return ConfigError(SFT_ONLY_MESSAGE.format(name=name)) if name in sft_only_fields() else None
+        return ConfigError(SFT_ONLY_MESSAGE.format(name=name)) if name in sft_only_fields(self) else None
 
     def check(self, cfg: Any) -> None:
         from ..validate import check_preference_config
@@ -100,7 +89,7 @@ class DPOTask(Task):
                      callbacks: Sequence[Any]) -> Any:
         from ..dpo import make_trainer
 
-        return make_trainer(cfg, tokenizer, model, ref_model, data, callbacks)
+        return make_trainer(cfg, tokenizer, model, ref_model, data, callbacks, **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once)}

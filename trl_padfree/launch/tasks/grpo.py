@@ -10,7 +10,6 @@ and ``preview``'s group layout. ``trl-padfree rloo`` (:mod:`.rloo`) is the same 
 
 from __future__ import annotations
 
-import functools
 import importlib
 import os
 import sys
@@ -18,9 +17,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import ConfigError, DataArguments, LaunchArguments
+from ..config import ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
 from .base import Task
+from .shared import launch_trainer_class
 
 __all__ = ["TASK", "GRPOTask", "RLArguments", "resolve_reward", "trl_rewards"]
 
@@ -195,7 +195,7 @@ class GRPOTask(Task):
     def argument_classes(self) -> tuple[type, ...]:
         from trl import ModelConfig
 
-        return (DataArguments, RLArguments, LaunchArguments, self.config_class(), ModelConfig)
+        return (DataArguments, RLArguments, HeadLaunchArguments, self.config_class(), ModelConfig)
 
     def configure_parser(self, parser: Any) -> None:
         parser.help_groups = {
@@ -273,6 +273,7 @@ class GRPOTask(Task):
             prompt_once=prompt_once(cfg),
             check_packing=False,  # the launch probed the policy before anything was written (the reference is its copy)
             torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
+            **self.trainer_kwargs(cfg),
         )
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
@@ -324,20 +325,6 @@ def group_layout(cfg: Any, tokenizer: Any, data: PreparedPrompts, n: int) -> lis
                   f"    scored: each completion's tokens ({g} x up to {c}), attending to the prompt and to itself only",
                   f"    forwarded tokens at most: {forwarded} (padded TRL layout: {g * (p + c)})"]
     return lines
-
-
-@functools.cache
-def launch_trainer_class(base: type) -> type:
-    """``base`` (trl_padfree's GRPO or RLOO trainer) with the launch's atomic checkpoints and whole-run log (made on
-    first use, so that parsing a config does not import the trainers)."""
-    from ..atomic_save import AtomicCheckpoints
-    from ..whole_run import WholeRunLog
-
-    return type(f"Launch{base.__name__}", (AtomicCheckpoints, WholeRunLog, base), {
-        "__doc__": f"``{base.__name__}`` whose checkpoints appear complete or not at all (launch.atomic_save), "
-                   "logging what the summary of the whole run needs (launch.whole_run).",
-        "__module__": __name__,
-    })
 
 
 TASK = GRPOTask()

@@ -17,7 +17,7 @@ from typing import Any
 from ..config import ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
 from .base import Task
-from .reward import check_prompt_once, refuse_sft_settings, sft_only_fields
+from .shared import check_prompt_once, launch_trainer_class, refuse_sft_settings, sft_only_fields
 
 __all__ = ["TASK", "KTOArguments", "KTOTask", "kto_summary"]
 
@@ -188,13 +188,12 @@ class KTOTask(Task):
     def check(self, cfg: Any) -> None:
         if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
             raise ConfigError(problem)
-        refuse_sft_settings(cfg, self.prog)
+        refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
         cfg.padding_free = bool(cfg.training.padding_free)
         check_prompt_once(cfg)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once), "loss_type": cfg.training.loss_type,
-                "scored_lm_head": bool(cfg.launch.scored_lm_head)}
+        return {"prompt_once": bool(cfg.collator.prompt_once), "loss_type": cfg.training.loss_type}
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedKTO:
         data = load_kto_data(cfg, tokenizer)
@@ -232,7 +231,6 @@ class KTOTask(Task):
 
         from trl_padfree.kto import KTOTrainer
 
-        from .grpo import launch_trainer_class
 
         return launch_trainer_class(KTOTrainer)(
             model=model,
@@ -250,7 +248,7 @@ class KTOTask(Task):
         )
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once), "scored_lm_head": bool(cfg.launch.scored_lm_head)}
+        return {"prompt_once": bool(cfg.collator.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return kto_summary(lines, history)

@@ -11,7 +11,6 @@ the summary's eval accuracy and margin; ``preview``'s pair layout.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,10 +18,11 @@ from typing import Any
 from ..config import ConfigError, DataArguments, LaunchArguments
 from ..console import say
 from .base import Task
+from .shared import check_prompt_once, launch_trainer_class, refuse_sft_settings, sft_only_fields
 
 __all__ = ["TASK", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
 
-SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); {prog} trains on prompt/chosen/rejected "
+SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree reward trains on prompt/chosen/rejected "
                     "records and scores each whole sequence: remove it")
 
 
@@ -36,38 +36,6 @@ class RewardArguments:
                   "sequence both attend to its keys. Needs padding_free: true and attn_implementation 'padfree' "
                   "(auto picks it)."},
     )
-
-
-def fields_of(task: Task) -> set[str]:
-    """Every config field of ``task``."""
-    return {f.name for cls in task.argument_classes() for f in dataclasses.fields(cls)}
-
-
-def sft_only_fields(task: Task) -> set[str]:
-    """Fields of ``trl-padfree train``'s config that ``task``'s lacks."""
-    from .sft import TASK as SFT
-
-    return fields_of(SFT) - fields_of(task)
-
-
-def refuse_sft_settings(cfg: Any, prog: str) -> None:
-    """SFT's own settings (present in every config through the shared classes) refused where they are set."""
-    for name, holder in (("template", cfg.data), ("max_tokens_per_batch", cfg.launch)):
-        if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
-            raise ConfigError(SFT_ONLY_MESSAGE.format(name=name, prog=prog))
-
-
-def check_prompt_once(cfg: Any) -> None:
-    """``prompt_once`` needs the flat row and the ``"padfree"`` attention (pinned here)."""
-    if not cfg.collator.prompt_once:
-        return
-    if not cfg.padding_free:
-        raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
-    if cfg.attn_implementation not in ("auto", "padfree"):
-        raise ConfigError(
-            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
-            f"{cfg.attn_implementation!r}: use auto or padfree")
-    cfg.attn_implementation = "padfree"
 
 
 def check_reward_records(dataset: Any, source: str) -> None:
@@ -185,7 +153,7 @@ class RewardTask(Task):
             return ConfigError("scored_lm_head does not apply to trl-padfree reward: a reward model has a score head "
                                "(one output per sequence), no LM head; remove it")
         if name in sft_only_fields(self):
-            return ConfigError(SFT_ONLY_MESSAGE.format(name=name, prog=self.prog))
+            return ConfigError(SFT_ONLY_MESSAGE.format(name=name))
         return None
 
     def numeric_ranges(self) -> dict[str, Any]:
@@ -194,7 +162,7 @@ class RewardTask(Task):
         return {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
 
     def check(self, cfg: Any) -> None:
-        refuse_sft_settings(cfg, self.prog)
+        refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
         cfg.padding_free = bool(cfg.training.padding_free)
         check_prompt_once(cfg)
         if cfg.padding_free:
@@ -240,7 +208,6 @@ class RewardTask(Task):
 
         from trl_padfree.reward import RewardTrainer
 
-        from .grpo import launch_trainer_class
 
         return launch_trainer_class(RewardTrainer)(
             model=model,

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import CollatorArguments, DataArguments, LaunchArguments
+from ..config import CollatorArguments, DataArguments, HeadLaunchArguments
 from ..console import say
 from .base import Task
 
@@ -39,7 +39,7 @@ class SFTTask(Task):
     def argument_classes(self) -> tuple[type, ...]:
         from trl import ModelConfig, SFTConfig
 
-        return (DataArguments, CollatorArguments, LaunchArguments, SFTConfig, ModelConfig)
+        return (DataArguments, CollatorArguments, HeadLaunchArguments, SFTConfig, ModelConfig)
 
     def check(self, cfg: Any) -> None:
         from ..validate import check_sft_config
@@ -85,6 +85,7 @@ class SFTTask(Task):
             peft_config=get_peft_config(cfg.model),
             callbacks=list(callbacks),  # extra callbacks act first within a step (a test hook signals before the check)
             max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
+            **self.trainer_kwargs(cfg),
         )
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:

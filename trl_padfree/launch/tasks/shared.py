@@ -1,0 +1,63 @@
+"""What several tasks share, and no task owns: SFT-only settings refused by the other trainers, ``prompt_once``'s
+requirements, and the trainer class with the launch's checkpoints and whole-run log. A task module imports this
+module and :mod:`.base`, never another task's module (except a variant of it: :mod:`.rloo` is :mod:`.grpo` with
+TRL's other config).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from ..config import ConfigError
+from .base import Task
+
+__all__ = ["check_prompt_once", "fields_of", "launch_trainer_class", "refuse_sft_settings", "sft_only_fields"]
+
+
+def fields_of(task: Task) -> set[str]:
+    """Every config field of ``task``."""
+    return {f.name for cls in task.argument_classes() for f in dataclasses.fields(cls)}
+
+
+def sft_only_fields(task: Task) -> set[str]:
+    """Fields of ``trl-padfree train``'s config that ``task``'s lacks."""
+    from .sft import TASK as SFT
+
+    return fields_of(SFT) - fields_of(task)
+
+
+def refuse_sft_settings(cfg: Any, message: str) -> None:
+    """SFT's own settings that every config has through the shared classes (``template``,
+    ``max_tokens_per_batch``), refused where they are set: ``message`` is formatted with the field's ``name``."""
+    for name, holder in (("template", cfg.data), ("max_tokens_per_batch", cfg.launch)):
+        if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
+            raise ConfigError(message.format(name=name))
+
+
+def check_prompt_once(cfg: Any) -> None:
+    """``prompt_once`` needs the flat row and the ``"padfree"`` attention (pinned here)."""
+    if not cfg.collator.prompt_once:
+        return
+    if not cfg.padding_free:
+        raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
+    if cfg.attn_implementation not in ("auto", "padfree"):
+        raise ConfigError(
+            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
+            f"{cfg.attn_implementation!r}: use auto or padfree")
+    cfg.attn_implementation = "padfree"
+
+
+@functools.cache
+def launch_trainer_class(base: type, *mixins: type) -> type:
+    """``base`` (one of this package's trainers) with the launch's atomic checkpoints and whole-run log, and
+    ``mixins`` first (made on first use, so that parsing a config does not import the trainers)."""
+    from ..atomic_save import AtomicCheckpoints
+    from ..whole_run import WholeRunLog
+
+    return type(f"Launch{base.__name__}", (*mixins, AtomicCheckpoints, WholeRunLog, base), {
+        "__doc__": f"``{base.__name__}`` whose checkpoints appear complete or not at all (launch.atomic_save), "
+                   "logging what the summary of the whole run needs (launch.whole_run).",
+        "__module__": __name__,
+    })
