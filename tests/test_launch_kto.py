@@ -209,6 +209,35 @@ def test_preview_shows_the_examples():
 
 
 @needs_kto
+def test_preview_of_a_kto_config_without_kto_only_keys_takes_task(tmp_path):
+    """A KTO config that sets no KTO-only key reads as DPO's (the first registered of the trainers with its fields):
+    the refusal then says how the preview told the trainer and to give ``--task``; with ``--task kto`` it previews."""
+    from trl_padfree.launch.preview import main as preview_main
+
+    rows = [json.loads(line) for line in (DEMO / "data" / "pref_train.jsonl").read_text().splitlines()[:4]]
+    data = _write(tmp_path / "unpaired.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"], "label": True}
+                                                for r in rows])
+    config = tmp_path / "kto.yaml"
+    config.write_text(f"model_name_or_path: {DEMO / 'model'}\ntrain_file: {data}\nprompt_once: true\n")
+
+    def preview(*extra: str) -> tuple[int, str, str]:
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = preview_main(["--config", str(config), "-n", "1", *extra])
+        return code, out.getvalue(), err.getvalue()
+
+    code, _, err = preview()
+    assert code == 2 and err.strip().endswith(
+        "(previewed as a config of trl-padfree dpo, told from its fields; for another trainer's config add --task, "
+        "e.g. --task kto)"), err
+    code, out, err = preview("--task", "kto")
+    assert code == 0, err
+    assert out.startswith("4 training examples (format: text, prompt/completion/label)"), out
+    code, _, err = preview("--task", "ktoo")
+    assert code == 2 and "--task must be one of sft, dpo, grpo, rloo, reward, kto" in err, err
+
+
+@needs_kto
 def test_evaluation_logits_are_one_row_per_example_as_trls(tmp_path):
     """``prediction_loss_only=False``: ``compute_metrics`` gets TRL's padded shapes and values (issue 24)."""
     import numpy as np

@@ -140,7 +140,7 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
 
     from trl_padfree.dpo import DPOTrainer
 
-    from .tasks.shared import launch_trainer_class
+    from .trainer_class import launch_trainer_class
 
     return launch_trainer_class(DPOTrainer, QuietReferencePrecompute)(
         model=model,
@@ -187,31 +187,6 @@ def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[
         out.append(f"eval reward accuracy: {first['eval_rewards/accuracies']:.3f} -> {last['eval_rewards/accuracies']:.3f} "
                    f"(margin {first['eval_rewards/margins']:.3f} -> {last['eval_rewards/margins']:.3f})")
     return out
-
-
-def guess_task(argv: Sequence[str]) -> str:
-    """The trainer a config is for, from the fields it sets: how ``preview`` tells the configs apart without a flag.
-
-    The trainer of :mod:`.tasks` that has the most of the config's fields that ``trl-padfree train`` lacks
-    (``prompt_once``, ``beta``: DPO; ``num_generations``: GRPO), the first registered on a tie; none: SFT.
-
-    >>> guess_task(["--prompt_once", "true"]), guess_task(["--max_steps", "3"]), guess_task(["--num_generations", "4"])
-    ('dpo', 'sft', 'grpo')
-    """
-    import dataclasses
-
-    from .config import _split_config_flag, read_yaml_config
-    from .tasks import get_task, task_names
-
-    path, args = _split_config_flag(argv)
-    keys = {a[2:].split("=", 1)[0].removeprefix("no_") for a in args if a.startswith("--")}
-    if path is not None:
-        keys |= set(read_yaml_config(path))
-    fields = {name: {f.name for cls in get_task(name).argument_classes() for f in dataclasses.fields(cls)}
-              for name in task_names()}
-    scores = {name: len(keys & (own - fields["sft"])) for name, own in fields.items() if name != "sft"}
-    best = max(scores, key=scores.__getitem__, default="sft")
-    return best if scores.get(best) else "sft"
 
 
 def probe_check(cfg: LaunchConfig) -> Any:

@@ -24,7 +24,7 @@ __all__ = ["main", "marked_text", "preview_lines", "preview_pairs"]
 IGNORE_INDEX = -100
 OPEN, CLOSE = "[[", "]]"
 _GREEN, _DIM, _RESET = "\033[1;32m", "\033[2m", "\033[0m"
-_USAGE = "usage: trl-padfree preview --config configs/NAME.yaml [-n 3] [--field value ...]"
+_USAGE = "usage: trl-padfree preview --config configs/NAME.yaml [-n 3] [--task TASK] [--field value ...]"
 
 
 def _spans(labels: Sequence[int]) -> list[tuple[int, int, bool]]:
@@ -165,6 +165,61 @@ def _split_n(argv: Sequence[str]) -> tuple[int, list[str]]:
     return n, args
 
 
+def guess_task(argv: Sequence[str]) -> str:
+    """The trainer a config is for, from the fields it sets: how ``preview`` tells the configs apart without a flag.
+
+    The trainer of :mod:`.tasks` that has the most of the config's fields that ``trl-padfree train`` lacks
+    (``prompt_once``, ``beta``: DPO; ``num_generations``: GRPO), the first registered on a tie; none: SFT.
+    ``preview --task NAME`` says it instead (:func:`_split_task`).
+
+    >>> guess_task(["--prompt_once", "true"]), guess_task(["--max_steps", "3"]), guess_task(["--num_generations", "4"])
+    ('dpo', 'sft', 'grpo')
+    """
+    import dataclasses
+
+    from .config import _split_config_flag, read_yaml_config
+    from .tasks import get_task, task_names
+
+    path, args = _split_config_flag(argv)
+    keys = {a[2:].split("=", 1)[0].removeprefix("no_") for a in args if a.startswith("--")}
+    if path is not None:
+        keys |= set(read_yaml_config(path))
+    fields = {name: {f.name for cls in get_task(name).argument_classes() for f in dataclasses.fields(cls)}
+              for name in task_names()}
+    scores = {name: len(keys & (own - fields["sft"])) for name, own in fields.items() if name != "sft"}
+    best = max(scores, key=scores.__getitem__, default="sft")
+    return best if scores.get(best) else "sft"
+
+
+def _split_task(args: list[str]) -> tuple[str | None, list[str]]:
+    """``--task NAME`` taken out of ``args`` (None where not given), checked against the launch's tasks.
+
+    >>> _split_task(["--config", "x.yaml", "--task", "kto"])
+    ('kto', ['--config', 'x.yaml'])
+    >>> _split_task(["--task=dpo"])
+    ('dpo', [])
+    """
+    from .config import ConfigError
+    from .tasks import task_names
+
+    task, rest, i = None, [], 0
+    while i < len(args):
+        if args[i] == "--task" or args[i].startswith("--task="):
+            if "=" in args[i]:
+                task = args[i].split("=", 1)[1]
+            elif i + 1 < len(args):
+                task, i = args[i + 1], i + 1
+            else:
+                task = ""
+        else:
+            rest.append(args[i])
+        i += 1
+    if task is not None and task not in task_names():
+        raise ConfigError(f"--task must be one of {', '.join(task_names())} (the trainer the config is for), got "
+                          f"{task!r}")
+    return task, rest
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the preview; 0 done, 2 bad input (one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -180,22 +235,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .config import ConfigError
     from .console import quiet_progress
 
+    guessed = None
     try:
         n, args = _split_n(argv)
+        task, args = _split_task(args)
         from . import load_config
         from .demo import builtin_config
-        from .dpo import guess_task
         from .tasks import get_task
         from .tokenizer import load_tokenizer
 
         args = builtin_config(args)  # --config demo / demo-chat / demo-dpo: the configs shipped in the package
-        task = guess_task(args)  # a DPO config (trl-padfree dpo) shows its pairs, a GRPO one its groups
+        if task is None:  # a DPO config (trl-padfree dpo) shows its pairs, a GRPO one its groups
+            task = guessed = guess_task(args)
         cfg = load_config(args, check_environment=False, task=task)
         with quiet_progress():
             tokenizer = load_tokenizer(cfg)
             lines = get_task(task).preview(cfg, tokenizer, n, sys.stdout.isatty())
     except ConfigError as exc:
-        print(f"trl-padfree preview: error: {exc}", file=sys.stderr)
+        hint = ""
+        if guessed is not None:
+            from .tasks import get_task
+
+            hint = (f" (previewed as a config of {get_task(guessed).prog}, told from its fields; for another trainer's "
+                    "config add --task, e.g. --task kto)")
+        print(f"trl-padfree preview: error: {exc}{hint}", file=sys.stderr)
         return 2
     print("\n".join(lines))
     return 0

@@ -515,11 +515,11 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "dtype": cfg.model.dtype,
         "padding_free": cfg.padding_free,
         **task.describe(cfg),
-        **task.trainer_kwargs(cfg),  # scored_lm_head, where the task's trainer has an LM head
         "peft": bool(cfg.model.use_peft),
         "device": _training_device(cfg),
         "bf16": bool(cfg.training.bf16),
         "activation_checkpointing": bool(cfg.training.activation_checkpointing),
         "torch_num_threads": cfg.launch.torch_num_threads or os.environ.get("OMP_NUM_THREADS") or "torch default",
+        **task.trainer_kwargs(cfg),  # scored_lm_head, where the task's trainer has an LM head
         "output_dir": cfg.training.output_dir,
     }

@@ -19,8 +19,8 @@ from typing import Any
 
 from ..config import ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
+from ..trainer_class import launch_trainer_class
 from .base import Task
-from .shared import launch_trainer_class
 
 __all__ = ["TASK", "GRPOTask", "RLArguments", "resolve_reward", "trl_rewards"]
 

@@ -17,8 +17,9 @@ from typing import Any
 
 from ..config import ConfigError, DataArguments, LaunchArguments
 from ..console import say
+from ..trainer_class import launch_trainer_class
 from .base import Task
-from .shared import check_prompt_once, launch_trainer_class, refuse_sft_settings, sft_only_fields
+from .shared import check_prompt_once, refuse_sft_settings, sft_only_fields
 
 __all__ = ["TASK", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
 

@@ -3,8 +3,8 @@ TRL's ``RLOOConfig``: the same fields of its own, rewards, data, probe, summary 
 
 from __future__ import annotations
 
+from ..trainer_class import launch_trainer_class
 from .grpo import GRPOTask
-from .shared import launch_trainer_class
 
 __all__ = ["TASK", "RLOOTask"]
 

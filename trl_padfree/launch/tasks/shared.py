@@ -1,19 +1,18 @@
 """What several tasks share, and no task owns: SFT-only settings refused by the other trainers, ``prompt_once``'s
-requirements, and the trainer class with the launch's checkpoints and whole-run log. A task module imports this
-module and :mod:`.base`, never another task's module (except a variant of it: :mod:`.rloo` is :mod:`.grpo` with
-TRL's other config).
+requirements (the trainer class with the launch's checkpoints is :mod:`..trainer_class`). A task module imports
+this module and :mod:`.base`, never another task's module (except a variant of it: :mod:`.rloo` is :mod:`.grpo`
+with TRL's other config).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 from ..config import ConfigError
 from .base import Task
 
-__all__ = ["check_prompt_once", "fields_of", "launch_trainer_class", "refuse_sft_settings", "sft_only_fields"]
+__all__ = ["check_prompt_once", "fields_of", "refuse_sft_settings", "sft_only_fields"]
 
 
 def fields_of(task: Task) -> set[str]:
@@ -47,17 +46,3 @@ def check_prompt_once(cfg: Any) -> None:
             f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
             f"{cfg.attn_implementation!r}: use auto or padfree")
     cfg.attn_implementation = "padfree"
-
-
-@functools.cache
-def launch_trainer_class(base: type, *mixins: type) -> type:
-    """``base`` (one of this package's trainers) with the launch's atomic checkpoints and whole-run log, and
-    ``mixins`` first (made on first use, so that parsing a config does not import the trainers)."""
-    from ..atomic_save import AtomicCheckpoints
-    from ..whole_run import WholeRunLog
-
-    return type(f"Launch{base.__name__}", (*mixins, AtomicCheckpoints, WholeRunLog, base), {
-        "__doc__": f"``{base.__name__}`` whose checkpoints appear complete or not at all (launch.atomic_save), "
-                   "logging what the summary of the whole run needs (launch.whole_run).",
-        "__module__": __name__,
-    })
