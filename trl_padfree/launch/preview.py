@@ -253,7 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             lines = get_task(task).preview(cfg, tokenizer, n, sys.stdout.isatty())
     except ConfigError as exc:
         hint = ""
-        if guessed is not None:
+        if guessed not in (None, "sft"):  # told from fields that several trainers have: say how, and the way out
             from .tasks import get_task
 
             hint = (f" (previewed as a config of {get_task(guessed).prog}, told from its fields; for another trainer's "
