@@ -23,7 +23,7 @@ __all__ = ["TASK", "SFTTask", "launch_sft_trainer"]
 @functools.cache
 def launch_sft_trainer() -> type:
     """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`..atomic_save`); made on first
-    use: parsing a config imports no trainer (the timing of a multi-node refusal depends on it)."""
+    use: parsing a config imports no trainer (help and refusals stay fast)."""
     from ..atomic_save import AtomicCheckpoints
     from ..trainer import PadfreeSFTTrainer
 
