@@ -14,6 +14,7 @@ from transformers import TrainerCallback
 
 from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
 from trl_padfree.launch import main
+from trl_padfree.scored_head import scored_head_unavailable
 
 ONE_STEP = ["--max_steps", "1", "--max_train_examples", "8", "--eval_strategy", "no", "--eval_on_start", "false",
             "--save_strategy", "no", "--logging_steps", "1"]
@@ -57,6 +58,8 @@ UNAVAILABLE = {"sft": None, "dpo": dpo_padding_free_unavailable(), "grpo": rl_pa
 def test_scored_lm_head_reaches_the_trainer(task, value, prompts, tmp_path):
     if UNAVAILABLE[task] is not None:
         pytest.skip(UNAVAILABLE[task])
+    if value == "true" and scored_head_unavailable() is not None:  # trl < 1.16: TRL's head whatever the key says
+        pytest.skip(scored_head_unavailable())
     seen, out, err = HeadSeen(), io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main([*argv(task, prompts, tmp_path / "out"), "--scored_lm_head", value], [seen], task=task)
