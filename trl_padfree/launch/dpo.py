@@ -136,26 +136,12 @@ def make_trainer(cfg: LaunchConfig, tokenizer: Any, model: Any, ref_model: Any, 
                  callbacks: Sequence[Any], **kwargs: Any) -> Any:
     """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built);
     ``kwargs``: the shared launcher settings for the trainer (``Task.trainer_kwargs``)."""
-    from trl import get_peft_config
-
     from trl_padfree.dpo import DPOTrainer
 
-    from .trainer_class import launch_trainer_class
+    from .trainer_class import make_launch_trainer
 
-    return launch_trainer_class(DPOTrainer, QuietReferencePrecompute)(
-        model=model,
-        ref_model=ref_model,
-        args=cfg.training,
-        train_dataset=data.train,
-        eval_dataset=data.eval,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(cfg.model),
-        callbacks=list(callbacks),
-        prompt_once=bool(cfg.collator.prompt_once),
-        check_packing=False,
-        torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
-        **kwargs,
-    )
+    return make_launch_trainer(DPOTrainer, cfg, tokenizer, model, data, callbacks, QuietReferencePrecompute,
+                               ref_model=ref_model, prompt_once=bool(cfg.collator.prompt_once), **kwargs)
 
 
 @contextlib.contextmanager

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
-from ..trainer_class import launch_trainer_class
+from ..trainer_class import make_launch_trainer
 from .base import Task
 
 __all__ = ["TASK", "GRPOTask", "RLArguments", "resolve_reward", "trl_rewards"]
@@ -190,7 +190,7 @@ class GRPOTask(Task):
     def trainer_class(self) -> type:
         from trl_padfree.grpo import GRPOTrainer
 
-        return launch_trainer_class(GRPOTrainer)
+        return GRPOTrainer
 
     def argument_classes(self) -> tuple[type, ...]:
         from trl import ModelConfig
@@ -258,23 +258,10 @@ class GRPOTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        from trl import get_peft_config
-
-        return self.trainer_class()(
-            model=model,
-            reward_funcs=[resolve_reward(name) for name in cfg.collator.reward_funcs],
-            args=cfg.training,
-            train_dataset=data.train,
-            eval_dataset=data.eval,
-            processing_class=tokenizer,
-            peft_config=get_peft_config(cfg.model),
-            callbacks=list(callbacks),
-            padding_free=cfg.padding_free,
-            prompt_once=prompt_once(cfg),
-            check_packing=False,  # the launch probed the policy before anything was written (the reference is its copy)
-            torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
-            **self.trainer_kwargs(cfg),
-        )
+        return make_launch_trainer(self.trainer_class(), cfg, tokenizer, model, data, callbacks,
+                                   reward_funcs=[resolve_reward(name) for name in cfg.collator.reward_funcs],
+                                   padding_free=cfg.padding_free, prompt_once=prompt_once(cfg),
+                                   **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": prompt_once(cfg), "reward_funcs": list(cfg.collator.reward_funcs or [])}

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..config import ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
-from ..trainer_class import launch_trainer_class
+from ..trainer_class import make_launch_trainer
 from .base import Task
 from .shared import check_prompt_once, refuse_sft_settings, sft_only_fields
 
@@ -228,25 +228,10 @@ class KTOTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        from trl import get_peft_config
-
         from trl_padfree.kto import KTOTrainer
 
-
-        return launch_trainer_class(KTOTrainer)(
-            model=model,
-            ref_model=ref_model,
-            args=cfg.training,
-            train_dataset=data.train,
-            eval_dataset=data.eval,
-            processing_class=tokenizer,
-            peft_config=get_peft_config(cfg.model),
-            callbacks=list(callbacks),
-            prompt_once=bool(cfg.collator.prompt_once),
-            check_packing=False,  # the launch probed the policy before anything was written
-            torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
-            **self.trainer_kwargs(cfg),
-        )
+        return make_launch_trainer(KTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model,
+                                   prompt_once=bool(cfg.collator.prompt_once), **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once)}

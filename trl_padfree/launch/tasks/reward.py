@@ -17,7 +17,7 @@ from typing import Any
 
 from ..config import ConfigError, DataArguments, LaunchArguments
 from ..console import say
-from ..trainer_class import launch_trainer_class
+from ..trainer_class import make_launch_trainer
 from .base import Task
 from .shared import check_prompt_once, refuse_sft_settings, sft_only_fields
 
@@ -205,24 +205,10 @@ class RewardTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        from trl import get_peft_config
-
         from trl_padfree.reward import RewardTrainer
 
-
-        return launch_trainer_class(RewardTrainer)(
-            model=model,
-            args=cfg.training,
-            train_dataset=data.train,
-            eval_dataset=data.eval,
-            processing_class=tokenizer,
-            peft_config=get_peft_config(cfg.model),
-            callbacks=list(callbacks),
-            prompt_once=bool(cfg.collator.prompt_once),
-            check_packing=False,  # the launch probed the model before anything was written
-            torch_num_threads=None,  # the launch picks threads itself (launch.defaults)
-            **self.trainer_kwargs(cfg),
-        )
+        return make_launch_trainer(RewardTrainer, cfg, tokenizer, model, data, callbacks,
+                                   prompt_once=bool(cfg.collator.prompt_once), **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once)}

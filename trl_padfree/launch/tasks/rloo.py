@@ -3,7 +3,6 @@ TRL's ``RLOOConfig``: the same fields of its own, rewards, data, probe, summary 
 
 from __future__ import annotations
 
-from ..trainer_class import launch_trainer_class
 from .grpo import GRPOTask
 
 __all__ = ["TASK", "RLOOTask"]
@@ -22,7 +21,7 @@ class RLOOTask(GRPOTask):
     def trainer_class(self) -> type:
         from trl_padfree.rloo import RLOOTrainer
 
-        return launch_trainer_class(RLOOTrainer)
+        return RLOOTrainer
 
 
 TASK = RLOOTask()
