@@ -27,14 +27,14 @@ from torch import nn
 from .probe import (
     PackingLeakError,
     PackingReport,
-    _alone_batch,
-    _deterministic_train_mode,
-    _logits,
-    _random_sequences,
-    _vocab_size,
+    alone_batch,
+    deterministic_train_mode,
     error_line,
     layout_report,
+    model_vocab_size,
+    probe_logits,
     probe_setting,
+    random_sequences,
 )
 
 __all__ = ["DEFAULT_PAIRS", "assert_preference_packing_safe", "check_preference_packing"]
@@ -59,7 +59,7 @@ def check_preference_packing(
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     lengths = [n for pair in pairs for n in pair]
-    seqs = _random_sequences(lengths, _vocab_size(model), getattr(text_config, "pad_token_id", None), seed)
+    seqs = random_sequences(lengths, model_vocab_size(model), getattr(text_config, "pad_token_id", None), seed)
     examples = [{"prompt_ids": seqs[3 * i], "chosen_ids": seqs[3 * i + 1], "rejected_ids": seqs[3 * i + 2]}
                 for i in range(len(pairs))]
     batch = DataCollatorForPreference(pad_token_id=0, prompt_once=prompt_once)(examples)
@@ -68,16 +68,16 @@ def check_preference_packing(
 
     inputs = on_device({k: v for k, v in batch.items() if k in MODEL_KEYS})
     error = None
-    with _deterministic_train_mode(model):
+    with deterministic_train_mode(model):
         expected = []
         for ex in examples:
-            chosen = _logits(model, on_device(_alone_batch(ex["prompt_ids"] + ex["chosen_ids"])))
-            rejected = _logits(model, on_device(_alone_batch(ex["prompt_ids"] + ex["rejected_ids"])))
+            chosen = probe_logits(model, on_device(alone_batch(ex["prompt_ids"] + ex["chosen_ids"])))
+            rejected = probe_logits(model, on_device(alone_batch(ex["prompt_ids"] + ex["rejected_ids"])))
             expected.append(chosen)
             expected.append(rejected[len(ex["prompt_ids"]) - 1 :] if prompt_once else rejected)
         got = None
         try:
-            packed = _logits(model, {**inputs, "use_cache": False})
+            packed = probe_logits(model, {**inputs, "use_cache": False})
             bounds = torch.tensor([0, *(e.shape[0] for e in expected)]).cumsum(0).tolist()
             got = [packed[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         except Exception as exc:  # the Trainer would hit the same error: report it

@@ -243,7 +243,7 @@ def probe_setting(model: nn.Module, rtol: float | None) -> tuple[torch.device, t
     return device, dtype, DEFAULT_RTOL.get(dtype, DEFAULT_RTOL[torch.float32]) if rtol is None else rtol
 
 
-def _vocab_size(model: nn.Module) -> int:
+def model_vocab_size(model: nn.Module) -> int:
     sizes = []
     get = getattr(model, "get_input_embeddings", None)
     emb = get() if callable(get) else None
@@ -260,7 +260,7 @@ def _vocab_size(model: nn.Module) -> int:
     return min(sizes)
 
 
-def _random_sequences(
+def random_sequences(
     lengths: Sequence[int], vocab_size: int, pad_id: int | None, seed: int
 ) -> list[list[int]]:
     """Seeded random token ids in ``[0, vocab_size)``, never the pad id (some models treat it specially)."""
@@ -277,7 +277,7 @@ def _random_sequences(
 
 
 @contextlib.contextmanager
-def _deterministic_train_mode(model: nn.Module) -> Iterator[None]:
+def deterministic_train_mode(model: nn.Module) -> Iterator[None]:
     """Train mode with dropout/layerdrop/jitter at 0 and the global RNG untouched; everything restored after."""
     changed: list[tuple[Any, str, Any]] = []
 
@@ -321,7 +321,7 @@ def _deterministic_train_mode(model: nn.Module) -> Iterator[None]:
             module.training = flag
 
 
-def _alone_batch(seq: Sequence[int]) -> dict[str, Any]:
+def alone_batch(seq: Sequence[int]) -> dict[str, Any]:
     """One example as the padded path sees it: ``attention_mask`` of ones, ``labels``, no cache."""
     ids = torch.tensor([list(seq)], dtype=torch.int64)
     labels = ids.clone()
@@ -329,7 +329,7 @@ def _alone_batch(seq: Sequence[int]) -> dict[str, Any]:
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels, "use_cache": False}
 
 
-def _logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
+def probe_logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     # Without labels: TRL 1.8-1.14's default loss (chunked_nll) patches the model's forward to return no logits when
     # labels are given; the logits do not depend on them.
     out = model(**{k: v for k, v in batch.items() if k != "labels"})
@@ -499,8 +499,8 @@ def check_packing(
     model_type = str(getattr(config, "model_type", None) or type(model).__name__)
     attn = _attn_name(model)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    sequences = _random_sequences(
-        lengths, _vocab_size(model), getattr(text_config, "pad_token_id", None), seed
+    sequences = random_sequences(
+        lengths, model_vocab_size(model), getattr(text_config, "pad_token_id", None), seed
     )
 
     def to_device(batch: Mapping[str, Any]) -> dict[str, Any]:
@@ -512,12 +512,12 @@ def check_packing(
     failure: Exception | None = None
     alone: list[torch.Tensor] = []
     noise = math.nan
-    with _deterministic_train_mode(model), counting_calls() as calls:
+    with deterministic_train_mode(model), counting_calls() as calls:
         try:
             for seq in sequences:
-                alone.append(_logits(model, to_device(_alone_batch(seq))))
-            noise = (_logits(model, to_device(_alone_batch(sequences[-1]))) - alone[-1]).abs().max().item()
-            packed = _logits(model, packed_inputs)
+                alone.append(probe_logits(model, to_device(alone_batch(seq))))
+            noise = (probe_logits(model, to_device(alone_batch(sequences[-1]))) - alone[-1]).abs().max().item()
+            packed = probe_logits(model, packed_inputs)
         except Exception as exc:  # the Trainer would hit the same error: report it instead of crashing
             failure = exc
     # "padfree" set, yet never called: the model computes attention in its own code (not through transformers'
@@ -587,7 +587,7 @@ def uses_padfree_attention(model: nn.Module) -> bool:
     >>> uses_padfree_attention(LlamaForCausalLM._from_config(config, attn_implementation="sdpa"))
     False
     """
-    ids = torch.tensor([[1, 2, 3, 1]], device=_model_device(model)) % max(_vocab_size(model), 1)
+    ids = torch.tensor([[1, 2, 3, 1]], device=_model_device(model)) % max(model_vocab_size(model), 1)
     with torch.no_grad(), counting_calls() as calls:
         try:
             model(input_ids=ids, use_cache=False)

@@ -32,12 +32,12 @@ from torch import nn
 from .probe import (
     PackingLeakError,
     PackingReport,
-    _deterministic_train_mode,
-    _random_sequences,
-    _vocab_size,
+    deterministic_train_mode,
     error_line,
     layout_report,
+    model_vocab_size,
     probe_setting,
+    random_sequences,
 )
 
 __all__ = ["DEFAULT_REWARD_PAIRS", "assert_reward_packing_safe", "check_reward_packing", "position_scores",
@@ -113,7 +113,7 @@ def check_reward_packing(
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     pad_id = getattr(text_config, "pad_token_id", None)
     lengths = [n for pair in pairs for n in pair]
-    seqs = _random_sequences(lengths, _vocab_size(model), pad_id, seed)
+    seqs = random_sequences(lengths, model_vocab_size(model), pad_id, seed)
     examples = []
     for i in range(len(pairs)):
         prefix, chosen, rejected = seqs[3 * i : 3 * i + 3]
@@ -128,7 +128,7 @@ def check_reward_packing(
 
     inputs = on_device({k: v for k, v in batch.items() if k in MODEL_KEYS})
     error = None
-    with _deterministic_train_mode(model):
+    with deterministic_train_mode(model):
         expected = []
         for seq in alone:
             ids = torch.tensor([seq], dtype=torch.int64)

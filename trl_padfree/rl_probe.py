@@ -28,14 +28,14 @@ from torch import nn
 from .probe import (
     PackingLeakError,
     PackingReport,
-    _alone_batch,
-    _deterministic_train_mode,
-    _logits,
-    _random_sequences,
-    _vocab_size,
+    alone_batch,
+    deterministic_train_mode,
     error_line,
     layout_report,
+    model_vocab_size,
+    probe_logits,
     probe_setting,
+    random_sequences,
 )
 
 __all__ = ["DEFAULT_GROUPS", "assert_group_packing_safe", "check_group_packing", "probe_rows"]
@@ -54,7 +54,7 @@ def probe_rows(groups: Sequence[tuple[int, Sequence[int]]], vocab_size: int, pad
     if not groups or any(p < 1 or not cs or min(cs) < 1 for p, cs in groups):
         raise ValueError(f"probe groups need a prompt and completions of at least one token each, got {groups!r}")
     lengths = [n for p, cs in groups for n in (p, *cs)]
-    seqs = iter(_random_sequences(lengths, vocab_size, pad_id, seed))
+    seqs = iter(random_sequences(lengths, vocab_size, pad_id, seed))
     per_group = []
     for _, cs in groups:
         prompt = next(seqs)
@@ -93,23 +93,23 @@ def check_group_packing(
     config = getattr(model, "config", None)
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     pad_id = getattr(text_config, "pad_token_id", None)
-    rows = probe_rows(groups, _vocab_size(model), pad_id, seed)
+    rows = probe_rows(groups, model_vocab_size(model), pad_id, seed)
     ids, mask, width = _padded(rows, pad_id if isinstance(pad_id, int) else 0)
     packed = pack_completion_rows(ids, mask, width, prompt_once=prompt_once)
     inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in packed.items() if k in MODEL_KEYS}
     bounds = packed["cu_seq_lens_q"].tolist()
     error = None
-    with _deterministic_train_mode(model):
+    with deterministic_train_mode(model):
         expected, seen = [], set()
         for prompt, completion in rows:
-            alone = _logits(model, {k: (v.to(device) if isinstance(v, torch.Tensor) else v)
-                                    for k, v in _alone_batch(prompt + completion).items()})
+            alone = probe_logits(model, {k: (v.to(device) if isinstance(v, torch.Tensor) else v)
+                                    for k, v in alone_batch(prompt + completion).items()})
             shared = prompt_once and tuple(prompt) in seen
             seen.add(tuple(prompt))
             expected.append(alone[len(prompt) - 1 :] if shared else alone)
         got = None
         try:
-            packed = _logits(model, {**inputs, "use_cache": False})
+            packed = probe_logits(model, {**inputs, "use_cache": False})
             got = [packed[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
         except Exception as exc:  # the Trainer would hit the same error: report it
             error = error_line(exc)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .token_text import TokenText, _decoder_kinds
+from .token_text import TokenText, decoder_kinds
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def verify_text_matching(template: Template, tokenizer, text: TokenText) -> None
         cause = "the tokens read back with a different case"
     else:
         cause = (f"this tokenizer's tokens do not read back to the text they came from (decoder steps: "
-                 f"{', '.join(sorted(k for k in _decoder_kinds(tokenizer) if k)) or 'unknown'})")
+                 f"{', '.join(sorted(k for k in decoder_kinds(tokenizer) if k)) or 'unknown'})")
     raise ValueError(
         f"The template {template} cannot be located in text tokenized by {type(tokenizer).__name__}: in the probe "
         f"{probe!r} its tokens read back as {data.decode('utf-8', 'replace')!r}, which does not contain "

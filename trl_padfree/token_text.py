@@ -68,7 +68,7 @@ def _gpt2_unicode_to_byte() -> dict[str, int]:
     return table
 
 
-def _decoder_kinds(tokenizer) -> set[str]:
+def decoder_kinds(tokenizer) -> set[str]:
     """Names of the decoder steps of a fast tokenizer (``{"ByteLevel"}``, ``{"Metaspace", "ByteFallback"}`` ...)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
@@ -92,7 +92,7 @@ def token_bytes(tokenizer) -> list[bytes]:
     size = len(tokenizer)
     pieces = tokenizer.convert_ids_to_tokens(list(range(size)))
     added = {int(i): str(t) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items()}
-    kinds = _decoder_kinds(tokenizer)
+    kinds = decoder_kinds(tokenizer)
     if not kinds:  # slow tokenizer: guess from the vocabulary itself
         if any(p and p.startswith("Ġ") for p in pieces):
             kinds = {"ByteLevel"}
