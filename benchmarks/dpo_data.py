@@ -6,7 +6,13 @@ matmul FLOPs counted from the batches really run.
 each length drawn independently from a lognormal ``exp(N(log(median), sigma))``, rounded, multiplied by the run's
 ``length_scale`` and clipped to ``[min_length, max_length]``: prompt median 113, sigma 0.9 (mean 170); chosen and
 rejected each median 250, sigma 0.6 (mean 300). A moment match to UltraFeedback's published sizes, not a fit to
-tokenized rows: the derivation is in docs/bench/dpo-notes.md.
+tokenized rows: the derivation is in docs/bench/dpo-notes.md. The prompt's 5th and 99th percentiles:
+
+>>> import math
+>>> from statistics import NormalDist
+>>> p = ULTRAFEEDBACK["prompt"]
+>>> [round(p.center * math.exp(p.spread * NormalDist().inv_cdf(q))) for q in (0.05, 0.99)]
+[26, 917]
 
 **FLOPs** (:func:`batch_workload`, :func:`~.flops.forward_flops`): matmul FLOPs of one forward of the Llama over a
 batch exactly as it was laid out (docs/dpo-bench.md): the LM head ``2 d V`` per position handed to it (TRL's fused
@@ -19,48 +25,19 @@ so the FLOP ratio of two variants is the ratio of their forwards.
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .data import BOS_ID, EOS_ID, FIRST_CONTENT_ID, _zipf_probabilities, token_text
+from .data import BOS_ID, EOS_ID, FIRST_CONTENT_ID, LengthDistribution, _zipf_probabilities, token_text
 from .flops import Workload
 
-
-@dataclass(frozen=True)
-class PartLengths:
-    """Lognormal lengths (tokens) of one part of a pair: ``exp(N(log(median), sigma))``."""
-
-    median: float
-    sigma: float
-
-    @property
-    def mean(self) -> float:
-        return self.median * math.exp(self.sigma**2 / 2)
-
-    def percentile(self, q: float) -> float:
-        """The ``q`` (0-1) quantile before scaling and clipping.
-
-        >>> round(ULTRAFEEDBACK["prompt"].percentile(0.05)), round(ULTRAFEEDBACK["prompt"].percentile(0.99))
-        (26, 917)
-        """
-        from statistics import NormalDist
-
-        return self.median * math.exp(self.sigma * NormalDist().inv_cdf(q))
-
-    def sample(self, rng: np.random.Generator, n: int, *, scale: float, low: int, high: int) -> np.ndarray:
-        raw = np.exp(rng.normal(math.log(self.median), self.sigma, size=n))
-        return np.clip(np.rint(raw * scale), low, high).astype(np.int64)
-
-
 # UltraFeedback-like (see the module docstring for the source and why).
-ULTRAFEEDBACK: dict[str, PartLengths] = {
-    "prompt": PartLengths(113.0, 0.9),
-    "response": PartLengths(250.0, 0.6),
+ULTRAFEEDBACK: dict[str, LengthDistribution] = {
+    "prompt": LengthDistribution("prompt", "prompt", "lognormal", 113.0, 0.9),
+    "response": LengthDistribution("response", "chosen or rejected", "lognormal", 250.0, 0.6),
 }
 DISTRIBUTION_LABEL = ("UltraFeedback-like: prompt lognormal (median 113, sigma 0.9), chosen and rejected each "
                       "lognormal (median 250, sigma 0.6), drawn independently")
@@ -77,7 +54,7 @@ def make_pairs(n: int, *, vocab_size: int, seed: int, split: str = "train", leng
     (1, 2)
     """
     rng = np.random.default_rng([seed, zlib.crc32(f"dpo-ultrafeedback/{split}".encode())])
-    common = dict(scale=length_scale, low=max(2, min_length), high=max_length)
+    common = dict(scale=length_scale, min_length=max(2, min_length), max_length=max_length)
     prompts = ULTRAFEEDBACK["prompt"].sample(rng, n, **common)
     chosen = ULTRAFEEDBACK["response"].sample(rng, n, **common)
     rejected = ULTRAFEEDBACK["response"].sample(rng, n, **common)

@@ -7,7 +7,7 @@ from typing import Any
 
 from .dpo_data import DISTRIBUTION_LABEL, STEP_FORWARDS
 from .flops import timed_flops
-from .report import fmt_ratio, machine_line, max_rel_diff, model_line, ratios, target_lines
+from .report import fmt, machine_line, max_rel_diff, model_line, ratios, target_lines
 from .targets import TARGETS, failed_targets, in_memory_setup, in_speed_setup, memory_target, share_target
 
 __all__ = ["compare", "evaluate_targets", "failed_targets", "to_markdown"]
@@ -110,11 +110,11 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"{k['logps_max_rel_diff']:.1e} / {k['train_loss_max_rel_diff']:.1e}"
         same = "" if base or "same_batches" not in k else ("yes" if k["same_batches"] else "NO")
         lines.append(
-            f"| {name} | {res['tokens_per_second']:,.0f} | {fmt_ratio(k.get('throughput_ratio'))} | "
-            f"{fmt_ratio(k.get('flop_ratio'))} | {share} | {res['forwarded_tokens_per_second']:,.0f} | "
-            f"{'' if base else fmt_ratio(k.get('median_step_speedup'))} | "
-            f"{'' if base else fmt_ratio(k.get('cpu_throughput_ratio'))} | {res['median_step_seconds'] * 1000:,.0f} | "
-            f"{k['step_gflop_per_s']:.1f} | {res['peak_memory_mb']:,.0f} | {fmt_ratio(k.get('memory_ratio'))} | "
+            f"| {name} | {res['tokens_per_second']:,.0f} | {fmt(k.get('throughput_ratio'))} | "
+            f"{fmt(k.get('flop_ratio'))} | {share} | {res['forwarded_tokens_per_second']:,.0f} | "
+            f"{'' if base else fmt(k.get('median_step_speedup'))} | "
+            f"{'' if base else fmt(k.get('cpu_throughput_ratio'))} | {res['median_step_seconds'] * 1000:,.0f} | "
+            f"{k['step_gflop_per_s']:.1f} | {res['peak_memory_mb']:,.0f} | {fmt(k.get('memory_ratio'))} | "
             f"{diff} | {same} |"
         )
     kind = next((r.get("memory_kind") for r in variants.values()), None)

@@ -207,5 +207,10 @@ def check(holds: bool | None) -> str:
     return {True: "PASS", False: "FAIL", None: "n/a"}[holds]
 
 
-def fmt_ratio(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}x"
+def fmt(value: float | None, spec: str = ".2f", suffix: str = "x") -> str:
+    """A table cell: ``value`` in ``spec`` and ``suffix`` (by default a ratio), empty for None.
+
+    >>> fmt(1.234), fmt(None), fmt(0.5, ".0%", ""), fmt(12345.6, ",.0f", "")
+    ('1.23x', '', '50%', '12,346')
+    """
+    return "" if value is None else f"{value:{spec}}{suffix}"

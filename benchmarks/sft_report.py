@@ -8,7 +8,7 @@ from typing import Any
 from .config import BASELINE
 from .data import dataset_title
 from .flops import flop_ratio
-from .report import fmt_ratio, machine_line, model_line, ratios, step_medians, target_lines
+from .report import fmt, machine_line, model_line, ratios, step_medians, target_lines
 from .targets import TARGETS, in_memory_setup, in_speed_setup, memory_target, share_target
 
 
@@ -118,16 +118,6 @@ PAPER = {
 }
 
 
-
-def _fmt_percent(value: float | None) -> str:
-    return "" if value is None else f"{value:.0%}"
-
-
-def _fmt_number(value: float | None) -> str:
-    return "" if value is None else f"{value:,.0f}"
-
-
-
 def _fmt_seconds(value: float | None) -> str:
     return "" if value is None else f"{value * 1000:,.1f}"
 
@@ -148,12 +138,12 @@ def _variant_row(name: str, res: dict[str, Any], cmp: dict[str, Any] | None) -> 
     step, rest = step_medians(res)
     return (
         f"| {name} | {res['tokens_per_second']:,.0f} | "
-        f"{fmt_ratio(cmp and cmp['throughput_ratio'])} | {fmt_ratio(cmp and cmp.get('flop_ratio'))} | "
-        f"{_fmt_percent(cmp and cmp.get('share_of_flop_ratio'))} | {fmt_ratio(cmp and cmp['median_step_speedup'])} | "
-        f"{_fmt_number(res['tokens_per_cpu_second'])} | "
-        f"{fmt_ratio(cmp and cmp['cpu_throughput_ratio'])} | "
+        f"{fmt(cmp and cmp['throughput_ratio'])} | {fmt(cmp and cmp.get('flop_ratio'))} | "
+        f"{fmt(cmp and cmp.get('share_of_flop_ratio'), '.0%', '')} | {fmt(cmp and cmp['median_step_speedup'])} | "
+        f"{fmt(res['tokens_per_cpu_second'], ',.0f', '')} | "
+        f"{fmt(cmp and cmp['cpu_throughput_ratio'])} | "
         f"{_fmt_seconds(step)} | {_fmt_seconds(rest)} | {res['peak_memory_mb']:,.0f} | "
-        f"{fmt_ratio(cmp and cmp['memory_ratio'])} | {'' if above is None else f'{above:,.0f}'} | "
+        f"{fmt(cmp and cmp['memory_ratio'])} | {fmt(above, ',.0f', '')} | "
         f"{res['train_loss'][-1]:.6f} | {res['eval_loss']:.6f} | {diff} | {res['optimizer_steps']} | "
         f"{'other batches (token budget)' if budget else _yes_no(same)} |"
     )
