@@ -146,13 +146,13 @@ def _check_prepared(prepared: Any, examples: list[list[int]], split: str) -> Non
     ids, labels = prepared["input_ids"], prepared["labels"]
     if ids != examples:
         raise RuntimeError(f"SFTTrainer tokenized the {split} records into other token ids than the benchmark's "
-                           "examples (a bug in benchmarks.records)")
+                           "examples (a bug in benchmarks.data.to_records)")
     if labels != [completion_labels(e) for e in examples]:
         raise RuntimeError(f"SFTTrainer's {split} labels are not the completion-only labels of the examples")
 
 
 class SFTTrainerRun(SteppedTrainerRun):
-    """One ``sft-trainer`` variant on one dataset; the same interface as :class:`~.worker.VariantRun`."""
+    """One ``sft-trainer`` variant on one dataset; the same interface as :class:`VariantRun`."""
 
     trainer_name = "SFTTrainer"
 
