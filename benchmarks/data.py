@@ -1,10 +1,28 @@
-"""Synthetic data of the benchmark: the datasets' length distributions, the seeded examples, their statistics."""
+"""Synthetic data of the SFT benchmark: the datasets' length distributions, the seeded examples, their statistics;
+which examples go into which mini-batch (fixed batches, or a token budget) and a fingerprint of the batch a model
+really received, so that "the same mini-batches in every variant" is checked rather than assumed; the examples as
+TRL prompt/completion text records, with a word-level tokenizer that maps them back to exactly the same token ids
+(for the variants that train through ``trl.SFTTrainer``).
+
+Token id ``i`` is the word ``w<i>``; the special and template ids have readable names. A record's prompt ends with
+the response template, its completion starts with a space and ends with the EOS token, so TRL's tokenization of
+``prompt`` and of ``prompt + completion`` gives the example's ids, and TRL's completion mask is the collator's
+completion-only label mask.
+
+>>> tok = bench_tokenizer(16)
+>>> example = [1, 9, 7, 3, 4, 5, 11, 2]
+>>> records = to_records([example])
+>>> records
+[{'prompt': '<s> w9 w7 ### Answer :', 'completion': ' w11 </s>'}]
+>>> tok(records[0]["prompt"] + records[0]["completion"])["input_ids"] == example
+True
+"""
 
 from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -148,3 +166,89 @@ def dataset_title(name: str, entry: dict[str, Any], length_scale: float = 1.0) -
     short = dist.short if dist else entry.get("label", name)
     kind = f" ({dist.kind} lengths" + (f" x {length_scale:g})" if length_scale != 1.0 else ")") if dist else ""
     return f"{short}: median {s['median']:.0f}, mean {s['mean']:.0f}, max {s['max']} tokens per example{kind}"
+
+
+def fixed_batches(examples: Sequence[list[int]], batch_size: int) -> list[list[list[int]]]:
+    """Consecutive mini-batches of ``batch_size`` examples, in order (the paper's fixed mini-batches).
+
+    >>> fixed_batches([[1], [2], [3], [4]], 2)
+    [[[1], [2]], [[3], [4]]]
+    """
+    return [list(examples[i : i + batch_size]) for i in range(0, len(examples), batch_size)]
+
+
+def token_budget_batches(examples: Sequence[list[int]], max_tokens: int, seed: int) -> list[list[list[int]]]:
+    """Mini-batches of whole examples chosen by :class:`trl_padfree.batching.TokenBudgetBatchSampler` (one epoch,
+    shuffled with ``seed``): each holds as many examples as fit ``max_tokens`` real tokens."""
+    from trl_padfree.batching import TokenBudgetBatchSampler
+
+    sampler = TokenBudgetBatchSampler([len(e) for e in examples], max_tokens, shuffle=True, seed=seed)
+    sampler.set_epoch(0)
+    return [[examples[i] for i in indices] for indices in sampler]
+
+
+def batch_fingerprint(batch: Mapping[str, Any]) -> str:
+    """``"<examples>x<real tokens>:<crc32>"`` of a collated batch: its examples' real token ids in order and their
+    lengths. A padded batch and the padding-free batch of the same examples, in the same order, get the same
+    fingerprint (whichever collator built them: this project's or TRL's).
+
+    >>> import torch
+    >>> padded = {"input_ids": torch.tensor([[1, 2, 3], [4, 5, 0]]),
+    ...           "attention_mask": torch.tensor([[1, 1, 1], [1, 1, 0]])}
+    >>> packed = {"input_ids": torch.tensor([[1, 2, 3, 4, 5]]), "position_ids": torch.tensor([[0, 1, 2, 0, 1]])}
+    >>> batch_fingerprint(padded) == batch_fingerprint(packed), batch_fingerprint(packed)[:4]
+    (True, '2x5:')
+    >>> swapped = {"input_ids": torch.tensor([[4, 5, 1, 2, 3]]), "position_ids": torch.tensor([[0, 1, 0, 1, 2]])}
+    >>> batch_fingerprint(swapped) == batch_fingerprint(packed)  # same tokens, other order
+    False
+    """
+    ids = batch["input_ids"].detach().cpu()
+    if "attention_mask" in batch:
+        mask = batch["attention_mask"].detach().cpu().bool()
+        real = ids[mask]
+        lengths = mask.sum(dim=-1).tolist()
+    else:
+        real = ids.reshape(-1)
+        starts = (batch["position_ids"].detach().cpu().reshape(-1) == 0).nonzero().flatten().tolist()
+        lengths = np.diff([*starts, real.numel()]).tolist()
+    crc = zlib.crc32(np.asarray(real, dtype=np.int64).tobytes())
+    crc = zlib.crc32(np.asarray(lengths, dtype=np.int64).tobytes(), crc)
+    return f"{len(lengths)}x{real.numel()}:{crc:08x}"
+
+
+_NAMED = {PAD_ID: "<pad>", BOS_ID: "<s>", EOS_ID: "</s>", **dict(zip(TEMPLATE_IDS, ("###", "Answer", ":"), strict=True))}
+
+
+def token_text(token_id: int) -> str:
+    """The word that stands for ``token_id``.
+
+    >>> token_text(2), token_text(4), token_text(57)
+    ('</s>', 'Answer', 'w57')
+    """
+    return _NAMED.get(token_id, f"w{token_id}")
+
+
+def bench_tokenizer(vocab_size: int):
+    """A ``PreTrainedTokenizerFast`` (word level, whitespace split, no added specials) over ``vocab_size`` ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    raw = Tokenizer(models.WordLevel({token_text(i): i for i in range(vocab_size)}, unk_token="<pad>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=raw, pad_token=token_text(PAD_ID), bos_token=token_text(BOS_ID),
+        eos_token=token_text(EOS_ID),
+    )
+
+
+def to_records(examples: Sequence[Sequence[int]]) -> list[dict[str, str]]:
+    """Each example ``<bos> prompt <template> completion <eos>`` as ``{"prompt": ..., "completion": ...}``."""
+    records = []
+    for ids in examples:
+        end = completion_start(ids)
+        records.append({
+            "prompt": " ".join(map(token_text, ids[:end])),
+            "completion": " " + " ".join(map(token_text, ids[end:])),
+        })
+    return records

@@ -11,22 +11,16 @@ step:
   row, ``attn_implementation="padfree"``;
 - ``dpo-prompt-once``: the same with ``prompt_once=True``: each pair's prompt computed once.
 
-Policy and reference start from the same seeded weights (the reference is a copy of the initial policy, as in
-practice); AdamW with a constant learning rate, no clipping, ``sigmoid`` loss with ``--beta``. Each variant runs in
-a fresh worker process (its peak RSS is its own), all trained in lockstep (step i of every variant, then step
-i+1), so the load of a shared machine hits them alike. Every batch the model receives is fingerprinted (its pairs'
-prompt, chosen and rejected ids, whatever the layout) and its matmul FLOPs are counted from its layout
-(:func:`~.dpo_data.batch_workload`), so "same pairs in the same batches" is checked and the workload's FLOP ratio
-is printed next to each measured ratio.
+Policy and reference start from the same seeded weights; AdamW with a constant learning rate, no clipping,
+``sigmoid`` loss with ``--beta``. Each variant runs in a fresh worker process, all trained in lockstep. Every batch
+the model receives is fingerprinted and its matmul FLOPs are counted from its layout, so "same pairs in the same
+batches" is checked and the workload's FLOP ratio is printed next to each measured ratio.
 
-Reported: real tokens/s (the tokens of the ``2B`` sequences as TRL counts them: each prompt counted twice, no
-padding), forwarded token slots/s, the median step time, peak memory (CPU: the worker's peak RSS; CUDA:
-``max_memory_allocated``), every step's loss side by side. Targets (CPU, float32, one thread, tiny Llama, batch 8,
->= 6 timed steps, workers): padding-free real tokens/s >= 85% of the padded/padding-free FLOP ratio over TRL's
-padded DPO, prompt-once >= 85% of its own FLOP ratio, both with peak memory below TRL's padded, and TRL's logged
-logps and the per-step losses equal to TRL's padded run (relative 1e-5 and 1e-3 in float32: the loss is a function
-of a difference of four log-prob sums of thousands of nats) with identical batches. Exit 1 when a judged target
-fails, 2 on bad options.
+Reported: real tokens/s (each prompt counted twice, as TRL counts them), forwarded token slots/s, the median step
+time, peak memory, every step's loss side by side. Targets (CPU, float32, one thread, tiny Llama, batch 8, >= 6
+timed steps, workers): padding-free and prompt-once real tokens/s >= 85% of their FLOP ratio over TRL's padded DPO,
+peak memory below it, and TRL's logged logps and the per-step losses equal to its (relative 1e-5 and 1e-3 in
+float32) with identical batches (docs/dpo-bench.md). Exit 1 when a judged target fails, 2 on bad options.
 
     trl-padfree bench --task dpo --threads 1
     trl-padfree bench --task dpo --length-scale 0.25 --steps 2 --warmup 0   # a quick look
@@ -36,16 +30,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, ClassVar
 
-from .args import add_common, common_values, task_parser
+from .data import bench_tokenizer
 from .dpo_data import (
     batch_pairs,
     batch_workload,
@@ -54,10 +45,11 @@ from .dpo_data import (
     pairs_fingerprint,
     to_records,
 )
-from .machine import _load_average, machine_info
-from .preset import MODEL_PRESETS, Preset
+from .preset import Preset
+from .report import finish_report, new_report, run_and_report
+from .runner import run_variants
 from .stepped import SteppedTrainerRun, bench_trainer_class, trainer_arguments
-from .training import StepRecords, bench_device, build_model
+from .training import build_model
 
 
 @dataclass(frozen=True)
@@ -135,15 +127,9 @@ class DPOTrainerRun(SteppedTrainerRun):
 
         import trl_padfree
 
-        self.config, self.variant = config, variant
-        self.spec = spec = DPO_VARIANTS[variant]
-        self.device = bench_device(config)  # reads .device and .threads
+        spec = DPO_VARIANTS[variant]
         pairs = config.pairs()
-        self.total_steps = len(pairs) // config.batch_size
-        self.records = StepRecords(config.warmup)
-        self.workloads: list[dict[str, int]] = []
-        self.forwarded_tokens: list[int] = []
-        self._tmp = tempfile.TemporaryDirectory(prefix="trl-padfree-bench-dpo-")
+        self._setup(config, variant, spec, len(pairs) // config.batch_size)
         policy = build_model(config, spec.attn_implementation, self.device, positions=2 * config.max_length)
         reference = build_model(config, spec.attn_implementation, self.device, positions=2 * config.max_length)
         args = trl.DPOConfig(
@@ -155,8 +141,6 @@ class DPOTrainerRun(SteppedTrainerRun):
             gradient_checkpointing=False,
             dataloader_num_workers=0,
         )
-        from .records import bench_tokenizer
-
         base = trl_padfree.DPOTrainer if spec.padding_free else trl.DPOTrainer
         extra = {"prompt_once": spec.prompt_once} if spec.padding_free else {}
         trainer = self._build_quietly(lambda: bench_trainer_class(base)(
@@ -170,8 +154,6 @@ class DPOTrainerRun(SteppedTrainerRun):
         self._start(trainer, policy, isolated)
 
     def _observe(self, inputs: dict[str, Any]) -> None:
-        """Fingerprint the batch and count its tokens and FLOPs (not counted in the step's time)."""
-        start = time.perf_counter()
         pairs = batch_pairs(inputs)
         work = batch_workload(inputs, scored_head=getattr(self.trainer, "lm_head_state", None) == "scored")
         rec = self.records
@@ -179,8 +161,7 @@ class DPOTrainerRun(SteppedTrainerRun):
         rec.real_tokens.append(sum(2 * len(p) + len(c) + len(r) for p, c, r in pairs))
         rec.input_tokens.append(work.slots)
         rec.target_tokens.append(sum(len(c) + len(r) for _, c, r in pairs))
-        self.workloads.append(dataclasses.asdict(work))
-        self._excluded += time.perf_counter() - start
+        rec.workloads.append(dataclasses.asdict(work))
 
     def finish(self) -> dict[str, Any]:
         self._finished()
@@ -200,7 +181,6 @@ class DPOTrainerRun(SteppedTrainerRun):
             "padding_free": self.spec.padding_free,
             "prompt_once": self.spec.prompt_once,
             **summary,
-            "workloads": self.workloads,
             "forwarded_tokens_per_second": sum(rec.input_tokens[timed]) / summary["timed_seconds"],
             "logged": self.logged,
             "probe": probe,
@@ -209,34 +189,12 @@ class DPOTrainerRun(SteppedTrainerRun):
         }
 
 
-def run_dpo_variant(config: DPOBenchConfig, variant: str, *, isolated: bool = False) -> dict[str, Any]:
-    run = DPOTrainerRun(config, variant, isolated=isolated)
-    while run.steps_left:
-        run.step()
-    return run.finish()
+def make_run(config: DPOBenchConfig, dataset: None, variant: str, *, isolated: bool = False) -> DPOTrainerRun:
+    return DPOTrainerRun(config, variant, isolated=isolated)
 
 
-# ---- workers (one process per variant, trained in lockstep) -----------------------------------------------------
-def _worker_main(spec_path: str, output_path: str) -> int:
-    """The worker: one variant in this (fresh) process, one step per ``step`` line on stdin (:mod:`.lockstep`)."""
-    from .lockstep import serve
-
-    spec = json.loads(Path(spec_path).read_text())
-    return serve(DPOTrainerRun(DPOBenchConfig(**spec["config"]), spec["variant"], isolated=True), output_path)
-
-
-def _run_lockstep(config: DPOBenchConfig) -> dict[str, dict[str, Any]]:
-    """Every variant in its own worker, step i of each (in a rotating order) before step i+1."""
-    from .lockstep import LockstepWorker, run_in_lockstep
-
-    with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-dpo-") as tmp:
-        workers = []
-        for variant in config.variants:
-            spec_path, out_path = Path(tmp, f"{variant}.spec.json"), Path(tmp, f"{variant}.result.json")
-            spec_path.write_text(json.dumps({"config": dataclasses.asdict(config), "variant": variant}))
-            command = [sys.executable, "-m", "benchmarks.dpo", "--worker", str(spec_path), str(out_path)]
-            workers.append(LockstepWorker(variant, command, Path(tmp, f"{variant}.stderr"), out_path))
-        return dict(zip(config.variants, run_in_lockstep(workers), strict=True))
+def config_from_dict(values: dict[str, Any]) -> DPOBenchConfig:
+    return DPOBenchConfig(**values)
 
 
 def run_dpo_benchmark(config: DPOBenchConfig, log=print) -> dict[str, Any]:
@@ -245,26 +203,17 @@ def run_dpo_benchmark(config: DPOBenchConfig, log=print) -> dict[str, Any]:
 
     config.validate()
     pairs = config.pairs()
-    report: dict[str, Any] = {
-        "benchmark": "trl-padfree: DPO, TRL's padded DPOTrainer vs padding-free vs prompt-once (same pairs, same "
-                     "batches, same steps; reference forward in every step)",
-        "task": "dpo",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "config": {**dataclasses.asdict(config), "loss_rtol": config.effective_loss_rtol,
-                   "logps_rtol": config.logps_rtol,
-                   "parameters": config.parameter_count()},
-        "machine": machine_info(config.device, threads=config.threads),
-        "length_stats": pair_stats(pairs, config.batch_size, config.warmup),
-    }
+    report = new_report("trl-padfree: DPO, TRL's padded DPOTrainer vs padding-free vs prompt-once (same pairs, same "
+                        "batches, same steps; reference forward in every step)", config,
+                        loss_rtol=config.effective_loss_rtol, logps_rtol=config.logps_rtol)
+    report.update(task="dpo", length_stats=pair_stats(pairs, config.batch_size, config.warmup))
     s = report["length_stats"]
     log(f"UltraFeedback-like pairs (x{config.length_scale:g}): prompt mean {s['prompt']['mean']:.0f}, chosen "
         f"{s['chosen']['mean']:.0f}, rejected {s['rejected']['mean']:.0f} tokens; {s['trl_tokens_per_step']:.0f} "
         "TRL tokens per step (prompt counted twice)")
     started = time.perf_counter()
-    if config.subprocess:
-        results = _run_lockstep(config)
-    else:
-        results = {name: run_dpo_variant(config, name) for name in config.variants}
+    results = run_variants(sys.modules[__name__], config, config.variants,
+                           "interleaved" if config.subprocess else "in-process")
     report["wall_seconds"] = time.perf_counter() - started
     for name, res in results.items():
         log(f"  {name:<16} {res['tokens_per_second']:>9,.0f} real tok/s, {res['forwarded_tokens_per_second']:>9,.0f} "
@@ -272,41 +221,27 @@ def run_dpo_benchmark(config: DPOBenchConfig, log=print) -> dict[str, Any]:
             f"{res['median_step_seconds'] * 1000:,.0f} ms/step, final loss {res['train_loss'][-1]:.6f}")
     report["variants"] = {name: results[name] for name in config.variants}
     report["comparison"] = compare(report)
-    report["machine"]["load_average_end"] = _load_average()
-    report["targets"] = evaluate_targets(report)
-    return report
+    return finish_report(report, evaluate_targets)
 
 
 # ---- command line ------------------------------------------------------------------------------------------------
-def build_parser(task: str = "dpo") -> argparse.ArgumentParser:
-    p = task_parser(task, __doc__)
-    d = DPOBenchConfig()
-    add_common(p, d, MODEL_PRESETS, batch="preference pairs per optimizer step",
-               seed="seed of the pairs and of the initial weights",
-               length_scale="multiply every prompt and response length (keeps the distributions' shape)",
-               max_length="each prompt, chosen and rejected is clipped to this many tokens",
-               loss_rtol="tolerance of the per-step loss target (default 1e-3 in float32, 5e-2 in half precision: "
-               "see DPOBenchConfig.effective_loss_rtol)",
-               in_process="run the variants in this process, one after the other (CPU peak memory not judged)",
-               name="output file stem (default: dpo-<device type>)")
-    p.add_argument("--beta", type=float, default=d.beta, help="DPO beta (sigmoid loss)")
-    return p
+def add_options(p: argparse.ArgumentParser, task: str) -> None:
+    DPOBenchConfig.add_options(
+        p, batch="preference pairs per optimizer step", seed="seed of the pairs and of the initial weights",
+        length_scale="multiply every prompt and response length (keeps the distributions' shape)",
+        max_length="each prompt, chosen and rejected is clipped to this many tokens",
+        loss_rtol="tolerance of the per-step loss target (default 1e-3 in float32, 5e-2 in half precision: see "
+        "DPOBenchConfig.effective_loss_rtol)",
+        in_process="run the variants in this process, one after the other (CPU peak memory not judged)",
+        name="output file stem (default: dpo-<device type>)")
+    p.add_argument("--beta", type=float, default=DPOBenchConfig.beta, help="DPO beta (sigmoid loss)")
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``trl-padfree bench --task dpo``: run, write JSON/Markdown/PNG, print the tables and the targets."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if len(argv) >= 2 and argv[0] == "--worker":
-        return _worker_main(argv[1], argv[2])
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from .dpo_report import plot, to_markdown
-    from .paths import run_and_report
+    from .dpo_report import to_markdown
+    from .plot import plot_dpo
 
-    config = DPOBenchConfig(**common_values(args, MODEL_PRESETS), beta=args.beta)
-    return run_and_report(parser, args, config, run_dpo_benchmark, to_markdown, plot,
+    config = DPOBenchConfig(**DPOBenchConfig.values(args), beta=args.beta)
+    return run_and_report(parser, args, config, run_dpo_benchmark, to_markdown, plot_dpo,
                           stem=f"dpo-{config.device.split(':')[0]}", unit=" pairs")
-
-
-if __name__ == "__main__":
-    sys.exit(main())

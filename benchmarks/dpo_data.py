@@ -4,84 +4,40 @@ matmul FLOPs counted from the batches really run.
 
 **Lengths (tokens).** A pair is ``prompt`` (``<bos>`` + content), ``chosen`` and ``rejected`` (content + ``<eos>``),
 each length drawn independently from a lognormal ``exp(N(log(median), sigma))``, rounded, multiplied by the run's
-``length_scale`` and clipped to ``[min_length, max_length]``:
+``length_scale`` and clipped to ``[min_length, max_length]``: prompt median 113, sigma 0.9 (mean 170); chosen and
+rejected each median 250, sigma 0.6 (mean 300). A moment match to UltraFeedback's published sizes, not a fit to
+tokenized rows: the derivation is in docs/bench/dpo-notes.md. The prompt's 5th and 99th percentiles:
 
-- prompt: median 113, sigma 0.9 (mean 170; 5th-99th percentile 26-917 tokens);
-- chosen and rejected, each: median 250, sigma 0.6 (mean 300; 5th-99th percentile 93-1,010 tokens).
+>>> import math
+>>> from statistics import NormalDist
+>>> p = ULTRAFEEDBACK["prompt"]
+>>> [round(p.center * math.exp(p.spread * NormalDist().inv_cdf(q))) for q in (0.05, 0.99)]
+[26, 917]
 
-Why these: issue 15 describes UltraFeedback (``HuggingFaceH4/ultrafeedback_binarized``, the Zephyr DPO data) as
-"prompts of ~50-1,000+ tokens, two responses of ~100-1,000 tokens each, drawn independently"; the means come from
-the dataset cards' own byte counts (``argilla/ultrafeedback-binarized-preferences``: 203,496,687 bytes for 63,619
-rows of instruction + chosen + rejected text, ~3,140 characters per pair after ~60 bytes of other fields;
-``HuggingFaceH4/ultrafeedback_binarized`` ``train_prefs``: 405,688,662 bytes for 61,135 rows, which hold the prompt
-4 times, the chosen response twice and the rejected once: 4P + 2C + R ~ 6,470 characters). With C ~ R the two give
-P ~ 700 and C ~ R ~ 1,220 characters, i.e. ~170 and ~300 tokens at ~4 characters per token (English text, Llama-2
-tokenizer). The sigmas put the 5th-99th percentiles on the issue's ranges. This is a moment match to published
-sizes, not a fit to tokenized rows (the benchmark machine has no network); docs/dpo-bench.md says so too.
-
-**FLOPs** (:func:`batch_workload`, :func:`~.flops.forward_flops`): matmul FLOPs (2 per multiply-add) of one forward of the
-Llama over a batch exactly as it was laid out:
-
-- per token slot fed to the model, per layer: q/k/v/o projections ``2 * (2 d^2 + 2 d d_kv)`` and the MLP
-  ``2 * 3 d I``; the LM head ``2 d V`` per position handed to it (TRL's fused head on CPU scores every position:
-  ``2B x (T - 1)`` for a padded batch, the whole row for a flat one);
-- attention, per layer: ``4 d q_len k_len`` per segment (QK^T and AV), the full rectangle (no causal halving):
-  padded ``2B x T^2`` (sdpa with a padding mask is dense), padding-free ``(P+R)^2`` per sequence, prompt-once
-  ``(P+C)^2`` for the chosen segment and ``(R+1) x (P+R)`` for the rejected one (its queries read the shared
-  prompt keys);
-- not counted: embeddings, norms, RoPE, softmax, the loss, the optimizer.
-
-A training step is policy forward + backward (~3 forwards) + the reference forward (1): 4 forwards, the same
-factor in every variant, so the FLOP ratio of two variants is the ratio of their forwards.
+**FLOPs** (:func:`batch_workload`, :func:`~.flops.forward_flops`): matmul FLOPs of one forward of the Llama over a
+batch exactly as it was laid out (docs/dpo-bench.md): the LM head ``2 d V`` per position handed to it (TRL's fused
+head on CPU scores every position: ``2B x (T - 1)`` for a padded batch, the whole row for a flat one); attention,
+the full rectangle per segment: padded ``2B x T^2``, padding-free ``(P+R)^2`` per sequence, prompt-once ``(P+C)^2``
+for the chosen segment and ``(R+1) x (P+R)`` for the rejected one (its queries read the shared prompt keys). A
+training step is policy forward + backward (~3 forwards) + the reference forward (1): 4 forwards in every variant,
+so the FLOP ratio of two variants is the ratio of their forwards.
 """
 
 from __future__ import annotations
 
-import math
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .data import BOS_ID, EOS_ID, FIRST_CONTENT_ID, _zipf_probabilities
+from .data import BOS_ID, EOS_ID, FIRST_CONTENT_ID, LengthDistribution, _zipf_probabilities, token_text
 from .flops import Workload
-from .records import token_text
-
-IGNORE_INDEX = -100
-
-
-@dataclass(frozen=True)
-class PartLengths:
-    """Lognormal lengths (tokens) of one part of a pair: ``exp(N(log(median), sigma))``."""
-
-    median: float
-    sigma: float
-
-    @property
-    def mean(self) -> float:
-        return self.median * math.exp(self.sigma**2 / 2)
-
-    def percentile(self, q: float) -> float:
-        """The ``q`` (0-1) quantile before scaling and clipping.
-
-        >>> round(ULTRAFEEDBACK["prompt"].percentile(0.05)), round(ULTRAFEEDBACK["prompt"].percentile(0.99))
-        (26, 917)
-        """
-        from statistics import NormalDist
-
-        return self.median * math.exp(self.sigma * NormalDist().inv_cdf(q))
-
-    def sample(self, rng: np.random.Generator, n: int, *, scale: float, low: int, high: int) -> np.ndarray:
-        raw = np.exp(rng.normal(math.log(self.median), self.sigma, size=n))
-        return np.clip(np.rint(raw * scale), low, high).astype(np.int64)
-
 
 # UltraFeedback-like (see the module docstring for the source and why).
-ULTRAFEEDBACK: dict[str, PartLengths] = {
-    "prompt": PartLengths(113.0, 0.9),
-    "response": PartLengths(250.0, 0.6),
+ULTRAFEEDBACK: dict[str, LengthDistribution] = {
+    "prompt": LengthDistribution("prompt", "prompt", "lognormal", 113.0, 0.9),
+    "response": LengthDistribution("response", "chosen or rejected", "lognormal", 250.0, 0.6),
 }
 DISTRIBUTION_LABEL = ("UltraFeedback-like: prompt lognormal (median 113, sigma 0.9), chosen and rejected each "
                       "lognormal (median 250, sigma 0.6), drawn independently")
@@ -98,7 +54,7 @@ def make_pairs(n: int, *, vocab_size: int, seed: int, split: str = "train", leng
     (1, 2)
     """
     rng = np.random.default_rng([seed, zlib.crc32(f"dpo-ultrafeedback/{split}".encode())])
-    common = dict(scale=length_scale, low=max(2, min_length), high=max_length)
+    common = dict(scale=length_scale, min_length=max(2, min_length), max_length=max_length)
     prompts = ULTRAFEEDBACK["prompt"].sample(rng, n, **common)
     chosen = ULTRAFEEDBACK["response"].sample(rng, n, **common)
     rejected = ULTRAFEEDBACK["response"].sample(rng, n, **common)
@@ -115,7 +71,7 @@ def make_pairs(n: int, *, vocab_size: int, seed: int, split: str = "train", leng
 
 
 def to_records(pairs: Sequence[Mapping[str, Sequence[int]]]) -> list[dict[str, str]]:
-    """The pairs as ``trl.DPOTrainer`` text records for :func:`~.records.bench_tokenizer` (responses start with a
+    """The pairs as ``trl.DPOTrainer`` text records for :func:`~.data.bench_tokenizer` (responses start with a
     space and already end with ``</s>``, so TRL adds no EOS and tokenizes back exactly the pair's ids).
 
     >>> to_records([{"prompt": [1, 9], "chosen": [7, 2], "rejected": [2]}])

@@ -1,27 +1,24 @@
-"""The DPO benchmark's report: measured ratios next to the workload's FLOP ratios, the targets, the Markdown tables
-(throughput, per-step losses side by side) and the written JSON/Markdown/PNG files."""
+"""The DPO benchmark's report: measured ratios next to the workload's FLOP ratios, the targets and the Markdown
+tables (throughput, per-step losses side by side)."""
 
 from __future__ import annotations
 
-import statistics
-from pathlib import Path
 from typing import Any
 
 from .dpo_data import DISTRIBUTION_LABEL, STEP_FORWARDS
 from .flops import timed_flops
-from .measures import max_rel_diff
-from .preset import fmt_params as _fmt_params
-from .targets import TARGETS, in_memory_setup, in_speed_setup
-from .targets import failed_targets as failed_targets
+from .report import fmt, machine_line, max_rel_diff, model_line, ratios, target_lines
+from .targets import TARGETS, failed_targets, in_memory_setup, in_speed_setup, memory_target, share_target
+
+__all__ = ["compare", "evaluate_targets", "failed_targets", "to_markdown"]
 
 DPO_BASELINE = TARGETS["dpo"]["baseline"]
-FLOP_SHARE_TARGET = TARGETS["dpo"]["flop_share"]
 _JUDGED = TARGETS["dpo"]["judged"]
-SPEED_TARGET_SETUP = TARGETS["dpo"]["speed_setup_text"]
 
 
 def compare(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per variant: measured ratios over TRL's padded run, the workload's FLOP ratio, loss and batch agreement."""
+    """Per variant: its forward FLOPs and :func:`~.report.ratios` over TRL's padded run, with the forwarded-tokens
+    ratio, the logged logps' difference and whether the batches were the same."""
     variants, config = report["variants"], report["config"]
     base = variants.get(DPO_BASELINE)
     out: dict[str, dict[str, Any]] = {}
@@ -32,26 +29,13 @@ def compare(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "step_gflop_per_s": STEP_FORWARDS * flops["total"] / res["timed_seconds"] / 1e9,
         }
         if base is not None:
-            base_flops = timed_flops(config, base)
-            warm = res["warmup_steps"]
-            flop_ratio = base_flops["total"] / flops["total"]
-            throughput = res["tokens_per_second"] / base["tokens_per_second"]
             entry.update(
-                throughput_ratio=throughput,
-                flop_ratio=flop_ratio,
-                share_of_flop_ratio=throughput / flop_ratio,
+                ratios(config, res, base),
                 forwarded_ratio=res["forwarded_tokens_per_second"] / base["forwarded_tokens_per_second"],
-                cpu_throughput_ratio=None if res["tokens_per_cpu_second"] is None
-                else res["tokens_per_cpu_second"] / base["tokens_per_cpu_second"],
-                median_step_speedup=statistics.median(
-                    b / v for b, v in zip(base["step_seconds"][warm:], res["step_seconds"][warm:], strict=True)),
-                memory_ratio=res["peak_memory_mb"] / base["peak_memory_mb"],
-                train_loss_max_rel_diff=max_rel_diff(res["train_loss"], base["train_loss"]),
                 logps_max_rel_diff=max(
                     max_rel_diff([e[k] for e in res["logged"]], [e[k] for e in base["logged"]])
                     for k in ("logps/chosen", "logps/rejected")),
                 same_batches=res["batch_fingerprints"] == base["batch_fingerprints"],
-                same_steps=res["optimizer_steps"] == base["optimizer_steps"],
             )
         out[name] = entry
     return out
@@ -62,34 +46,13 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     config, cmp, variants = report["config"], report["comparison"], report["variants"]
     speed, memory = in_speed_setup("dpo", config), in_memory_setup(config)
     rtol, logps_rtol = config["loss_rtol"], config.get("logps_rtol", config["loss_rtol"])
-    targets: list[dict[str, Any]] = []
-    for name in _JUDGED:
-        c = cmp.get(name)
-        if c is None or "flop_ratio" not in c:
-            continue
-        need = FLOP_SHARE_TARGET * c["flop_ratio"]
-        shown = (f"{c['throughput_ratio']:.2f}x measured vs FLOP ratio {c['flop_ratio']:.2f}x = "
-                 f"{c['share_of_flop_ratio']:.0%} of it (needs >= {need:.2f}x)")
-        if not speed:
-            shown += f" (judged only on {SPEED_TARGET_SETUP})"
-        targets.append({"target": f"{name} real tokens/s >= {FLOP_SHARE_TARGET:.0%} of the workload's FLOP ratio "
-                                  f"over {DPO_BASELINE}",
-                        "value": c["share_of_flop_ratio"], "shown": shown,
-                        "holds": c["share_of_flop_ratio"] >= FLOP_SHARE_TARGET if speed else None})
-    for name in _JUDGED:
-        c = cmp.get(name)
-        if c is None or "memory_ratio" not in c:
-            continue
-        shown = (f"{variants[name]['peak_memory_mb']:,.0f} vs {variants[DPO_BASELINE]['peak_memory_mb']:,.0f} MB "
-                 f"({c['memory_ratio']:.2f}x)")
-        if not memory:
-            shown += " (judged only with each variant in its own worker at --length-scale 1, or on CUDA)"
-        targets.append({"target": f"{name} peak memory below {DPO_BASELINE}", "value": c["memory_ratio"],
-                        "shown": shown, "holds": c["memory_ratio"] < 1.0 if memory else None})
-    for name in _JUDGED:
-        c = cmp.get(name)
-        if c is None or "train_loss_max_rel_diff" not in c:
-            continue
+    judged = [(name, cmp[name]) for name in _JUDGED if "flop_ratio" in cmp.get(name, {})]
+    targets = [share_target(f"{name} real tokens/s >= {TARGETS['dpo']['flop_share']:.0%} of the workload's FLOP "
+                            f"ratio over {DPO_BASELINE}", "dpo", c["throughput_ratio"], c["flop_ratio"], speed)
+               for name, c in judged]
+    targets += [memory_target(f"{name} peak memory below {DPO_BASELINE}", variants[name]["peak_memory_mb"],
+                              variants[DPO_BASELINE]["peak_memory_mb"], memory) for name, _ in judged]
+    for name, c in judged:
         ok = c["same_batches"] and c["same_steps"] and c["logps_max_rel_diff"] <= logps_rtol
         ok = ok and c["train_loss_max_rel_diff"] <= rtol
         shown = (f"logps max rel. diff {c['logps_max_rel_diff']:.1e}, loss {c['train_loss_max_rel_diff']:.1e} over "
@@ -101,10 +64,6 @@ def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
     return targets
 
 
-def _x(value: float | None, digits: int = 2) -> str:
-    return "" if value is None else f"{value:.{digits}f}x"
-
-
 def to_markdown(report: dict[str, Any]) -> str:
     c, m, s = report["config"], report["machine"], report["length_stats"]
     variants, cmp = report["variants"], report["comparison"]
@@ -112,15 +71,9 @@ def to_markdown(report: dict[str, Any]) -> str:
     lines = [
         "# DPO: TRL's padded DPOTrainer vs padding-free vs prompt-once (trl-padfree bench --task dpo)",
         "",
-        f"- Machine: {m['gpu'] or m['cpu']} ({m['cpu_count']} CPUs, {m['torch_threads']} torch threads); torch "
-        f"{m['torch']}, transformers {m['transformers']}, trl {m.get('trl')}, trl-padfree {m['trl_padfree']}"
-        + (f" (git {m['git']})" if m.get("git") else "")
-        + (f"; load average (1/5/15 min) {m['load_average_start']} at start, {m.get('load_average_end')} at end"
-           if m.get("load_average_start") else ""),
-        f"- Model: random-init Llama, {c['layers']} layers x {c['hidden']} hidden, {c['heads']} heads / "
-        f"{c['kv_heads']} kv heads, MLP {c['intermediate']}, vocab {c['vocab_size']} "
-        f"({_fmt_params(c['parameters'])} parameters), {c['dtype']} on {c['device']}; a separate reference model "
-        "(a copy of the initial policy) whose forward is part of every step",
+        machine_line(m),
+        model_line(c) + "; a separate reference model (a copy of the initial policy) whose forward is part of every "
+        "step",
         f"- Training: DPOTrainer, sigmoid loss, beta {c['beta']:g}, AdamW lr {c['lr']:g} (constant, no clipping), "
         f"batch {c['batch_size']} pairs, {c['warmup']} warm-up + {c['steps']} timed steps, seed {c['seed']}; "
         + ("each variant in a fresh worker process, trained in lockstep (step i of every variant, then step i+1)"
@@ -157,11 +110,11 @@ def to_markdown(report: dict[str, Any]) -> str:
             f"{k['logps_max_rel_diff']:.1e} / {k['train_loss_max_rel_diff']:.1e}"
         same = "" if base or "same_batches" not in k else ("yes" if k["same_batches"] else "NO")
         lines.append(
-            f"| {name} | {res['tokens_per_second']:,.0f} | {_x(k.get('throughput_ratio'))} | "
-            f"{_x(k.get('flop_ratio'))} | {share} | {res['forwarded_tokens_per_second']:,.0f} | "
-            f"{'' if base else _x(k.get('median_step_speedup'))} | "
-            f"{'' if base else _x(k.get('cpu_throughput_ratio'))} | {res['median_step_seconds'] * 1000:,.0f} | "
-            f"{k['step_gflop_per_s']:.1f} | {res['peak_memory_mb']:,.0f} | {_x(k.get('memory_ratio'))} | "
+            f"| {name} | {res['tokens_per_second']:,.0f} | {fmt(k.get('throughput_ratio'))} | "
+            f"{fmt(k.get('flop_ratio'))} | {share} | {res['forwarded_tokens_per_second']:,.0f} | "
+            f"{'' if base else fmt(k.get('median_step_speedup'))} | "
+            f"{'' if base else fmt(k.get('cpu_throughput_ratio'))} | {res['median_step_seconds'] * 1000:,.0f} | "
+            f"{k['step_gflop_per_s']:.1f} | {res['peak_memory_mb']:,.0f} | {fmt(k.get('memory_ratio'))} | "
             f"{diff} | {same} |"
         )
     kind = next((r.get("memory_kind") for r in variants.values()), None)
@@ -191,54 +144,5 @@ def to_markdown(report: dict[str, Any]) -> str:
         notes.append(f"- {name}: `{res['trainer']}`, attention `{res['attn_implementation']}`"
                      + (f"; preference probe (policy, reference): {probe}" if probe else "")
                      + f"; warnings while building the trainer: {warned}")
-    lines += ["", *notes, "", "## Targets", ""]
-    for t in report["targets"]:
-        lines.append(f"- {({True: 'PASS', False: 'FAIL', None: 'n/a'})[t['holds']]}: {t['target']}: {t['shown']}")
+    lines += ["", *notes, "", *target_lines(report)]
     return "\n".join(lines) + "\n"
-
-
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Real tokens/s ratio next to the FLOP ratio, peak memory, and the per-step losses."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    variants, cmp, c = report["variants"], report["comparison"], report["config"]
-    names = list(variants)
-    fig, (ax_r, ax_m, ax_l) = plt.subplots(1, 3, figsize=(16, 4.5))
-    x = range(len(names))
-    measured = [cmp[n].get("throughput_ratio", 1.0) for n in names]
-    flops = [cmp[n].get("flop_ratio", 1.0) for n in names]
-    ax_r.bar([i - 0.2 for i in x], measured, 0.4, label="measured real tokens/s vs padded", color="#d62728")
-    ax_r.bar([i + 0.2 for i in x], flops, 0.4, label="workload FLOP ratio (padded / variant)", color="#7f7f7f")
-    for i, (a, b) in enumerate(zip(measured, flops, strict=True)):
-        ax_r.annotate(f"{a:.2f}x", (i - 0.2, a), ha="center", va="bottom", fontsize=8)
-        ax_r.annotate(f"{b:.2f}x", (i + 0.2, b), ha="center", va="bottom", fontsize=8)
-    ax_r.set_xticks(list(x), names, fontsize=8)
-    ax_r.set_title("speed-up over TRL's padded DPO vs the FLOP ratio", fontsize=9)
-    ax_r.legend(fontsize=7)
-    bars = ax_m.bar(names, [variants[n]["peak_memory_mb"] for n in names], color="#1f77b4")
-    for bar, n in zip(bars, names, strict=True):
-        r = cmp[n].get("memory_ratio")
-        if r is not None:
-            ax_m.annotate(f"{r:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                          va="bottom", fontsize=8)
-    ax_m.set_title(f"peak memory, MB\n{variants[names[0]].get('memory_kind', '')}", fontsize=9)
-    ax_m.tick_params(axis="x", labelsize=8)
-    for n, style in zip(names, ("-o", "--^", ":s"), strict=False):
-        losses = variants[n]["train_loss"]
-        ax_l.plot(range(1, len(losses) + 1), losses, style, fillstyle="none", label=n)
-    ax_l.set_title("DPO loss per optimizer step (the curves coincide when exact)", fontsize=9)
-    ax_l.set_xlabel("optimizer step")
-    ax_l.legend(fontsize=7)
-    for ax in (ax_r, ax_m):
-        ax.margins(y=0.15)
-    m = report["machine"]
-    fig.suptitle(f"DPO, Llama {c['layers']}x{c['hidden']} ({_fmt_params(c['parameters'])}), {c['dtype']}, batch "
-                 f"{c['batch_size']} pairs, {c['steps']} timed steps, lengths x {c['length_scale']:g}; "
-                 f"{m['gpu'] or m['cpu']} ({m['torch_threads']} torch threads)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-

@@ -40,10 +40,6 @@ class Workload:
     head_slots: int
     attention_qk: int
 
-    def __add__(self, other: Workload) -> Workload:
-        return Workload(self.slots + other.slots, self.head_slots + other.head_slots,
-                        self.attention_qk + other.attention_qk)
-
 
 def forward_flops(model: Mapping[str, int], work: Workload) -> dict[str, float]:
     """Matmul FLOPs of one forward (see the module docstring), split into linear layers, attention and LM head.

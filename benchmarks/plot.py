@@ -1,4 +1,5 @@
-"""The benchmark figure (matplotlib): per dataset, real tokens/s, time per step, peak memory and train loss."""
+"""The benchmark figures (matplotlib): SFT, per dataset, real tokens/s, time per step, peak memory and train loss;
+DPO, the measured ratio next to the FLOP ratio, peak memory and the per-step losses."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from .data import dataset_title
-from .measures import step_medians
 from .preset import fmt_params as _fmt_params
+from .report import step_medians
 
 _COLORS = {"padded-sdpa": "#7f7f7f", "packed-sdpa": "#1f77b4", "packed-padfree": "#d62728", "packed-fa2": "#2ca02c",
            "trl-native": "#ff7f0e", "sft-padfree": "#9467bd", "token-budget": "#8c564b"}
@@ -102,10 +103,56 @@ def make_figure(report: dict[str, Any]):
     return fig
 
 
-def plot(report: dict[str, Any], path: Path) -> None:
-    """Write :func:`make_figure` as a PNG."""
+def _save(fig, path: Path) -> None:
     import matplotlib.pyplot as plt
 
-    fig = make_figure(report)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    """Write :func:`make_figure` (the SFT task's figure) as a PNG."""
+    _save(make_figure(report), path)
+
+
+def plot_dpo(report: dict[str, Any], path: Path) -> None:
+    """The DPO task's figure: real tokens/s ratio next to the FLOP ratio, peak memory, and the per-step losses."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    variants, cmp, c = report["variants"], report["comparison"], report["config"]
+    names = list(variants)
+    fig, (ax_r, ax_m, ax_l) = plt.subplots(1, 3, figsize=(16, 4.5))
+    x = range(len(names))
+    measured = [cmp[n].get("throughput_ratio", 1.0) for n in names]
+    flops = [cmp[n].get("flop_ratio", 1.0) for n in names]
+    ax_r.bar([i - 0.2 for i in x], measured, 0.4, label="measured real tokens/s vs padded", color="#d62728")
+    ax_r.bar([i + 0.2 for i in x], flops, 0.4, label="workload FLOP ratio (padded / variant)", color="#7f7f7f")
+    for i, (a, b) in enumerate(zip(measured, flops, strict=True)):
+        ax_r.annotate(f"{a:.2f}x", (i - 0.2, a), ha="center", va="bottom", fontsize=8)
+        ax_r.annotate(f"{b:.2f}x", (i + 0.2, b), ha="center", va="bottom", fontsize=8)
+    ax_r.set_xticks(list(x), names, fontsize=8)
+    ax_r.set_title("speed-up over TRL's padded DPO vs the FLOP ratio", fontsize=9)
+    ax_r.legend(fontsize=7)
+    bars = ax_m.bar(names, [variants[n]["peak_memory_mb"] for n in names], color="#1f77b4")
+    _ratio_labels(ax_m, bars, [cmp[n].get("memory_ratio") for n in names])
+    ax_m.set_title(f"peak memory, MB\n{variants[names[0]].get('memory_kind', '')}", fontsize=9)
+    ax_m.tick_params(axis="x", labelsize=8)
+    for n, style in zip(names, ("-o", "--^", ":s"), strict=False):
+        losses = variants[n]["train_loss"]
+        ax_l.plot(range(1, len(losses) + 1), losses, style, fillstyle="none", label=n)
+    ax_l.set_title("DPO loss per optimizer step (the curves coincide when exact)", fontsize=9)
+    ax_l.set_xlabel("optimizer step")
+    ax_l.legend(fontsize=7)
+    for ax in (ax_r, ax_m):
+        ax.margins(y=0.15)
+    m = report["machine"]
+    fig.suptitle(f"DPO, Llama {c['layers']}x{c['hidden']} ({_fmt_params(c['parameters'])}), {c['dtype']}, batch "
+                 f"{c['batch_size']} pairs, {c['steps']} timed steps, lengths x {c['length_scale']:g}; "
+                 f"{m['gpu'] or m['cpu']} ({m['torch_threads']} torch threads)", fontsize=10)
+    fig.tight_layout()
+    _save(fig, path)
+
+

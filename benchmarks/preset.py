@@ -1,15 +1,18 @@
 """One preset dataclass for every trainer task (SFT, DPO): what variants run, on what Llama, how many steps, with
-which optimizer, on which device; each task's config adds its own fields and checks (:mod:`.config`, :mod:`.dpo`)."""
+which optimizer, on which device, and its command-line options; each task's config adds its own fields and checks
+(:mod:`.config`, :mod:`.dpo`)."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from .args import DTYPES
+from .cli import add_output, csv
 
+DTYPES = ("float32", "bfloat16", "float16")
 MODEL_KEYS = ("layers", "hidden", "intermediate", "heads", "kv_heads", "vocab_size")
 
 MODEL_PRESETS: dict[str, dict[str, int]] = {
@@ -49,6 +52,44 @@ class Preset:
     max_length: int = 2048
     subprocess: bool = True
     loss_rtol: float | None = None
+
+    @classmethod
+    def add_options(cls, p: argparse.ArgumentParser, **helps: str) -> None:
+        """The options of the preset (defaults from ``cls()``); ``helps``: the task's words for ``batch``, ``seed``,
+        ``length_scale``, ``max_length``, ``loss_rtol``, ``in_process`` and ``name`` (and a ``variants`` note)."""
+        d = cls()
+        p.add_argument("--variants", type=csv, default=",".join(d.variants),
+                       help=f"comma list of {', '.join(cls.VARIANTS)}{helps.get('variants', '')}")
+        p.add_argument("--model-size", choices=list(MODEL_PRESETS), default="tiny",
+                       help="model preset; --layers/--hidden/... override single values")
+        for flag in ("layers", "hidden", "intermediate", "heads", "kv-heads", "vocab-size"):
+            p.add_argument(f"--{flag}", type=int, default=None, help="override the preset's value")
+        p.add_argument("--batch-size", type=int, default=d.batch_size, help=helps["batch"])
+        p.add_argument("--steps", type=int, default=d.steps, help="timed optimizer steps")
+        p.add_argument("--warmup", type=int, default=d.warmup, help="optimizer steps trained before timing starts")
+        p.add_argument("--lr", type=float, default=d.lr, help="AdamW learning rate (constant)")
+        p.add_argument("--seed", type=int, default=d.seed, help=helps["seed"])
+        p.add_argument("--dtype", choices=DTYPES, default=d.dtype, help="model/optimizer dtype")
+        p.add_argument("--device", default=d.device, help="cpu, cuda or cuda:N")
+        p.add_argument("--threads", type=int, default=d.threads,
+                       help="torch threads per worker (0: torch's default)")
+        p.add_argument("--length-scale", type=float, default=d.length_scale, help=helps["length_scale"])
+        p.add_argument("--max-length", type=int, default=d.max_length, help=helps["max_length"])
+        p.add_argument("--loss-rtol", type=float, default=None, help=helps["loss_rtol"])
+        p.add_argument("--in-process", action="store_true", help=helps["in_process"])
+        add_output(p, helps["name"])
+
+    @staticmethod
+    def values(args: argparse.Namespace) -> dict[str, Any]:
+        """The preset's fields from parsed :meth:`add_options` options (model preset first, then overrides)."""
+        model = dict(MODEL_PRESETS[args.model_size])
+        for key in model:
+            if getattr(args, key) is not None:
+                model[key] = getattr(args, key)
+        return dict(variants=args.variants, model_size=args.model_size, **model, batch_size=args.batch_size,
+                    steps=args.steps, warmup=args.warmup, lr=args.lr, seed=args.seed, dtype=args.dtype,
+                    device=args.device, threads=args.threads, length_scale=args.length_scale,
+                    max_length=args.max_length, subprocess=not args.in_process, loss_rtol=args.loss_rtol)
 
     @property
     def model(self) -> dict[str, int]:

@@ -1,371 +1,216 @@
-"""The report: comparisons with the padded baseline, the issue's targets, the paper's numbers, the Markdown
-table and the written JSON/Markdown/PNG files.
-"""
+"""The one report path of every task: the output directory checked before any work starts, the run, the report
+files (:func:`write_report`: JSON, Markdown and, where the task plots, PNG), the printed tables and the verdict of
+the targets; and what the tasks' reports share: ratios over a baseline run and the Markdown's common lines."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+import os
 import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from .config import BASELINE
-from .data import dataset_title
 from .flops import flop_ratio
-from .measures import max_rel_diff, step_medians
-from .preset import fmt_params as _fmt_params
-from .targets import MEMORY_SETUP_TEXT, TARGETS, in_memory_setup, in_speed_setup
-from .targets import failed_targets as failed_targets
+from .preset import fmt_params
+from .runner import load_average, machine_info
+from .targets import verdict
 
 
-def _same_batches(res: dict[str, Any], base: dict[str, Any]) -> bool | None:
-    """Whether two runs fed the model the same mini-batches (None: a report written before fingerprints)."""
-    if "batch_fingerprints" not in res or "batch_fingerprints" not in base:
-        return None
-    return res["batch_fingerprints"] == base["batch_fingerprints"]
+def unwritable_dir(path: Path) -> str | None:
+    """Why ``path`` cannot be (created as) a writable directory, or None. Creates nothing.
 
-
-def compare(results: dict[str, dict[str, Any]], config: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
-    """Per variant of one dataset: ratios vs the padded baseline and loss differences (None without baseline).
-
-    Step-by-step comparisons (median step speed-up, train-loss difference) need the same mini-batches; they are
-    None for a variant whose batches differ (token-budget batching). With the run's ``config``: the workload's
-    FLOP ratio (padded FLOPs per real token over the variant's, :func:`~.flops.flop_ratio`) and the measured
-    real-tokens/s ratio as a share of it.
+    >>> import tempfile, pathlib
+    >>> with tempfile.NamedTemporaryFile() as f:
+    ...     print(unwritable_dir(pathlib.Path(f.name)) == "it is a file, not a directory",
+    ...           unwritable_dir(pathlib.Path(f.name) / "sub") == f"{f.name} is a file, not a directory")
+    True True
     """
-    base = results.get(BASELINE)
-    out: dict[str, dict[str, Any]] = {}
-    warmup = base["warmup_steps"] if base is not None and "skipped" not in base else 0
-    for name, res in results.items():
-        if "skipped" in res or base is None or "skipped" in base:
-            continue
-        same = _same_batches(res, base)
-        stepwise = same is not False and len(res["step_seconds"]) == len(base["step_seconds"])
-        throughput = res["tokens_per_second"] / base["tokens_per_second"]
-        flops = None if config is None else flop_ratio(config, res, base)
-        out[name] = {
-            "throughput_ratio": throughput,
-            "flop_ratio": flops,
-            "share_of_flop_ratio": None if flops is None else throughput / flops,
-            # Per timed step, baseline seconds / variant seconds (same examples in both): robust to load spikes.
-            "median_step_speedup": statistics.median(
-                b / v for b, v in zip(base["step_seconds"][warmup:], res["step_seconds"][warmup:], strict=True)
-            ) if stepwise else None,
-            "cpu_throughput_ratio": None
-            if res["tokens_per_cpu_second"] is None
-            else res["tokens_per_cpu_second"] / base["tokens_per_cpu_second"],
-            "memory_ratio": res["peak_memory_mb"] / base["peak_memory_mb"],
-            "train_loss_max_rel_diff": max_rel_diff(res["train_loss"], base["train_loss"]) if stepwise else None,
-            "eval_loss_rel_diff": abs(res["eval_loss"] - base["eval_loss"]) / abs(base["eval_loss"]),
-            "same_steps": res["optimizer_steps"] == base["optimizer_steps"],
-            "same_batches": same,
-        }
-    return out
+    if path.exists():
+        if not path.is_dir():
+            return "it is a file, not a directory"
+        return None if os.access(path, os.W_OK | os.X_OK) else "it is not writable"
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, not a directory"
+    return None if os.access(parent, os.W_OK | os.X_OK) else f"{parent} is not writable, so it cannot be created"
 
 
-SPEED_TARGET_SETUP = TARGETS["sft"]["speed_setup_text"]
-MEMORY_TARGET_SETUP = MEMORY_SETUP_TEXT
-FLOP_SHARE_TARGET = TARGETS["sft"]["flop_share"]
-SPEED_TARGETS = TARGETS["sft"]["speed"]
-_LOSS_JUDGED = TARGETS["sft"]["loss_equal"]
+def refuse_unusable(parser: Any, device: str, output_dir: Path) -> None:
+    """``parser.error`` (exit 2, one line) when ``output_dir`` cannot be written or ``device`` is CUDA without one."""
+    reason = unwritable_dir(output_dir)
+    if reason:
+        parser.error(f"--output-dir {output_dir}: {reason}; pass a directory that can be written")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error(f"--device {device} but torch.cuda.is_available() is False; use --device cpu")
 
 
-def evaluate_targets(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's targets, checked against the measured numbers; ``holds`` is None ("n/a") where a target does
-    not apply to this run, with the reason in ``shown``.
+def write_report(report: dict[str, Any], output_dir: Path, name: str, markdown: Callable[[dict[str, Any]], str],
+                 plot: Callable[[dict[str, Any], Path], None] | None = None) -> dict[str, Path]:
+    """Write ``<name>.json``, ``<name>.md`` (``markdown(report)``) and, with a ``plot``, ``<name>.png`` under
+    ``output_dir``; return their paths."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    paths = {ext: output_dir / f"{name}.{ext}" for ext in ("json", "md", "png")[: 3 if plot else 2]}
+    paths["json"].write_text(json.dumps(report, indent=1, default=str) + "\n")
+    paths["md"].write_text(markdown(report))
+    if plot:
+        plot(report, paths["png"])
+    return paths
 
-    Throughput (:data:`SPEED_TARGETS`): "padfree" real tokens/s over padded sdpa (both datasets) and over packed
-    sdpa (FLAN-like) at least :data:`FLOP_SHARE_TARGET` of the workload's FLOP ratio counted from the batches the
-    two runs really trained (:func:`~.flops.flop_ratio`): what the layouts allow on this data, so a correct run
-    passes on any machine and a regression fails. Judged in the setup where matmuls dominate a step, the CPU, fp32,
-    tiny Llama (4 x 256, 8 / 4 heads), batch 8 defaults (:data:`SPEED_TARGET_SETUP`); a report without FLOP counts
-    (written before they were recorded) is not judged. Loss curves of this project's padding-free variants
-    equal to padded (relative tolerance ``loss_rtol``), judged where the mini-batches are the same (always, except
-    token-budget batching). "padfree" peak memory below padded, judged where memory is measured per variant
-    (:data:`MEMORY_TARGET_SETUP`).
 
-    >>> evaluate_targets({"config": {"loss_rtol": 1e-5}, "datasets": {}})[0]["holds"] is None
-    True
+def printed_markdown(report: dict[str, Any]) -> str:
+    """The Markdown of a task that reports what it printed (``report["title"]``, ``report["printed"]`` lines).
+
+    >>> print(printed_markdown({"title": "t", "printed": ["a  1", "b  2"]}), end="")
+    # t
+    <BLANKLINE>
+    ```
+    a  1
+    b  2
+    ```
     """
-    config = report["config"]
-    rtol = config["loss_rtol"]
-    datasets = report["datasets"]
-    speed_setup = in_speed_setup("sft", report["config"])
-    memory_setup = in_memory_setup(report["config"])
-    targets: list[dict[str, Any]] = []
-
-    def ran(dataset: str, variant: str) -> dict[str, Any] | None:
-        res = datasets.get(dataset, {}).get("variants", {}).get(variant)
-        return None if res is None or "skipped" in res else res
-
-    def share_target(dataset: str, variant: str, baseline: str) -> None:
-        a, b = ran(dataset, variant), ran(dataset, baseline)
-        measured = None if a is None or b is None else a["tokens_per_second"] / b["tokens_per_second"]
-        flops = None if measured is None else flop_ratio(config, a, b)
-        share = None if flops is None else measured / flops
-        if measured is None:
-            shown = "not measured"
-        elif flops is None:
-            shown = f"{measured:.2f}x; no FLOP counts in this report (written before they were recorded)"
-        else:
-            shown = (f"{measured:.2f}x measured vs FLOP ratio {flops:.2f}x: "
-                     f"{_fmt_share(share, FLOP_SHARE_TARGET)} of it (needs >= {FLOP_SHARE_TARGET * flops:.2f}x)")
-            if not speed_setup:
-                shown += f" (judged on the {SPEED_TARGET_SETUP}; not this run's setup)"
-        targets.append({
-            "target": f"{dataset}: {variant} real tokens/s over {baseline} >= {FLOP_SHARE_TARGET:.0%} of the "
-                      "workload's FLOP ratio",
-            "value": share,
-            "throughput_ratio": measured,
-            "flop_ratio": flops,
-            "shown": shown,
-            "holds": None if share is None or not speed_setup else share >= FLOP_SHARE_TARGET,
-        })
-
-    for dataset, variant, baseline in SPEED_TARGETS:
-        share_target(dataset, variant, baseline)
-    for dataset, entry in datasets.items():
-        for variant, cmp in entry.get("comparison", {}).items():
-            if variant not in _LOSS_JUDGED:
-                continue
-            name = f"{dataset}: {variant} train/eval losses equal {BASELINE} (rel. tol. {rtol:g})"
-            if cmp.get("same_batches") is False:
-                targets.append({"target": name, "value": None, "holds": False,
-                                "shown": "the mini-batches differ from the padded run's (a benchmark bug)"})
-                continue
-            worst = max(cmp["train_loss_max_rel_diff"], cmp["eval_loss_rel_diff"])
-            targets.append({
-                "target": name,
-                "value": worst,
-                "shown": f"max rel. diff {worst:.1e}" + ("" if cmp["same_steps"] else ", different step counts"),
-                "holds": worst <= rtol and cmp["same_steps"],
-            })
-    for dataset, (variant, baseline) in ((d, pair) for d in datasets for pair in TARGETS["sft"]["memory_below"]):
-        a, b = ran(dataset, variant), ran(dataset, baseline)
-        measured = a is not None and b is not None
-        shown = f"{a['peak_memory_mb']:.0f} vs {b['peak_memory_mb']:.0f} MB" if measured else "not measured"
-        if measured and not memory_setup:
-            shown += f" (judged only on {MEMORY_TARGET_SETUP})"
-        targets.append({
-            "target": f"{dataset}: {variant} peak memory below {baseline}",
-            "value": a["peak_memory_mb"] / b["peak_memory_mb"] if measured else None,
-            "shown": shown,
-            "holds": a["peak_memory_mb"] < b["peak_memory_mb"] if measured and memory_setup else None,
-        })
-    return targets
+    return f"# {report['title']}\n\n```\n" + "\n".join(report["printed"]) + "\n```\n"
 
 
-def _fmt_share(value: float, threshold: float) -> str:
-    """A share in whole percent, or with two decimals where whole percent would round it onto the threshold (no
-    "90%: FAIL").
+def print_and_report(report: dict[str, Any], args: Any, lines: list[str]) -> dict[str, Path]:
+    """Print ``lines`` and write them with ``report`` (:func:`printed_markdown`) as ``--output-dir``/``--name``
+    (default ``<task>-cpu``) say: the report of a task without its own tables (grpo, rloo, reward, kto)."""
+    print("\n".join(lines))
+    report.update(title=f"trl-padfree bench --task {args.task}", printed=lines)
+    paths = write_report(report, args.output_dir, args.name or f"{args.task}-cpu", printed_markdown)
+    print("Wrote " + ", ".join(str(p) for p in paths.values()))
+    return paths
 
-    >>> _fmt_share(0.8996, 0.9), _fmt_share(0.9031, 0.9), _fmt_share(1.0421, 0.9)
-    ('89.96%', '90.31%', '104%')
+
+def run_and_report(parser: Any, args: Any, config: Any, run: Callable[[Any], dict[str, Any]],
+                   markdown: Callable[[dict[str, Any]], str], plot: Callable[[dict[str, Any], Path], None], stem: str,
+                   unit: str = "") -> int:
+    """A preset task's run from its parsed ``args`` and ``config``: a bad option or an unusable ``--output-dir`` or
+    device exits 2 in one line before any work; then the run line, ``run(config)``, the report files (``markdown``,
+    ``plot``), the tables, and the verdict of the targets (0, or 1 when a judged target failed)."""
+    try:
+        config.validate()
+    except ValueError as exc:
+        parser.error(str(exc))
+    refuse_unusable(parser, config.device, args.output_dir)
+    print(f"{parser.prog}: Llama {config.layers}x{config.hidden} ({fmt_params(config.parameter_count())} "
+          f"parameters), {config.dtype} on {config.device}, batch {config.batch_size}{unit}, {config.warmup} warm-up + "
+          f"{config.steps} timed steps, variants {', '.join(config.variants)}")
+    report = run(config)
+    paths = write_report(report, args.output_dir, args.name or stem, markdown, plot)
+    print("\n" + markdown(report))
+    print("Wrote " + ", ".join(str(p) for p in paths.values()))
+    return verdict(report)
+
+
+def new_report(benchmark: str, config: Any, **config_extra: Any) -> dict[str, Any]:
+    """A preset task's report before its measurements: what it compares, when, the run's config, the machine."""
+    return {
+        "benchmark": benchmark,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "config": {**dataclasses.asdict(config), **config_extra, "parameters": config.parameter_count()},
+        "machine": machine_info(config.device, threads=config.threads),
+    }
+
+
+def finish_report(report: dict[str, Any], evaluate_targets: Callable[[dict[str, Any]], list]) -> dict[str, Any]:
+    """The load average at the end and the task's targets, judged from the measurements."""
+    report["machine"]["load_average_end"] = load_average()
+    report["targets"] = evaluate_targets(report)
+    return report
+
+
+# ---- what the reports share --------------------------------------------------------------------------------------
+def max_rel_diff(values: Sequence[float], reference: Sequence[float]) -> float:
+    """Largest relative difference of two equally long series (inf when their lengths differ).
+
+    >>> max_rel_diff([1.0, 2.2], [1.0, 2.0]), max_rel_diff([1.0], [1.0, 2.0])
+    (0.10000000000000009, inf)
     """
-    return f"{value:.2%}" if round(value, 2) == threshold else f"{value:.0%}"
+    if len(values) != len(reference):
+        return math.inf
+    return max((abs(a - b) / max(abs(b), 1e-12) for a, b in zip(values, reference, strict=True)), default=0.0)
 
 
-PAPER = {
-    "source": "arXiv 2407.09105, Table 2: 8x A100-80GB, FSDP, padded -> padding-free (flash attention)",
-    "flan": {
-        "Mistral-7B": {"tokens_per_s_per_gpu": [742, 1408], "peak_mb": [30625, 24549], "val_loss": [1.129, 1.127]},
-        "Llama-2-7B": {"tokens_per_s_per_gpu": [771, 1455], "peak_mb": [29234, 23854], "val_loss": [1.266, 1.262]},
-        "Granite-8B-code": {
-            "tokens_per_s_per_gpu": [693, 1358], "peak_mb": [36277, 27538], "val_loss": [1.169, 1.169]},
-        "summary": "~2x throughput, ~-20% peak memory",
-    },
-    "orcamath": {
-        "Llama-2-7B": {"tokens_per_s_per_gpu": [1269, 1746]},
-        "Mistral-7B": {"tokens_per_s_per_gpu": [1216, 1658]},
-        "summary": "~1.4x throughput, ~-6% peak memory",
-    },
-}
+def step_medians(res: dict[str, Any]) -> tuple[float | None, float | None]:
+    """Median wall seconds per timed step and the part outside compute (reports written before these were
+    recorded: from ``step_seconds``, and the loop's ``collate_seconds`` as the part outside compute).
+
+    >>> step_medians({"warmup_steps": 1, "step_seconds": [9.0, 1.0, 3.0, 2.0], "collate_seconds": [1, .1, .3, .2]})
+    (2.0, 0.2)
+    """
+    if "median_step_seconds" in res:
+        return res["median_step_seconds"], res.get("median_overhead_seconds")
+    timed = slice(res.get("warmup_steps", 0), None)
+    steps = res.get("step_seconds", [])[timed]
+    rest = res.get("collate_seconds", [])[timed]
+    return (statistics.median(steps) if steps else None), (statistics.median(rest) if rest else None)
 
 
-def _fmt_ratio(value: float | None) -> str:
-    return "" if value is None else f"{value:.2f}x"
+def ratios(config: dict[str, Any] | None, res: dict[str, Any], base: dict[str, Any],
+           stepwise: bool = True) -> dict[str, Any]:
+    """A run's measured ratios over a ``base`` run; with the run's ``config`` the workload's FLOP ratio
+    (:func:`~.flops.flop_ratio`) and the measured real-tokens/s ratio's share of it. ``stepwise``: the two trained
+    the same mini-batches, so their steps are compared one by one (median step speed-up, train-loss difference)."""
+    warm = base["warmup_steps"]
+    throughput = res["tokens_per_second"] / base["tokens_per_second"]
+    flops = None if config is None else flop_ratio(config, res, base)
+    return {
+        "throughput_ratio": throughput,
+        "flop_ratio": flops,
+        "share_of_flop_ratio": None if flops is None else throughput / flops,
+        # Per timed step, baseline seconds / variant seconds (same examples in both): robust to load spikes.
+        "median_step_speedup": statistics.median(
+            b / v for b, v in zip(base["step_seconds"][warm:], res["step_seconds"][warm:], strict=True)
+        ) if stepwise else None,
+        "cpu_throughput_ratio": None if res["tokens_per_cpu_second"] is None
+        else res["tokens_per_cpu_second"] / base["tokens_per_cpu_second"],
+        "memory_ratio": res["peak_memory_mb"] / base["peak_memory_mb"],
+        "train_loss_max_rel_diff": max_rel_diff(res["train_loss"], base["train_loss"]) if stepwise else None,
+        "same_steps": res["optimizer_steps"] == base["optimizer_steps"],
+    }
 
 
-def _fmt_percent(value: float | None) -> str:
-    return "" if value is None else f"{value:.0%}"
-
-
-def _fmt_number(value: float | None) -> str:
-    return "" if value is None else f"{value:,.0f}"
-
-
-def _check(holds: bool | None) -> str:
-    return {True: "PASS", False: "FAIL", None: "n/a"}[holds]
-
-
-def _fmt_seconds(value: float | None) -> str:
-    return "" if value is None else f"{value * 1000:,.1f}"
-
-
-def _yes_no(value: bool | None) -> str:
-    return {True: "yes", False: "NO", None: ""}[value]
-
-
-def _variant_row(name: str, res: dict[str, Any], cmp: dict[str, Any] | None) -> str:
-    if "skipped" in res:
-        return f"| {name} | skipped: {res['skipped']} |" + " |" * 16
-    budget = res.get("batching") == "token-budget"
-    diff = ""
-    if cmp is not None and cmp["train_loss_max_rel_diff"] is not None:
-        diff = f"{max(cmp['train_loss_max_rel_diff'], cmp['eval_loss_rel_diff']):.1e}"
-    above = res.get("memory_above_start_mb")
-    same = None if cmp is None else cmp.get("same_batches")
-    step, rest = step_medians(res)
+def machine_line(m: dict[str, Any]) -> str:
+    """The report's machine: device, CPUs and threads, library versions, the load average at start and end."""
     return (
-        f"| {name} | {res['tokens_per_second']:,.0f} | "
-        f"{_fmt_ratio(cmp and cmp['throughput_ratio'])} | {_fmt_ratio(cmp and cmp.get('flop_ratio'))} | "
-        f"{_fmt_percent(cmp and cmp.get('share_of_flop_ratio'))} | {_fmt_ratio(cmp and cmp['median_step_speedup'])} | "
-        f"{_fmt_number(res['tokens_per_cpu_second'])} | "
-        f"{_fmt_ratio(cmp and cmp['cpu_throughput_ratio'])} | "
-        f"{_fmt_seconds(step)} | {_fmt_seconds(rest)} | {res['peak_memory_mb']:,.0f} | "
-        f"{_fmt_ratio(cmp and cmp['memory_ratio'])} | {'' if above is None else f'{above:,.0f}'} | "
-        f"{res['train_loss'][-1]:.6f} | {res['eval_loss']:.6f} | {diff} | {res['optimizer_steps']} | "
-        f"{'other batches (token budget)' if budget else _yes_no(same)} |"
-    )
-
-
-def _trainer_notes(entry: dict[str, Any], loss_rtol: float, config: dict[str, Any] | None = None) -> list[str]:
-    """What the SFTTrainer variants show: the attention that ran, the probe, losses, per-step overhead.
-
-    Losses within the run's ``loss_rtol`` of padded mean the examples were kept apart (bf16 runs have a looser
-    tolerance than fp32 ones, as in the loss target).
-    """
-    variants, comparison = entry["variants"], entry["comparison"]
-    lines = []
-    for name in ("trl-native", "sft-padfree"):
-        res = variants.get(name)
-        if res is None or "skipped" in res:
-            continue
-        cmp = comparison.get(name, {})
-        probe = res.get("probe") or {}
-        diff = cmp.get("train_loss_max_rel_diff")
-        if not cmp:
-            loss_note = f"not compared with padded (no {BASELINE} in this run)"
-        elif diff is None:
-            loss_note = "losses not compared step by step"
-        else:
-            verdict = "keeps examples apart" if diff <= loss_rtol else "differs: examples are NOT kept apart"
-            loss_note = f"train/eval losses vs padded: max rel. diff {max(diff, cmp['eval_loss_rel_diff']):.1e} ({verdict})"
-        warned = "; ".join(res.get("trainer_warnings") or []) or "none"
-        lines.append(
-            f"- {name}: `SFTConfig(padding_free={res.get('sft_config_padding_free')})`, collator "
-            f"`{res.get('collator')}`, attention requested {res.get('attn_requested')!r}, ran "
-            f"`{res['attn_implementation']}`; packing probe with this collator: {probe.get('status', 'not run')} "
-            f"(max |logit diff| {probe.get('max_abs_diff', float('nan')):.1e}); "
-            + (f"same mini-batches as padded: {_yes_no(cmp.get('same_batches'))}; " if cmp else "")
-            + f"{loss_note}; whole trainer step median "
-            f"{_fmt_seconds(res.get('median_step_seconds'))} ms, of which "
-            f"{_fmt_seconds(res.get('median_overhead_seconds'))} ms outside forward/backward/optimizer "
-            f"(dataloader + collation, grad-norm, logging, callbacks); warnings while building the trainer: {warned}"
-        )
-    a, b = variants.get("sft-padfree"), variants.get("trl-native")
-    if a and b and "skipped" not in a and "skipped" not in b:
-        lines.append(f"- sft-padfree vs trl-native: {a['tokens_per_second'] / b['tokens_per_second']:.2f}x real "
-                     f"tokens/s{_flop_note(config, a, b)}, {a['peak_memory_mb'] / b['peak_memory_mb']:.2f}x peak memory")
-    return lines
-
-
-def _flop_note(config: dict[str, Any] | None, result: dict[str, Any], baseline: dict[str, Any]) -> str:
-    """`` (FLOP ratio 2.10x)`` next to a measured ratio of ``result`` over ``baseline``; empty without FLOP counts."""
-    flops = None if config is None else flop_ratio(config, result, baseline)
-    return "" if flops is None else f" (FLOP ratio {flops:.2f}x)"
-
-
-def _budget_note(entry: dict[str, Any], config: dict[str, Any]) -> list[str]:
-    batch_size = config["batch_size"]
-    res, fixed = entry["variants"].get("token-budget"), entry["variants"].get("packed-padfree")
-    if res is None or "skipped" in res:
-        return []
-    line = (f"- token-budget: at most {res['max_tokens']:,} real tokens per mini-batch (whole examples; the budget is "
-            f"the mean real tokens of the fixed batches of {batch_size} examples unless "
-            f"--max-tokens is given): {res['optimizer_steps']} optimizer steps over the same examples")
-    if fixed is not None and "skipped" not in fixed:
-        line += (f" vs {fixed['optimizer_steps']} fixed (a token budget changes the number of optimizer steps); "
-                 f"{res['tokens_per_second'] / fixed['tokens_per_second']:.2f}x the real tokens/s"
-                 f"{_flop_note(config, res, fixed)} and "
-                 f"{res['peak_memory_mb'] / fixed['peak_memory_mb']:.2f}x the peak memory of packed-padfree with "
-                 f"fixed batches; largest batch {max(res['real_tokens']):,} real tokens vs {max(fixed['real_tokens']):,}")
-    return [line + ". Its losses are not compared step by step (different mini-batches)."]
-
-
-def to_markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown: setup, one table per dataset (ratios vs padded), notes, the targets."""
-    c, m = report["config"], report["machine"]
-    device = m["gpu"] or m["cpu"]
-    lines = [
-        "# Padded vs padding-free training: trl-padfree benchmark",
-        "",
-        f"- Machine: {device} ({m['cpu_count']} CPUs, {m['torch_threads']} torch threads); "
+        f"- Machine: {m['gpu'] or m['cpu']} ({m['cpu_count']} CPUs, {m['torch_threads']} torch threads); "
         f"torch {m['torch']}, transformers {m['transformers']}"
         + (f", trl {m['trl']}" if m.get("trl") else "") + f", trl-padfree {m['trl_padfree']}"
         + (f" (git {m['git']})" if m.get("git") else "")
         + (f", flash-attn {m['flash_attn']}" if m.get("flash_attn") else "") + f"; {m['platform']}"
         + (f"; load average (1/5/15 min) {m['load_average_start']} at start, {m.get('load_average_end')} at end"
-           if m.get("load_average_start") else ""),
-        f"- Model: random-init Llama, {c['layers']} layers x {c['hidden']} hidden, {c['heads']} heads / "
-        f"{c['kv_heads']} kv heads, MLP {c['intermediate']}, vocab {c['vocab_size']} "
-        f"({_fmt_params(c['parameters'])} parameters), {c['dtype']} on {c['device']}",
-        f"- Training: AdamW lr {c['lr']:g}, batch {c['batch_size']}, {c['warmup']} warm-up + {c['steps']} timed "
-        f"steps, eval on {c['eval_batches']} batches, seed {c['seed']}; loss = model(**batch).loss over "
-        "completion tokens (the collator's completion-only labels, identical in both layouts); the SFTTrainer "
-        "variants (trl-native, sft-padfree) train the same examples as prompt/completion records through "
-        "trl.SFTTrainer (its dataset preparation, dataloader, fused-LM-head loss, logging every step)",
-        "- Real tokens/s counts non-padding tokens over the timed steps (collation + forward + backward + "
-        "optimizer step; for SFTTrainer variants the whole trainer loop), per second of wall-clock time and, on "
-        "CPU, per second of this process's CPU time (less sensitive to other load on a shared machine)"
-        + (f"; median of {c['repeats']} runs" if c["repeats"] > 1 else "")
-        + ". 'FLOP ratio': padded forward matmul FLOPs per real token over the variant's, counted from the "
-        "batches each really trained (linear layers per token slot, attention per query-key pair: a padded row's "
-        "width squared, a packed example's length squared under a varlen kernel, the whole packed row squared "
-        "under sdpa's dense block mask; benchmarks.flops): what the layout allows if time followed the "
-        "matmuls; 'share of it' = vs padded / FLOP ratio. 'Median step speed-up' is the median over the timed steps of padded seconds / variant seconds "
-        "for the same mini-batch (robust to load spikes). 'ms/step' is the median wall time of a whole step; "
-        "'outside compute' the part of it not spent in forward, backward and the optimizer step",
-        "- Schedule: "
-        + ("in-process, one variant after the other (peak memory less exact)" if not c["subprocess"] else
-           "each variant in a fresh worker process, trained in lockstep (step i of every variant, then step i+1)"
-           if c["schedule"] == "interleaved" else "each variant in a fresh worker process, one after the other"),
-        "",
-    ]
-    for name, entry in report["datasets"].items():
-        s = entry["length_stats"]
-        lines += [
-            f"## {dataset_title(name, entry, c.get('length_scale', 1.0))}",
-            "",
-            f"Example length mean {s['mean']:.0f}, median {s['median']:.0f}, max {s['max']}; "
-            f"{s['real_tokens_per_step']:.0f} real tokens per step; padded batches hold "
-            f"{s['padding_ratio']:.2f} token slots per real token.",
-            "",
-            "| variant | real tokens/s | vs padded | FLOP ratio | share of it | median step speed-up | tokens/CPU-s "
-            "| vs padded "
-            "| ms/step | outside compute (ms) "
-            "| peak memory (MB) | vs padded | above start (MB) | final train loss | eval loss "
-            "| max rel. loss diff vs padded | optimizer steps | same batches as padded |",
-            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-        ]
-        kind = None
-        for variant, res in entry["variants"].items():
-            kind = res.get("memory_kind", kind)
-            lines.append(_variant_row(variant, res, entry["comparison"].get(variant)))
-        if kind:
-            lines += ["", f"Peak memory: {kind}; 'above start' subtracts the memory held before the first step."]
-        notes = _trainer_notes(entry, c["loss_rtol"], c) + _budget_note(entry, c)
-        if notes:
-            lines += ["", *notes]
-        lines.append("")
-    lines += ["## Targets", ""]
-    for t in report["targets"]:
-        lines.append(f"- {_check(t['holds'])}: {t['target']}: {t['shown']}")
-    lines += [
-        "",
-        "Paper (arXiv 2407.09105, Table 2; 8x A100-80GB, FSDP), padded -> padding-free: FLAN ~2x tokens/s and "
-        "~-20% peak memory (Mistral-7B 742 -> 1408 tok/s/GPU, Llama-2-7B 771 -> 1455, Granite-8B-code "
-        "693 -> 1358); OrcaMath ~1.4x and ~-6% (Llama-2 1269 -> 1746, Mistral 1216 -> 1658); validation loss "
-        "unchanged.",
-        "",
-    ]
-    return "\n".join(lines)
+           if m.get("load_average_start") else "")
+    )
 
+
+def model_line(c: dict[str, Any]) -> str:
+    return (f"- Model: random-init Llama, {c['layers']} layers x {c['hidden']} hidden, {c['heads']} heads / "
+            f"{c['kv_heads']} kv heads, MLP {c['intermediate']}, vocab {c['vocab_size']} "
+            f"({fmt_params(c['parameters'])} parameters), {c['dtype']} on {c['device']}")
+
+
+def target_lines(report: dict[str, Any]) -> list[str]:
+    """The ``## Targets`` section: each target's verdict (PASS, FAIL, or n/a where it does not apply)."""
+    return ["## Targets", "", *(f"- {check(t['holds'])}: {t['target']}: {t['shown']}" for t in report["targets"])]
+
+
+def check(holds: bool | None) -> str:
+    return {True: "PASS", False: "FAIL", None: "n/a"}[holds]
+
+
+def fmt(value: float | None, spec: str = ".2f", suffix: str = "x") -> str:
+    """A table cell: ``value`` in ``spec`` and ``suffix`` (by default a ratio), empty for None.
+
+    >>> fmt(1.234), fmt(None), fmt(0.5, ".0%", ""), fmt(12345.6, ",.0f", "")
+    ('1.23x', '', '50%', '12,346')
+    """
+    return "" if value is None else f"{value:{spec}}{suffix}"

@@ -18,20 +18,19 @@ The figures and the printed lines go to ``<output-dir>/<name>.json`` and ``.md``
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
-from .args import add_output, task_of, task_parser
-from .lockstep import worker_env
-from .paths import print_and_report, refuse_unusable
+from .cli import add_output
+from .report import print_and_report, refuse_unusable
+from .runner import run_variants
 from .targets import flop_share_verdict
 
 VARIANTS = {"reward": ("trl-padded", "padding-free", "prompt-once"),
@@ -173,40 +172,33 @@ def worker(task: str, variant: str, args: argparse.Namespace) -> dict:
             "flops": batch_flops(task, variant, batches, params)}
 
 
-def build_parser(task: str = "reward") -> argparse.ArgumentParser:
-    parser = task_parser(task, __doc__)
+def run_variant(args: argparse.Namespace, dataset: None, variant: str, *, isolated: bool = True) -> dict[str, Any]:
+    """One variant's whole run, in a worker process (:func:`~.runner.run_variants`)."""
+    return worker(args.task, variant, args)
+
+
+def config_from_dict(values: dict[str, Any]) -> argparse.Namespace:
+    return argparse.Namespace(**values)
+
+
+def add_options(parser: argparse.ArgumentParser, task: str) -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
     add_output(parser, f"output file stem (default: {task}-cpu)")
-    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """Run every variant ``--rounds`` times, each in its own worker; print the table; 0 when all ran."""
-    argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(task_of(argv, "reward"))
-    args = parser.parse_args(argv)
-    if args.task not in VARIANTS:
-        parser.error(f"--task {args.task} is not run by this benchmark; it runs --task reward or --task kto")
-    if args.worker:
-        print("RESULT " + json.dumps(worker(args.task, args.worker, args)), flush=True)
-        return 0
     refuse_unusable(parser, "cpu", args.output_dir)
-    env = {**worker_env(), "OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    env = {"OMP_NUM_THREADS": str(args.threads), "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
     results: dict[str, list[dict]] = {v: [] for v in VARIANTS[args.task]}
     for _ in range(args.rounds):
-        for variant in VARIANTS[args.task]:
-            cmd = [sys.executable, "-m", "benchmarks.reward", "--worker", variant, "--task", args.task, "--steps", str(args.steps),
-                   "--warmup", str(args.warmup), "--batch", str(args.batch), "--threads", str(args.threads)]
-            out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-            line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-            if line is None:
-                raise SystemExit(f"{variant} failed:\n{out.stdout[-2000:]}\n{out.stderr[-4000:]}")
-            results[variant].append(json.loads(line[len("RESULT "):]))
+        for variant, result in run_variants(sys.modules[__name__], args, list(VARIANTS[args.task]), "sequential",
+                                            env=env).items():
+            results[variant].append(result)
     base = VARIANTS[args.task][0]
     speed = {v: statistics.median(r["tokens_per_s"] for r in rs) for v, rs in results.items()}
     memory = {v: statistics.median(r["peak_mib"] for r in rs) for v, rs in results.items()}
@@ -220,7 +212,3 @@ def main(argv: list[str] | None = None) -> int:
         out.append(f"{v:14} {speed[v]:10.0f} {ratio:11.2f}x {fratio:10.2f}x {ratio / fratio:7.0%} {memory[v]:9.0f}{note}")
     print_and_report({"args": vars(args), "variants": results}, args, out)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -34,8 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .args import add_output, task_of, task_parser
-from .paths import print_and_report, refuse_unusable
+from .cli import add_output
+from .report import print_and_report, refuse_unusable
+from .runner import run_in_lockstep, run_variants
 from .targets import flop_share_verdict
 
 LAYOUTS = ("padded", "padfree", "once")
@@ -156,20 +156,46 @@ def flops(batch: dict[str, Any], layout: str, cfg: Any, b: int) -> float:
     return 2 * no_grad + 3 * policy
 
 
-def _memory_child(layout: str, args: argparse.Namespace, path: str, queue: Any) -> None:
+def run_variant(args: argparse.Namespace, dataset: None, layout: str, *, isolated: bool = True) -> list[int]:
+    """The peak memory of one layout: one step in a fresh worker process (:func:`~.runner.run_variants`), the RSS
+    before it and the peak RSS during it, KiB."""
     from .training import _current_rss, _peak_rss_since_reset, _reset_peak_rss
 
     torch.set_num_threads(args.threads)
-    t = build(layout, args, path)
+    t = build(layout, args, args.model_path)
     batch = generation_batch(np.random.default_rng(args.seed), args, t.model.config.vocab_size, 0)
     before = _current_rss()
     _reset_peak_rss()  # Linux: the peak RSS (VmHWM) starts again at the current RSS
     training_part(t, batch)
-    queue.put((before // 1024, _peak_rss_since_reset() // 1024))  # KiB
+    return [before // 1024, _peak_rss_since_reset() // 1024]
 
 
-def build_parser(task: str = "grpo") -> argparse.ArgumentParser:
-    parser = task_parser(task, __doc__)
+def config_from_dict(values: dict[str, Any]) -> argparse.Namespace:
+    return argparse.Namespace(**values)
+
+
+class LayoutRun:
+    """One layout's trainer on the recorded generation batches, one step at a time; the first step warms up."""
+
+    def __init__(self, trainer: Any, batches: list[dict[str, Any]]) -> None:
+        self.trainer, self.batches, self.total_steps = trainer, batches, len(batches)
+        self.times: list[float] = []
+        self.losses: list[list[float]] = []
+        self.done = 0
+
+    def step(self) -> None:
+        start = time.perf_counter()
+        out = training_part(self.trainer, self.batches[self.done])
+        if self.done:
+            self.times.append(time.perf_counter() - start)
+            self.losses.append(out)
+        self.done += 1
+
+    def finish(self) -> dict[str, Any]:
+        return {"times": self.times, "losses": self.losses}
+
+
+def add_options(parser: argparse.ArgumentParser, task: str) -> None:
     parser.add_argument("--steps", type=int, default=6, help="timed steps per layout (after one warm-up step)")
     parser.add_argument("--scale", type=float, default=0.25, help="multiplies every length (1 = GSM8K-like)")
     parser.add_argument("--groups", type=int, default=4, help="prompts per generation batch")
@@ -184,21 +210,17 @@ def build_parser(task: str = "grpo") -> argparse.ArgumentParser:
     parser.add_argument("--no-memory", action="store_true", help="skip the per-layout peak-memory processes")
     parser.add_argument("--json", help="also write the figures to this file")
     add_output(parser, f"output file stem (default: {task}-cpu)")
-    return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """``trl-padfree bench --task grpo|rloo``: print the table (:func:`run_rl`); 0 when it ran."""
-    run_rl(sys.argv[1:] if argv is None else argv)
+    run_rl(parser, args)
     return 0
 
 
-def run_rl(argv: list[str]) -> dict[str, Any]:
-    """Parse ``argv``, time every layout, print the table and return the figures."""
-    parser = build_parser(task_of(argv, "grpo"))
-    args = parser.parse_args(argv)
-    if args.task not in ("grpo", "rloo"):
-        parser.error(f"--task {args.task} is not an RL task; this benchmark runs --task grpo or --task rloo")
+def run_rl(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """Time every layout in turns, step after step (:func:`~.runner.run_in_lockstep`), print the table and return
+    the figures."""
     refuse_unusable(parser, "cpu", args.output_dir)
     torch.set_num_threads(args.threads)
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -217,28 +239,15 @@ def run_rl(argv: list[str]) -> dict[str, Any]:
     trainers = {layout: build(layout, args, path) for layout in LAYOUTS}
     rng = np.random.default_rng(args.seed)
     batches = [generation_batch(rng, args, args.vocab, tok.pad_token_id) for _ in range(args.steps + 1)]
-    times: dict[str, list[float]] = {k: [] for k in LAYOUTS}
-    losses: dict[str, list[list[float]]] = {k: [] for k in LAYOUTS}
-    for step, batch in enumerate(batches):
-        for layout in LAYOUTS:
-            start = time.perf_counter()
-            out = training_part(trainers[layout], batch)
-            if step:  # the first step warms up
-                times[layout].append(time.perf_counter() - start)
-                losses[layout].append(out)
+    runs = run_in_lockstep([LayoutRun(trainers[layout], batches) for layout in LAYOUTS], rotate=False)
+    times = {layout: run["times"] for layout, run in zip(LAYOUTS, runs, strict=True)}
+    losses = {layout: run["losses"] for layout, run in zip(LAYOUTS, runs, strict=True)}
     real = [int(b["prompt_mask"].sum() + b["completion_mask"].sum()) for b in batches[1:]]
     result: dict[str, Any] = {"args": vars(args), "load_before": load_before, "layouts": {}}
     base_time = statistics.median(times["padded"])
     base_flops = sum(flops(b, "padded", cfg, args.batch) for b in batches[1:])
-    memory: dict[str, tuple[int, int]] = {}
-    if not args.no_memory:
-        ctx = mp.get_context("spawn")
-        for layout in LAYOUTS:
-            queue = ctx.Queue()
-            proc = ctx.Process(target=_memory_child, args=(layout, args, path, queue))
-            proc.start()
-            memory[layout] = queue.get()
-            proc.join()
+    memory = {} if args.no_memory else run_variants(sys.modules[__name__], argparse.Namespace(
+        **vars(args), model_path=path), list(LAYOUTS), "sequential")
     for layout in LAYOUTS:
         med = statistics.median(times[layout])
         flop_ratio = base_flops / sum(flops(b, layout, cfg, args.batch) for b in batches[1:])
@@ -277,7 +286,3 @@ def run_rl(argv: list[str]) -> dict[str, Any]:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=1, default=str)
     return result
-
-
-if __name__ == "__main__":
-    sys.exit(main())

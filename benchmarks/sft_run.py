@@ -1,51 +1,134 @@
-"""A variant trained through ``trl.SFTTrainer`` (:class:`SFTTrainerRun`): what a TRL user runs.
+"""One SFT variant's training run, one optimizer step at a time: in this benchmark's own loop (:class:`VariantRun`),
+or through ``trl.SFTTrainer`` (:class:`SFTTrainerRun`): what a TRL user runs (docs/benchmark.md, "Variants").
 
-The examples become prompt/completion text records (:mod:`.records`); ``SFTTrainer`` prepares them (tokenization,
-completion mask, labels), which is checked to give back exactly the benchmark's token ids and completion-only
-labels. The trainer sees the same mini-batches in the same order as the other variants (``train_sampling_strategy=
-"sequential"``, ``per_device_train_batch_size=batch_size``, ``max_steps`` = the run's steps), the same seeded model
-and the same ``AdamW`` (passed in; constant learning rate, no clipping, as in the benchmark's own loop); it logs
-every step (that is where the per-step losses come from; nothing is printed). The batch the model receives is
-fingerprinted (:func:`~.batches.batch_fingerprint`), so "same mini-batches" is verified.
-
-- ``trl-native``: ``SFTConfig(padding_free=True)`` with TRL's own collator and the model's default attention
-  (transformers picks it; on CPU that is sdpa, not the FlashAttention TRL's docs ask for);
-- ``sft-padfree``: :class:`trl_padfree.SFTTrainer` (its scored-positions LM head, :mod:`trl_padfree.scored_head`)
-  with this project's collator (``response_template=None``: it keeps TRL's labels and flattens),
-  ``attn_implementation="padfree"`` and ``SFTConfig(padding_free=False)``; ``sft-padfree-trl-head`` (opt-in): the
-  same with ``scored_lm_head=False`` (TRL's fused head).
-
-Timing covers the whole trainer loop, one optimizer step at a time: the trainer runs in a thread that pauses at
-the start of every loop iteration (before the dataloader fetches and collates the next batch) until
-:meth:`SFTTrainerRun.step` lets it go, so a step's wall time is fetch + collation + forward + backward + gradient
-norm + optimizer step + logging + callbacks. ``compute_seconds`` is the part spent in ``training_step`` (forward,
-backward) and ``optimizer.step()``; the rest is the trainer's per-step overhead. After training the attention
-that really ran is read from the model and the packing probe (:func:`trl_padfree.check_packing`) is run on it with
-the variant's own collator.
+``SFTTrainer`` prepares the examples' prompt/completion records (:func:`~.data.to_records`), checked to give back
+exactly the benchmark's token ids and completion-only labels; it sees the same mini-batches in the same order,
+the same seeded model and the same ``AdamW`` as the loop, logs every step, and runs in a thread paused before each
+loop iteration (:mod:`.stepped`), so a step's wall time is the whole trainer loop iteration; ``compute_seconds``
+the part in ``training_step`` and ``optimizer.step()``. After training the attention that really ran is read from
+the model and the packing probe (:func:`trl_padfree.check_packing`) is run with the variant's own collator.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import time
 from typing import Any
 
-from .batches import batch_fingerprint, fixed_batches
 from .config import VARIANTS, BenchConfig
-from .data import IGNORE_INDEX, completion_start
+from .data import (
+    IGNORE_INDEX,
+    TEMPLATE_IDS,
+    batch_fingerprint,
+    bench_tokenizer,
+    completion_start,
+    fixed_batches,
+    to_records,
+    token_budget_batches,
+)
 from .flops import is_varlen, sft_workload
-from .records import bench_tokenizer, to_records
 from .stepped import SteppedTrainerRun, bench_trainer_class, trainer_arguments
 from .training import (
+    MemoryMeter,
     StepRecords,
     bench_device,
-    bench_examples,
     build_model,
     count_targets,
     evaluate,
     make_optimizer,
+    synchronize,
+    to_device,
 )
+
+
+class VariantRun:
+    """One variant trained on one dataset in a hand-written loop, one optimizer step at a time.
+
+    Building it makes the data (seeded), the mini-batches (fixed, or by token budget), the collator, the model
+    (seeded: the same initial weights for every variant) and the AdamW optimizer; :meth:`step` trains on the next
+    mini-batch (collate, ``model(**batch).loss``, backward, ``optimizer.step()``); :meth:`finish` evaluates and
+    returns the measurements (a JSON-serialisable dict). ``isolated`` says this process does nothing else (a
+    fresh worker), so its lifetime peak RSS is the variant's peak memory; otherwise the peak RSS since the start
+    of the run is used (CPU).
+    """
+
+    def __init__(self, config: BenchConfig, dataset: str, variant: str, *, isolated: bool = False):
+        from trl_padfree.collator import DataCollatorForCompletionOnlyLM
+
+        self.config, self.dataset, self.variant = config, dataset, variant
+        self.spec = spec = VARIANTS[variant]
+        self.device = bench_device(config)
+        train, evaluation = config.examples(dataset, "train"), config.examples(dataset, "eval")
+        self.max_tokens = config.token_budget(dataset) if spec.batching == "token-budget" else None
+        if self.max_tokens is not None:
+            self.train_batches = token_budget_batches(train, self.max_tokens, config.seed)
+        else:
+            self.train_batches = fixed_batches(train, config.batch_size)
+        self.eval_batches = fixed_batches(evaluation, config.batch_size)
+        self.collator = DataCollatorForCompletionOnlyLM(
+            list(TEMPLATE_IDS), padding_free=spec.padding_free, on_template_not_found="raise"
+        )
+        self.model = build_model(config, spec.attn_implementation, self.device)
+        self.optimizer = make_optimizer(config, self.model)
+        self.memory = MemoryMeter(self.device, isolated)
+        self.memory.start()
+        self.records = StepRecords(config.warmup)
+
+    @property
+    def total_steps(self) -> int:
+        return len(self.train_batches)
+
+    @property
+    def steps_left(self) -> int:
+        return len(self.train_batches) - len(self.records.step_seconds)
+
+    def step(self) -> dict[str, Any]:
+        """Collate the next mini-batch, forward, backward, ``optimizer.step()``; timed (CUDA: synchronised)."""
+        if not self.steps_left:
+            raise RuntimeError(f"{self.variant}: all {len(self.train_batches)} steps are done")
+        rec = self.records
+        examples = self.train_batches[len(rec.step_seconds)]
+        features = [{"input_ids": ids} for ids in examples]
+        synchronize(self.device)
+        c0, t0 = time.process_time(), time.perf_counter()
+        batch = self.collator(features)
+        t1 = time.perf_counter()
+        batch = to_device(batch, self.device)
+        loss = self.model(**batch).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.device)
+        t2, c2 = time.perf_counter(), time.process_time()
+        rec.step_seconds.append(t2 - t0)
+        rec.cpu_seconds.append(c2 - c0)
+        rec.compute_seconds.append(t2 - t1)
+        rec.losses.append(float(loss.detach().float().item()))
+        rec.real_tokens.append(sum(map(len, examples)))
+        rec.input_tokens.append(int(batch["input_ids"].numel()))
+        rec.target_tokens.append(count_targets(batch))
+        rec.fingerprints.append(batch_fingerprint(batch))
+        rec.workloads.append(dataclasses.asdict(sft_workload(batch, is_varlen(self.spec.attn_implementation))))
+        return {"step": len(rec.step_seconds), "seconds": t2 - t0, "loss": rec.losses[-1]}
+
+    def finish(self) -> dict[str, Any]:
+        """Evaluate (token-weighted loss over the eval set) and return every measurement."""
+        eval_loss, eval_targets = evaluate(
+            self.model, self.collator, [[{"input_ids": ids} for ids in b] for b in self.eval_batches], self.device
+        )
+        return {
+            "dataset": self.dataset,
+            "variant": self.variant,
+            "runner": "loop",
+            "attn_implementation": self.spec.attn_implementation,
+            "padding_free": self.spec.padding_free,
+            "batching": self.spec.batching,
+            "max_tokens": self.max_tokens,
+            **self.records.summary(self.memory.cuda),
+            "eval_loss": eval_loss,
+            "eval_target_tokens": eval_targets,
+            **self.memory.result(),
+        }
 
 
 def completion_labels(ids: list[int]) -> list[int]:
@@ -63,13 +146,13 @@ def _check_prepared(prepared: Any, examples: list[list[int]], split: str) -> Non
     ids, labels = prepared["input_ids"], prepared["labels"]
     if ids != examples:
         raise RuntimeError(f"SFTTrainer tokenized the {split} records into other token ids than the benchmark's "
-                           "examples (a bug in benchmarks.records)")
+                           "examples (a bug in benchmarks.data.to_records)")
     if labels != [completion_labels(e) for e in examples]:
         raise RuntimeError(f"SFTTrainer's {split} labels are not the completion-only labels of the examples")
 
 
 class SFTTrainerRun(SteppedTrainerRun):
-    """One ``sft-trainer`` variant on one dataset; the same interface as :class:`~.worker.VariantRun`."""
+    """One ``sft-trainer`` variant on one dataset; the same interface as :class:`VariantRun`."""
 
     trainer_name = "SFTTrainer"
 
@@ -79,13 +162,10 @@ class SFTTrainerRun(SteppedTrainerRun):
 
         from trl_padfree.collator import DataCollatorForCompletionOnlyLM
 
-        self.config, self.dataset, self.variant = config, dataset, variant
-        self.spec = spec = VARIANTS[variant]
-        self.device = bench_device(config)
-        train, evaluation = bench_examples(config, dataset)
-        self.total_steps = len(fixed_batches(train, config.batch_size))
-        self.records = StepRecords(config.warmup)
-        self._tmp = tempfile.TemporaryDirectory(prefix="trl-padfree-bench-sft-")
+        self.dataset = dataset
+        train, evaluation = config.examples(dataset, "train"), config.examples(dataset, "eval")
+        self._setup(config, variant, VARIANTS[variant], len(fixed_batches(train, config.batch_size)))
+        spec = self.spec
         model = build_model(config, spec.attn_implementation, self.device)
         args = trl.SFTConfig(
             **trainer_arguments(config, self.device, self._tmp.name, self.total_steps),
@@ -130,8 +210,6 @@ class SFTTrainerRun(SteppedTrainerRun):
         return trl_head_is_compact(self.device)
 
     def _observe(self, inputs: dict[str, Any]) -> None:
-        """Record what the model receives (not counted in the step's time)."""
-        start = time.perf_counter()
         rec = self.records
         rec.fingerprints.append(batch_fingerprint(inputs))
         varlen = is_varlen(self.model.config._attn_implementation)
@@ -143,7 +221,6 @@ class SFTTrainerRun(SteppedTrainerRun):
         rec.real_tokens.append(int(inputs["input_ids"].numel() if mask is None else mask.sum()))
         rec.input_tokens.append(int(inputs["input_ids"].numel()))
         rec.target_tokens.append(count_targets(inputs))
-        self._excluded += time.perf_counter() - start
 
     def finish(self) -> dict[str, Any]:
         """Wait for the trainer to end; evaluate; probe the attention that ran; return every measurement."""

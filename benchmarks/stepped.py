@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import logging
 import queue
+import tempfile
 import threading
 import time
 import warnings
 from collections.abc import Callable
 from typing import Any
 
-from .training import MemoryMeter, synchronize
+from .training import MemoryMeter, StepRecords, bench_device, synchronize
 
 __all__ = ["SteppedTrainerRun", "bench_callback", "bench_trainer_class", "trainer_arguments"]
 
@@ -59,7 +60,9 @@ def bench_trainer_class(base: type) -> type:
             return super().get_batch_samples(*args, **kwargs)
 
         def training_step(self, model, inputs, *args: Any, **kwargs: Any):
-            self.bench_run._observe(inputs)
+            start = time.perf_counter()
+            self.bench_run._observe(inputs)  # not counted in the step's time
+            self.bench_run._excluded += time.perf_counter() - start
             synchronize(self.bench_run.device)
             start = time.perf_counter()
             loss = super().training_step(model, inputs, *args, **kwargs)
@@ -97,16 +100,17 @@ def bench_callback(run: SteppedTrainerRun) -> Any:
 class SteppedTrainerRun:
     """Base of the bench's trainer variants (see the module docstring).
 
-    A subclass sets ``variant``, ``device``, ``records`` (:class:`~.training.StepRecords`) and ``total_steps``,
-    builds its trainer with :meth:`_build_quietly`, then calls :meth:`_start`.
+    A subclass calls :meth:`_setup`, builds its trainer with :meth:`_build_quietly`, then calls :meth:`_start`.
     """
 
     trainer_name = "Trainer"
 
-    variant: str
-    device: Any
-    records: Any
-    total_steps: int
+    def _setup(self, config: Any, variant: str, spec: Any, total_steps: int) -> None:
+        """The run's config, variant, device, step count, records and a scratch ``output_dir``."""
+        self.config, self.variant, self.spec, self.total_steps = config, variant, spec, total_steps
+        self.device = bench_device(config)
+        self.records = StepRecords(config.warmup)
+        self._tmp = tempfile.TemporaryDirectory(prefix=f"trl-padfree-bench-{self.trainer_name}-")
 
     def _build_quietly(self, build: Callable[[], Any]) -> Any:
         """``build()`` with the libraries' warnings collected into ``trainer_warnings`` and no dataset bars."""
@@ -152,6 +156,7 @@ class SteppedTrainerRun:
         self._wait("ready")
 
     def _observe(self, inputs: dict[str, Any]) -> None:  # pragma: no cover - every subclass records its batch
+        """Record what the model receives (its fingerprint, token counts and workload)."""
         raise NotImplementedError
 
     # --- the trainer thread -------------------------------------------------------------------------------------

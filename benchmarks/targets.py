@@ -1,6 +1,7 @@
-"""The pass/fail targets of every task, as data: what each task's report judges (:mod:`.report`,
+"""The pass/fail targets of every task, as data: what each task's report judges (:mod:`.sft_report`,
 :mod:`.dpo_report`; the RL, reward and KTO tasks print the share of the FLOP ratio against theirs), and the one
-setup each speed target was set for. A run in another setup reports its ratios with "n/a" as the verdict."""
+setup each speed target was set for; the throughput and memory targets every report judges alike. A run in another
+setup reports its ratios with "n/a" as the verdict."""
 
 from __future__ import annotations
 
@@ -76,6 +77,45 @@ def in_memory_setup(config: dict[str, Any]) -> bool:
     if str(config.get("device", "cpu")).startswith("cuda"):
         return True
     return bool(config.get("subprocess", True)) and config.get("length_scale") == 1.0
+
+
+def fmt_share(value: float, threshold: float) -> str:
+    """A share in whole percent, or with two decimals where whole percent would round it onto the threshold (no
+    "90%: FAIL").
+
+    >>> fmt_share(0.8996, 0.9), fmt_share(0.9031, 0.9), fmt_share(1.0421, 0.9)
+    ('89.96%', '90.31%', '104%')
+    """
+    return f"{value:.2%}" if round(value, 2) == threshold else f"{value:.0%}"
+
+
+def share_target(target: str, task: str, measured: float | None, flops: float | None,
+                 in_setup: bool) -> dict[str, Any]:
+    """A throughput target: the ``measured`` real-tokens/s ratio >= ``task``'s share of the workload's FLOP ratio
+    ``flops``; judged (``holds`` not None) only in the setup it was set for, and with FLOP counts."""
+    need = TARGETS[task]["flop_share"]
+    share = None if measured is None or flops is None else measured / flops
+    if measured is None:
+        shown = "not measured"
+    elif flops is None:
+        shown = f"{measured:.2f}x; no FLOP counts in this report (written before they were recorded)"
+    else:
+        shown = (f"{measured:.2f}x measured vs FLOP ratio {flops:.2f}x: {fmt_share(share, need)} of it (needs >= "
+                 f"{need * flops:.2f}x)")
+        if not in_setup:
+            shown += f" (judged on the {TARGETS[task]['speed_setup_text']}; not this run's setup)"
+    return {"target": target, "value": share, "throughput_ratio": measured, "flop_ratio": flops, "shown": shown,
+            "holds": None if share is None or not in_setup else share >= need}
+
+
+def memory_target(target: str, peak_mb: float | None, baseline_mb: float | None, in_setup: bool) -> dict[str, Any]:
+    """A memory target: ``peak_mb`` below ``baseline_mb``, judged only where memory is each variant's own."""
+    measured = peak_mb is not None and baseline_mb is not None
+    shown = f"{peak_mb:.0f} vs {baseline_mb:.0f} MB" if measured else "not measured"
+    if measured and not in_setup:
+        shown += f" (judged only on {MEMORY_SETUP_TEXT})"
+    return {"target": target, "value": peak_mb / baseline_mb if measured else None, "shown": shown,
+            "holds": peak_mb < baseline_mb if measured and in_setup else None}
 
 
 def flop_share_verdict(task: str, share: float) -> str:

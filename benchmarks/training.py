@@ -9,7 +9,6 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .config import BenchConfig
 from .data import BOS_ID, EOS_ID, IGNORE_INDEX, PAD_ID
 from .preset import Preset
 
@@ -69,11 +68,6 @@ def bench_device(config: Preset):
     return device
 
 
-def bench_examples(config: BenchConfig, dataset: str) -> tuple[list[list[int]], list[list[int]]]:
-    """The seeded train examples (``(warmup + steps) * batch_size``) and eval examples of ``dataset``."""
-    return config.examples(dataset, "train"), config.examples(dataset, "eval")
-
-
 def build_model(config: Preset, attn_implementation: str | None, device, positions: int | None = None):
     """The random-init Llama of ``config`` (seeded: the same initial weights for every variant), in train mode.
 
@@ -106,7 +100,7 @@ def build_model(config: Preset, attn_implementation: str | None, device, positio
     return model
 
 
-def make_optimizer(config: BenchConfig, model):
+def make_optimizer(config: Preset, model):
     """``torch.optim.AdamW(lr=config.lr)`` with torch's defaults (weight decay 0.01), the same in every variant."""
     import torch
 

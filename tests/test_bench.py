@@ -23,8 +23,7 @@ from benchmarks import (
     run_benchmark,
     to_markdown,
 )
-from benchmarks.batches import fixed_batches
-from benchmarks.data import dataset_title
+from benchmarks.data import dataset_title, fixed_batches
 from benchmarks.flops import Workload, forward_flops
 from trl_padfree import cli
 from trl_padfree.scored_head import scored_head_unavailable
@@ -563,12 +562,11 @@ def test_replot_of_a_bad_file_exits_2_with_one_line(content, reason, tmp_path, c
 def test_commands_on_the_benchmark_page_are_valid_bench_commands():
     """Every `trl-padfree bench` / `python scripts/bench.py` command shown in docs/benchmark.md parses and
     validates (they are not run here: the page's runs take minutes)."""
-    import importlib
     import re
     import shlex
 
     from benchmarks import build_parser, config_from_args
-    from benchmarks.args import TASKS, task_of
+    from benchmarks.cli import TASKS, task_of
 
     page = (Path(__file__).resolve().parent.parent / "docs" / "benchmark.md").read_text()
     blocks = re.findall(r"```(?:bash|console|sh)?\n(.*?)```", page, flags=re.S)
@@ -583,7 +581,7 @@ def test_commands_on_the_benchmark_page_are_valid_bench_commands():
         argv = shlex.split(command)[2:]
         if task_of(argv) != "sft":  # another task: its own module's parser
             others.add(task_of(argv))
-            importlib.import_module(TASKS[task_of(argv)]).build_parser(task_of(argv)).parse_args(argv)
+            build_parser(task_of(argv)).parse_args(argv)
             continue
         args = build_parser().parse_args(argv)
         if args.replot is None:
@@ -593,7 +591,7 @@ def test_commands_on_the_benchmark_page_are_valid_bench_commands():
 
 def test_trainer_note_judges_losses_with_the_runs_tolerance():
     """A bf16 run (loss_rtol 1e-2) whose SFTTrainer losses differ by bf16 noise still reads 'kept apart'."""
-    from benchmarks.report import _trainer_notes
+    from benchmarks.sft_report import _trainer_notes
 
     entry = {
         "variants": {"sft-padfree": {"attn_implementation": "padfree", "probe": {"status": "SAFE", "max_abs_diff": 0.0}}},
@@ -623,7 +621,7 @@ def test_the_trl_head_variant_runs_only_when_named():
      "it is a file, not a directory; pass a directory that can be written"),
 ])
 def test_one_command_runs_every_task_and_bad_options_exit_2_with_one_line(argv, prog, message, capsys):
-    """``trl-padfree bench --task T`` hands the command line to T's module (benchmarks.args.TASKS): its own parser."""
+    """``trl-padfree bench --task T`` parses the command line with T's options (benchmarks.cli.TASKS)."""
     with pytest.raises(SystemExit) as exc:
         cli.main(["bench", *argv])
     captured = capsys.readouterr()
@@ -632,14 +630,12 @@ def test_one_command_runs_every_task_and_bad_options_exit_2_with_one_line(argv, 
 
 
 def test_every_task_has_a_module_with_a_parser_and_its_flop_share_target():
-    import importlib
-
-    from benchmarks.args import TASKS
+    from benchmarks.cli import TASKS, build_parser
     from benchmarks.targets import TARGETS
 
     assert set(TASKS) == set(TARGETS) == {"sft", "dpo", "grpo", "rloo", "reward", "kto"}
-    for task, module in TASKS.items():
-        parser = importlib.import_module(module).build_parser(*([] if task == "sft" else [task]))
+    for task in TASKS:
+        parser = build_parser(task)
         assert parser.parse_args(["--task", task]).task == task
         assert 0 < TARGETS[task]["flop_share"] <= 1
 

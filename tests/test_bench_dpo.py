@@ -8,8 +8,8 @@ import math
 import pytest
 from trl.trainer.dpo_trainer import DataCollatorForPreference as TRLCollator
 
-from benchmarks import cli
-from benchmarks.dpo import DPOBenchConfig, main, run_dpo_benchmark
+from benchmarks import cli, main
+from benchmarks.dpo import DPOBenchConfig, run_dpo_benchmark
 from benchmarks.dpo_data import batch_pairs, batch_workload, make_pairs, pairs_fingerprint
 from benchmarks.dpo_report import failed_targets
 from benchmarks.flops import Workload, forward_flops

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.cli import build_parser
 from benchmarks.rl import run_rl
 from trl_padfree._compat import rl_padding_free_unavailable
 
@@ -11,8 +12,10 @@ from trl_padfree._compat import rl_padding_free_unavailable
 @pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
 @pytest.mark.parametrize("kind", ["grpo", "rloo"])
 def test_bench_rl_runs_and_the_layouts_agree(kind, tmp_path, capsys):
-    result = run_rl(["--steps", "1", "--scale", "0.05", "--hidden", "32", "--layers", "1", "--vocab", "128",
-                     "--no-memory", "--task", kind, "--json", str(tmp_path / "r.json"), "--output-dir", str(tmp_path)])
+    parser = build_parser(kind)
+    result = run_rl(parser, parser.parse_args([
+        "--steps", "1", "--scale", "0.05", "--hidden", "32", "--layers", "1", "--vocab", "128", "--no-memory",
+        "--task", kind, "--json", str(tmp_path / "r.json"), "--output-dir", str(tmp_path)]))
     layouts = result["layouts"]
     padded = layouts["padded"]["losses"][0]
     for layout in ("padfree", "once"):
