@@ -45,7 +45,6 @@ __all__ = [
     "HeadLaunchArguments",
     "LaunchArguments",
     "LaunchConfig",
-    "PreferenceArguments",
     "build_parser",
     "parse_arguments",
 ]
@@ -117,27 +116,6 @@ class CollatorArguments:
 
 
 @dataclass
-class PreferenceArguments:
-    """Settings of the padding-free preference batch (``padding_free`` is DPOConfig's field)."""
-
-    prompt_once: bool = field(
-        default=False,
-        metadata={
-            "help": "Compute each pair's prompt once: the chosen and the rejected response both attend to its keys "
-            "and not to each other (|P|+|C|+|R|+1 tokens per pair instead of 2|P|+|C|+|R|). Needs padding_free: "
-            "true and attn_implementation 'padfree' (auto picks it)."
-        },
-    )
-    chat_template_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "A .jinja chat template that replaces the tokenizer's, for conversational pairs (e.g. with "
-            "system turns the model's own template does not render); as trl-padfree train's field."
-        },
-    )
-
-
-@dataclass
 class LaunchArguments:
     """Pre-flight checks and run-time settings of the launcher itself."""
 
@@ -194,7 +172,7 @@ class LaunchConfig:
     """Everything ``trl-padfree train`` was asked to do, parsed and (after validation) resolved."""
 
     data: DataArguments
-    collator: Any  # CollatorArguments (sft) or PreferenceArguments (dpo)
+    collator: Any  # the task's own arguments (sft: CollatorArguments, dpo: tasks.dpo.PreferenceArguments, ...)
     launch: LaunchArguments
     training: Any  # trl.SFTConfig or trl.DPOConfig (imported lazily: importing TRL takes seconds)
     model: Any  # trl.ModelConfig
@@ -242,7 +220,7 @@ def _strict_parser(dataclass_types: Sequence[type], prog: str) -> Any:
 def argument_classes(task: str = "sft") -> tuple[type, ...]:
     """The dataclasses whose fields make up the config of ``task``, in parsing order (the task's, see
     :mod:`.tasks`): SFT: the data, collator and launcher arguments, ``SFTConfig``, ``ModelConfig``; DPO: the same
-    with :class:`PreferenceArguments` for the collator's and ``DPOConfig`` for ``SFTConfig``.
+    with :class:`~.tasks.dpo.PreferenceArguments` for the collator's and ``DPOConfig`` for ``SFTConfig``.
     """
     from .tasks import get_task
 

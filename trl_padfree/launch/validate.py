@@ -296,23 +296,6 @@ def _check_data(cfg: LaunchConfig) -> None:
         )
 
 
-def check_sft_config(cfg: LaunchConfig) -> None:
-    """``trl-padfree train``'s collator and template settings, and the SFTConfig fields it cannot honour."""
-    training = cfg.training
-    if not cfg.collator.response_template:  # needed or not: told by the data's format (launch.sft_data)
-        cfg.collator.response_template = None
-    if training.packing:
-        raise ConfigError(
-            "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "
-            "the number of optimizer steps; set packing: false"
-        )
-    if training.assistant_only_loss:
-        raise ConfigError(
-            "assistant_only_loss does not apply here: the collator trains what follows response_template; for "
-            "multi-turn data also set instruction_template; set assistant_only_loss: false"
-        )
-
-
 def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
     name = cfg.model.model_name_or_path
     if not name:
@@ -341,55 +324,6 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
             get_peft_config(cfg.model)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid LoRA settings (peft.LoraConfig): {one_line(exc, limit=None)}") from None
-
-
-_SFT_ONLY_FIELDS = ("template", "response_template", "instruction_template", "max_tokens_per_batch")
-
-
-def check_preference_config(cfg: LaunchConfig) -> None:
-    """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
-    for name in _SFT_ONLY_FIELDS:
-        holder = cfg.launch if name == "max_tokens_per_batch" else cfg.data if name == "template" else cfg.collator
-        if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
-            raise ConfigError(
-                f"{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected "
-                "records and scores only the responses: remove it"
-            )
-    if cfg.data.template is not None:
-        cfg.data.template = None
-    if cfg.training.padding_free:
-        from trl_padfree._compat import dpo_padding_free_unavailable
-
-        problem = dpo_padding_free_unavailable()
-        if problem is not None:
-            raise ConfigError(problem)
-    _check_preference_losses(cfg.training)
-    once = bool(cfg.collator.prompt_once)
-    if once and not cfg.training.padding_free:
-        raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
-    if once and cfg.attn_implementation not in ("auto", "padfree"):
-        raise ConfigError(
-            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys; on a GPU "
-            f"it runs flash-attn or torch's varlen kernel), got {cfg.attn_implementation!r}: use auto or padfree"
-        )
-    if once:
-        cfg.attn_implementation = "padfree"
-
-
-def _check_preference_losses(training: Any) -> None:
-    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
-    fails at the first step), before anything is loaded."""
-    from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
-
-    divergence = getattr(training, "f_divergence_type", "reverse_kl")
-    if divergence not in F_DIVERGENCE_TYPES:
-        raise ConfigError(f"f_divergence_type: {divergence!r} is not one TRL knows; use one of "
-                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl, the default, is standard DPO)")
-    losses = training.loss_type if isinstance(training.loss_type, list) else [training.loss_type]
-    unknown = [t for t in losses if t not in LOSS_TYPES]
-    if unknown and training.padding_free:
-        raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
-                          f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
 
 
 def _training_device(cfg: LaunchConfig) -> str:

@@ -3,7 +3,7 @@
 Its own parts: :class:`RewardArguments` (``prompt_once``) and this package's ``RewardConfig`` (TRL's plus
 ``padding_free``); the model loaded as ``AutoModelForSequenceClassification`` with ``num_labels=1`` (a causal LM
 checkpoint gets a fresh ``score`` head, seeded, as ``trl reward`` does); the preference records of ``trl-padfree
-dpo`` (:func:`~..dpo.check_preference_records`, one by one, plus an optional numeric ``margin``), tokenized by TRL's
+dpo`` (:func:`~.preference_data.check_preference_records`, one by one, plus an optional numeric ``margin``), tokenized by TRL's
 own ``RewardTrainer`` preparation once, here, so that the pairs it drops (longer than ``max_length``) are counted
 before anything is written; the reward layout probe (:func:`trl_padfree.reward_probe.assert_reward_packing_safe`);
 the summary's eval accuracy and margin; ``preview``'s pair layout.
@@ -19,6 +19,7 @@ from ..config import ConfigError, DataArguments, LaunchArguments
 from ..console import say
 from ..trainer_class import make_launch_trainer
 from .base import Task
+from .preference_data import check_one_kind_in_files, check_preference_records, tokenized_prompts, value_kind
 from .shared import check_prompt_once, refuse_sft_settings, sft_only_fields
 
 __all__ = ["TASK", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
@@ -41,8 +42,6 @@ class RewardArguments:
 
 def check_reward_records(dataset: Any, source: str) -> None:
     """The preference records of ``trl-padfree dpo``, plus an optional ``margin`` that is a number in every record."""
-    from ..dpo import check_preference_records
-
     check_preference_records(dataset, source)
     if "margin" not in dataset.column_names:
         return
@@ -69,7 +68,6 @@ def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
     import trl
 
     from ..data import load_splits
-    from ..dpo_data import check_one_kind_in_files, tokenized_prompts, value_kind
 
     for key in ("train_file", "eval_file"):
         if getattr(cfg.data, key, None):

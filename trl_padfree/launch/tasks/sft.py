@@ -2,7 +2,7 @@
 completion-only collator (padding-free unless ``padding_free: false``).
 
 Its own parts: :class:`~..config.CollatorArguments` (``response_template``, ``instruction_template``) and TRL's
-``SFTConfig``; the SFTConfig fields it cannot honour (:func:`~..validate.check_sft_config`); the data tokenized and
+``SFTConfig``; the SFTConfig fields it cannot honour (:meth:`SFTTask.check`); the data tokenized and
 labelled once by :mod:`..sft_data`, with the one response-template check, and a training collator that only
 flattens those labels; the summary's ``max_tokens_per_batch``.
 """
@@ -13,11 +13,11 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import CollatorArguments, DataArguments, HeadLaunchArguments
+from ..config import CollatorArguments, ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
 from .base import Task
 
-__all__ = ["TASK", "SFTTask", "launch_sft_trainer"]
+__all__ = ["TASK", "SFTTask", "launch_sft_trainer", "preview_lines"]
 
 
 @functools.cache
@@ -31,6 +31,43 @@ def launch_sft_trainer() -> type:
                                                                            "__doc__": launch_sft_trainer.__doc__})
 
 
+def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
+                  ) -> list[str]:
+    """``trl-padfree preview`` of prepared SFT data (:class:`~..sft_data.PreparedData`): ``n`` examples, then the counts.
+
+    With a ``response_template``, how many of the examples checked for it lack it.
+    """
+    import numpy as np
+
+    from trl_padfree.token_text import TokenText
+
+    from ..preview import IGNORE_INDEX, marked_text
+
+    text = TokenText.from_tokenizer(tokenizer)
+    train = data.train
+    lines: list[str] = []
+    for index in range(min(n, len(train))):
+        ids, labels = train[index]["input_ids"], train[index]["labels"]
+        trained = sum(label != IGNORE_INDEX for label in labels)
+        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
+        lines.append(f"--- example {index} ({len(ids)} tokens, {trained} trained) ---")
+        lines.append(marked_text(raw, starts.tolist(), labels, color))
+    total = trained = 0
+    for labels in train["labels"]:
+        total += len(labels)
+        trained += sum(label != IGNORE_INDEX for label in labels)
+    share = 100.0 * trained / total if total else 0.0
+    lines.append("---")
+    lines.append(f"trained tokens: {trained:,} of {total:,} ({share:.1f}%) in {len(train):,} training examples "
+                 f"(format: {data.text_format})")
+    loaded, dropped = data.loaded.get("train", len(train)), data.dropped.get("train", 0)
+    lines.append(f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}")
+    if response_template is not None and data.checked:
+        lines.append(f"examples without the response template among the first {data.checked:,}: "
+                     f"{data.template_missing_in_check:,}")
+    return lines
+
+
 class SFTTask(Task):
     name = "sft"
     command = "train"
@@ -42,9 +79,20 @@ class SFTTask(Task):
         return (DataArguments, CollatorArguments, HeadLaunchArguments, SFTConfig, ModelConfig)
 
     def check(self, cfg: Any) -> None:
-        from ..validate import check_sft_config
-
-        check_sft_config(cfg)
+        """The collator and template settings, and the SFTConfig fields trl-padfree train cannot honour."""
+        training = cfg.training
+        if not cfg.collator.response_template:  # needed or not: told by the data's format (launch.sft_data)
+            cfg.collator.response_template = None
+        if training.packing:
+            raise ConfigError(
+                "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "
+                "the number of optimizer steps; set packing: false"
+            )
+        if training.assistant_only_loss:
+            raise ConfigError(
+                "assistant_only_loss does not apply here: the collator trains what follows response_template; for "
+                "multi-turn data also set instruction_template; set assistant_only_loss: false"
+            )
 
     def resolve(self, cfg: Any) -> None:
         training = cfg.training
@@ -92,7 +140,6 @@ class SFTTask(Task):
         return {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch}
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        from ..preview import preview_lines
         from ..sft_data import prepare_data
 
         data = prepare_data(cfg, tokenizer)
