@@ -47,6 +47,7 @@ __all__ = [
     "LaunchConfig",
     "build_parser",
     "parse_arguments",
+    "with_fields",
 ]
 
 
@@ -167,9 +168,20 @@ class HeadLaunchArguments(LaunchArguments):
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchConfig:
-    """Everything ``trl-padfree train`` was asked to do, parsed and (after validation) resolved."""
+    """Everything ``trl-padfree train`` was asked to do, parsed and (after validation) resolved; frozen.
+
+    Each stage that resolves something returns a new config (``dataclasses.replace``), in this order:
+    :func:`parse_arguments`, ``demo.resolve_package_paths``, ``validate.validate_config`` (with the task's
+    ``resolve``), ``defaults.apply_defaults``, ``distributed.plan_nodes``, and ``model.load_model`` (the attention
+    the model was loaded with, where ``auto`` fell back). The nested objects (``training``: TRL's ``SFTConfig`` /
+    ``DPOConfig`` ..., a transformers ``TrainingArguments``; ``model``: ``ModelConfig``; ``data``, ``collator``,
+    ``launch``) stay mutable dataclasses, but no stage assigns to them: a stage that adjusts one puts a copy with
+    the new values in the new config (:func:`with_fields`; not ``dataclasses.replace``, which would run their
+    ``__post_init__`` again, TrainingArguments' derivations and checks included, on values already resolved).
+    ``tests/test_launch_config.py`` reads the launch's source to check that none assigns ``cfg.<field> =``.
+    """
 
     data: DataArguments
     collator: Any  # the task's own arguments (sft: CollatorArguments, dpo: tasks.dpo.PreferenceArguments, ...)
@@ -185,8 +197,25 @@ class LaunchConfig:
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # the YAML's env mapping, set after validation
     run_id: str | None = None  # this run's id (launch.run_record), decided by validation
     model_init_kwargs: dict[str, Any] | None = None  # SFTConfig.model_init_kwargs, applied by the launcher
-    notes: list[str] = dataclasses.field(default_factory=list)  # lines validation leaves for the run to print
+    notes: list[str] = dataclasses.field(default_factory=list)  # lines the resolving stages leave for the run to print
     task: str = "sft"  # the trainer: a name of launch.tasks.REGISTRY ("sft": trl-padfree train, "dpo", "grpo", ...)
+
+
+def with_fields(obj: Any, **changes: Any) -> Any:
+    """A shallow copy of the dataclass ``obj`` with ``changes`` set, ``obj`` unchanged and its ``__post_init__`` not
+    run again (see :class:`LaunchConfig`).
+
+    >>> a = DataArguments(template="x")
+    >>> b = with_fields(a, template=None)
+    >>> a.template, b.template
+    ('x', None)
+    """
+    import copy
+
+    new = copy.copy(obj)
+    for name, value in changes.items():
+        setattr(new, name, value)
+    return new
 
 
 #: Defaults of the launcher that differ from those of the dataclasses. ``gradient_checkpointing`` (TRL: True) is

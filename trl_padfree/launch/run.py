@@ -46,12 +46,6 @@ def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
     training = cfg.training
     task = get_task(cfg.task)  # what is the trainer's own, stage by stage (launch.tasks)
     check_process_group(training)  # before anything is written
-    if training.ddp_find_unused_parameters is None:
-        # transformers turns it on for every model without activation checkpointing (and every PEFT model): an
-        # extra autograd traversal per step and a warning. The models trained here (LoRA included) use every
-        # trainable parameter in each forward; a model that does not fails in DDP with torch's error naming the fix
-        # (set ddp_find_unused_parameters: true).
-        training.ddp_find_unused_parameters = False
     for note in cfg.notes:
         say(note)
     with quiet_progress():
@@ -62,7 +56,7 @@ def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
             data = task.prepare_data(cfg, tokenizer)
         say(f"loading model {cfg.model.model_name_or_path} (attn_implementation={cfg.attn_implementation!r}, "
             f"dtype={cfg.model.dtype})")
-        model = load_model(cfg)
+        model, cfg = load_model(cfg)  # (cfg: the attention the model was loaded with)
         if cfg.padding_free and cfg.launch.check_packing:
             probe_model(model, training, check=task.probe_check(cfg))
         ref_model, line = task.load_reference(cfg)

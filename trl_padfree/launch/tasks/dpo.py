@@ -4,11 +4,11 @@
 ``trl sft`` share one parser): the same stages (:mod:`..run`). Its own parts, here:
 :class:`PreferenceArguments` (``prompt_once``: compute each pair's prompt once, needs ``"padfree"`` attention;
 ``chat_template_path``); the SFT-only fields refused and ``attn_implementation`` made fit for the layout
-(:meth:`DPOTask.check`); the records with ``chosen`` / ``rejected`` (and ``prompt``, or TRL's implicit prompt),
-plain text or conversational, checked before TRL tokenizes them (:func:`load_preference_data`, on
-:mod:`.preference_data`); the reference model and the preference probe (:mod:`.shared`, as ``kto``'s);
-:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints; the summary's eval reward accuracy and
-``prompt_once``; ``preview``'s pairs.
+(:meth:`DPOTask.check`, :meth:`DPOTask.resolve`); the records with ``chosen`` / ``rejected`` (and ``prompt``, or
+TRL's implicit prompt), plain text or conversational, checked before TRL tokenizes them
+(:func:`load_preference_data`, on :mod:`.preference_data`); the reference model and the preference probe
+(:mod:`.shared`, as ``kto``'s); :class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints; the summary's
+eval reward accuracy and ``prompt_once``; ``preview``'s pairs.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import ConfigError, DataArguments, HeadLaunchArguments
+from ..config import ConfigError, DataArguments, HeadLaunchArguments, with_fields
 from ..console import say
 from ..trainer_class import make_launch_trainer
 from .base import Task
@@ -30,7 +30,7 @@ from .preference_data import (
     tokenized_prompts,
     value_kind,
 )
-from .shared import preference_probe, reference_model, refuse_sft_settings, sft_only_fields
+from .shared import pin_prompt_once, preference_probe, reference_model, refuse_sft_settings, sft_only_fields
 
 __all__ = ["TASK", "DPOTask", "PreferenceArguments", "PreparedPreferences", "load_preference_data",
            "preference_summary", "preview_pairs"]
@@ -237,8 +237,6 @@ class DPOTask(Task):
     def check(self, cfg: Any) -> None:
         """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
         refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
-        if cfg.data.template is not None:
-            cfg.data.template = None
         if cfg.training.padding_free:
             from trl_padfree._compat import dpo_padding_free_unavailable
 
@@ -254,8 +252,10 @@ class DPOTask(Task):
                 f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys; on a "
                 f"GPU it runs flash-attn or torch's varlen kernel), got {cfg.attn_implementation!r}: use auto or padfree"
             )
-        if once:
-            cfg.attn_implementation = "padfree"
+
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        """No SFT template; the ``"padfree"`` attention for ``prompt_once``."""
+        return {"data": with_fields(cfg.data, template=None), **pin_prompt_once(cfg)}
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once)}

@@ -26,7 +26,14 @@ from .preference_data import (
     tokenized_prompts,
     value_kind,
 )
-from .shared import check_prompt_once, preference_probe, reference_model, refuse_sft_settings, sft_only_fields
+from .shared import (
+    check_prompt_once,
+    pin_prompt_once,
+    preference_probe,
+    reference_model,
+    refuse_sft_settings,
+    sft_only_fields,
+)
 
 __all__ = ["TASK", "KTOArguments", "KTOTask", "kto_summary"]
 
@@ -191,8 +198,10 @@ class KTOTask(Task):
         if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
             raise ConfigError(problem)
         refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
-        cfg.padding_free = bool(cfg.training.padding_free)
         check_prompt_once(cfg)
+
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        return pin_prompt_once(cfg)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once), "loss_type": cfg.training.loss_type}

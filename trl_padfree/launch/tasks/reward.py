@@ -15,12 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import ConfigError, DataArguments, LaunchArguments
+from ..config import ConfigError, DataArguments, LaunchArguments, with_fields
 from ..console import say
 from ..trainer_class import make_launch_trainer
 from .base import Task
 from .preference_data import check_one_kind_in_files, check_preference_records, tokenized_prompts, value_kind
-from .shared import check_prompt_once, refuse_sft_settings, sft_only_fields
+from .shared import check_prompt_once, pin_prompt_once, refuse_sft_settings, sft_only_fields
 
 __all__ = ["TASK", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
 
@@ -162,7 +162,6 @@ class RewardTask(Task):
 
     def check(self, cfg: Any) -> None:
         refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
-        cfg.padding_free = bool(cfg.training.padding_free)
         check_prompt_once(cfg)
         if cfg.padding_free:
             from trl_padfree.reward import reward_padding_free_unavailable
@@ -170,9 +169,12 @@ class RewardTask(Task):
             if (problem := reward_padding_free_unavailable()) is not None:
                 raise ConfigError(problem)
 
-    def resolve(self, cfg: Any) -> None:
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        changes = pin_prompt_once(cfg)
         if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
-            cfg.model.lora_task_type = "SEQ_CLS"  # peft then trains the fresh score head too (modules_to_save)
+            # peft then trains the fresh score head too (modules_to_save)
+            changes["model"] = with_fields(cfg.model, lora_task_type="SEQ_CLS")
+        return changes
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once)}

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import CollatorArguments, ConfigError, DataArguments, HeadLaunchArguments
+from ..config import CollatorArguments, ConfigError, DataArguments, HeadLaunchArguments, with_fields
 from ..console import say
 from .base import Task
 
@@ -81,8 +81,6 @@ class SFTTask(Task):
     def check(self, cfg: Any) -> None:
         """The collator and template settings, and the SFTConfig fields trl-padfree train cannot honour."""
         training = cfg.training
-        if not cfg.collator.response_template:  # needed or not: told by the data's format (launch.sft_data)
-            cfg.collator.response_template = None
         if training.packing:
             raise ConfigError(
                 "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "
@@ -94,10 +92,17 @@ class SFTTask(Task):
                 "multi-turn data also set instruction_template; set assistant_only_loss: false"
             )
 
-    def resolve(self, cfg: Any) -> None:
+    def resolve(self, cfg: Any) -> dict[str, Any]:
         training = cfg.training
-        training.padding_free = False  # the collator flattens by itself; TRL refuses a custom collator otherwise
-        training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
+        return {
+            # needed or not: told by the data's format (launch.sft_data)
+            "collator": with_fields(cfg.collator, response_template=cfg.collator.response_template or None),
+            "training": with_fields(
+                training,
+                padding_free=False,  # the collator flattens by itself; TRL refuses a custom collator otherwise
+                dataset_kwargs={**(training.dataset_kwargs or {}), "skip_prepare_dataset": True},
+            ),
+        }
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
         """Formatted, tokenized and labelled once by the run's collator, with the template check."""

@@ -1,8 +1,8 @@
 """What several tasks share, and no task owns: SFT-only settings refused by the other trainers, ``prompt_once``'s
 requirements, the reference model and the preference probe of ``dpo`` and ``kto`` (their records:
-:mod:`.preference_data`; the trainer class with the launch's checkpoints is :mod:`..trainer_class`). A task module imports
-this module and :mod:`.base`, never another task's module (except a variant of it: :mod:`.rloo` is :mod:`.grpo`
-with TRL's other config).
+:mod:`.preference_data`; the trainer class with the launch's checkpoints is :mod:`..trainer_class`). A task module
+imports this module, :mod:`.preference_data` and :mod:`.base`, never another task's module (except a variant of it:
+:mod:`.rloo` is :mod:`.grpo` with TRL's other config).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from .base import Task
 
 __all__ = [
     "check_prompt_once",
+    "pin_prompt_once",
     "fields_of",
     "preference_probe",
     "reference_model",
@@ -44,7 +45,7 @@ def refuse_sft_settings(cfg: Any, message: str) -> None:
 
 
 def check_prompt_once(cfg: Any) -> None:
-    """``prompt_once`` needs the flat row and the ``"padfree"`` attention (pinned here)."""
+    """``prompt_once`` needs the flat row and the ``"padfree"`` attention (pinned by :func:`pin_prompt_once`)."""
     if not cfg.collator.prompt_once:
         return
     if not cfg.padding_free:
@@ -53,7 +54,11 @@ def check_prompt_once(cfg: Any) -> None:
         raise ConfigError(
             f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
             f"{cfg.attn_implementation!r}: use auto or padfree")
-    cfg.attn_implementation = "padfree"
+
+
+def pin_prompt_once(cfg: Any) -> dict[str, Any]:
+    """A task's resolution of ``prompt_once: true``: the ``"padfree"`` attention (:func:`check_prompt_once`)."""
+    return {"attn_implementation": "padfree"} if cfg.collator.prompt_once else {}
 
 
 def reference_model(cfg: Any) -> tuple[Any, str]:
@@ -63,7 +68,7 @@ def reference_model(cfg: Any) -> tuple[Any, str]:
         return None, "reference model: the policy with its LoRA adapters switched off"
     from ..model import load_model
 
-    return load_model(cfg), "reference model: a second copy of the starting weights"
+    return load_model(cfg)[0], "reference model: a second copy of the starting weights"
 
 
 def preference_probe(cfg: Any) -> Any:
