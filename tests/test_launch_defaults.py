@@ -27,7 +27,7 @@ from trl_padfree.launch import ConfigError, load_config
 from trl_padfree.launch import main as train_main
 from trl_padfree.launch.defaults import ModelShape, apply_defaults
 from trl_padfree.launch.help import GROUPS
-from trl_padfree.launch.sft_data import prepare_data
+from trl_padfree.launch.tasks.sft_data import prepare_data
 from trl_padfree.probe import PackingLeakError
 from trl_padfree.testing import tiny_llama
 

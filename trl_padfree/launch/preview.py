@@ -1,7 +1,7 @@
 """``trl-padfree preview --config x.yaml [-n 3] [--field value ...]``: the first examples as the trainer sees them.
 
 The config is read and validated exactly as ``trl-padfree train`` reads it (bad input: one line, exit 2), then the
-data pipeline of the run is applied by the config's task (its ``preview``; SFT: :func:`~.sft_data.prepare_data`:
+data pipeline of the run is applied by the config's task (its ``preview``; SFT: :func:`~.tasks.sft_data.prepare_data`:
 formatting, tokenization, truncation, the collator's labels, dropping examples without a trained token); no model
 is loaded and nothing is written.
 

@@ -3,7 +3,7 @@
 
 1. parse and validate the config (:mod:`.config`, :mod:`.validate`, the task's ``check``): nothing loaded yet;
 2. load the tokenizer (:mod:`.tokenizer`) and prepare the data (the task's ``prepare_data``: SFT loads the
-   records, :mod:`.data`, and labels them once, :mod:`.sft_data`, with the response-template check);
+   records, :mod:`.data`, and labels them once, :mod:`.tasks.sft_data`, with the response-template check);
 3. load the model (:mod:`.model`) and, for padding-free runs, probe that packed sequences stay apart
    (:mod:`.probe`, with the task's ``probe_check``); the task's reference model, if any;
 4. train with the task's trainer (``make_trainer``; SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`;

@@ -3,7 +3,7 @@ completion-only collator (padding-free unless ``padding_free: false``).
 
 Its own parts: :class:`~..config.CollatorArguments` (``response_template``, ``instruction_template``) and TRL's
 ``SFTConfig``; the SFTConfig fields it cannot honour (:meth:`SFTTask.check`); the data tokenized and
-labelled once by :mod:`..sft_data`, with the one response-template check, and a training collator that only
+labelled once by :mod:`.sft_data`, with the one response-template check, and a training collator that only
 flattens those labels; the summary's ``max_tokens_per_batch``.
 """
 
@@ -33,7 +33,7 @@ def launch_sft_trainer() -> type:
 
 def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
                   ) -> list[str]:
-    """``trl-padfree preview`` of prepared SFT data (:class:`~..sft_data.PreparedData`): ``n`` examples, then the counts.
+    """``trl-padfree preview`` of prepared SFT data (:class:`~.sft_data.PreparedData`): ``n`` examples, then the counts.
 
     With a ``response_template``, how many of the examples checked for it lack it.
     """
@@ -95,7 +95,7 @@ class SFTTask(Task):
     def resolve(self, cfg: Any) -> dict[str, Any]:
         training = cfg.training
         return {
-            # needed or not: told by the data's format (launch.sft_data)
+            # needed or not: told by the data's format (launch.tasks.sft_data)
             "collator": with_fields(cfg.collator, response_template=cfg.collator.response_template or None),
             "training": with_fields(
                 training,
@@ -106,7 +106,7 @@ class SFTTask(Task):
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
         """Formatted, tokenized and labelled once by the run's collator, with the template check."""
-        from ..sft_data import prepare_data
+        from .sft_data import prepare_data
 
         training = cfg.training
         data = prepare_data(cfg, tokenizer)
@@ -125,7 +125,7 @@ class SFTTask(Task):
                      callbacks: Sequence[Any]) -> Any:
         from trl import get_peft_config
 
-        from ..sft_data import training_collator
+        from .sft_data import training_collator
 
         collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
         return launch_sft_trainer()(
@@ -145,7 +145,7 @@ class SFTTask(Task):
         return {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch}
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        from ..sft_data import prepare_data
+        from .sft_data import prepare_data
 
         data = prepare_data(cfg, tokenizer)
         return list(preview_lines(data, tokenizer, n, color, cfg.collator.response_template))
