@@ -9,7 +9,7 @@ from real_cases import CACHE, CHAT, cache_problem, conversations, load
 
 from trl_padfree.chat_masks import chat_labels
 from trl_padfree.launch import ConfigError, load_config
-from trl_padfree.launch.sft_data import prepare_data
+from trl_padfree.launch.tasks.sft_data import prepare_data
 
 QWEN = CHAT["qwen2"]
 

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trl_padfree.launch import load_config
-from trl_padfree.launch.sft_data import training_collator
+from trl_padfree.launch.tasks.sft_data import training_collator
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "trl_padfree" / "demo"
@@ -42,7 +42,7 @@ def test_chat_demo_trains_exactly_the_assistant_turns_of_its_chat_template(tmp_p
     """configs/demo-chat.yaml labels from the chat template: every answer and its <|eos|>, not the "\\n" after it."""
     import json
 
-    from trl_padfree.launch.sft_data import prepare_data
+    from trl_padfree.launch.tasks.sft_data import prepare_data
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(["--config", str(ROOT / "configs" / "demo-chat.yaml"), "--output_dir", str(tmp_path / "out"),

@@ -358,3 +358,68 @@ def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, 
     ]
     with pytest.raises(ConfigError, match=r"holds no trl-padfree run to resume \(it holds no checkpoint-N directory\)"):
         load_config(demo_argv(data_dir, tmp_path / "empty", "--resume_from_checkpoint", "last"))
+
+
+# ------------------------------------------------------------------------------------------- a frozen, resolved config
+
+
+def test_a_validated_config_is_frozen_and_validation_leaves_the_parsed_one_as_it_was(data_dir, tmp_path):
+    """``validate_config`` returns the resolved config, a new one (the parsed config and its TRL objects are as
+    parsed); no field of it can be assigned."""
+    import dataclasses
+
+    from trl_padfree.launch.config import parse_arguments
+    from trl_padfree.launch.validate import validate_config
+
+    parsed = parse_arguments(demo_argv(data_dir, tmp_path / "out", "--eval_file", "", "--eval_strategy", "no",
+                                       "--eval_on_start", "false"))
+    cfg = validate_config(parsed)
+    assert cfg is not parsed and cfg.run_id and parsed.run_id is None
+    assert cfg.attn_implementation != "auto" and parsed.attn_implementation == "auto"
+    assert cfg.data.eval_file is None and parsed.data.eval_file == ""
+    assert cfg.training.padding_free is False and parsed.training.padding_free is True  # SFT: the collator flattens
+    for name, value in (("run_id", "other"), ("attn_implementation", "eager"), ("training", None), ("notes", [])):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(cfg, name, value)
+
+
+def _assigned_config_fields(tree: object) -> list[int]:
+    """Lines of ``tree`` that assign to ``cfg.<field>`` or deeper (``cfg.training.x = ...``, ``cfg.a, cfg.b = ...``,
+    ``cfg.x += ...``), call ``setattr(cfg...)`` or change a field in place (``cfg.notes.append(...)``)."""
+    import ast
+
+    def on_cfg(node: object) -> bool:
+        while isinstance(node, (ast.Attribute, ast.Subscript)):
+            node = node.value
+            if isinstance(node, ast.Name) and node.id == "cfg":
+                return True
+        return False
+
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            elements = target.elts if isinstance(target, ast.Tuple) else [target]
+            lines += [node.lineno for element in elements if on_cfg(element)]
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in {
+                "append", "extend", "update", "insert", "pop", "clear"} and on_cfg(node.func.value):
+            lines.append(node.lineno)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr" and (
+                node.args and (on_cfg(node.args[0]) or isinstance(node.args[0], ast.Name) and node.args[0].id == "cfg")):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_stage_or_task_assigns_to_the_config():
+    """Every stage and task of the launch returns a new config (``dataclasses.replace``, nested objects copied by
+    ``config.with_fields``) instead of assigning to ``cfg``: read from the source, as test_launch_grpo reads the
+    stages for name comparisons."""
+    import ast
+
+    found = [f"{path.relative_to(ROOT)}:{line}" for path in sorted((ROOT / "trl_padfree" / "launch").rglob("*.py"))
+             for line in _assigned_config_fields(ast.parse(path.read_text(encoding="utf-8")))]
+    assert found == []
+    caught = ast.parse("cfg.run_id = 1\ncfg.a, cfg.b = 1, 2\ncfg.training.x = 1\ncfg.notes.append(1)\n"
+                       "setattr(cfg.model, 'x', 1)\nother.x = cfg.y\n")
+    assert sorted(set(_assigned_config_fields(caught))) == [1, 2, 3, 4, 5]

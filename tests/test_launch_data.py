@@ -9,7 +9,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from trl_padfree.launch import ConfigError, load_config
-from trl_padfree.launch.sft_data import make_formatter, prepare_data
+from trl_padfree.launch.tasks.sft_data import make_formatter, prepare_data
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO = ROOT / "trl_padfree" / "demo"

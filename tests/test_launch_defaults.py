@@ -27,7 +27,7 @@ from trl_padfree.launch import ConfigError, load_config
 from trl_padfree.launch import main as train_main
 from trl_padfree.launch.defaults import ModelShape, apply_defaults
 from trl_padfree.launch.help import GROUPS
-from trl_padfree.launch.sft_data import prepare_data
+from trl_padfree.launch.tasks.sft_data import prepare_data
 from trl_padfree.probe import PackingLeakError
 from trl_padfree.testing import tiny_llama
 
@@ -172,17 +172,14 @@ def test_validation_error_in_a_real_process_is_one_line_on_stderr(tmp_path):
 
 def test_large_model_on_cuda_gets_activation_checkpointing(tmp_path):
     cfg = _own_cfg(tmp_path)
-    chosen = apply_defaults(cfg, "cuda", ModelShape(hidden_size=4096, parameters=7_000_000_000))
+    cfg, chosen = apply_defaults(cfg, "cuda", ModelShape(hidden_size=4096, parameters=7_000_000_000))
     assert chosen["activation_checkpointing"] is True and cfg.training.activation_checkpointing is True
     assert cfg.training.gradient_checkpointing is True  # TRL reads the old name
     small = _own_cfg(tmp_path)
-    assert apply_defaults(small, "cuda", ModelShape(hidden_size=896, parameters=494_000_000))[
-        "activation_checkpointing"
-    ] is False
-    cpu = _own_cfg(tmp_path)
-    assert apply_defaults(cpu, "cpu", ModelShape(hidden_size=4096, parameters=7_000_000_000))[
-        "activation_checkpointing"
-    ] is False
+    small, chosen = apply_defaults(small, "cuda", ModelShape(hidden_size=896, parameters=494_000_000))
+    assert chosen["activation_checkpointing"] is False
+    cpu, chosen = apply_defaults(_own_cfg(tmp_path), "cpu", ModelShape(hidden_size=4096, parameters=7_000_000_000))
+    assert chosen["activation_checkpointing"] is False
     assert cpu.training.dataloader_pin_memory is False
 
 
@@ -190,7 +187,8 @@ def test_explicit_settings_win_over_the_defaults(tmp_path, monkeypatch):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     cfg = _own_cfg(tmp_path, "--activation_checkpointing", "true", "--torch_num_threads", "3",
                    "--dataloader_pin_memory", "true")  # fmt: skip
-    assert apply_defaults(cfg, "cpu", ModelShape(hidden_size=128, parameters=10)) == {"disable_tqdm": True}
+    cfg, chosen = apply_defaults(cfg, "cpu", ModelShape(hidden_size=128, parameters=10))
+    assert chosen == {"disable_tqdm": True}
     assert cfg.training.activation_checkpointing is True and cfg.launch.torch_num_threads == 3
     assert cfg.training.dataloader_pin_memory is True
 
@@ -198,7 +196,8 @@ def test_explicit_settings_win_over_the_defaults(tmp_path, monkeypatch):
 def test_omp_num_threads_is_respected(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     cfg = _own_cfg(tmp_path)
-    assert "torch_num_threads" not in apply_defaults(cfg, "cpu", ModelShape(hidden_size=128))
+    cfg, chosen = apply_defaults(cfg, "cpu", ModelShape(hidden_size=128))
+    assert "torch_num_threads" not in chosen
     assert cfg.launch.torch_num_threads is None
 
 

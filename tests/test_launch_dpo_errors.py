@@ -100,7 +100,7 @@ def test_the_dropped_count_is_what_trl_drops(pairs, kind):
     from trl import DPOConfig
 
     from trl_padfree import DPOTrainer
-    from trl_padfree.launch.dpo_data import check_truncation, tokenized_prompts
+    from trl_padfree.launch.tasks.preference_data import check_truncation, tokenized_prompts
 
     tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
     mixed = [{**p, "prompt": p["prompt"] + " x" * (3 * i)} for i, p in enumerate(pairs)]

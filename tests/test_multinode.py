@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import pytest
@@ -504,7 +505,8 @@ def _agree(rank: int, store_path: str, outs: list[str], resumes: list[str | None
     from trl_padfree.launch.run_files import complete_steps
 
     try:
-        _agree_on_run(cfg, complete_steps)
+        for name, value in _agree_on_run(cfg, complete_steps).items():  # (the changes; cfg is a plain object here)
+            setattr(cfg, name, value)
         results[rank] = (cfg.resume_from_checkpoint, cfg.run_id, cfg.notes)  # type: ignore[index]
     except ConfigError as exc:
         results[rank] = ("error", str(exc), [])  # type: ignore[index]
@@ -574,25 +576,29 @@ def test_resume_auto_and_torchrun_restarts(tmp_path):
     from trl_padfree.launch.resume import resolve_auto_resume
     from trl_padfree.launch.run_files import RUN_FILE
 
+    def resolved(cfg: object, restart: int) -> object | None:  # cfg with the changes resolve_auto_resume returns
+        changes = resolve_auto_resume(cfg, restart)
+        return None if changes is None else SimpleNamespace(**{**vars(cfg), **changes})
+
     out = tmp_path / "out"
-    cfg = auto_cfg(out, "auto")  # nothing there yet: a new run
-    assert resolve_auto_resume(cfg, 0) and cfg.resume_from_checkpoint is None and cfg.run_id
+    cfg = resolved(auto_cfg(out, "auto"), 0)  # nothing there yet: a new run
+    assert cfg and cfg.resume_from_checkpoint is None and cfg.run_id
     assert cfg.notes == [f"resume_from_checkpoint: auto: no complete checkpoint of an unfinished run in {out}: "
                          "starting a new run"]
     out.mkdir()
     write_json_atomic(str(out / RUN_FILE), {"run_id": "r", "status": "training"})
-    cfg = auto_cfg(out, None)  # a run killed before its first checkpoint, restarted by torchrun: a new run
-    assert resolve_auto_resume(cfg, 1) and cfg.resume_from_checkpoint is None and cfg.run_id != "r"
+    cfg = resolved(auto_cfg(out, None), 1)  # a run killed before its first checkpoint, restarted by torchrun: a new run
+    assert cfg and cfg.resume_from_checkpoint is None and cfg.run_id != "r"
     for step in (2, 4):
         path = out / f"checkpoint-{step}"
         path.mkdir()
         (path / "model.safetensors").write_bytes(b"w")
         mark_complete(str(path), "r", step)
-    cfg = auto_cfg(out, None, overwrite=True)  # restarted: resumes even where the config says overwrite_output_dir
-    assert resolve_auto_resume(cfg, 1) and cfg.resume_from_checkpoint == str(out / "checkpoint-4") and cfg.run_id == "r"
+    cfg = resolved(auto_cfg(out, None, overwrite=True), 1)  # restarted: resumes even where overwrite_output_dir is set
+    assert cfg and cfg.resume_from_checkpoint == str(out / "checkpoint-4") and cfg.run_id == "r"
     assert cfg.notes[0].startswith(f"torchrun restart 1: resuming from {out / 'checkpoint-4'} (step 4")
-    assert not resolve_auto_resume(auto_cfg(out, None), 0)  # no restart, no auto: not this function's case
-    assert not resolve_auto_resume(auto_cfg(out, "true"), 1)  # asked for explicitly: as asked
+    assert resolve_auto_resume(auto_cfg(out, None), 0) is None  # no restart, no auto: not this function's case
+    assert resolve_auto_resume(auto_cfg(out, "true"), 1) is None  # asked for explicitly: as asked
     write_json_atomic(str(out / RUN_FILE), {"run_id": "r", "status": "finished", "global_step": 4, "max_steps": 4})
     with pytest.raises(ConfigError, match="is finished"):
         resolve_auto_resume(auto_cfg(out, "auto"), 0)

@@ -20,7 +20,7 @@ from paths import DEMO, ROOT
 from transformers import AutoTokenizer, TrainerCallback
 
 from trl_padfree.launch import load_config, main
-from trl_padfree.launch.sft_data import prepare_data
+from trl_padfree.launch.tasks.sft_data import prepare_data
 
 STEPS, BATCH, EXAMPLES, MULTIPLE = 7, 4, 28, 64  # one epoch: every example is trained exactly once
 

@@ -11,7 +11,7 @@ Overridden by the trainers (a rename makes the override dead code: the trainer s
 - ``trl.KTOTrainer._compute_loss(model, inputs, return_outputs)``: ``kto.py``
 - ``trl.GRPOTrainer._get_per_token_logps_and_entropies`` and ``trl.RLOOTrainer``'s (``model, input_ids,
   attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss``): ``rl_trainer.py``
-- ``trl.DPOTrainer._precompute_ref_logps``: ``launch/dpo.py`` (no progress bar when the output is not a terminal)
+- ``trl.DPOTrainer._precompute_ref_logps``: ``launch/tasks/dpo.py`` (no progress bar when the output is not a terminal)
 - ``transformers.Trainer._save_checkpoint(model, trial)`` and ``_get_output_dir(trial)``:
   ``launch/atomic_save.py`` (atomic checkpoints)
 - ``transformers.Trainer._maybe_log_save_evaluate``: ``launch/whole_run.py``
@@ -21,8 +21,8 @@ Overridden by the trainers (a rename makes the override dead code: the trainer s
 
 Called:
 
-- ``trl.DPOTrainer._prepare_dataset(dataset, processing_class, args, dataset_name)``: ``launch/preview.py``
-- ``trl.data_utils._tokenize(processing_class, input)``: ``launch/dpo_data.py`` (skipped where TRL lacks it)
+- ``trl.DPOTrainer._prepare_dataset(dataset, processing_class, args, dataset_name)``: ``launch/tasks/dpo.py``
+- ``trl.data_utils._tokenize(processing_class, input)``: ``launch/tasks/preference_data.py`` (skipped where TRL lacks it)
 - ``trl.scripts._hf_argparser.string_to_bool(v)``: ``launch/config.py``
 - ``transformers.Trainer._load_from_checkpoint(resume_from_checkpoint)``: ``launch/run_record.py``
 - ``transformers.Trainer._remove_unused_columns(dataset, description)`` and
@@ -61,10 +61,10 @@ RELIED_ON: tuple[PrivateAPI, ...] = (
     PrivateAPI("trl.KTOTrainer", "_compute_loss", ("self", "model", "inputs", "return_outputs"), "kto"),
     PrivateAPI("trl.GRPOTrainer", "_get_per_token_logps_and_entropies", _RL_PARAMS, "rl_trainer"),
     PrivateAPI("trl.RLOOTrainer", "_get_per_token_logps_and_entropies", _RL_PARAMS, "rl_trainer"),
-    PrivateAPI("trl.DPOTrainer", "_precompute_ref_logps", ("self",), "launch.dpo"),
+    PrivateAPI("trl.DPOTrainer", "_precompute_ref_logps", ("self",), "launch.tasks.dpo"),
     PrivateAPI("trl.DPOTrainer", "_prepare_dataset", ("self", "dataset", "processing_class", "args", "dataset_name"),
-               "launch.preview"),
-    PrivateAPI("trl.data_utils", "_tokenize", ("processing_class", "input"), "launch.dpo_data"),
+               "launch.tasks.dpo"),
+    PrivateAPI("trl.data_utils", "_tokenize", ("processing_class", "input"), "launch.tasks.preference_data"),
     PrivateAPI("trl.scripts._hf_argparser", "string_to_bool", ("v",), "launch.config"),
     PrivateAPI("transformers.Trainer", "_save_checkpoint", ("self", "model", "trial"), "launch.atomic_save"),
     PrivateAPI("transformers.Trainer", "_get_output_dir", ("self", "trial"), "launch.atomic_save"),

@@ -1,8 +1,9 @@
 """The ``trl-padfree`` command: ``train``, ``dpo``, ``grpo``, ``rloo``, ``reward``, ``kto``, ``preview``, ``check`` and
 ``bench`` sub-commands.
 
-Each sub-command lives in its own module and exposes ``main(argv: list[str]) -> int``; this module only
-dispatches, so ``trl-padfree --help`` stays fast (no torch import).
+The trainers' sub-commands are the launch (:func:`trl_padfree.launch.main`) with a task of
+:mod:`trl_padfree.launch.tasks`; the others live in their own module and expose ``main(argv: list[str]) -> int``.
+This module only dispatches, so ``trl-padfree --help`` stays fast (no torch import).
 """
 
 from __future__ import annotations
@@ -11,14 +12,15 @@ import importlib
 import sys
 from pathlib import Path
 
+#: Sub-command -> (the module whose ``main(argv)`` runs it, or ``task:NAME``: the launch with the task ``NAME`` of
+#: :mod:`trl_padfree.launch.tasks`; the one-line help).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("trl_padfree.launch", "fine-tune a model from a YAML config (SFTTrainer + this collator)"),
-    "dpo": ("trl_padfree.launch.dpo_cli", "preference-train a model from a YAML config (DPOTrainer, padding-free)"),
-    "grpo": ("trl_padfree.launch.rl_cli:grpo_main", "RL-train a model from a YAML config (GRPOTrainer, padding-free)"),
-    "rloo": ("trl_padfree.launch.rl_cli:rloo_main", "RL-train a model from a YAML config (RLOOTrainer, padding-free)"),
-    "reward": ("trl_padfree.launch.reward_cli:reward_main",
-               "train a reward model from a YAML config (RewardTrainer, padding-free)"),
-    "kto": ("trl_padfree.launch.reward_cli:kto_main", "KTO-train a model from a YAML config (KTOTrainer, padding-free)"),
+    "train": ("task:sft", "fine-tune a model from a YAML config (SFTTrainer + this collator)"),
+    "dpo": ("task:dpo", "preference-train a model from a YAML config (DPOTrainer, padding-free)"),
+    "grpo": ("task:grpo", "RL-train a model from a YAML config (GRPOTrainer, padding-free)"),
+    "rloo": ("task:rloo", "RL-train a model from a YAML config (RLOOTrainer, padding-free)"),
+    "reward": ("task:reward", "train a reward model from a YAML config (RewardTrainer, padding-free)"),
+    "kto": ("task:kto", "KTO-train a model from a YAML config (KTOTrainer, padding-free)"),
     "preview": ("trl_padfree.launch.preview", "show the first examples of a config's data, trained tokens marked"),
     "check": ("trl_padfree.check", "probe whether a model keeps packed examples apart"),
     "bench": ("trl_padfree.cli", "padded vs padding-free benchmark (a source checkout's benchmarks/ directory)"),
@@ -50,9 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if name == "bench":
         return bench_main(rest)
-    module_name, _, function = SUBCOMMANDS[name][0].partition(":")  # "module" (its main) or "module:function"
-    module = importlib.import_module(module_name)
-    return int(getattr(module, function or "main")(rest) or 0)
+    target = SUBCOMMANDS[name][0]
+    if target.startswith("task:"):
+        from .launch import main as launch
+
+        return int(launch(rest, task=target.removeprefix("task:")) or 0)
+    return int(importlib.import_module(target).main(rest) or 0)
 
 
 def bench_main(argv: list[str]) -> int:

@@ -50,7 +50,7 @@ def load_config(argv: Sequence[str], check_environment: bool = True, task: str =
 
     prog = get_task(task).prog
     cfg = parse_arguments(builtin_config(argv), prog=prog, task=task)  # --config demo: the demo config shipped in the package
-    resolve_package_paths(cfg)  # trl_padfree/demo/... paths of an installed package, from any directory
+    cfg = resolve_package_paths(cfg)  # trl_padfree/demo/... paths of an installed package, from any directory
     return validate_config(cfg, check_environment=check_environment)
 
 
@@ -80,8 +80,8 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
             agree_on_config(exc)  # the other processes of the run stop too (launch.rendezvous)
             raise
         agree_on_config(None)
-        apply_defaults(cfg)
-        layout = plan_nodes(cfg)  # several processes: who writes what, one run id, one checkpoint to resume
+        cfg, _ = apply_defaults(cfg)
+        cfg, layout = plan_nodes(cfg)  # several processes: who writes what, one run id, one checkpoint to resume
         say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items())
             + (f", processes={layout}" if layout else ""))
         train(cfg, callbacks)

@@ -45,9 +45,9 @@ __all__ = [
     "HeadLaunchArguments",
     "LaunchArguments",
     "LaunchConfig",
-    "PreferenceArguments",
     "build_parser",
     "parse_arguments",
+    "with_fields",
 ]
 
 
@@ -117,27 +117,6 @@ class CollatorArguments:
 
 
 @dataclass
-class PreferenceArguments:
-    """Settings of the padding-free preference batch (``padding_free`` is DPOConfig's field)."""
-
-    prompt_once: bool = field(
-        default=False,
-        metadata={
-            "help": "Compute each pair's prompt once: the chosen and the rejected response both attend to its keys "
-            "and not to each other (|P|+|C|+|R|+1 tokens per pair instead of 2|P|+|C|+|R|). Needs padding_free: "
-            "true and attn_implementation 'padfree' (auto picks it)."
-        },
-    )
-    chat_template_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "A .jinja chat template that replaces the tokenizer's, for conversational pairs (e.g. with "
-            "system turns the model's own template does not render); as trl-padfree train's field."
-        },
-    )
-
-
-@dataclass
 class LaunchArguments:
     """Pre-flight checks and run-time settings of the launcher itself."""
 
@@ -189,12 +168,23 @@ class HeadLaunchArguments(LaunchArguments):
     )
 
 
-@dataclass
+@dataclass(frozen=True)
 class LaunchConfig:
-    """Everything ``trl-padfree train`` was asked to do, parsed and (after validation) resolved."""
+    """Everything ``trl-padfree train`` was asked to do, parsed and (after validation) resolved; frozen.
+
+    Each stage that resolves something returns a new config (``dataclasses.replace``), in this order:
+    :func:`parse_arguments`, ``demo.resolve_package_paths``, ``validate.validate_config`` (with the task's
+    ``resolve``), ``defaults.apply_defaults``, ``distributed.plan_nodes``, and ``model.load_model`` (the attention
+    the model was loaded with, where ``auto`` fell back). The nested objects (``training``: TRL's ``SFTConfig`` /
+    ``DPOConfig`` ..., a transformers ``TrainingArguments``; ``model``: ``ModelConfig``; ``data``, ``collator``,
+    ``launch``) stay mutable dataclasses, but no stage assigns to them: a stage that adjusts one puts a copy with
+    the new values in the new config (:func:`with_fields`; not ``dataclasses.replace``, which would run their
+    ``__post_init__`` again, TrainingArguments' derivations and checks included, on values already resolved).
+    ``tests/test_launch_config.py`` reads the launch's source to check that none assigns ``cfg.<field> =``.
+    """
 
     data: DataArguments
-    collator: Any  # CollatorArguments (sft) or PreferenceArguments (dpo)
+    collator: Any  # the task's own arguments (sft: CollatorArguments, dpo: tasks.dpo.PreferenceArguments, ...)
     launch: LaunchArguments
     training: Any  # trl.SFTConfig or trl.DPOConfig (imported lazily: importing TRL takes seconds)
     model: Any  # trl.ModelConfig
@@ -207,8 +197,25 @@ class LaunchConfig:
     env: dict[str, str] = dataclasses.field(default_factory=dict)  # the YAML's env mapping, set after validation
     run_id: str | None = None  # this run's id (launch.run_record), decided by validation
     model_init_kwargs: dict[str, Any] | None = None  # SFTConfig.model_init_kwargs, applied by the launcher
-    notes: list[str] = dataclasses.field(default_factory=list)  # lines validation leaves for the run to print
+    notes: list[str] = dataclasses.field(default_factory=list)  # lines the resolving stages leave for the run to print
     task: str = "sft"  # the trainer: a name of launch.tasks.REGISTRY ("sft": trl-padfree train, "dpo", "grpo", ...)
+
+
+def with_fields(obj: Any, **changes: Any) -> Any:
+    """A shallow copy of the dataclass ``obj`` with ``changes`` set, ``obj`` unchanged and its ``__post_init__`` not
+    run again (see :class:`LaunchConfig`).
+
+    >>> a = DataArguments(template="x")
+    >>> b = with_fields(a, template=None)
+    >>> a.template, b.template
+    ('x', None)
+    """
+    import copy
+
+    new = copy.copy(obj)
+    for name, value in changes.items():
+        setattr(new, name, value)
+    return new
 
 
 #: Defaults of the launcher that differ from those of the dataclasses. ``gradient_checkpointing`` (TRL: True) is
@@ -242,7 +249,7 @@ def _strict_parser(dataclass_types: Sequence[type], prog: str) -> Any:
 def argument_classes(task: str = "sft") -> tuple[type, ...]:
     """The dataclasses whose fields make up the config of ``task``, in parsing order (the task's, see
     :mod:`.tasks`): SFT: the data, collator and launcher arguments, ``SFTConfig``, ``ModelConfig``; DPO: the same
-    with :class:`PreferenceArguments` for the collator's and ``DPOConfig`` for ``SFTConfig``.
+    with :class:`~.tasks.dpo.PreferenceArguments` for the collator's and ``DPOConfig`` for ``SFTConfig``.
     """
     from .tasks import get_task
 

@@ -8,7 +8,8 @@
   split, the record's index in file order and the fix (:func:`record_error`): one line and exit code 2, never a
   traceback.
 
-What each task does with the records is its own (SFT: :mod:`.sft_data`; DPO: :mod:`.dpo_data`).
+What each task does with the records is its own (SFT: :mod:`.tasks.sft_data`; the preference records of DPO, reward and
+KTO: :mod:`.tasks.preference_data`).
 """
 
 from __future__ import annotations

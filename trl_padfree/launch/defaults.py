@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..threads import HIDDEN_PER_THREAD, cores, processes_on_this_machine, threads_default
-from .config import LaunchConfig
+from .config import LaunchConfig, with_fields
 
 __all__ = [
     "HIDDEN_PER_THREAD",
@@ -91,8 +91,10 @@ def model_shape(cfg: LaunchConfig, count_parameters: bool) -> ModelShape:
     return ModelShape(hidden_size=hidden if isinstance(hidden, int) else None, parameters=parameters)
 
 
-def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelShape | None = None) -> dict[str, Any]:
-    """Fill the unset machine-dependent fields of a validated ``cfg`` (in place); returns what was chosen.
+def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelShape | None = None
+                   ) -> tuple[LaunchConfig, dict[str, Any]]:
+    """Fill the unset machine-dependent fields of a validated ``cfg``: returns the config so resolved (``cfg`` is
+    not changed) and what was chosen.
 
     ``device`` is where training runs (``"cuda"`` or ``"cpu"``; default: this machine's, as the run uses it);
     ``shape`` is read from the model's config when not given.
@@ -101,24 +103,23 @@ def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelSha
         from .validate import _training_device
 
         device = _training_device(cfg)
-    training, explicit = cfg.training, cfg.explicit
+    explicit = cfg.explicit
     chosen: dict[str, Any] = {}
     wants_checkpointing = not ({"activation_checkpointing", "gradient_checkpointing"} & explicit)
     wants_threads = "torch_num_threads" not in explicit and not os.environ.get("OMP_NUM_THREADS")
     if shape is None and (wants_threads or wants_checkpointing):
         shape = model_shape(cfg, count_parameters=wants_checkpointing and device == "cuda")
     shape = shape or ModelShape()
+    training: dict[str, Any] = {}  # the changes of TRL's config
     if wants_checkpointing:
         on = checkpointing_default(device, shape.parameters)
-        training.activation_checkpointing = training.gradient_checkpointing = on
+        training["activation_checkpointing"] = training["gradient_checkpointing"] = on  # (TRL reads the old name)
         chosen["activation_checkpointing"] = on
     if wants_threads:
-        cfg.launch.torch_num_threads = threads_default(device, shape.hidden_size, cores(), processes_on_this_machine())
-        chosen["torch_num_threads"] = cfg.launch.torch_num_threads
+        chosen["torch_num_threads"] = threads_default(device, shape.hidden_size, cores(), processes_on_this_machine())
+        cfg = replace(cfg, launch=with_fields(cfg.launch, torch_num_threads=chosen["torch_num_threads"]))
     if "disable_tqdm" not in explicit and not (sys.stdout.isatty() and sys.stderr.isatty()):
-        training.disable_tqdm = True
-        chosen["disable_tqdm"] = True
+        training["disable_tqdm"] = chosen["disable_tqdm"] = True
     if device == "cpu" and "dataloader_pin_memory" not in explicit:
-        training.dataloader_pin_memory = False
-        chosen["dataloader_pin_memory"] = False
-    return chosen
+        training["dataloader_pin_memory"] = chosen["dataloader_pin_memory"] = False
+    return replace(cfg, training=with_fields(cfg.training, **training)), chosen

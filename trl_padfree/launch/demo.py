@@ -74,12 +74,18 @@ def package_path(value: str) -> str:
     return _in_package(value) or value
 
 
-def resolve_package_paths(cfg: Any) -> None:
-    """Point the config's ``trl_padfree/demo/...`` paths that are missing from here at the installed package."""
+def resolve_package_paths(cfg: Any) -> Any:
+    """``cfg`` with its ``trl_padfree/demo/...`` paths that are missing from here pointed at the installed package."""
+    from dataclasses import replace
+
+    from .config import with_fields
+
+    sections: dict[str, dict[str, str]] = {}
     for section, name in (("model", "model_name_or_path"), ("data", "train_file"), ("data", "eval_file"),
                           ("data", "dataset_name"), ("training", "chat_template_path"),
                           ("collator", "chat_template_path")):  # (trl-padfree dpo's chat_template_path)
-        holder = getattr(cfg, section)
-        resolved = _in_package(getattr(holder, name, None))
+        resolved = _in_package(getattr(getattr(cfg, section), name, None))
         if resolved is not None:
-            setattr(holder, name, resolved)
+            sections.setdefault(section, {})[name] = resolved
+    return replace(cfg, **{section: with_fields(getattr(cfg, section), **changes)
+                           for section, changes in sections.items()})

@@ -110,7 +110,7 @@ def _output_dir_shared(output_dir: str) -> list[tuple[str, bool]]:
     return views
 
 
-def plan_nodes(cfg: Any) -> str | None:
+def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
     """Decide who writes what when the run spans several processes, and agree on the run and its checkpoint.
 
     - One node: as before (the main process writes; ``save_on_each_node`` as configured).
@@ -122,12 +122,16 @@ def plan_nodes(cfg: Any) -> str | None:
     - Some nodes sharing and some not: refused (ConfigError).
 
     Every rank takes rank 0's run id (a new run), and a resumed run continues from the newest step whose checkpoint
-    is complete on every node. Returns the text for the run line (None with a single process).
+    is complete on every node. Returns the config resolved so (``cfg`` is not changed) and the text for the run
+    line (None with a single process).
     """
+    import dataclasses
+
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return None
+        return cfg, None
+    from .config import with_fields
     from .run_files import complete_steps
 
     training = cfg.training
@@ -140,12 +144,13 @@ def plan_nodes(cfg: Any) -> str | None:
         layout = f"{len(views)} processes on 1 node: rank 0 writes"
     elif seeing == set(nodes):
         if training.save_on_each_node:
-            cfg.notes.append("save_on_each_node: true is ignored: output_dir is shared by the nodes (one filesystem), "
-                             "where every node would write the same files at once")
-        training.save_on_each_node = False
+            cfg = dataclasses.replace(cfg, notes=[
+                *cfg.notes, "save_on_each_node: true is ignored: output_dir is shared by the nodes (one filesystem), "
+                "where every node would write the same files at once"])
+        cfg = dataclasses.replace(cfg, training=with_fields(training, save_on_each_node=False))
         layout = f"{len(views)} processes on {len(nodes)} nodes, output_dir shared: global rank 0 writes"
     elif seeing == first:
-        training.save_on_each_node = True
+        cfg = dataclasses.replace(cfg, training=with_fields(training, save_on_each_node=True))
         layout = (f"{len(views)} processes on {len(nodes)} nodes, output_dir not shared: the first process of every "
                   "node writes to its own output_dir (save_on_each_node)")
     else:
@@ -154,12 +159,12 @@ def plan_nodes(cfg: Any) -> str | None:
             f"see global rank 0's files, {', '.join(n for n in nodes if n not in seeing)} do not): use one shared "
             "filesystem for all nodes, or a separate disk on each"
         )
-    _agree_on_run(cfg, complete_steps)
-    return layout
+    return dataclasses.replace(cfg, **_agree_on_run(cfg, complete_steps)), layout
 
 
-def _agree_on_run(cfg: Any, complete_steps: Any) -> None:
-    """Every rank trains the same run from the same step (see :func:`plan_nodes`)."""
+def _agree_on_run(cfg: Any, complete_steps: Any) -> dict[str, Any]:
+    """Every rank trains the same run from the same step (see :func:`plan_nodes`): the fields of ``cfg`` to change
+    (``run_id``, and ``resume_from_checkpoint`` with a note where another step is taken) and their values."""
     import torch.distributed as dist
 
     resume = cfg.resume_from_checkpoint
@@ -171,8 +176,7 @@ def _agree_on_run(cfg: Any, complete_steps: Any) -> None:
     dist.all_gather_object(views, mine)
     run_id = views[0][0]
     if all(name is None for _, name, _, _ in views):
-        cfg.run_id = run_id  # a new run: rank 0's id everywhere (each node's markers and run record agree)
-        return
+        return {"run_id": run_id}  # a new run: rank 0's id everywhere (each node's markers and run record agree)
 
     def listing(show: Any) -> str:
         return "; ".join(f"rank {rank}: {show(view)}" for rank, view in enumerate(views))
@@ -185,9 +189,8 @@ def _agree_on_run(cfg: Any, complete_steps: Any) -> None:
             + listing(lambda v: f"run {v[0]} from {v[1]}" if v[1] else "a new run")
             + "): each node's output_dir must hold the same run, resumed with the same resume_from_checkpoint"
         )
-    cfg.run_id = run_id
     if len({name for _, name, _, _ in views}) == 1:  # the same checkpoint everywhere (as asked, or as chosen)
-        return
+        return {"run_id": run_id}
     if not all(inside for _, _, inside, _ in views):  # checkpoint paths elsewhere that differ
         raise ConfigError("the processes resume different checkpoints (" + listing(lambda v: v[1]) + ")")
     common = set.intersection(*(set(steps) for _, _, _, steps in views))
@@ -196,10 +199,12 @@ def _agree_on_run(cfg: Any, complete_steps: Any) -> None:
                           + listing(lambda v: ", ".join(f"checkpoint-{s}" for s in v[3]) or "none") + ")")
     step = max(common)
     path = os.path.join(cfg.training.output_dir, f"checkpoint-{step}")
-    if os.path.abspath(str(resume)) != os.path.abspath(path):
-        cfg.notes.append(f"resuming from {path} instead of {resume}: step {step} is the newest checkpoint complete on "
-                         "every node")
-        cfg.resume_from_checkpoint = path
+    if os.path.abspath(str(resume)) == os.path.abspath(path):
+        return {"run_id": run_id}
+    return {"run_id": run_id, "resume_from_checkpoint": path, "notes": [
+        *cfg.notes, f"resuming from {path} instead of {resume}: step {step} is the newest checkpoint complete on "
+        "every node"]}
+
 
 def launcher_world_size() -> int:
     """The number of processes the launcher says it started (``WORLD_SIZE``; 1 when there is no launcher)."""

@@ -7,10 +7,11 @@ that match no module) and raises :class:`~.config.ConfigError` before anything i
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
-from .config import ConfigError, LaunchConfig
+from .config import ConfigError, LaunchConfig, with_fields
 from .console import say
 from .tasks import get_task
 
@@ -21,7 +22,6 @@ def check_lora_targets(cfg: LaunchConfig, model: Any) -> None:
     """With ``use_peft``: every entry of ``lora_target_modules`` must match a module of the loaded model."""
     if not cfg.model.use_peft:
         return
-    import dataclasses
 
     from peft.tuners.tuners_utils import check_target_module_exists
     from trl import get_peft_config
@@ -56,19 +56,20 @@ def check_lora_targets(cfg: LaunchConfig, model: Any) -> None:
         )
 
 
-def load_model(cfg: LaunchConfig) -> Any:
-    """Load the model (see :func:`_load_model`) and check that the LoRA targets, if any, match its modules."""
-    model = _load_model(cfg)
+def load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
+    """Load the model (see :func:`_load_model`) and check that the LoRA targets, if any, match its modules; returns
+    the model and the config with the attention it was loaded with."""
+    model, cfg = _load_model(cfg)
     check_lora_targets(cfg, model)
-    return model
+    return model, cfg
 
 
-def _load_model(cfg: LaunchConfig) -> Any:
+def _load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
     """Load the model with the resolved attention implementation and dtype (the ``padfree`` attention registered).
 
     When ``auto`` picked ``"padfree"`` and the model cannot use it (:mod:`trl_padfree.attn_fallback`), the model is
-    loaded again with its own default attention (sdpa, else eager), ``cfg.attn_implementation`` is updated and the
-    packing probe decides from there.
+    loaded again with its own default attention (sdpa, else eager), which the config returned with the model
+    says (``attn_implementation``), and the packing probe decides from there.
     """
     from transformers import set_seed
     from trl import get_quantization_config
@@ -114,9 +115,11 @@ def _load_model(cfg: LaunchConfig) -> Any:
     except ModelLoadError as exc:
         raise ConfigError(f"could not load model {model_args.model_name_or_path!r}: {str(exc)[:300]}") from None
     if fell_back:
-        cfg.attn_implementation = model_args.attn_implementation = model.config._attn_implementation
-        say(f"attn_implementation: {cfg.attn_implementation!r}")
-    return model
+        attn = model.config._attn_implementation
+        cfg = dataclasses.replace(cfg, attn_implementation=attn,
+                                  model=with_fields(model_args, attn_implementation=attn))
+        say(f"attn_implementation: {attn!r}")
+    return model, cfg
 
 
 def materialized(model: Any) -> bool:

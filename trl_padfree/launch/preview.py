@@ -1,8 +1,9 @@
 """``trl-padfree preview --config x.yaml [-n 3] [--field value ...]``: the first examples as the trainer sees them.
 
 The config is read and validated exactly as ``trl-padfree train`` reads it (bad input: one line, exit 2), then the
-data pipeline of the run is applied (:func:`~.sft_data.prepare_data`: formatting, tokenization, truncation, the
-collator's labels, dropping examples without a trained token); no model is loaded and nothing is written.
+data pipeline of the run is applied by the config's task (its ``preview``; SFT: :func:`~.tasks.sft_data.prepare_data`:
+formatting, tokenization, truncation, the collator's labels, dropping examples without a trained token); no model
+is loaded and nothing is written.
 
 Each shown example is its exact text (token bytes, special tokens literally) with the trained tokens marked: in
 colour on a terminal, between ``[[`` and ``]]`` otherwise. The counts at the end cover the whole training set.
@@ -13,13 +14,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .config import LaunchConfig
-    from .dpo import PreparedPreferences
-
-__all__ = ["main", "marked_text", "preview_lines", "preview_pairs"]
+__all__ = ["main", "marked_text"]
 
 IGNORE_INDEX = -100
 OPEN, CLOSE = "[[", "]]"
@@ -57,92 +53,6 @@ def marked_text(data: bytes, starts: Sequence[int], labels: Sequence[int], color
         else:
             out.append(f"{OPEN}{text}{CLOSE}" if trained else text)
     return "".join(out)
-
-
-def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
-                  ) -> list[str]:
-    """The preview of prepared data (:class:`~.sft_data.PreparedData`): ``n`` examples, then the counts.
-
-    With a ``response_template``, how many of the examples checked for it lack it.
-    """
-    import numpy as np
-
-    from trl_padfree.token_text import TokenText
-
-    text = TokenText.from_tokenizer(tokenizer)
-    train = data.train
-    lines: list[str] = []
-    for index in range(min(n, len(train))):
-        ids, labels = train[index]["input_ids"], train[index]["labels"]
-        trained = sum(label != IGNORE_INDEX for label in labels)
-        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
-        lines.append(f"--- example {index} ({len(ids)} tokens, {trained} trained) ---")
-        lines.append(marked_text(raw, starts.tolist(), labels, color))
-    total = trained = 0
-    for labels in train["labels"]:
-        total += len(labels)
-        trained += sum(label != IGNORE_INDEX for label in labels)
-    share = 100.0 * trained / total if total else 0.0
-    lines.append("---")
-    lines.append(f"trained tokens: {trained:,} of {total:,} ({share:.1f}%) in {len(train):,} training examples "
-                 f"(format: {data.text_format})")
-    loaded, dropped = data.loaded.get("train", len(train)), data.dropped.get("train", 0)
-    lines.append(f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}")
-    if response_template is not None and data.checked:
-        lines.append(f"examples without the response template among the first {data.checked:,}: "
-                     f"{data.template_missing_in_check:,}")
-    return lines
-
-
-def preview_pairs(cfg: LaunchConfig, tokenizer: Any, data: PreparedPreferences, n: int, color: bool = False
-                  ) -> list[str]:
-    """``trl-padfree preview`` of a DPO config: ``n`` pairs tokenized by TRL's own ``DPOTrainer`` preparation and
-    cut by the preference collator, the scored tokens of the chosen and of the rejected response marked, then the
-    counts over the training set (and what ``prompt_once`` saves)."""
-    from types import SimpleNamespace
-
-    import numpy as np
-    import trl
-
-    from trl_padfree.preference import truncate_pair
-    from trl_padfree.token_text import TokenText
-
-    training = cfg.training
-    pairs = trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tokenizer), data.train, tokenizer, training,
-                                            "train")
-    text = TokenText.from_tokenizer(tokenizer)
-
-    def shown(prompt: list[int], response: list[int]) -> str:
-        ids = prompt + response
-        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
-        labels = [-100] * len(prompt) + response
-        return marked_text(raw, starts.tolist(), labels, color)
-
-    lines: list[str] = []
-    totals = {"tokens": 0, "chosen": 0, "rejected": 0, "once": 0}
-    for index, pair in enumerate(pairs):
-        p_c, chosen = truncate_pair(pair["prompt_ids"], pair["chosen_ids"], training.max_length, training.truncation_mode)
-        p_r, rejected = truncate_pair(pair["prompt_ids"], pair["rejected_ids"], training.max_length,
-                                      training.truncation_mode)
-        totals["tokens"] += len(p_c) + len(chosen) + len(p_r) + len(rejected)
-        totals["chosen"] += len(chosen)
-        totals["rejected"] += len(rejected)
-        shared = p_c == p_r and bool(p_c)
-        totals["once"] += len(p_c) + len(chosen) + (1 + len(rejected) if shared else len(p_r) + len(rejected))
-        if index < n:
-            lines.append(f"--- pair {index} (prompt {len(p_c)} tokens; scored: chosen {len(chosen)}, rejected "
-                         f"{len(rejected)}) ---")
-            lines.append("chosen:   " + shown(p_c, chosen))
-            lines.append("rejected: " + shown(p_r, rejected))
-    lines.append("---")
-    lines.append(f"scored tokens: chosen {totals['chosen']:,}, rejected {totals['rejected']:,} of {totals['tokens']:,} "
-                 f"tokens in {len(pairs):,} pairs (format: {data.text_format})")
-    saved = 100.0 * (1 - totals["once"] / totals["tokens"]) if totals["tokens"] else 0.0
-    lines.append(f"prompt_once forwards {totals['once']:,} tokens instead of {totals['tokens']:,} ({saved:.1f}% fewer)")
-    dropped = len(data.train) - len(pairs)
-    lines.append(f"pairs dropped before training (prompt alone fills max_length={training.max_length}): {dropped:,} "
-                 f"of {len(data.train):,}")
-    return lines
 
 
 def _split_n(argv: Sequence[str]) -> tuple[int, list[str]]:

@@ -72,19 +72,20 @@ def choose_resume(output_dir: str) -> ResumeChoice:
     )
 
 
-def resolve_auto_resume(cfg: Any, restart: int) -> bool:
-    """``resume_from_checkpoint: auto``, and torchrun's restarts: resolve the checkpoint and the run id (in place).
+def resolve_auto_resume(cfg: Any, restart: int) -> dict[str, Any] | None:
+    """``resume_from_checkpoint: auto``, and torchrun's restarts: the checkpoint, run id and notes to resolve ``cfg``
+    with (the fields to change and their values; ``cfg`` is not changed).
 
     ``auto`` (or no ``resume_from_checkpoint`` at all in a worker that torchrun restarted, ``restart`` > 0): the
     newest complete checkpoint of the unfinished run in ``output_dir``, as ``true`` would take it; where that run
     has no complete checkpoint yet, or ``output_dir`` holds no run, a new run starts (what a restart after a
     failure before the first checkpoint needs). A finished run is refused as with ``true``; checkpoints of another
-    tool are refused as without ``resume_from_checkpoint`` (unless ``overwrite_output_dir``). Returns False when
+    tool are refused as without ``resume_from_checkpoint`` (unless ``overwrite_output_dir``). Returns None when
     ``resume_from_checkpoint`` asks for something else (the caller handles it).
     """
     value = cfg.resume_from_checkpoint
     if not (str(value).lower() == "auto" or (value is None and restart > 0)):
-        return False
+        return None
     why = "resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}"
     output_dir = cfg.training.output_dir
     run = read_run(output_dir) if os.path.isdir(output_dir) else None
@@ -96,9 +97,8 @@ def resolve_auto_resume(cfg: Any, restart: int) -> bool:
             if run.get("status") == "finished":
                 raise
     if choice is not None:
-        cfg.resume_from_checkpoint, cfg.run_id = choice.path, choice.run_id
-        cfg.notes.append(f"{why}: {choice.note()}")
-        return True
+        return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id,
+                "notes": [*cfg.notes, f"{why}: {choice.note()}"]}
     found = run_contents(output_dir)
     if found and run is None and not getattr(cfg.launch, "overwrite_output_dir", False):
         raise ConfigError(
@@ -106,6 +106,6 @@ def resolve_auto_resume(cfg: Any, restart: int) -> bool:
             "trl-padfree run; pass a checkpoint path, start over with overwrite_output_dir: true, or choose another "
             "output_dir"
         )
-    cfg.resume_from_checkpoint, cfg.run_id = None, new_run_id()
-    cfg.notes.append(f"{why}: no complete checkpoint of an unfinished run in {output_dir}: starting a new run")
-    return True
+    return {"resume_from_checkpoint": None, "run_id": new_run_id(),
+            "notes": [*cfg.notes, f"{why}: no complete checkpoint of an unfinished run in {output_dir}: starting a "
+                      "new run"]}

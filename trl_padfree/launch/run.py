@@ -3,7 +3,7 @@
 
 1. parse and validate the config (:mod:`.config`, :mod:`.validate`, the task's ``check``): nothing loaded yet;
 2. load the tokenizer (:mod:`.tokenizer`) and prepare the data (the task's ``prepare_data``: SFT loads the
-   records, :mod:`.data`, and labels them once, :mod:`.sft_data`, with the response-template check);
+   records, :mod:`.data`, and labels them once, :mod:`.tasks.sft_data`, with the response-template check);
 3. load the model (:mod:`.model`) and, for padding-free runs, probe that packed sequences stay apart
    (:mod:`.probe`, with the task's ``probe_check``); the task's reference model, if any;
 4. train with the task's trainer (``make_trainer``; SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`;
@@ -46,12 +46,6 @@ def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
     training = cfg.training
     task = get_task(cfg.task)  # what is the trainer's own, stage by stage (launch.tasks)
     check_process_group(training)  # before anything is written
-    if training.ddp_find_unused_parameters is None:
-        # transformers turns it on for every model without activation checkpointing (and every PEFT model): an
-        # extra autograd traversal per step and a warning. The models trained here (LoRA included) use every
-        # trainable parameter in each forward; a model that does not fails in DDP with torch's error naming the fix
-        # (set ddp_find_unused_parameters: true).
-        training.ddp_find_unused_parameters = False
     for note in cfg.notes:
         say(note)
     with quiet_progress():
@@ -62,7 +56,7 @@ def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
             data = task.prepare_data(cfg, tokenizer)
         say(f"loading model {cfg.model.model_name_or_path} (attn_implementation={cfg.attn_implementation!r}, "
             f"dtype={cfg.model.dtype})")
-        model = load_model(cfg)
+        model, cfg = load_model(cfg)  # (cfg: the attention the model was loaded with)
         if cfg.padding_free and cfg.launch.check_packing:
             probe_model(model, training, check=task.probe_check(cfg))
         ref_model, line = task.load_reference(cfg)

@@ -17,11 +17,11 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..messages import one_line
-from .config import ConfigError, LaunchConfig
+from .config import ConfigError, LaunchConfig, with_fields
 
 __all__ = [
     "DATA_EXTENSIONS",
@@ -200,11 +200,11 @@ _OWN_FIELDS = {
 }
 
 
-def _check_model_init_kwargs(cfg: LaunchConfig) -> None:
+def _check_model_init_kwargs(cfg: LaunchConfig) -> LaunchConfig:
     """Refuse keys that have their own field (the launcher applies ``model_init_kwargs`` itself, not TRL)."""
     kwargs = cfg.training.model_init_kwargs
     if kwargs is None:
-        return
+        return cfg
     if not isinstance(kwargs, dict):
         raise ConfigError(f"model_init_kwargs must be a mapping of from_pretrained arguments, got {kwargs!r}")
     for key in kwargs:
@@ -212,8 +212,8 @@ def _check_model_init_kwargs(cfg: LaunchConfig) -> None:
             raise ConfigError(
                 f"model_init_kwargs may not set {key!r}: it has its own field; set {_OWN_FIELDS[key]} instead"
             )
-    cfg.model_init_kwargs = dict(kwargs)
-    cfg.training.model_init_kwargs = None  # TRL would only warn that it ignores them (the model is loaded here)
+    # (TRL would only warn that it ignores them: the model is loaded here)
+    return replace(cfg, model_init_kwargs=dict(kwargs), training=with_fields(cfg.training, model_init_kwargs=None))
 
 
 def _writable(directory: str) -> str | None:
@@ -263,11 +263,10 @@ def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
 
 
-def _check_data(cfg: LaunchConfig) -> None:
-    data = cfg.data
-    for key in ("train_file", "eval_file", "dataset_name", "dataset_config", "dataset_test_split", "template"):
-        if getattr(data, key) == "":  # `--eval_file ""` on the command line switches a file off
-            setattr(data, key, None)
+def _check_data(cfg: LaunchConfig) -> LaunchConfig:
+    keys = ("train_file", "eval_file", "dataset_name", "dataset_config", "dataset_test_split", "template")
+    # `--eval_file ""` on the command line switches a file off
+    data = with_fields(cfg.data, **{key: None for key in keys if getattr(cfg.data, key) == ""})
     if data.train_file and data.dataset_name:
         raise ConfigError("set either train_file (local files) or dataset_name (hub or local dataset), not both")
     if not data.train_file and not data.dataset_name:
@@ -294,26 +293,10 @@ def _check_data(cfg: LaunchConfig) -> None:
             "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
             "(or eval_on_start: false)"
         )
+    return replace(cfg, data=data)
 
 
-def check_sft_config(cfg: LaunchConfig) -> None:
-    """``trl-padfree train``'s collator and template settings, and the SFTConfig fields it cannot honour."""
-    training = cfg.training
-    if not cfg.collator.response_template:  # needed or not: told by the data's format (launch.sft_data)
-        cfg.collator.response_template = None
-    if training.packing:
-        raise ConfigError(
-            "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "
-            "the number of optimizer steps; set packing: false"
-        )
-    if training.assistant_only_loss:
-        raise ConfigError(
-            "assistant_only_loss does not apply here: the collator trains what follows response_template; for "
-            "multi-turn data also set instruction_template; set assistant_only_loss: false"
-        )
-
-
-def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
+def _check_model(cfg: LaunchConfig, check_environment: bool) -> LaunchConfig:
     name = cfg.model.model_name_or_path
     if not name:
         raise ConfigError("model_name_or_path is missing: set a local model directory or a hub model id")
@@ -333,7 +316,7 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
     if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
         # TRL turns a list of one name into a string, which peft reads as a regular expression over full module
         # names ("q_proj" then matches nothing); one name means what a list of names means: a module-name suffix
-        cfg.model.lora_target_modules = [targets]
+        cfg = replace(cfg, model=with_fields(cfg.model, lora_target_modules=[targets]))
     if cfg.model.use_peft and importlib.util.find_spec("peft") is not None:
         from trl import get_peft_config
 
@@ -341,55 +324,7 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
             get_peft_config(cfg.model)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid LoRA settings (peft.LoraConfig): {one_line(exc, limit=None)}") from None
-
-
-_SFT_ONLY_FIELDS = ("template", "response_template", "instruction_template", "max_tokens_per_batch")
-
-
-def check_preference_config(cfg: LaunchConfig) -> None:
-    """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
-    for name in _SFT_ONLY_FIELDS:
-        holder = cfg.launch if name == "max_tokens_per_batch" else cfg.data if name == "template" else cfg.collator
-        if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
-            raise ConfigError(
-                f"{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected "
-                "records and scores only the responses: remove it"
-            )
-    if cfg.data.template is not None:
-        cfg.data.template = None
-    if cfg.training.padding_free:
-        from trl_padfree._compat import dpo_padding_free_unavailable
-
-        problem = dpo_padding_free_unavailable()
-        if problem is not None:
-            raise ConfigError(problem)
-    _check_preference_losses(cfg.training)
-    once = bool(cfg.collator.prompt_once)
-    if once and not cfg.training.padding_free:
-        raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
-    if once and cfg.attn_implementation not in ("auto", "padfree"):
-        raise ConfigError(
-            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys; on a GPU "
-            f"it runs flash-attn or torch's varlen kernel), got {cfg.attn_implementation!r}: use auto or padfree"
-        )
-    if once:
-        cfg.attn_implementation = "padfree"
-
-
-def _check_preference_losses(training: Any) -> None:
-    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
-    fails at the first step), before anything is loaded."""
-    from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
-
-    divergence = getattr(training, "f_divergence_type", "reverse_kl")
-    if divergence not in F_DIVERGENCE_TYPES:
-        raise ConfigError(f"f_divergence_type: {divergence!r} is not one TRL knows; use one of "
-                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl, the default, is standard DPO)")
-    losses = training.loss_type if isinstance(training.loss_type, list) else [training.loss_type]
-    unknown = [t for t in losses if t not in LOSS_TYPES]
-    if unknown and training.padding_free:
-        raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
-                          f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
+    return cfg
 
 
 def _training_device(cfg: LaunchConfig) -> str:
@@ -426,7 +361,7 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
     return requested
 
 
-def _check_resume(cfg: LaunchConfig) -> None:
+def _check_resume(cfg: LaunchConfig) -> LaunchConfig:
     """Resolve ``resume_from_checkpoint`` to a complete checkpoint and decide the run id; refuse an output_dir
     that holds another run unless ``overwrite_output_dir`` is set (see docs/faults.md)."""
     from .files import read_json
@@ -435,12 +370,12 @@ def _check_resume(cfg: LaunchConfig) -> None:
     from .run_files import CHECKPOINT_MARKER, checkpoint_problem, run_contents
     from .run_record import new_run_id
 
-    if resolve_auto_resume(cfg, restart_attempt()):  # auto, or a worker restarted by torchrun (launch.resume)
-        return
+    auto = resolve_auto_resume(cfg, restart_attempt())  # auto, or a worker restarted by torchrun (launch.resume)
+    if auto is not None:
+        return replace(cfg, **auto)
     value = cfg.resume_from_checkpoint
     output_dir = cfg.training.output_dir
     if value is None or value is False or str(value).lower() in {"false", "none", "null", ""}:
-        cfg.resume_from_checkpoint = None
         found = run_contents(output_dir)
         if found and not getattr(cfg.launch, "overwrite_output_dir", False):
             shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
@@ -448,13 +383,10 @@ def _check_resume(cfg: LaunchConfig) -> None:
                 f"output_dir {output_dir!r} already holds a run ({shown}); continue it with resume_from_checkpoint: "
                 "true, start over in it with overwrite_output_dir: true, or choose another output_dir"
             )
-        cfg.run_id = new_run_id()
-        return
+        return replace(cfg, resume_from_checkpoint=None, run_id=new_run_id())
     if isinstance(value, bool) or str(value).lower() in {"true", "last", "latest"}:
         choice = choose_resume(output_dir)
-        cfg.resume_from_checkpoint, cfg.run_id = choice.path, choice.run_id
-        cfg.notes.append(choice.note())
-        return
+        return replace(cfg, resume_from_checkpoint=choice.path, run_id=choice.run_id, notes=[*cfg.notes, choice.note()])
     if not os.path.isdir(value):
         raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
     problem = checkpoint_problem(value)
@@ -464,41 +396,47 @@ def _check_resume(cfg: LaunchConfig) -> None:
             "(or true for the newest complete one of the run in output_dir)"
         )
     marker = read_json(os.path.join(value, CHECKPOINT_MARKER)) or {}
-    cfg.resume_from_checkpoint = str(value)
-    cfg.run_id = marker.get("run_id") or new_run_id()
-    cfg.notes.append(f"resuming from {value}")
+    return replace(cfg, resume_from_checkpoint=str(value), run_id=marker.get("run_id") or new_run_id(),
+                   notes=[*cfg.notes, f"resuming from {value}"])
 
 
 def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> LaunchConfig:
-    """Check ``cfg`` without loading anything and resolve what the run will use (in place; returns ``cfg``).
+    """Check ``cfg`` without loading anything; returns the config the run will use, resolved (``cfg`` unchanged).
 
     Resolves ``attn_implementation`` (``"auto"`` -> ``"flash_attention_2"`` where usable, else ``"padfree"``),
-    moves ``padding_free`` from ``SFTConfig`` to the collator (TRL's flag is set to False) and
-    ``model_init_kwargs`` to the launcher, turns ``resume_from_checkpoint: true``/``last`` into the newest complete
-    checkpoint of the run in ``output_dir``, decides the run id, tells ``SFTTrainer`` to take the
-    already-tokenized datasets as they are, and finally sets the config's ``env:`` variables. With
-    ``check_environment=False`` the checks that depend on this machine (CUDA, flash-attn, optional packages,
-    ``output_dir`` and its checkpoints) are skipped, ``"auto"`` is left unresolved and ``env:`` is not applied.
+    ``padding_free`` from TRL's config (or the task's own field), the task's own settings (its ``resolve``: e.g.
+    SFT tells ``SFTTrainer`` to take the already-tokenized datasets as they are and turns TRL's ``padding_free``
+    off, the collator flattens), ``model_init_kwargs`` moved to the launcher, ``resume_from_checkpoint: true``/
+    ``last`` into the newest complete checkpoint of the run in ``output_dir``, the run id, and finally sets the
+    config's ``env:`` variables. With ``check_environment=False`` the checks that depend on this machine (CUDA,
+    flash-attn, optional packages, ``output_dir`` and its checkpoints) are skipped, ``"auto"`` is left unresolved
+    and ``env:`` is not applied.
     """
     _check_numbers(cfg)
-    _check_data(cfg)
+    cfg = _check_data(cfg)
     from .tasks import get_task
 
     task = get_task(cfg.task)
+    cfg = replace(cfg, padding_free=bool(getattr(cfg.training, "padding_free", cfg.padding_free)))  # (RL: the task's)
     task.check(cfg)  # the trainer's own settings (launch.tasks)
-    _check_model(cfg, check_environment)
-    _check_model_init_kwargs(cfg)
+    cfg = _check_model(cfg, check_environment)
+    cfg = _check_model_init_kwargs(cfg)
     if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():
         raise ConfigError("output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1")
     training = cfg.training
-    cfg.padding_free = bool(getattr(training, "padding_free", cfg.padding_free))  # (RL: the task's own field)
-    task.resolve(cfg)  # e.g. SFT: the collator flattens (TRL's padding_free off); DPO/RL trainers read it themselves
+    if training.ddp_find_unused_parameters is None:
+        # transformers turns it on for every model without activation checkpointing (and every PEFT model): an
+        # extra autograd traversal per step and a warning. The models trained here (LoRA included) use every
+        # trainable parameter in each forward; a model that does not fails in DDP with torch's error naming the fix
+        # (set ddp_find_unused_parameters: true).
+        cfg = replace(cfg, training=with_fields(training, ddp_find_unused_parameters=False))
+    cfg = replace(cfg, **task.resolve(cfg))  # e.g. SFT: the collator flattens (TRL's padding_free off)
     if check_environment:
-        cfg.attn_auto = cfg.attn_implementation == "auto"
-        cfg.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, _training_device(cfg))
-        cfg.model.attn_implementation = cfg.attn_implementation
+        attn = resolve_attn_implementation(cfg.attn_implementation, _training_device(cfg))
+        cfg = replace(cfg, attn_auto=cfg.attn_implementation == "auto", attn_implementation=attn,
+                      model=with_fields(cfg.model, attn_implementation=attn))
         _check_output_dir(cfg)
-        _check_resume(cfg)
+        cfg = _check_resume(cfg)
         os.environ.update(cfg.env)  # the config's env: mapping, only once everything above passed
     return cfg
 

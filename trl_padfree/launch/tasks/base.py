@@ -51,10 +51,13 @@ class Task:
         return {}
 
     def check(self, cfg: Any) -> None:
-        """The task's own checks (raise ``ConfigError``), before the model and output_dir checks."""
+        """The task's own checks (raise ``ConfigError``; ``cfg.padding_free`` is resolved), before the model and
+        output_dir checks; they change nothing (:meth:`resolve` does)."""
 
-    def resolve(self, cfg: Any) -> None:
-        """Resolve the task's settings once every check passed (``cfg.padding_free`` is already set)."""
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        """The task's settings resolved once every check passed: the fields of the ``LaunchConfig`` to change and
+        their new values (a nested object as a copy, ``config.with_fields``); ``cfg`` is not changed."""
+        return {}
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         """The task's own fields of the run line, after ``padding_free``."""

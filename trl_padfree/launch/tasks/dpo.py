@@ -1,25 +1,209 @@
 """``trl-padfree dpo``: preference training with :class:`trl_padfree.DPOTrainer` (TRL's, padding-free).
 
-Its own parts (the functions live in :mod:`..dpo`, :mod:`..dpo_data` and :mod:`..validate`):
-:class:`~..config.PreferenceArguments` (``prompt_once``, ``chat_template_path``) and TRL's ``DPOConfig``; SFT-only
-fields refused; checked preference records; the reference model; the preference probe; the summary's eval reward
-accuracy and ``prompt_once``.
+``trl-padfree dpo`` is ``trl-padfree train`` with TRL's ``DPOConfig`` in place of ``SFTConfig`` (as ``trl dpo`` and
+``trl sft`` share one parser): the same stages (:mod:`..run`). Its own parts, here:
+:class:`PreferenceArguments` (``prompt_once``: compute each pair's prompt once, needs ``"padfree"`` attention;
+``chat_template_path``); the SFT-only fields refused and ``attn_implementation`` made fit for the layout
+(:meth:`DPOTask.check`, :meth:`DPOTask.resolve`); the records with ``chosen`` / ``rejected`` (and ``prompt``, or
+TRL's implicit prompt), plain text or conversational, checked before TRL tokenizes them
+(:func:`load_preference_data`, on :mod:`.preference_data`); the reference model and the preference probe
+(:mod:`.shared`, as ``kto``'s); :class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints; the summary's
+eval reward accuracy and ``prompt_once``; ``preview``'s pairs.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import ConfigError, DataArguments, HeadLaunchArguments, PreferenceArguments
+from ..config import ConfigError, DataArguments, HeadLaunchArguments, with_fields
 from ..console import say
+from ..trainer_class import make_launch_trainer
 from .base import Task
-from .shared import sft_only_fields
+from .preference_data import (
+    check_one_kind_in_files,
+    check_preference_records,
+    check_truncation,
+    tokenized_prompts,
+    value_kind,
+)
+from .shared import pin_prompt_once, preference_probe, reference_model, refuse_sft_settings, sft_only_fields
 
-__all__ = ["TASK", "DPOTask"]
+__all__ = ["TASK", "DPOTask", "PreferenceArguments", "PreparedPreferences", "load_preference_data",
+           "preference_summary", "preview_pairs"]
 
 SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected "
                     "records and scores only the responses: remove it")
+
+
+@dataclass
+class PreferenceArguments:
+    """Settings of the padding-free preference batch (``padding_free`` is DPOConfig's field)."""
+
+    prompt_once: bool = field(
+        default=False,
+        metadata={
+            "help": "Compute each pair's prompt once: the chosen and the rejected response both attend to its keys "
+            "and not to each other (|P|+|C|+|R|+1 tokens per pair instead of 2|P|+|C|+|R|). Needs padding_free: "
+            "true and attn_implementation 'padfree' (auto picks it)."
+        },
+    )
+    chat_template_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "A .jinja chat template that replaces the tokenizer's, for conversational pairs (e.g. with "
+            "system turns the model's own template does not render); as trl-padfree train's field."
+        },
+    )
+
+
+@dataclass
+class PreparedPreferences:
+    train: Any
+    eval: Any | None
+    text_format: str
+    dropped: dict[str, int] = field(default_factory=dict)  # pairs TRL drops by truncation, per split ("train", "eval")
+
+
+def load_preference_data(cfg: Any, tokenizer: Any) -> PreparedPreferences:
+    """The training and eval pairs, checked (TRL's ``DPOTrainer`` tokenizes them when it is built)."""
+    from ..data import load_splits
+
+    for key in ("train_file", "eval_file"):
+        if getattr(cfg.data, key, None):
+            check_one_kind_in_files(key, getattr(cfg.data, key))
+    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_preference_records)
+    first = train[0]
+    conversational = value_kind(first["chosen"]) == "messages"
+    if conversational and getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError(
+            f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has no chat "
+            "template; set chat_template_path to a .jinja file, or use text records"
+        )
+    training = cfg.training
+    dropped = {}
+    sources = {"train": "train_file" if cfg.data.train_file else "the training data",
+               "eval": "eval_file" if cfg.data.eval_file else "the eval data"}
+    for split, dataset, what in (("train", train, "training"), ("eval", eval_ds, "eval")):
+        if dataset is not None:
+            lengths = tokenized_prompts(dataset, tokenizer, sources[split], training.max_length)
+            dropped[split] = check_truncation(lengths, sources[split], what, training.max_length,
+                                              training.truncation_mode)
+    return PreparedPreferences(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected",
+                               dropped)
+
+
+class QuietReferencePrecompute:
+    """With ``disable_tqdm`` (the launch sets it when the output is not a terminal) no "Computing reference log
+    probs" bar (``precompute_ref_log_probs``: TRL shows it, while the trainer is built, unless ``TQDM_DISABLE`` is
+    set). A mixin of the launch's ``DPOTrainer``."""
+
+    def _precompute_ref_logps(self, *args: Any, **kwargs: Any) -> Any:  # TRL's (when the trainer is built)
+        with tqdm_disabled(bool(getattr(self.args, "disable_tqdm", False))):
+            return super()._precompute_ref_logps(*args, **kwargs)  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def tqdm_disabled(disable: bool) -> Iterator[None]:
+    """``TQDM_DISABLE=1`` in the environment while the block runs, when ``disable`` (TRL reads it for its own bars)."""
+    if not disable or os.environ.get("TQDM_DISABLE"):
+        yield
+        return
+    os.environ["TQDM_DISABLE"] = "1"
+    try:
+        yield
+    finally:
+        os.environ.pop("TQDM_DISABLE", None)
+
+
+def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+    """The run's summary lines for DPO: the SFT token-throughput line left out (TRL logs ``num_tokens``), the eval
+    reward accuracy and margin added, first and last (at the start the policy is the reference: every reward is 0,
+    so no pair is won and the accuracy is 0).
+
+    >>> preference_summary(["steps: 2/2", "real tokens/s: n/a"], [{"eval_rewards/accuracies": 0.0,
+    ...     "eval_rewards/margins": 0.0}, {"eval_rewards/accuracies": 0.9, "eval_rewards/margins": 2.5}])
+    ['steps: 2/2', 'eval reward accuracy: 0.000 -> 0.900 (margin 0.000 -> 2.500)']
+    """
+    out = [line for line in lines if not line.startswith("real tokens/s")]
+    evals = [e for e in history if "eval_rewards/accuracies" in e]
+    if evals:
+        first, last = evals[0], evals[-1]
+        out.append(f"eval reward accuracy: {first['eval_rewards/accuracies']:.3f} -> {last['eval_rewards/accuracies']:.3f} "
+                   f"(margin {first['eval_rewards/margins']:.3f} -> {last['eval_rewards/margins']:.3f})")
+    return out
+
+
+def _check_preference_losses(training: Any) -> None:
+    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
+    fails at the first step), before anything is loaded."""
+    from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
+
+    divergence = getattr(training, "f_divergence_type", "reverse_kl")
+    if divergence not in F_DIVERGENCE_TYPES:
+        raise ConfigError(f"f_divergence_type: {divergence!r} is not one TRL knows; use one of "
+                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl, the default, is standard DPO)")
+    losses = training.loss_type if isinstance(training.loss_type, list) else [training.loss_type]
+    unknown = [t for t in losses if t not in LOSS_TYPES]
+    if unknown and training.padding_free:
+        raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
+                          f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
+
+
+def preview_pairs(cfg: Any, tokenizer: Any, data: PreparedPreferences, n: int, color: bool = False
+                  ) -> list[str]:
+    """``trl-padfree preview`` of a DPO config: ``n`` pairs tokenized by TRL's own ``DPOTrainer`` preparation and
+    cut by the preference collator, the scored tokens of the chosen and of the rejected response marked, then the
+    counts over the training set (and what ``prompt_once`` saves)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import trl
+
+    from trl_padfree.preference import truncate_pair
+    from trl_padfree.token_text import TokenText
+
+    from ..preview import marked_text
+
+    training = cfg.training
+    pairs = trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tokenizer), data.train, tokenizer, training,
+                                            "train")
+    text = TokenText.from_tokenizer(tokenizer)
+
+    def shown(prompt: list[int], response: list[int]) -> str:
+        ids = prompt + response
+        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
+        labels = [-100] * len(prompt) + response
+        return marked_text(raw, starts.tolist(), labels, color)
+
+    lines: list[str] = []
+    totals = {"tokens": 0, "chosen": 0, "rejected": 0, "once": 0}
+    for index, pair in enumerate(pairs):
+        p_c, chosen = truncate_pair(pair["prompt_ids"], pair["chosen_ids"], training.max_length, training.truncation_mode)
+        p_r, rejected = truncate_pair(pair["prompt_ids"], pair["rejected_ids"], training.max_length,
+                                      training.truncation_mode)
+        totals["tokens"] += len(p_c) + len(chosen) + len(p_r) + len(rejected)
+        totals["chosen"] += len(chosen)
+        totals["rejected"] += len(rejected)
+        shared = p_c == p_r and bool(p_c)
+        totals["once"] += len(p_c) + len(chosen) + (1 + len(rejected) if shared else len(p_r) + len(rejected))
+        if index < n:
+            lines.append(f"--- pair {index} (prompt {len(p_c)} tokens; scored: chosen {len(chosen)}, rejected "
+                         f"{len(rejected)}) ---")
+            lines.append("chosen:   " + shown(p_c, chosen))
+            lines.append("rejected: " + shown(p_r, rejected))
+    lines.append("---")
+    lines.append(f"scored tokens: chosen {totals['chosen']:,}, rejected {totals['rejected']:,} of {totals['tokens']:,} "
+                 f"tokens in {len(pairs):,} pairs (format: {data.text_format})")
+    saved = 100.0 * (1 - totals["once"] / totals["tokens"]) if totals["tokens"] else 0.0
+    lines.append(f"prompt_once forwards {totals['once']:,} tokens instead of {totals['tokens']:,} ({saved:.1f}% fewer)")
+    dropped = len(data.train) - len(pairs)
+    lines.append(f"pairs dropped before training (prompt alone fills max_length={training.max_length}): {dropped:,} "
+                 f"of {len(data.train):,}")
+    return lines
 
 
 class DPOTask(Task):
@@ -51,17 +235,33 @@ class DPOTask(Task):
         return ConfigError(SFT_ONLY_MESSAGE.format(name=name)) if name in sft_only_fields(self) else None
 
     def check(self, cfg: Any) -> None:
-        from ..validate import check_preference_config
+        """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
+        refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
+        if cfg.training.padding_free:
+            from trl_padfree._compat import dpo_padding_free_unavailable
 
-        check_preference_config(cfg)
+            problem = dpo_padding_free_unavailable()
+            if problem is not None:
+                raise ConfigError(problem)
+        _check_preference_losses(cfg.training)
+        once = bool(cfg.collator.prompt_once)
+        if once and not cfg.training.padding_free:
+            raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
+        if once and cfg.attn_implementation not in ("auto", "padfree"):
+            raise ConfigError(
+                f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys; on a "
+                f"GPU it runs flash-attn or torch's varlen kernel), got {cfg.attn_implementation!r}: use auto or padfree"
+            )
+
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        """No SFT template; the ``"padfree"`` attention for ``prompt_once``."""
+        return {"data": with_fields(cfg.data, template=None), **pin_prompt_once(cfg)}
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once)}
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
         """Checked preference records (TRL's DPOTrainer tokenizes them when built)."""
-        from ..dpo import load_preference_data
-
         data = load_preference_data(cfg, tokenizer)
         say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None
                                                           else "") + f" (format: {data.text_format})")
@@ -74,35 +274,27 @@ class DPOTask(Task):
         return data
 
     def probe_check(self, cfg: Any) -> Any:
-        from ..dpo import probe_check
-
-        return probe_check(cfg)
+        return preference_probe(cfg)
 
     def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
-        from ..dpo import load_reference
-
-        ref_model = load_reference(cfg)
-        return ref_model, "reference model: " + ("a second copy of the starting weights" if ref_model is not None
-                                                 else "the policy with its LoRA adapters switched off")
+        return reference_model(cfg)
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        from ..dpo import make_trainer
+        """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built)."""
+        from trl_padfree.dpo import DPOTrainer
 
-        return make_trainer(cfg, tokenizer, model, ref_model, data, callbacks, **self.trainer_kwargs(cfg))
+        return make_launch_trainer(DPOTrainer, cfg, tokenizer, model, data, callbacks, QuietReferencePrecompute,
+                                   ref_model=ref_model, prompt_once=bool(cfg.collator.prompt_once),
+                                   **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-        from ..dpo import preference_summary
-
         return preference_summary(lines, history)
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        from ..dpo import load_preference_data
-        from ..preview import preview_pairs
-
         return list(preview_pairs(cfg, tokenizer, load_preference_data(cfg, tokenizer), n, color))
 
 

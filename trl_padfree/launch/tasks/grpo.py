@@ -231,13 +231,14 @@ class GRPOTask(Task):
             raise ConfigError(
                 f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
                 f"{cfg.attn_implementation!r}: use auto or padfree")
-        if once:
-            cfg.attn_implementation = "padfree"
         if cfg.padding_free:
             from trl_padfree._compat import rl_padding_free_unavailable
 
             if (problem := rl_padding_free_unavailable()) is not None:
                 raise ConfigError(problem)
+
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        return {"attn_implementation": "padfree"} if cfg.collator.prompt_once else {}
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.collator.reward_funcs or [])}

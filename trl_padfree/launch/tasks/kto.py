@@ -18,7 +18,22 @@ from ..config import ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
 from ..trainer_class import make_launch_trainer
 from .base import Task
-from .shared import check_prompt_once, refuse_sft_settings, sft_only_fields
+from .preference_data import (
+    check_one_kind_in_files,
+    check_preference_records,
+    check_truncation,
+    mixed_kinds_error,
+    tokenized_prompts,
+    value_kind,
+)
+from .shared import (
+    check_prompt_once,
+    pin_prompt_once,
+    preference_probe,
+    reference_model,
+    refuse_sft_settings,
+    sft_only_fields,
+)
 
 __all__ = ["TASK", "KTOArguments", "KTOTask", "kto_summary"]
 
@@ -57,8 +72,6 @@ def check_kto_records(dataset: Any, source: str) -> None:
     a bad record is a :class:`ConfigError` naming it and the fix."""
     columns = list(dataset.column_names)
     if "chosen" in columns or "rejected" in columns:
-        from ..dpo import check_preference_records
-
         check_preference_records(dataset, source)
         return
     missing = [c for c in ("prompt", "completion", "label") if c not in columns]
@@ -67,8 +80,6 @@ def check_kto_records(dataset: Any, source: str) -> None:
             f"{source}: KTO records need 'prompt', 'completion' and 'label' (true: desirable), or preference pairs "
             f"'prompt', 'chosen', 'rejected'; missing {', '.join(repr(m) for m in missing)} (columns: "
             f"{', '.join(columns)})")
-    from ..dpo_data import mixed_kinds_error, value_kind
-
     first: tuple[int, str] | None = None
     for index, record in enumerate(dataset.select_columns(["prompt", "completion", "label"])):
         where = f"{source} record {index} (counting from 0)"
@@ -104,7 +115,6 @@ class PreparedKTO:
 def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
     """The training and eval records, checked (TRL's ``KTOTrainer`` unpairs and tokenizes them when it is built)."""
     from ..data import load_splits
-    from ..dpo_data import check_one_kind_in_files, value_kind
 
     for key in ("train_file", "eval_file"):
         if getattr(cfg.data, key, None):
@@ -128,8 +138,6 @@ def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
 def prompt_fills_max_length(cfg: Any, tokenizer: Any, dataset: Any, paired: bool, split: str, what: str) -> int:
     """How many records TRL's ``KTOTrainer`` drops because the prompt alone has ``max_length`` tokens or more (its
     filter; DPO's ``keep_start`` rule, counted as ``trl-padfree dpo`` counts it); a split left empty is refused."""
-    from ..dpo_data import check_truncation, tokenized_prompts
-
     max_length = cfg.training.max_length
     if max_length is None:
         return 0
@@ -190,8 +198,10 @@ class KTOTask(Task):
         if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
             raise ConfigError(problem)
         refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
-        cfg.padding_free = bool(cfg.training.padding_free)
         check_prompt_once(cfg)
+
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        return pin_prompt_once(cfg)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once), "loss_type": cfg.training.loss_type}
@@ -215,16 +225,10 @@ class KTOTask(Task):
         return data
 
     def probe_check(self, cfg: Any) -> Any:
-        from ..dpo import probe_check
-
-        return probe_check(cfg)  # the preference probe (KTO's rows are its segments)
+        return preference_probe(cfg)  # KTO's rows are the preference probe's segments
 
     def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
-        from ..dpo import load_reference
-
-        ref_model = load_reference(cfg)
-        return ref_model, "reference model: " + ("a second copy of the starting weights" if ref_model is not None
-                                                 else "the policy with its LoRA adapters switched off")
+        return reference_model(cfg)
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:

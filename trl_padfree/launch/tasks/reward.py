@@ -3,7 +3,7 @@
 Its own parts: :class:`RewardArguments` (``prompt_once``) and this package's ``RewardConfig`` (TRL's plus
 ``padding_free``); the model loaded as ``AutoModelForSequenceClassification`` with ``num_labels=1`` (a causal LM
 checkpoint gets a fresh ``score`` head, seeded, as ``trl reward`` does); the preference records of ``trl-padfree
-dpo`` (:func:`~..dpo.check_preference_records`, one by one, plus an optional numeric ``margin``), tokenized by TRL's
+dpo`` (:func:`~.preference_data.check_preference_records`, one by one, plus an optional numeric ``margin``), tokenized by TRL's
 own ``RewardTrainer`` preparation once, here, so that the pairs it drops (longer than ``max_length``) are counted
 before anything is written; the reward layout probe (:func:`trl_padfree.reward_probe.assert_reward_packing_safe`);
 the summary's eval accuracy and margin; ``preview``'s pair layout.
@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import ConfigError, DataArguments, LaunchArguments
+from ..config import ConfigError, DataArguments, LaunchArguments, with_fields
 from ..console import say
 from ..trainer_class import make_launch_trainer
 from .base import Task
-from .shared import check_prompt_once, refuse_sft_settings, sft_only_fields
+from .preference_data import check_one_kind_in_files, check_preference_records, tokenized_prompts, value_kind
+from .shared import check_prompt_once, pin_prompt_once, refuse_sft_settings, sft_only_fields
 
 __all__ = ["TASK", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
 
@@ -41,8 +42,6 @@ class RewardArguments:
 
 def check_reward_records(dataset: Any, source: str) -> None:
     """The preference records of ``trl-padfree dpo``, plus an optional ``margin`` that is a number in every record."""
-    from ..dpo import check_preference_records
-
     check_preference_records(dataset, source)
     if "margin" not in dataset.column_names:
         return
@@ -69,7 +68,6 @@ def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
     import trl
 
     from ..data import load_splits
-    from ..dpo_data import check_one_kind_in_files, tokenized_prompts, value_kind
 
     for key in ("train_file", "eval_file"):
         if getattr(cfg.data, key, None):
@@ -164,7 +162,6 @@ class RewardTask(Task):
 
     def check(self, cfg: Any) -> None:
         refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
-        cfg.padding_free = bool(cfg.training.padding_free)
         check_prompt_once(cfg)
         if cfg.padding_free:
             from trl_padfree.reward import reward_padding_free_unavailable
@@ -172,9 +169,12 @@ class RewardTask(Task):
             if (problem := reward_padding_free_unavailable()) is not None:
                 raise ConfigError(problem)
 
-    def resolve(self, cfg: Any) -> None:
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        changes = pin_prompt_once(cfg)
         if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
-            cfg.model.lora_task_type = "SEQ_CLS"  # peft then trains the fresh score head too (modules_to_save)
+            # peft then trains the fresh score head too (modules_to_save)
+            changes["model"] = with_fields(cfg.model, lora_task_type="SEQ_CLS")
+        return changes
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.collator.prompt_once)}

@@ -2,8 +2,8 @@
 completion-only collator (padding-free unless ``padding_free: false``).
 
 Its own parts: :class:`~..config.CollatorArguments` (``response_template``, ``instruction_template``) and TRL's
-``SFTConfig``; the SFTConfig fields it cannot honour (:func:`~..validate.check_sft_config`); the data tokenized and
-labelled once by :mod:`..sft_data`, with the one response-template check, and a training collator that only
+``SFTConfig``; the SFTConfig fields it cannot honour (:meth:`SFTTask.check`); the data tokenized and
+labelled once by :mod:`.sft_data`, with the one response-template check, and a training collator that only
 flattens those labels; the summary's ``max_tokens_per_batch``.
 """
 
@@ -13,11 +13,11 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from ..config import CollatorArguments, DataArguments, HeadLaunchArguments
+from ..config import CollatorArguments, ConfigError, DataArguments, HeadLaunchArguments, with_fields
 from ..console import say
 from .base import Task
 
-__all__ = ["TASK", "SFTTask", "launch_sft_trainer"]
+__all__ = ["TASK", "SFTTask", "launch_sft_trainer", "preview_lines"]
 
 
 @functools.cache
@@ -31,6 +31,43 @@ def launch_sft_trainer() -> type:
                                                                            "__doc__": launch_sft_trainer.__doc__})
 
 
+def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
+                  ) -> list[str]:
+    """``trl-padfree preview`` of prepared SFT data (:class:`~.sft_data.PreparedData`): ``n`` examples, then the counts.
+
+    With a ``response_template``, how many of the examples checked for it lack it.
+    """
+    import numpy as np
+
+    from trl_padfree.token_text import TokenText
+
+    from ..preview import IGNORE_INDEX, marked_text
+
+    text = TokenText.from_tokenizer(tokenizer)
+    train = data.train
+    lines: list[str] = []
+    for index in range(min(n, len(train))):
+        ids, labels = train[index]["input_ids"], train[index]["labels"]
+        trained = sum(label != IGNORE_INDEX for label in labels)
+        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
+        lines.append(f"--- example {index} ({len(ids)} tokens, {trained} trained) ---")
+        lines.append(marked_text(raw, starts.tolist(), labels, color))
+    total = trained = 0
+    for labels in train["labels"]:
+        total += len(labels)
+        trained += sum(label != IGNORE_INDEX for label in labels)
+    share = 100.0 * trained / total if total else 0.0
+    lines.append("---")
+    lines.append(f"trained tokens: {trained:,} of {total:,} ({share:.1f}%) in {len(train):,} training examples "
+                 f"(format: {data.text_format})")
+    loaded, dropped = data.loaded.get("train", len(train)), data.dropped.get("train", 0)
+    lines.append(f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}")
+    if response_template is not None and data.checked:
+        lines.append(f"examples without the response template among the first {data.checked:,}: "
+                     f"{data.template_missing_in_check:,}")
+    return lines
+
+
 class SFTTask(Task):
     name = "sft"
     command = "train"
@@ -42,18 +79,34 @@ class SFTTask(Task):
         return (DataArguments, CollatorArguments, HeadLaunchArguments, SFTConfig, ModelConfig)
 
     def check(self, cfg: Any) -> None:
-        from ..validate import check_sft_config
-
-        check_sft_config(cfg)
-
-    def resolve(self, cfg: Any) -> None:
+        """The collator and template settings, and the SFTConfig fields trl-padfree train cannot honour."""
         training = cfg.training
-        training.padding_free = False  # the collator flattens by itself; TRL refuses a custom collator otherwise
-        training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
+        if training.packing:
+            raise ConfigError(
+                "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "
+                "the number of optimizer steps; set packing: false"
+            )
+        if training.assistant_only_loss:
+            raise ConfigError(
+                "assistant_only_loss does not apply here: the collator trains what follows response_template; for "
+                "multi-turn data also set instruction_template; set assistant_only_loss: false"
+            )
+
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        training = cfg.training
+        return {
+            # needed or not: told by the data's format (launch.tasks.sft_data)
+            "collator": with_fields(cfg.collator, response_template=cfg.collator.response_template or None),
+            "training": with_fields(
+                training,
+                padding_free=False,  # the collator flattens by itself; TRL refuses a custom collator otherwise
+                dataset_kwargs={**(training.dataset_kwargs or {}), "skip_prepare_dataset": True},
+            ),
+        }
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
         """Formatted, tokenized and labelled once by the run's collator, with the template check."""
-        from ..sft_data import prepare_data
+        from .sft_data import prepare_data
 
         training = cfg.training
         data = prepare_data(cfg, tokenizer)
@@ -72,7 +125,7 @@ class SFTTask(Task):
                      callbacks: Sequence[Any]) -> Any:
         from trl import get_peft_config
 
-        from ..sft_data import training_collator
+        from .sft_data import training_collator
 
         collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
         return launch_sft_trainer()(
@@ -92,8 +145,7 @@ class SFTTask(Task):
         return {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch}
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        from ..preview import preview_lines
-        from ..sft_data import prepare_data
+        from .sft_data import prepare_data
 
         data = prepare_data(cfg, tokenizer)
         return list(preview_lines(data, tokenizer, n, color, cfg.collator.response_template))

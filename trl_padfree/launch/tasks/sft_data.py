@@ -1,6 +1,6 @@
 """SFT data for ``trl-padfree train`` and ``preview``: format into text, tokenize, label once, drop the untrainable.
 
-The pipeline (:func:`prepare_data`), run once before training on the splits :func:`~.data.load_splits` loads (the
+The pipeline (:func:`prepare_data`), run once before training on the splits :func:`~..data.load_splits` loads (the
 datasets handed to ``SFTTrainer`` are final: TRL's own preparation is skipped, and the training collator only
 flattens the labels made here, :func:`training_collator`):
 
@@ -19,8 +19,8 @@ flattens the labels made here, :func:`training_collator`):
    of its sample again, untruncated); examples left without a single trained token are dropped and counted. For ``messages`` data, :func:`warn_untrained_turns` says in one line when the templates leave
    assistant turns untrained.
 
-Every failure on a record in steps 2-5 is a one-line :class:`~.config.ConfigError` naming the split, the record's
-index and the fix (:func:`~.data.record_error`). A ``template`` that is not a valid format string is refused before
+Every failure on a record in steps 2-5 is a one-line :class:`~..config.ConfigError` naming the split, the record's
+index and the fix (:func:`~..data.record_error`). A ``template`` that is not a valid format string is refused before
 any data is loaded.
 """
 
@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from .config import ConfigError, LaunchConfig
-from .console import one_line, say
-from .data import _file_index, _PerRecord, _RecordFailed, load_splits, map_records, record_error, stage
+from ..config import ConfigError, LaunchConfig
+from ..console import one_line, say
+from ..data import _file_index, _PerRecord, _RecordFailed, load_splits, map_records, record_error, stage
 
 __all__ = [
     "PreparedData",
@@ -331,7 +331,7 @@ def tokenize_chat_split(dataset: Any, tokenizer: Any, formatter: Formatter, name
 
     Every assistant turn is trained (:mod:`trl_padfree.chat_masks`); ``formatter`` and ``template`` are not needed.
     """
-    from ..chat_masks import label_chats
+    from ...chat_masks import label_chats
 
     out = map_records(dataset, partial(label_chats, tokenizer=tokenizer), "chat", source or name,
                        remove_columns=dataset.column_names, desc=f"Tokenizing {name} data")
@@ -343,7 +343,7 @@ def warn_untrained_turns(raw: Any, tokenized: Any, labelled: Any, collator: Any,
     ``labelled``; ``raw`` and ``tokenized``: row for row the same records, as loaded and untruncated). A record that
     truncation shortened is judged on its untruncated labels (``collator``), as the templates label it. Returns
     the number of affected examples (0 also when the chat template cannot be analysed turn by turn)."""
-    from ..chat_masks import untrained_assistant_turns
+    from ...chat_masks import untrained_assistant_turns
 
     count = min(n, len(raw))
     affected = turns = 0

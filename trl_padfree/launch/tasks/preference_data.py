@@ -1,5 +1,7 @@
-"""``trl-padfree dpo``'s data checks that need the files or the tokenizer, before the model loads.
+"""The preference records of ``trl-padfree dpo``, also read by ``reward`` and ``kto``: their checks, before the model
+loads, record by record and in the files, and their prompts tokenized as TRL's ``DPOTrainer`` tokenizes them.
 
+- :func:`check_preference_records`: ``chosen`` / ``rejected`` (and ``prompt``) in every record, all of one kind;
 - :func:`check_one_kind_in_files`: JSON / JSON Lines files whose records mix plain text and chat messages are
   refused, naming the mix (``datasets`` would load such a column as whatever pandas makes of it: the text ``" 47"``
   as the number 47, messages as text, or fail inside TRL);
@@ -18,9 +20,16 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from .config import ConfigError
+from ..config import ConfigError
 
-__all__ = ["check_one_kind_in_files", "check_truncation", "tokenized_prompts", "value_kind"]
+__all__ = [
+    "check_one_kind_in_files",
+    "check_preference_records",
+    "check_truncation",
+    "mixed_kinds_error",
+    "tokenized_prompts",
+    "value_kind",
+]
 
 FIELDS = ("prompt", "chosen", "rejected")
 _WORDS = {"text": "plain text", "messages": "chat messages (conversational)"}
@@ -46,6 +55,43 @@ def mixed_kinds_error(source: str, index: int, name: str, kind: str, first_index
         f"{_WORDS[first_kind]}: the data mixes plain-text and conversational pairs, which TRL tokenizes differently "
         "(EOS only on text); use one kind: convert the records of one kind, or put them in separate files and runs"
     )
+
+
+def check_preference_records(dataset: Any, source: str) -> None:
+    """Every record has ``chosen`` and ``rejected`` (and ``prompt`` when the responses do not hold it), all of one
+    kind: text, or lists of chat messages. A bad record is a :class:`ConfigError` naming it and the fix."""
+    columns = list(dataset.column_names)
+    missing = [c for c in ("chosen", "rejected") if c not in columns]
+    if missing:
+        raise ConfigError(
+            f"{source}: preference records need 'chosen' and 'rejected' (and usually 'prompt'); missing "
+            f"{', '.join(repr(m) for m in missing)} (columns: {', '.join(columns)})"
+        )
+    fields = [c for c in ("prompt", "chosen", "rejected") if c in columns]
+    first: tuple[int, str] | None = None
+    for index, record in enumerate(dataset.select_columns(fields)):
+        kinds = set()
+        for name in fields:
+            value = record[name]
+            kind = value_kind(value)
+            if kind is None:
+                raise ConfigError(
+                    f"{source} record {index} (counting from 0): {name!r} must be a string or a list of chat "
+                    f"messages ({{'role', 'content'}}), got {type(value).__name__}; fix the record"
+                )
+            if first is None:
+                first = (index, kind)
+            elif kind != first[1] and first[0] != index:
+                raise mixed_kinds_error(source, index, name, kind, *first)
+            kinds.add(kind)
+            if not value and name != "prompt":
+                raise ConfigError(f"{source} record {index} (counting from 0): {name!r} is empty; drop the record "
+                                  "or fill it in")
+        if len(kinds) > 1:
+            raise ConfigError(
+                f"{source} record {index} (counting from 0): mixes text and chat messages across "
+                f"{', '.join(fields)}; use one kind"
+            )
 
 
 def _json_type(value: Any) -> str:
@@ -78,7 +124,7 @@ def check_one_kind_in_files(key: str, pattern: str) -> None:
     hold anything else in ``prompt`` / ``chosen`` / ``rejected``.
 
     Read with the ``json`` module, before ``datasets`` coerces a mixed column. Files of other formats hold one type
-    per column and are checked record by record after loading (:func:`trl_padfree.launch.dpo.check_preference_records`).
+    per column and are checked record by record after loading (:func:`check_preference_records`).
     Unreadable files are left to the loader's own error.
     """
     paths = sorted(glob.glob(os.path.expanduser(pattern))) or [os.path.expanduser(pattern)]
@@ -126,13 +172,13 @@ def tokenized_prompts(dataset: Any, tokenizer: Any, source: str, max_length: int
     more is tokenized with its responses (TRL keeps ``prompt_ids`` up to where prompt and prompt + response
     diverge), so the lengths are TRL's from ``max_length`` up (where they decide what is dropped) and, below it, an
     upper bound of TRL's. Conversational pairs are rendered with the chat template, each; a record the template cannot render
-    is a :class:`ConfigError` naming it (:func:`~.data.record_error`).
+    is a :class:`ConfigError` naming it (:func:`~..data.record_error`).
     """
     helpers = _trl_tokenization()
     if helpers is None:
         return None
     _tokenize, common_prefix_length, extract_prompt = helpers
-    from .data import _file_index, record_error
+    from ..data import _file_index, record_error
 
     eos = tokenizer.eos_token or ""
     has_prompt = "prompt" in dataset.column_names
