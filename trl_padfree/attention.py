@@ -65,7 +65,7 @@ from .attention_backends import (
     slow_cuda_reason,
     torch_varlen_available,
 )
-from .messages import one_line
+from .exception_text import one_line
 
 __all__ = [
     "ATTN_IMPLEMENTATION",

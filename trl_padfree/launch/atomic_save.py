@@ -13,7 +13,7 @@ import os
 import shutil
 from typing import Any
 
-from ..messages import one_line
+from ..exception_text import one_line
 from .collective import any_process, first_failure
 from .files import fsync_path, move_into, remove_if_empty, write_json_atomic
 from .run_files import CHECKPOINT_MARKER, STAGING_DIR, last_complete_checkpoint

@@ -5,7 +5,7 @@ Outside a process group both are local.
 
 from __future__ import annotations
 
-from ..messages import one_line
+from ..exception_text import one_line
 
 __all__ = ["any_process", "first_failure"]
 

@@ -35,7 +35,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
 
-from ..messages import one_line
+from ..exception_text import one_line
 from .help import install_help
 
 __all__ = [

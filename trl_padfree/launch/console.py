@@ -13,7 +13,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 
-from ..messages import one_line  # the launch's one-line errors (defined there for the whole package)
+from ..exception_text import one_line  # the launch's one-line errors (defined there for the whole package)
 
 __all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quiet_replicas", "say", "where"]
 

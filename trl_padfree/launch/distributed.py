@@ -35,7 +35,7 @@ import traceback
 from typing import Any
 
 from .._torch_private import pg_timeout_setter, registered_groups
-from ..messages import one_line
+from ..exception_text import one_line
 from .config import ConfigError
 from .console import where
 

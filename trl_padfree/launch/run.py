@@ -21,7 +21,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
-from ..messages import one_line
+from ..exception_text import one_line
 from ..threads import torch_threads
 from .config import LaunchConfig
 from .console import quiet_progress, say

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..messages import one_line
+from ..exception_text import one_line
 from .config import ConfigError
 from .files import read_json, remove_if_empty, write_json_atomic
 from .run_files import RUN_FILE, STAGING_DIR, last_complete_checkpoint

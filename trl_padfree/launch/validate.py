@@ -20,7 +20,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..messages import one_line
+from ..exception_text import one_line
 from .config import ConfigError, LaunchConfig, with_fields
 
 __all__ = [
