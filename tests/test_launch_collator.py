@@ -75,7 +75,7 @@ def test_token_counts_of_a_flattened_batch_come_from_its_shape_and_max_length(pa
     """PadfreeSFTTrainer counts a flattened batch's tokens without reading cu_seq_lens_q (a device sync every step):
     the same counts as from the boundaries themselves, padding segment included."""
     from trl_padfree import DataCollatorForCompletionOnlyLM
-    from trl_padfree.launch.trainer import batch_token_counts
+    from trl_padfree.launch.tasks.sft_trainer import batch_token_counts
 
     tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
     collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tokenizer, padding_free=True,

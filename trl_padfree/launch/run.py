@@ -5,7 +5,7 @@
 2. load the tokenizer (:mod:`.tokenizer`) and prepare the data (the task's ``prepare_data``: SFT loads the
    records, :mod:`.data`, and labels them once, :mod:`.tasks.sft_data`, with the response-template check);
 3. load the model (:mod:`.model`) and, for padding-free runs, probe that packed sequences stay apart
-   (:mod:`.probe`, with the task's ``probe_check``); the task's reference model, if any;
+   (:mod:`.probe_stage`, with the task's ``probe_check``); the task's reference model, if any;
 4. train with the task's trainer (``make_trainer``; SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`;
    checkpoints and the final model appear complete or not at all, see :mod:`.atomic_save`), save the model, then
    run the final evaluation, and print a summary (:mod:`.summary`, with the task's ``summary_lines``).
@@ -26,7 +26,7 @@ from ..threads import torch_threads
 from .config import LaunchConfig
 from .console import quiet_progress, say
 from .model import load_model
-from .probe import probe_model
+from .probe_stage import probe_model
 from .summary import RunResult, eval_losses, run_train_loss, summary_lines, write_summary
 from .tasks import Task, get_task
 from .tokenizer import load_tokenizer

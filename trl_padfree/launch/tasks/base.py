@@ -1,6 +1,6 @@
 """What a trainer of the launch provides: :class:`Task`, whose methods the stages of a run call in turn.
 
-The stages (:mod:`..config` -> :mod:`..validate` -> :mod:`..defaults` -> data -> :mod:`..model` -> :mod:`..probe`
+The stages (:mod:`..config` -> :mod:`..validate` -> :mod:`..defaults` -> data -> :mod:`..model` -> :mod:`..probe_stage`
 -> train -> :mod:`..summary`) hold what every trainer shares (YAML parsing, strict keys and types, output_dir,
 resume, attention choice, atomic checkpoints, SIGTERM stop, multi-process start and exit, the run line); a task
 holds what is its own, one method per stage. This module imports nothing of the launch (the stages import it).

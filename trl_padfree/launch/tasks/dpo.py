@@ -19,9 +19,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trl_padfree.dpo import DPOTrainer
+
 from ..config import ConfigError, DataArguments, HeadLaunchArguments, with_fields
 from ..console import say
-from ..trainer_class import make_launch_trainer
+from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .preference_data import (
     check_one_kind_in_files,
@@ -117,6 +119,10 @@ def tqdm_disabled(disable: bool) -> Iterator[None]:
         yield
     finally:
         os.environ.pop("TQDM_DISABLE", None)
+
+
+class LaunchDPOTrainer(QuietReferencePrecompute, LaunchTrainer, DPOTrainer):
+    """The launch's ``DPOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`, no reference-log-prob bar when quiet)."""
 
 
 def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
@@ -282,10 +288,7 @@ class DPOTask(Task):
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
         """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built)."""
-        from trl_padfree.dpo import DPOTrainer
-
-        return make_launch_trainer(DPOTrainer, cfg, tokenizer, model, data, callbacks, QuietReferencePrecompute,
-                                   ref_model=ref_model, prompt_once=bool(cfg.collator.prompt_once),
+        return make_launch_trainer(LaunchDPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model, prompt_once=bool(cfg.collator.prompt_once),
                                    **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:

@@ -17,12 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trl_padfree.grpo import GRPOTrainer
+
 from ..config import ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
-from ..trainer_class import make_launch_trainer
+from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 
-__all__ = ["TASK", "GRPOTask", "RLArguments", "resolve_reward", "trl_rewards"]
+__all__ = ["TASK", "LaunchGRPOTrainer", "GRPOTask", "RLArguments", "resolve_reward", "trl_rewards"]
 
 
 @dataclass
@@ -177,6 +179,10 @@ def prompt_once(cfg: Any) -> bool:
     return bool(cfg.padding_free) and cfg.attn_implementation in ("padfree", "auto")
 
 
+class LaunchGRPOTrainer(LaunchTrainer, GRPOTrainer):
+    """The launch's ``GRPOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
+
+
 class GRPOTask(Task):
     name = "grpo"
     command = "grpo"
@@ -187,10 +193,7 @@ class GRPOTask(Task):
 
         return GRPOConfig
 
-    def trainer_class(self) -> type:
-        from trl_padfree.grpo import GRPOTrainer
-
-        return GRPOTrainer
+    trainer_class: type = LaunchGRPOTrainer
 
     def argument_classes(self) -> tuple[type, ...]:
         from trl import ModelConfig
@@ -259,7 +262,7 @@ class GRPOTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(self.trainer_class(), cfg, tokenizer, model, data, callbacks,
+        return make_launch_trainer(self.trainer_class, cfg, tokenizer, model, data, callbacks,
                                    reward_funcs=[resolve_reward(name) for name in cfg.collator.reward_funcs],
                                    padding_free=cfg.padding_free, prompt_once=prompt_once(cfg),
                                    **self.trainer_kwargs(cfg))

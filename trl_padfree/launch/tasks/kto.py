@@ -14,9 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trl_padfree.kto import KTOTrainer
+
 from ..config import ConfigError, DataArguments, HeadLaunchArguments
 from ..console import say
-from ..trainer_class import make_launch_trainer
+from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .preference_data import (
     check_one_kind_in_files,
@@ -35,7 +37,7 @@ from .shared import (
     sft_only_fields,
 )
 
-__all__ = ["TASK", "KTOArguments", "KTOTask", "kto_summary"]
+__all__ = ["TASK", "LaunchKTOTrainer", "KTOArguments", "KTOTask", "kto_summary"]
 
 SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree kto trains on prompt/completion/label "
                     "(or prompt/chosen/rejected) records and scores only the completions: remove it")
@@ -158,6 +160,10 @@ def count(dataset: Any, paired: bool) -> tuple[int, int]:
     return good, len(dataset) - good
 
 
+class LaunchKTOTrainer(LaunchTrainer, KTOTrainer):
+    """The launch's ``KTOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
+
+
 class KTOTask(Task):
     name = "kto"
     command = "kto"
@@ -232,9 +238,7 @@ class KTOTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        from trl_padfree.kto import KTOTrainer
-
-        return make_launch_trainer(KTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model,
+        return make_launch_trainer(LaunchKTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model,
                                    prompt_once=bool(cfg.collator.prompt_once), **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:

@@ -15,14 +15,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from trl_padfree.reward import RewardTrainer
+
 from ..config import ConfigError, DataArguments, LaunchArguments, with_fields
 from ..console import say
-from ..trainer_class import make_launch_trainer
+from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .preference_data import check_one_kind_in_files, check_preference_records, tokenized_prompts, value_kind
 from .shared import check_prompt_once, pin_prompt_once, refuse_sft_settings, sft_only_fields
 
-__all__ = ["TASK", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
+__all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
 
 SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree reward trains on prompt/chosen/rejected "
                     "records and scores each whole sequence: remove it")
@@ -119,6 +121,10 @@ class SequenceClassifier:
         return model
 
 
+class LaunchRewardTrainer(LaunchTrainer, RewardTrainer):
+    """The launch's ``RewardTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
+
+
 class RewardTask(Task):
     name = "reward"
     command = "reward"
@@ -205,9 +211,7 @@ class RewardTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        from trl_padfree.reward import RewardTrainer
-
-        return make_launch_trainer(RewardTrainer, cfg, tokenizer, model, data, callbacks,
+        return make_launch_trainer(LaunchRewardTrainer, cfg, tokenizer, model, data, callbacks,
                                    prompt_once=bool(cfg.collator.prompt_once), **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:

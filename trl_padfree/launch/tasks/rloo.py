@@ -3,9 +3,16 @@ TRL's ``RLOOConfig``: the same fields of its own, rewards, data, probe, summary 
 
 from __future__ import annotations
 
+from trl_padfree.rloo import RLOOTrainer
+
+from ..trainer_setup import LaunchTrainer
 from .grpo import GRPOTask
 
-__all__ = ["TASK", "RLOOTask"]
+
+class LaunchRLOOTrainer(LaunchTrainer, RLOOTrainer):
+    """The launch's ``RLOOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
+
+__all__ = ["TASK", "LaunchRLOOTrainer", "RLOOTask"]
 
 
 class RLOOTask(GRPOTask):
@@ -18,10 +25,7 @@ class RLOOTask(GRPOTask):
 
         return RLOOConfig
 
-    def trainer_class(self) -> type:
-        from trl_padfree.rloo import RLOOTrainer
-
-        return RLOOTrainer
+    trainer_class = LaunchRLOOTrainer
 
 
 TASK = RLOOTask()

@@ -1,4 +1,4 @@
-"""``trl-padfree train``: SFT with :class:`trl_padfree.launch.trainer.PadfreeSFTTrainer` and this package's
+"""``trl-padfree train``: SFT with :class:`.sft_trainer.PadfreeSFTTrainer` and this package's
 completion-only collator (padding-free unless ``padding_free: false``).
 
 Its own parts: :class:`~..config.CollatorArguments` (``response_template``, ``instruction_template``) and TRL's
@@ -9,26 +9,20 @@ flattens those labels; the summary's ``max_tokens_per_batch``.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
+from ..atomic_save import AtomicCheckpoints
 from ..config import CollatorArguments, ConfigError, DataArguments, HeadLaunchArguments, with_fields
 from ..console import say
 from .base import Task
+from .sft_trainer import PadfreeSFTTrainer
 
-__all__ = ["TASK", "SFTTask", "launch_sft_trainer", "preview_lines"]
+__all__ = ["TASK", "SFTTask", "LaunchSFTTrainer", "preview_lines"]
 
 
-@functools.cache
-def launch_sft_trainer() -> type:
-    """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`..atomic_save`); made on first
-    use: parsing a config imports no trainer (help and refusals stay fast)."""
-    from ..atomic_save import AtomicCheckpoints
-    from ..trainer import PadfreeSFTTrainer
-
-    return type("LaunchSFTTrainer", (AtomicCheckpoints, PadfreeSFTTrainer), {"__module__": __name__,
-                                                                           "__doc__": launch_sft_trainer.__doc__})
+class LaunchSFTTrainer(AtomicCheckpoints, PadfreeSFTTrainer):
+    """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`..atomic_save`)."""
 
 
 def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
@@ -128,7 +122,7 @@ class SFTTask(Task):
         from .sft_data import training_collator
 
         collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
-        return launch_sft_trainer()(
+        return LaunchSFTTrainer(
             model=model,
             args=cfg.training,
             data_collator=collator,

@@ -1,6 +1,6 @@
 """What several tasks share, and no task owns: SFT-only settings refused by the other trainers, ``prompt_once``'s
 requirements, the reference model and the preference probe of ``dpo`` and ``kto`` (their records:
-:mod:`.preference_data`; the trainer class with the launch's checkpoints is :mod:`..trainer_class`). A task module
+:mod:`.preference_data`; the launch trainers' mixins and construction are in :mod:`..trainer_setup`). A task module
 imports this module, :mod:`.preference_data` and :mod:`.base`, never another task's module (except a variant of it:
 :mod:`.rloo` is :mod:`.grpo` with TRL's other config).
 """

@@ -24,7 +24,7 @@ import torch
 
 from trl_padfree.trainer import SFTTrainer
 
-from .whole_run import WholeRunLog
+from ..whole_run import WholeRunLog
 
 __all__ = ["PadfreeSFTTrainer", "batch_token_counts"]
 
