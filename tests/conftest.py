@@ -5,7 +5,8 @@ run only with ``TRL_PADFREE_SLOW=1``; ``make test`` stays within about ten minut
 runs them after ``make test``.
 
 Shared fixtures: ``tok`` (the tiny byte-level tokenizer, ``trl_padfree.testing``) and ``demo_tokenizer`` (the
-shipped demo model's tokenizer), one per test module. Paths of the checkout (``ROOT``, ``DEMO``, ...) are constants
+shipped demo model's tokenizer), one per test module; ``in_root`` (the test runs in the repository root, where the
+demo configs' relative paths start). Paths of the checkout (``ROOT``, ``DEMO``, ...) are constants
 in ``tests/paths.py``; the tiny Llama's config and model are ``trl_padfree.testing.tiny_llama_config`` /
 ``tiny_llama``.
 """
@@ -45,3 +46,11 @@ def demo_tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(DEMO_MODEL)
+
+
+@pytest.fixture
+def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the test in the repository root: the demo configs name their files relative to it."""
+    from paths import ROOT
+
+    monkeypatch.chdir(ROOT)

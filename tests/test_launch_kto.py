@@ -15,14 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import CONFIGS, DEMO, DEMO_MODEL, ROOT
 from transformers import TrainerCallback
 
 from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
 from trl_padfree.launch import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
-CONFIG = ROOT / "configs" / "demo-kto.yaml"
+CONFIG = CONFIGS / "demo-kto.yaml"
 PREFIX = "trl-padfree kto: error: "
 needs_kto = pytest.mark.skipif(not trl_at_least(MIN_TRL_KTO), reason=f"trl-padfree kto needs trl >= {MIN_TRL_KTO}")
 
@@ -30,7 +29,7 @@ needs_kto = pytest.mark.skipif(not trl_at_least(MIN_TRL_KTO), reason=f"trl-padfr
 def kto_argv(out: Path, *extra: str) -> list[str]:
     return [
         "--config", str(CONFIG),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
         "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
         "--output_dir", str(out),
@@ -197,7 +196,7 @@ def test_preview_shows_the_examples():
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = preview_main(["--config", str(CONFIG), "--model_name_or_path", str(DEMO / "model"), "-n", "2",
+        code = preview_main(["--config", str(CONFIG), "--model_name_or_path", str(DEMO_MODEL), "-n", "2",
                              "--max_train_examples", "4"])
     assert code == 0, err.getvalue()
     lines = out.getvalue().splitlines()
@@ -218,7 +217,7 @@ def test_preview_of_a_kto_config_without_kto_only_keys_takes_task(tmp_path):
     data = _write(tmp_path / "unpaired.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"], "label": True}
                                                 for r in rows])
     config = tmp_path / "kto.yaml"
-    config.write_text(f"model_name_or_path: {DEMO / 'model'}\ntrain_file: {data}\nprompt_once: true\n")
+    config.write_text(f"model_name_or_path: {DEMO_MODEL}\ntrain_file: {data}\nprompt_once: true\n")
 
     def preview(*extra: str) -> tuple[int, str, str]:
         out, err = io.StringIO(), io.StringIO()

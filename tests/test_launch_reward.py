@@ -16,20 +16,19 @@ import typing
 from pathlib import Path
 
 import pytest
+from paths import CONFIGS, DEMO, DEMO_MODEL, ROOT
 from transformers import TrainerCallback
 
 from trl_padfree.launch import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
-CONFIG = ROOT / "configs" / "demo-reward.yaml"
+CONFIG = CONFIGS / "demo-reward.yaml"
 PREFIX = "trl-padfree reward: error: "
 
 
 def reward_argv(out: Path, *extra: str) -> list[str]:
     return [
         "--config", str(CONFIG),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
         "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
         "--output_dir", str(out),
@@ -164,18 +163,16 @@ def test_margins_reach_the_loss(tmp_path):
     assert losses["margin"] > losses["plain"] + 1.0  # -logsigmoid(d - 3) against -logsigmoid(d), d near 0
 
 
-def test_preview_shows_the_pair_layout():
-    from transformers import AutoTokenizer
-
+def test_preview_shows_the_pair_layout(demo_tokenizer):
     from trl_padfree.launch.preview import main as preview_main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = preview_main(["--config", str(CONFIG), "--model_name_or_path", str(DEMO / "model"), "-n", "1",
+        code = preview_main(["--config", str(CONFIG), "--model_name_or_path", str(DEMO_MODEL), "-n", "1",
                              "--max_train_examples", "4"])
     assert code == 0, err.getvalue()
     lines = out.getvalue().splitlines()
-    tok = AutoTokenizer.from_pretrained(DEMO / "model")
+    tok = demo_tokenizer
     first = json.loads((DEMO / "data" / "pref_train.jsonl").read_text().splitlines()[0])
     chosen = tok(first["prompt"] + first["chosen"] + tok.eos_token)["input_ids"]
     rejected = tok(first["prompt"] + first["rejected"] + tok.eos_token)["input_ids"]

@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from paths import CONFIGS, DEMO, DEMO_MODEL, ROOT
+from tiny_models import FALCON, MPT, save_tiny_model
 
 from trl_padfree._compat import transformers_at_least
 from trl_padfree.launch import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 STEPS = 6
 MAX_LENGTH = 96
 
@@ -39,8 +39,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def train_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
     return [
-        "--config", str(ROOT / "configs" / "demo.yaml"),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--config", str(CONFIGS / "demo.yaml"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(data_dir / "train.jsonl"),
         "--eval_file", str(data_dir / "eval.jsonl"),
         "--output_dir", str(output_dir),
@@ -181,27 +181,10 @@ def test_ctrl_c_asks_for_a_checkpoint_then_aborts_on_the_second():
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
 
 
-def _tiny_model_dir(tmp_path: Path, model_type: str, **sizes: int) -> Path:
-    """A tiny random model of ``model_type`` with the demo tokenizer, saved like a checkpoint."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path / model_type
-    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
-    config = AutoConfig.for_model(
-        model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def test_auto_falls_back_when_the_model_cannot_load_with_padfree(data_dir, tmp_path, capsys):
+def test_auto_falls_back_when_the_model_cannot_load_with_padfree(data_dir, tmp_path, capsys, demo_tokenizer):
     """transformers builds Falcon's attention from its own table, which has no "padfree" (KeyError at load):
     auto loads it with its default attention (sdpa), the probe finds that safe, and training runs."""
-    model = _tiny_model_dir(tmp_path, "falcon", hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+    model = save_tiny_model(tmp_path / "falcon", "falcon", FALCON, demo_tokenizer)
     out = tmp_path / "out"
     argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2", "--eval_strategy", "no")
     safe = transformers_at_least("5.24")  # before 5.24 falcon's sdpa mask ignores position_ids: the probe stops it
@@ -216,9 +199,10 @@ def test_auto_falls_back_when_the_model_cannot_load_with_padfree(data_dir, tmp_p
     assert json.loads((out / "launch_summary.json").read_text())["attn_implementation"] == "sdpa"
 
 
-def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stops_it(data_dir, tmp_path, capsys):
+def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stops_it(data_dir, tmp_path, capsys,
+                                                                                     demo_tokenizer):
     """MPT computes attention itself: auto falls back to its default (eager), which leaks; nothing is trained."""
-    model = _tiny_model_dir(tmp_path, "mpt", d_model=32, n_heads=2, n_layers=1, max_seq_len=128)
+    model = save_tiny_model(tmp_path / "mpt", "mpt", MPT, demo_tokenizer)
     capsys.readouterr()
     out = tmp_path / "out"
     assert main(train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2")) == 2
@@ -232,8 +216,9 @@ def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stop
     assert not out.exists()
 
 
-def test_explicit_padfree_on_a_model_that_cannot_be_built_with_it_names_the_fix(data_dir, tmp_path, capsys):
-    model = _tiny_model_dir(tmp_path, "falcon", hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+def test_explicit_padfree_on_a_model_that_cannot_be_built_with_it_names_the_fix(data_dir, tmp_path, capsys,
+                                                                               demo_tokenizer):
+    model = save_tiny_model(tmp_path / "falcon", "falcon", FALCON, demo_tokenizer)
     capsys.readouterr()
     out = tmp_path / "out"
     argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--attn_implementation", "padfree")
