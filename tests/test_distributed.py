@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from paths import DEMO, ROOT
+from two_ranks import free_port
 
 N_TRAIN, BATCH, STEPS = 32, 4, 2
 TIMEOUT = 240  # seconds for a whole 2-rank run (loaded machine); a hang is caught here
@@ -50,16 +51,6 @@ def train_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-
-
-def free_port() -> str:
-    """A free TCP port: accelerate's launcher otherwise uses 29500, and two runs at once (a test suite next to
-    another job) would meet at the same rendezvous and wait for each other."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def accelerate_launch(config: Path = ROOT / "configs" / "accelerate" / "cpu-ddp.yaml") -> list[str]:
