@@ -2,19 +2,12 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
+from launch_runs import write_jsonl
 from paths import DEMO_MODEL
 
 from trl_padfree.launch import ConfigError, load_config
 from trl_padfree.launch.sft_data import make_formatter, prepare_data
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def prepare(tokenizer, argv: list[str]):

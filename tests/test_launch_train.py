@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from launch_runs import log_history, losses, write_jsonl
 from paths import CONFIGS, DEMO, DEMO_MODEL, ROOT
 from tiny_models import FALCON, MPT, save_tiny_model
 
@@ -31,7 +32,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     short = [r for r in records if len(r["instruction"]) + len(r["output"]) < 160][:40]
     long_question = {"instruction": "Copy the text exactly: " + "red blue green " * 60, "output": "red blue green"}
     rows = short[:20] + [long_question] + short[20:]
-    (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_jsonl(out / "train.jsonl", rows)
     eval_lines = (DEMO / "data" / "eval.jsonl").read_text(encoding="utf-8").splitlines()[:8]
     (out / "eval.jsonl").write_text("\n".join(eval_lines) + "\n", encoding="utf-8")
     return out
@@ -55,11 +56,6 @@ def train_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
         "--eval_on_start", "false",
         *extra,
     ]  # fmt: skip
-
-
-def losses(output_dir: Path) -> dict[int, float]:
-    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
-    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +91,7 @@ def test_run_trains_saves_and_summarises(full_run):
 
 def test_logs_have_loss_tokens_per_second_and_padding_share(full_run):
     out, _ = full_run
-    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    history = log_history(out)
     train_logs = [e for e in history if "loss" in e]
     assert [e["step"] for e in train_logs] == list(range(1, STEPS + 1))
     for entry in train_logs:

@@ -7,21 +7,16 @@ must end as ``<split> record <index> (counting from 0): <cause>; <fix>`` on one 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
+from launch_runs import write_jsonl
 from paths import DEMO
 
 from trl_padfree import cli
 
 QUESTION = "### Question: {instruction}\n### Answer: {output}"
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def chat(*turns: tuple[str, str], **extra) -> dict:
