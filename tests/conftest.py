@@ -6,7 +6,8 @@ runs them after ``make test``.
 
 Shared fixtures: ``tok`` (the tiny byte-level tokenizer, ``trl_padfree.testing``) and ``demo_tokenizer`` (the
 shipped demo model's tokenizer), one per test module; ``in_root`` (the test runs in the repository root, where the
-demo configs' relative paths start). Paths of the checkout (``ROOT``, ``DEMO``, ...) are constants
+demo configs' relative paths start); ``flash_attention_2_on_cpu`` (transformers' flash_attention_2 path with a
+recording reference kernel, ``tests/flash_attention_cpu.py``). Paths of the checkout (``ROOT``, ``DEMO``, ...) are constants
 in ``tests/paths.py``; the tiny Llama's config and model are ``trl_padfree.testing.tiny_llama_config`` /
 ``tiny_llama``.
 """
@@ -54,3 +55,12 @@ def in_root(monkeypatch: pytest.MonkeyPatch) -> None:
     from paths import ROOT
 
     monkeypatch.chdir(ROOT)
+
+
+@pytest.fixture
+def flash_attention_2_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list:
+    """transformers' real flash_attention_2 dispatch with flash-attn's varlen kernel replaced by a plain-PyTorch
+    reference (``tests/flash_attention_cpu.py``); the list of the kernel's calls."""
+    from flash_attention_cpu import use_reference_varlen
+
+    return use_reference_varlen(monkeypatch)

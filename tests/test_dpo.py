@@ -23,7 +23,6 @@ from layout_runs import (
     register_leaky_attention,
     train_layouts,
 )
-from test_fa_contract import flash_attention_2_on_cpu  # noqa: F401  (fixture)
 
 from trl_padfree import DataCollatorForPreference, DPOTrainer
 from trl_padfree._compat import dpo_padding_free_unavailable
@@ -228,8 +227,8 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
     assert a == b
 
 
-def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flash_attention_2_on_cpu):  # noqa: F811
-    """transformers' own flash_attention_2 dispatch (kernel replaced by the reference varlen of test_fa_contract)
+def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flash_attention_2_on_cpu):
+    """transformers' own flash_attention_2 dispatch (kernel replaced by the reference varlen of tests/flash_attention_cpu.py)
     consumes the preference row's boundaries: loss and every gradient as TRL's padded batch under sdpa."""
     tok, data = T.tokenizer(), T.pairs(8)
     results = {}

@@ -20,7 +20,6 @@ if rl_padding_free_unavailable():
     pytest.skip(rl_padding_free_unavailable(), allow_module_level=True)
 
 from layout_runs import LAYOUTS, step_logs
-from test_fa_contract import flash_attention_2_on_cpu, reference_varlen  # noqa: F401  (a fixture)
 from tiny_rl import METRIC_RTOL, RTOL, compare, grpo_loss_types, tokenizer, trainer
 from transformers import AttentionInterface, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -223,14 +222,13 @@ def test_two_ddp_ranks_match_trl(tmp_path):
             _assert_exact(compare(runs[layout], runs["padded"]))
 
 
-@pytest.mark.usefixtures("flash_attention_2_on_cpu")
-def test_flash_attention_2_path_matches_trl(tmp_path):
+def test_flash_attention_2_path_matches_trl(tmp_path, flash_attention_2_on_cpu):
     """The packed forwards through transformers' real flash_attention_2 dispatch (flash-attn's varlen kernel replaced
-    by tests/test_fa_contract.py's reference, which records every call): TRL's padded run on sdpa is matched, and
+    by tests/flash_attention_cpu.py's reference, which records every call): TRL's padded run on sdpa is matched, and
     every attention call got the packed row's cu_seq_lens (no inference from position_ids, no padded path).
     Generation stays on "padfree" (flash-attn's padded path is not available on a CPU); no activation checkpointing
     (its recomputation in the backward would run outside the switch to flash_attention_2)."""
-    calls = reference_varlen.calls
+    calls = flash_attention_2_on_cpu
     padded = trainer("grpo", "padded", str(tmp_path / "padded"), loss_type="bnpo", activation_checkpointing=False)
     padded.train()
     fa2 = trainer("grpo", "padfree", str(tmp_path / "fa2"), loss_type="bnpo", activation_checkpointing=False)
