@@ -42,6 +42,31 @@ def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: s
     assert not out.exists()  # nothing written
 
 
+def assert_config_typo_named(task: str, argv: list[str], out: Path, key: str, typo: str) -> None:
+    """``argv``'s config file (``argv[1]``) with ``key`` misspelt ``typo`` is refused in one line that names both,
+    before anything is written to ``out``."""
+    config = out.parent / "typo.yaml"
+    config.write_text(Path(argv[1]).read_text(encoding="utf-8").replace(f"{key}:", f"{typo}:"), encoding="utf-8")
+    code, _, stderr = run_launch([argv[0], str(config), *argv[2:]], task)
+    assert code == 2 and not out.exists()
+    assert stderr.strip() == f"trl-padfree {task}: error: unknown key '{typo}' in {config}; did you mean '{key}'?"
+
+
+def demo_pairs_argv(config: Path, out: Path, *extra: str) -> list[str]:
+    """``config`` (``argv[1]``) on the demo model and preference pairs, into ``out``: 4 steps on 32 training pairs,
+    logged and evaluated on 8 eval pairs every 2 steps; ``extra`` last."""
+    return [
+        "--config", str(config),
+        "--model_name_or_path", str(DEMO / "model"),
+        "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
+        "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
+        "--output_dir", str(out),
+        "--max_steps", "4", "--max_train_examples", "32", "--max_eval_examples", "8",
+        "--logging_steps", "2", "--eval_steps", "2",
+        *extra,
+    ]  # fmt: skip
+
+
 def run_preview(argv: list[str]) -> tuple[int, str, str]:
     """``trl-padfree preview ARGV`` in this process: (exit code, stdout, stderr)."""
     from trl_padfree.launch.preview import main as preview_main

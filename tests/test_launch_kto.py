@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from launch_runs import (
     HeadSeen,
+    assert_config_typo_named,
     assert_make_demo_runs_the_readme_command,
     assert_refused_in_one_line,
+    demo_pairs_argv,
     demo_records,
     log_history,
     run_command,
@@ -21,7 +23,7 @@ from launch_runs import (
     unranged_numeric_fields,
     write_jsonl,
 )
-from paths import CONFIGS, DEMO, DEMO_MODEL
+from paths import CONFIGS, DEMO_MODEL
 
 from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
 
@@ -31,16 +33,7 @@ needs_kto = pytest.mark.skipif(not trl_at_least(MIN_TRL_KTO), reason=f"trl-padfr
 
 
 def kto_argv(out: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(CONFIG),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
-        "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
-        "--output_dir", str(out),
-        "--max_steps", "4", "--max_train_examples", "32", "--max_eval_examples", "8",
-        "--per_device_train_batch_size", "4", "--logging_steps", "2", "--eval_steps", "2",
-        *extra,
-    ]  # fmt: skip
+    return demo_pairs_argv(CONFIG, out, "--per_device_train_batch_size", "4", *extra)
 
 
 def quick(out: Path, *extra: str) -> list[str]:
@@ -144,15 +137,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
 
 def test_a_typo_in_the_config_file_names_the_key(tmp_path):
     """Parsing comes first: the same line on every supported TRL."""
-    config = tmp_path / "typo.yaml"
-    config.write_text(CONFIG.read_text(encoding="utf-8").replace("undesirable_weight:", "undesirable_weigth:"),
-                      encoding="utf-8")
-    argv = kto_argv(tmp_path / "out")
-    argv[1] = str(config)
-    code, _, stderr = run(argv)
-    assert code == 2 and not (tmp_path / "out").exists()
-    assert stderr.strip() == (f"{PREFIX}unknown key 'undesirable_weigth' in {config}; did you mean "
-                              "'undesirable_weight'?")
+    out = tmp_path / "out"
+    assert_config_typo_named("kto", kto_argv(out), out, "undesirable_weight", "undesirable_weigth")
 
 
 @pytest.mark.skipif(trl_at_least(MIN_TRL_KTO), reason="the refusal below trl 1.16 (make test-lowest)")

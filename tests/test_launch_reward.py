@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 from launch_runs import (
+    assert_config_typo_named,
     assert_make_demo_runs_the_readme_command,
     assert_refused_in_one_line,
+    demo_pairs_argv,
     demo_records,
     log_history,
     losses,
@@ -20,7 +22,7 @@ from launch_runs import (
     unranged_numeric_fields,
     write_jsonl,
 )
-from paths import CONFIGS, DEMO, DEMO_MODEL
+from paths import CONFIGS, DEMO_MODEL
 from transformers import TrainerCallback
 
 CONFIG = CONFIGS / "demo-reward.yaml"
@@ -28,16 +30,7 @@ PREFIX = "trl-padfree reward: error: "
 
 
 def reward_argv(out: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(CONFIG),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
-        "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
-        "--output_dir", str(out),
-        "--max_steps", "4", "--max_train_examples", "32", "--max_eval_examples", "8",
-        "--logging_steps", "2", "--eval_steps", "2",
-        *extra,
-    ]  # fmt: skip
+    return demo_pairs_argv(CONFIG, out, *extra)
 
 
 def run(argv: list[str], callbacks=()) -> tuple[int, str, str]:
@@ -110,15 +103,8 @@ def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
 
 
 def test_a_typo_in_the_config_file_names_the_key(tmp_path):
-    config = tmp_path / "typo.yaml"
-    config.write_text(CONFIG.read_text(encoding="utf-8").replace("center_rewards_coefficient:",
-                                                                 "center_reward_coefficient:"), encoding="utf-8")
-    argv = reward_argv(tmp_path / "out")
-    argv[1] = str(config)
-    code, _, stderr = run(argv)
-    assert code == 2 and not (tmp_path / "out").exists()
-    assert stderr.strip() == (f"{PREFIX}unknown key 'center_reward_coefficient' in {config}; did you mean "
-                              "'center_rewards_coefficient'?")
+    out = tmp_path / "out"
+    assert_config_typo_named("reward", reward_argv(out), out, "center_rewards_coefficient", "center_reward_coefficient")
 
 
 def test_bad_records_are_named(tmp_path):
