@@ -17,7 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from paths import DEMO, ROOT
+from paths import DEMO, DEMO_MODEL, ROOT
 from transformers import TrainerCallback
 from two_ranks import free_port
 
@@ -57,7 +57,7 @@ def demo_pairs_argv(config: Path, out: Path, *extra: str) -> list[str]:
     logged and evaluated on 8 eval pairs every 2 steps; ``extra`` last."""
     return [
         "--config", str(config),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
         "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
         "--output_dir", str(out),

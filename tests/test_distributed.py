@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from paths import DEMO, ROOT
+from paths import DEMO, DEMO_MODEL, ROOT
 from two_ranks import free_port
 
 N_TRAIN, BATCH, STEPS = 32, 4, 2
@@ -41,7 +41,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def train_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
     return [
         "--config", str(data_dir / "config.yaml"),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(data_dir / "train.jsonl"),
         "--output_dir", str(out), "--max_steps", str(STEPS), "--max_length", "96",
         "--per_device_train_batch_size", str(BATCH), "--logging_steps", "1", "--warmup_steps", "0",
@@ -218,5 +218,5 @@ def test_deepspeed_zero3_on_two_cpu_ranks(data_dir, tmp_path):
     assert summary["world_size"] == 2 and summary["distributed_type"] == "DEEPSPEED" and summary["global_step"] == 2
     from safetensors.torch import load_file
 
-    saved, demo = load_file(str(out / "model.safetensors")), load_file(str(DEMO / "model" / "model.safetensors"))
+    saved, demo = load_file(str(out / "model.safetensors")), load_file(str(DEMO_MODEL / "model.safetensors"))
     assert saved.keys() == demo.keys() and all(saved[k].shape == demo[k].shape for k in demo)  # gathered, not shards
