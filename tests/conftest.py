@@ -7,9 +7,15 @@ runs them after ``make test``.
 Shared fixtures: ``tok`` (the tiny byte-level tokenizer, ``trl_padfree.testing``) and ``demo_tokenizer`` (the
 shipped demo model's tokenizer), one per test module; ``in_root`` (the test runs in the repository root, where the
 demo configs' relative paths start); ``flash_attention_2_on_cpu`` (transformers' flash_attention_2 path with a
-recording reference kernel, ``tests/flash_attention_cpu.py``). Paths of the checkout (``ROOT``, ``DEMO``, ...) are constants
-in ``tests/paths.py``; the tiny Llama's config and model are ``trl_padfree.testing.tiny_llama_config`` /
+recording reference kernel, ``tests/flash_attention_cpu.py``). Paths of the checkout (``ROOT``, ``DEMO``, ...) are
+constants in ``tests/paths.py``; the tiny Llama's config and model are ``trl_padfree.testing.tiny_llama_config`` /
 ``tiny_llama``.
+
+Helper modules, each named by what it holds: ``tiny_models.py`` (other families' tiny configs and checkpoints),
+``tiny_sft.py`` / ``tiny_dpo.py`` / ``tiny_kto.py`` / ``tiny_reward.py`` / ``tiny_rl.py`` (each trainer's tiny
+set-up), ``layout_runs.py`` (training in the padded, padding-free and prompt-once layouts and comparing the runs),
+``two_ranks.py`` (the ``ddp_*.py`` scripts under torchrun), ``launch_runs.py`` (running the launch and the preview
+from a test), ``launch_hooks.py`` (faults a launch run can be given), ``real_cases.py`` (the real-tokenizer cases).
 """
 
 from __future__ import annotations
