@@ -1,7 +1,7 @@
 """Running the launch (``trl-padfree train``, ``dpo``, ``grpo``, ...) from the tests: in this process with its
 output captured (``run_launch``, ``run_preview``), as the command in a subprocess, alone or on 2 ranks
 (``run_command``), what a run leaves (``log_history``, ``losses``), and the demo's records (``demo_records``,
-``write_jsonl``). Faults a run can be given (SIGTERM at a step, ...) are in tests/launch_hooks.py."""
+``write_short_demo_records``, ``write_jsonl``). Faults a run can be given (SIGTERM at a step, ...) are in tests/launch_hooks.py."""
 
 from __future__ import annotations
 
@@ -103,6 +103,14 @@ def demo_records(name: str, n: int | None = None) -> list[dict]:
     """The first ``n`` (all) records of the demo's ``data/NAME``."""
     lines = (DEMO / "data" / name).read_text(encoding="utf-8").splitlines()
     return [json.loads(line) for line in lines[:n]]
+
+
+def write_short_demo_records(path: Path, name: str, n: int, shorter_than: int) -> Path:
+    """The first ``n`` records of the demo's ``data/NAME`` whose line is shorter than ``shorter_than`` characters,
+    written to ``path`` line for line."""
+    lines = (DEMO / "data" / name).read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join([line for line in lines if len(line) < shorter_than][:n]) + "\n", encoding="utf-8")
+    return path
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:

@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
-from paths import DEMO, DEMO_MODEL, ROOT
+from launch_runs import write_short_demo_records
+from paths import DEMO_MODEL, ROOT
 from two_ranks import free_port
 
 N_TRAIN, BATCH, STEPS = 32, 4, 2
@@ -28,9 +29,7 @@ FIND_UNUSED_WARNING = "find_unused_parameters=True was specified in DDP construc
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("distributed-data")
-    lines = (DEMO / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()
-    short = [line for line in lines if len(line) < 220][:N_TRAIN]
-    (out / "train.jsonl").write_text("\n".join(short) + "\n", encoding="utf-8")
+    write_short_demo_records(out / "train.jsonl", "train.jsonl", N_TRAIN, shorter_than=220)
     # the demo config without its eval data
     config = [line for line in (ROOT / "configs" / "demo.yaml").read_text(encoding="utf-8").splitlines()
               if not line.startswith(("eval_file:", "eval_strategy:", "eval_steps:", "eval_on_start:"))]

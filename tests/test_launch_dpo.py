@@ -17,8 +17,9 @@ from launch_runs import (
     run_launch,
     run_preview,
     write_jsonl,
+    write_short_demo_records,
 )
-from paths import CONFIGS, DEMO, DEMO_MODEL
+from paths import CONFIGS, DEMO_MODEL
 
 from trl_padfree._compat import dpo_padding_free_unavailable
 
@@ -34,11 +35,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def write_preference_data(out: Path) -> Path:
     """Tiny preference data in ``out`` (48 short training pairs, 16 eval pairs of the demo's); returns ``out``."""
-    train = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
-    short = [line for line in train if len(line) < 400][:48]
-    (out / "train.jsonl").write_text("\n".join(short) + "\n", encoding="utf-8")
-    evals = (DEMO / "data" / "pref_eval.jsonl").read_text(encoding="utf-8").splitlines()
-    (out / "eval.jsonl").write_text("\n".join([e for e in evals if len(e) < 400][:16]) + "\n", encoding="utf-8")
+    write_short_demo_records(out / "train.jsonl", "pref_train.jsonl", 48, shorter_than=400)
+    write_short_demo_records(out / "eval.jsonl", "pref_eval.jsonl", 16, shorter_than=400)
     return out
 
 

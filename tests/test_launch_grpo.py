@@ -13,8 +13,15 @@ from pathlib import Path
 
 import pytest
 from launch_hooks import SigtermAtStep
-from launch_runs import assert_refused_in_one_line, log_history, run_command, run_launch, run_preview
-from paths import CONFIGS, DEMO, DEMO_MODEL, PACKAGE
+from launch_runs import (
+    assert_refused_in_one_line,
+    log_history,
+    run_command,
+    run_launch,
+    run_preview,
+    write_short_demo_records,
+)
+from paths import CONFIGS, DEMO_MODEL, PACKAGE
 
 from trl_padfree._compat import rl_padding_free_unavailable
 
@@ -26,10 +33,8 @@ needs_rl = pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """32 short prompts (with their answers, ``chosen``) of the demo's preference data."""
-    lines = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
-    path = tmp_path_factory.mktemp("grpo-data") / "prompts.jsonl"
-    path.write_text("\n".join([line for line in lines if len(line) < 300][:32]) + "\n", encoding="utf-8")
-    return path
+    return write_short_demo_records(tmp_path_factory.mktemp("grpo-data") / "prompts.jsonl", "pref_train.jsonl", 32,
+                                    shorter_than=300)
 
 
 def grpo_argv(prompts: Path, out: Path, *extra: str) -> list[str]:

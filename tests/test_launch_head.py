@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_runs import HeadSeen, run_launch
+from launch_runs import HeadSeen, run_launch, write_short_demo_records
 from paths import CONFIGS, DEMO, DEMO_MODEL
 
 from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
@@ -31,10 +31,8 @@ def argv(task: str, data: Path, out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lines = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
-    path = tmp_path_factory.mktemp("head-data") / "prompts.jsonl"
-    path.write_text("\n".join([line for line in lines if len(line) < 300][:8]) + "\n", encoding="utf-8")
-    return path
+    return write_short_demo_records(tmp_path_factory.mktemp("head-data") / "prompts.jsonl", "pref_train.jsonl", 8,
+                                    shorter_than=300)
 
 
 UNAVAILABLE = {"sft": None, "dpo": dpo_padding_free_unavailable(), "grpo": rl_padding_free_unavailable()}
