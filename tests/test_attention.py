@@ -7,14 +7,12 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import decoder_config
 from transformers import (
     AttentionInterface,
     AutoModelForCausalLM,
     DataCollatorWithFlattening,
     Gemma2Config,
-    LlamaConfig,
-    MistralConfig,
-    Qwen2Config,
 )
 from transformers.masking_utils import (
     ALL_MASK_ATTENTION_FUNCTIONS,
@@ -43,7 +41,9 @@ SLIDING_WINDOW = 8
 
 
 def tiny_config(kind: str):
-    common = dict(
+    return decoder_config(
+        kind,
+        sliding_window=SLIDING_WINDOW,
         vocab_size=VOCAB,
         hidden_size=64,
         intermediate_size=96,
@@ -55,16 +55,6 @@ def tiny_config(kind: str):
         eos_token_id=1,
         bos_token_id=2,
     )
-    if kind == "llama":
-        return LlamaConfig(**common)
-    if kind == "mistral":
-        return MistralConfig(**common, sliding_window=SLIDING_WINDOW)
-    if kind == "qwen2":
-        # One full-attention layer then one sliding-window layer: both mask kinds in one model.
-        return Qwen2Config(
-            **common, use_sliding_window=True, sliding_window=SLIDING_WINDOW, max_window_layers=1
-        )
-    raise ValueError(kind)
 
 
 def make_models(kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:

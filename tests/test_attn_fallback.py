@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from tiny_models import FALCON, MPT, save_tiny_model
 
 from trl_padfree._compat import transformers_at_least
 from trl_padfree.attn_fallback import ModelLoadError, load_with_fallback
@@ -14,13 +11,6 @@ from trl_padfree.check import main as check_main
 from trl_padfree.testing import tiny_llama
 
 CPU32 = ["--dtype", "float32", "--device", "cpu"]
-
-
-def _saved(tmp_path: Path, model_type: str, **sizes: int) -> str:
-    out = tmp_path / model_type
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, vocab_size=64, **sizes)).save_pretrained(out)
-    return str(out)
 
 
 def _recording(results: dict[str | None, object]):  # noqa: ANN202
@@ -78,7 +68,7 @@ def test_a_failing_second_load_is_a_model_load_error_with_its_own_reason() -> No
 
 
 def test_check_auto_falls_back_for_a_model_that_cannot_be_built_with_padfree(tmp_path, capsys) -> None:  # noqa: ANN001
-    falcon = _saved(tmp_path, "falcon", hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+    falcon = str(save_tiny_model(tmp_path / "falcon", "falcon", FALCON))
     safe = transformers_at_least("5.24")  # before 5.24 falcon's sdpa mask ignores position_ids: packed examples leak
     assert check_main(["--model", falcon, *CPU32]) == (0 if safe else 1)
     out = capsys.readouterr().out
@@ -87,7 +77,7 @@ def test_check_auto_falls_back_for_a_model_that_cannot_be_built_with_padfree(tmp
 
 
 def test_check_auto_falls_back_for_a_model_that_never_calls_padfree(tmp_path, capsys) -> None:  # noqa: ANN001
-    mpt = _saved(tmp_path, "mpt", d_model=32, n_heads=2, n_layers=1, max_seq_len=128)
+    mpt = str(save_tiny_model(tmp_path / "mpt", "mpt", MPT))
     assert check_main(["--model", mpt, *CPU32]) == 1  # its default attention (eager) lets packed examples mix
     out = capsys.readouterr().out
     assert f"note: {mpt} cannot use 'padfree' (its attention code does not go through transformers' " in out

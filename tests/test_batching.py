@@ -216,16 +216,15 @@ def test_launch_max_tokens_per_batch(tmp_path):
     """trl-padfree train --max_tokens_per_batch N: every optimizer step trains at most N real tokens (one batch
     per step here), the run records the setting."""
     import json
-    from pathlib import Path
+
+    from paths import CONFIGS, DEMO, DEMO_MODEL
 
     from trl_padfree.launch import main
 
-    root = Path(__file__).resolve().parent.parent
-    demo = root / "trl_padfree" / "demo"
     (tmp_path / "train.jsonl").write_text(
-        "\n".join((demo / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:60]) + "\n")
+        "\n".join((DEMO / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()[:60]) + "\n")
     out = tmp_path / "out"
-    code = main(["--config", str(root / "configs" / "demo.yaml"), "--model_name_or_path", str(demo / "model"),
+    code = main(["--config", str(CONFIGS / "demo.yaml"), "--model_name_or_path", str(DEMO_MODEL),
                  "--train_file", str(tmp_path / "train.jsonl"), "--output_dir", str(out), "--max_steps", "4",
                  "--eval_strategy", "no", "--eval_on_start", "false", "--logging_steps", "1",
                  "--max_tokens_per_batch", "600", "--check_packing", "false"])

@@ -144,7 +144,7 @@ def test_ctrl_c_under_torchrun_is_documented_with_the_quiet_alternative():
 def test_two_ranks_on_a_cpu_only_machine_pick_use_cpu_themselves(tmp_path):
     """A config without ``use_cpu``, two ranks, no GPU: the launch sets ``use_cpu: true`` (one DDP run over gloo)
     and says so, instead of refusing the run because the ranks did not join one process group."""
-    from test_distributed import free_port
+    from two_ranks import free_port
 
     config = tmp_path / "no-use-cpu.yaml"
     text = (ROOT / "configs" / "demo.yaml").read_text(encoding="utf-8")

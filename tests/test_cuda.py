@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig
+from tiny_models import decoder_config
+from transformers import AutoModelForCausalLM
 
 import trl_padfree.attention as attention
 from trl_padfree.attention_backends import select_backend
@@ -24,7 +25,9 @@ WINDOW = 48  # Mistral: shorter than most examples
 
 
 def model_config(kind: str):
-    common = dict(
+    return decoder_config(
+        kind,
+        sliding_window=WINDOW,
         vocab_size=VOCAB,
         hidden_size=256,
         intermediate_size=512,
@@ -34,9 +37,6 @@ def model_config(kind: str):
         max_position_embeddings=512,
         pad_token_id=0,
     )
-    if kind == "llama":
-        return LlamaConfig(**common)
-    return MistralConfig(**common, sliding_window=WINDOW)
 
 
 def batches(device: str) -> tuple[dict, dict]:

@@ -20,11 +20,10 @@ import numpy as np
 import pytest
 import torch
 from datasets import load_dataset
-from paths import DEMO, ROOT
+from paths import DEMO, DEMO_MODEL, ROOT
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedTokenizerFast
 
-MODEL_DIR = DEMO / "model"
 DATA_DIR = DEMO / "data"
 SCRIPT = ROOT / "scripts" / "make_demo_assets.py"
 DATA_FILES = ("train.jsonl", "eval.jsonl", "chat_train.jsonl", "chat_eval.jsonl")
@@ -42,11 +41,6 @@ gen = _load_generator()
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> PreTrainedTokenizerFast:
-    return AutoTokenizer.from_pretrained(MODEL_DIR)
-
-
-@pytest.fixture(scope="module")
 def demo_data():
     return load_dataset(
         "json", data_files={"train": str(DATA_DIR / "train.jsonl"), "eval": str(DATA_DIR / "eval.jsonl")}
@@ -54,30 +48,30 @@ def demo_data():
 
 
 @pytest.fixture(scope="module")
-def train_lengths(tokenizer, demo_data) -> np.ndarray:
+def train_lengths(demo_tokenizer, demo_data) -> np.ndarray:
     """Token count of every formatted training example, EOS included (what the trainer sees)."""
     texts = [gen.format_example(row) for row in demo_data["train"]]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    ids = demo_tokenizer(texts, add_special_tokens=False)["input_ids"]
     return np.array([len(x) + 1 for x in ids])
 
 
-def test_tokenizer_special_tokens(tokenizer) -> None:
-    assert isinstance(tokenizer, PreTrainedTokenizerFast)
-    assert len(tokenizer) == gen.VOCAB_SIZE
-    assert (tokenizer.pad_token, tokenizer.bos_token, tokenizer.eos_token) == (gen.PAD, gen.BOS, gen.EOS)
-    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id) == (0, 1, 2)
-    assert tokenizer.padding_side == "right"
+def test_tokenizer_special_tokens(demo_tokenizer) -> None:
+    assert isinstance(demo_tokenizer, PreTrainedTokenizerFast)
+    assert len(demo_tokenizer) == gen.VOCAB_SIZE
+    assert (demo_tokenizer.pad_token, demo_tokenizer.bos_token, demo_tokenizer.eos_token) == (gen.PAD, gen.BOS, gen.EOS)
+    assert (demo_tokenizer.pad_token_id, demo_tokenizer.bos_token_id, demo_tokenizer.eos_token_id) == (0, 1, 2)
+    assert demo_tokenizer.padding_side == "right"
     # no special token is added implicitly: the trainer appends EOS itself, and templates match in context
-    assert tokenizer("cat dog")["input_ids"] == tokenizer("cat dog", add_special_tokens=False)["input_ids"]
-    assert tokenizer.convert_ids_to_tokens(tokenizer("### Answer:")["input_ids"]) == ["###", "ĠAnswer", ":"]
+    assert demo_tokenizer("cat dog")["input_ids"] == demo_tokenizer("cat dog", add_special_tokens=False)["input_ids"]
+    assert demo_tokenizer.convert_ids_to_tokens(demo_tokenizer("### Answer:")["input_ids"]) == ["###", "ĠAnswer", ":"]
 
 
-def test_tokenizer_round_trips_demo_text(tokenizer, demo_data) -> None:
+def test_tokenizer_round_trips_demo_text(demo_tokenizer, demo_data) -> None:
     texts = [gen.format_example(row) for split in ("train", "eval") for row in demo_data[split]]
     texts += ["Ünïcode and émoji 🙂 are byte-level: nothing is unknown.\n\ttabs too"]
-    encoded = tokenizer(texts)["input_ids"]
-    assert [tokenizer.decode(ids) for ids in encoded] == texts
-    eos = tokenizer.decode(tokenizer(texts[0] + gen.EOS)["input_ids"])
+    encoded = demo_tokenizer(texts)["input_ids"]
+    assert [demo_tokenizer.decode(ids) for ids in encoded] == texts
+    eos = demo_tokenizer.decode(demo_tokenizer(texts[0] + gen.EOS)["input_ids"])
     assert eos == texts[0] + gen.EOS
 
 
@@ -151,14 +145,14 @@ def test_answers_are_correct(demo_data) -> None:
         assert len(set(tasks)) == 14, sorted(set(tasks))
 
 
-def test_template_occurs_in_every_formatted_example(tokenizer, demo_data) -> None:
-    response_ids = tokenizer(gen.RESPONSE_TEMPLATE, add_special_tokens=False)["input_ids"]
+def test_template_occurs_in_every_formatted_example(demo_tokenizer, demo_data) -> None:
+    response_ids = demo_tokenizer(gen.RESPONSE_TEMPLATE, add_special_tokens=False)["input_ids"]
     for split in ("train", "eval"):
         for row in demo_data[split]:
             text = gen.format_example(row)
             assert text.count(gen.RESPONSE_TEMPLATE) == 1
             assert text.startswith(gen.INSTRUCTION_TEMPLATE)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = demo_tokenizer(text, add_special_tokens=False)["input_ids"]
             windows = [ids[i : i + len(response_ids)] for i in range(len(ids) - len(response_ids) + 1)]
             assert windows.count(response_ids) == 1, text
 
@@ -174,8 +168,8 @@ def test_length_spread_is_flan_like(train_lengths) -> None:
     assert (train_lengths > 300).sum() >= 30  # the tail is populated, not a single outlier
 
 
-def test_model_loads_and_is_tiny(tokenizer, train_lengths) -> None:
-    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR)
+def test_model_loads_and_is_tiny(demo_tokenizer, train_lengths) -> None:
+    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL)
     assert isinstance(model, LlamaForCausalLM)
     cfg = model.config
     assert model.dtype == torch.float32
@@ -185,32 +179,32 @@ def test_model_loads_and_is_tiny(tokenizer, train_lengths) -> None:
         4,
         2,
     )
-    assert cfg.vocab_size == len(tokenizer)
+    assert cfg.vocab_size == len(demo_tokenizer)
     assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (
-        tokenizer.bos_token_id,
-        tokenizer.eos_token_id,
-        tokenizer.pad_token_id,
+        demo_tokenizer.bos_token_id,
+        demo_tokenizer.eos_token_id,
+        demo_tokenizer.pad_token_id,
     )
     assert cfg.max_position_embeddings >= train_lengths.max()
     assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
-    assert (MODEL_DIR / "model.safetensors").is_file()
+    assert (DEMO_MODEL / "model.safetensors").is_file()
     total_bytes = sum(p.stat().st_size for p in DEMO.rglob("*") if p.is_file())
     assert total_bytes < 6 * 1024 * 1024, total_bytes  # 5.4 MB with the preference demo pairs (0.6 MB)
 
 
-def test_random_init_loss_is_uniform(tokenizer, demo_data) -> None:
+def test_random_init_loss_is_uniform(demo_tokenizer, demo_data) -> None:
     """A fresh random init predicts close to uniformly: its loss is about ln(vocab), the demo's starting point."""
-    model = AutoModelForCausalLM.from_pretrained(MODEL_DIR).eval()
-    text = gen.format_example(demo_data["eval"][0]) + tokenizer.eos_token
-    ids = tokenizer(text, return_tensors="pt")["input_ids"]
+    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL).eval()
+    text = gen.format_example(demo_data["eval"][0]) + demo_tokenizer.eos_token
+    ids = demo_tokenizer(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
         out = model(input_ids=ids, labels=ids, use_cache=False)
-    assert out.logits.shape == (1, ids.shape[1], len(tokenizer))
-    assert abs(out.loss.item() - math.log(len(tokenizer))) < 0.2
+    assert out.logits.shape == (1, ids.shape[1], len(demo_tokenizer))
+    assert abs(out.loss.item() - math.log(len(demo_tokenizer))) < 0.2
 
 
-def test_chat_data_and_template(tokenizer) -> None:
+def test_chat_data_and_template(demo_tokenizer) -> None:
     rows = [json.loads(line) for line in (DATA_DIR / "chat_train.jsonl").read_text().splitlines()]
     assert len(rows) == gen.N_CHAT_TRAIN
     for row in rows:
@@ -222,19 +216,19 @@ def test_chat_data_and_template(tokenizer) -> None:
         {"role": "user", "content": "What is 2 + 3?"},
         {"role": "assistant", "content": "5"},
     ]
-    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    text = demo_tokenizer.apply_chat_template(messages, tokenize=False)
     assert text == (
         "### Question: Copy the text exactly: cat dog\n### Answer: cat dog<|eos|>\n"
         "### Question: What is 2 + 3?\n### Answer: 5<|eos|>\n"
     )
-    prompt = tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
+    prompt = demo_tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True)
     assert prompt == "### Question: Copy the text exactly: cat dog\n### Answer:"
-    out = tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
+    out = demo_tokenizer.apply_chat_template(messages, return_dict=True, return_assistant_tokens_mask=True)
     ids, mask = out["input_ids"], out["assistant_masks"]
-    trained = tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
+    trained = demo_tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m])
     assert trained == " cat dog<|eos|> 5<|eos|>"
     with pytest.raises(Exception, match="only user and assistant roles"):
-        tokenizer.apply_chat_template([{"role": "system", "content": "x"}], tokenize=False)
+        demo_tokenizer.apply_chat_template([{"role": "system", "content": "x"}], tokenize=False)
 
 
 def test_generator_is_deterministic(tmp_path: Path) -> None:
@@ -247,20 +241,20 @@ def test_generator_is_deterministic(tmp_path: Path) -> None:
     for name in DATA_FILES:
         assert (tmp_path / "data" / name).read_bytes() == (DATA_DIR / name).read_bytes(), name
     new_tok = json.loads((tmp_path / "model" / "tokenizer.json").read_text())
-    old_tok = json.loads((MODEL_DIR / "tokenizer.json").read_text())
+    old_tok = json.loads((DEMO_MODEL / "tokenizer.json").read_text())
     assert new_tok["model"] == old_tok["model"]  # vocab and merges
     assert new_tok["added_tokens"] == old_tok["added_tokens"]
     assert (tmp_path / "model" / "chat_template.jinja").read_text() == (
-        MODEL_DIR / "chat_template.jinja"
+        DEMO_MODEL / "chat_template.jinja"
     ).read_text()
     new_cfg = json.loads((tmp_path / "model" / "config.json").read_text())
-    old_cfg = json.loads((MODEL_DIR / "config.json").read_text())
+    old_cfg = json.loads((DEMO_MODEL / "config.json").read_text())
     same_version = new_cfg.pop("transformers_version") == old_cfg.pop("transformers_version")
     assert new_cfg == old_cfg
     if same_version:
         new_w, old_w = (
             load_file(tmp_path / "model" / "model.safetensors"),
-            load_file(MODEL_DIR / "model.safetensors"),
+            load_file(DEMO_MODEL / "model.safetensors"),
         )
         assert new_w.keys() == old_w.keys()
         assert all(torch.equal(new_w[k], old_w[k]) for k in new_w)

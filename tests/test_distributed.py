@@ -17,7 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from paths import DEMO, ROOT
+from launch_runs import write_short_demo_records
+from paths import DEMO_MODEL, ROOT
+from two_ranks import free_port
 
 N_TRAIN, BATCH, STEPS = 32, 4, 2
 TIMEOUT = 240  # seconds for a whole 2-rank run (loaded machine); a hang is caught here
@@ -27,9 +29,7 @@ FIND_UNUSED_WARNING = "find_unused_parameters=True was specified in DDP construc
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("distributed-data")
-    lines = (DEMO / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()
-    short = [line for line in lines if len(line) < 220][:N_TRAIN]
-    (out / "train.jsonl").write_text("\n".join(short) + "\n", encoding="utf-8")
+    write_short_demo_records(out / "train.jsonl", "train.jsonl", N_TRAIN, shorter_than=220)
     # the demo config without its eval data
     config = [line for line in (ROOT / "configs" / "demo.yaml").read_text(encoding="utf-8").splitlines()
               if not line.startswith(("eval_file:", "eval_strategy:", "eval_steps:", "eval_on_start:"))]
@@ -40,7 +40,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def train_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
     return [
         "--config", str(data_dir / "config.yaml"),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(data_dir / "train.jsonl"),
         "--output_dir", str(out), "--max_steps", str(STEPS), "--max_length", "96",
         "--per_device_train_batch_size", str(BATCH), "--logging_steps", "1", "--warmup_steps", "0",
@@ -50,16 +50,6 @@ def train_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-
-
-def free_port() -> str:
-    """A free TCP port: accelerate's launcher otherwise uses 29500, and two runs at once (a test suite next to
-    another job) would meet at the same rendezvous and wait for each other."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return str(sock.getsockname()[1])
 
 
 def accelerate_launch(config: Path = ROOT / "configs" / "accelerate" / "cpu-ddp.yaml") -> list[str]:
@@ -227,5 +217,5 @@ def test_deepspeed_zero3_on_two_cpu_ranks(data_dir, tmp_path):
     assert summary["world_size"] == 2 and summary["distributed_type"] == "DEEPSPEED" and summary["global_step"] == 2
     from safetensors.torch import load_file
 
-    saved, demo = load_file(str(out / "model.safetensors")), load_file(str(DEMO / "model" / "model.safetensors"))
+    saved, demo = load_file(str(out / "model.safetensors")), load_file(str(DEMO_MODEL / "model.safetensors"))
     assert saved.keys() == demo.keys() and all(saved[k].shape == demo[k].shape for k in demo)  # gathered, not shards

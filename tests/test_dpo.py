@@ -9,13 +9,20 @@ it has alone, and a deliberately leaking attention is refused before the first s
 
 from __future__ import annotations
 
+import layout_runs
 import pytest
 import tiny_dpo as T
 import torch
-import torch.nn.functional as F
-from test_fa_contract import flash_attention_2_on_cpu  # noqa: F401  (fixture)
-from transformers import AttentionInterface, TrainerCallback
-from transformers.masking_utils import AttentionMaskInterface
+from layout_runs import (
+    LAYOUTS,
+    GradRecorder,
+    assert_training_moved,
+    ddp_runs,
+    finished,
+    max_rel_diff,
+    register_leaky_attention,
+    train_layouts,
+)
 
 from trl_padfree import DataCollatorForPreference, DPOTrainer
 from trl_padfree._compat import dpo_padding_free_unavailable
@@ -31,58 +38,26 @@ METRICS = ("loss", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/
            "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
 
 
-class GradRecorder(TrainerCallback):
-    """Every parameter's gradient just before each optimizer step."""
-
-    def __init__(self) -> None:
-        self.steps: list[dict[str, torch.Tensor]] = []
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
-
-
 def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-8)
 
 
-def grad_rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys() and a
-    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item() for k in b)
-
-
 def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[DPOTrainer, GradRecorder]]:
-    tok, data = T.tokenizer(), T.pairs(24)
-    out = {}
-    for layout in T.LAYOUTS:
-        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), optim="sgd", **kwargs)
-        recorder = GradRecorder()
-        trainer.add_callback(recorder)
-        recorder.initial = T.weights(trainer)
-        trainer.train()
-        out[layout] = (trainer, recorder)
-    return out
+    return train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **kwargs)
+
+
+def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
+    # rewards are beta * (logps - ref logps): a difference of two sums of ~-200, so their error is judged
+    # against the log-probs they come from (relative 1e-5 of beta * |logps|)
+    scale = BETA * max(abs(want["logps/chosen"]), abs(want["logps/rejected"]))
+    for key in METRICS:
+        tol = RTOL * max(abs(want[key]), scale if key.startswith("rewards/") else 0.0, 1e-7)
+        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
 
 
 def assert_same_training(runs: dict[str, tuple[DPOTrainer, GradRecorder]]) -> None:
-    padded, padded_grads = runs["padded"]
-    want = T.step_logs(padded)
-    assert len(want) == 3 and len(padded_grads.steps) == 3
-    for layout in ("padfree", "once"):
-        trainer, grads = runs[layout]
-        got = T.step_logs(trainer)
-        for step_got, step_want in zip(got, want, strict=True):
-            # rewards are beta * (logps - ref logps): a difference of two sums of ~-200, so their error is judged
-            # against the log-probs they come from (relative 1e-5 of beta * |logps|)
-            scale = {k: BETA * max(abs(step_want["logps/chosen"]), abs(step_want["logps/rejected"]))
-                     for k in METRICS if k.startswith("rewards/")}
-            for key in METRICS:
-                a, b = step_got[key], step_want[key]
-                assert abs(a - b) <= RTOL * max(abs(b), scale.get(key, 0.0), 1e-7), (layout, key, a, b)
-        for step, (g, w) in enumerate(zip(grads.steps, padded_grads.steps, strict=True)):
-            assert grad_rel(g, w) <= RTOL, (layout, step, grad_rel(g, w))
-        assert T.max_rel_diff(T.weights(trainer), T.weights(padded)) <= RTOL
-    # training moved the weights: the comparison is not between untouched models
-    assert T.max_rel_diff(T.weights(padded), padded_grads.initial) > 1e-4
+    layout_runs.assert_same_training(finished(runs), same_step)
+    assert_training_moved(runs)
 
 
 @pytest.mark.parametrize(
@@ -118,7 +93,7 @@ def first_batch(trainer: DPOTrainer, n: int = 6) -> dict:
 def one_batch_trainers(tmp_path_factory):
     tok, data = T.tokenizer(), T.pairs(12)
     out = {}
-    for layout in T.LAYOUTS:
+    for layout in LAYOUTS:
         trainer = T.trainer(layout, data, tok, str(tmp_path_factory.mktemp(layout)), label_smoothing=0.1)
         out[layout] = (trainer, first_batch(trainer))
     return out
@@ -155,7 +130,7 @@ def test_f_divergences_on_one_batch(one_batch_trainers, variant):
 def test_use_weighting(tmp_path):
     tok, data = T.tokenizer(), T.pairs(8)
     losses = {}
-    for layout in T.LAYOUTS:
+    for layout in LAYOUTS:
         trainer = T.trainer(layout, data, tok, str(tmp_path / layout), use_weighting=True)
         with torch.no_grad():
             losses[layout] = trainer.compute_loss(trainer.model, first_batch(trainer)).item()
@@ -166,7 +141,7 @@ def test_use_weighting(tmp_path):
 def test_truncation_as_trl(tmp_path, mode):
     tok, data = T.tokenizer(), T.pairs(8)
     losses = {}
-    for layout in T.LAYOUTS:
+    for layout in LAYOUTS:
         trainer = T.trainer(layout, data, tok, str(tmp_path / layout), max_length=40, truncation_mode=mode)
         rows = trainer.train_dataset
         assert any(len(r["prompt_ids"]) + max(len(r["chosen_ids"]), len(r["rejected_ids"])) > 40 for r in rows)
@@ -197,7 +172,7 @@ def test_padding_free_under_sdpa_and_eager(tmp_path, attn):
         loss.backward()
         results[layout] = (loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
     assert rel(results["padfree"][0], results["padded"][0]) <= RTOL
-    assert grad_rel(results["padfree"][1], results["padded"][1]) <= RTOL
+    assert max_rel_diff(results["padfree"][1], results["padded"][1]) <= RTOL
 
 
 def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
@@ -213,23 +188,14 @@ def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
             assert torch.allclose(chosen[i], a[0], rtol=RTOL) and torch.allclose(rejected[i], a[1], rtol=RTOL)
 
 
-def leaky_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """Causal attention over the whole row: ignores every sequence boundary (what a broken kernel would do)."""
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
-    out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
-    return out.transpose(1, 2).contiguous(), None
-
-
 def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    AttentionInterface.register("leaky_test", leaky_attention)
-    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
-    model = T.model("padfree", attn_implementation="leaky_test")
+    leaky = register_leaky_attention()
+    model = T.model("padfree", attn_implementation=leaky)
     report = check_preference_packing(model)
     assert report.status == "leaks" and report.max_abs_diff > 100 * report.tolerance
     assert "attn_implementation='padfree'" in report.advice
     tok, data = T.tokenizer(), T.pairs(8)
-    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "leaky_test"})
+    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -261,8 +227,8 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
     assert a == b
 
 
-def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flash_attention_2_on_cpu):  # noqa: F811
-    """transformers' own flash_attention_2 dispatch (kernel replaced by the reference varlen of test_fa_contract)
+def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flash_attention_2_on_cpu):
+    """transformers' own flash_attention_2 dispatch (kernel replaced by the reference varlen of tests/flash_attention_cpu.py)
     consumes the preference row's boundaries: loss and every gradient as TRL's padded batch under sdpa."""
     tok, data = T.tokenizer(), T.pairs(8)
     results = {}
@@ -279,49 +245,13 @@ def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flas
     layers = T.model("padfree").config.num_hidden_layers
     assert len(flash_attention_2_on_cpu) == 2 * layers  # policy and reference, every layer took the varlen path
     assert rel(results["padfree"][0], results["padded"][0]) <= RTOL
-    assert grad_rel(results["padfree"][1], results["padded"][1]) <= RTOL
+    assert max_rel_diff(results["padfree"][1], results["padded"][1]) <= RTOL
 
 
 @pytest.mark.slow
 def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
     """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join(
-        [str(root / "tests"), str(root)])}  # this checkout, not an installed copy
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(root / "tests" / "ddp_dpo.py"), str(tmp_path)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()  # both ranks ran to the end
-    results = json.loads((tmp_path / "results.json").read_text())
-    runs = {}
-    for layout in T.LAYOUTS:
-        assert results[layout]["world_size"] == 2 and results[layout]["ranks"] == 2
-        # 3 steps x 2 micro-batches x 2 pairs x 2 ranks = 24 of the 32 pairs
-        assert results[layout]["epoch"] == pytest.approx(24 / 32)
-        saved = torch.load(tmp_path / f"{layout}.pt")
-        runs[layout] = (saved["grads"], saved["weights"])
-    padded_logs, padded = results["padded"]["logs"], runs["padded"]
-    for layout in ("padfree", "once"):
-        logs = results[layout]["logs"]
-        assert len(logs) == len(padded_logs) == 3
-        for got, want in zip(logs, padded_logs, strict=True):
-            scale = BETA * max(abs(want["logps/chosen"]), abs(want["logps/rejected"]))
-            for key in METRICS:
-                tol = RTOL * max(abs(want[key]), scale if key.startswith("rewards/") else 0.0, 1e-7)
-                assert abs(got[key] - want[key]) <= tol, (layout, key)
-        assert len(runs[layout][0]) == len(padded[0]) == 3
-        for g, w in zip(runs[layout][0], padded[0], strict=True):
-            assert grad_rel(g, w) <= RTOL
-        assert T.max_rel_diff(runs[layout][1], padded[1]) <= RTOL
+    layout_runs.assert_same_training(ddp_runs("dpo", tmp_path), same_step)
 
 
 def test_shared_prompt_keys_never_take_torch_varlen(monkeypatch):

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from paths import ROOT
@@ -14,13 +15,17 @@ from paths import ROOT
 from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
 
 
+def run_example(name: str, out: Path) -> subprocess.CompletedProcess:
+    """``python examples/NAME --max_steps 3 --output_dir OUT`` as a user runs it: its own process, in a directory
+    outside the checkout, offline, one CPU thread."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "examples" / name), "--max_steps", "3", "--output_dir", str(out)],
+                          cwd=out.parent, env=env, capture_output=True, text=True, timeout=600)
+
+
 def test_sft_padfree_example_trains_and_saves(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "sft_padfree.py"), "--max_steps", "3", "--output_dir", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    proc = run_example("sft_padfree.py", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert [line for line in lines if "packing probe" in line] == [
@@ -35,11 +40,7 @@ def test_sft_padfree_example_trains_and_saves(tmp_path):
 @pytest.mark.skipif(dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))
 def test_dpo_padfree_example_trains_and_saves(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "dpo_padfree.py"), "--max_steps", "3", "--output_dir", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    proc = run_example("dpo_padfree.py", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert any(line.startswith("[trl-padfree] preference probe (prompt-once): llama with 'padfree' keeps") for line in lines)
@@ -52,11 +53,7 @@ def test_dpo_padfree_example_trains_and_saves(tmp_path):
 @pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
 def test_grpo_padfree_example_trains_and_saves(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "grpo_padfree.py"), "--max_steps", "3", "--output_dir", str(out)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    proc = run_example("grpo_padfree.py", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert any(line.startswith("[trl-padfree] RL probe (prompt-once): llama with 'padfree' keeps") for line in lines)

@@ -13,18 +13,17 @@ import json
 
 import pytest
 import torch
-from paths import ROOT
+from paths import DEMO, DEMO_MODEL, ROOT
 from transformers import AutoTokenizer
 
 from trl_padfree.formatting import BATCHED_LINE, FormattingFunc, formatting_convention
 
-DEMO_MODEL = str(ROOT / "trl_padfree" / "demo" / "model")
 N_RECORDS = 48
 
 
 @pytest.fixture(scope="module")
 def records() -> list[dict]:
-    lines = (ROOT / "trl_padfree" / "demo" / "data" / "train.jsonl").read_text().splitlines()
+    lines = (DEMO / "data" / "train.jsonl").read_text().splitlines()
     return [json.loads(line) for line in itertools.islice(lines, N_RECORDS)]
 
 

@@ -19,8 +19,8 @@ from trl_padfree._compat import rl_padding_free_unavailable
 if rl_padding_free_unavailable():
     pytest.skip(rl_padding_free_unavailable(), allow_module_level=True)
 
-from test_fa_contract import flash_attention_2_on_cpu, reference_varlen  # noqa: F401  (a fixture)
-from tiny_rl import LAYOUTS, METRIC_RTOL, RTOL, compare, grpo_loss_types, step_logs, tokenizer, trainer
+from layout_runs import LAYOUTS, step_logs
+from tiny_rl import METRIC_RTOL, RTOL, compare, grpo_loss_types, tokenizer, trainer
 from transformers import AttentionInterface, LlamaForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface
@@ -101,7 +101,7 @@ def test_padding_free_false_is_trls_trainer(tmp_path):
     assert isinstance(ours, trl_padfree.GRPOTrainer) and not ours.padfree
     ours.train()
     assert [e["loss"] for e in step_logs(ours)] == [e["loss"] for e in step_logs(trl_run)]
-    for g, w in zip(ours.recorder.grads, trl_run.recorder.grads, strict=True):
+    for g, w in zip(ours.recorder.steps, trl_run.recorder.steps, strict=True):
         assert all(torch.equal(g[k], w[k]) for k in w)
     assert all(torch.equal(a[0], b[0]) for a, b in zip(ours.recorded, trl_run.recorded, strict=True))
     assert sum(ours.pack_totals["train"].values()) == sum(ours.pack_totals["no_grad"].values()) == 0
@@ -203,21 +203,11 @@ def test_bad_settings_are_refused(tmp_path):
 def test_two_ddp_ranks_match_trl(tmp_path):
     """GRPO (bnpo) and RLOO on 2 CPU DDP ranks (gloo, torchrun): padding-free and prompt-once equal TRL's padded run
     on every logged metric, every all-reduced gradient and rank 0's log-probs and entropies."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
     from types import SimpleNamespace
 
-    root = Path(__file__).resolve().parent.parent
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(root / "tests"), str(root)])}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(root / "tests" / "ddp_rl.py"), str(tmp_path)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=900,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    from two_ranks import run_on_two_ranks
+
+    run_on_two_ranks("ddp_rl.py", tmp_path, timeout=900)
     assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()
     for kind in ("grpo", "rloo"):
         runs = {}
@@ -225,21 +215,20 @@ def test_two_ddp_ranks_match_trl(tmp_path):
             saved = torch.load(tmp_path / f"{kind}-{layout}.pt", weights_only=False)
             assert saved["world_size"] == 2
             runs[layout] = SimpleNamespace(
-                recorded=saved["recorded"], recorder=SimpleNamespace(grads=saved["grads"]),
+                recorded=saved["recorded"], recorder=SimpleNamespace(steps=saved["grads"]),
                 args=SimpleNamespace(max_steps=3), state=SimpleNamespace(log_history=saved["logs"]))
         assert saved["pack_totals"]["train"]["shared_tokens"] > 0
         for layout in ("padfree", "once"):
             _assert_exact(compare(runs[layout], runs["padded"]))
 
 
-@pytest.mark.usefixtures("flash_attention_2_on_cpu")
-def test_flash_attention_2_path_matches_trl(tmp_path):
+def test_flash_attention_2_path_matches_trl(tmp_path, flash_attention_2_on_cpu):
     """The packed forwards through transformers' real flash_attention_2 dispatch (flash-attn's varlen kernel replaced
-    by tests/test_fa_contract.py's reference, which records every call): TRL's padded run on sdpa is matched, and
+    by tests/flash_attention_cpu.py's reference, which records every call): TRL's padded run on sdpa is matched, and
     every attention call got the packed row's cu_seq_lens (no inference from position_ids, no padded path).
     Generation stays on "padfree" (flash-attn's padded path is not available on a CPU); no activation checkpointing
     (its recomputation in the backward would run outside the switch to flash_attention_2)."""
-    calls = reference_varlen.calls
+    calls = flash_attention_2_on_cpu
     padded = trainer("grpo", "padded", str(tmp_path / "padded"), loss_type="bnpo", activation_checkpointing=False)
     padded.train()
     fa2 = trainer("grpo", "padfree", str(tmp_path / "fa2"), loss_type="bnpo", activation_checkpointing=False)

@@ -11,10 +11,20 @@ from __future__ import annotations
 
 from itertools import pairwise
 
+import layout_runs
 import pytest
 import tiny_kto as T
 import torch
-from test_reward import GradRecorder
+from layout_runs import (
+    LAYOUTS,
+    GradRecorder,
+    assert_training_moved,
+    ddp_runs,
+    finished,
+    register_leaky_attention,
+    step_logs,
+    train_layouts,
+)
 
 from trl_padfree import KTOTrainer
 from trl_padfree.kto import DataCollatorForUnpairedFlat, kto_padding_free_unavailable
@@ -27,37 +37,20 @@ METRICS = ("loss", "kl", "logps/chosen", "logps/rejected", "rewards/chosen", "re
 
 
 def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[KTOTrainer, GradRecorder]]:
-    tok, data = T.tokenizer(), T.examples(24)
-    out = {}
-    for layout in T.LAYOUTS:
-        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), optim="sgd", **kwargs)
-        recorder = GradRecorder()
-        trainer.add_callback(recorder)
-        recorder.initial = T.weights(trainer)
-        trainer.train()
-        out[layout] = (trainer, recorder)
-    return out
+    return train_layouts(T, T.examples(24), T.tokenizer(), tmp_path, **kwargs)
+
+
+def same_step(layout: str, got: dict[str, float], want: dict[str, float], metrics=METRICS) -> None:
+    # rewards and the KL term are beta * (logps - ref logps): judged against the log-probs they come from
+    scale = 0.1 * max(abs(want["logps/chosen"]), abs(want["logps/rejected"]))
+    for key in metrics:
+        tol = RTOL * max(abs(want[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
+        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
 
 
 def assert_same_training(runs: dict[str, tuple[KTOTrainer, GradRecorder]], metrics=METRICS) -> None:
-    padded, padded_grads = runs["padded"]
-    want = T.step_logs(padded)
-    assert len(want) == 3 and len(padded_grads.steps) == 3
-    for layout in T.LAYOUTS[1:]:
-        trainer, grads = runs[layout]
-        got = T.step_logs(trainer)
-        assert len(got) == 3 and len(grads.steps) == 3
-        for step_got, step_want in zip(got, want, strict=True):
-            # rewards and the KL term are beta * (logps - ref logps): judged against the log-probs they come from
-            scale = 0.1 * max(abs(step_want["logps/chosen"]), abs(step_want["logps/rejected"]))
-            for key in metrics:
-                a, b = step_got[key], step_want[key]
-                tol = RTOL * max(abs(b), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
-                assert abs(a - b) <= tol, (layout, key, a, b)
-        for step, (g, w) in enumerate(zip(grads.steps, padded_grads.steps, strict=True)):
-            assert T.max_rel_diff(g, w) <= RTOL, (layout, step, T.max_rel_diff(g, w))
-        assert T.max_rel_diff(T.weights(trainer), T.weights(padded)) <= RTOL
-    assert T.max_rel_diff(T.weights(padded), padded_grads.initial) > 1e-4  # training moved the weights
+    layout_runs.assert_same_training(finished(runs), lambda *steps: same_step(*steps, metrics=metrics))
+    assert_training_moved(runs)
 
 
 @pytest.mark.parametrize(
@@ -70,9 +63,9 @@ def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
     metrics = METRICS
     if case.get("loss_type") == "apo_zero_unpaired":
         metrics = tuple(m for m in METRICS if m != "kl")
-        assert all(e["kl"] == 0.0 for e in T.step_logs(runs["padfree"][0]))
+        assert all(e["kl"] == 0.0 for e in step_logs(runs["padfree"][0]))
     else:
-        kl = [e["kl"] for e in T.step_logs(runs["padded"][0])]
+        kl = [e["kl"] for e in step_logs(runs["padded"][0])]
         assert any(k > 0 for k in kl), kl  # the KL term is in the comparison (not clamped to 0 everywhere)
     assert_same_training(runs, metrics)
 
@@ -133,56 +126,17 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
 def test_two_ddp_ranks_train_the_same_model(tmp_path):
     """torchrun, 2 CPU ranks (gloo): padded and padding-free KTO give the same per-step logs (the KL term gathered
     across ranks), gradients and weights."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    path = os.pathsep.join([str(root), str(root / "tests")])  # this checkout's package, not the installed one
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(root / "tests" / "ddp_kto.py"), str(tmp_path)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()
-    results = json.loads((tmp_path / "results.json").read_text())
-    runs = {}
-    for layout in T.LAYOUTS:
-        assert results[layout]["world_size"] == 2 and results[layout]["ranks"] == 2
-        assert results[layout]["epoch"] == pytest.approx(24 / 32)  # 3 steps x 2 micro-batches x 2 x 2 ranks
-        saved = torch.load(tmp_path / f"{layout}.pt")
-        runs[layout] = (saved["grads"], saved["weights"])
-    want = results["padded"]["logs"]
-    assert len(want) == 3 and any(e["kl"] > 0 for e in want)
-    for layout in T.LAYOUTS[1:]:
-        got = results[layout]["logs"]
-        assert len(got) == 3
-        for g, w in zip(got, want, strict=True):
-            scale = 0.1 * max(abs(w["logps/chosen"]), abs(w["logps/rejected"]))
-            for key in METRICS:
-                tol = RTOL * max(abs(w[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
-                assert abs(g[key] - w[key]) <= tol, (layout, key, g[key], w[key])
-        assert len(runs[layout][0]) == len(runs["padded"][0]) == 3
-        for g, w in zip(runs[layout][0], runs["padded"][0], strict=True):
-            assert T.max_rel_diff(g, w) <= RTOL
-        assert T.max_rel_diff(runs[layout][1], runs["padded"][1]) <= RTOL
+    runs = ddp_runs("kto", tmp_path)
+    assert any(e["kl"] > 0 for e in runs["padded"].logs)
+    layout_runs.assert_same_training(runs, same_step)
 
 
 def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    from test_dpo import leaky_attention
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
     from trl_padfree.probe import PackingLeakError
 
-    AttentionInterface.register("leaky_test", leaky_attention)
-    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
+    leaky = register_leaky_attention()
     tok, data = T.tokenizer(), T.examples(8)
-    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "leaky_test"})
+    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -191,7 +145,7 @@ def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
 def test_evaluation_gives_trls_metrics(tmp_path):
     tok, data = T.tokenizer(), T.examples(12)
     results = {}
-    for layout in T.LAYOUTS:
+    for layout in LAYOUTS:
         policy, ref = T.model(layout), T.model(layout, seed=1)
         with torch.no_grad():
             ref.lm_head.weight.mul_(4.0)
@@ -202,7 +156,7 @@ def test_evaluation_gives_trls_metrics(tmp_path):
     want = results["padded"]
     assert {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"} <= set(want)
     scale = 0.1 * max(abs(want["eval_logps/chosen"]), abs(want["eval_logps/rejected"]))
-    for layout in T.LAYOUTS[1:]:
+    for layout in LAYOUTS[1:]:
         got = results[layout]
         for key in want:
             if key.startswith("eval_") and not key.endswith(("runtime", "per_second", "preparation_time")):

@@ -2,31 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-from transformers import AutoTokenizer
+from launch_runs import write_jsonl
+from paths import DEMO_MODEL
 
 from trl_padfree.launch import ConfigError, load_config
 from trl_padfree.launch.tasks.sft_data import make_formatter, prepare_data
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return AutoTokenizer.from_pretrained(DEMO / "model")
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
 
 def prepare(tokenizer, argv: list[str]):
-    cfg = load_config(["--model_name_or_path", str(DEMO / "model"), "--output_dir", "/nonexistent/out", *argv])
+    cfg = load_config(["--model_name_or_path", str(DEMO_MODEL), "--output_dir", "/nonexistent/out", *argv])
     return cfg, prepare_data(cfg, tokenizer)
 
 
@@ -37,9 +22,9 @@ def trained_text(tokenizer, example: dict) -> str:
 QA = [{"instruction": f"Copy the text exactly: cat {i}", "output": f"cat {i}"} for i in range(10)]
 
 
-def test_template_format_labels_only_the_answer(tokenizer, tmp_path):
+def test_template_format_labels_only_the_answer(demo_tokenizer, tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", QA)
-    _, data = prepare(tokenizer, [
+    _, data = prepare(demo_tokenizer, [
         "--train_file", str(train), "--template", "### Question: {instruction}\n### Answer: {output}",
         "--response_template", "### Answer:", "--eval_fraction", "0.2", "--seed", "0",
     ])  # fmt: skip
@@ -47,62 +32,62 @@ def test_template_format_labels_only_the_answer(tokenizer, tmp_path):
     assert (len(data.train), len(data.eval)) == (8, 2)
     assert data.train.column_names == ["input_ids", "labels"]
     example = data.train[0]
-    text = tokenizer.decode(example["input_ids"])
-    assert text.startswith("### Question: Copy the text exactly: cat ") and text.endswith(tokenizer.eos_token)
+    text = demo_tokenizer.decode(example["input_ids"])
+    assert text.startswith("### Question: Copy the text exactly: cat ") and text.endswith(demo_tokenizer.eos_token)
     number = text.split("cat ")[1].split("\n")[0]
-    assert trained_text(tokenizer, example) == f" cat {number}{tokenizer.eos_token}"
+    assert trained_text(demo_tokenizer, example) == f" cat {number}{demo_tokenizer.eos_token}"
 
 
-def test_prompt_completion_format(tokenizer, tmp_path):
+def test_prompt_completion_format(demo_tokenizer, tmp_path):
     rows = [{"prompt": f"### Question: {r['instruction']}\n### Answer:", "completion": " " + r["output"]} for r in QA]
     train = write_jsonl(tmp_path / "train.jsonl", rows)
-    _, data = prepare(tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
+    _, data = prepare(demo_tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
     assert data.text_format == "prompt+completion"
-    assert trained_text(tokenizer, data.train[3]) == f" cat 3{tokenizer.eos_token}"
+    assert trained_text(demo_tokenizer, data.train[3]) == f" cat 3{demo_tokenizer.eos_token}"
 
 
-def test_text_format(tokenizer, tmp_path):
+def test_text_format(demo_tokenizer, tmp_path):
     rows = [{"text": f"### Question: {r['instruction']}\n### Answer: {r['output']}"} for r in QA]
     train = write_jsonl(tmp_path / "train.jsonl", rows)
-    _, data = prepare(tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
+    _, data = prepare(demo_tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
     assert data.text_format == "text"
-    assert trained_text(tokenizer, data.train[5]) == f" cat 5{tokenizer.eos_token}"
+    assert trained_text(demo_tokenizer, data.train[5]) == f" cat 5{demo_tokenizer.eos_token}"
 
 
-def test_messages_format_trains_every_assistant_turn(tokenizer, tmp_path):
+def test_messages_format_trains_every_assistant_turn(demo_tokenizer, tmp_path):
     conversation = [
         {"role": "user", "content": "Copy: a"}, {"role": "assistant", "content": "a"},
         {"role": "user", "content": "Copy: b"}, {"role": "assistant", "content": "b"},
     ]  # fmt: skip
     train = write_jsonl(tmp_path / "train.jsonl", [{"messages": conversation}] * 3)
-    _, data = prepare(tokenizer, [
+    _, data = prepare(demo_tokenizer, [
         "--train_file", str(train), "--response_template", "### Answer:", "--instruction_template", "### Question:",
     ])  # fmt: skip
     assert data.text_format == "messages"
-    eos = tokenizer.eos_token
-    assert trained_text(tokenizer, data.train[0]).split() == f"a{eos} b{eos}".split()
+    eos = demo_tokenizer.eos_token
+    assert trained_text(demo_tokenizer, data.train[0]).split() == f"a{eos} b{eos}".split()
 
 
-def test_dataset_directory_with_splits(tokenizer, tmp_path):
+def test_dataset_directory_with_splits(demo_tokenizer, tmp_path):
     folder = tmp_path / "ds"
     folder.mkdir()
     write_jsonl(folder / "train.jsonl", QA[:6])
     write_jsonl(folder / "test.jsonl", QA[6:])
-    _, data = prepare(tokenizer, [
+    _, data = prepare(demo_tokenizer, [
         "--dataset_name", str(folder), "--dataset_test_split", "test", "--response_template", "### Answer:",
         "--template", "### Question: {instruction}\n### Answer: {output}",
     ])  # fmt: skip
     assert (len(data.train), len(data.eval)) == (6, 4)
     with pytest.raises(ConfigError, match=r"^dataset_test_split='validation' is not a split of .*; it has: test, train$"):
-        prepare(tokenizer, [
+        prepare(demo_tokenizer, [
             "--dataset_name", str(folder), "--dataset_test_split", "validation", "--response_template", "x",
         ])  # fmt: skip
 
 
-def test_truncation_drops_examples_without_trained_tokens(tokenizer, tmp_path):
+def test_truncation_drops_examples_without_trained_tokens(demo_tokenizer, tmp_path):
     long = {"instruction": "Copy the text exactly: " + "red " * 80, "output": "red"}
     train = write_jsonl(tmp_path / "train.jsonl", [*QA[:4], long, QA[4]])
-    cfg, data = prepare(tokenizer, [
+    cfg, data = prepare(demo_tokenizer, [
         "--train_file", str(train), "--template", "### Question: {instruction}\n### Answer: {output}",
         "--response_template", "### Answer:", "--max_length", "32",
     ])  # fmt: skip
@@ -111,26 +96,26 @@ def test_truncation_drops_examples_without_trained_tokens(tokenizer, tmp_path):
     assert max(len(x) for x in data.train["input_ids"]) <= 32
 
 
-def test_records_without_a_known_text_field(tokenizer, tmp_path):
+def test_records_without_a_known_text_field(demo_tokenizer, tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", QA)
     with pytest.raises(ConfigError, match=r"^cannot tell how to turn the data's fields \(instruction, output\) into text"):
-        prepare(tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
+        prepare(demo_tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
 
 
-def test_formatter_rejects_positional_fields(tokenizer):
+def test_formatter_rejects_positional_fields(demo_tokenizer):
     with pytest.raises(ConfigError, match="template fields must be named"):
-        make_formatter(["a"], "{} and {a}", "text", tokenizer)
+        make_formatter(["a"], "{} and {a}", "text", demo_tokenizer)
 
 
 @pytest.mark.parametrize("fmt", ["csv", "parquet", "json"])
-def test_csv_parquet_and_json_files(tokenizer, tmp_path, fmt):
+def test_csv_parquet_and_json_files(demo_tokenizer, tmp_path, fmt):
     from datasets import Dataset
 
     path = tmp_path / f"train.{fmt}"
     getattr(Dataset.from_list(QA), f"to_{fmt}")(str(path))
-    _, data = prepare(tokenizer, [
+    _, data = prepare(demo_tokenizer, [
         "--train_file", str(path), "--template", "### Question: {instruction}\n### Answer: {output}",
         "--response_template", "### Answer:",
     ])  # fmt: skip
     assert len(data.train) == len(QA)
-    assert trained_text(tokenizer, data.train[7]) == f" cat 7{tokenizer.eos_token}"
+    assert trained_text(demo_tokenizer, data.train[7]) == f" cat 7{demo_tokenizer.eos_token}"

@@ -4,21 +4,24 @@ exit. Small runs: 48 demo pairs, batches of 4."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from paths import DEMO, ROOT
-from transformers import TrainerCallback
+from launch_hooks import SigtermAtStep
+from launch_runs import (
+    assert_refused_in_one_line,
+    log_history,
+    losses,
+    run_command,
+    run_launch,
+    run_preview,
+    write_jsonl,
+    write_short_demo_records,
+)
+from paths import CONFIGS, DEMO_MODEL
 
 from trl_padfree._compat import dpo_padding_free_unavailable
-from trl_padfree.launch import main
 
 STEPS = 6
 pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
@@ -32,18 +35,15 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def write_preference_data(out: Path) -> Path:
     """Tiny preference data in ``out`` (48 short training pairs, 16 eval pairs of the demo's); returns ``out``."""
-    train = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
-    short = [line for line in train if len(line) < 400][:48]
-    (out / "train.jsonl").write_text("\n".join(short) + "\n", encoding="utf-8")
-    evals = (DEMO / "data" / "pref_eval.jsonl").read_text(encoding="utf-8").splitlines()
-    (out / "eval.jsonl").write_text("\n".join([e for e in evals if len(e) < 400][:16]) + "\n", encoding="utf-8")
+    write_short_demo_records(out / "train.jsonl", "pref_train.jsonl", 48, shorter_than=400)
+    write_short_demo_records(out / "eval.jsonl", "pref_eval.jsonl", 16, shorter_than=400)
     return out
 
 
 def dpo_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "--config", str(ROOT / "configs" / "demo-dpo.yaml"),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--config", str(CONFIGS / "demo-dpo.yaml"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(data_dir / "train.jsonl"),
         "--eval_file", str(data_dir / "eval.jsonl"),
         "--output_dir", str(out),
@@ -59,18 +59,7 @@ def dpo_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run_dpo(argv: list[str], callbacks=()) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv, callbacks, task="dpo")
-    return code, out.getvalue(), err.getvalue()
-
-
-def history(out: Path) -> list[dict]:
-    return json.loads((out / "trainer_state.json").read_text())["log_history"]
-
-
-def losses(out: Path) -> dict[int, float]:
-    return {e["step"]: e["loss"] for e in history(out) if "loss" in e}
+    return run_launch(argv, "dpo", callbacks)
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +79,7 @@ def test_demo_config_trains_saves_and_summarises(full_run):
     assert "keeps packed examples apart" in stdout  # the preference probe ran before the first step
     assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
     assert "[trl-padfree] eval reward accuracy: " in stdout and "real tokens/s" not in stdout
-    steps = [e for e in history(out) if "loss" in e]
+    steps = [e for e in log_history(out) if "loss" in e]
     assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
     for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                 "logps/rejected", "num_tokens"):
@@ -99,19 +88,10 @@ def test_demo_config_trains_saves_and_summarises(full_run):
     assert summary["global_step"] == STEPS and summary["saved_to"] == str(out)
 
 
-class SigtermAt(TrainerCallback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data_dir, tmp_path):
     out = tmp_path / "out"
     no_eval = ("--eval_strategy", "no")  # evaluation does not change training losses
-    code, stdout, _ = run_dpo(dpo_argv(data_dir, out, *no_eval), callbacks=[SigtermAt(3)])
+    code, stdout, _ = run_dpo(dpo_argv(data_dir, out, *no_eval), callbacks=[SigtermAtStep(3)])
     assert code == 0
     assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-3'}" in stdout
     assert not (out / "model.safetensors").exists() and sorted(losses(out)) == [1, 2, 3]
@@ -134,12 +114,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data
     ],
 )
 def test_bad_input_exits_2_with_one_line(data_dir, tmp_path, extra, message):
-    out = tmp_path / "out"
-    code, stdout, stderr = run_dpo(dpo_argv(data_dir, out, *extra))
-    assert code == 2, stdout + stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and message in lines[0], stderr
-    assert not out.exists()  # nothing written
+    assert_refused_in_one_line("dpo", dpo_argv(data_dir, tmp_path / "out", *extra), tmp_path / "out", message)
 
 
 def test_records_without_rejected_are_refused(tmp_path, data_dir):
@@ -151,13 +126,9 @@ def test_records_without_rejected_are_refused(tmp_path, data_dir):
 
 @pytest.mark.slow
 def test_two_ranks_train_and_exit(data_dir, tmp_path):
-    from test_distributed import free_port
-
     out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
-           "-m", "trl_padfree.cli", "dpo", *dpo_argv(data_dir, out, "--max_steps", "2", "--eval_strategy", "no")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_command("dpo", dpo_argv(data_dir, out, "--max_steps", "2", "--eval_strategy", "no"), ranks=2,
+                       timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2
@@ -166,21 +137,12 @@ def test_two_ranks_train_and_exit(data_dir, tmp_path):
     assert proc.stdout.count("[trl-padfree] steps: 2/2") == 1
 
 
-def preview(argv: list[str]) -> tuple[int, str, str]:
-    from trl_padfree.launch.preview import main as preview_main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = preview_main(argv)
-    return code, out.getvalue(), err.getvalue()
-
-
 def test_preview_shows_what_is_scored_in_chosen_and_rejected(tmp_path, data_dir):
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text(json.dumps({"prompt": "### Question: What is 2 + 3?\n### Answer:", "chosen": " 5",
                                  "rejected": " I do not know."}) + "\n", encoding="utf-8")
-    code, stdout, stderr = preview(["--config", str(ROOT / "configs" / "demo-dpo.yaml"), "--train_file", str(pairs),
-                                    "--model_name_or_path", str(DEMO / "model"), "-n", "1"])
+    code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-dpo.yaml"), "--train_file", str(pairs),
+                                        "--model_name_or_path", str(DEMO_MODEL), "-n", "1"])
     assert code == 0, stderr
     lines = stdout.splitlines()
     assert lines[1] == "chosen:   ### Question: What is 2 + 3?"
@@ -195,14 +157,14 @@ def test_conversational_pairs_train(tmp_path, data_dir):
              "chosen": [{"role": "assistant", "content": str(i + 1)}],
              "rejected": [{"role": "assistant", "content": "I do not know."}]} for i in range(16)]
     pairs = tmp_path / "chat.jsonl"
-    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_jsonl(pairs, rows)
     out = tmp_path / "out"
     code, stdout, stderr = run_dpo(dpo_argv(data_dir, out, "--train_file", str(pairs), "--eval_strategy", "no",
                                             "--max_steps", "2"))
     assert code == 0, (stdout + stderr)[-3000:]
     assert "(format: conversational)" in stdout and "[trl-padfree] steps: 2/2" in stdout
-    code, stdout, _ = preview(["--config", str(ROOT / "configs" / "demo-dpo.yaml"), "--train_file", str(pairs),
-                               "--model_name_or_path", str(DEMO / "model"), "-n", "1"])
+    code, stdout, _ = run_preview(["--config", str(CONFIGS / "demo-dpo.yaml"), "--train_file", str(pairs),
+                                   "--model_name_or_path", str(DEMO_MODEL), "-n", "1"])
     assert code == 0 and "[[" in stdout and "I do not know." in stdout
 
 

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from paths import DEMO, ROOT
+from paths import DEMO, DEMO_MODEL, ROOT
 
 from trl_padfree._compat import dpo_padding_free_unavailable
 from trl_padfree.launch import main
@@ -48,7 +48,7 @@ def run(tmp_path: Path, train_file: str, *extra: str, eval_file: str = "",
         config: str = str(ROOT / "configs" / "demo-dpo.yaml")) -> tuple[int, str, str, Path]:
     out = tmp_path / "out"
     argv = [
-        "--config", config, "--model_name_or_path", str(DEMO / "model"),
+        "--config", config, "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", train_file, "--eval_file", eval_file, "--eval_strategy", "no", "--eval_on_start", "false",
         "--max_steps", "2", "--per_device_train_batch_size", "4", "--logging_steps", "1", "--output_dir", str(out),
         *extra,
@@ -102,7 +102,7 @@ def test_the_dropped_count_is_what_trl_drops(pairs, kind):
     from trl_padfree import DPOTrainer
     from trl_padfree.launch.tasks.preference_data import check_truncation, tokenized_prompts
 
-    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
     mixed = [{**p, "prompt": p["prompt"] + " x" * (3 * i)} for i, p in enumerate(pairs)]
     if kind == "implicit prompt":
         mixed = [{"chosen": p["prompt"] + p["chosen"], "rejected": p["prompt"] + p["rejected"]} for p in mixed]
@@ -113,7 +113,7 @@ def test_the_dropped_count_is_what_trl_drops(pairs, kind):
     lengths = tokenized_prompts(dataset, tokenizer, "train_file", max_length)
     dropped = check_truncation(lengths, "train_file", "training", max_length, "keep_start")
     assert 0 < dropped < len(mixed)
-    model = AutoModelForCausalLM.from_pretrained(DEMO / "model")
+    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL)
     config = DPOConfig(output_dir="unused", max_length=max_length, use_cpu=True, bf16=False, report_to=[],
                        padding_free=True)
     trainer = DPOTrainer(model, args=config, train_dataset=dataset, processing_class=tokenizer, check_packing=False)
@@ -156,7 +156,7 @@ def test_a_bad_or_sft_only_setting_is_one_line(tmp_path, pairs, flag, value, exp
 
 # ----------------------------------------------------------------------------------------------- templates
 
-SYSTEM_TEMPLATE = (DEMO / "model" / "chat_template.jinja").read_text(encoding="utf-8").replace(
+SYSTEM_TEMPLATE = (DEMO_MODEL / "chat_template.jinja").read_text(encoding="utf-8").replace(
     "{% else %}", "{% elif message['role'] == 'system' %}### System: {{ message['content'] }}\n{% else %}")
 
 
@@ -228,7 +228,7 @@ def api():
 
     from trl_padfree.testing import tiny_llama
 
-    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
     data = Dataset.from_dict({"prompt": ["a b"], "chosen": [" c"], "rejected": [" d"]})
     return tokenizer, data, lambda **kw: DPOConfig(output_dir="unused", use_cpu=True, bf16=False, report_to=[], **kw), \
         lambda: tiny_llama(vocab_size=len(tokenizer))

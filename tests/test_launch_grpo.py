@@ -7,21 +7,25 @@ x 4 completions of 8 tokens per step."""
 from __future__ import annotations
 
 import ast
-import contextlib
-import io
 import json
 import os
-import signal
 from pathlib import Path
 
 import pytest
-from paths import DEMO, ROOT
-from transformers import TrainerCallback
+from launch_hooks import SigtermAtStep
+from launch_runs import (
+    assert_refused_in_one_line,
+    log_history,
+    run_command,
+    run_launch,
+    run_preview,
+    write_short_demo_records,
+)
+from paths import CONFIGS, DEMO_MODEL, PACKAGE
 
 from trl_padfree._compat import rl_padding_free_unavailable
-from trl_padfree.launch import main
 
-LAUNCH = ROOT / "trl_padfree" / "launch"
+LAUNCH = PACKAGE / "launch"
 STEPS = 4
 needs_rl = pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
 
@@ -29,16 +33,14 @@ needs_rl = pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """32 short prompts (with their answers, ``chosen``) of the demo's preference data."""
-    lines = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
-    path = tmp_path_factory.mktemp("grpo-data") / "prompts.jsonl"
-    path.write_text("\n".join([line for line in lines if len(line) < 300][:32]) + "\n", encoding="utf-8")
-    return path
+    return write_short_demo_records(tmp_path_factory.mktemp("grpo-data") / "prompts.jsonl", "pref_train.jsonl", 32,
+                                    shorter_than=300)
 
 
 def grpo_argv(prompts: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "--config", str(ROOT / "configs" / "demo-grpo.yaml"),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--config", str(CONFIGS / "demo-grpo.yaml"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(prompts),
         "--output_dir", str(out),
         "--max_steps", str(STEPS),
@@ -51,15 +53,11 @@ def grpo_argv(prompts: Path, out: Path, *extra: str) -> list[str]:
 
 
 def run(argv: list[str], task: str = "grpo", callbacks=()) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv, callbacks, task=task)
-    return code, out.getvalue(), err.getvalue()
+    return run_launch(argv, task, callbacks)
 
 
 def steps(out: Path) -> dict[int, dict]:
-    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    return {e["step"]: e for e in history if "reward" in e}
+    return {e["step"]: e for e in log_history(out) if "reward" in e}
 
 
 @pytest.fixture(scope="module")
@@ -90,19 +88,10 @@ def test_demo_config_trains_probes_and_summarises(full_run):
     assert summary["prompt_once"] is True and summary["reward_funcs"] == ["answer_chars"]
 
 
-class SigtermAt(TrainerCallback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-
-
 @needs_rl
 def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prompts, tmp_path):
     out = tmp_path / "out"
-    code, stdout, _ = run(grpo_argv(prompts, out), callbacks=[SigtermAt(2)])
+    code, stdout, _ = run(grpo_argv(prompts, out), callbacks=[SigtermAtStep(2)])
     assert code == 0
     assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-2'}" in stdout
     assert not (out / "model.safetensors").exists() and sorted(steps(out)) == [1, 2]
@@ -133,12 +122,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prom
     ],
 )
 def test_bad_input_exits_2_with_one_line(prompts, tmp_path, extra, message):
-    out = tmp_path / "out"
-    code, stdout, stderr = run(grpo_argv(prompts, out, *extra))
-    assert code == 2, stdout + stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("trl-padfree grpo: error: "), stderr
-    assert not out.exists()  # nothing written
+    assert_refused_in_one_line("grpo", grpo_argv(prompts, tmp_path / "out", *extra), tmp_path / "out", message)
 
 
 @needs_rl
@@ -148,7 +132,7 @@ def test_records_without_prompt_and_a_config_without_rewards_are_refused(tmp_pat
     code, _, stderr = run(grpo_argv(prompts, tmp_path / "out", "--train_file", str(bad)))
     assert code == 2 and "train_file: RL records need a 'prompt'" in stderr and not (tmp_path / "out").exists()
     config = tmp_path / "no-rewards.yaml"
-    text = (ROOT / "configs" / "demo-grpo.yaml").read_text(encoding="utf-8")
+    text = (CONFIGS / "demo-grpo.yaml").read_text(encoding="utf-8")
     config.write_text("\n".join(line for line in text.splitlines() if not line.startswith("reward_funcs")) + "\n")
     argv = grpo_argv(prompts, tmp_path / "out")
     argv[1] = str(config)
@@ -203,7 +187,7 @@ def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
     assert get_task("toy").prog == "trl-padfree toy"
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}"}) + "\n" for i in range(8)))
-    argv = ["--model_name_or_path", str(DEMO / "model"), "--train_file", str(data), "--output_dir",
+    argv = ["--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--output_dir",
             str(tmp_path / "out"), "--max_steps", "2", "--per_device_train_batch_size", "4", "--use_cpu", "true",
             "--report_to", "none", "--save_strategy", "no", "--torch_num_threads", "1"]
     code, stdout, stderr = run(argv, task="toy")
@@ -236,19 +220,14 @@ def test_the_grpo_task_imports_no_other_task():
 
 
 @needs_rl
-def test_preview_shows_a_groups_layout(prompts):
-    from trl_padfree.launch.preview import main as preview_main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = preview_main(["--config", str(ROOT / "configs" / "demo-grpo.yaml"), "--train_file", str(prompts),
-                             "--model_name_or_path", str(DEMO / "model"), "--max_completion_length", "8", "-n", "1"])
-    assert code == 0, err.getvalue()
-    from transformers import AutoTokenizer
-
+def test_preview_shows_a_groups_layout(prompts, demo_tokenizer):
+    code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-grpo.yaml"), "--train_file", str(prompts),
+                                        "--model_name_or_path", str(DEMO_MODEL), "--max_completion_length", "8",
+                                        "-n", "1"])
+    assert code == 0, stderr
     first = json.loads(prompts.read_text(encoding="utf-8").splitlines()[0])["prompt"]
-    p = len(AutoTokenizer.from_pretrained(DEMO / "model")(first, add_special_tokens=False)["input_ids"])
-    assert out.getvalue().splitlines() == [
+    p = len(demo_tokenizer(first, add_special_tokens=False)["input_ids"])
+    assert stdout.splitlines() == [
         "32 training prompts; each group: 1 prompt, 4 completions of up to 8 tokens (padding_free=True, "
         "prompt_once=True)",
         f"--- prompt 0 ({p} tokens): {first!r}",
@@ -261,16 +240,8 @@ def test_preview_shows_a_groups_layout(prompts):
 @needs_rl
 @pytest.mark.slow
 def test_two_ranks_train_and_exit(prompts, tmp_path):
-    import subprocess
-    import sys
-
-    from test_distributed import free_port
-
     out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
-           "-m", "trl_padfree.cli", "grpo", *grpo_argv(prompts, out, "--max_steps", "2")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_command("grpo", grpo_argv(prompts, out, "--max_steps", "2"), ranks=2, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2

@@ -3,17 +3,14 @@ GRPO; KTO in ``tests/test_launch_kto.py``), and the run line and ``launch_summar
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
-from paths import CONFIGS, DEMO
-from transformers import TrainerCallback
+from launch_runs import HeadSeen, run_launch, write_short_demo_records
+from paths import CONFIGS, DEMO, DEMO_MODEL
 
 from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
-from trl_padfree.launch import main
 from trl_padfree.scored_head import scored_head_unavailable
 
 ONE_STEP = ["--max_steps", "1", "--max_train_examples", "8", "--eval_strategy", "no", "--eval_on_start", "false",
@@ -28,26 +25,14 @@ def argv(task: str, data: Path, out: Path) -> list[str]:
     }[task]
     extra = {"sft": [], "dpo": ["--per_device_train_batch_size", "4"],
              "grpo": ["--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "4"]}
-    return ["--config", str(CONFIGS / config), "--model_name_or_path", str(DEMO / "model"), "--train_file", str(train),
+    return ["--config", str(CONFIGS / config), "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(train),
             "--output_dir", str(out), *ONE_STEP, *extra[task]]
 
 
 @pytest.fixture(scope="module")
 def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    lines = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
-    path = tmp_path_factory.mktemp("head-data") / "prompts.jsonl"
-    path.write_text("\n".join([line for line in lines if len(line) < 300][:8]) + "\n", encoding="utf-8")
-    return path
-
-
-class HeadSeen(TrainerCallback):
-    def __init__(self) -> None:
-        self.states: list[str | None] = []
-
-    def on_train_end(self, args, state, control, model=None, **kwargs):  # (SFT adds it at the first step)
-        from trl_padfree.scored_head import scored_head_state
-
-        self.states.append(scored_head_state(model))
+    return write_short_demo_records(tmp_path_factory.mktemp("head-data") / "prompts.jsonl", "pref_train.jsonl", 8,
+                                    shorter_than=300)
 
 
 UNAVAILABLE = {"sft": None, "dpo": dpo_padding_free_unavailable(), "grpo": rl_padding_free_unavailable()}
@@ -60,12 +45,11 @@ def test_scored_lm_head_reaches_the_trainer(task, value, prompts, tmp_path):
         pytest.skip(UNAVAILABLE[task])
     if value == "true" and scored_head_unavailable() is not None:  # trl < 1.16: TRL's head whatever the key says
         pytest.skip(scored_head_unavailable())
-    seen, out, err = HeadSeen(), io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([*argv(task, prompts, tmp_path / "out"), "--scored_lm_head", value], [seen], task=task)
-    assert code == 0, (out.getvalue() + err.getvalue())[-3000:]
+    seen = HeadSeen()
+    code, stdout, stderr = run_launch([*argv(task, prompts, tmp_path / "out"), "--scored_lm_head", value], task, [seen])
+    assert code == 0, (stdout + stderr)[-3000:]
     assert seen.states == (["scored"] if value == "true" else [None])
-    run_line = next(line for line in out.getvalue().splitlines() if line.startswith("[trl-padfree] run: "))
+    run_line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] run: "))
     assert f"scored_lm_head={value.capitalize()}" in run_line, run_line
     summary = json.loads((tmp_path / "out" / "launch_summary.json").read_text())
     assert summary["scored_lm_head"] is (value == "true")

@@ -5,39 +5,35 @@ trl 1.16 (``make test-lowest``)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
-import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from transformers import TrainerCallback
+from launch_runs import (
+    HeadSeen,
+    assert_config_typo_named,
+    assert_make_demo_runs_the_readme_command,
+    assert_refused_in_one_line,
+    demo_pairs_argv,
+    demo_records,
+    log_history,
+    run_command,
+    run_launch,
+    run_preview,
+    unranged_numeric_fields,
+    write_jsonl,
+)
+from paths import CONFIGS, DEMO_MODEL
 
 from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
-from trl_padfree.launch import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
-CONFIG = ROOT / "configs" / "demo-kto.yaml"
+CONFIG = CONFIGS / "demo-kto.yaml"
 PREFIX = "trl-padfree kto: error: "
 needs_kto = pytest.mark.skipif(not trl_at_least(MIN_TRL_KTO), reason=f"trl-padfree kto needs trl >= {MIN_TRL_KTO}")
 
 
 def kto_argv(out: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(CONFIG),
-        "--model_name_or_path", str(DEMO / "model"),
-        "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
-        "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
-        "--output_dir", str(out),
-        "--max_steps", "4", "--max_train_examples", "32", "--max_eval_examples", "8",
-        "--per_device_train_batch_size", "4", "--logging_steps", "2", "--eval_steps", "2",
-        *extra,
-    ]  # fmt: skip
+    return demo_pairs_argv(CONFIG, out, "--per_device_train_batch_size", "4", *extra)
 
 
 def quick(out: Path, *extra: str) -> list[str]:
@@ -46,18 +42,13 @@ def quick(out: Path, *extra: str) -> list[str]:
 
 
 def run(argv: list[str], callbacks=()) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv, callbacks, task="kto")
-    return code, out.getvalue(), err.getvalue()
+    return run_launch(argv, "kto", callbacks)
 
 
 @needs_kto
 def test_the_demo_config_trains_through_the_command(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "kto", *kto_argv(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
+    proc = run_command("kto", kto_argv(out))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     stdout = proc.stdout
     run_line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] run: "))
@@ -68,8 +59,7 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
             "examples: 32 desirable, 32 undesirable, each pair unpaired by TRL)") in stdout
     assert "keeps packed examples apart" in stdout and "[trl-padfree] reference model: a second copy" in stdout
     assert "[trl-padfree] steps: 4/4 in " in stdout and "real tokens/s" not in stdout
-    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    evals = [e for e in history if "eval_rewards/chosen" in e]
+    evals = [e for e in log_history(out) if "eval_rewards/chosen" in e]
     assert [e["step"] for e in evals] == [0, 2, 4]
     assert evals[0]["eval_rewards/chosen"] == 0.0 and evals[0]["eval_rewards/rejected"] == 0.0  # policy = reference
 
@@ -85,16 +75,6 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
     assert summary["prompt_once"] is True and summary["scored_lm_head"] is True
 
 
-class HeadSeen(TrainerCallback):
-    def __init__(self) -> None:
-        self.states = []
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from trl_padfree.scored_head import scored_head_state
-
-        self.states.append(scored_head_state(model))
-
-
 @needs_kto
 @pytest.mark.parametrize(("value", "state"), [("true", "scored"), ("false", None)])
 def test_scored_lm_head_reaches_the_trainer(tmp_path, value, state):
@@ -108,10 +88,9 @@ def test_scored_lm_head_reaches_the_trainer(tmp_path, value, state):
 
 @needs_kto
 def test_unpaired_records_train(tmp_path):
-    rows = [json.loads(line) for line in (DEMO / "data" / "pref_train.jsonl").read_text().splitlines()[:8]]
-    path = tmp_path / "unpaired.jsonl"
-    path.write_text("".join(json.dumps({"prompt": r["prompt"], "completion": r["chosen" if i % 3 else "rejected"],
-                                        "label": bool(i % 3)}) + "\n" for i, r in enumerate(rows)), encoding="utf-8")
+    path = write_jsonl(tmp_path / "unpaired.jsonl", [
+        {"prompt": r["prompt"], "completion": r["chosen" if i % 3 else "rejected"], "label": bool(i % 3)}
+        for i, r in enumerate(demo_records("pref_train.jsonl", 8))])
     code, stdout, stderr = run(quick(tmp_path / "out", "--train_file", str(path)))
     assert code == 0, (stdout + stderr)[-3000:]
     assert ("[trl-padfree] data: 8 training examples, 8 eval pairs (format: text, prompt/completion/label; training "
@@ -119,14 +98,9 @@ def test_unpaired_records_train(tmp_path):
     assert "[trl-padfree] steps: 1/1 in " in stdout
 
 
-def _write(path: Path, records: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return path
-
-
 @needs_kto
 def test_bad_records_are_named(tmp_path):
-    rows = [json.loads(line) for line in (DEMO / "data" / "pref_train.jsonl").read_text().splitlines()[:6]]
+    rows = demo_records("pref_train.jsonl", 6)
     unpaired = [{"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in rows]
     cases = [
         ("no-chosen", [*rows[:3], {"prompt": rows[3]["prompt"], "rejected": rows[3]["rejected"]}, *rows[4:]],
@@ -138,7 +112,7 @@ def test_bad_records_are_named(tmp_path):
          "'prompt', 'chosen', 'rejected'; missing 'label' (columns: prompt, completion)"),
     ]
     for name, records, message in cases:
-        path = _write(tmp_path / f"{name}.jsonl", records)
+        path = write_jsonl(tmp_path / f"{name}.jsonl", records)
         code, _, stderr = run(quick(tmp_path / "out", "--train_file", str(path)))
         assert code == 2 and not (tmp_path / "out").exists(), stderr
         assert stderr.startswith(PREFIX) and message in stderr and len(stderr.strip().splitlines()) == 1, stderr
@@ -158,33 +132,19 @@ def test_bad_records_are_named(tmp_path):
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
-    out = tmp_path / "out"
-    code, stdout, stderr = run(kto_argv(out, *extra))
-    assert code == 2, stdout + stderr
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(PREFIX) and message in lines[0], stderr
-    assert not out.exists()  # nothing written
+    assert_refused_in_one_line("kto", kto_argv(tmp_path / "out", *extra), tmp_path / "out", message)
 
 
 def test_a_typo_in_the_config_file_names_the_key(tmp_path):
     """Parsing comes first: the same line on every supported TRL."""
-    config = tmp_path / "typo.yaml"
-    config.write_text(CONFIG.read_text(encoding="utf-8").replace("undesirable_weight:", "undesirable_weigth:"),
-                      encoding="utf-8")
-    argv = kto_argv(tmp_path / "out")
-    argv[1] = str(config)
-    code, _, stderr = run(argv)
-    assert code == 2 and not (tmp_path / "out").exists()
-    assert stderr.strip() == (f"{PREFIX}unknown key 'undesirable_weigth' in {config}; did you mean "
-                              "'undesirable_weight'?")
+    out = tmp_path / "out"
+    assert_config_typo_named("kto", kto_argv(out), out, "undesirable_weight", "undesirable_weigth")
 
 
 @pytest.mark.skipif(trl_at_least(MIN_TRL_KTO), reason="the refusal below trl 1.16 (make test-lowest)")
 def test_below_trl_1_16_kto_refuses_naming_the_version(tmp_path):
     out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "kto", *kto_argv(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
+    proc = run_command("kto", kto_argv(out))
     assert proc.returncode == 2 and not out.exists()
     assert proc.stderr.strip() == (
         f"{PREFIX}trl-padfree kto needs trl >= {MIN_TRL_KTO} (trl_padfree.KTOTrainer builds on its KTOTrainer), and "
@@ -193,15 +153,11 @@ def test_below_trl_1_16_kto_refuses_naming_the_version(tmp_path):
 
 @needs_kto
 def test_preview_shows_the_examples():
-    from trl_padfree.launch.preview import main as preview_main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = preview_main(["--config", str(CONFIG), "--model_name_or_path", str(DEMO / "model"), "-n", "2",
-                             "--max_train_examples", "4"])
-    assert code == 0, err.getvalue()
-    lines = out.getvalue().splitlines()
-    first = json.loads((DEMO / "data" / "pref_train.jsonl").read_text().splitlines()[0])
+    code, stdout, stderr = run_preview(["--config", str(CONFIG), "--model_name_or_path", str(DEMO_MODEL), "-n", "2",
+                                        "--max_train_examples", "4"])
+    assert code == 0, stderr
+    lines = stdout.splitlines()
+    (first,) = demo_records("pref_train.jsonl", 1)
     assert lines[0].startswith("8 training examples (format: text, prompt/chosen/rejected pairs)")
     assert lines[1].startswith("--- example 0 (desirable; prompt ")
     assert lines[2:4] == [first["prompt"].split("\n")[0], "### Answer:[[" + first["chosen"] + "<|eos|>]]"]
@@ -212,19 +168,14 @@ def test_preview_shows_the_examples():
 def test_preview_of_a_kto_config_without_kto_only_keys_takes_task(tmp_path):
     """A KTO config that sets no KTO-only key reads as DPO's (the first registered of the trainers with its fields):
     the refusal then says how the preview told the trainer and to give ``--task``; with ``--task kto`` it previews."""
-    from trl_padfree.launch.preview import main as preview_main
-
-    rows = [json.loads(line) for line in (DEMO / "data" / "pref_train.jsonl").read_text().splitlines()[:4]]
-    data = _write(tmp_path / "unpaired.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"], "label": True}
+    rows = demo_records("pref_train.jsonl", 4)
+    data = write_jsonl(tmp_path / "unpaired.jsonl", [{"prompt": r["prompt"], "completion": r["chosen"], "label": True}
                                                 for r in rows])
     config = tmp_path / "kto.yaml"
-    config.write_text(f"model_name_or_path: {DEMO / 'model'}\ntrain_file: {data}\nprompt_once: true\n")
+    config.write_text(f"model_name_or_path: {DEMO_MODEL}\ntrain_file: {data}\nprompt_once: true\n")
 
     def preview(*extra: str) -> tuple[int, str, str]:
-        out, err = io.StringIO(), io.StringIO()
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = preview_main(["--config", str(config), "-n", "1", *extra])
-        return code, out.getvalue(), err.getvalue()
+        return run_preview(["--config", str(config), "-n", "1", *extra])
 
     code, _, err = preview()
     assert code == 2 and err.strip().endswith(
@@ -266,27 +217,8 @@ def test_evaluation_logits_are_one_row_per_example_as_trls(tmp_path):
 
 
 def test_make_demo_kto_runs_the_command_the_readme_shows():
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    recipe = re.search(r"^demo-kto: install\n\t(.+)$", makefile, re.M)
-    assert recipe and recipe.group(1) == "$(VENV)/bin/trl-padfree kto --config configs/demo-kto.yaml"
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "`make demo-kto`" in readme
-    assert re.search(r"^trl-padfree kto --config configs/demo-kto\.yaml +# ", readme, re.M)  # shown in the README's command block (run by test_docs)
+    assert_make_demo_runs_the_readme_command("kto")
 
 
 def test_every_numeric_field_has_a_range_or_a_reason():
-    import dataclasses
-    import typing
-
-    from trl_padfree.launch.tasks import get_task
-    from trl_padfree.launch.validate import NUMERIC_RANGES, UNCHECKED_NUMERIC
-
-    task = get_task("kto")
-    numeric = set()
-    for cls in task.argument_classes():
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            args = typing.get_args(hints[f.name]) or (hints[f.name],)
-            if any(a in (int, float) for a in args) and bool not in args:
-                numeric.add(f.name)
-    assert numeric - set(NUMERIC_RANGES) - set(UNCHECKED_NUMERIC) - set(task.numeric_ranges()) == set()
+    assert unranged_numeric_fields("kto") == set()

@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from launch_runs import log_history, losses, write_jsonl
+from paths import CONFIGS, DEMO, DEMO_MODEL, ROOT
+from tiny_models import FALCON, MPT, save_tiny_model
 
 from trl_padfree._compat import transformers_at_least
 from trl_padfree.launch import main
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO = ROOT / "trl_padfree" / "demo"
 STEPS = 6
 MAX_LENGTH = 96
 
@@ -31,7 +32,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     short = [r for r in records if len(r["instruction"]) + len(r["output"]) < 160][:40]
     long_question = {"instruction": "Copy the text exactly: " + "red blue green " * 60, "output": "red blue green"}
     rows = short[:20] + [long_question] + short[20:]
-    (out / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    write_jsonl(out / "train.jsonl", rows)
     eval_lines = (DEMO / "data" / "eval.jsonl").read_text(encoding="utf-8").splitlines()[:8]
     (out / "eval.jsonl").write_text("\n".join(eval_lines) + "\n", encoding="utf-8")
     return out
@@ -39,8 +40,8 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def train_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
     return [
-        "--config", str(ROOT / "configs" / "demo.yaml"),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--config", str(CONFIGS / "demo.yaml"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(data_dir / "train.jsonl"),
         "--eval_file", str(data_dir / "eval.jsonl"),
         "--output_dir", str(output_dir),
@@ -55,11 +56,6 @@ def train_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
         "--eval_on_start", "false",
         *extra,
     ]  # fmt: skip
-
-
-def losses(output_dir: Path) -> dict[int, float]:
-    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
-    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +91,7 @@ def test_run_trains_saves_and_summarises(full_run):
 
 def test_logs_have_loss_tokens_per_second_and_padding_share(full_run):
     out, _ = full_run
-    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    history = log_history(out)
     train_logs = [e for e in history if "loss" in e]
     assert [e["step"] for e in train_logs] == list(range(1, STEPS + 1))
     for entry in train_logs:
@@ -181,27 +177,10 @@ def test_ctrl_c_asks_for_a_checkpoint_then_aborts_on_the_second():
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
 
 
-def _tiny_model_dir(tmp_path: Path, model_type: str, **sizes: int) -> Path:
-    """A tiny random model of ``model_type`` with the demo tokenizer, saved like a checkpoint."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path / model_type
-    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
-    config = AutoConfig.for_model(
-        model_type, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def test_auto_falls_back_when_the_model_cannot_load_with_padfree(data_dir, tmp_path, capsys):
+def test_auto_falls_back_when_the_model_cannot_load_with_padfree(data_dir, tmp_path, capsys, demo_tokenizer):
     """transformers builds Falcon's attention from its own table, which has no "padfree" (KeyError at load):
     auto loads it with its default attention (sdpa), the probe finds that safe, and training runs."""
-    model = _tiny_model_dir(tmp_path, "falcon", hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+    model = save_tiny_model(tmp_path / "falcon", "falcon", FALCON, demo_tokenizer)
     out = tmp_path / "out"
     argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2", "--eval_strategy", "no")
     safe = transformers_at_least("5.24")  # before 5.24 falcon's sdpa mask ignores position_ids: the probe stops it
@@ -216,9 +195,10 @@ def test_auto_falls_back_when_the_model_cannot_load_with_padfree(data_dir, tmp_p
     assert json.loads((out / "launch_summary.json").read_text())["attn_implementation"] == "sdpa"
 
 
-def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stops_it(data_dir, tmp_path, capsys):
+def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stops_it(data_dir, tmp_path, capsys,
+                                                                                     demo_tokenizer):
     """MPT computes attention itself: auto falls back to its default (eager), which leaks; nothing is trained."""
-    model = _tiny_model_dir(tmp_path, "mpt", d_model=32, n_heads=2, n_layers=1, max_seq_len=128)
+    model = save_tiny_model(tmp_path / "mpt", "mpt", MPT, demo_tokenizer)
     capsys.readouterr()
     out = tmp_path / "out"
     assert main(train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2")) == 2
@@ -232,8 +212,9 @@ def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stop
     assert not out.exists()
 
 
-def test_explicit_padfree_on_a_model_that_cannot_be_built_with_it_names_the_fix(data_dir, tmp_path, capsys):
-    model = _tiny_model_dir(tmp_path, "falcon", hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+def test_explicit_padfree_on_a_model_that_cannot_be_built_with_it_names_the_fix(data_dir, tmp_path, capsys,
+                                                                               demo_tokenizer):
+    model = save_tiny_model(tmp_path / "falcon", "falcon", FALCON, demo_tokenizer)
     capsys.readouterr()
     out = tmp_path / "out"
     argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--attn_implementation", "padfree")

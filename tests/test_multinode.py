@@ -26,8 +26,9 @@ import psutil
 import pytest
 from paths import ROOT
 from safetensors.torch import load_file
-from test_distributed import N_TRAIN, free_port, train_argv
+from test_distributed import N_TRAIN, train_argv
 from test_distributed import data_dir as data_dir  # the module's fixture (tiny demo data)
+from two_ranks import free_port
 
 from trl_padfree.launch.resume import choose_resume
 from trl_padfree.launch.run_files import CHECKPOINT_MARKER, STAGING_DIR

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from paths import ROOT
 
 from trl_padfree import cli
 from trl_padfree.launch.preview import marked_text
-
-ROOT = Path(__file__).resolve().parent.parent
 
 EXPECTED = """\
 --- example 0 (71 tokens, 29 trained) ---
@@ -26,11 +23,6 @@ trained tokens: 291 of 549 (53.0%) in 8 training examples (format: template)
 examples without a trained token (dropped before training): 0 of 8
 examples without the response template among the first 8: 0
 """
-
-
-@pytest.fixture
-def in_root(monkeypatch):
-    monkeypatch.chdir(ROOT)  # the demo config names its files relative to the repository root
 
 
 def test_preview_of_the_demo_config_is_exact(in_root, capsys, tmp_path):

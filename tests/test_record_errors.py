@@ -7,21 +7,16 @@ must end as ``<split> record <index> (counting from 0): <cause>; <fix>`` on one 
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 
 import pytest
-from paths import DEMO
+from launch_runs import write_jsonl
+from paths import DEMO_MODEL
 
 from trl_padfree import cli
 
 QUESTION = "### Question: {instruction}\n### Answer: {output}"
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
 
 
 def chat(*turns: tuple[str, str], **extra) -> dict:
@@ -39,7 +34,7 @@ def word_level_model(tmp_path: Path) -> Path:
     model = tmp_path / "model"
     model.mkdir()
     for name in ("config.json", "model.safetensors"):
-        shutil.copy(DEMO / "model" / name, model / name)
+        shutil.copy(DEMO_MODEL / name, model / name)
     PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>").save_pretrained(model)
     return model
 
@@ -124,7 +119,7 @@ def resolve(args: list[str], tmp_path: Path) -> list[str]:
 def test_a_record_that_cannot_be_prepared_is_one_line_naming_it(case, tmp_path, capsys):
     rows, extra, record, message = CASES[case]
     data = write_jsonl(tmp_path / "train.jsonl", rows)
-    argv = ["preview", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(data),
+    argv = ["preview", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data),
             "--output_dir", str(tmp_path / "out"), *resolve(extra, tmp_path)]  # fmt: skip
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -137,7 +132,7 @@ def test_the_eval_split_is_named(tmp_path, capsys):
     train = write_jsonl(tmp_path / "train.jsonl", QA)
     evals = write_jsonl(tmp_path / "eval.jsonl", [{"instruction": "a long question", "output": "b"},
                                                   {"instruction": "short", "output": "b"}])
-    argv = ["preview", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(train), "--eval_file",
+    argv = ["preview", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(train), "--eval_file",
             str(evals), "--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template",
             "### Answer:", "--output_dir", str(tmp_path / "out")]  # fmt: skip
     assert cli.main(argv) == 2
@@ -149,7 +144,7 @@ def test_after_eval_fraction_the_record_is_named_in_file_order(tmp_path, capsys)
     rows = [{"instruction": f"a long question {i}", "output": "b"} for i in range(20)]
     rows[13] = {"instruction": "short", "output": "b"}
     data = write_jsonl(tmp_path / "train.jsonl", rows)
-    argv = ["preview", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(data), "--eval_fraction",
+    argv = ["preview", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--eval_fraction",
             "0.5", "--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template",
             "### Answer:", "--output_dir", str(tmp_path / "out")]  # fmt: skip
     assert cli.main(argv) == 2
@@ -159,7 +154,7 @@ def test_after_eval_fraction_the_record_is_named_in_file_order(tmp_path, capsys)
 @pytest.mark.parametrize("template", ["### Question: {instruction\n### Answer: {output}", "### Question: }{output}"])
 def test_a_template_that_is_no_format_string_is_refused_before_the_data(template, tmp_path, capsys):
     data = write_jsonl(tmp_path / "train.jsonl", QA)
-    argv = ["preview", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(data), "--template",
+    argv = ["preview", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--template",
             template, "--response_template", "### Answer:", "--output_dir", str(tmp_path / "out")]  # fmt: skip
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
@@ -171,7 +166,7 @@ def test_a_template_that_is_no_format_string_is_refused_before_the_data(template
 def test_train_refuses_the_record_the_same_way_and_writes_nothing(tmp_path, capsys):
     data = write_jsonl(tmp_path / "train.jsonl", CASES["chat template raises (labels from the chat template)"][0])
     out = tmp_path / "out"
-    argv = ["train", "--model_name_or_path", str(DEMO / "model"), "--train_file", str(data), "--output_dir",
+    argv = ["train", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--output_dir",
             str(out), "--max_steps", "1", "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]  # fmt: skip
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

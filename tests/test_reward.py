@@ -9,12 +9,22 @@ deliberately leaking attention is refused before the first step.
 
 from __future__ import annotations
 
+import layout_runs
 import pytest
 import tiny_reward as T
 import torch
-from test_dpo import leaky_attention
-from transformers import AttentionInterface, TrainerCallback
-from transformers.masking_utils import AttentionMaskInterface
+from layout_runs import (
+    LAYOUTS,
+    GradRecorder,
+    assert_training_moved,
+    ddp_runs,
+    finished,
+    max_rel_diff,
+    register_leaky_attention,
+    step_logs,
+    train_layouts,
+    weights,
+)
 
 from trl_padfree import RewardConfig, RewardTrainer
 from trl_padfree.probe import PackingLeakError
@@ -32,50 +42,21 @@ pytestmark = pytest.mark.skipif(reward_padding_free_unavailable() is not None,
 METRICS = ("loss", "num_tokens", "min_reward", "mean_reward", "max_reward", "accuracy", "margin")
 
 
-class GradRecorder(TrainerCallback):
-    """Every parameter's gradient just before each optimizer step."""
-
-    def __init__(self) -> None:
-        self.steps: list[dict[str, torch.Tensor]] = []
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+def grad_rtol(layout: str) -> float:
+    return RTOL if layout == "padfree" else ONCE_GRAD_RTOL
 
 
-def run_layouts(tmp_path, data, tok, **kwargs) -> dict[str, tuple[RewardTrainer, GradRecorder]]:
-    out = {}
-    for layout in T.LAYOUTS:
-        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), optim="sgd", **kwargs)
-        recorder = GradRecorder()
-        trainer.add_callback(recorder)
-        recorder.initial = T.weights(trainer)
-        trainer.train()
-        out[layout] = (trainer, recorder)
-    return out
+def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
+    # margin and mean reward are differences/means of rewards: judged against the rewards' size
+    scale = max(abs(want["min_reward"]), abs(want["max_reward"]))
+    for key in METRICS:
+        tol = RTOL * max(abs(want[key]), scale if key in ("margin", "mean_reward") else 0.0, 1e-7)
+        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
 
 
 def assert_same_training(runs: dict[str, tuple[RewardTrainer, GradRecorder]]) -> None:
-    padded, padded_grads = runs["padded"]
-    want = T.step_logs(padded)
-    assert len(want) == 3 and len(padded_grads.steps) == 3
-    for layout in ("padfree", "once"):
-        trainer, grads = runs[layout]
-        got = T.step_logs(trainer)
-        assert len(got) == 3
-        for step_got, step_want in zip(got, want, strict=True):
-            # margin and mean reward are differences/means of rewards: judged against the rewards' size
-            scale = max(abs(step_want["min_reward"]), abs(step_want["max_reward"]))
-            for key in METRICS:
-                a, b = step_got[key], step_want[key]
-                tol = RTOL * max(abs(b), scale if key in ("margin", "mean_reward") else 0.0, 1e-7)
-                assert abs(a - b) <= tol, (layout, key, a, b)
-        assert len(grads.steps) == 3
-        for step, (g, w) in enumerate(zip(grads.steps, padded_grads.steps, strict=True)):
-            tol = RTOL if layout == "padfree" else ONCE_GRAD_RTOL
-            assert T.max_rel_diff(g, w) <= tol, (layout, step, T.max_rel_diff(g, w))
-        assert T.max_rel_diff(T.weights(trainer), T.weights(padded)) <= RTOL
-    # training moved the weights: the comparison is not between untouched models
-    assert T.max_rel_diff(T.weights(padded), padded_grads.initial) > 1e-4
+    layout_runs.assert_same_training(finished(runs), same_step, grad_rtol)
+    assert_training_moved(runs)
     # prompt-once forwarded fewer tokens than it counted (the shared prefixes once), the counts agree
     once = runs["once"][0]
     batch = once.data_collator([once.train_dataset[i] for i in range(4)])
@@ -96,7 +77,7 @@ def test_three_layouts_train_the_same_model(tmp_path, case):
     case = dict(case)
     tok = T.tokenizer(pad_is_eos=case.pop("pad_is_eos", False))
     data = T.pairs(24, explicit_prompt=case.pop("explicit_prompt", True), margin=case.pop("margin", False))
-    runs = run_layouts(tmp_path, data, tok, **case)
+    runs = train_layouts(T, data, tok, tmp_path, **case)
     assert_same_training(runs)
     if "center_rewards_coefficient" in case:
         assert "margin" in runs["padfree"][0].train_dataset.column_names
@@ -155,16 +136,15 @@ def test_scores_are_read_where_trl_pools():
 
 
 def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    AttentionInterface.register("leaky_test", leaky_attention)
-    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
+    leaky = register_leaky_attention()
     tok, data = T.tokenizer(), T.pairs(8)
     for prompt_once in (False, True):
-        report = check_reward_packing(T.model("padfree", tok, attn_implementation="leaky_test"),
+        report = check_reward_packing(T.model("padfree", tok, attn_implementation=leaky),
                                       prompt_once=prompt_once)
         assert report.status == "leaks" and report.max_abs_diff > 100 * report.tolerance, report
         assert "attn_implementation='padfree'" in report.advice
     assert check_reward_packing(T.model("padfree", tok), prompt_once=True).status == "safe"
-    trainer = T.trainer("padfree", data, tok, str(tmp_path), attn_implementation="leaky_test")
+    trainer = T.trainer("padfree", data, tok, str(tmp_path), attn_implementation=leaky)
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
     assert trainer.state.global_step == 0
@@ -211,8 +191,8 @@ def test_peft_lora_trains_the_same_adapters(tmp_path):
         runs[layout] = trainer
     trained = {k for k, v in runs["padded"].model.named_parameters() if v.requires_grad}
     assert any("lora" in k for k in trained) and any("score" in k for k in trained)
-    assert T.max_rel_diff(T.weights(runs["padfree"]), T.weights(runs["padded"])) <= RTOL
-    for a, b in zip(T.step_logs(runs["padfree"]), T.step_logs(runs["padded"]), strict=True):
+    assert max_rel_diff(weights(runs["padfree"]), weights(runs["padded"])) <= RTOL
+    for a, b in zip(step_logs(runs["padfree"]), step_logs(runs["padded"]), strict=True):
         assert abs(a["loss"] - b["loss"]) <= RTOL * abs(b["loss"])
 
 
@@ -229,7 +209,7 @@ def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", rms_norm_in_input_dtype)
     tok, data = T.tokenizer(), T.pairs(8)
     grads, losses = {}, {}
-    for layout in T.LAYOUTS:
+    for layout in LAYOUTS:
         trainer = T.trainer(layout, data, tok, str(tmp_path / layout))
         trainer.model.double()
         batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
@@ -240,55 +220,19 @@ def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
         grads[layout] = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     for layout in ("padfree", "once"):
         assert abs(losses[layout] - losses["padded"]) <= 1e-12 * abs(losses["padded"])
-        assert T.max_rel_diff(grads[layout], grads["padded"]) <= 1e-12, layout
+        assert max_rel_diff(grads[layout], grads["padded"]) <= 1e-12, layout
 
 
 @pytest.mark.slow
 def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
     """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
-    path = os.pathsep.join([str(root), str(root / "tests")])  # this checkout's package, not the installed one
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": path}
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(root / "tests" / "ddp_reward.py"), str(tmp_path)],
-        cwd=root, env=env, capture_output=True, text=True, timeout=600,
-    )
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()  # both ranks ran to the end
-    results = json.loads((tmp_path / "results.json").read_text())
-    runs = {}
-    for layout in T.LAYOUTS:
-        assert results[layout]["world_size"] == 2 and results[layout]["ranks"] == 2
-        # 3 steps x 2 micro-batches x 2 pairs x 2 ranks = 24 of the 32 pairs
-        assert results[layout]["epoch"] == pytest.approx(24 / 32)
-        saved = torch.load(tmp_path / f"{layout}.pt")
-        runs[layout] = (saved["grads"], saved["weights"])
-    padded_logs, padded = results["padded"]["logs"], runs["padded"]
-    for layout in ("padfree", "once"):
-        logs = results[layout]["logs"]
-        assert len(logs) == len(padded_logs) == 3
-        for got, want in zip(logs, padded_logs, strict=True):
-            scale = max(abs(want["min_reward"]), abs(want["max_reward"]))
-            for key in METRICS:
-                tol = RTOL * max(abs(want[key]), scale if key in ("margin", "mean_reward") else 0.0, 1e-7)
-                assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
-        assert len(runs[layout][0]) == len(padded[0]) == 3
-        for g, w in zip(runs[layout][0], padded[0], strict=True):
-            assert T.max_rel_diff(g, w) <= (RTOL if layout == "padfree" else ONCE_GRAD_RTOL)
-        assert T.max_rel_diff(runs[layout][1], padded[1]) <= RTOL
+    layout_runs.assert_same_training(ddp_runs("reward", tmp_path), same_step, grad_rtol)
 
 
 def test_evaluation_gives_trls_metrics(tmp_path):
     tok, data = T.tokenizer(), T.pairs(12)
     results = {}
-    for layout in T.LAYOUTS:
+    for layout in LAYOUTS:
         trainer = RewardTrainer(T.model(layout, tok), args=T.config(layout, str(tmp_path / layout),
                                                                      per_device_eval_batch_size=4),
                                 train_dataset=data, eval_dataset=T.pairs(8, seed=1), processing_class=tok,
@@ -317,7 +261,5 @@ def test_probe_accepts_other_decoder_families(family):
     for prompt_once in (False, True):
         model = AutoModelForSequenceClassification.from_config(config, attn_implementation="padfree")
         assert check_reward_packing(model, prompt_once=prompt_once).status == "safe", (family, prompt_once)
-    AttentionInterface.register("leaky_test", leaky_attention)
-    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
-    leaky = AutoModelForSequenceClassification.from_config(config, attn_implementation="leaky_test")
+    leaky = AutoModelForSequenceClassification.from_config(config, attn_implementation=register_leaky_attention())
     assert check_reward_packing(leaky).status == "leaks"

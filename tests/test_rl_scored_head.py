@@ -17,6 +17,7 @@ import pytest
 import tiny_kto as K
 import tiny_rl as R
 from accelerate.utils import is_peft_model
+from layout_runs import GradRecorder, max_rel_diff, step_logs, weights
 
 from trl_padfree._compat import rl_padding_free_unavailable
 from trl_padfree.kto import kto_padding_free_unavailable
@@ -62,13 +63,13 @@ def test_grpo_scored_head_equals_trls_head(tmp_path, case):
     layout, overrides = GRPO_CASES[case]
     scored, trl_head = _rl_pair(tmp_path, "grpo", layout, **overrides)
     assert any(ent is not None for _, ent in scored.recorded)  # entropies were handed to TRL's loss
-    assert any(e.get("kl", 0) > 0 for e in R.step_logs(trl_head))  # the reference forward mattered
+    assert any(e.get("kl", 0) > 0 for e in step_logs(trl_head))  # the reference forward mattered
     _assert_exact(R.compare(scored, trl_head))
 
 
 def test_rloo_scored_head_equals_trls_head(tmp_path):
     scored, trl_head = _rl_pair(tmp_path, "rloo", "padfree", temperature=0.8)
-    assert any(e.get("kl", 0) > 0 for e in R.step_logs(trl_head))
+    assert any(e.get("kl", 0) > 0 for e in step_logs(trl_head))
     _assert_exact(R.compare(scored, trl_head))
 
 
@@ -80,8 +81,6 @@ def test_rl_switch_is_checked_and_padded_stays_trls(tmp_path):
 
 
 def _kto_run(tmp_path, layout: str, scored: bool):
-    from test_reward import GradRecorder
-
     tok, data = K.tokenizer(), K.examples(24)
     t = K.trainer(layout, data, tok, str(tmp_path / f"{layout}-{scored}"), optim="sgd", scored_lm_head=scored)
     recorder = GradRecorder()
@@ -96,7 +95,7 @@ def test_kto_scored_head_equals_trls_head(tmp_path, layout):
     assert scored.lm_head_state == scored.ref_lm_head_state == "scored"
     assert scored_head_state(scored.model) == "scored" and scored_head_state(trl_head.model) is None
     assert trl_head.lm_head_state == "trl: scored_lm_head=False"
-    got, want = K.step_logs(scored), K.step_logs(trl_head)
+    got, want = step_logs(scored), step_logs(trl_head)
     assert len(got) == len(want) == 3 and len(scored_grads.steps) == len(trl_grads.steps) == 3
     assert any(e["kl"] > 0 for e in want)  # the KL forwards (policy and reference) are in the comparison
     for g, w in zip(got, want, strict=True):
@@ -107,8 +106,8 @@ def test_kto_scored_head_equals_trls_head(tmp_path, layout):
             tol = 1e-5 * max(abs(w[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
             assert abs(g[key] - w[key]) <= tol, (key, g[key], w[key])
     for g, w in zip(scored_grads.steps, trl_grads.steps, strict=True):
-        assert K.max_rel_diff(g, w) <= 1e-5
-    assert K.max_rel_diff(K.weights(scored), K.weights(trl_head)) <= 1e-5
+        assert max_rel_diff(g, w) <= 1e-5
+    assert max_rel_diff(weights(scored), weights(trl_head)) <= 1e-5
 
 
 def test_kto_switch_is_checked(tmp_path):

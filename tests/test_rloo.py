@@ -16,7 +16,8 @@ from trl_padfree._compat import rl_padding_free_unavailable
 if rl_padding_free_unavailable():
     pytest.skip(rl_padding_free_unavailable(), allow_module_level=True)
 
-from tiny_rl import LAYOUTS, METRIC_RTOL, RTOL, compare, step_logs, trainer
+from layout_runs import LAYOUTS, step_logs
+from tiny_rl import METRIC_RTOL, RTOL, compare, trainer
 
 import trl_padfree
 

@@ -11,13 +11,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import os
-import signal
 from pathlib import Path
 
 import pytest
-from paths import DEMO, ROOT
-from transformers import AutoTokenizer, TrainerCallback
+from launch_hooks import SigtermAtStep
+from paths import CONFIGS, DEMO, DEMO_MODEL
 
 from trl_padfree.launch import load_config, main
 from trl_padfree.launch.tasks.sft_data import prepare_data
@@ -27,8 +25,8 @@ STEPS, BATCH, EXAMPLES, MULTIPLE = 7, 4, 28, 64  # one epoch: every example is t
 
 def run_argv(output_dir: Path, *extra: str) -> list[str]:
     return [
-        "--config", str(ROOT / "configs" / "demo.yaml"),
-        "--model_name_or_path", str(DEMO / "model"),
+        "--config", str(CONFIGS / "demo.yaml"),
+        "--model_name_or_path", str(DEMO_MODEL),
         "--train_file", str(DEMO / "data" / "train.jsonl"),
         "--eval_file", "", "--eval_strategy", "no", "--eval_on_start", "false",
         "--max_train_examples", str(EXAMPLES),
@@ -47,18 +45,6 @@ def run(argv: list[str], callbacks=()) -> tuple[int, str]:
     with contextlib.redirect_stdout(buffer):
         code = main(argv, callbacks=callbacks)
     return code, buffer.getvalue()
-
-
-class SigtermAfter(TrainerCallback):
-    """Sends this process SIGTERM at the end of step ``step`` (the launch then checkpoints and stops)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return control
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +75,7 @@ def test_the_summary_train_loss_is_transformers_mean_over_every_step(whole_run):
 
 def test_a_resumed_run_reports_the_whole_run_and_the_steps_it_ran(whole_run, tmp_path):
     out = tmp_path / "out"
-    code, stdout = run(run_argv(out), callbacks=[SigtermAfter(5)])
+    code, stdout = run(run_argv(out), callbacks=[SigtermAtStep(5)])
     assert code == 0, stdout[-3000:]
     assert (out / "checkpoint-5").is_dir() and summary(out)["global_step"] == 5
     assert summary(out)["train_loss_steps"] == 5  # the stop logged its step: the checkpoint covers steps 1-5
@@ -112,11 +98,10 @@ def test_a_resumed_run_reports_the_whole_run_and_the_steps_it_ran(whole_run, tmp
     assert f"[trl-padfree] train loss: {resumed['train_loss']:.4f} (mean over the run's {STEPS} steps)" in stdout
 
 
-def test_the_padding_segment_of_pad_to_multiple_of_is_no_real_token(whole_run):
+def test_the_padding_segment_of_pad_to_multiple_of_is_no_real_token(whole_run, demo_tokenizer):
     out, _ = whole_run
     cfg = load_config(run_argv(out, "--overwrite_output_dir", "true"), check_environment=False)
-    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
-    data = prepare_data(cfg, tokenizer)
+    data = prepare_data(cfg, demo_tokenizer)
     lengths = [len(ids) for ids in data.train["input_ids"]]
     assert len(lengths) == EXAMPLES == STEPS * BATCH
     metrics = summary(out)["metrics"]
@@ -132,5 +117,5 @@ def test_the_model_card_names_the_local_base_model_and_where_to_load_it(whole_ru
     out, _ = whole_run
     card = (out / "README.md").read_text(encoding="utf-8")  # TRL writes it with each checkpoint
     assert "[None]" not in card and 'model="None"' not in card
-    assert f"This model is a fine-tuned version of the local model `{DEMO / 'model'}`." in card
+    assert f"This model is a fine-tuned version of the local model `{DEMO_MODEL}`." in card
     assert f'generator = pipeline("text-generation", model="{out}", ' in card  # device= or device_map= by TRL version

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import tiny_dpo as T
 import torch
-from test_dpo import GradRecorder, grad_rel
+from layout_runs import GradRecorder, max_rel_diff, step_logs, weights
 from tiny_sft import make_trainer, tokenized_dataset, tokenizer
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
@@ -148,7 +148,7 @@ def test_model_call_equals_trls_fused_head(shifted):
         a, b = getattr(got, name), getattr(want, name)
         assert torch.equal(a, b) if name == "is_top1" else rel(a, b) <= RTOL, name
     assert 0 < int(got.is_top1.sum()) < int(got.label_mask.sum())  # right at some positions, wrong at others
-    assert grad_rel(got_grads, want_grads) <= RTOL
+    assert max_rel_diff(got_grads, want_grads) <= RTOL
     # without fused_lm_head the model's own forward (logits of every position)
     assert model(**batch).logits.shape[1] == batch["input_ids"].shape[1]
 
@@ -180,9 +180,9 @@ def test_sft_trainer_equals_trls_head(tmp_path):
             assert abs(g[key] - w[key]) <= RTOL * max(abs(w[key]), 1e-7), (key, g[key], w[key])
     assert len(scored_grads.steps) == len(trl_grads.steps) == 3
     for g, w in zip(scored_grads.steps, trl_grads.steps, strict=True):
-        assert grad_rel(g, w) <= RTOL
-    assert T.max_rel_diff(T.weights(scored), T.weights(trl_head)) <= RTOL
-    assert T.max_rel_diff(T.weights(scored), T.weights(make_trainer(True, tokenized_dataset(tokenizer(), 4),
+        assert max_rel_diff(g, w) <= RTOL
+    assert max_rel_diff(weights(scored), weights(trl_head)) <= RTOL
+    assert max_rel_diff(weights(scored), weights(make_trainer(True, tokenized_dataset(tokenizer(), 4),
                                                                      tokenizer(), str(tmp_path / "init")))) > 1e-4
 
 
@@ -222,13 +222,13 @@ def test_dpo_equals_trls_head(tmp_path, once):
     assert (want.lm_head_state, want.ref_lm_head_state) == ("trl: scored_lm_head=False",) * 2
     assert (got.lm_head_state, got.ref_lm_head_state) == ("scored", "scored")
     assert rel(got_logps, want_logps) <= RTOL and rel(got_ref, want_ref) <= RTOL
-    assert all(0 < e["mean_token_accuracy"] < 1 for e in T.step_logs(got))  # (a comparison of more than zeros)
-    for g, w in zip(T.step_logs(got), T.step_logs(want), strict=True):
+    assert all(0 < e["mean_token_accuracy"] < 1 for e in step_logs(got))  # (a comparison of more than zeros)
+    for g, w in zip(step_logs(got), step_logs(want), strict=True):
         for key in ("loss", "logps/chosen", "logps/rejected", "entropy", "logits/chosen", "logits/rejected",
                     "mean_token_accuracy"):
             assert abs(g[key] - w[key]) <= RTOL * max(abs(w[key]), 1e-7), (key, g[key], w[key])
     for g, w in zip(got_grads.steps, want_grads.steps, strict=True):
-        assert grad_rel(g, w) <= RTOL
+        assert max_rel_diff(g, w) <= RTOL
     assert len(got_grads.steps) == 3
 
 

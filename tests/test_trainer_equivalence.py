@@ -7,14 +7,11 @@ trained tokens in both layouts: with gradient accumulation in one process, and w
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from paths import ROOT
 from tiny_sft import losses, make_trainer, max_rel_diff, tokenized_dataset, tokenizer, weights
+from two_ranks import run_on_two_ranks
 
 from trl_padfree.scored_head import scored_head_unavailable
 
@@ -54,14 +51,7 @@ def test_gradient_accumulation_padded_and_padding_free_train_the_same_model(tmp_
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("ddp-equivalence")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}  # this checkout, not an installed copy
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(ROOT / "tests" / "ddp_equivalence.py"), str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    run_on_two_ranks("ddp_equivalence.py", out, timeout=300)
     results = json.loads((out / "results.json").read_text())
     results["weights"] = {key: torch.load(out / f"{key}.pt") for key in [*results["runs"], "rank1"]}
     return results

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
-from paths import DEMO
+from paths import DEMO_MODEL
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig
 
@@ -45,8 +45,8 @@ def default_threads(monkeypatch):
 
 
 def train(tmp_path: Path, **kwargs) -> list[int]:
-    tok = AutoTokenizer.from_pretrained(DEMO / "model")
-    model = AutoModelForCausalLM.from_pretrained(DEMO / "model", attn_implementation="padfree")  # hidden size 128
+    tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, attn_implementation="padfree")  # hidden size 128
     ds = Dataset.from_dict({"text": [f"### Question: q{i}\n### Answer: a{i}" for i in range(8)]})
     args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, report_to=[],
                      save_strategy="no", use_cpu=True, bf16=False, activation_checkpointing=False,

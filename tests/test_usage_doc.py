@@ -9,7 +9,7 @@ import re
 
 import pytest
 import yaml
-from paths import ROOT
+from paths import CONFIGS, ROOT
 
 from trl_padfree.launch import main
 
@@ -24,17 +24,16 @@ def minimal_config() -> str:
 
 def test_the_minimal_config_sets_the_demo_learning_rate():
     shown = yaml.safe_load(minimal_config())
-    demo = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text(encoding="utf-8"))
+    demo = yaml.safe_load((CONFIGS / "demo.yaml").read_text(encoding="utf-8"))
     assert shown["learning_rate"] == demo["learning_rate"] == 1e-3
 
 
 @pytest.mark.parametrize("rate", [None, "2e-5"])
-def test_the_minimal_config_trains_with_the_losses_the_page_shows(rate, tmp_path, monkeypatch):
+def test_the_minimal_config_trains_with_the_losses_the_page_shows(rate, tmp_path, in_root):
     text = minimal_config().replace("output_dir: outputs/mine", f"output_dir: {tmp_path / 'out'}")
     config = tmp_path / "mine.yaml"
     config.write_text(text, encoding="utf-8")
     extra = ["--learning_rate", rate] if rate else []
-    monkeypatch.chdir(ROOT)  # the config's paths start at the repository root
     with contextlib.redirect_stdout(io.StringIO()) as out:
         code = main(["--config", str(config), *extra])
     assert code == 0, out.getvalue()[-3000:]

@@ -1,20 +1,18 @@
 """Shared set-up of the reward-model tests: a tiny tokenizer and sequence-classification Llama, preference pairs of
-uneven lengths, and trainers for the three layouts (TRL's padded batch, this package's padding-free row,
-prompt-once)."""
+uneven lengths, and trainers for the three layouts of tests/layout_runs.py (TRL's padded batch, this package's
+padding-free row, prompt-once)."""
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import torch
 from datasets import Dataset
+from layout_runs import random_text, training_args
 from transformers import LlamaForSequenceClassification
 
 from trl_padfree import RewardConfig, RewardTrainer
-from trl_padfree.testing import demo_corpus, tiny_byte_level_tokenizer, tiny_llama_config
-
-LAYOUTS = ("padded", "padfree", "once")
+from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_llama_config
 
 
 def tokenizer(pad_is_eos: bool = False) -> Any:
@@ -27,12 +25,7 @@ def tokenizer(pad_is_eos: bool = False) -> Any:
 def pairs(n: int = 24, seed: int = 0, *, explicit_prompt: bool = True, margin: bool = False) -> Dataset:
     """Plain-text preference pairs with independently drawn, uneven lengths; the prompt as a column of its own
     (``explicit_prompt``) or at the start of both texts (implicit)."""
-    rng = random.Random(seed)
-    corpus = demo_corpus(200, seed)
-
-    def text(k: int) -> str:
-        return " ".join(rng.choice(corpus) for _ in range(k))
-
+    rng, text = random_text(seed)
     rows = []
     for _ in range(n):
         prompt = "Q: " + text(rng.randint(1, 3)) + "\nA:"
@@ -58,14 +51,7 @@ def config(layout: str, out: str, **overrides: Any) -> RewardConfig:
 
 
 def config_kwargs(layout: str, out: str, **overrides: Any) -> dict[str, Any]:
-    kwargs: dict[str, Any] = dict(
-        output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=3,
-        learning_rate=1e-2, logging_steps=1, report_to="none", save_strategy="no", bf16=False,
-        use_cpu=True, seed=0, disable_dropout=True, dataloader_num_workers=0, max_length=None,
-        padding_free=layout != "padded", gradient_checkpointing=False,
-    )
-    kwargs.update(overrides)
-    return kwargs
+    return training_args(layout, out, **{"learning_rate": 1e-2} | overrides)
 
 
 def trainer(layout: str, data: Dataset, tok: Any, out: str, *, attn_implementation: str | None = None,
@@ -73,16 +59,3 @@ def trainer(layout: str, data: Dataset, tok: Any, out: str, *, attn_implementati
     return RewardTrainer(model(layout, tok, attn_implementation=attn_implementation),
                          args=config(layout, out, **overrides), train_dataset=data, processing_class=tok,
                          peft_config=peft, prompt_once=layout == "once", check_packing=check_packing)
-
-
-def step_logs(t: RewardTrainer) -> list[dict[str, float]]:
-    return [e for e in t.state.log_history if "loss" in e]
-
-
-def weights(t: RewardTrainer) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in t.model.named_parameters()}
-
-
-def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    assert a.keys() == b.keys() and a
-    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item() for k in b)

@@ -15,13 +15,12 @@ from typing import Any
 import torch
 import trl
 from datasets import Dataset
-from transformers import TrainerCallback
+from layout_runs import GradRecorder, step_logs
 from trl import GRPOConfig, RLOOConfig
 
 import trl_padfree
 from trl_padfree.testing import demo_corpus, tiny_byte_level_tokenizer, tiny_llama
 
-LAYOUTS = ("padded", "padfree", "once")
 RTOL = 1e-5  # log-probs, entropies, gradients: max |diff| / max |TRL's|, per tensor
 METRIC_RTOL, METRIC_FLOOR = 1e-5, 1e-6  # logged metrics: |diff| <= 1e-5 |TRL's| + 1e-6
 STOP_EVERY = 9  # every 9th token id ends a completion: lengths spread over 1..max_completion_length
@@ -91,16 +90,6 @@ def rloo_config(out: str, layout: str, **overrides: Any) -> RLOOConfig:
     return RLOOConfig(output_dir=out, model_init_kwargs=init, **{**COMMON, **overrides})
 
 
-class Recorder(TrainerCallback):
-    """Every parameter's gradient right before each optimizer step."""
-
-    def __init__(self) -> None:
-        self.grads: list[dict[str, torch.Tensor]] = []
-
-    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
-        self.grads.append({k: p.grad.detach().clone() for k, p in model.named_parameters() if p.grad is not None})
-
-
 class RecordingLogps:
     """Keeps what ``_get_per_token_logps_and_entropies`` hands TRL's code (log-probs, entropies), call by call."""
 
@@ -135,16 +124,12 @@ def trainer(kind: str, layout: str, out: str, *, data: Dataset | None = None, pe
         kwargs = dict(padding_free=True, prompt_once=layout == "once", check_packing=check_packing)
     if scored_lm_head is not None:  # (None: the trainer's default)
         kwargs["scored_lm_head"] = scored_lm_head
-    recorder = Recorder()
+    recorder = GradRecorder()
     t = _classes(kind, layout)(model_path(), reward_funcs=reward_letters, args=config,
                                train_dataset=data if data is not None else prompts(), processing_class=tok,
                                peft_config=peft, callbacks=[recorder], **kwargs)
     t.recorder = recorder
     return t
-
-
-def step_logs(t: Any) -> list[dict[str, float]]:
-    return [e for e in t.state.log_history if "loss" in e]
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -177,8 +162,8 @@ def compare(got: Any, want: Any) -> dict[str, float]:
             out["metrics"] = max(out["metrics"], d)
             if d > METRIC_RTOL:
                 out.setdefault("worst_metric", (k, g[k], v))
-    assert len(got.recorder.grads) == len(want.recorder.grads) == got.args.max_steps
-    for g, w in zip(got.recorder.grads, want.recorder.grads, strict=True):
+    assert len(got.recorder.steps) == len(want.recorder.steps) == got.args.max_steps
+    for g, w in zip(got.recorder.steps, want.recorder.steps, strict=True):
         assert set(g) == set(w)
         out["grads"] = max(out["grads"], max(rel(g[k], w[k]) for k in w))
     return out

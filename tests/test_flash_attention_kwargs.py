@@ -1,4 +1,4 @@
-"""The collator's padding-free batch against what the installed transformers consumes (issue 8, "contract").
+"""The collator's padding-free batch against what the installed transformers' flash-attention path consumes.
 
 The sequence-boundary keyword names of transformers' flash-attention path have changed between releases before
 (transformers #45034, #47525). A batch whose names no longer match is not an error there: the kwargs are ignored
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import transformers.modeling_flash_attention_utils as fa_utils
+from flash_attention_cpu import reference_varlen
 from test_equivalence import loss_and_grads
 from transformers import DataCollatorWithFlattening
 from transformers.modeling_flash_attention_utils import FlashAttentionKwargs, _flash_attention_forward
@@ -138,50 +138,6 @@ def test_same_batch_as_transformers_flattening_collator(tok, features):
 
 
 # --------------------------------------------------- through transformers' flash-attention path, end to end
-def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
-                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False):
-    """flash-attn's ``flash_attn_varlen_func`` contract in plain PyTorch (flash-attn cannot be installed here):
-    q/k/v ``(T, H, D)``, int32 ``cu_seqlens`` of N+1 entries, Python-int maxima. Records each call."""
-    reference_varlen.calls.append((cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
-    assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32
-    assert type(max_seqlen_q) is int and type(max_seqlen_k) is int
-    bounds = cu_seqlens_q.tolist()
-    assert max(b - a for a, b in zip(bounds[:-1], bounds[1:], strict=True)) == max_seqlen_q
-    out = torch.empty_like(q)
-    groups = q.shape[1] // k.shape[1]
-    for a, b in zip(bounds[:-1], bounds[1:], strict=True):
-        qs, ks, vs = (x[a:b].transpose(0, 1) for x in (q, k, v))
-        ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
-        out[a:b] = torch.nn.functional.scaled_dot_product_attention(
-            qs, ks, vs, is_causal=causal, scale=softmax_scale
-        ).transpose(0, 1)
-    return out
-
-
-def _no_other_path(*args, **kwargs):
-    raise AssertionError("transformers took a flash-attention path other than varlen with the collator's kwargs")
-
-
-@pytest.fixture
-def flash_attention_2_on_cpu(monkeypatch):
-    """transformers' real flash_attention_2 dispatch (integrations.flash_attention -> _flash_attention_forward),
-    with the kernel functions it would import from flash-attn replaced by :func:`reference_varlen`.
-
-    This sets the module globals that ``lazy_import_flash_attention`` fills on first use; if a transformers release
-    renames them, ``monkeypatch.setattr`` fails here with the name, and this fixture needs the new names."""
-    reference_varlen.calls = []
-    monkeypatch.setattr(fa_utils, "_loaded_implementation", "flash_attention_2")
-    monkeypatch.setattr(fa_utils, "_flash_fn", _no_other_path)
-    monkeypatch.setattr(fa_utils, "_flash_varlen_fn", reference_varlen)
-    monkeypatch.setattr(fa_utils, "_flash_with_kvcache_fn", None)
-    monkeypatch.setattr(fa_utils, "_pad_fn", _no_other_path)
-    monkeypatch.setattr(fa_utils, "_unpad_fn", _no_other_path)
-    monkeypatch.setattr(fa_utils, "_process_flash_kwargs_fn", fa_utils._lazy_define_process_function(reference_varlen))
-    monkeypatch.setattr(fa_utils, "_process_with_kvcache_kwargs_fn", dict)
-    monkeypatch.setattr(fa_utils, "_is_packed_sequence", _no_other_path)  # no inference from position_ids
-    return reference_varlen.calls
-
-
 @pytest.mark.parametrize("name", ["plain", "pad_to_multiple_of"])
 def test_flash_attention_2_path_consumes_the_batch(tok, features, flash_attention_2_on_cpu, name):
     calls = flash_attention_2_on_cpu

@@ -1,0 +1,157 @@
+"""Running the launch (``trl-padfree train``, ``dpo``, ``grpo``, ...) from the tests: in this process with its
+output captured (``run_launch``, ``run_preview``), as the command in a subprocess, alone or on 2 ranks
+(``run_command``), what a run leaves (``log_history``, ``losses``), and the demo's records (``demo_records``,
+``write_short_demo_records``, ``write_jsonl``). Faults a run can be given (SIGTERM at a step, ...) are in tests/launch_hooks.py."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+from typing import Any
+
+from paths import DEMO, DEMO_MODEL, ROOT
+from transformers import TrainerCallback
+from two_ranks import free_port
+
+from trl_padfree.launch import main
+
+
+def run_launch(argv: list[str], task: str, callbacks: typing.Sequence[TrainerCallback] = ()) -> tuple[int, str, str]:
+    """``trl-padfree TASK ARGV`` in this process: (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv, callbacks, task=task)
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str) -> None:
+    """``trl-padfree TASK ARGV`` exits 2 with one line, ``trl-padfree TASK: error: ...`` naming ``message``, and
+    writes nothing to ``out``."""
+    code, stdout, stderr = run_launch(argv, task)
+    assert code == 2, stdout + stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"trl-padfree {task}: error: ") and message in lines[0], stderr
+    assert not out.exists()  # nothing written
+
+
+def assert_config_typo_named(task: str, argv: list[str], out: Path, key: str, typo: str) -> None:
+    """``argv``'s config file (``argv[1]``) with ``key`` misspelt ``typo`` is refused in one line that names both,
+    before anything is written to ``out``."""
+    config = out.parent / "typo.yaml"
+    config.write_text(Path(argv[1]).read_text(encoding="utf-8").replace(f"{key}:", f"{typo}:"), encoding="utf-8")
+    code, _, stderr = run_launch([argv[0], str(config), *argv[2:]], task)
+    assert code == 2 and not out.exists()
+    assert stderr.strip() == f"trl-padfree {task}: error: unknown key '{typo}' in {config}; did you mean '{key}'?"
+
+
+def demo_pairs_argv(config: Path, out: Path, *extra: str) -> list[str]:
+    """``config`` (``argv[1]``) on the demo model and preference pairs, into ``out``: 4 steps on 32 training pairs,
+    logged and evaluated on 8 eval pairs every 2 steps; ``extra`` last."""
+    return [
+        "--config", str(config),
+        "--model_name_or_path", str(DEMO_MODEL),
+        "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
+        "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
+        "--output_dir", str(out),
+        "--max_steps", "4", "--max_train_examples", "32", "--max_eval_examples", "8",
+        "--logging_steps", "2", "--eval_steps", "2",
+        *extra,
+    ]  # fmt: skip
+
+
+def run_preview(argv: list[str]) -> tuple[int, str, str]:
+    """``trl-padfree preview ARGV`` in this process: (exit code, stdout, stderr)."""
+    from trl_padfree.launch.preview import main as preview_main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = preview_main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_command(task: str, argv: list[str], *, ranks: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
+    """``trl-padfree TASK ARGV`` in a subprocess (under torchrun, on a free port, with ``ranks`` > 1), in the
+    repository root, one CPU thread per process, offline."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    launcher = [sys.executable]
+    if ranks > 1:
+        env["PYTHONUNBUFFERED"] = "1"
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
+                    free_port()]
+    return subprocess.run([*launcher, "-m", "trl_padfree.cli", task, *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def log_history(out: Path) -> list[dict]:
+    return json.loads((out / "trainer_state.json").read_text())["log_history"]
+
+
+def losses(out: Path) -> dict[int, float]:
+    """The training loss of every logged step of the run in ``out``."""
+    return {e["step"]: e["loss"] for e in log_history(out) if "loss" in e}
+
+
+def demo_records(name: str, n: int | None = None) -> list[dict]:
+    """The first ``n`` (all) records of the demo's ``data/NAME``."""
+    lines = (DEMO / "data" / name).read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines[:n]]
+
+
+def write_short_demo_records(path: Path, name: str, n: int, shorter_than: int) -> Path:
+    """The first ``n`` records of the demo's ``data/NAME`` whose line is shorter than ``shorter_than`` characters,
+    written to ``path`` line for line."""
+    lines = (DEMO / "data" / name).read_text(encoding="utf-8").splitlines()
+    path.write_text("\n".join([line for line in lines if len(line) < shorter_than][:n]) + "\n", encoding="utf-8")
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def unranged_numeric_fields(task_name: str) -> set[str]:
+    """The numeric fields of the task's arguments that validation neither range-checks nor lists with a reason."""
+    from trl_padfree.launch.tasks import get_task
+    from trl_padfree.launch.validate import NUMERIC_RANGES, UNCHECKED_NUMERIC
+
+    task = get_task(task_name)
+    numeric = set()
+    for cls in task.argument_classes():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            args = typing.get_args(hints[f.name]) or (hints[f.name],)
+            if any(a in (int, float) for a in args) and bool not in args:
+                numeric.add(f.name)
+    return numeric - set(NUMERIC_RANGES) - set(UNCHECKED_NUMERIC) - set(task.numeric_ranges())
+
+
+def assert_make_demo_runs_the_readme_command(task: str) -> None:
+    """``make demo-TASK`` runs ``trl-padfree TASK --config configs/demo-TASK.yaml``, the command the README names
+    and shows in its command block (run by test_docs)."""
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = re.search(rf"^demo-{task}: install\n\t(.+)$", makefile, re.M)
+    assert recipe and recipe.group(1) == f"$(VENV)/bin/trl-padfree {task} --config configs/demo-{task}.yaml"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"`make demo-{task}`" in readme
+    assert re.search(rf"^trl-padfree {task} --config configs/demo-{task}\.yaml +# ", readme, re.M)
+
+
+class HeadSeen(TrainerCallback):
+    """The LM head's state (``scored_head_state``) of the model each training ends with."""
+
+    def __init__(self) -> None:
+        self.states: list[str | None] = []
+
+    def on_train_end(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        from trl_padfree.scored_head import scored_head_state  # (SFT adds it at the first step)
+
+        self.states.append(scored_head_state(model))

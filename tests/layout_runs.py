@@ -1,0 +1,154 @@
+"""Training one tiny model in the three layouts and comparing the runs: what the DPO, KTO and reward tests share
+(their set-ups: tests/tiny_dpo.py, tiny_kto.py, tiny_reward.py; their runs on 2 DDP ranks: tests/ddp_layouts.py).
+
+The layouts: TRL's padded batch (``"padded"``), this package's padding-free row (``"padfree"``) and the row that
+holds each prompt once (``"once"``). A run is compared with the padded one on every logged metric, every
+parameter's gradient before every optimizer step (SGD keeps the weights comparable step after step) and the final
+weights. Also here: a deliberately leaking attention, which the packing checks must refuse.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface, TrainerCallback
+from transformers.masking_utils import AttentionMaskInterface
+from two_ranks import run_on_two_ranks
+
+from trl_padfree.testing import demo_corpus, tiny_llama
+
+LAYOUTS = ("padded", "padfree", "once")
+RTOL = 1e-5  # gradients and weights: max |diff| / max |padded|, per tensor
+STEPS = 3  # optimizer steps of every compared run
+
+
+def random_text(seed: int) -> tuple[random.Random, Callable[[int], str]]:
+    """A seeded generator and ``text(k)``: ``k`` phrases of the tiny tokenizer's corpus drawn with it."""
+    rng = random.Random(seed)
+    corpus = demo_corpus(200, seed)
+    return rng, lambda k: " ".join(rng.choice(corpus) for _ in range(k))
+
+
+def model(layout: str, seed: int = 0, **overrides: Any) -> Any:
+    """The tiny Llama of ``layout``: ``sdpa`` for the padded batch, ``padfree`` for the rows (unless overridden)."""
+    attn = "sdpa" if layout == "padded" else "padfree"
+    return tiny_llama(seed=seed, attn_implementation=overrides.pop("attn_implementation", attn), **overrides)
+
+
+def training_args(layout: str, out: str, **overrides: Any) -> dict[str, Any]:
+    """The Trainer settings every compared run shares: 3 optimizer steps of 2 accumulated micro-batches of 4, fp32
+    on the CPU, no dropout, nothing saved; padding-free unless ``layout`` is ``"padded"``."""
+    return dict(output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=STEPS,
+                logging_steps=1, report_to="none", save_strategy="no", bf16=False, use_cpu=True, seed=0,
+                disable_dropout=True, dataloader_num_workers=0, max_length=None, padding_free=layout != "padded",
+                gradient_checkpointing=False) | overrides
+
+
+def step_logs(trainer: Any) -> list[dict[str, float]]:
+    return [e for e in trainer.state.log_history if "loss" in e]
+
+
+def weights(trainer: Any) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+
+
+def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest ``max |a - b| / max |b|`` over the tensors of two non-empty dicts with the same keys."""
+    assert a.keys() == b.keys() and a
+    return max(((a[k] - b[k]).abs().max() / b[k].abs().max().clamp_min(1e-12)).item() for k in b)
+
+
+class GradRecorder(TrainerCallback):
+    """Every parameter's gradient just before each optimizer step."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, torch.Tensor]] = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        self.steps.append({n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None})
+
+
+class Run(NamedTuple):
+    """What a run is compared on: its per-step logs, its gradients before every optimizer step, its final weights."""
+
+    logs: list[dict[str, float]]
+    grads: list[dict[str, torch.Tensor]]
+    weights: dict[str, torch.Tensor]
+
+
+def train_layouts(setup: Any, data: Any, tok: Any, out: Path, **kwargs: Any) -> dict[str, tuple[Any, GradRecorder]]:
+    """``setup.trainer`` (a tiny_*.py module's) of every layout trained with SGD on ``data`` in ``out / layout``;
+    its gradients recorded, and its weights before training as ``recorder.initial``."""
+    runs = {}
+    for layout in LAYOUTS:
+        trainer = setup.trainer(layout, data, tok, str(out / layout), optim="sgd", **kwargs)
+        recorder = GradRecorder()
+        trainer.add_callback(recorder)
+        recorder.initial = weights(trainer)
+        trainer.train()
+        runs[layout] = (trainer, recorder)
+    return runs
+
+
+def finished(runs: dict[str, tuple[Any, GradRecorder]]) -> dict[str, Run]:
+    """The in-process runs of ``train_layouts`` as the comparison takes them."""
+    return {layout: Run(step_logs(t), rec.steps, weights(t)) for layout, (t, rec) in runs.items()}
+
+
+def assert_same_training(runs: dict[str, Run], same_step: Callable[[str, dict, dict], None],
+                         grad_rtol: Callable[[str], float] = lambda layout: RTOL) -> None:
+    """Every layout's run is the padded one's: ``same_step(layout, got, want)`` on each step's logs, gradients
+    within ``grad_rtol(layout)``, weights within ``RTOL``."""
+    want = runs["padded"]
+    assert len(want.logs) == len(want.grads) == STEPS
+    for layout in LAYOUTS[1:]:
+        got = runs[layout]
+        assert len(got.logs) == len(got.grads) == STEPS
+        for step_got, step_want in zip(got.logs, want.logs, strict=True):
+            same_step(layout, step_got, step_want)
+        for step, (g, w) in enumerate(zip(got.grads, want.grads, strict=True)):
+            assert max_rel_diff(g, w) <= grad_rtol(layout), (layout, step, max_rel_diff(g, w))
+        assert max_rel_diff(got.weights, want.weights) <= RTOL
+
+
+def assert_training_moved(runs: dict[str, tuple[Any, GradRecorder]]) -> None:
+    """Training moved the padded run's weights: the comparison is not between untouched models."""
+    padded, recorder = runs["padded"]
+    assert max_rel_diff(weights(padded), recorder.initial) > 1e-4
+
+
+def ddp_runs(trainer: str, out: Path) -> dict[str, Run]:
+    """tests/ddp_layouts.py ``trainer`` on 2 CPU ranks (gloo): every layout ran to the end on both ranks over 24 of
+    the 32 records (3 steps x 2 micro-batches x 2 records x 2 ranks); rank 0's runs."""
+    run_on_two_ranks("ddp_layouts.py", out, trainer)
+    assert (out / "rank0.done").exists() and (out / "rank1.done").exists()  # both ranks ran to the end
+    results = json.loads((out / "results.json").read_text())
+    runs = {}
+    for layout in LAYOUTS:
+        assert results[layout]["world_size"] == 2 and results[layout]["ranks"] == 2
+        assert results[layout]["epoch"] == pytest.approx(24 / 32)
+        saved = torch.load(out / f"{layout}.pt")
+        runs[layout] = Run(results[layout]["logs"], saved["grads"], saved["weights"])
+    return runs
+
+
+def leaky_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """Causal attention over the whole row: ignores every sequence boundary (what a broken kernel would do)."""
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register_leaky_attention() -> str:
+    """Registers :func:`leaky_attention` (without a mask of its own) with transformers; returns its name."""
+    AttentionInterface.register("leaky_test", leaky_attention)
+    AttentionMaskInterface.register("leaky_test", lambda *a, **k: None)
+    return "leaky_test"
