@@ -24,7 +24,7 @@ from .config import ConfigError, DataArguments
 from .console import one_line
 from .validate import data_builder
 
-__all__ = ["check_data_files", "load_splits", "map_records", "record_error", "stage"]
+__all__ = ["PerRecord", "RecordFailed", "check_data_files", "file_index", "load_splits", "map_records", "record_error", "stage"]
 
 _MAP_BATCH = 256
 
@@ -197,19 +197,19 @@ def stage(name: str) -> Iterator[None]:
         raise _StageFailed(name, exc) from exc
 
 
-class _RecordFailed(Exception):
-    """Raised out of ``datasets.map`` by :class:`_PerRecord`: the first record that fails, and why."""
+class RecordFailed(Exception):
+    """Raised out of ``datasets.map`` by :class:`PerRecord`: the first record that fails, and why."""
 
     def __init__(self, position: int, stage: str, error: BaseException) -> None:
         super().__init__(position, stage, error)
         self.position, self.stage, self.error = position, stage, error
 
 
-class _PerRecord:
+class PerRecord:
     """A batched ``datasets.map`` function (``with_indices=True``) that names the record it fails on.
 
     When ``fn`` raises on a batch, the batch's records are tried one at a time and the first that fails is
-    reported by a :class:`_RecordFailed` (its position in the split, the stage and the exception).
+    reported by a :class:`RecordFailed` (its position in the split, the stage and the exception).
     """
 
     def __init__(self, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str) -> None:
@@ -230,8 +230,8 @@ class _PerRecord:
                 with stage(self.stage):
                     self.fn({key: values[j : j + 1] for key, values in batch.items()})
             except _StageFailed as exc:
-                raise _RecordFailed(position, exc.stage, exc.error) from None
-        raise _RecordFailed(indices[0], first.stage, first.error) from None  # only the whole batch fails
+                raise RecordFailed(position, exc.stage, exc.error) from None
+        raise RecordFailed(indices[0], first.stage, first.error) from None  # only the whole batch fails
 
 
 def _raised_in_a_template(error: BaseException) -> bool:
@@ -281,7 +281,7 @@ def record_error(source: str, index: int, stage: str, error: BaseException, temp
     return ConfigError(f"{source} record {index} (counting from 0): {what}")
 
 
-def _file_index(dataset: Any, position: int) -> int:
+def file_index(dataset: Any, position: int) -> int:
     """The index, in file order, of the record at ``position`` of ``dataset`` (a shuffled or selected split keeps
     a mapping to the rows of the files it was loaded from)."""
     indices = getattr(dataset, "_indices", None)
@@ -300,10 +300,10 @@ def map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, lis
     ``origin``: the split as loaded, row for row the same records as ``dataset`` (for their indices in file order).
     """
     try:
-        return dataset.map(_PerRecord(fn, stage), batched=True, batch_size=_MAP_BATCH, with_indices=True,
+        return dataset.map(PerRecord(fn, stage), batched=True, batch_size=_MAP_BATCH, with_indices=True,
                            **map_kwargs)
-    except _RecordFailed as failed:
-        index = _file_index(dataset if origin is None else origin, failed.position)
+    except RecordFailed as failed:
+        index = file_index(dataset if origin is None else origin, failed.position)
         raise record_error(source, index, failed.stage, failed.error, template) from None
 
 

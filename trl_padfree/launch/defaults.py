@@ -100,9 +100,9 @@ def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelSha
     ``shape`` is read from the model's config when not given.
     """
     if device is None:
-        from .validate import _training_device
+        from .validate import training_device
 
-        device = _training_device(cfg)
+        device = training_device(cfg)
     explicit = cfg.explicit
     chosen: dict[str, Any] = {}
     wants_checkpointing = not ({"activation_checkpointing", "gradient_checkpointing"} & explicit)

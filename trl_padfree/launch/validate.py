@@ -327,7 +327,8 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> LaunchConfig:
     return cfg
 
 
-def _training_device(cfg: LaunchConfig) -> str:
+def training_device(cfg: LaunchConfig) -> str:
+    """Where the run trains: ``"cuda"`` when a GPU is there and ``use_cpu`` is off, else ``"cpu"``."""
     import torch
 
     return "cuda" if torch.cuda.is_available() and not cfg.training.use_cpu else "cpu"
@@ -432,7 +433,7 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
         cfg = replace(cfg, training=with_fields(training, ddp_find_unused_parameters=False))
     cfg = replace(cfg, **task.resolve(cfg))  # e.g. SFT: the collator flattens (TRL's padding_free off)
     if check_environment:
-        attn = resolve_attn_implementation(cfg.attn_implementation, _training_device(cfg))
+        attn = resolve_attn_implementation(cfg.attn_implementation, training_device(cfg))
         cfg = replace(cfg, attn_auto=cfg.attn_implementation == "auto", attn_implementation=attn,
                       model=with_fields(cfg.model, attn_implementation=attn))
         _check_output_dir(cfg)
@@ -454,7 +455,7 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "padding_free": cfg.padding_free,
         **task.describe(cfg),
         "peft": bool(cfg.model.use_peft),
-        "device": _training_device(cfg),
+        "device": training_device(cfg),
         "bf16": bool(cfg.training.bf16),
         "activation_checkpointing": bool(cfg.training.activation_checkpointing),
         "torch_num_threads": cfg.launch.torch_num_threads or os.environ.get("OMP_NUM_THREADS") or "torch default",

@@ -178,7 +178,7 @@ def tokenized_prompts(dataset: Any, tokenizer: Any, source: str, max_length: int
     if helpers is None:
         return None
     _tokenize, common_prefix_length, extract_prompt = helpers
-    from ..data import _file_index, record_error
+    from ..data import file_index, record_error
 
     eos = tokenizer.eos_token or ""
     has_prompt = "prompt" in dataset.column_names
@@ -222,7 +222,7 @@ def tokenized_prompts(dataset: Any, tokenizer: Any, source: str, max_length: int
         except ConfigError:
             raise
         except Exception as exc:  # a chat template raises anything (jinja errors, raise_exception, ...)
-            raise record_error(source, _file_index(dataset, position), "format", exc) from None
+            raise record_error(source, file_index(dataset, position), "format", exc) from None
     return lengths
 
 

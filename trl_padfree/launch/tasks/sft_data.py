@@ -37,7 +37,7 @@ import numpy as np
 
 from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
-from ..data import _file_index, _PerRecord, _RecordFailed, load_splits, map_records, record_error, stage
+from ..data import PerRecord, RecordFailed, file_index, load_splits, map_records, record_error, stage
 
 __all__ = [
     "PreparedData",
@@ -372,15 +372,15 @@ def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int, source: 
     :func:`label_and_filter`); a record the collator fails on raises :func:`~.data.record_error`.
     """
     head = dataset.select(range(min(n, len(dataset))))
-    search = _PerRecord(lambda batch: {"found": collator.templates_found([{"input_ids": i} for i in batch["input_ids"]])},
+    search = PerRecord(lambda batch: {"found": collator.templates_found([{"input_ids": i} for i in batch["input_ids"]])},
                         "label")
     missing = 0
     for start in range(0, len(head), 64):
         part = head[start : start + 64]["input_ids"]
         try:
             missing += int(np.count_nonzero(~search({"input_ids": part}, list(range(start, start + len(part))))["found"]))
-        except _RecordFailed as failed:
-            index = _file_index(dataset if origin is None else origin, failed.position)
+        except RecordFailed as failed:
+            index = file_index(dataset if origin is None else origin, failed.position)
             raise record_error(source, index, failed.stage, failed.error) from None
     if missing == len(head):
         first = tokenizer.decode(head[0]["input_ids"][:60])
