@@ -2,7 +2,7 @@
 
 The same entry point serves ``trl-padfree train``, ``python scripts/train.py`` and
 ``accelerate launch scripts/train.py``. The config is TRL's (``trl sft --config``): the fields of ``SFTConfig``,
-``ModelConfig`` and this launcher's :class:`~.config.DataArguments` / :class:`~.config.CollatorArguments` /
+``ModelConfig`` and this launcher's :class:`~.config.DataArguments` / :class:`~.tasks.sft.CollatorArguments` /
 :class:`~.config.LaunchArguments`, flat
 in one YAML file, overridable on the command line. See :mod:`.run` for the stages of a run.
 
@@ -18,13 +18,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from .config import (
-    CollatorArguments,
     ConfigError,
     DataArguments,
     LaunchArguments,
     LaunchConfig,
     parse_arguments,
 )
+from .tasks.sft import CollatorArguments
 
 __all__ = [
     "CollatorArguments",

@@ -1,8 +1,9 @@
 """Config parsing for ``trl-padfree train``: YAML + command line -> dataclasses, with strict key and type checks.
 
-The launcher follows ``trl sft``'s conventions: every field of :class:`DataArguments`, :class:`CollatorArguments`,
-:class:`LaunchArguments`, TRL's ``SFTConfig`` and ``ModelConfig`` is one flat key of the YAML file (``--config``) and one ``--flag`` of the
-command line; command-line values win over the file. Parsing is TRL's own :class:`~trl.TrlParser` (an
+The launcher follows ``trl sft``'s conventions: every field of :class:`DataArguments`, the task's own arguments
+(SFT's ``tasks.sft.CollatorArguments``), :class:`LaunchArguments`, TRL's ``SFTConfig`` and ``ModelConfig`` is one
+flat key of the YAML file (``--config``) and one ``--flag`` of the command line; command-line values win over the
+file. Parsing is TRL's own :class:`~trl.TrlParser` (an
 ``HfArgumentParser``), with three differences that make bad input fail fast and clearly:
 
 - a key that no dataclass knows is an error naming the closest valid key (``difflib``), in the file and on the
@@ -39,7 +40,6 @@ from ..exception_text import one_line
 from .help import install_help
 
 __all__ = [
-    "CollatorArguments",
     "ConfigError",
     "DataArguments",
     "HeadLaunchArguments",
@@ -95,23 +95,6 @@ class DataArguments:
             "help": "Python format string over the dataset's fields giving each example's text, e.g. "
             "'### Question: {instruction}\\n### Answer: {output}'. Without it the dataset's own `text` "
             "(dataset_text_field), `prompt`+`completion` or `messages` (chat template) fields are used."
-        },
-    )
-
-
-@dataclass
-class CollatorArguments:
-    """Settings of :class:`trl_padfree.DataCollatorForCompletionOnlyLM` (``padding_free`` is SFTConfig's field)."""
-
-    response_template: str | None = field(
-        default=None,
-        metadata={"help": "Text that precedes every completion, e.g. '### Answer:'. Tokens up to it are not trained."},
-    )
-    instruction_template: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Multi-turn data: the text (or several) that starts every non-assistant turn, e.g. "
-            "'### Question:'. Every assistant turn is then trained."
         },
     )
 
@@ -562,21 +545,6 @@ def _reject_unknown_flags(parser: Any, remaining: Sequence[str]) -> None:
     raise ConfigError(f"unexpected argument {first!r} on the command line; options look like --field value")
 
 
-def _null_templates(collator: CollatorArguments) -> None:
-    """``--response_template null`` / ``--instruction_template null`` unset them, as ``null`` does in YAML.
-
-    argparse hands the word through as text (a template "null", or ["null"]), which would then be searched for
-    in the data and silently never found.
-    """
-    if collator.response_template in _NULL_WORDS:
-        collator.response_template = None
-    if collator.instruction_template is not None and all(t in _NULL_WORDS for t in collator.instruction_template):
-        collator.instruction_template = None
-
-
-_NULL_WORDS = frozenset({"null", "None", "none", "~"})
-
-
 def cpu_for_several_processes(world_size: int, cuda_available: bool, explicit: frozenset[str] | set[str]) -> bool:
     """Whether to default ``use_cpu: true``: several processes started by a launcher (``WORLD_SIZE`` > 1) on a
     machine without a usable GPU, and ``use_cpu`` not set by the user. Without it accelerate and the Trainer build
@@ -602,6 +570,8 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: 
     Raises :class:`ConfigError` for an unknown key, a wrongly typed value, a missing or malformed config file,
     and for errors raised by the dataclasses' own checks (e.g. ``SFTConfig``'s).
     """
+    from .tasks import get_task
+
     config_path, args = _split_config_flag(argv)
     parser = build_parser(prog, task)
     env: dict[str, str] = {}
@@ -636,8 +606,7 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: 
         raise ConfigError(f"invalid settings: {message}") from None
     _reject_unknown_flags(parser, remaining)
     data, collator, launch, training, model = parsed
-    if isinstance(collator, CollatorArguments):
-        _null_templates(collator)
+    collator = get_task(task).parsed(collator)
     return LaunchConfig(
         task=task,
         data=data,

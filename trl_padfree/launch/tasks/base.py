@@ -40,6 +40,11 @@ class Task:
     def configure_parser(self, parser: Any) -> None:
         """Set the parser's ``description`` / ``help_groups`` / ``help_texts`` for ``--help`` (default: as is)."""
 
+    def parsed(self, own: Any) -> Any:
+        """The task's own (collator) arguments as ``config.parse_arguments`` puts them in the config, given them as
+        parsed (default: as they are)."""
+        return own
+
     def foreign_field(self, name: str) -> Exception | None:
         """The error for ``name``, a key of another trainer's config this one refuses, or None (then the generic
         "unknown key ... did you mean" line is used)."""

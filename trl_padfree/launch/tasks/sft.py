@@ -1,7 +1,7 @@
 """``trl-padfree train``: SFT with :class:`.sft_trainer.PadfreeSFTTrainer` and this package's
 completion-only collator (padding-free unless ``padding_free: false``).
 
-Its own parts: :class:`~..config.CollatorArguments` (``response_template``, ``instruction_template``) and TRL's
+Its own parts: :class:`CollatorArguments` (``response_template``, ``instruction_template``) and TRL's
 ``SFTConfig``; the SFTConfig fields it cannot honour (:meth:`SFTTask.check`); the data tokenized and
 labelled once by :mod:`.sft_data`, with the one response-template check, and a training collator that only
 flattens those labels; the summary's ``max_tokens_per_batch``.
@@ -10,15 +10,36 @@ flattens those labels; the summary's ``max_tokens_per_batch``.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..atomic_save import AtomicCheckpoints
-from ..config import CollatorArguments, ConfigError, DataArguments, HeadLaunchArguments, with_fields
+from ..config import ConfigError, DataArguments, HeadLaunchArguments, with_fields
 from ..console import say
 from .base import Task
 from .sft_trainer import PadfreeSFTTrainer
 
-__all__ = ["TASK", "SFTTask", "LaunchSFTTrainer", "preview_lines"]
+__all__ = ["TASK", "CollatorArguments", "SFTTask", "LaunchSFTTrainer", "preview_lines"]
+
+
+@dataclass
+class CollatorArguments:
+    """Settings of :class:`trl_padfree.DataCollatorForCompletionOnlyLM` (``padding_free`` is SFTConfig's field)."""
+
+    response_template: str | None = field(
+        default=None,
+        metadata={"help": "Text that precedes every completion, e.g. '### Answer:'. Tokens up to it are not trained."},
+    )
+    instruction_template: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "Multi-turn data: the text (or several) that starts every non-assistant turn, e.g. "
+            "'### Question:'. Every assistant turn is then trained."
+        },
+    )
+
+
+_NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 
 class LaunchSFTTrainer(AtomicCheckpoints, PadfreeSFTTrainer):
@@ -71,6 +92,22 @@ class SFTTask(Task):
         from trl import ModelConfig, SFTConfig
 
         return (DataArguments, CollatorArguments, HeadLaunchArguments, SFTConfig, ModelConfig)
+
+    def parsed(self, own: CollatorArguments) -> CollatorArguments:
+        """``--response_template null`` / ``--instruction_template null`` unset them, as ``null`` does in YAML.
+
+        argparse hands the word through as text (a template "null", or ["null"]), which would then be searched for
+        in the data and silently never found.
+
+        >>> TASK.parsed(CollatorArguments(response_template="null", instruction_template=["~"]))
+        CollatorArguments(response_template=None, instruction_template=None)
+        """
+        changes: dict[str, Any] = {}
+        if own.response_template in _NULL_WORDS:
+            changes["response_template"] = None
+        if own.instruction_template is not None and all(t in _NULL_WORDS for t in own.instruction_template):
+            changes["instruction_template"] = None
+        return with_fields(own, **changes)
 
     def check(self, cfg: Any) -> None:
         """The collator and template settings, and the SFTConfig fields trl-padfree train cannot honour."""
