@@ -47,6 +47,7 @@ __all__ = [
     "LaunchConfig",
     "build_parser",
     "parse_arguments",
+    "split_config_flag",
     "with_fields",
 ]
 
@@ -266,7 +267,7 @@ def field_sections(task: str = "sft") -> dict[str, str]:
     return sections
 
 
-def _split_config_flag(argv: Sequence[str]) -> tuple[str | None, list[str]]:
+def split_config_flag(argv: Sequence[str]) -> tuple[str | None, list[str]]:
     """Take ``--config PATH`` (or ``--config=PATH``) out of ``argv``."""
     args = list(argv)
     path = None
@@ -572,7 +573,7 @@ def parse_arguments(argv: Sequence[str], prog: str = "trl-padfree train", task: 
     """
     from .tasks import get_task
 
-    config_path, args = _split_config_flag(argv)
+    config_path, args = split_config_flag(argv)
     parser = build_parser(prog, task)
     env: dict[str, str] = {}
     explicit = {a[2:].split("=", 1)[0].removeprefix("no_") for a in args if a.startswith("--")}

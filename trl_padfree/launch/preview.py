@@ -87,10 +87,10 @@ def guess_task(argv: Sequence[str]) -> str:
     """
     import dataclasses
 
-    from .config import _split_config_flag, read_yaml_config
+    from .config import split_config_flag, read_yaml_config
     from .tasks import get_task, task_names
 
-    path, args = _split_config_flag(argv)
+    path, args = split_config_flag(argv)
     keys = {a[2:].split("=", 1)[0].removeprefix("no_") for a in args if a.startswith("--")}
     if path is not None:
         keys |= set(read_yaml_config(path))
