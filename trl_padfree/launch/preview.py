@@ -87,7 +87,7 @@ def guess_task(argv: Sequence[str]) -> str:
     """
     import dataclasses
 
-    from .config import split_config_flag, read_yaml_config
+    from .config import read_yaml_config, split_config_flag
     from .tasks import get_task, task_names
 
     path, args = split_config_flag(argv)
