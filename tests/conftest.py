@@ -15,7 +15,9 @@ Helper modules, each named by what it holds: ``tiny_models.py`` (other families'
 ``tiny_sft.py`` / ``tiny_dpo.py`` / ``tiny_kto.py`` / ``tiny_reward.py`` / ``tiny_rl.py`` (each trainer's tiny
 set-up), ``layout_runs.py`` (training in the padded, padding-free and prompt-once layouts and comparing the runs),
 ``two_ranks.py`` (the ``ddp_*.py`` scripts under torchrun), ``launch_runs.py`` (running the launch and the preview
-from a test), ``launch_hooks.py`` (faults a launch run can be given), ``real_cases.py`` (the real-tokenizer cases).
+from a test), ``launch_inputs.py`` (the command lines and small data several launch test modules run on),
+``launch_hooks.py`` (faults a launch run can be given), ``real_cases.py`` (the real-tokenizer cases). A test module
+imports its helpers from these, never from another ``test_*.py``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Running the launch (``trl-padfree train``, ``dpo``, ``grpo``, ...) from the tests: in this process with its
-output captured (``run_launch``, ``run_preview``), as the command in a subprocess, alone or on 2 ranks
+output captured (``run_launch``, ``run_preview``, ``run_bad``), as the command in a subprocess, alone or on 2 ranks
 (``run_command``), what a run leaves (``log_history``, ``losses``), and the demo's records (``demo_records``,
 ``write_short_demo_records``, ``write_jsonl``). Faults a run can be given (SIGTERM at a step, ...) are in tests/launch_hooks.py."""
 
@@ -17,6 +17,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import pytest
 from paths import DEMO, DEMO_MODEL, ROOT
 from transformers import TrainerCallback
 from two_ranks import free_port
@@ -40,6 +41,19 @@ def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: s
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith(f"trl-padfree {task}: error: ") and message in lines[0], stderr
     assert not out.exists()  # nothing written
+
+
+def run_bad(capsys: pytest.CaptureFixture[str], argv: list[str], output_dir: Path) -> str:
+    """``trl-padfree train ARGV`` in this process exits 2 with exactly one stderr line and no ``output_dir``; returns
+    that line without its ``trl-padfree train: error: `` prefix."""
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("trl-padfree train: error: ")
+    assert not output_dir.exists()
+    return lines[0].removeprefix("trl-padfree train: error: ")
 
 
 def assert_config_typo_named(task: str, argv: list[str], out: Path, key: str, typo: str) -> None:

@@ -4,7 +4,8 @@
 The layouts: TRL's padded batch (``"padded"``), this package's padding-free row (``"padfree"``) and the row that
 holds each prompt once (``"once"``). A run is compared with the padded one on every logged metric, every
 parameter's gradient before every optimizer step (SGD keeps the weights comparable step after step) and the final
-weights. Also here: a deliberately leaking attention, which the packing checks must refuse.
+weights; one forward and backward pass (``loss_and_grads``) is compared the same way. Also here: a deliberately
+leaking attention, which the packing checks must refuse.
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def step_logs(trainer: Any) -> list[dict[str, float]]:
 
 def weights(trainer: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+
+
+def loss_and_grads(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One forward and backward pass of ``model`` on ``batch``: the loss and every parameter's gradient."""
+    model.zero_grad(set_to_none=True)
+    out = model(**batch)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
 def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:

@@ -17,36 +17,17 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_runs import write_short_demo_records
+from launch_inputs import DDP_BATCH, DDP_RECORDS, DDP_STEPS, ddp_train_argv, write_ddp_data
 from paths import DEMO_MODEL, ROOT
 from two_ranks import free_port
 
-N_TRAIN, BATCH, STEPS = 32, 4, 2
 TIMEOUT = 240  # seconds for a whole 2-rank run (loaded machine); a hang is caught here
 FIND_UNUSED_WARNING = "find_unused_parameters=True was specified in DDP constructor"
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("distributed-data")
-    write_short_demo_records(out / "train.jsonl", "train.jsonl", N_TRAIN, shorter_than=220)
-    # the demo config without its eval data
-    config = [line for line in (ROOT / "configs" / "demo.yaml").read_text(encoding="utf-8").splitlines()
-              if not line.startswith(("eval_file:", "eval_strategy:", "eval_steps:", "eval_on_start:"))]
-    (out / "config.yaml").write_text("\n".join(config) + "\n", encoding="utf-8")
-    return out
-
-
-def train_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(data_dir / "config.yaml"),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(data_dir / "train.jsonl"),
-        "--output_dir", str(out), "--max_steps", str(STEPS), "--max_length", "96",
-        "--per_device_train_batch_size", str(BATCH), "--logging_steps", "1", "--warmup_steps", "0",
-        "--torch_num_threads", "1",
-        *extra,
-    ]  # fmt: skip
+    return write_ddp_data(tmp_path_factory.mktemp("distributed-data"))
 
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
@@ -112,21 +93,22 @@ def test_the_cpu_ddp_accelerate_config_uses_the_torchrun_launcher():
 def test_two_ranks_train_one_model_log_once_and_exit_cleanly(data_dir, tmp_path):
     """accelerate launch --config_file configs/accelerate/cpu-ddp.yaml (accelerate's torchrun-based launcher)."""
     out = tmp_path / "out"
-    code, lines, ended = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)], accelerate_launch())
+    code, lines, ended = torchrun([str(ROOT / "scripts" / "train.py"), *ddp_train_argv(data_dir, out)],
+                                  accelerate_launch())
     text = "\n".join(line for _, line in lines)
     assert code == 0, text[-4000:]
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["distributed_type"] == "MULTI_CPU" and summary["backend"] == "gloo"
-    assert summary["global_step"] == STEPS
+    assert summary["global_step"] == DDP_STEPS
     state = json.loads((out / "trainer_state.json").read_text())
-    # each step takes BATCH examples on each of the 2 ranks: twice a single process's progress through the epoch
-    assert state["epoch"] == pytest.approx(STEPS * 2 * BATCH / N_TRAIN)
+    # each step takes DDP_BATCH examples on each of the 2 ranks: twice a single process's progress through the epoch
+    assert state["epoch"] == pytest.approx(DDP_STEPS * 2 * DDP_BATCH / DDP_RECORDS)
     assert sorted(p.name for p in out.iterdir() if p.suffix == ".safetensors") == ["model.safetensors"]
     assert not list(out.glob("checkpoint-*"))
     assert text.count("[trl-padfree] run: ") == 1
     assert text.count(f"[trl-padfree] model saved to {out}") == 1
-    assert text.count(f"[trl-padfree] steps: {STEPS}/{STEPS}") == 1
-    assert text.count("'loss': ") == STEPS  # one log line per step, from rank 0 only
+    assert text.count(f"[trl-padfree] steps: {DDP_STEPS}/{DDP_STEPS}") == 1
+    assert text.count("'loss': ") == DDP_STEPS  # one log line per step, from rank 0 only
     assert FIND_UNUSED_WARNING not in text  # ddp_find_unused_parameters is off by default: no extra traversal
     # every rank left the process group and exited within seconds of the summary
     exit_seconds = ended - first_time(lines, "[trl-padfree] model saved to")
@@ -138,7 +120,7 @@ def with_fault(data_dir: Path, out: Path, *fault: str) -> tuple[int, list[tuple[
     """A 50-step 2-rank run under torchrun with ``fault`` injected (tests/launch_hooks.py); adds the text."""
     code, lines, ended = torchrun([
         str(ROOT / "tests" / "launch_hooks.py"), *fault, "--",
-        *train_argv(data_dir, out, "--max_steps", "50"),
+        *ddp_train_argv(data_dir, out, "--max_steps", "50"),
     ])  # fmt: skip
     return code, lines, ended, "\n".join(line for _, line in lines)
 
@@ -163,7 +145,8 @@ def test_processes_that_form_no_process_group_are_refused(data_dir, tmp_path):
     """Without use_cpu: true on a machine without GPUs, the 2 processes would each train their own model into the
     same output_dir: the launch stops both before anything is written (exit code 2)."""
     out = tmp_path / "out"
-    code, lines, _ = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out, "--use_cpu", "false")])
+    code, lines, _ = torchrun([str(ROOT / "scripts" / "train.py"),
+                               *ddp_train_argv(data_dir, out, "--use_cpu", "false")])
     text = "\n".join(line for _, line in lines)
     assert code != 0
     assert ("trl-padfree train: error: the launcher started 2 processes (WORLD_SIZE=2) but they did not join one "
@@ -194,7 +177,7 @@ def test_fsdp_on_cpu_is_refused_instead_of_silently_training_ddp(data_dir, tmp_p
 
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     out = tmp_path / "out"
-    assert main(train_argv(data_dir, out)) == 2
+    assert main(ddp_train_argv(data_dir, out)) == 2
     err = capsys.readouterr().err
     assert ("trl-padfree train: error: FSDP was requested (an accelerate FSDP config or the fsdp field) but this run "
             "is on the CPU, where accelerate does not shard: it would silently train without FSDP (NO). Use "
@@ -211,7 +194,8 @@ def test_deepspeed_zero3_on_two_cpu_ranks(data_dir, tmp_path):
     config.write_text(text.replace("num_processes: 8", "num_processes: 2").replace("mixed_precision: bf16",
                                                                                    "mixed_precision: 'no'"))
     out = tmp_path / "out"
-    code, lines, _ = torchrun([str(ROOT / "scripts" / "train.py"), *train_argv(data_dir, out)], accelerate_launch(config))
+    code, lines, _ = torchrun([str(ROOT / "scripts" / "train.py"), *ddp_train_argv(data_dir, out)],
+                              accelerate_launch(config))
     assert code == 0, "\n".join(line for _, line in lines)[-4000:]
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["distributed_type"] == "DEEPSPEED" and summary["global_step"] == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layout_runs import loss_and_grads
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
 from trl_padfree.testing import tiny_llama
@@ -26,13 +27,6 @@ def batches(tok, padding_free: bool):
     features = [tok(t) for t in TEXTS]
     a, b = single(features[:3]), multi(features[3:])
     return a, b
-
-
-def loss_and_grads(model, batch):
-    model.zero_grad(set_to_none=True)
-    out = model(**batch)
-    out.loss.backward()
-    return out.loss.detach(), {n: p.grad.detach().clone() for n, p in model.named_parameters()}
 
 
 def merged(tok, padding_free: bool):

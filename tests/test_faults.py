@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 from launch_hooks import FailAtStep, FailEvaluation, FullDiskAtEnd
+from launch_inputs import TRAIN_STEPS, train_argv, write_demo_data
 from paths import ROOT
 from safetensors.torch import load_file
-from test_launch_config import write_demo_data
-from test_launch_train import STEPS, train_argv
 
 from trl_padfree.launch import main
 from trl_padfree.launch.atomic_save import mark_complete
@@ -92,7 +91,7 @@ def finished_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 
 def test_checkpoints_are_complete_marked_and_of_this_run(finished_run):
     run_record = json.loads((finished_run / RUN_FILE).read_text())
-    assert run_record["status"] == "finished" and run_record["global_step"] == STEPS
+    assert run_record["status"] == "finished" and run_record["global_step"] == TRAIN_STEPS
     for step in (2, 4, 6):
         path = finished_run / f"checkpoint-{step}"
         marker = json.loads((path / CHECKPOINT_MARKER).read_text())
@@ -149,7 +148,7 @@ def test_sigkill_while_saving_then_resume_takes_the_last_intact_checkpoint(finis
         f"[trl-padfree] resuming from {out / 'checkpoint-2'} (step 2, the newest complete checkpoint of this run); "
         "passed over: checkpoint-4 (its save was interrupted; the partial files are discarded)"
     ) in stdout
-    assert f"[trl-padfree] steps: {STEPS}/{STEPS}" in stdout
+    assert f"[trl-padfree] steps: {TRAIN_STEPS}/{TRAIN_STEPS}" in stdout
     assert losses(out) == losses(finished_run)
     assert_same_weights(out / "model.safetensors", finished_run / "model.safetensors")
     assert not (out / STAGING_DIR).exists()
@@ -201,7 +200,7 @@ def test_a_full_disk_at_the_final_save_reports_the_last_checkpoint_and_resume_co
         assert code == 0, err[-3000:]
         assert f"[trl-padfree] {out / 'checkpoint-6'} is at the last step (6): nothing left to train" in stdout
         assert_same_weights(out / "model.safetensors", out / "checkpoint-6" / "model.safetensors")
-        assert json.loads((out / "trainer_state.json").read_text())["global_step"] == STEPS  # not 7 of 6
+        assert json.loads((out / "trainer_state.json").read_text())["global_step"] == TRAIN_STEPS  # not 7 of 6
         assert json.loads((out / RUN_FILE).read_text())["status"] == "finished"
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from flash_attention_cpu import reference_varlen
-from test_equivalence import loss_and_grads
+from layout_runs import loss_and_grads
 from transformers import DataCollatorWithFlattening
 from transformers.modeling_flash_attention_utils import FlashAttentionKwargs, _flash_attention_forward
 from transformers.utils.generic import TransformersKwargs

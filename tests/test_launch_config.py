@@ -14,62 +14,21 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
+from launch_inputs import demo_argv, write_demo_data, write_yaml
+from launch_runs import run_bad
 from paths import CONFIGS, DEMO, ROOT
 
 from trl_padfree.attention import flash_attn_available
 from trl_padfree.launch import ConfigError, load_config, main
 from trl_padfree.launch.config import describe_type
 
-DEMO_YAML = CONFIGS / "demo.yaml"
-
-
-def write_demo_data(out: Path) -> Path:
-    """A few demo records as local JSONL in ``out`` (train.jsonl: 24, eval.jsonl: 8); returns ``out``."""
-    for name, n in (("train", 24), ("eval", 8)):
-        lines = (DEMO / "data" / f"{name}.jsonl").read_text(encoding="utf-8").splitlines()[:n]
-        (out / f"{name}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return out
-
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A few demo records as local JSONL (train + eval)."""
     return write_demo_data(tmp_path_factory.mktemp("launch-data"))
-
-
-def demo_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
-    """The demo config on tiny local data, with absolute paths (independent of the current directory)."""
-    return [
-        "--config", str(DEMO_YAML),
-        "--model_name_or_path", str(DEMO / "model"),
-        "--train_file", str(data_dir / "train.jsonl"),
-        "--eval_file", str(data_dir / "eval.jsonl"),
-        "--output_dir", str(output_dir),
-        "--max_steps", "2",
-        *extra,
-    ]  # fmt: skip
-
-
-def run_bad(capsys: pytest.CaptureFixture[str], argv: list[str], output_dir: Path) -> str:
-    """Run main(argv), expect exit 2 with exactly one stderr line and no output_dir; return that line."""
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("trl-padfree train: error: ")
-    assert not output_dir.exists()
-    return lines[0].removeprefix("trl-padfree train: error: ")
-
-
-def write_yaml(path: Path, **changes: object) -> Path:
-    config = yaml.safe_load(DEMO_YAML.read_text(encoding="utf-8"))
-    config.update(changes)
-    path.write_text(yaml.safe_dump(config), encoding="utf-8")
-    return path
 
 
 # ------------------------------------------------------------------------------------------- bad input

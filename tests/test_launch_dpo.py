@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from launch_hooks import SigtermAtStep
+from launch_inputs import DPO_STEPS, dpo_argv, write_preference_data
 from launch_runs import (
     assert_refused_in_one_line,
     log_history,
@@ -17,13 +18,11 @@ from launch_runs import (
     run_launch,
     run_preview,
     write_jsonl,
-    write_short_demo_records,
 )
 from paths import CONFIGS, DEMO_MODEL
 
 from trl_padfree._compat import dpo_padding_free_unavailable
 
-STEPS = 6
 pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
                                 reason=str(dpo_padding_free_unavailable()))  # tests/test_dpo_version.py
 
@@ -31,31 +30,6 @@ pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_preference_data(tmp_path_factory.mktemp("dpo-data"))
-
-
-def write_preference_data(out: Path) -> Path:
-    """Tiny preference data in ``out`` (48 short training pairs, 16 eval pairs of the demo's); returns ``out``."""
-    write_short_demo_records(out / "train.jsonl", "pref_train.jsonl", 48, shorter_than=400)
-    write_short_demo_records(out / "eval.jsonl", "pref_eval.jsonl", 16, shorter_than=400)
-    return out
-
-
-def dpo_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(CONFIGS / "demo-dpo.yaml"),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(data_dir / "train.jsonl"),
-        "--eval_file", str(data_dir / "eval.jsonl"),
-        "--output_dir", str(out),
-        "--max_steps", str(STEPS),
-        "--per_device_train_batch_size", "4",
-        "--per_device_eval_batch_size", "8",
-        "--warmup_steps", "0",
-        "--logging_steps", "1",
-        "--eval_steps", "3",
-        "--eval_on_start", "false",
-        *extra,
-    ]  # fmt: skip
 
 
 def run_dpo(argv: list[str], callbacks=()) -> tuple[int, str, str]:
@@ -77,15 +51,15 @@ def test_demo_config_trains_saves_and_summarises(full_run):
     assert "[trl-padfree] data: 48 training pairs" in stdout and "(format: prompt/chosen/rejected)" in stdout
     assert "[trl-padfree] reference model: a second copy of the starting weights" in stdout
     assert "keeps packed examples apart" in stdout  # the preference probe ran before the first step
-    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
+    assert f"[trl-padfree] steps: {DPO_STEPS}/{DPO_STEPS} in " in stdout
     assert "[trl-padfree] eval reward accuracy: " in stdout and "real tokens/s" not in stdout
     steps = [e for e in log_history(out) if "loss" in e]
-    assert [e["step"] for e in steps] == list(range(1, STEPS + 1))
+    assert [e["step"] for e in steps] == list(range(1, DPO_STEPS + 1))
     for key in ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
                 "logps/rejected", "num_tokens"):
         assert all(key in e for e in steps), key
     summary = json.loads((out / "launch_summary.json").read_text())
-    assert summary["global_step"] == STEPS and summary["saved_to"] == str(out)
+    assert summary["global_step"] == DPO_STEPS and summary["saved_to"] == str(out)
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data_dir, tmp_path):
@@ -98,8 +72,8 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data
     code, stdout, _ = run_dpo(dpo_argv(data_dir, out, *no_eval, "--resume_from_checkpoint", "true"))
     assert code == 0 and "checkpoint-3" in stdout
     expected, resumed = losses(full_run[0]), losses(out)
-    assert sorted(resumed) == list(range(1, STEPS + 1))
-    for step in range(1, STEPS + 1):
+    assert sorted(resumed) == list(range(1, DPO_STEPS + 1))
+    for step in range(1, DPO_STEPS + 1):
         assert resumed[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
 
 

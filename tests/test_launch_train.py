@@ -13,15 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from launch_inputs import TRAIN_STEPS, train_argv
 from launch_runs import log_history, losses, write_jsonl
-from paths import CONFIGS, DEMO, DEMO_MODEL, ROOT
+from paths import DEMO, ROOT
 from tiny_models import FALCON, MPT, save_tiny_model
 
 from trl_padfree._compat import transformers_at_least
 from trl_padfree.launch import main
-
-STEPS = 6
-MAX_LENGTH = 96
 
 
 @pytest.fixture(scope="module")
@@ -36,26 +34,6 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     eval_lines = (DEMO / "data" / "eval.jsonl").read_text(encoding="utf-8").splitlines()[:8]
     (out / "eval.jsonl").write_text("\n".join(eval_lines) + "\n", encoding="utf-8")
     return out
-
-
-def train_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(CONFIGS / "demo.yaml"),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(data_dir / "train.jsonl"),
-        "--eval_file", str(data_dir / "eval.jsonl"),
-        "--output_dir", str(output_dir),
-        "--max_steps", str(STEPS),
-        "--max_length", str(MAX_LENGTH),
-        "--per_device_train_batch_size", "4",
-        "--per_device_eval_batch_size", "8",
-        "--learning_rate", "2e-3",
-        "--warmup_steps", "0",
-        "--logging_steps", "1",
-        "--eval_steps", "3",
-        "--eval_on_start", "false",
-        *extra,
-    ]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -80,10 +58,10 @@ def test_run_trains_saves_and_summarises(full_run):
     out, stdout = full_run
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     summary = json.loads((out / "launch_summary.json").read_text())
-    assert summary["global_step"] == STEPS and summary["interrupted"] is None and summary["saved_to"] == str(out)
+    assert summary["global_step"] == TRAIN_STEPS and summary["interrupted"] is None and summary["saved_to"] == str(out)
     assert "[trl-padfree] dropped 1 of 41 train examples with no trained token left" in stdout
     assert "[trl-padfree] data: 40 training examples, 8 eval examples (format: template)" in stdout
-    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
+    assert f"[trl-padfree] steps: {TRAIN_STEPS}/{TRAIN_STEPS} in " in stdout
     assert f"[trl-padfree] model saved to {out}" in stdout
     assert "[trl-padfree] padding avoided: " in stdout and "[trl-padfree] real tokens/s: " in stdout
     assert "[trl-padfree] eval loss: " in stdout and " -> " in stdout  # evaluated at steps 3 and 6
@@ -93,7 +71,7 @@ def test_logs_have_loss_tokens_per_second_and_padding_share(full_run):
     out, _ = full_run
     history = log_history(out)
     train_logs = [e for e in history if "loss" in e]
-    assert [e["step"] for e in train_logs] == list(range(1, STEPS + 1))
+    assert [e["step"] for e in train_logs] == list(range(1, TRAIN_STEPS + 1))
     for entry in train_logs:
         assert entry["real_tokens_per_second"] > 0
         assert 0.0 <= entry["padding_share"] < 1.0
@@ -125,8 +103,8 @@ def test_sigterm_saves_a_checkpoint_and_resume_matches(full_run, data_dir, tmp_p
     assert code == 0
     assert (out / "model.safetensors").is_file()
     expected, resumed = losses(full_run[0]), losses(out)
-    assert sorted(resumed) == list(range(1, STEPS + 1))
-    for step in range(1, STEPS + 1):
+    assert sorted(resumed) == list(range(1, TRAIN_STEPS + 1))
+    for step in range(1, TRAIN_STEPS + 1):
         assert resumed[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
 
 

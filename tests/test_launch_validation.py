@@ -1,7 +1,7 @@
 """``trl-padfree train``: bad *values* (valid YAML, valid types) are refused before anything is loaded or written.
 
 Every case: exit code 2, exactly one line on stderr that names the fix, and no ``output_dir`` created (issue 12).
-Runs ``main(argv)`` in-process, with the fixtures of ``test_launch_config.py``.
+Runs ``main(argv)`` in-process on ``tests/launch_inputs.py``'s demo command line and data.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ import typing
 from pathlib import Path
 
 import pytest
+from launch_inputs import DEMO_YAML, demo_argv, write_demo_data, write_yaml
+from launch_runs import run_bad
 from paths import DEMO, ROOT
-from test_launch_config import DEMO_YAML, demo_argv, run_bad, write_demo_data, write_yaml
 
 from trl_padfree._compat import trl_at_least
 from trl_padfree.launch import load_config

@@ -5,7 +5,7 @@ Two torchrun "nodes" on this machine (``--nnodes 2 --nproc_per_node 1 --rdzv_bac
 ``--max_restarts 1`` run whose worker is SIGKILLed; and the one-rank faults (a full disk, SIGKILL during a
 checkpoint write, SIGSTOP longer than ``ddp_timeout``) under 2 nodes x 1 rank and 1 node x 2 ranks. Faults are
 real (``tests/launch_hooks.py``); every test checks that no process of the run is left. Each run is a few steps of
-the demo model (tiny data from ``test_distributed``).
+the demo model (``tests/launch_inputs.py``'s tiny data of the 2-rank runs).
 """
 
 from __future__ import annotations
@@ -24,10 +24,16 @@ from types import SimpleNamespace
 
 import psutil
 import pytest
+from launch_inputs import (
+    DDP_BATCH,
+    DDP_RECORDS,
+    ddp_train_argv,
+    dpo_argv,
+    write_ddp_data,
+    write_preference_data,
+)
 from paths import ROOT
 from safetensors.torch import load_file
-from test_distributed import N_TRAIN, train_argv
-from test_distributed import data_dir as data_dir  # the module's fixture (tiny demo data)
 from two_ranks import free_port
 
 from trl_padfree.launch.resume import choose_resume
@@ -37,7 +43,11 @@ slow = pytest.mark.slow  # several launches each: run with TRL_PADFREE_SLOW=1 (t
 
 HOOKS = str(ROOT / "tests" / "launch_hooks.py")
 TIMEOUT = 300  # seconds for one launch of every node (loaded 2-core machine)
-BATCH = 4  # train_argv's per_device_train_batch_size
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_ddp_data(tmp_path_factory.mktemp("distributed-data"))
 
 
 class Node:
@@ -128,7 +138,7 @@ def one_node() -> list[str]:
 
 
 def run_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
-    return train_argv(data_dir, out, "--save_strategy", "steps", *extra)
+    return ddp_train_argv(data_dir, out, "--save_strategy", "steps", *extra)
 
 
 def launch_layout(layout: str, data_dir: Path, outs: list[Path], hooks: list[str], *extra: str,
@@ -190,8 +200,9 @@ def test_two_nodes_with_separate_disks_each_save_and_resume_on_every_node(data_d
         assert f"[trl-padfree] model saved to {out}" in node.text
         summary = json.loads((out / "launch_summary.json").read_text())
         assert summary["world_size"] == 2 and summary["global_step"] == 4
-        # each step takes BATCH examples on each of the 2 ranks
-        assert json.loads((out / "trainer_state.json").read_text())["epoch"] == pytest.approx(4 * 2 * BATCH / N_TRAIN)
+        # each step takes DDP_BATCH examples on each of the 2 ranks
+        epoch = json.loads((out / "trainer_state.json").read_text())["epoch"]
+        assert epoch == pytest.approx(4 * 2 * DDP_BATCH / DDP_RECORDS)
     assert same_weights(outs[0] / "model.safetensors", outs[1] / "model.safetensors")
 
 
@@ -272,8 +283,6 @@ def test_elastic_restart_resumes_the_newest_checkpoint_and_matches_an_uninterrup
 def test_dpo_elastic_restart_matches_an_uninterrupted_run(tmp_path):
     """trl-padfree dpo (prompt_once, its demo config) under torchrun --max_restarts 1 with global rank 1 SIGKILLed
     after step 5: it resumes from checkpoint-4 and ends with the uninterrupted run's logged losses and weights."""
-    from test_launch_dpo import dpo_argv, write_preference_data
-
     data = write_preference_data(tmp_path)
     outs = {name: tmp_path / name for name in ("uninterrupted", "restarted")}
     for name, hooks, restarts in (("uninterrupted", [], 0), ("restarted", ["--rank", "1", "--sigkill-at-step", "5"], 1)):
