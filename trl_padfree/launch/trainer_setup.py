@@ -1,4 +1,4 @@
-"""How the launch builds every trainer but SFT's: :func:`make_launch_trainer` and :class:`LaunchTrainer`, the mixins
+"""How the launch builds every trainer: :func:`make_launch_trainer` and :class:`LaunchTrainer`, the mixins
 each task's module-level trainer class puts before the package's trainer (e.g. ``tasks/dpo.py``'s
 ``LaunchDPOTrainer``)."""
 

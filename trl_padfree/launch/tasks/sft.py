@@ -13,9 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..atomic_save import AtomicCheckpoints
 from ..config import ConfigError, DataArguments, HeadLaunchArguments, with_fields
 from ..console import say
+from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .sft_trainer import PadfreeSFTTrainer
 
@@ -42,8 +42,9 @@ class CollatorArguments:
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 
-class LaunchSFTTrainer(AtomicCheckpoints, PadfreeSFTTrainer):
-    """``PadfreeSFTTrainer`` whose checkpoints appear complete or not at all (:mod:`..atomic_save`)."""
+class LaunchSFTTrainer(LaunchTrainer, PadfreeSFTTrainer):
+    """The launch's ``PadfreeSFTTrainer`` (:class:`~..trainer_setup.LaunchTrainer`; its whole-run log is
+    ``PadfreeSFTTrainer``'s own)."""
 
 
 def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
@@ -154,23 +155,11 @@ class SFTTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        from trl import get_peft_config
-
         from .sft_data import training_collator
 
         collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
-        return LaunchSFTTrainer(
-            model=model,
-            args=cfg.training,
-            data_collator=collator,
-            train_dataset=data.train,
-            eval_dataset=data.eval,
-            processing_class=tokenizer,
-            peft_config=get_peft_config(cfg.model),
-            callbacks=list(callbacks),  # extra callbacks act first within a step (a test hook signals before the check)
-            max_tokens_per_batch=cfg.launch.max_tokens_per_batch,
-            **self.trainer_kwargs(cfg),
-        )
+        return make_launch_trainer(LaunchSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator,
+                                   max_tokens_per_batch=cfg.launch.max_tokens_per_batch, **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch}
