@@ -12,7 +12,6 @@ from transformers import (
     AttentionInterface,
     AutoModelForCausalLM,
     DataCollatorWithFlattening,
-    Gemma2Config,
 )
 from transformers.masking_utils import (
     ALL_MASK_ATTENTION_FUNCTIONS,
@@ -25,7 +24,6 @@ from transformers.masking_utils import (
 
 import trl_padfree.attention as attention
 from trl_padfree.attention import (
-    PadfreeAttentionError,
     cu_seq_lens_from_position_ids,
     padfree_attention_forward,
     padfree_mask,
@@ -420,29 +418,20 @@ def test_bad_cu_seq_lens_are_reported():
         )
 
 
-# ------------------------------------------------------------------------------------- unsupported features
+# ------------------------------------------------------------------------------ soft-capping and attention sinks
+# (once refused; now computed exactly: tests/test_attention_features.py)
 
 
-def test_softcapping_model_raises_clear_error():
-    config = Gemma2Config(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=16,
-        attn_logit_softcapping=50.0,
-    )
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="padfree")
-    with pytest.raises(PadfreeAttentionError, match=r"soft-capping.*'gemma2'.*flash_attention_2.*eager"):
-        model(**packed_batch(make_examples()))
-
-
-def test_attention_sinks_raise_clear_error():
+def test_softcap_and_sinks_are_computed_not_refused():
     q, k, v = random_qkv([3, 4])
-    with pytest.raises(PadfreeAttentionError, match="attention sinks"):
-        padfree_attention_forward(_Attention(), q, k, v, None, s_aux=torch.zeros(4))
+    sinks = torch.zeros(4)
+    cu = cu_of([3, 4])
+    out, _ = padfree_attention_forward(_Attention(), q, k, v, None, softcap=1.0, s_aux=sinks, cu_seq_lens_q=cu,
+                                       cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
+    # per sequence, the explicit-scores kernel on the same sequence alone
+    first = run_varlen_attention("sdpa_loop", *(t[0, :, :3].transpose(0, 1) for t in (q, k, v)),
+                                 cu_of([3]), cu_of([3]), 3, 3, softcap=1.0, sinks=sinks)
+    torch.testing.assert_close(out[0, :3], first)
 
 
 # ---------------------------------------------------------------------------------------- backend selection

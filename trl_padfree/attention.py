@@ -61,10 +61,13 @@ from .attention_backends import (
     decide_backend,
     flash_attn_available,
     run_varlen_attention,
+    scores_attention,
     select_backend,
     slow_cuda_reason,
     torch_varlen_available,
+    window_mask,
 )
+from .attention_patches import POSITION_IDS, TEMPERATURE, apply_patches
 from .exception_text import one_line
 
 __all__ = [
@@ -204,6 +207,9 @@ def padfree_mask(
         and kv_length == q_length
         and not _is_tracing()
     )
+    config = kwargs.get("config")
+    if config is not None:
+        apply_patches(config)  # before any decoder layer of this forward runs (see attention_patches)
     if not plain:
         return sdpa_mask(**sdpa_kwargs)
     if q_length == 1:
@@ -356,30 +362,41 @@ def padfree_attention_forward(
     """
     if _call_counter is not None:
         _call_counter[0] += 1
-    if softcap is not None:
-        raise _unsupported(
-            module,
-            f"attention logit soft-capping (softcap={softcap}, Gemma-2 style)",
-            "Use attn_implementation='flash_attention_2' (flash-attn supports softcap with packed sequences) or "
-            "'eager' with padded batches (DataCollatorForCompletionOnlyLM(..., padding_free=False)).",
-        )
-    if s_aux is not None:
-        raise _unsupported(
-            module,
-            "attention sinks (s_aux, GPT-OSS style)",
-            "Use attn_implementation='flash_attention_2' with a kernel that supports sinks, or 'eager' with "
-            "padded batches (DataCollatorForCompletionOnlyLM(..., padding_free=False)).",
-        )
-    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    position_ids = kwargs.pop(POSITION_IDS, None)  # from the Llama-4 patch (attention_patches)
+    temperature = kwargs.pop(TEMPERATURE, None)
     batch, heads, q_length, _ = query.shape
     k_length = key.shape[2]
+    if temperature is not None:
+        query = _temperature_scaled(query, position_ids, *temperature)
+    causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    features = softcap is not None or s_aux is not None
     bounds = _boundaries(query, key, attention_mask, kwargs)
+    chunk = _attention_chunk(module)
+    if chunk is not None and kwargs.get(KV_INDEX) is not None:
+        raise _unsupported(
+            module,
+            f"chunked attention (attention_chunk_size={chunk}) with prompt keys shared by several responses "
+            f"({KV_INDEX})",
+            "Hold each prompt once per response (prompt_once=False).",
+        )
+    if chunk is not None and q_length == k_length and (attention_mask is None or attention_mask.ndim == 1):
+        bounds = _chunked(bounds, chunk, position_ids, batch, q_length, query.device)
     if bounds is None:
         window_binds = sliding_window is not None and max(q_length, k_length) > sliding_window
         if attention_mask is None and window_binds and q_length == k_length:
             # No dense mask was built (see padfree_mask): every row is one sequence with a binding window.
             cu = torch.arange(0, (batch + 1) * q_length, q_length, dtype=torch.int32, device=query.device)
             bounds = (cu, cu, q_length, k_length)
+        elif features:
+            # A dense mask (padded batch, cache) or none (one causal sequence per row): the scores computed
+            # explicitly, which sdpa cannot do with soft-capping or sinks.
+            mask = attention_mask
+            if mask is None and (causal or window_binds):
+                mask = window_mask(q_length, k_length, sliding_window, causal, query.device)
+            out = scores_attention(
+                query, key, value, mask, scale=scaling, softcap=softcap, sinks=s_aux, dropout=dropout
+            )
+            return out.transpose(1, 2), None
         else:
             return sdpa_attention_forward(
                 module,
@@ -396,7 +413,10 @@ def padfree_attention_forward(
     cu_q = cu_q.to(device=query.device, dtype=torch.int32)
     cu_k = cu_q if cu_k is bounds[0] else cu_k.to(device=query.device, dtype=torch.int32)
     head_dim = max(query.shape[-1], value.shape[-1])
-    backend, slow_reason = decide_backend(query.device, query.dtype, dropout=dropout, head_dim=head_dim)
+    backend, slow_reason = decide_backend(
+        query.device, query.dtype, dropout=dropout, head_dim=head_dim, softcap=softcap is not None,
+        sinks=s_aux is not None,
+    )
     if backend == "torch_varlen" and kwargs.get(KV_INDEX) is not None and cu_q is not cu_k:
         # Shared keys give query segments shorter than their keys; whether torch's varlen_attn aligns the causal
         # mask bottom-right there (as flash-attn >= 2.1 does) has not been checked on a GPU: take the exact loop.
@@ -427,8 +447,65 @@ def padfree_attention_forward(
         causal=causal,
         sliding_window=sliding_window,
         dropout=dropout,
+        softcap=softcap,
+        sinks=s_aux,
     )
     return out.reshape(batch, q_length, heads, value.shape[-1]), None
+
+
+def _temperature_scaled(
+    query: torch.Tensor, position_ids: torch.Tensor | None, floor_scale: float, attn_scale: float
+) -> torch.Tensor:
+    """Llama-4's attention-temperature scale of the NoPE layers, from ``position_ids`` (not the row's positions).
+
+    The formula of ``Llama4TextAttention.forward`` (transformers ``models/llama4/modeling_llama4.py``), applied to
+    ``query`` ``(B, H, T, D)``.
+    """
+    if position_ids is None:
+        raise ValueError("Llama-4 attention temperature tuning under 'padfree' needs position_ids; pass them.")
+    positions = position_ids.reshape(-1, 1, query.shape[2], 1).to(query.device)
+    scales = torch.log1p(torch.floor((positions.float() + 1.0) / floor_scale)) * attn_scale + 1.0
+    return (query * scales).to(query.dtype)
+
+
+def _attention_chunk(module: torch.nn.Module) -> int | None:
+    """``attention_chunk_size`` of a chunked-attention layer (Llama-4's ``"chunked_attention"``), else ``None``."""
+    config = getattr(module, "config", None)
+    chunk = getattr(config, "attention_chunk_size", None)
+    layer_types = getattr(config, "layer_types", None)
+    layer_idx = getattr(module, "layer_idx", None)
+    if chunk is None or layer_types is None or layer_idx is None or layer_idx >= len(layer_types):
+        return None
+    return int(chunk) if layer_types[layer_idx] == "chunked_attention" else None
+
+
+def _chunked(
+    bounds: tuple[torch.Tensor, torch.Tensor, int, int] | None,
+    chunk: int,
+    position_ids: torch.Tensor | None,
+    batch: int,
+    length: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+    """Sequence boundaries cut into attention chunks that restart with every sequence's positions.
+
+    From ``position_ids`` where the Llama-4 patch forwards them (a new piece where the position does not follow
+    the previous one or is a multiple of ``chunk``), else by offset from each sequence start of ``bounds`` (or of
+    each row). ``None`` when nothing is cut (one piece per row, no packing).
+    """
+    if position_ids is not None and position_ids.shape[-1] == length and not _is_tracing():
+        positions = position_ids.reshape(-1, length).expand(batch, length).to(device)
+        new = torch.ones(batch, length, dtype=torch.bool, device=device)
+        new[:, 1:] = (positions[:, 1:] - positions[:, :-1] != 1) | (positions[:, 1:] % chunk == 0)
+        starts = new.reshape(-1).nonzero().reshape(-1).tolist() + [batch * length]
+    else:
+        rows = list(range(0, (batch + 1) * length, length)) if bounds is None else bounds[0].tolist()
+        starts = [p for a, b in pairwise(rows) for p in range(a, b, chunk)] + [rows[-1]]
+    if bounds is None and len(starts) == batch + 1:
+        return None
+    cu = torch.tensor(starts, dtype=torch.int32, device=device)
+    longest = max(b - a for a, b in pairwise(starts))
+    return cu, cu, longest, longest
 
 
 def register() -> None:

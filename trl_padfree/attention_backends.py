@@ -3,9 +3,14 @@
 Three interchangeable kernels compute causal (optionally sliding-window) attention over a flat batch of
 concatenated sequences described by ``cu_seq_lens`` (cumulative lengths, int32, ``N + 1`` entries):
 
-* ``"flash_attn"``: ``flash_attn.flash_attn_varlen_func`` from the optional flash-attn package (CUDA, fp16/bf16).
-* ``"torch_varlen"``: PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (CUDA sm80+, fp16/bf16, no dropout).
-* ``"sdpa_loop"``: ``scaled_dot_product_attention`` per sequence (any device and dtype; the CPU path).
+* ``"flash_attn"``: ``flash_attn.flash_attn_varlen_func`` from the optional flash-attn package (CUDA, fp16/bf16;
+  attention logit soft-capping from flash-attn 2.6, attention sinks where the build takes ``s_aux`` or
+  ``learnable_sink``, see :func:`flash_attn_features_available`).
+* ``"torch_varlen"``: PyTorch's own ``torch.nn.attention.varlen.varlen_attn`` (CUDA sm80+, fp16/bf16, no dropout,
+  no soft-capping, no sinks).
+* ``"sdpa_loop"``: ``scaled_dot_product_attention`` per sequence (any device and dtype; the CPU path). With
+  soft-capping or sinks, which SDPA lacks, it computes each sequence's scores explicitly instead
+  (:func:`scores_attention`, the math of transformers' eager code, memory of one sequence at a time).
 
 :func:`select_backend` is the pure decision function; :func:`run_varlen_attention` dispatches to the kernel.
 All kernels take and return token-major tensors: ``query`` ``(total_q, H, D)``, ``key``/``value``
@@ -73,6 +78,29 @@ def flash_attn_available() -> bool:
     return True
 
 
+_FEATURE_NAMES = {"softcap": "logit soft-capping", "sinks": "sinks"}
+# flash_attn_varlen_func's name for the per-head sink logits: FA3 builds (vLLM's) call it s_aux, FA4 learnable_sink.
+_SINK_ARGUMENTS = ("s_aux", "learnable_sink")
+
+
+@functools.cache
+def flash_attn_features_available() -> frozenset[str]:
+    """Which of ``"softcap"`` and ``"sinks"`` the installed ``flash_attn_varlen_func`` takes (empty without it).
+
+    >>> flash_attn_features_available() <= {"softcap", "sinks"}
+    True
+    """
+    if not flash_attn_available():
+        return frozenset()
+    from flash_attn import flash_attn_varlen_func
+
+    parameters = inspect.signature(flash_attn_varlen_func).parameters
+    features = {"softcap"} if "softcap" in parameters else set()
+    if any(name in parameters for name in _SINK_ARGUMENTS):
+        features.add("sinks")
+    return frozenset(features)
+
+
 @functools.cache
 def torch_varlen_available() -> bool:
     """Whether this PyTorch ships ``torch.nn.attention.varlen.varlen_attn`` (2.9+) with ``window_size``.
@@ -100,9 +128,12 @@ def select_backend(
     *,
     dropout: float = 0.0,
     head_dim: int = 64,
+    softcap: bool = False,
+    sinks: bool = False,
     flash_attn_installed: bool | None = None,
     torch_varlen_installed: bool | None = None,
     cuda_capability: tuple[int, int] | None = None,
+    flash_attn_features: frozenset[str] | None = None,
 ) -> Backend:
     """Choose the fastest correct varlen kernel for one attention call.
 
@@ -114,9 +145,13 @@ def select_backend(
         dtype: dtype of the query tensor.
         dropout: attention dropout probability of this call (``torch_varlen`` has no dropout).
         head_dim: largest of the query/key and value head dimensions (the flash kernels stop at 256).
+        softcap: the call soft-caps its attention logits (Gemma-2's ``attn_logit_softcapping``).
+        sinks: the call has per-head attention sinks (GPT-OSS's ``sinks``, passed as ``s_aux``).
         flash_attn_installed: whether flash-attn imports; detected when ``None``.
         torch_varlen_installed: whether ``torch.nn.attention.varlen.varlen_attn`` exists; detected when ``None``.
         cuda_capability: ``(major, minor)`` of the CUDA device; detected when ``None`` and the device is CUDA.
+        flash_attn_features: which of ``"softcap"`` and ``"sinks"`` the installed ``flash_attn_varlen_func``
+            takes (:func:`flash_attn_features`); detected when ``None``.
 
     Returns:
         ``"flash_attn"``, ``"torch_varlen"`` or ``"sdpa_loop"``.
@@ -131,15 +166,24 @@ def select_backend(
     >>> select_backend("cuda", torch.float32, flash_attn_installed=True, torch_varlen_installed=True,
     ...                cuda_capability=(9, 0))
     'sdpa_loop'
+    >>> select_backend("cuda", torch.bfloat16, softcap=True, flash_attn_installed=True,
+    ...                flash_attn_features=frozenset({"softcap"}))
+    'flash_attn'
+    >>> select_backend("cuda", torch.bfloat16, sinks=True, flash_attn_installed=True,
+    ...                flash_attn_features=frozenset({"softcap"}))
+    'sdpa_loop'
     """
     return decide_backend(
         device,
         dtype,
         dropout=dropout,
         head_dim=head_dim,
+        softcap=softcap,
+        sinks=sinks,
         flash_attn_installed=flash_attn_installed,
         torch_varlen_installed=torch_varlen_installed,
         cuda_capability=cuda_capability,
+        flash_attn_features=flash_attn_features,
     )[0]
 
 
@@ -165,9 +209,12 @@ def decide_backend(
     *,
     dropout: float = 0.0,
     head_dim: int = 64,
+    softcap: bool = False,
+    sinks: bool = False,
     flash_attn_installed: bool | None = None,
     torch_varlen_installed: bool | None = None,
     cuda_capability: tuple[int, int] | None = None,
+    flash_attn_features: frozenset[str] | None = None,
 ) -> tuple[Backend, str | None]:
     """:func:`select_backend` and :func:`slow_cuda_reason` in one decision (what the attention calls per call).
 
@@ -186,8 +233,23 @@ def decide_backend(
         return "sdpa_loop", f"head dimension {head_dim} is above the flash kernels' limit of {_MAX_FLASH_HEAD_DIM}"
     if flash_attn_installed is None:
         flash_attn_installed = flash_attn_available()
+    needed = {name for name, used in (("softcap", softcap), ("sinks", sinks)) if used}
     if flash_attn_installed:
+        if flash_attn_features is None:
+            flash_attn_features = flash_attn_features_available()
+        missing = sorted(needed - flash_attn_features)
+        if missing:
+            return "sdpa_loop", (
+                f"attention {' and '.join(_FEATURE_NAMES[m] for m in missing)}: the installed flash-attn's "
+                "flash_attn_varlen_func has no argument for it (softcap needs flash-attn >= 2.6; sinks need a "
+                "kernel with `s_aux` or `learnable_sink`)"
+            )
         return "flash_attn", None
+    if needed:
+        return "sdpa_loop", (
+            f"attention {' and '.join(_FEATURE_NAMES[m] for m in sorted(needed))}: torch's varlen_attn has none "
+            "and flash-attn is not installed; pip install flash-attn (>= 2.6 has softcap)"
+        )
     if dropout > 0.0:  # varlen_attn has no dropout argument
         return "sdpa_loop", (
             f"attention dropout {dropout:g}: torch's varlen_attn has none and flash-attn is not installed; "
@@ -229,10 +291,19 @@ def _flash_attn(
     causal: bool,
     sliding_window: int | None,
     dropout: float,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     from flash_attn import flash_attn_varlen_func
 
     left = _window_left(sliding_window)
+    extra: dict[str, Any] = {}
+    if softcap is not None:
+        extra["softcap"] = softcap
+    if sinks is not None:
+        parameters = inspect.signature(flash_attn_varlen_func).parameters
+        name = next(n for n in _SINK_ARGUMENTS if n in parameters)
+        extra[name] = sinks.to(query.dtype)  # as transformers' flash_attention_forward passes s_aux
     return flash_attn_varlen_func(
         query,
         key,
@@ -245,6 +316,7 @@ def _flash_attn(
         softmax_scale=scale,
         causal=causal,
         window_size=(left, 0 if causal else left),
+        **extra,
     )
 
 
@@ -331,6 +403,96 @@ def _sdpa_loop(
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
 
 
+def scores_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Attention with the scores computed explicitly, as transformers' eager code does (Gemma-2, GPT-OSS).
+
+    ``query`` ``(B, H, Lq, D)``, ``key``/``value`` ``(B, H_kv, Lk, D)`` (GQA by broadcasting, no copies),
+    ``mask`` boolean (True = attend) or additive, broadcastable to ``(B, 1, Lq, Lk)``, or ``None``. The logits
+    ``q.k * scale`` are soft-capped (``tanh(x / softcap) * softcap``) before masking; ``sinks`` ``(H,)`` adds one
+    logit per head to every softmax denominator (a column that attends to nothing), as in
+    ``transformers.models.gpt_oss.modeling_gpt_oss.eager_attention_forward``. The softmax runs in float32.
+    Returns ``(B, H, Lq, D_v)``.
+
+    >>> q, k, v = torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), torch.ones(1, 1, 1, 2)
+    >>> scores_attention(q, k, v, None, sinks=torch.zeros(1)).tolist()  # the sink takes half the weight
+    [[[[0.5, 0.5]]]]
+    """
+    batch, heads, q_length, head_dim = query.shape
+    kv_heads = key.shape[1]
+    groups = heads // kv_heads
+    scale = head_dim**-0.5 if scale is None else scale
+    q = query.reshape(batch, kv_heads, groups, q_length, head_dim)
+    scores = torch.matmul(q, key.unsqueeze(2).transpose(-1, -2)) * scale  # (B, H_kv, G, Lq, Lk)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:
+        while mask.ndim < 4:
+            mask = mask.unsqueeze(0)
+        if mask.shape[1] == heads > 1:  # a mask per head
+            mask = mask.reshape(mask.shape[0], kv_heads, groups, *mask.shape[-2:])
+        else:
+            mask = mask.unsqueeze(2)  # (B, 1, 1, Lq, Lk) against the grouped heads
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        else:
+            scores = scores + mask
+    if sinks is not None:
+        sink = sinks.reshape(1, kv_heads, groups, 1, 1).to(scores.dtype)
+        scores = torch.cat([scores, sink.expand(batch, -1, -1, q_length, 1)], dim=-1)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32)
+    if sinks is not None:
+        probs = probs[..., :-1]  # the sink column attends to nothing
+    if dropout > 0.0:
+        probs = F.dropout(probs, p=dropout)
+    out = torch.matmul(probs.to(value.dtype), value.unsqueeze(2))  # (B, H_kv, G, Lq, D_v)
+    return out.reshape(batch, heads, q_length, value.shape[-1])
+
+
+def _scores_loop(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seq_lens_q: torch.Tensor,
+    cu_seq_lens_k: torch.Tensor,
+    *,
+    scale: float | None,
+    causal: bool,
+    sliding_window: int | None,
+    dropout: float,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """:func:`scores_attention` per sequence over token-major tensors: memory of one sequence's scores at a time."""
+    starts_q = cu_seq_lens_q.tolist()
+    starts_k = starts_q if cu_seq_lens_k is cu_seq_lens_q else cu_seq_lens_k.tolist()
+    lengths_q = [b - a for a, b in pairwise(starts_q)]
+    lengths_k = [b - a for a, b in pairwise(starts_k)]
+    q_seqs = query.transpose(0, 1).split(lengths_q, dim=1)
+    k_seqs = key.transpose(0, 1).split(lengths_k, dim=1)
+    v_seqs = value.transpose(0, 1).split(lengths_k, dim=1)
+    outputs = []
+    for q, k, v in zip(q_seqs, k_seqs, v_seqs, strict=True):
+        q_length, k_length = q.shape[1], k.shape[1]
+        mask = None
+        if causal or (sliding_window is not None and max(q_length, k_length) > sliding_window):
+            mask = window_mask(q_length, k_length, sliding_window, causal, q.device)
+        out = scores_attention(
+            q[None], k[None], v[None], mask, scale=scale, softcap=softcap, sinks=sinks, dropout=dropout
+        )
+        outputs.append(out[0].transpose(0, 1))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=0)
+
+
 def _sdpa(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -373,6 +535,8 @@ def run_varlen_attention(
     causal: bool = True,
     sliding_window: int | None = None,
     dropout: float = 0.0,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of every sequence to itself only, on token-major tensors.
 
@@ -387,6 +551,9 @@ def run_varlen_attention(
         sliding_window: transformers' ``sliding_window`` (a query sees itself and ``sliding_window - 1`` keys
             before it), or ``None``.
         dropout: attention dropout probability.
+        softcap: attention logit soft-capping (``tanh(x / softcap) * softcap``), or ``None``.
+        sinks: per-head sink logits ``(H,)`` (GPT-OSS), or ``None``. With either, ``"sdpa_loop"`` computes the
+            scores of each sequence explicitly (:func:`scores_attention`); ``"torch_varlen"`` refuses them.
 
     Returns:
         ``(total_q, H, D_v)``.
@@ -399,6 +566,20 @@ def run_varlen_attention(
     >>> torch.allclose(out[0], kv[0].expand(2, 4))  # the first token of a sequence only sees itself
     True
     """
+    if backend == "sdpa_loop" and (softcap is not None or sinks is not None):
+        return _scores_loop(
+            query,
+            key,
+            value,
+            cu_seq_lens_q,
+            cu_seq_lens_k,
+            scale=scale,
+            causal=causal,
+            sliding_window=sliding_window,
+            dropout=dropout,
+            softcap=softcap,
+            sinks=sinks,
+        )
     if backend == "sdpa_loop":
         return _sdpa_loop(
             query,
@@ -414,8 +595,10 @@ def run_varlen_attention(
     common = {"scale": scale, "causal": causal, "sliding_window": sliding_window}
     args = (query, key, value, cu_seq_lens_q, cu_seq_lens_k, max_length_q, max_length_k)
     if backend == "flash_attn":
-        return _flash_attn(*args, **common, dropout=dropout)
+        return _flash_attn(*args, **common, dropout=dropout, softcap=softcap, sinks=sinks)
     if backend == "torch_varlen":
+        if softcap is not None or sinks is not None:
+            raise ValueError("The torch_varlen backend has no softcap or sinks; use 'flash_attn' or 'sdpa_loop'.")
         if dropout > 0.0:
             raise ValueError("The torch_varlen backend has no dropout; use 'flash_attn' or 'sdpa_loop'.")
         return _torch_varlen(*args, **common)

@@ -1,0 +1,201 @@
+"""Small per-family patches that make ``attn_implementation="padfree"`` exact on packed rows.
+
+Some modeling code computes something across the whole row before the attention function is called, where a
+packed row's sequence boundaries are invisible. Each patch below wraps one method of one transformers class, and
+changes nothing unless the model runs with ``"padfree"`` and without a cache (training and scoring; generation
+keeps the original code):
+
+* **Llama-4** (``Llama4TextDecoderLayer.forward``, transformers ``models/llama4/modeling_llama4.py``): the
+  attention-temperature scale of the NoPE layers (``attn_temperature_tuning``, ``floor_scale``, ``attn_scale``;
+  https://huggingface.co/papers/2501.19399) is computed from ``torch.arange`` over the row, and the decoder layer
+  does not forward ``position_ids`` to the attention. The wrapper forwards them (``padfree_position_ids``) and
+  switches the row-based scale off for the call; the attention function applies the same formula to
+  ``position_ids`` and cuts chunked-attention layers (``attention_chunk_size``) into chunks that restart with each
+  example's positions.
+* **Gemma-4** (``Gemma4TextModel._maybe_slice_kv_shared_inputs``, ``models/gemma4/modeling_gemma4.py``): before the
+  KV-sharing layers (``num_kv_shared_layers``) it slices every layer mask as a 4-D tensor; ``"padfree"``'s mask for
+  a packed row is 1-D ``cu_seq_lens``. The wrapper keeps the inputs unsliced there, as it does for
+  ``flash_attention_2`` (logits are still cut to ``logits_to_keep`` by the head).
+* **DeepSeek-V4** (``DeepseekV4Attention.forward``, ``models/deepseek_v4/modeling_deepseek_v4.py``): the CSA/HCA
+  compressors group the row into windows of ``compress_rate`` tokens from the row's first position, and their
+  indexer picks top-k windows over the whole row. On a packed row the wrapper runs the attention block of a
+  compressing layer once per sequence (its own windows, indexer and mask, exactly as for the sequence alone);
+  sliding-only layers stay one varlen call.
+
+:func:`apply_patches` is called by the ``"padfree"`` mask builder with the model's config, i.e. at the start of
+every forward pass, before any decoder layer runs; it imports and patches only the family of that config, once.
+
+>>> from transformers import AutoConfig
+>>> apply_patches(AutoConfig.for_model("llama"))  # no patch for this family
+[]
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from itertools import pairwise
+from typing import Any
+
+import torch
+
+__all__ = ["PATCHED_FAMILIES", "apply_patches", "padfree_active"]
+
+ATTN_IMPLEMENTATION = "padfree"
+POSITION_IDS = "padfree_position_ids"
+"""Keyword argument by which the Llama-4 patch hands ``position_ids`` to the attention function."""
+TEMPERATURE = "padfree_temperature"
+"""Keyword argument ``(floor_scale, attn_scale)``: the attention function applies Llama-4's temperature scale."""
+
+
+def padfree_active(config: Any, cache: Any = None) -> bool:
+    """Whether a patched method should take its ``"padfree"`` route: the config uses it and there is no cache.
+
+    >>> from transformers import AutoConfig
+    >>> padfree_active(AutoConfig.for_model("llama"))
+    False
+    """
+    return cache is None and getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
+
+
+def _wrap(cls: type, name: str, make: Callable[[Callable], Callable]) -> bool:
+    original = getattr(cls, name)
+    if getattr(original, "_padfree_patch", False):
+        return False
+    wrapped = functools.wraps(original)(make(original))
+    wrapped._padfree_patch = True
+    setattr(cls, name, wrapped)
+    return True
+
+
+def _cache_argument(args: tuple, kwargs: dict[str, Any], index: int) -> Any:
+    """The ``cache`` (or older ``past_key_values``) argument of a call, positional at ``index`` or by keyword."""
+    if "cache" in kwargs:
+        return kwargs["cache"]
+    if "past_key_values" in kwargs:
+        return kwargs["past_key_values"]
+    return args[index] if len(args) > index else None
+
+
+def _patch_llama4(module: Any) -> None:
+    def make(original: Callable) -> Callable:
+        def forward(self, hidden_states, *args, **kwargs):
+            attn = self.self_attn
+            # decoder layer signature: (hidden_states, attention_mask, position_ids, cache, ...)
+            if not padfree_active(attn.config, _cache_argument(args, kwargs, 2)):
+                return original(self, hidden_states, *args, **kwargs)
+            position_ids = kwargs.get("position_ids", args[1] if len(args) > 1 else None)
+            kwargs[POSITION_IDS] = position_ids
+            if not (attn.attn_temperature_tuning and not attn.use_rope):
+                return original(self, hidden_states, *args, **kwargs)
+            kwargs[TEMPERATURE] = (attn.floor_scale, attn.attn_scale)
+            attn.attn_temperature_tuning = False  # the attention function scales by position_ids instead
+            try:
+                return original(self, hidden_states, *args, **kwargs)
+            finally:
+                attn.attn_temperature_tuning = True
+
+        return forward
+
+    _wrap(module.Llama4TextDecoderLayer, "forward", make)
+
+
+def _patch_gemma4(module: Any) -> None:
+    def make(original: Callable) -> Callable:
+        def slice_inputs(self, hidden_states, per_layer_inputs, position_embeddings, causal_mask_mapping, *args,
+                         **kwargs):
+            packed = any(
+                isinstance(mask, torch.Tensor) and mask.ndim == 1 for mask in causal_mask_mapping.values()
+            )
+            if packed and self.config._attn_implementation == ATTN_IMPLEMENTATION:
+                return hidden_states, per_layer_inputs, position_embeddings, causal_mask_mapping
+            return original(self, hidden_states, per_layer_inputs, position_embeddings, causal_mask_mapping, *args,
+                            **kwargs)
+
+        return slice_inputs
+
+    _wrap(module.Gemma4TextModel, "_maybe_slice_kv_shared_inputs", make)
+
+
+_BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
+
+
+def _sequence_starts(position_ids: torch.Tensor) -> list[int] | None:
+    """Starts of the sequences of a one-row ``position_ids`` plus its length, or ``None`` without packing."""
+    if position_ids is None or position_ids.ndim != 2 or position_ids.shape[0] != 1 or position_ids.shape[1] < 2:
+        return None
+    new = torch.ones_like(position_ids[0], dtype=torch.bool)
+    new[1:] = position_ids[0, 1:] - position_ids[0, :-1] != 1
+    starts = new.nonzero().reshape(-1).tolist()
+    if len(starts) < 2:
+        return None
+    return starts + [position_ids.shape[1]]
+
+
+def _patch_deepseek_v4(module: Any) -> None:
+    from .attention_backends import window_mask
+
+    def make(original: Callable) -> Callable:
+        def forward(self, hidden_states, position_embeddings, position_ids, attention_mask, *args, **kwargs):
+            cache = _cache_argument(args, kwargs, 0)
+            starts = None
+            if self.compressor is not None and padfree_active(self.config, cache) and not torch.compiler.is_compiling():
+                starts = _sequence_starts(position_ids)
+            if starts is None:
+                return original(self, hidden_states, position_embeddings, position_ids, attention_mask, *args,
+                                **kwargs)
+            call = {k: v for k, v in kwargs.items() if k not in _BOUNDARY_KWARGS and k != "cache"}
+            dtype = hidden_states.dtype
+            outputs = []
+            for a, b in pairwise(starts):
+                # The sequence alone: its sliding-window causal mask as eager builds it (additive, dtype minimum),
+                # which the module extends with its compressor's per-query block bias.
+                allowed = window_mask(b - a, b - a, self.sliding_window, True, hidden_states.device)
+                mask = torch.zeros(allowed.shape, dtype=dtype, device=hidden_states.device)
+                mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+                embeddings = {k: (cos[:, a:b], sin[:, a:b]) for k, (cos, sin) in position_embeddings.items()}
+                out, _ = original(self, hidden_states[:, a:b], embeddings, position_ids[:, a:b], mask, None, **call)
+                outputs.append(out)
+            return torch.cat(outputs, dim=1), None
+
+        return forward
+
+    _wrap(module.DeepseekV4Attention, "forward", make)
+
+
+PATCHED_FAMILIES: dict[str, tuple[str, Callable[[Any], None]]] = {
+    "llama4_text": ("transformers.models.llama4.modeling_llama4", _patch_llama4),
+    "llama4": ("transformers.models.llama4.modeling_llama4", _patch_llama4),
+    "gemma4_text": ("transformers.models.gemma4.modeling_gemma4", _patch_gemma4),
+    "gemma4": ("transformers.models.gemma4.modeling_gemma4", _patch_gemma4),
+    "deepseek_v4": ("transformers.models.deepseek_v4.modeling_deepseek_v4", _patch_deepseek_v4),
+}
+"""model_type -> (modeling module, patch): the families whose modeling code :func:`apply_patches` wraps."""
+
+_applied: set[str] = set()
+
+
+def _model_types(config: Any) -> list[str]:
+    types = [getattr(config, "model_type", None)]
+    text = getattr(config, "text_config", None) if hasattr(config, "get_text_config") else None
+    if text is not None and text is not config:
+        types.append(getattr(text, "model_type", None))
+    return [t for t in types if t]
+
+
+def apply_patches(config: Any) -> list[str]:
+    """Patch the modeling code of ``config``'s family (and its text config's) once; the modules patched now."""
+    done = []
+    for model_type in _model_types(config):
+        entry = PATCHED_FAMILIES.get(model_type)
+        if entry is None or entry[0] in _applied:
+            continue
+        try:
+            module = importlib.import_module(entry[0])
+        except ImportError:  # a transformers without this family
+            continue
+        entry[1](module)
+        _applied.add(entry[0])
+        done.append(entry[0])
+    return done
