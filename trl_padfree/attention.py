@@ -37,8 +37,22 @@ same arguments, so the result is the ``sdpa`` result. The only case handled by `
 boundaries is a mask-free batch whose sliding window is shorter than the rows: each row is then one sequence.
 
 Supported: GQA/MQA, Mistral/Qwen2-style ``sliding_window`` (per example), dropout (``dropout`` argument of the
-call, i.e. only in training), non-causal modules. Not supported (clear :class:`PadfreeAttentionError`): attention
-logit soft-capping (Gemma-2) and attention sinks (GPT-OSS); use ``flash_attention_2`` or ``eager`` there.
+call, i.e. only in training), non-causal modules, and, exact on packed rows (loss and every gradient equal to each
+example run alone with ``eager``):
+
+* attention logit soft-capping (``softcap``, Gemma-2's ``attn_logit_softcapping``) and attention sinks (``s_aux``,
+  the ``sinks`` parameter of GPT-OSS, Granite-SWA and DeepSeek-V4), with sliding windows and GQA. The CPU path
+  computes each sequence's scores explicitly, as transformers' eager code does
+  (:func:`~trl_padfree.attention_backends.scores_attention`); on CUDA flash-attn takes ``softcap`` (2.6+) and sinks
+  where its ``flash_attn_varlen_func`` has ``s_aux``/``learnable_sink``, else the same exact loop runs (with a
+  one-time warning naming why; :func:`~trl_padfree.attention_backends.decide_backend`);
+* Llama-4's chunked attention (``attention_chunk_size``: chunks restart with every example's positions) and its
+  attention-temperature scale (from ``position_ids``, not the row's positions);
+* Gemma-4's KV sharing (``num_kv_shared_layers``) and DeepSeek-V4's compressed (CSA/HCA) attention layers.
+
+The last two items and the temperature scale need small per-family wrappers of transformers' modeling code,
+applied by the mask builder when such a model first runs with ``"padfree"`` (:mod:`trl_padfree.attention_patches`);
+they change nothing for other attention implementations or with a cache.
 """
 
 from __future__ import annotations

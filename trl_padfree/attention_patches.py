@@ -59,9 +59,10 @@ def padfree_active(config: Any, cache: Any = None) -> bool:
     return cache is None and getattr(config, "_attn_implementation", None) == ATTN_IMPLEMENTATION
 
 
-def _wrap(cls: type, name: str, make: Callable[[Callable], Callable]) -> bool:
-    original = getattr(cls, name)
-    if getattr(original, "_padfree_patch", False):
+def _wrap(cls: type | None, name: str, make: Callable[[Callable], Callable]) -> bool:
+    """Wrap ``cls.name`` once; nothing when this transformers has no such class or method."""
+    original = getattr(cls, name, None)
+    if original is None or getattr(original, "_padfree_patch", False):
         return False
     wrapped = functools.wraps(original)(make(original))
     wrapped._padfree_patch = True
@@ -98,7 +99,7 @@ def _patch_llama4(module: Any) -> None:
 
         return forward
 
-    _wrap(module.Llama4TextDecoderLayer, "forward", make)
+    _wrap(getattr(module, "Llama4TextDecoderLayer", None), "forward", make)
 
 
 def _patch_gemma4(module: Any) -> None:
@@ -115,22 +116,29 @@ def _patch_gemma4(module: Any) -> None:
 
         return slice_inputs
 
-    _wrap(module.Gemma4TextModel, "_maybe_slice_kv_shared_inputs", make)
+    _wrap(getattr(module, "Gemma4TextModel", None), "_maybe_slice_kv_shared_inputs", make)
 
 
 _BOUNDARY_KWARGS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k", "seq_idx")
 
 
-def _sequence_starts(position_ids: torch.Tensor) -> list[int] | None:
-    """Starts of the sequences of a one-row ``position_ids`` plus its length, or ``None`` without packing."""
-    if position_ids is None or position_ids.ndim != 2 or position_ids.shape[0] != 1 or position_ids.shape[1] < 2:
+def _sequence_starts(position_ids: torch.Tensor | None, batch: int) -> list[list[int]] | None:
+    """Per row, the starts of its sequences plus the row length; ``None`` when no row packs several sequences.
+
+    >>> _sequence_starts(torch.tensor([[0, 1, 0, 1, 2]]), 1)
+    [[0, 2, 5]]
+    >>> _sequence_starts(torch.tensor([[0, 1, 2]]), 2) is None
+    True
+    """
+    if position_ids is None or position_ids.ndim != 2 or position_ids.shape[1] < 2:
         return None
-    new = torch.ones_like(position_ids[0], dtype=torch.bool)
-    new[1:] = position_ids[0, 1:] - position_ids[0, :-1] != 1
-    starts = new.nonzero().reshape(-1).tolist()
-    if len(starts) < 2:
+    positions = position_ids.expand(batch, -1)
+    new = torch.ones_like(positions, dtype=torch.bool)
+    new[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
+    if not bool(new[:, 1:].any()):
         return None
-    return starts + [position_ids.shape[1]]
+    length = positions.shape[1]
+    return [row.nonzero().reshape(-1).tolist() + [length] for row in new]
 
 
 def _patch_deepseek_v4(module: Any) -> None:
@@ -141,27 +149,44 @@ def _patch_deepseek_v4(module: Any) -> None:
             cache = _cache_argument(args, kwargs, 0)
             starts = None
             if self.compressor is not None and padfree_active(self.config, cache) and not torch.compiler.is_compiling():
-                starts = _sequence_starts(position_ids)
+                starts = _sequence_starts(position_ids, hidden_states.shape[0])
             if starts is None:
                 return original(self, hidden_states, position_embeddings, position_ids, attention_mask, *args,
                                 **kwargs)
+            from .attention import KV_INDEX, PadfreeAttentionError
+
+            if kwargs.get(KV_INDEX) is not None:
+                raise PadfreeAttentionError(
+                    "attn_implementation='padfree' cannot share prompt keys between responses (prompt_once) in "
+                    "DeepSeek-V4's compressed-attention layers; hold each prompt once per response "
+                    "(prompt_once=False)."
+                )
             call = {k: v for k, v in kwargs.items() if k not in _BOUNDARY_KWARGS and k != "cache"}
-            dtype = hidden_states.dtype
-            outputs = []
-            for a, b in pairwise(starts):
-                # The sequence alone: its sliding-window causal mask as eager builds it (additive, dtype minimum),
-                # which the module extends with its compressor's per-query block bias.
-                allowed = window_mask(b - a, b - a, self.sliding_window, True, hidden_states.device)
-                mask = torch.zeros(allowed.shape, dtype=dtype, device=hidden_states.device)
-                mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
-                embeddings = {k: (cos[:, a:b], sin[:, a:b]) for k, (cos, sin) in position_embeddings.items()}
-                out, _ = original(self, hidden_states[:, a:b], embeddings, position_ids[:, a:b], mask, None, **call)
-                outputs.append(out)
-            return torch.cat(outputs, dim=1), None
+            dtype, device = hidden_states.dtype, hidden_states.device
+            positions = position_ids.expand(hidden_states.shape[0], -1)
+            rows = []
+            for r, row_starts in enumerate(starts):
+                outputs = []
+                for a, b in pairwise(row_starts):
+                    # The sequence alone: its sliding-window causal mask as eager builds it (additive, the dtype's
+                    # minimum), which the module extends with its compressor's per-query block bias.
+                    allowed = window_mask(b - a, b - a, self.sliding_window, True, device)
+                    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+                    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+                    embeddings = {
+                        k: (cos.expand(len(starts), *cos.shape[1:])[r : r + 1, a:b],
+                            sin.expand(len(starts), *sin.shape[1:])[r : r + 1, a:b])
+                        for k, (cos, sin) in position_embeddings.items()
+                    }
+                    out, _ = original(self, hidden_states[r : r + 1, a:b], embeddings, positions[r : r + 1, a:b],
+                                      mask, None, **call)
+                    outputs.append(out)
+                rows.append(torch.cat(outputs, dim=1))
+            return torch.cat(rows, dim=0), None
 
         return forward
 
-    _wrap(module.DeepseekV4Attention, "forward", make)
+    _wrap(getattr(module, "DeepseekV4Attention", None), "forward", make)
 
 
 PATCHED_FAMILIES: dict[str, tuple[str, Callable[[Any], None]]] = {
