@@ -137,10 +137,9 @@ def test_granite_swa_sinks():
     assert_packed_equals_alone(config)
 
 
-def test_deepseek_v4_sinks_and_compressed_attention():
-    """CSA and HCA layers compress windows of 4 and 8 tokens and pick top-k windows: per example, not per row."""
+def deepseek_v4_config():
     family("deepseek_v4")
-    config = AutoConfig.for_model(
+    return AutoConfig.for_model(
         "deepseek_v4", vocab_size=VOCAB, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=4,
         num_attention_heads=4, num_key_value_heads=1, head_dim=16, q_lora_rank=32, n_routed_experts=4,
         num_experts_per_tok=2, n_shared_experts=1, hc_mult=2, hc_sinkhorn_iters=3, sliding_window=6, o_groups=2,
@@ -150,6 +149,11 @@ def test_deepseek_v4_sinks_and_compressed_attention():
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
     )
 
+
+def test_deepseek_v4_sinks_and_compressed_attention():
+    """CSA and HCA layers compress windows of 4 and 8 tokens and pick top-k windows: per example, not per row."""
+    config = deepseek_v4_config()
+
     def distinct_hash_experts(model):
         # the token -> experts table starts all zeros: both picks expert 0 at a fixed weight 1/2, no gate gradient
         for name, buffer in model.named_buffers():
@@ -157,6 +161,20 @@ def test_deepseek_v4_sinks_and_compressed_attention():
                 buffer.copy_(torch.stack([torch.randperm(4)[:2] for _ in range(buffer.shape[0])]))
 
     assert_packed_equals_alone(config, init=distinct_hash_experts)
+
+
+def test_deepseek_v4_two_packed_rows():
+    """Two rows, each packing two examples (equal row lengths, so no padding): every example as if alone."""
+    config = deepseek_v4_config()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    rows = [examples((9, 11), seed=1), examples((16, 4), seed=2)]
+    want = torch.stack([torch.cat([model(**alone(s), use_cache=False).logits[0] for s in row]) for row in rows])
+    model.set_attn_implementation("padfree")
+    ids = torch.stack([torch.tensor(np.concatenate(row)) for row in rows])
+    positions = torch.stack([torch.cat([torch.arange(len(s)) for s in row]) for row in rows])
+    got = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def llama4_config():

@@ -20,7 +20,8 @@ keeps the original code):
   compressors group the row into windows of ``compress_rate`` tokens from the row's first position, and their
   indexer picks top-k windows over the whole row. On a packed row the wrapper runs the attention block of a
   compressing layer once per sequence (its own windows, indexer and mask, exactly as for the sequence alone);
-  sliding-only layers stay one varlen call.
+  sliding-only layers stay one varlen call, with the boundaries passed as ``cu_seq_lens_q/k`` (the module would
+  zero-pad the 1-D mask to the key length).
 
 :func:`apply_patches` is called by the ``"padfree"`` mask builder with the model's config, i.e. at the start of
 every forward pass, before any decoder layer runs; it imports and patches only the family of that config, once.
@@ -149,8 +150,21 @@ def _patch_deepseek_v4(module: Any) -> None:
             cache = _cache_argument(args, kwargs, 0)
             starts = None
             if self.compressor is not None and padfree_active(self.config, cache) and not torch.compiler.is_compiling():
+                # compressing layers run once per sequence (see the module docstring)
                 starts = _sequence_starts(position_ids, hidden_states.shape[0])
             if starts is None:
+                if (
+                    isinstance(attention_mask, torch.Tensor)
+                    and attention_mask.ndim == 1
+                    and padfree_active(self.config, cache)
+                ):
+                    # The module zero-pads a tensor mask shorter than the keys, which would corrupt "padfree"'s 1-D
+                    # cu_seq_lens: hand the boundaries over as keyword arguments instead.
+                    if kwargs.get("cu_seq_lens_q") is None:
+                        longest = getattr(attention_mask, "padfree_max_length", None)
+                        kwargs.update(cu_seq_lens_q=attention_mask, cu_seq_lens_k=attention_mask,
+                                      max_length_q=longest, max_length_k=longest)
+                    attention_mask = None
                 return original(self, hidden_states, position_embeddings, position_ids, attention_mask, *args,
                                 **kwargs)
             from .attention import KV_INDEX, PadfreeAttentionError
