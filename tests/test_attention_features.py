@@ -311,3 +311,21 @@ def test_torch_varlen_refuses_softcap_and_sinks():
     cu = torch.tensor([0, 3], dtype=torch.int32)
     with pytest.raises(ValueError, match="torch_varlen backend has no softcap or sinks"):
         run_varlen_attention("torch_varlen", q, q, q, cu, cu, 3, 3, softcap=1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("feature", ["softcap", "sinks"])
+def test_cuda_bf16_kernel_with_softcap_or_sinks_matches_the_fp32_loop(feature):
+    """Whichever kernel decide_backend picks on this GPU (flash-attn or the loop) gives the fp32 loop's answer."""
+    lengths = [5, 17, 40, 1, 9]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device="cuda")
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), h, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
+               for h in (8, 2, 2))
+    extra = {"softcap": 2.0} if feature == "softcap" else {"sinks": torch.randn(8, device="cuda")}
+    expected = run_varlen_attention("sdpa_loop", q.float(), k.float(), v.float(), cu, cu, 40, 40,
+                                    sliding_window=6, **extra)
+    backend, _ = decide_backend("cuda", torch.bfloat16, softcap="softcap" in extra, sinks="sinks" in extra)
+    assert backend != "torch_varlen"
+    got = run_varlen_attention(backend, q, k, v, cu, cu, 40, 40, sliding_window=6, **extra)
+    torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2, msg=backend)
