@@ -187,6 +187,7 @@ def padfree_mask(
     attention_mask: torch.Tensor | None = None,
     use_vmap: bool = False,
     device: torch.device | str = "cpu",
+    config: Any = None,
     **kwargs: Any,
 ) -> torch.Tensor | None:
     """Mask builder registered for ``"padfree"`` in ``AttentionMaskInterface`` (see the module docstring).
@@ -212,6 +213,8 @@ def padfree_mask(
         device=device,
         **kwargs,
     )
+    if config is not None:
+        sdpa_kwargs["config"] = config
     plain = (
         attention_mask is None
         and not use_vmap
@@ -221,7 +224,6 @@ def padfree_mask(
         and kv_length == q_length
         and not _is_tracing()
     )
-    config = kwargs.get("config")
     if config is not None:
         apply_patches(config)  # before any decoder layer of this forward runs (see attention_patches)
     if not plain:
