@@ -66,6 +66,7 @@ from .attention_backends import (
     torch_varlen_available,
 )
 from .exception_text import one_line
+from .recurrent import note_packed_row, prepare_packed_config
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
@@ -183,6 +184,9 @@ def padfree_mask(
     >>> padfree_mask(batch_size=1, q_length=3, kv_length=3, attention_mask=torch.tensor([[True, True, False]])).shape
     torch.Size([1, 1, 3, 3])
     """
+    # Recurrent layers of the model (short convolutions, linear attention): varlen kernels from this forward on
+    prepare_packed_config(kwargs.get("config"))
+    note_packed_row(None)
     sdpa_kwargs = dict(
         batch_size=batch_size,
         q_length=q_length,
@@ -227,6 +231,7 @@ def padfree_mask(
     cu = starts + [batch_size * q_length]
     cu_seq_lens = torch.tensor(cu, dtype=torch.int32, device=device)
     cu_seq_lens.padfree_max_length = max(b - a for a, b in pairwise(cu))
+    note_packed_row(batch_size * q_length)
     return cu_seq_lens
 
 
