@@ -164,24 +164,35 @@ def test_prepare_replaces_only_torch_fallbacks_and_is_idempotent():
 
     module = types.ModuleType("trl_padfree_test_fake_modeling")
 
-    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
-        return hidden_states
+    def torch_delta_rule(query, key, value, g, beta, **kwargs):
+        return value, None
 
-    module.causal_conv1d_fn = use_kernel_func_from_hub_with_fallback("causal_conv1d_fn", "causal_conv1d")(
-        causal_conv1d_fn)
-    # an installed package's function (math stands in for causal-conv1d: the same transformers wrapper) stays
-    module.chunk_gated_delta_rule = use_kernel_func_from_hub_with_fallback("sqrt", "math")(lambda x: x)
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        return hidden_states  # the module's own undecorated torch code (transformers 5.23's LFM3 has one)
+
+    def fused_recurrent_kda(*args, **kwargs):  # a function of that name from another package
+        return None
+
+    causal_conv1d_fn.__module__ = module.__name__
+    module.causal_conv1d_fn = causal_conv1d_fn
+    module.torch_chunk_gated_delta_rule = use_kernel_func_from_hub_with_fallback("chunk_gated_delta_rule", "fla")(
+        torch_delta_rule)
+    # an installed package's function (math stands in for flash-linear-attention: the same transformers wrapper)
+    module.chunk_kda = use_kernel_func_from_hub_with_fallback("sqrt", "math")(lambda x: x)
+    module.fused_recurrent_kda = fused_recurrent_kda
     layer_class = type("FakeLayer", (torch.nn.Module,), {"__module__": module.__name__})
     sys.modules[module.__name__] = module
     try:
-        kept = module.chunk_gated_delta_rule
-        assert torch_fallback_name(module.causal_conv1d_fn) == "causal_conv1d_fn"
-        assert torch_fallback_name(kept) is None
+        kept = module.chunk_kda
+        assert torch_fallback_name(module.torch_chunk_gated_delta_rule) == "chunk_gated_delta_rule"
+        assert torch_fallback_name(kept) is None and torch_fallback_name(causal_conv1d_fn) is None
         names = prepare_packed_layers(layer_class())
-        assert names == ["trl_padfree_test_fake_modeling.causal_conv1d_fn"]
-        assert module.chunk_gated_delta_rule is kept
-        replaced = module.causal_conv1d_fn
-        assert prepare_packed_layers(layer_class()) == names and module.causal_conv1d_fn is replaced
+        assert names == ["trl_padfree_test_fake_modeling.causal_conv1d_fn",
+                         "trl_padfree_test_fake_modeling.torch_chunk_gated_delta_rule"]
+        assert module.chunk_kda is kept and module.fused_recurrent_kda is fused_recurrent_kda
+        replaced = module.torch_chunk_gated_delta_rule, module.causal_conv1d_fn
+        assert prepare_packed_layers(layer_class()) == names
+        assert (module.torch_chunk_gated_delta_rule, module.causal_conv1d_fn) == replaced
     finally:
         del sys.modules[module.__name__]
 

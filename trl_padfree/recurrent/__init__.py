@@ -43,6 +43,7 @@ matches) -> a factory taking transformers' torch function and returning its repl
 
 from __future__ import annotations
 
+import inspect
 import sys
 from collections.abc import Callable, Iterable
 from types import ModuleType
@@ -114,8 +115,22 @@ def torch_fallback_name(fn: Any) -> str | None:
     return closure["func_name"]
 
 
-def _is_recurrent_kernel(fn: Any) -> bool:
-    return hasattr(fn, _REPLACED) or _fallback_closure(fn) is not None
+def _own_torch_kernel(module: ModuleType, name: str, value: Any, factories: dict[str, Any]) -> str | None:
+    """The kernel name of a global of ``module`` that is its own torch code for a kernel of ``factories``: the
+    transformers fallback wrapper without a package, or a plain function of that name defined in the module itself
+    (transformers 5.23's LFM3 defines an undecorated ``causal_conv1d_fn`` that ignores ``seq_idx``)."""
+    kernel = torch_fallback_name(value)
+    if kernel is not None:
+        return kernel if (kernel in factories or name in factories) else None
+    if (name in factories and inspect.isfunction(value) and value.__module__ == module.__name__
+            and _fallback_closure(value) is None):
+        return name
+    return None
+
+
+def _is_recurrent_kernel(module: ModuleType, name: str, fn: Any, factories: dict[str, Any]) -> bool:
+    return hasattr(fn, _REPLACED) or _fallback_closure(fn) is not None or (
+        _own_torch_kernel(module, name, fn, factories) is not None)
 
 
 def _patch_module(module: ModuleType, factories: dict[str, Callable[[Callable], Callable]]) -> list[str]:
@@ -126,12 +141,10 @@ def _patch_module(module: ModuleType, factories: dict[str, Callable[[Callable], 
         if hasattr(value, _REPLACED):
             names.append(f"{short}.{name}")
             continue
-        kernel = torch_fallback_name(value)
+        kernel = _own_torch_kernel(module, name, value, factories)
         if kernel is None:
             continue
-        factory = factories.get(kernel) or factories.get(name)
-        if factory is None:
-            continue
+        factory = factories.get(kernel) or factories[name]
         replacement = factory(value)
         setattr(replacement, _REPLACED, value)
         setattr(module, name, replacement)
@@ -188,8 +201,7 @@ def recurrent_layer_types(model: Any) -> list[str]:
     """Class names of ``model``'s submodules whose ``forward`` calls a recurrent kernel (a short convolution, a
     linear-attention or state-space scan: anything transformers routes through
     ``use_kernel_func_from_hub_with_fallback``), in order of first appearance."""
-    import inspect
-
+    factories = kernels()
     found: list[str] = []
     modules: Iterable[Any] = model.modules() if hasattr(model, "modules") else []
     for sub in modules:
@@ -201,7 +213,7 @@ def recurrent_layer_types(model: Any) -> list[str]:
         code = getattr(forward, "__code__", None)
         if module is None or code is None:
             continue
-        if any(_is_recurrent_kernel(getattr(module, n, None)) for n in code.co_names):
+        if any(_is_recurrent_kernel(module, n, getattr(module, n, None), factories) for n in code.co_names):
             found.append(cls.__name__)
     return found
 
