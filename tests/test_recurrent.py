@@ -225,8 +225,8 @@ FAMILIES = {
 def _tiny(model_type: str, attn: str = "padfree", **extra):
     if model_type not in CONFIG_MAPPING:
         pytest.skip(f"{model_type} is not in this transformers")
-    fields = FAMILIES.get(model_type, {})
-    config = CONFIG_MAPPING[model_type](hidden_size=32, num_hidden_layers=4, **TOKENS, **fields, **extra)
+    fields = {**TOKENS, **FAMILIES.get(model_type, {}), **extra}
+    config = CONFIG_MAPPING[model_type](hidden_size=32, num_hidden_layers=4, **fields)
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
 
@@ -323,3 +323,32 @@ def test_prompt_once_refused_for_recurrent_layers():
     with pytest.raises(ValueError, match="with Lfm2ShortConv layers"):
         require_padfree_attention(_tiny("lfm2"))
     require_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="padfree"))  # attention only: fine
+
+
+# ---- a trainer ---------------------------------------------------------------------------------------------------
+def test_sft_trainer_prepares_recurrent_layers_under_sdpa(tmp_path):
+    """The trainer prepares the model whatever its attention (sdpa here: "padfree"'s mask builder never runs), and
+    its padding-free first step has the padded step's loss."""
+    from tiny_sft import tokenized_dataset, tokenizer
+    from trl import SFTConfig
+
+    from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
+
+    modeling = _modeling("lfm2")
+    modeling.causal_conv1d_fn = _torch_fallback(modeling.causal_conv1d_fn)  # as transformers left it
+    tok = tokenizer()
+    dataset = tokenized_dataset(tok, 8)
+    first_losses = []
+    for padding_free in (True, False):
+        model = _tiny("lfm2", attn="sdpa", vocab_size=len(tok))
+        config = SFTConfig(output_dir=str(tmp_path / str(padding_free)), per_device_train_batch_size=4, max_steps=1,
+                           learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
+                           bf16=False, padding_free=False, dataset_kwargs={"skip_prepare_dataset": True},
+                           disable_tqdm=True, activation_checkpointing=False, seed=0)
+        collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=padding_free)
+        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tok,
+                             data_collator=collator, check_packing=padding_free)
+        trainer.train()
+        first_losses.append(next(e["loss"] for e in trainer.state.log_history if "loss" in e))
+    assert hasattr(modeling.causal_conv1d_fn, "__trl_padfree_original__")
+    assert first_losses[0] == pytest.approx(first_losses[1], rel=1e-5)
