@@ -307,6 +307,19 @@ def test_without_seq_idx_exact_or_refused(model_type):
             model(**only_positions)
 
 
+def test_padfree_prepares_a_model_called_by_hand():
+    """from_config(..., attn_implementation="padfree") then the collator's batch: nothing else to call."""
+    modeling = _modeling("lfm3")
+    modeling.causal_conv1d_fn = _torch_fallback(modeling.causal_conv1d_fn)  # as transformers left it
+    model = _tiny("lfm3").eval()
+    sequences = _sequences()
+    with torch.no_grad():
+        packed = model(**_packed(sequences)).logits[0]
+        alone = torch.cat([model(input_ids=torch.from_numpy(s)[None]).logits[0] for s in sequences])
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+    assert hasattr(modeling.causal_conv1d_fn, "__trl_padfree_original__")
+
+
 def test_check_packing_passes_for_a_hybrid_model():
     from trl_padfree import check_packing
 

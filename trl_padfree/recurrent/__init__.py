@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 _REPLACED = "__trl_padfree_original__"  # attribute of a replacement: the function it wraps
-_DONE_MODULES: set[str] = set()  # modeling modules already scanned by prepare_packed_config
+_DONE_MODULES: dict[str, list[str]] = {}  # modeling module -> its globals prepare_packed_config replaced
 
 
 def kernels() -> dict[str, Callable[[Callable], Callable]]:
@@ -188,13 +188,13 @@ def prepare_packed_config(config: Any) -> None:
     if config is None:
         return
     name = type(config).__module__.replace(".configuration_", ".modeling_")
-    if name in _DONE_MODULES:
-        return
     module = sys.modules.get(name)
     if module is None:
         return
-    _patch_module(module, kernels())
-    _DONE_MODULES.add(name)
+    done = _DONE_MODULES.get(name)
+    if done is not None and all(hasattr(getattr(module, g, None), _REPLACED) for g in done):
+        return
+    _DONE_MODULES[name] = [n.rsplit(".", 1)[-1] for n in _patch_module(module, kernels())]
 
 
 def recurrent_layer_types(model: Any) -> list[str]:
