@@ -50,7 +50,7 @@ from types import ModuleType
 from typing import Any
 
 from . import conv, delta_rule
-from .varlen import PackedRowError, note_packed_row
+from .varlen import PackedRowError, note_mask
 
 # ---- kernel modules ------------------------------------------------------------------------------------------
 # Each contributes KERNELS (and optionally patch_model); the Mamba / Mamba-2 scans plug in here once mamba.py lands.
@@ -66,7 +66,7 @@ __all__ = [
     "KERNEL_MODULES",
     "PackedRowError",
     "kernels",
-    "note_packed_row",
+    "note_mask",
     "prepare_packed_config",
     "prepare_packed_layers",
     "recurrent_layer_types",

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
-from .varlen import PACKING_KWARGS, packed_seq_idx, refuse_unmarked_packing
+from .varlen import PACKING_KWARGS, packed_seq_idx, refuse_unmarked_packing, refuse_unpacked_dense_mask
 
 __all__ = ["KERNELS", "causal_conv1d_packed", "varlen_causal_conv1d_fn"]
 
@@ -75,6 +75,8 @@ def varlen_causal_conv1d_fn(original: Callable) -> Callable:
             refuse_unmarked_packing(batch * length, "causal_conv1d_fn")
             rest = {k: v for k, v in kwargs.items() if k not in PACKING_KWARGS}
             return original(hidden_states, weight, bias, activation=activation, **rest)
+        sequences = int(seq.max()) - int(seq.min()) + 1 if batch == 1 else 2
+        refuse_unpacked_dense_mask(batch * length, sequences, "causal_conv1d_fn")
         return causal_conv1d_packed(hidden_states, weight, bias, activation, seq_idx=seq)
 
     return causal_conv1d_fn

@@ -29,7 +29,13 @@ from typing import Any
 
 import torch
 
-from .varlen import PACKING_KWARGS, PackedRowError, packed_bounds, refuse_unmarked_packing
+from .varlen import (
+    PACKING_KWARGS,
+    PackedRowError,
+    packed_bounds,
+    refuse_unmarked_packing,
+    refuse_unpacked_dense_mask,
+)
 
 __all__ = ["KERNELS", "per_sequence", "varlen_delta_rule"]
 
@@ -88,6 +94,7 @@ def varlen_delta_rule(original: Callable) -> Callable:
         if bounds is None:
             refuse_unmarked_packing(batch * length, original.__name__)
             return original(*args, **{k: v for k, v in kwargs.items() if k not in PACKING_KWARGS})
+        refuse_unpacked_dense_mask(batch * length, len(bounds) - 1, original.__name__)
         return per_sequence(original, bounds, *args, **kwargs)
 
     return delta_rule

@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["PACKING_KWARGS", "PackedRowError", "note_packed_row", "packed_bounds", "packed_seq_idx",
-           "refuse_unmarked_packing"]
+__all__ = ["PACKING_KWARGS", "PackedRowError", "note_mask", "packed_bounds", "packed_seq_idx",
+           "refuse_unmarked_packing", "refuse_unpacked_dense_mask"]
 
 # The keyword arguments that carry a packed row's boundaries to a kernel; never passed on to the original.
 PACKING_KWARGS = frozenset({"seq_idx", "cu_seqlens"})
 
-# Tokens of the latest packed row that "padfree"'s mask builder saw (position_ids restarting), this thread/task.
-_PACKED_ROW: ContextVar[int | None] = ContextVar("trl_padfree_packed_row", default=None)
+# What "padfree"'s mask builder saw in the current forward (this thread/task): (tokens, packed, dense mask returned).
+_MASK_SEEN: ContextVar[tuple[int, bool, bool] | None] = ContextVar("trl_padfree_mask_seen", default=None)
 
 
 class PackedRowError(ValueError):
@@ -87,18 +87,31 @@ def packed_bounds(batch: int, length: int, kwargs: dict[str, Any]) -> list[int] 
     return starts.reshape(-1).nonzero().reshape(-1).tolist() + [batch * length]
 
 
-def note_packed_row(tokens: int | None) -> None:
-    """Record that the current forward runs a packed row of ``tokens`` tokens (None: not packed); "padfree"'s mask
-    builder calls it, so that a kernel called without boundaries on that row refuses instead of mixing sequences."""
-    _PACKED_ROW.set(tokens)
+def note_mask(tokens: int | None, *, packed: bool = False, dense: bool = False) -> None:
+    """Record what "padfree"'s mask builder saw in the current forward: a row of ``tokens`` tokens (None: forget),
+    ``packed`` (position_ids restart), ``dense`` (it returned a dense mask, which the attention then follows). A
+    kernel called on that row checks it (:func:`refuse_unmarked_packing`, :func:`refuse_unpacked_dense_mask`)."""
+    _MASK_SEEN.set(None if tokens is None else (tokens, packed, dense))
 
 
 def refuse_unmarked_packing(tokens: int, kernel: str) -> None:
     """Raise :class:`PackedRowError` when the current forward is a packed row of ``tokens`` tokens (position_ids
     restarting, seen by "padfree"'s mask builder) but the kernel got no ``seq_idx`` / ``cu_seq_lens_q``."""
-    if _PACKED_ROW.get() == tokens:
+    if _MASK_SEEN.get() in ((tokens, True, False), (tokens, True, True)):
         raise PackedRowError(
             f"{kernel}: this packed row (position_ids restart) came without seq_idx or cu_seq_lens_q, so the "
             "model's recurrent layers cannot tell its sequences apart; pass the whole packed batch of "
             "trl_padfree's collator (it has seq_idx and cu_seq_lens_q/k), not only input_ids and position_ids."
+        )
+
+
+def refuse_unpacked_dense_mask(tokens: int, sequences: int, kernel: str) -> None:
+    """Raise :class:`PackedRowError` when the kernel gets ``sequences`` > 1 on a row of ``tokens`` tokens whose dense
+    attention mask (built by "padfree" for a model that needs one) spans the whole row: transformers does not look
+    for packed ``position_ids`` when a cache is passed, so that model's attention would mix the sequences."""
+    if sequences > 1 and _MASK_SEEN.get() == (tokens, False, True):
+        raise PackedRowError(
+            f"{kernel}: this packed row's attention mask spans all its {sequences} sequences (transformers does not "
+            "split the mask of a model that needs a dense one when a cache is passed); call the model with "
+            "use_cache=False."
         )
