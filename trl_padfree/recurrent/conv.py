@@ -75,8 +75,7 @@ def varlen_causal_conv1d_fn(original: Callable) -> Callable:
             refuse_unmarked_packing(batch * length, "causal_conv1d_fn")
             rest = {k: v for k, v in kwargs.items() if k not in PACKING_KWARGS}
             return original(hidden_states, weight, bias, activation=activation, **rest)
-        sequences = int(seq.max()) - int(seq.min()) + 1 if batch == 1 else 2
-        refuse_unpacked_dense_mask(batch * length, sequences, "causal_conv1d_fn")
+        refuse_unpacked_dense_mask(batch * length, lambda: int(seq.unique().numel()), "causal_conv1d_fn")
         return causal_conv1d_packed(hidden_states, weight, bias, activation, seq_idx=seq)
 
     return causal_conv1d_fn

@@ -17,6 +17,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -105,11 +106,15 @@ def refuse_unmarked_packing(tokens: int, kernel: str) -> None:
         )
 
 
-def refuse_unpacked_dense_mask(tokens: int, sequences: int, kernel: str) -> None:
+def refuse_unpacked_dense_mask(tokens: int, sequences: int | Callable[[], int], kernel: str) -> None:
     """Raise :class:`PackedRowError` when the kernel gets ``sequences`` > 1 on a row of ``tokens`` tokens whose dense
     attention mask (built by "padfree" for a model that needs one) spans the whole row: transformers does not look
-    for packed ``position_ids`` when a cache is passed, so that model's attention would mix the sequences."""
-    if sequences > 1 and _MASK_SEEN.get() == (tokens, False, True):
+    for packed ``position_ids`` when a cache is passed, so that model's attention would mix the sequences.
+    ``sequences`` may be a callable, evaluated only in that case (counting can need a device sync)."""
+    if _MASK_SEEN.get() != (tokens, False, True):
+        return
+    sequences = sequences() if callable(sequences) else sequences
+    if sequences > 1:
         raise PackedRowError(
             f"{kernel}: this packed row's attention mask spans all its {sequences} sequences (transformers does not "
             "split the mask of a model that needs a dense one when a cache is passed); call the model with "
