@@ -83,6 +83,7 @@ from .attention_backends import (
 )
 from .attention_patches import POSITION_IDS, TEMPERATURE, apply_patches
 from .exception_text import one_line
+from .recurrent import note_mask, prepare_packed_config
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
@@ -201,6 +202,9 @@ def padfree_mask(
     >>> padfree_mask(batch_size=1, q_length=3, kv_length=3, attention_mask=torch.tensor([[True, True, False]])).shape
     torch.Size([1, 1, 3, 3])
     """
+    # Recurrent layers of the model (short convolutions, linear attention): varlen kernels from this forward on
+    prepare_packed_config(config)
+    note_mask(None)
     sdpa_kwargs = dict(
         batch_size=batch_size,
         q_length=q_length,
@@ -215,6 +219,10 @@ def padfree_mask(
     )
     if config is not None:
         sdpa_kwargs["config"] = config
+    # Qwen4-Exp's token indexer reads the dense mask itself (modeling_qwen4_exp.py: "the mask is never None here")
+    dense = "indexed_attention" in (getattr(config, "layer_types", None) or ())
+    if dense:
+        sdpa_kwargs["allow_is_causal_skip"] = False
     plain = (
         attention_mask is None
         and not use_vmap
@@ -228,7 +236,7 @@ def padfree_mask(
         apply_patches(config)  # before any decoder layer of this forward runs (see attention_patches)
     if not plain:
         return sdpa_mask(**sdpa_kwargs)
-    if q_length == 1:
+    if q_length == 1 and not dense:
         return None
     # Probe the pattern next to the diagonal: (q=i, kv=i-1) is False exactly where a new sequence starts, and
     # (q=i-1, kv=i) is True only for non-causal overlays (bidirectional blocks), which we leave to sdpa.
@@ -239,7 +247,8 @@ def padfree_mask(
     previous = torch.as_tensor(mask_function(rows, head, cols, cols - 1), device=device).expand(shape)
     future = torch.as_tensor(mask_function(rows, head, cols - 1, cols), device=device).expand(shape)
     sees_future, has_starts = torch.stack([future.any(), (~previous).any()]).tolist()
-    if sees_future:
+    if sees_future or dense:
+        note_mask(batch_size * q_length, packed=has_starts, dense=True)
         return sdpa_mask(**sdpa_kwargs)
     if not has_starts:
         return None
@@ -249,6 +258,7 @@ def padfree_mask(
     cu = starts + [batch_size * q_length]
     cu_seq_lens = torch.tensor(cu, dtype=torch.int32, device=device)
     cu_seq_lens.padfree_max_length = max(b - a for a, b in pairwise(cu))
+    note_mask(batch_size * q_length, packed=True)
     return cu_seq_lens
 
 

@@ -38,6 +38,7 @@ from transformers import AutoTokenizer
 from .attention import ATTN_IMPLEMENTATION
 from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
+from .recurrent import refuse_shared_prompt
 from .trainer import (
     LayoutProbeCallback,
     PadfreeTrainerMixin,
@@ -54,7 +55,9 @@ def _attn(model: Any) -> str | None:
 
 
 def require_padfree_attention(model: Any, what: str = "prompt_once=True") -> None:
-    """Refuse a model whose attention would ignore :data:`~trl_padfree.attention.KV_INDEX` (shared prompt keys)."""
+    """Refuse a model whose attention would ignore :data:`~trl_padfree.attention.KV_INDEX` (shared prompt keys), or
+    that has recurrent layers, which cannot share a prompt's state (:func:`trl_padfree.recurrent.refuse_shared_prompt`)."""
+    refuse_shared_prompt(model, what)
     attn = _attn(model)
     if attn != ATTN_IMPLEMENTATION:
         raise ValueError(

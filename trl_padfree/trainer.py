@@ -30,6 +30,7 @@ from ._compat import trl_cannot_train
 from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
 from .formatting import FormattingFunc, first_record
+from .recurrent import prepare_packed_layers
 from .threads import checked_threads, training_threads
 
 
@@ -266,6 +267,9 @@ class PadfreeTrainerMixin:
         previous = torch.get_num_threads()
         if threads is not None:
             torch.set_num_threads(threads)
+        for model in (self.model, getattr(self, "ref_model", None)):  # recurrent layers: reset at every boundary
+            if model is not None:
+                prepare_packed_layers(model)
         try:
             return super().train(*args, **kwargs)
         except BaseException:

@@ -1,0 +1,358 @@
+"""trl_padfree.recurrent: short convolutions and gated-delta-rule / KDA layers restart at every boundary of a packed
+row (kernels against each sequence alone, values and gradients; whole tiny hybrid models under "padfree", loss and
+every gradient; what happens without seq_idx; prompt_once refused)."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import numpy as np
+import pytest
+import torch
+from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+from trl_padfree.dpo import require_padfree_attention
+from trl_padfree.flattening import packed_batch
+from trl_padfree.recurrent import (
+    PackedRowError,
+    prepare_packed_layers,
+    recurrent_layer_types,
+    torch_fallback_name,
+)
+from trl_padfree.recurrent.conv import causal_conv1d_packed, varlen_causal_conv1d_fn
+from trl_padfree.recurrent.delta_rule import varlen_delta_rule
+from trl_padfree.testing import tiny_llama
+
+BOUNDS = [0, 5, 11, 14]  # three sequences in one row of 14 tokens
+LENS = [b - a for a, b in zip(BOUNDS, BOUNDS[1:], strict=False)]
+
+
+def _modeling(name: str) -> types.ModuleType:
+    return pytest.importorskip(f"transformers.models.{name}.modeling_{name}")
+
+
+def _torch_fallback(fn):
+    """transformers' own torch function behind a global (replaced or not)."""
+    return getattr(fn, "__trl_padfree_original__", fn)
+
+
+def _seq_idx() -> torch.Tensor:
+    return torch.repeat_interleave(torch.arange(len(LENS)), torch.tensor(LENS))[None]
+
+
+def _grads(tensors, out) -> list[torch.Tensor]:
+    weights = torch.linspace(-1, 1, out.numel()).reshape(out.shape)
+    return list(torch.autograd.grad((out * weights).sum(), tensors))
+
+
+# ---- short convolution ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("activation", [None, "silu"])
+def test_conv_packed_equals_each_sequence_alone(activation):
+    reference = _torch_fallback(_modeling("qwen3_5").causal_conv1d_fn)
+    torch.manual_seed(0)
+    x = torch.randn(1, 6, BOUNDS[-1], requires_grad=True)
+    weight = torch.randn(6, 4, requires_grad=True)
+    bias = torch.randn(6, requires_grad=True)
+    packed = causal_conv1d_packed(x, weight, bias, activation, seq_idx=_seq_idx())
+    alone = torch.cat([reference(x[..., a:b], weight, bias, activation=activation)
+                       for a, b in zip(BOUNDS, BOUNDS[1:], strict=False)], dim=-1)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-6)
+    for g_packed, g_alone in zip(_grads([x, weight, bias], packed), _grads([x, weight, bias], alone), strict=True):
+        torch.testing.assert_close(g_packed, g_alone, rtol=1e-6, atol=1e-6)
+    # the whole-row reference runs one sequence into the next: what the test would catch
+    whole = reference(x, weight, bias, activation=activation)
+    assert (whole[..., BOUNDS[1]] - alone[..., BOUNDS[1]]).abs().max() > 1e-3
+
+
+def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through():
+    original = _torch_fallback(_modeling("lfm2").causal_conv1d_fn)
+    replaced = varlen_causal_conv1d_fn(original)
+    torch.manual_seed(1)
+    x, weight = torch.randn(1, 3, BOUNDS[-1]), torch.randn(3, 3)
+    cu = torch.tensor(BOUNDS, dtype=torch.int32)
+    by_seq_idx = replaced(x, weight, None, seq_idx=_seq_idx().int())
+    by_cu = replaced(x, weight, None, cu_seq_lens_q=cu, max_length_q=6)  # what transformers forwards as **kwargs
+    torch.testing.assert_close(by_cu, by_seq_idx, rtol=0, atol=0)
+    # no boundaries: exactly transformers' torch reference
+    assert torch.equal(replaced(x, weight, None, position_ids=torch.arange(14)[None]), original(x, weight, None))
+    with pytest.raises(PackedRowError, match="cover the layer's 1 x 14 tokens"):
+        replaced(x, weight, None, cu_seq_lens_q=torch.tensor([0, 5, 13], dtype=torch.int32))
+
+
+def test_conv_two_rows_with_seq_idx():
+    torch.manual_seed(2)
+    x, weight = torch.randn(2, 3, 6), torch.randn(3, 4)
+    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
+    out = causal_conv1d_packed(x, weight, seq_idx=seq_idx)
+    reference = _torch_fallback(_modeling("qwen3_5").causal_conv1d_fn)
+    torch.testing.assert_close(out[1:], reference(x[1:], weight), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out[:1, :, 3:], reference(x[:1, :, 3:], weight), rtol=0, atol=1e-6)
+
+
+# ---- gated delta rule and KDA ----------------------------------------------------------------------------------
+DELTA_RULES = [
+    ("qwen3_5", "torch_chunk_gated_delta_rule", False),
+    ("qwen3_5", "torch_recurrent_gated_delta_rule", False),
+    ("kimi_linear", "chunk_kimi_delta_attention", True),
+    ("kimi_linear", "recurrent_kimi_delta_attention", True),
+]
+
+
+def _delta_inputs(per_key_gate: bool, length: int = BOUNDS[-1]):
+    torch.manual_seed(3)
+    heads, dim = 2, 4
+    q, k, v = (torch.randn(1, length, heads, dim, requires_grad=True) for _ in range(3))
+    g_shape = (1, length, heads, dim) if per_key_gate else (1, length, heads)
+    g = (-torch.rand(g_shape) - 0.05).requires_grad_()
+    beta = torch.rand(1, length, heads).requires_grad_()
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize(("family", "name", "per_key_gate"), DELTA_RULES)
+def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate):
+    original = _torch_fallback(getattr(_modeling(family), name))
+    replaced = varlen_delta_rule(original)
+    q, k, v, g, beta = inputs = _delta_inputs(per_key_gate)
+    state = torch.randn(len(LENS), 2, 4, 4)
+    common = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
+    packed, packed_state = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common,
+                                    cu_seqlens=torch.tensor(BOUNDS, dtype=torch.int32))
+    outs, states = [], []
+    for i, (a, b) in enumerate(zip(BOUNDS, BOUNDS[1:], strict=False)):
+        out, final = original(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
+                              initial_state=state[i : i + 1], **common)
+        outs.append(out)
+        states.append(final)
+    alone = torch.cat(outs, dim=1)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-6)
+    torch.testing.assert_close(packed_state, torch.cat(states), rtol=0, atol=1e-6)
+    for g_packed, g_alone in zip(_grads(inputs, packed), _grads(inputs, alone), strict=True):
+        torch.testing.assert_close(g_packed, g_alone, rtol=1e-5, atol=1e-6)
+    # seq_idx alone (Kimi-Linear passes the batch's kwargs through) gives the same
+    by_seq_idx, _ = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common, seq_idx=_seq_idx())
+    torch.testing.assert_close(by_seq_idx, packed, rtol=0, atol=0)
+    # the whole-row reference carries the state across the boundary
+    whole, _ = original(q, k, v, g=g, beta=beta, initial_state=state[:1], **common)
+    assert (whole[:, BOUNDS[1]:] - alone[:, BOUNDS[1]:]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize(("family", "name", "per_key_gate"), DELTA_RULES)
+def test_delta_rule_without_boundaries_is_transformers_reference(family, name, per_key_gate):
+    original = _torch_fallback(getattr(_modeling(family), name))
+    q, k, v, g, beta = (t.detach() for t in _delta_inputs(per_key_gate))
+    kwargs = dict(g=g, beta=beta, initial_state=None, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    out, state = varlen_delta_rule(original)(q, k, v, **kwargs, cu_seqlens=None)
+    ref_out, ref_state = original(q, k, v, **kwargs)
+    assert torch.equal(out, ref_out) and torch.equal(state, ref_state)
+
+
+def test_delta_rule_chunks_of_a_long_sequence():
+    """A sequence longer than one chunk (64) next to short ones: chunks never span two sequences."""
+    original = _torch_fallback(_modeling("qwen3_next").torch_chunk_gated_delta_rule)
+    bounds = [0, 3, 70, 75]
+    q, k, v, g, beta = (t.detach() for t in _delta_inputs(False, length=bounds[-1]))
+    packed, _ = varlen_delta_rule(original)(q, k, v, g=g, beta=beta, cu_seqlens=torch.tensor(bounds))
+    for a, b in zip(bounds, bounds[1:], strict=False):
+        alone, _ = original(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b])
+        torch.testing.assert_close(packed[:, a:b], alone, rtol=0, atol=1e-6)
+
+
+# ---- which globals are replaced ---------------------------------------------------------------------------------
+def test_prepare_replaces_only_torch_fallbacks_and_is_idempotent():
+    from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
+
+    module = types.ModuleType("trl_padfree_test_fake_modeling")
+
+    def torch_delta_rule(query, key, value, g, beta, **kwargs):
+        return value, None
+
+    def causal_conv1d_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+        return hidden_states  # the module's own undecorated torch code (transformers 5.23's LFM3 has one)
+
+    def fused_recurrent_kda(*args, **kwargs):  # a function of that name from another package
+        return None
+
+    causal_conv1d_fn.__module__ = module.__name__
+    module.causal_conv1d_fn = causal_conv1d_fn
+    module.torch_chunk_gated_delta_rule = use_kernel_func_from_hub_with_fallback("chunk_gated_delta_rule", "fla")(
+        torch_delta_rule)
+    # an installed package's function (math stands in for flash-linear-attention: the same transformers wrapper)
+    module.chunk_kda = use_kernel_func_from_hub_with_fallback("sqrt", "math")(lambda x: x)
+    module.fused_recurrent_kda = fused_recurrent_kda
+    layer_class = type("FakeLayer", (torch.nn.Module,), {"__module__": module.__name__})
+    sys.modules[module.__name__] = module
+    try:
+        kept = module.chunk_kda
+        assert torch_fallback_name(module.torch_chunk_gated_delta_rule) == "chunk_gated_delta_rule"
+        assert torch_fallback_name(kept) is None and torch_fallback_name(causal_conv1d_fn) is None
+        names = prepare_packed_layers(layer_class())
+        assert names == ["trl_padfree_test_fake_modeling.causal_conv1d_fn",
+                         "trl_padfree_test_fake_modeling.torch_chunk_gated_delta_rule"]
+        assert module.chunk_kda is kept and module.fused_recurrent_kda is fused_recurrent_kda
+        replaced = module.torch_chunk_gated_delta_rule, module.causal_conv1d_fn
+        assert prepare_packed_layers(layer_class()) == names
+        assert (module.torch_chunk_gated_delta_rule, module.causal_conv1d_fn) == replaced
+    finally:
+        del sys.modules[module.__name__]
+
+
+# ---- whole tiny models under "padfree" --------------------------------------------------------------------------
+TOKENS = dict(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
+              max_position_embeddings=128)
+ATTN = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+              linear_conv_kernel_dim=4)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16)
+HYBRID = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+CONV = ["conv", "conv", "full_attention", "conv"]
+FAMILIES = {
+    "qwen3_5_text": dict(intermediate_size=64, **ATTN, **LINEAR, layer_types=HYBRID),
+    "qwen3_5_moe_text": dict(**ATTN, **LINEAR, **MOE, layer_types=HYBRID),
+    "qwen3_next": dict(intermediate_size=64, **ATTN, **LINEAR, **MOE, layer_types=HYBRID),
+    "olmo_hybrid": dict(intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, **LINEAR,
+                        layer_types=HYBRID),
+    "lfm2": dict(intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, layer_types=CONV,
+                 full_attn_idxs=[2], block_auto_adjust_ff_dim=False),
+    "lfm3": dict(intermediate_size=64, **ATTN, layer_types=CONV),
+    "qwen4_exp_text": dict(**ATTN, **LINEAR, **MOE, layer_types=HYBRID[:2] + ["indexed_attention", HYBRID[3]],
+                           indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=4,
+                           indexer_compress_ratio=1),  # a budget under the longer examples: the selection binds
+    "kimi_linear": dict(intermediate_size=64, moe_intermediate_size=16, num_attention_heads=2, num_key_value_heads=2,
+                        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
+                        head_dim=8, num_experts=4, num_experts_per_token=2, num_shared_experts=1, linear_head_dim=8,
+                        linear_num_heads=2, layer_types=HYBRID, mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
+}
+
+
+def _tiny(model_type: str, attn: str = "padfree", **extra):
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"{model_type} is not in this transformers")
+    fields = {**TOKENS, **FAMILIES.get(model_type, {}), **extra}
+    config = CONFIG_MAPPING[model_type](hidden_size=32, num_hidden_layers=4, **fields)
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+
+
+def _sequences() -> list[np.ndarray]:
+    rng = np.random.default_rng(1)
+    return [rng.integers(3, 64, n) for n in (5, 9, 3)]
+
+
+def _packed(sequences: list[np.ndarray]) -> dict:
+    ids = np.concatenate(sequences)
+    cu = np.cumsum([0] + [len(s) for s in sequences])
+    labels = ids.copy()
+    labels[cu[:-1]] = -100  # no example predicts the next one's first token
+    return {**packed_batch(ids, labels, cu), "use_cache": False}
+
+
+def _loss_and_grads(model, batch_or_batches) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    if isinstance(batch_or_batches, dict):
+        loss = model(**batch_or_batches).loss
+    else:  # each example alone, weighted by its predicted tokens (the packed loss's mean)
+        counts = [b["input_ids"].shape[1] - 1 for b in batch_or_batches]
+        loss = sum(model(**b).loss * n for b, n in zip(batch_or_batches, counts, strict=True)) / sum(counts)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("model_type", list(FAMILIES))
+def test_family_packed_equals_alone(model_type):
+    model = _tiny(model_type)
+    sequences = _sequences()
+    packed_loss, packed_grads = _loss_and_grads(model, _packed(sequences))
+    alone = [{"input_ids": torch.from_numpy(s)[None], "labels": torch.from_numpy(s)[None], "use_cache": False}
+             for s in sequences]
+    alone_loss, alone_grads = _loss_and_grads(model, alone)
+    assert abs(packed_loss - alone_loss) <= 1e-5 * abs(alone_loss)
+    assert packed_grads.keys() == alone_grads.keys()
+    for name, grad in alone_grads.items():
+        assert (packed_grads[name] - grad).abs().max() <= 1e-4 * grad.abs().max() + 1e-12, name
+    assert recurrent_layer_types(model)  # and so prompt_once is refused for it
+
+
+def test_qwen4_exp_with_a_cache_is_refused():
+    """Qwen4-Exp's token indexer needs a dense mask, which transformers does not split by position_ids when a cache
+    is passed: refused, not run across sequences."""
+    model = _tiny("qwen4_exp_text").eval()
+    batch = {k: v for k, v in _packed(_sequences()).items() if k != "use_cache"}
+    with torch.no_grad(), pytest.raises(PackedRowError, match="spans all its 3 sequences.*use_cache=False"):
+        model(**batch)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "lfm2"])
+def test_without_seq_idx_exact_or_refused(model_type):
+    model = _tiny(model_type).eval()
+    sequences = _sequences()
+    batch = _packed(sequences)
+    with torch.no_grad():
+        alone = torch.cat([model(input_ids=torch.from_numpy(s)[None], use_cache=False).logits[0] for s in sequences])
+        no_seq_idx = {k: v for k, v in batch.items() if k != "seq_idx"}  # cu_seq_lens_q is enough
+        torch.testing.assert_close(model(**no_seq_idx).logits[0], alone, rtol=0, atol=1e-5)
+        only_seq_idx = {k: batch[k] for k in ("input_ids", "position_ids", "seq_idx", "use_cache")}
+        torch.testing.assert_close(model(**only_seq_idx).logits[0], alone, rtol=0, atol=1e-5)
+        only_positions = {k: batch[k] for k in ("input_ids", "position_ids", "use_cache")}
+        with pytest.raises(PackedRowError, match="came without seq_idx or cu_seq_lens_q"):
+            model(**only_positions)
+
+
+def test_padfree_prepares_a_model_called_by_hand():
+    """from_config(..., attn_implementation="padfree") then the collator's batch: nothing else to call."""
+    modeling = _modeling("lfm3")
+    modeling.causal_conv1d_fn = _torch_fallback(modeling.causal_conv1d_fn)  # as transformers left it
+    model = _tiny("lfm3").eval()
+    sequences = _sequences()
+    with torch.no_grad():
+        packed = model(**_packed(sequences)).logits[0]
+        alone = torch.cat([model(input_ids=torch.from_numpy(s)[None]).logits[0] for s in sequences])
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+    assert hasattr(modeling.causal_conv1d_fn, "__trl_padfree_original__")
+
+
+def test_check_packing_passes_for_a_hybrid_model():
+    from trl_padfree import check_packing
+
+    report = check_packing(_tiny("lfm2"))
+    assert report.max_abs_diff <= report.tolerance
+
+
+# ---- prompt_once ----------------------------------------------------------------------------------------------
+def test_prompt_once_refused_for_recurrent_layers():
+    model = _tiny("qwen3_5_text")
+    with pytest.raises(ValueError, match=r"^prompt_once=True cannot share a prompt with Qwen3_5GatedDeltaNet layers "
+                                         r"\(recurrent.*set prompt_once=False\.$"):
+        require_padfree_attention(model)
+    with pytest.raises(ValueError, match="with Lfm2ShortConv layers"):
+        require_padfree_attention(_tiny("lfm2"))
+    require_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="padfree"))  # attention only: fine
+
+
+# ---- a trainer ---------------------------------------------------------------------------------------------------
+def test_sft_trainer_prepares_recurrent_layers_under_sdpa(tmp_path):
+    """The trainer prepares the model whatever its attention (sdpa here: "padfree"'s mask builder never runs), and
+    its padding-free first step has the padded step's loss."""
+    from tiny_sft import tokenized_dataset, tokenizer
+    from trl import SFTConfig
+
+    from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
+
+    modeling = _modeling("lfm2")
+    modeling.causal_conv1d_fn = _torch_fallback(modeling.causal_conv1d_fn)  # as transformers left it
+    tok = tokenizer()
+    dataset = tokenized_dataset(tok, 8)
+    first_losses = []
+    for padding_free in (True, False):
+        model = _tiny("lfm2", attn="sdpa", vocab_size=len(tok))
+        config = SFTConfig(output_dir=str(tmp_path / str(padding_free)), per_device_train_batch_size=4, max_steps=1,
+                           learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
+                           bf16=False, padding_free=False, dataset_kwargs={"skip_prepare_dataset": True},
+                           disable_tqdm=True, activation_checkpointing=False, seed=0)
+        collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=padding_free)
+        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tok,
+                             data_collator=collator, check_packing=padding_free)
+        trainer.train()
+        first_losses.append(next(e["loss"] for e in trainer.state.log_history if "loss" in e))
+    assert hasattr(modeling.causal_conv1d_fn, "__trl_padfree_original__")
+    assert first_losses[0] == pytest.approx(first_losses[1], rel=1e-5)

@@ -1,0 +1,230 @@
+"""Recurrent layers (short convolutions, gated delta rule, KDA, Mamba scans) that restart at every sequence
+boundary of a packed row.
+
+transformers' modeling files call their recurrent kernels through module globals decorated with
+``use_kernel_func_from_hub_with_fallback(name, package)`` (``transformers/integrations/hub_kernels.py``): the
+installed package's function when there is one (``causal-conv1d``, ``flash-linear-attention``, ``mamba-ssm``, which
+read ``seq_idx`` / ``cu_seqlens`` and keep packed sequences apart), else a torch reference that cannot, and raises
+when it gets ``seq_idx`` or ``cu_seqlens``. :func:`prepare_packed_layers` replaces, in the modeling modules of a
+model's submodules, exactly those torch references with varlen-aware torch versions (built by the ``KERNELS``
+factories of :mod:`.conv`, :mod:`.delta_rule` and, once it exists, ``.mamba``), which fall through to the original
+when a call carries no boundaries. A real package's function is never replaced.
+
+When it applies (each is idempotent and cheap after the first time):
+
+- ``"padfree"``'s mask builder (:func:`trl_padfree.attention.padfree_mask`), which transformers calls at the start
+  of every forward with the model's config, runs :func:`prepare_packed_config` on the config's modeling module. So
+  a model loaded with ``attn_implementation="padfree"`` handles the collator's packed batch from its first forward,
+  called by hand, by the probe (:func:`trl_padfree.check_packing`) or by any trainer;
+- this package's trainers call :func:`prepare_packed_layers` on their model when training starts (any attention);
+- anyone can call :func:`prepare_packed_layers` on a model.
+
+A packed row reaches the kernels with its boundaries when the batch has ``seq_idx`` or ``cu_seq_lens_q`` (the
+collator's batches have both). One with only ``position_ids`` restarting is refused, under ``"padfree"``, with a
+:class:`PackedRowError` naming what to pass, never run across sequences. ``prompt_once`` (a prompt shared by several
+completions through the attention's key index) cannot share a recurrent state: :func:`refuse_shared_prompt` says so.
+
+A kernel module contributes ``KERNELS: dict[str, Callable[[Callable], Callable]]``: the kernel's name as given to
+``use_kernel_func_from_hub_with_fallback`` (``"chunk_gated_delta_rule"``; a module global of that exact name also
+matches) -> a factory taking transformers' torch function and returning its replacement; and optionally
+``patch_model(model) -> list[str]`` for patches of methods, run by :func:`prepare_packed_layers`.
+
+>>> from transformers import Qwen3_5TextConfig, AutoModelForCausalLM
+>>> config = Qwen3_5TextConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+...     layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
+...     head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+...     linear_value_head_dim=8)
+>>> model = AutoModelForCausalLM.from_config(config)
+>>> prepare_packed_layers(model)
+['qwen3_5.causal_conv1d_fn', 'qwen3_5.torch_chunk_gated_delta_rule', 'qwen3_5.torch_recurrent_gated_delta_rule']
+>>> recurrent_layer_types(model)
+['Qwen3_5GatedDeltaNet']
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from collections.abc import Callable, Iterable
+from types import ModuleType
+from typing import Any
+
+from . import conv, delta_rule
+from .varlen import PackedRowError, note_mask
+
+# ---- kernel modules ------------------------------------------------------------------------------------------
+# Each contributes KERNELS (and optionally patch_model); the Mamba / Mamba-2 scans plug in here once mamba.py lands.
+KERNEL_MODULES: list[ModuleType] = [conv, delta_rule]
+try:  # >>> mamba: trl_padfree/recurrent/mamba.py (Mamba / Mamba-2 scans) <<<
+    from . import mamba  # type: ignore[attr-defined]
+except ImportError:
+    mamba = None
+else:
+    KERNEL_MODULES.append(mamba)
+
+__all__ = [
+    "KERNEL_MODULES",
+    "PackedRowError",
+    "kernels",
+    "note_mask",
+    "prepare_packed_config",
+    "prepare_packed_layers",
+    "recurrent_layer_types",
+    "refuse_shared_prompt",
+    "torch_fallback_name",
+]
+
+_REPLACED = "__trl_padfree_original__"  # attribute of a replacement: the function it wraps
+_DONE_MODULES: dict[str, list[str]] = {}  # modeling module -> its globals prepare_packed_config replaced
+
+
+def kernels() -> dict[str, Callable[[Callable], Callable]]:
+    """Every kernel module's ``KERNELS``, merged (kernel name -> factory)."""
+    merged: dict[str, Callable[[Callable], Callable]] = {}
+    for module in KERNEL_MODULES:
+        merged.update(getattr(module, "KERNELS", {}))
+    return merged
+
+
+def _fallback_closure(fn: Any) -> dict[str, Any] | None:
+    """The closure of transformers' ``use_kernel_func_from_hub_with_fallback`` wrapper, or None for anything else."""
+    code = getattr(fn, "__code__", None)
+    if code is None or fn.__closure__ is None:
+        return None
+    cells = dict(zip(code.co_freevars, fn.__closure__, strict=True))
+    if not {"func_name", "is_new_implementation", "torch_function"} <= cells.keys():
+        return None
+    try:
+        return {name: cell.cell_contents for name, cell in cells.items()}
+    except ValueError:  # an empty cell
+        return None
+
+
+def torch_fallback_name(fn: Any) -> str | None:
+    """The kernel name of ``fn`` if it is transformers' torch fallback (no kernel package behind it), else None.
+
+    >>> from transformers.models.qwen3_5 import modeling_qwen3_5 as m
+    >>> torch_fallback_name(m.causal_conv1d_update)  # causal-conv1d is not installed here
+    'causal_conv1d_update'
+    >>> torch_fallback_name(len) is None
+    True
+    """
+    closure = _fallback_closure(fn)
+    if closure is None or closure["is_new_implementation"]:
+        return None
+    return closure["func_name"]
+
+
+def _own_torch_kernel(module: ModuleType, name: str, value: Any, factories: dict[str, Any]) -> str | None:
+    """The kernel name of a global of ``module`` that is its own torch code for a kernel of ``factories``: the
+    transformers fallback wrapper without a package, or a plain function of that name defined in the module itself
+    (transformers 5.23's LFM3 defines an undecorated ``causal_conv1d_fn`` that ignores ``seq_idx``)."""
+    kernel = torch_fallback_name(value)
+    if kernel is not None:
+        return kernel if (kernel in factories or name in factories) else None
+    if (name in factories and inspect.isfunction(value) and value.__module__ == module.__name__
+            and _fallback_closure(value) is None):
+        return name
+    return None
+
+
+def _is_recurrent_kernel(module: ModuleType, name: str, fn: Any, factories: dict[str, Any]) -> bool:
+    return hasattr(fn, _REPLACED) or _fallback_closure(fn) is not None or (
+        _own_torch_kernel(module, name, fn, factories) is not None)
+
+
+def _patch_module(module: ModuleType, factories: dict[str, Callable[[Callable], Callable]]) -> list[str]:
+    """Replace the torch fallbacks among ``module``'s globals that a factory covers; names of those now replaced."""
+    short = module.__name__.rsplit(".", 1)[-1].removeprefix("modeling_")
+    names = []
+    for name, value in sorted(vars(module).items()):
+        if hasattr(value, _REPLACED):
+            names.append(f"{short}.{name}")
+            continue
+        kernel = _own_torch_kernel(module, name, value, factories)
+        if kernel is None:
+            continue
+        factory = factories.get(kernel) or factories[name]
+        replacement = factory(value)
+        setattr(replacement, _REPLACED, value)
+        setattr(module, name, replacement)
+        names.append(f"{short}.{name}")
+    return names
+
+
+def _modeling_modules(model: Any) -> list[ModuleType]:
+    seen: dict[str, ModuleType] = {}
+    modules = model.modules() if hasattr(model, "modules") else [model]
+    for sub in modules:
+        name = type(sub).__module__
+        if name not in seen and name in sys.modules:
+            seen[name] = sys.modules[name]
+    return list(seen.values())
+
+
+def prepare_packed_layers(model: Any) -> list[str]:
+    """Make ``model``'s recurrent layers restart at every sequence boundary of a packed row (see the module docs).
+
+    Replaces, in the modeling module of every submodule, the torch fallbacks of the kernels in :func:`kernels` with
+    their varlen-aware versions, and runs each kernel module's ``patch_model``. Returns what is varlen-aware now,
+    ``"<module>.<global>"`` (those replaced earlier included, so a second call returns the same list); empty for a
+    model without such kernels, or whose kernels come from the installed CUDA packages. Idempotent.
+    """
+    factories = kernels()
+    names: list[str] = []
+    for module in _modeling_modules(model):
+        names += _patch_module(module, factories)
+    for kernel_module in KERNEL_MODULES:
+        patch_model = getattr(kernel_module, "patch_model", None)
+        if patch_model is not None:
+            names += patch_model(model)
+    return names
+
+
+def prepare_packed_config(config: Any) -> None:
+    """:func:`prepare_packed_layers` for the modeling module of ``config``'s model (the ``modeling_*`` module
+    beside its ``configuration_*`` module), as far as it is imported; cheap after the first call per module.
+    "padfree"'s mask builder calls it with the config transformers passes it."""
+    if config is None:
+        return
+    name = type(config).__module__.replace(".configuration_", ".modeling_")
+    module = sys.modules.get(name)
+    if module is None:
+        return
+    done = _DONE_MODULES.get(name)
+    if done is not None and all(hasattr(getattr(module, g, None), _REPLACED) for g in done):
+        return
+    _DONE_MODULES[name] = [n.rsplit(".", 1)[-1] for n in _patch_module(module, kernels())]
+
+
+def recurrent_layer_types(model: Any) -> list[str]:
+    """Class names of ``model``'s submodules whose ``forward`` calls a recurrent kernel (a short convolution, a
+    linear-attention or state-space scan: anything transformers routes through
+    ``use_kernel_func_from_hub_with_fallback``), in order of first appearance."""
+    factories = kernels()
+    found: list[str] = []
+    modules: Iterable[Any] = model.modules() if hasattr(model, "modules") else []
+    for sub in modules:
+        cls = type(sub)
+        if cls.__name__ in found:
+            continue
+        module = sys.modules.get(cls.__module__)
+        forward = inspect.unwrap(getattr(cls, "forward", None) or (lambda: None))
+        code = getattr(forward, "__code__", None)
+        if module is None or code is None:
+            continue
+        if any(_is_recurrent_kernel(module, n, getattr(module, n, None), factories) for n in code.co_names):
+            found.append(cls.__name__)
+    return found
+
+
+def refuse_shared_prompt(model: Any, what: str = "prompt_once=True") -> None:
+    """Raise ValueError, before any work, when ``model`` has a recurrent layer: a prompt shared through the
+    attention's key index reaches only the attention layers, while a recurrent layer would run each completion
+    on from the state of whatever precedes it in the row instead of the prompt's."""
+    layers = recurrent_layer_types(model)
+    if layers:
+        raise ValueError(
+            f"{what} cannot share a prompt with {layers[0]} layers (recurrent: each completion needs the state the "
+            "prompt leaves, which only attention can share through the key index); set prompt_once=False."
+        )
