@@ -410,24 +410,21 @@ def _run_each_sequence(forward: Callable) -> Callable:
     come as ``seq_idx`` / ``cu_seqlens``, or as a 1-D ``attention_mask`` (``cu_seq_lens``, from its layer)."""
 
     @functools.wraps(forward)
-    def patched(
-        hidden_states: torch.Tensor, cache: Any = None, attention_mask: Any = None, **kwargs: Any
-    ) -> Any:
+    def patched(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         batch, length = hidden_states.shape[:2]
+        attention_mask = kwargs.get("attention_mask")
         if isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 1:
-            kwargs = {**kwargs, "cu_seqlens": attention_mask}
-            attention_mask = None
-        layout = packed_layout(kwargs, batch, length)
+            kwargs = {**kwargs, "attention_mask": None, "cu_seqlens": attention_mask}
+        layout = None if args else packed_layout(kwargs, batch, length)
         if layout is None:
-            return forward(hidden_states, cache=cache, attention_mask=attention_mask, **_plain(kwargs))
-        if cache is not None:
+            return forward(hidden_states, *args, **_plain(kwargs))
+        # transformers 5.24 names the mixer's cache `cache`, 5.23 `cache_params`
+        if kwargs.get("cache") is not None or kwargs.get("cache_params") is not None:
             raise ValueError(f"{type(forward.__self__).__name__}: {_CACHE_ADVICE}")  # type: ignore[attr-defined]
-        if attention_mask is not None:
-            attention_mask = layout.unpack(attention_mask, 1)
-        out = forward(
-            layout.unpack(hidden_states, 1), cache=None, attention_mask=attention_mask, **_plain(kwargs)
-        )
-        return layout.repack(out, 1)
+        plain = _plain(kwargs)
+        if plain.get("attention_mask") is not None:
+            plain["attention_mask"] = layout.unpack(plain["attention_mask"], 1)
+        return layout.repack(forward(layout.unpack(hidden_states, 1), **plain), 1)
 
     return patched
 
