@@ -42,7 +42,14 @@ def _torch_fallback(function: Callable) -> Callable:
 
 
 def _apply(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module) -> list[str]:
-    """What the recurrent mechanism does with this module, undone after the test."""
+    """The recurrent mechanism (``trl_padfree.recurrent.prepare_packed_layers``) where it exists; else what it does
+    with this module (transformers' torch fallbacks replaced, then ``patch_model``), undone after the test."""
+    try:
+        from trl_padfree.recurrent import prepare_packed_layers
+    except ImportError:
+        pass
+    else:
+        return prepare_packed_layers(model)
     kernels = mamba.KERNELS | mamba._conv_kernels()
     done = []
     for name in sorted({type(m).__module__ for m in model.modules()}):
@@ -153,6 +160,14 @@ def test_chunk_scan_packed_refuses_a_cache() -> None:
         "pass use_cache=False",
     ):
         scan(**_chunk_inputs(), chunk_size=4, seq_idx=_seq_idx(LENGTHS), return_final_states=True)
+
+
+def test_layout_of_equal_lengths_has_one_slot_more() -> None:
+    layout = mamba.packed_layout({"seq_idx": _seq_idx([3, 3])}, 1, 6)
+    assert layout.index.tolist() == [[0, 1, 2, 6], [3, 4, 5, 6]]
+    x = torch.arange(6.0).reshape(1, 6)
+    assert layout.unpack(x, 1).tolist() == [[0.0, 1.0, 2.0, 0.0], [3.0, 4.0, 5.0, 0.0]]
+    assert torch.equal(layout.repack(layout.unpack(x, 1), 1), x)
 
 
 def test_cu_seqlens_for_another_batch_is_refused() -> None:
@@ -345,18 +360,18 @@ def _tiny(family: str, monkeypatch: pytest.MonkeyPatch, checkpointing: bool = Fa
     return model
 
 
-def _examples() -> tuple[list[torch.Tensor], dict[str, Any], int]:
+def _examples(lengths: list[int] = LENGTHS) -> tuple[list[torch.Tensor], dict[str, Any], int]:
     g = torch.Generator().manual_seed(1)
-    seqs = [torch.randint(1, VOCAB, (n,), generator=g) for n in LENGTHS]
+    seqs = [torch.randint(1, VOCAB, (n,), generator=g) for n in lengths]
     ids = torch.cat(seqs).numpy()
-    cu = np.concatenate([[0], np.cumsum(LENGTHS)])
+    cu = np.concatenate([[0], np.cumsum(lengths)])
     labels = ids.copy()
     labels[cu[:-1]] = -100
     return seqs, packed_batch(ids, labels, cu), int((labels != -100).sum())
 
 
-def _packed_vs_alone(model: torch.nn.Module, keys: tuple[str, ...]) -> None:
-    seqs, batch, items = _examples()
+def _packed_vs_alone(model: torch.nn.Module, keys: tuple[str, ...], lengths: list[int] = LENGTHS) -> None:
+    seqs, batch, items = _examples(lengths)
     inputs = {k: v for k, v in batch.items() if k in ("input_ids", "labels", *keys)}
     out = model(**inputs, use_cache=False, num_items_in_batch=items)
     model.zero_grad()
@@ -394,6 +409,12 @@ def test_tiny_model_without_seq_idx(family: str, monkeypatch: pytest.MonkeyPatch
 def test_tiny_model_position_ids_only(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Only restarting position_ids: the boundaries come from them (no attention mask)."""
     _packed_vs_alone(_tiny(family, monkeypatch), ("position_ids",))
+
+
+@pytest.mark.parametrize("family", ["bamba", "jamba"])
+def test_tiny_model_sequences_of_equal_length(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch of sequences gets one padding slot more, so it never has the packed row's token count."""
+    _packed_vs_alone(_tiny(family, monkeypatch), FULL, lengths=[6, 6, 6])
 
 
 @pytest.mark.parametrize("family", ["jamba", "mamba2"])

@@ -52,7 +52,6 @@ import torch
 __all__ = [
     "KERNELS",
     "PackedLayout",
-    "packed_causal_conv1d",
     "packed_chunk_scan",
     "packed_selective_scan",
     "packed_layout",
@@ -114,6 +113,11 @@ def _starts_to_layout(starts: torch.Tensor, batch: int, length: int) -> PackedLa
     ends = torch.cat([flat_starts[1:], flat_starts.new_tensor([total])])
     lengths = ends - flat_starts
     width = int(lengths.max())
+    if width * lengths.numel() == total:
+        # all sequences of the same length: one padding slot more, so that the batch of sequences never has the
+        # row's token count (the recurrent mechanism refuses a call of a packed row's size that carries no
+        # boundaries, see trl_padfree.recurrent.varlen)
+        width += 1
     offsets = torch.arange(width, device=starts.device)
     valid = offsets[None, :] < lengths[:, None]
     index = torch.where(
@@ -219,11 +223,11 @@ def packed_selective_scan(original: Callable, *args: Any, **kwargs: Any) -> Any:
     return layout.repack(original(**plain), 2)
 
 
-def packed_causal_conv1d(original: Callable, *args: Any, **kwargs: Any) -> Any:
+def _packed_causal_conv1d(original: Callable, *args: Any, **kwargs: Any) -> Any:
     """A depthwise causal convolution ``(B, C, T)`` (``causal_conv1d_fn``) over a packed row, each sequence alone.
 
-    Used by this module's tests and by :func:`_conv_kernels` only; the package's own convolution lives in
-    ``trl_padfree.recurrent.conv``.
+    Private, for this module's tests where ``trl_padfree.recurrent.conv`` (the package's convolution, same
+    results) is not importable.
     """
     params = ("hidden_states", "weight", "bias", "activation")
     bound = dict(zip(params, args, strict=False)) | kwargs
@@ -289,7 +293,7 @@ KERNELS: dict[str, Callable[[Callable], Callable]] = {
 
 def _conv_kernels() -> dict[str, Callable[[Callable], Callable]]:
     """The convolution's entry, for tests run without ``trl_padfree.recurrent.conv``."""
-    return {"causal_conv1d_fn": _replacement(packed_causal_conv1d)}
+    return {"causal_conv1d_fn": _replacement(_packed_causal_conv1d)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
