@@ -423,8 +423,9 @@ def test_tiny_model_gradient_checkpointing(family: str, monkeypatch: pytest.Monk
     _packed_vs_alone(_tiny(family, monkeypatch, checkpointing=True), FULL)
 
 
-def test_unpatched_jamba_and_mamba2_cross_boundaries(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Why patch_model exists: without it these two models scan across the examples of a row silently."""
+def test_unpatched_jamba_and_mamba2_are_not_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Why patch_model exists: without it these two models scan across the examples of a row (or, where
+    "padfree"'s mask builder has made the convolution check packed rows, refuse them)."""
     for family in ("jamba", "mamba2"):
         _modeling(family)
         torch.manual_seed(0)
@@ -432,12 +433,15 @@ def test_unpatched_jamba_and_mamba2_cross_boundaries(monkeypatch: pytest.MonkeyP
         model = AutoModelForCausalLM.from_config(config, attn_implementation="padfree").float()
         seqs, batch, _ = _examples()
         with torch.no_grad():
-            packed = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits
             second = model(input_ids=seqs[1][None], use_cache=False).logits
+            try:
+                packed = model(**{k: v for k, v in batch.items() if k != "labels"}, use_cache=False).logits
+            except ValueError as refused:
+                assert "cannot tell its sequences apart" in str(refused), family
+                continue
         first_end = LENGTHS[0]
-        assert (packed[0, first_end : first_end + LENGTHS[1]] - second[0]).abs().max() > 1e-5, (
-            family
-        )  # patched: < 1e-7
+        gap = (packed[0, first_end : first_end + LENGTHS[1]] - second[0]).abs().max()
+        assert gap > 1e-5, family  # patched: < 1e-7
 
 
 def test_patch_model_is_idempotent_and_names_what_it_patched(monkeypatch: pytest.MonkeyPatch) -> None:
