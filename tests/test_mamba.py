@@ -23,6 +23,12 @@ from trl_padfree.flattening import packed_batch
 from trl_padfree.recurrent import mamba
 
 LENGTHS = [7, 5, 9]  # with chunk_size 4: sequences that span chunks and start inside one
+SKEWED = [
+    13,
+    1,
+    2,
+    1,
+]  # two batches of sequences: the 13 with the 2, the two 1s (trl_padfree/recurrent/mamba.py)
 VOCAB = 64
 
 
@@ -71,8 +77,12 @@ def _seq_idx(lengths: list[int]) -> torch.Tensor:
 
 
 def _compare(
-    run: Callable[..., torch.Tensor], inputs: dict[str, torch.Tensor], time_dims: dict[str, int], **packing
-):
+    run: Callable[..., torch.Tensor],
+    inputs: dict[str, torch.Tensor],
+    time_dims: dict[str, int],
+    lengths: list[int] = LENGTHS,
+    **packing: torch.Tensor,
+) -> None:
     """``run`` on the packed inputs vs on each sequence's slice: outputs and every input's gradient."""
     leaves = {k: v.detach().clone().requires_grad_(True) for k, v in inputs.items()}
     packed = run(**leaves, **packing)
@@ -81,7 +91,7 @@ def _compare(
     packed_grads = {k: v.grad.clone() for k, v in leaves.items()}
     for v in leaves.values():
         v.grad = None
-    cu = np.concatenate([[0], np.cumsum(LENGTHS)])
+    cu = np.concatenate([[0], np.cumsum(lengths)])
     out_dim = time_dims["out"]
     alone_outs = []
     for a, b in zip(cu[:-1], cu[1:], strict=True):
@@ -97,10 +107,10 @@ def _compare(
 
 
 def _chunk_inputs(
-    heads: int = 4, head_dim: int = 3, groups: int = 2, state: int = 5
+    lengths: list[int] = LENGTHS, heads: int = 4, head_dim: int = 3, groups: int = 2, state: int = 5
 ) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(0)
-    t = sum(LENGTHS)
+    t = sum(lengths)
     return {
         "hidden_states": torch.randn(1, t, heads, head_dim, generator=g),
         "dt": torch.randn(1, t, heads, generator=g),
@@ -115,17 +125,20 @@ def _chunk_inputs(
 CHUNK_TIME = {"hidden_states": 1, "dt": 1, "B": 1, "C": 1, "out": 1}
 
 
-@pytest.mark.parametrize("packing", ["seq_idx", "cu_seqlens", "cu_seq_lens_q"])
-def test_chunk_scan_packed_equals_each_sequence(packing: str) -> None:
+@pytest.mark.parametrize(
+    ("packing", "lengths"),
+    [("seq_idx", LENGTHS), ("cu_seqlens", LENGTHS), ("cu_seq_lens_q", LENGTHS), ("seq_idx", SKEWED)],
+)
+def test_chunk_scan_packed_equals_each_sequence(packing: str, lengths: list[int]) -> None:
     original = _torch_fallback(_modeling("bamba").mamba2_chunk_scan)
     scan = mamba.KERNELS["mamba2_chunk_scan"](original)
 
     def run(**kw: Any) -> torch.Tensor:
         return scan(**kw, chunk_size=4, dt_softplus=True, dt_limit=(0.0, float("inf")))
 
-    seq_idx = _seq_idx(LENGTHS)
-    given = seq_idx if packing == "seq_idx" else torch.tensor([0, *np.cumsum(LENGTHS)], dtype=torch.int32)
-    _compare(run, _chunk_inputs(), CHUNK_TIME, **{packing: given})
+    seq_idx = _seq_idx(lengths)
+    given = seq_idx if packing == "seq_idx" else torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
+    _compare(run, _chunk_inputs(lengths), CHUNK_TIME, lengths, **{packing: given})
 
 
 def test_chunk_scan_without_packing_is_transformers_torch_reference() -> None:
@@ -164,10 +177,32 @@ def test_chunk_scan_packed_refuses_a_cache() -> None:
 
 def test_layout_of_equal_lengths_has_one_slot_more() -> None:
     layout = mamba.packed_layout({"seq_idx": _seq_idx([3, 3])}, 1, 6)
-    assert layout.index.tolist() == [[0, 1, 2, 6], [3, 4, 5, 6]]
+    assert [index.tolist() for index, _ in layout.groups] == [[[0, 1, 2, 6], [3, 4, 5, 6]]]
     x = torch.arange(6.0).reshape(1, 6)
-    assert layout.unpack(x, 1).tolist() == [[0.0, 1.0, 2.0, 0.0], [3.0, 4.0, 5.0, 0.0]]
+    assert [part.tolist() for part in layout.unpack(x, 1)] == [[[0.0, 1.0, 2.0, 0.0], [3.0, 4.0, 5.0, 0.0]]]
     assert torch.equal(layout.repack(layout.unpack(x, 1), 1), x)
+
+
+def test_layout_groups_bound_the_padding() -> None:
+    """One long sequence and many short ones: the short ones are not padded to the long one's length."""
+    lengths = [64, 3, 5, 2, 4, 60, 1, 7]
+    layout = mamba.packed_layout({"seq_idx": _seq_idx(lengths)}, 1, sum(lengths))
+    slots = sum(index.numel() for index, _ in layout.groups)
+    assert slots <= 2 * sum(lengths) and len(layout.groups) == 2
+    x = torch.randn(1, sum(lengths), 3)
+    parts = layout.unpack(x, 1)
+    assert torch.equal(layout.repack(parts, 1), x)
+    cu = np.concatenate([[0], np.cumsum(lengths)]).tolist()
+    sequences = []
+    for part, (index, valid) in zip(parts, layout.groups, strict=True):
+        for row, slots, real in zip(part, index, valid, strict=True):
+            tokens = slots[real].tolist()
+            assert tokens == list(
+                range(tokens[0], tokens[0] + len(tokens))
+            )  # one sequence, in order, from its start
+            sequences.append((tokens[0], tokens[-1] + 1))
+            assert torch.equal(row[real], x[0, tokens]) and not row[~real].any()  # padding: zeros after it
+    assert sorted(sequences) == list(zip(cu[:-1], cu[1:], strict=True))
 
 
 def test_cu_seqlens_for_another_batch_is_refused() -> None:
@@ -412,9 +447,11 @@ def test_tiny_model_position_ids_only(family: str, monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize("family", ["bamba", "jamba"])
-def test_tiny_model_sequences_of_equal_length(family: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The batch of sequences gets one padding slot more, so it never has the packed row's token count."""
-    _packed_vs_alone(_tiny(family, monkeypatch), FULL, lengths=[6, 6, 6])
+@pytest.mark.parametrize("lengths", [[6, 6, 6], SKEWED], ids=["equal", "skewed"])
+def test_tiny_model_other_lengths(family: str, lengths: list[int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal lengths (the batch of sequences gets one padding slot more, so it never has the packed row's token
+    count) and skewed ones (two batches of sequences)."""
+    _packed_vs_alone(_tiny(family, monkeypatch), FULL, lengths=lengths)
 
 
 @pytest.mark.parametrize("family", ["jamba", "mamba2"])

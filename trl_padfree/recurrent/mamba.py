@@ -74,32 +74,61 @@ _CACHE_ADVICE = (
 
 @dataclass(frozen=True)
 class PackedLayout:
-    """Where the sequences of a ``(B, T)`` batch lie: ``index`` ``(N, L)`` into the ``B*T`` flattened tokens
-    (padding slots point at ``B*T``, one zero token appended), ``valid`` ``(N, L)`` marks the real slots."""
+    """Where the sequences of a ``(B, T)`` batch lie, as right-padded batches of sequences of similar length.
+
+    ``groups``: per batch of sequences, ``index`` ``(N, L)`` into the ``B*T`` flattened tokens (padding slots point
+    at ``B*T``, a zero token appended) and ``valid`` ``(N, L)``, the real slots. Sequences are sorted by length and
+    grouped so that a group's padding never exceeds its tokens (a long sequence does not pad every short one to its
+    length). ``inverse``: the position of every row token among the groups' real slots, in order.
+    """
 
     batch: int
     length: int
-    index: torch.Tensor
-    valid: torch.Tensor
+    groups: tuple[tuple[torch.Tensor, torch.Tensor], ...]
+    inverse: torch.Tensor
 
-    @property
-    def sequences(self) -> int:
-        return int(self.index.shape[0])
-
-    def unpack(self, x: torch.Tensor, dim: int) -> torch.Tensor:
-        """``x`` with ``(B, T)`` at dims ``0`` and ``dim`` -> ``(N, L)`` there, each sequence from position 0."""
+    def unpack(self, x: torch.Tensor, dim: int) -> list[torch.Tensor]:
+        """``x`` with ``(B, T)`` at dims ``0`` and ``dim`` -> per group ``(N, L)`` there, each sequence from
+        position 0."""
         moved = x.movedim(dim, 1)
         flat = moved.reshape(self.batch * self.length, *moved.shape[2:])
         flat = torch.cat([flat, flat.new_zeros(1, *flat.shape[1:])])
-        return flat[self.index].movedim(1, dim)
+        return [flat[index].movedim(1, dim) for index, _ in self.groups]
 
-    def repack(self, y: torch.Tensor, dim: int) -> torch.Tensor:
-        """The inverse of :meth:`unpack`: ``(N, L)`` at dims ``0`` and ``dim`` -> ``(B, T)``."""
-        moved = y.movedim(dim, 1)
-        tokens = moved[
-            self.valid
-        ]  # segment-major order is the row order: segments are contiguous and in order
-        return tokens.reshape(self.batch, self.length, *moved.shape[2:]).movedim(1, dim)
+    def repack(self, ys: list[torch.Tensor], dim: int) -> torch.Tensor:
+        """The inverse of :meth:`unpack`: per group ``(N, L)`` at dims ``0`` and ``dim`` -> ``(B, T)``."""
+        tokens = torch.cat([y.movedim(dim, 1)[valid] for y, (_, valid) in zip(ys, self.groups, strict=True)])
+        return tokens[self.inverse].reshape(self.batch, self.length, *tokens.shape[1:]).movedim(1, dim)
+
+    def run(
+        self, function: Callable[..., torch.Tensor], inputs: dict[str, Any], dims: dict[str, int], out: int
+    ):
+        """``function(**inputs)`` once per group, the ``dims`` entries of ``inputs`` unpacked along their dim; the
+        outputs (time at dim ``out``) repacked into the row."""
+        unpacked = {
+            key: self.unpack(inputs[key], dim) for key, dim in dims.items() if inputs.get(key) is not None
+        }
+        outputs = [
+            function(**(inputs | {key: parts[g] for key, parts in unpacked.items()}))
+            for g in range(len(self.groups))
+        ]
+        return self.repack(outputs, out)
+
+
+def _groups(lengths: list[int]) -> list[list[int]]:
+    """Sequence numbers grouped for padded batches: longest first; a sequence joins the current group while the
+    group's padded size stays within twice its tokens."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    tokens = 0
+    for i in order:
+        if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= 2 * (tokens + lengths[i]):
+            groups[-1].append(i)
+            tokens += lengths[i]
+        else:
+            groups.append([i])
+            tokens = lengths[i]
+    return groups
 
 
 def _starts_to_layout(starts: torch.Tensor, batch: int, length: int) -> PackedLayout | None:
@@ -110,28 +139,37 @@ def _starts_to_layout(starts: torch.Tensor, batch: int, length: int) -> PackedLa
     if flat_starts.numel() == batch:
         return None
     total = batch * length
-    ends = torch.cat([flat_starts[1:], flat_starts.new_tensor([total])])
-    lengths = ends - flat_starts
-    width = int(lengths.max())
-    if width * lengths.numel() == total:
-        # all sequences of the same length: one padding slot more, so that the batch of sequences never has the
-        # row's token count (the recurrent mechanism refuses a call of a packed row's size that carries no
-        # boundaries, see trl_padfree.recurrent.varlen)
-        width += 1
-    offsets = torch.arange(width, device=starts.device)
-    valid = offsets[None, :] < lengths[:, None]
-    index = torch.where(
-        valid, flat_starts[:, None] + offsets[None, :], torch.full_like(valid, total, dtype=torch.long)
-    )
-    return PackedLayout(batch, length, index, valid)
+    begins = flat_starts.tolist()
+    lengths = [end - begin for begin, end in zip(begins, begins[1:] + [total], strict=True)]
+    groups = []
+    for members in _groups(lengths):
+        width = lengths[members[0]]
+        if width * len(members) == total:
+            # a batch of sequences of the row's token count: one padding slot more, so that it never looks like
+            # the packed row (the recurrent mechanism refuses a call of a packed row's size without boundaries,
+            # see trl_padfree.recurrent.varlen)
+            width += 1
+        first = torch.tensor([begins[i] for i in members], device=starts.device)
+        size = torch.tensor([lengths[i] for i in members], device=starts.device)
+        offsets = torch.arange(width, device=starts.device)
+        valid = offsets[None, :] < size[:, None]
+        index = torch.where(
+            valid, first[:, None] + offsets[None, :], torch.full_like(offsets, total)[None, :]
+        )
+        groups.append((index, valid))
+    order = torch.cat([index[valid] for index, valid in groups])
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    return PackedLayout(batch, length, tuple(groups), inverse)
 
 
 def _seq_idx_from_cu(cu: torch.Tensor, batch: int, length: int) -> torch.Tensor:
     cu = cu.reshape(-1).to(torch.long)
     if int(cu[-1]) != batch * length or int(cu[0]) != 0:
         raise ValueError(
-            f"cu_seq_lens {cu.tolist()[:8]}... cover {int(cu[-1]) - int(cu[0])} tokens but the batch has {batch}x{length}; "
-            "pass cu_seq_lens (or seq_idx) that describe exactly this batch."
+            f"cu_seq_lens {cu.tolist() if cu.numel() <= 8 else tuple(cu.shape)} cover {int(cu[-1]) - int(cu[0])} "
+            f"tokens but the batch has {batch}x{length}; pass cu_seq_lens (or seq_idx) that describe exactly this "
+            "batch."
         )
     token = torch.arange(batch * length, device=cu.device)
     return (torch.bucketize(token, cu[1:-1], right=True)).to(torch.int32).reshape(batch, length)
@@ -141,10 +179,11 @@ def packed_layout(kwargs: dict[str, Any], batch: int, length: int) -> PackedLayo
     """The sequences of a ``(batch, length)`` row from ``seq_idx`` ``(B, T)`` or ``cu_seqlens`` / ``cu_seq_lens_q``
     (1-D, over the flattened tokens); ``None`` when neither is given or every row is one sequence.
 
-    >>> packed_layout({"seq_idx": torch.tensor([[0, 0, 1]])}, 1, 3).index.tolist()
-    [[0, 1], [2, 3]]
-    >>> packed_layout({"cu_seq_lens_q": torch.tensor([0, 1, 3])}, 1, 3).valid.tolist()
-    [[True, False], [True, True]]
+    >>> [index.tolist() for index, _ in packed_layout({"seq_idx": torch.tensor([[0, 0, 1]])}, 1, 3).groups]
+    [[[0, 1], [2, 3]]]
+    >>> layout = packed_layout({"cu_seq_lens_q": torch.tensor([0, 1, 9, 10])}, 1, 10)  # lengths 1, 8, 1
+    >>> [index.tolist() for index, _ in layout.groups]  # the 8 and a 1 padded to 8; the other 1 alone
+    [[[1, 2, 3, 4, 5, 6, 7, 8], [0, 10, 10, 10, 10, 10, 10, 10]], [[9]]]
     >>> packed_layout({}, 1, 3) is None
     True
     """
@@ -189,9 +228,7 @@ def packed_chunk_scan(original: Callable, *args: Any, **kwargs: Any) -> Any:
         return original(**plain)
     if plain.get("initial_states") is not None or plain.get("return_final_states"):
         raise ValueError(f"mamba2_chunk_scan: {_CACHE_ADVICE}")
-    for key in ("hidden_states", "dt", "B", "C"):
-        plain[key] = layout.unpack(plain[key], 1)
-    return layout.repack(original(**plain), 1)
+    return layout.run(original, plain, {"hidden_states": 1, "dt": 1, "B": 1, "C": 1}, out=1)
 
 
 def packed_selective_scan(original: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -217,10 +254,7 @@ def packed_selective_scan(original: Callable, *args: Any, **kwargs: Any) -> Any:
         return original(**plain)
     if plain.get("return_last_state"):
         raise ValueError(f"mamba_selective_scan: {_CACHE_ADVICE}")
-    for key in ("hidden_states", "dt", "B", "C", "z"):
-        if plain.get(key) is not None:
-            plain[key] = layout.unpack(plain[key], 2)
-    return layout.repack(original(**plain), 2)
+    return layout.run(original, plain, {"hidden_states": 2, "dt": 2, "B": 2, "C": 2, "z": 2}, out=2)
 
 
 def _packed_causal_conv1d(original: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -236,8 +270,7 @@ def _packed_causal_conv1d(original: Callable, *args: Any, **kwargs: Any) -> Any:
     plain = _plain(bound)
     if layout is None:
         return original(**plain)
-    plain["hidden_states"] = layout.unpack(hidden_states, 2)
-    return layout.repack(original(**plain), 2)
+    return layout.run(original, plain, {"hidden_states": 2}, out=2)
 
 
 def _replacement(packed: Callable) -> Callable[[Callable], Callable]:
@@ -425,10 +458,8 @@ def _run_each_sequence(forward: Callable) -> Callable:
         # transformers 5.24 names the mixer's cache `cache`, 5.23 `cache_params`
         if kwargs.get("cache") is not None or kwargs.get("cache_params") is not None:
             raise ValueError(f"{type(forward.__self__).__name__}: {_CACHE_ADVICE}")  # type: ignore[attr-defined]
-        plain = _plain(kwargs)
-        if plain.get("attention_mask") is not None:
-            plain["attention_mask"] = layout.unpack(plain["attention_mask"], 1)
-        return layout.repack(forward(layout.unpack(hidden_states, 1), **plain), 1)
+        inputs = _plain(kwargs) | {"hidden_states": hidden_states}
+        return layout.run(forward, inputs, {"hidden_states": 1, "attention_mask": 1}, out=1)
 
     return patched
 
