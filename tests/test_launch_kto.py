@@ -99,6 +99,28 @@ def test_unpaired_records_train(tmp_path):
 
 
 @needs_kto
+def test_an_evaluation_without_a_margin_prints_no_nan(tmp_path):
+    # eval records of one kind only: TRL logs no eval_rewards/margins (nor rewards/rejected); the summary leaves
+    # them out instead of printing "margin nan -> nan"
+    records = demo_records("pref_train.jsonl", 8)
+    train = write_jsonl(tmp_path / "train.jsonl", [
+        {"prompt": r["prompt"], "completion": r["chosen" if i % 2 else "rejected"], "label": bool(i % 2)}
+        for i, r in enumerate(records)])
+    evals = write_jsonl(tmp_path / "eval.jsonl", [
+        {"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in records[:4]])
+    code, stdout, stderr = run(kto_argv(tmp_path / "out", "--max_steps", "1", "--train_file", str(train),
+                                        "--eval_file", str(evals), "--eval_strategy", "no", "--eval_on_start",
+                                        "true"))
+    assert code == 0, (stdout + stderr)[-3000:]
+    history = [e for e in log_history(tmp_path / "out") if "eval_rewards/chosen" in e]
+    assert len(history) == 2 and not any("eval_rewards/margins" in e for e in history)
+    line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval rewards: "))
+    first, last = history[0], history[-1]
+    assert line == (f"[trl-padfree] eval rewards: desirable {first['eval_rewards/chosen']:.3f} -> "
+                    f"{last['eval_rewards/chosen']:.3f} (KL {first['eval_kl']:.3f} -> {last['eval_kl']:.3f})")
+
+
+@needs_kto
 def test_bad_records_are_named(tmp_path):
     rows = demo_records("pref_train.jsonl", 6)
     unpaired = [{"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in rows]
