@@ -238,6 +238,27 @@ def test_preview_shows_a_groups_layout(prompts, demo_tokenizer):
 
 
 @needs_rl
+def test_preview_counts_a_chat_prompts_tokens(prompts, demo_tokenizer, tmp_path):
+    # transformers 5's apply_chat_template(tokenize=True) returns a BatchEncoding, not a dict nor a list: its length
+    # is its number of keys (2), not the prompt's tokens
+    records = [json.loads(line) for line in prompts.read_text(encoding="utf-8").splitlines()[:2]]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": r["prompt"]}], "chosen": r["chosen"]})
+                            + "\n" for r in records), encoding="utf-8")
+    code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-grpo.yaml"), "--train_file", str(chat),
+                                        "--model_name_or_path", str(DEMO_MODEL), "--max_completion_length", "8",
+                                        "-n", "1"])
+    assert code == 0, stderr
+    messages = [{"role": "user", "content": records[0]["prompt"]}]
+    p = len(demo_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)["input_ids"])  # as TRL's GRPOTrainer tokenizes it
+    assert p > 10
+    lines = stdout.splitlines()
+    assert lines[1] == f"--- prompt 0 ({p} tokens): {records[0]['prompt']!r}"
+    assert lines[4] == f"    forwarded tokens at most: {p + 4 * 8} (padded TRL layout: {4 * (p + 8)})"
+
+
+@needs_rl
 @pytest.mark.slow
 def test_two_ranks_train_and_exit(prompts, tmp_path):
     out = tmp_path / "out"

@@ -300,13 +300,14 @@ def group_layout(cfg: Any, tokenizer: Any, data: PreparedPrompts, n: int) -> lis
              f"(padding_free={cfg.padding_free}, prompt_once={once})"]
     for index in range(min(n, len(data.train))):
         prompt = data.train[index]["prompt"]
+        # tokenized as TRL's GRPOTrainer tokenizes prompts (_tokenize_prompts): return_dict=True, since transformers 5
+        # returns a BatchEncoding (not a dict, not a list) from tokenize=True alone
         if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict):
-                ids = ids["input_ids"]
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                return_dict=True)["input_ids"]
             text = str(prompt[-1]["content"])
         else:
-            ids, text = tokenizer(prompt, add_special_tokens=False)["input_ids"], prompt
+            ids, text = tokenizer(text=prompt)["input_ids"], prompt
         p = len(ids)
         forwarded = p + g * c if once else g * (p + c)
         shown = text if len(text) <= 80 else text[:77] + "..."
