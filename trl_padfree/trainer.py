@@ -267,7 +267,9 @@ class PadfreeTrainerMixin:
         if threads is not None:
             torch.set_num_threads(threads)
         try:
-            return super().train(*args, **kwargs)
+            result = super().train(*args, **kwargs)
+            self._write_model_card()
+            return result
         except BaseException:
             from transformers.trainer_callback import ProgressCallback
 
@@ -292,8 +294,25 @@ class PadfreeTrainerMixin:
             load_result = load_result._replace(missing_keys=missing)
         super()._issue_warnings_after_load(load_result)
 
+    def _write_model_card(self) -> None:
+        """The model card at the end of training, whatever ``save_strategy`` (TRL writes it only with a checkpoint,
+        so ``save_strategy="no"`` left none): named as TRL's ``_save_checkpoint`` names it. A card that cannot be
+        written is one warning line, not a lost run."""
+        if not self.args.should_save:
+            return
+        hub = self.args.hub_model_id
+        name = hub.split("/")[-1] if hub else os.path.basename(os.path.normpath(self.args.output_dir))
+        try:
+            self.create_model_card(model_name=name)
+        except Exception as exc:  # (the trained model is still in memory; the caller saves it)
+            from .exception_text import one_line
+
+            print(f"[trl-padfree] warning: no model card written to {self.args.output_dir}: {one_line(exc)}",
+                  flush=True)
+
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-        """TRL's model card (``output_dir/README.md``, written with every checkpoint), true for a local base model.
+        """TRL's model card (``output_dir/README.md``, written with every checkpoint and at the end of training),
+        true for a local base model.
 
         TRL links the base model only when it is a Hub id and loads the model from ``hub_model_id`` in its
         quick-start code; for a local base model and no Hub repository its card said "a fine-tuned version of
