@@ -260,9 +260,11 @@ class PadfreeTrainerMixin:
         threads = self.torch_num_threads
         if threads == "auto":
             threads, why = training_threads(self.model, self.args.device.type)
-            if threads is not None and threads != torch.get_num_threads() and self.is_world_process_zero():
-                print(f"[trl-padfree] torch threads: {threads} instead of torch's {torch.get_num_threads()} ({why}); "
-                      "set OMP_NUM_THREADS or call torch.set_num_threads() to choose", flush=True)
+            if threads is not None and self.is_world_process_zero():
+                which = (f" instead of torch's {torch.get_num_threads()}" if threads != torch.get_num_threads()
+                         else ", torch's own count")
+                print(f"[trl-padfree] torch threads: {threads}{which} ({why}); set OMP_NUM_THREADS or call "
+                      "torch.set_num_threads() to choose", flush=True)
         previous = torch.get_num_threads()
         if threads is not None:
             torch.set_num_threads(threads)
@@ -385,8 +387,9 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
 
     ``torch_num_threads``: the torch CPU threads to train with. ``"auto"`` (default): unless the user chose a
     count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``torch.set_num_threads``), the count ``trl-padfree train``
-    picks (:func:`trl_padfree.threads.training_threads`; the demo model trains on 1 thread), said in one line when
-    it differs from torch's; a number: that many; None: torch's own choice. The count holds during ``train()`` only.
+    picks (:func:`trl_padfree.threads.training_threads`; the demo model trains on 1 thread), at most the cores idle
+    when training starts on a CPU, said in one line with the reason; a number: that many; None: torch's own choice.
+    The count holds during ``train()`` only.
 
     ``formatting_func`` may be written per example (TRL 1.x) or for batches (TRL 0.10's convention, as in the
     blog post: a dict of lists in, a list of strings out); it is told on the first record and applied as written
