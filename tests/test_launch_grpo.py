@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from launch_hooks import SigtermAtStep
 from launch_runs import (
+    assert_real_tokens_logged,
     assert_refused_in_one_line,
     log_history,
     run_command,
@@ -77,7 +78,8 @@ def test_demo_config_trains_probes_and_summarises(full_run):
         assert part in run_line, run_line
     assert "[trl-padfree] data: 32 training prompts (format: prompt)" in stdout
     assert "keeps packed examples apart" in stdout  # the group probe ran before anything was written
-    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout and "real tokens/s" not in stdout
+    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
+    assert_real_tokens_logged(out, stdout, generation=True)
     logged = steps(out)
     assert sorted(logged) == list(range(1, STEPS + 1))
     line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] mean reward: "))

@@ -13,6 +13,7 @@ from launch_runs import (
     HeadSeen,
     assert_config_typo_named,
     assert_make_demo_runs_the_readme_command,
+    assert_real_tokens_logged,
     assert_refused_in_one_line,
     demo_pairs_argv,
     demo_records,
@@ -58,7 +59,8 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
     assert ("[trl-padfree] data: 32 training pairs, 8 eval pairs (format: text, prompt/chosen/rejected pairs; training "
             "examples: 32 desirable, 32 undesirable, each pair unpaired by TRL)") in stdout
     assert "keeps packed examples apart" in stdout and "[trl-padfree] reference model: a second copy" in stdout
-    assert "[trl-padfree] steps: 4/4 in " in stdout and "real tokens/s" not in stdout
+    assert "[trl-padfree] steps: 4/4 in " in stdout
+    assert_real_tokens_logged(out, stdout)
     evals = [e for e in log_history(out) if "eval_rewards/chosen" in e]
     assert [e["step"] for e in evals] == [0, 2, 4]
     assert evals[0]["eval_rewards/chosen"] == 0.0 and evals[0]["eval_rewards/rejected"] == 0.0  # policy = reference
