@@ -281,15 +281,16 @@ def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]
     """The summary lines of an RL run: the share of training spent generating (the end-of-training
     ``train_generation_seconds`` / ``train_generation_share`` of :mod:`..throughput`), the mean reward first and last.
 
-    >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"reward": 0.1}, {"reward": 0.25},
+    >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234", "model saved to out"], [{"reward": 0.1}, {"reward": 0.25},
     ...                {"train_runtime": 9.0, "train_generation_seconds": 4.5, "train_generation_share": 0.52}])
-    ['steps: 2/2', 'real tokens/s: 1,234', 'generation: 4.5 s, 52.0% of the training time', 'mean reward: 0.100 first logged step -> 0.250 last (2 logged steps)']
+    ['steps: 2/2', 'real tokens/s: 1,234', 'generation: 4.5 s, 52.0% of the training time', 'model saved to out', 'mean reward: 0.100 first logged step -> 0.250 last (2 logged steps)']
     """
     out = list(lines)
     end = next((e for e in reversed(history) if "train_generation_seconds" in e), None)
-    if end is not None:
-        out.append(f"generation: {end['train_generation_seconds']:.1f} s, {100 * end['train_generation_share']:.1f}% "
-                   "of the training time")
+    if end is not None:  # after the tokens/s line
+        at = next((i + 1 for i, line in enumerate(out) if line.startswith("real tokens/s")), len(out))
+        out.insert(at, f"generation: {end['train_generation_seconds']:.1f} s, "
+                       f"{100 * end['train_generation_share']:.1f}% of the training time")
     rewards = [e["reward"] for e in history if "reward" in e]
     if rewards:
         out.append(f"mean reward: {rewards[0]:.3f} first logged step -> {rewards[-1]:.3f} last "
