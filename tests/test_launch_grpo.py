@@ -168,6 +168,7 @@ def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path):
     assert code == 0, (stdout + stderr)[-3000:]
     assert "reward_funcs=my_rewards:short" in stdout and "[trl-padfree] steps: 2/2" in stdout
     assert all("rewards/short/mean" in e for e in steps(out).values())
+    assert_real_tokens_logged(out, stdout, generation=True)  # RLOO's generation is timed as GRPO's
 
 
 def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
