@@ -108,6 +108,27 @@ def log_history(out: Path) -> list[dict]:
     return json.loads((out / "trainer_state.json").read_text())["log_history"]
 
 
+def assert_real_tokens_logged(out: Path, stdout: str, generation: bool = False) -> dict:
+    """Every training log of the run in ``out`` has real tokens/s (GRPO/RLOO: and the generation seconds and share),
+    the run's real tokens are TRL's own count of them (``num_tokens``), and the summary prints the run's tokens/s
+    (and the generation share); returns the end-of-training entry."""
+    history = log_history(out)
+    train = [e for e in history if "loss" in e]
+    assert train and all(e["real_tokens_per_second"] > 0 for e in train), train
+    end = next(e for e in history if "train_runtime" in e)
+    assert end["train_real_tokens"] == train[-1]["num_tokens"] > 0
+    lines = stdout.splitlines()
+    assert f"[trl-padfree] real tokens/s: {end['train_real_tokens_per_second']:,.0f}" in lines
+    if generation:
+        assert all(e["generation_seconds"] > 0 and 0 < e["generation_share"] < 1 for e in train), train
+        assert 0 < end["train_generation_share"] < 1
+        assert (f"[trl-padfree] generation: {end['train_generation_seconds']:.1f} s, "
+                f"{100 * end['train_generation_share']:.1f}% of the training time") in lines
+    else:
+        assert not any("generation_seconds" in e for e in history)
+    return end
+
+
 def losses(out: Path) -> dict[int, float]:
     """The training loss of every logged step of the run in ``out``."""
     return {e["step"]: e["loss"] for e in log_history(out) if "loss" in e}

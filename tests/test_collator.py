@@ -367,3 +367,30 @@ def test_pad_to_multiple_of_must_be_a_positive_int(value):
     tok = tiny_byte_level_tokenizer()
     with pytest.raises(ValueError, match=r"pad_to_multiple_of must be a positive int \(or None\), got"):
         DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=value)
+
+
+def test_a_chat_texts_end_of_turn_is_trained_once_when_trl_appends_the_eos(demo_tokenizer, tmp_path):
+    # the README's library route on chat-rendered text: the text ends in "<|eos|>\n" (the demo chat template; ChatML's
+    # "<|im_end|>\n" where <|im_end|> is the EOS), TRL's SFTTrainer appends the EOS, and the second one was trained
+    from datasets import Dataset
+    from trl import SFTConfig
+
+    from trl_padfree import SFTTrainer
+    from trl_padfree.testing import tiny_llama
+
+    tok = demo_tokenizer
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}],
+                                   tokenize=False)
+    assert text.endswith(tok.eos_token + "\n")
+    args = SFTConfig(output_dir=str(tmp_path), report_to=[], use_cpu=True, bf16=False, padding_free=False)
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    trainer = SFTTrainer(tiny_llama(vocab_size=len(tok)), args=args, processing_class=tok, data_collator=collator,
+                         train_dataset=Dataset.from_dict({"text": [text, "### Question: a\n### Answer: b"]}))
+    examples = [trainer.train_dataset[i] for i in range(2)]
+    eos, newline = tok.eos_token_id, tok("\n", add_special_tokens=False)["input_ids"]
+    assert examples[0]["input_ids"][-3:] == [eos, *newline, eos]  # what TRL made of it
+    with pytest.warns(UserWarning, match=r"1 example\(s\) end in '<\|eos\|>', whitespace and '<\|eos\|>' again"):
+        batch = collator([{"input_ids": e["input_ids"]} for e in examples])
+    ids, labels, cu = batch["input_ids"][0], batch["labels"][0], batch["cu_seq_lens_q"].tolist()
+    trained = [tok.decode(ids[a:b][labels[a:b] != -100]) for a, b in zip(cu[:-1], cu[1:], strict=True)]
+    assert trained == [" yo<|eos|>\n", " b<|eos|>"]  # one end of turn each; plain text keeps TRL's EOS trained

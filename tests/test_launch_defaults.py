@@ -303,6 +303,17 @@ def test_sft_trainer_logs_the_probe_pass_once_and_saves_use_cache_true(tmp_path,
     assert model.config.use_cache is False  # training itself still runs without a cache
 
 
+def test_the_model_card_is_written_without_a_checkpoint(tmp_path):
+    # save_strategy="no": TRL writes its card only with a checkpoint; the package writes it at the end of training
+    torch.manual_seed(0)
+    trainer = _tiny_sft(tmp_path, tiny_llama(vocab_size=768, attn_implementation="padfree"))
+    trainer.train()
+    assert not any(p.name.startswith("checkpoint-") for p in tmp_path.iterdir())
+    card = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert "This model is a fine-tuned version of a local model." in card and "[None]" not in card
+    assert f'model="{tmp_path}"' in card
+
+
 def test_a_run_stopped_by_the_probe_leaves_no_progress_bar_open(tmp_path):
     """The stray ``0%| | 0/N`` printed at interpreter exit came from this bar."""
     from transformers.trainer_callback import ProgressCallback

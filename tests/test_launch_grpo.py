@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from launch_hooks import SigtermAtStep
 from launch_runs import (
+    assert_real_tokens_logged,
     assert_refused_in_one_line,
     log_history,
     run_command,
@@ -77,7 +78,8 @@ def test_demo_config_trains_probes_and_summarises(full_run):
         assert part in run_line, run_line
     assert "[trl-padfree] data: 32 training prompts (format: prompt)" in stdout
     assert "keeps packed examples apart" in stdout  # the group probe ran before anything was written
-    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout and "real tokens/s" not in stdout
+    assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
+    assert_real_tokens_logged(out, stdout, generation=True)
     logged = steps(out)
     assert sorted(logged) == list(range(1, STEPS + 1))
     line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] mean reward: "))
@@ -166,6 +168,7 @@ def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path):
     assert code == 0, (stdout + stderr)[-3000:]
     assert "reward_funcs=my_rewards:short" in stdout and "[trl-padfree] steps: 2/2" in stdout
     assert all("rewards/short/mean" in e for e in steps(out).values())
+    assert_real_tokens_logged(out, stdout, generation=True)  # RLOO's generation is timed as GRPO's
 
 
 def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
@@ -235,6 +238,27 @@ def test_preview_shows_a_groups_layout(prompts, demo_tokenizer):
         "    scored: each completion's tokens (4 x up to 8), attending to the prompt and to itself only",
         f"    forwarded tokens at most: {p + 4 * 8} (padded TRL layout: {4 * (p + 8)})",
     ]
+
+
+@needs_rl
+def test_preview_counts_a_chat_prompts_tokens(prompts, demo_tokenizer, tmp_path):
+    # transformers 5's apply_chat_template(tokenize=True) returns a BatchEncoding, not a dict nor a list: its length
+    # is its number of keys (2), not the prompt's tokens
+    records = [json.loads(line) for line in prompts.read_text(encoding="utf-8").splitlines()[:2]]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": r["prompt"]}], "chosen": r["chosen"]})
+                            + "\n" for r in records), encoding="utf-8")
+    code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-grpo.yaml"), "--train_file", str(chat),
+                                        "--model_name_or_path", str(DEMO_MODEL), "--max_completion_length", "8",
+                                        "-n", "1"])
+    assert code == 0, stderr
+    messages = [{"role": "user", "content": records[0]["prompt"]}]
+    p = len(demo_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                               return_dict=True)["input_ids"])  # as TRL's GRPOTrainer tokenizes it
+    assert p > 10
+    lines = stdout.splitlines()
+    assert lines[1] == f"--- prompt 0 ({p} tokens): {records[0]['prompt']!r}"
+    assert lines[4] == f"    forwarded tokens at most: {p + 4 * 8} (padded TRL layout: {4 * (p + 8)})"
 
 
 @needs_rl

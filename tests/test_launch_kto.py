@@ -13,6 +13,7 @@ from launch_runs import (
     HeadSeen,
     assert_config_typo_named,
     assert_make_demo_runs_the_readme_command,
+    assert_real_tokens_logged,
     assert_refused_in_one_line,
     demo_pairs_argv,
     demo_records,
@@ -58,7 +59,8 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
     assert ("[trl-padfree] data: 32 training pairs, 8 eval pairs (format: text, prompt/chosen/rejected pairs; training "
             "examples: 32 desirable, 32 undesirable, each pair unpaired by TRL)") in stdout
     assert "keeps packed examples apart" in stdout and "[trl-padfree] reference model: a second copy" in stdout
-    assert "[trl-padfree] steps: 4/4 in " in stdout and "real tokens/s" not in stdout
+    assert "[trl-padfree] steps: 4/4 in " in stdout
+    assert_real_tokens_logged(out, stdout)
     evals = [e for e in log_history(out) if "eval_rewards/chosen" in e]
     assert [e["step"] for e in evals] == [0, 2, 4]
     assert evals[0]["eval_rewards/chosen"] == 0.0 and evals[0]["eval_rewards/rejected"] == 0.0  # policy = reference
@@ -96,6 +98,28 @@ def test_unpaired_records_train(tmp_path):
     assert ("[trl-padfree] data: 8 training examples, 8 eval pairs (format: text, prompt/completion/label; training "
             "examples: 5 desirable, 3 undesirable)") in stdout
     assert "[trl-padfree] steps: 1/1 in " in stdout
+
+
+@needs_kto
+def test_an_evaluation_without_a_margin_prints_no_nan(tmp_path):
+    # eval records of one kind only: TRL logs no eval_rewards/margins (nor rewards/rejected); the summary leaves
+    # them out instead of printing "margin nan -> nan"
+    records = demo_records("pref_train.jsonl", 8)
+    train = write_jsonl(tmp_path / "train.jsonl", [
+        {"prompt": r["prompt"], "completion": r["chosen" if i % 2 else "rejected"], "label": bool(i % 2)}
+        for i, r in enumerate(records)])
+    evals = write_jsonl(tmp_path / "eval.jsonl", [
+        {"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in records[:4]])
+    code, stdout, stderr = run(kto_argv(tmp_path / "out", "--max_steps", "1", "--train_file", str(train),
+                                        "--eval_file", str(evals), "--eval_strategy", "no", "--eval_on_start",
+                                        "true"))
+    assert code == 0, (stdout + stderr)[-3000:]
+    history = [e for e in log_history(tmp_path / "out") if "eval_rewards/chosen" in e]
+    assert len(history) == 2 and not any("eval_rewards/margins" in e for e in history)
+    line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval rewards: "))
+    first, last = history[0], history[-1]
+    assert line == (f"[trl-padfree] eval rewards: desirable {first['eval_rewards/chosen']:.3f} -> "
+                    f"{last['eval_rewards/chosen']:.3f} (KL {first['eval_kl']:.3f} -> {last['eval_kl']:.3f})")
 
 
 @needs_kto

@@ -11,6 +11,7 @@ import pytest
 from launch_runs import (
     assert_config_typo_named,
     assert_make_demo_runs_the_readme_command,
+    assert_real_tokens_logged,
     assert_refused_in_one_line,
     demo_pairs_argv,
     demo_records,
@@ -49,7 +50,8 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
     assert ("[trl-padfree] reward model: LlamaForSequenceClassification from a LlamaForCausalLM checkpoint, with a new "
             "score head (drawn from the config's seed)") in stdout and "MISSING" not in stdout + proc.stderr
     assert "keeps packed examples apart" in stdout  # the reward probe ran before anything was written
-    assert "[trl-padfree] steps: 4/4 in " in stdout and "real tokens/s" not in stdout
+    assert "[trl-padfree] steps: 4/4 in " in stdout
+    assert_real_tokens_logged(out, stdout)
     evals = [e for e in log_history(out) if "eval_accuracy" in e]
     assert [e["step"] for e in evals] == [0, 2, 4]  # eval_on_start, then every 2 steps
     line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval accuracy: "))

@@ -64,7 +64,11 @@ def test_run_trains_saves_and_summarises(full_run):
     assert f"[trl-padfree] steps: {TRAIN_STEPS}/{TRAIN_STEPS} in " in stdout
     assert f"[trl-padfree] model saved to {out}" in stdout
     assert "[trl-padfree] padding avoided: " in stdout and "[trl-padfree] real tokens/s: " in stdout
-    assert "[trl-padfree] eval loss: " in stdout and " -> " in stdout  # evaluated at steps 3 and 6
+    # evaluated at steps 3 and 6: each figure says which evaluation it is (the first is not "before training")
+    evals = [e for e in log_history(out) if "eval_loss" in e]
+    assert [e["step"] for e in evals] == [3, 6]
+    assert (f"[trl-padfree] eval loss: {evals[0]['eval_loss']:.4f} (step 3) -> {evals[-1]['eval_loss']:.4f} (step 6)"
+            in stdout.splitlines())
 
 
 def test_logs_have_loss_tokens_per_second_and_padding_share(full_run):

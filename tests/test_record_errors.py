@@ -174,3 +174,32 @@ def test_train_refuses_the_record_the_same_way_and_writes_nothing(tmp_path, caps
                           "cannot render it (TemplateError: ")
     assert err.count("\n") == 1
     assert not out.exists()
+
+
+@pytest.mark.parametrize(("turns", "split", "message"), [
+    ([("user", "hi")], "train_file",
+     "its messages have no assistant turn, so nothing of it would be trained; add the assistant's reply or remove the "
+     "record"),
+    ([("user", "hi"), ("assistant", "yo"), ("user", "and?")], "eval_file",
+     "its messages end in a 'user' turn that no assistant turn answers (it would be forwarded but never trained); end "
+     "the record with the assistant's reply or drop the last turn"),
+])
+@pytest.mark.parametrize("response_template", [None, "### Answer:"])
+def test_a_chat_record_without_a_reply_to_train_is_refused_by_name(turns, split, message, response_template,
+                                                                   tmp_path, capsys):
+    # it was dropped with "response template missing, or the completion cut off by max_length": neither applied,
+    # the record was not named and the run went on
+    good = chat(("user", "hi"), ("assistant", "yo"))
+    files = {"train_file": [good, good], "eval_file": [good, good]}
+    files[split] = [good, chat(*turns)]
+    out = tmp_path / "out"
+    argv = ["train", "--model_name_or_path", str(DEMO_MODEL), "--output_dir", str(out), "--max_steps", "1",
+            "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]  # fmt: skip
+    for name, rows in files.items():
+        argv += [f"--{name}", str(write_jsonl(tmp_path / f"{name}.jsonl", rows))]
+    if response_template:
+        argv += ["--response_template", response_template]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == f"trl-padfree train: error: {split} record 1 (counting from 0): {message}\n"
+    assert not out.exists()

@@ -6,6 +6,7 @@ On a busy 2-core machine the demo model trained 10-17x slower on torch's default
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import SFTConfig
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
+from trl_padfree.testing import tiny_llama
 from trl_padfree.threads import torch_default_threads
 
 
@@ -44,9 +46,10 @@ def default_threads(monkeypatch):
     torch.set_num_threads(before)
 
 
-def train(tmp_path: Path, **kwargs) -> list[int]:
+def train(tmp_path: Path, model=None, **kwargs) -> list[int]:
     tok = AutoTokenizer.from_pretrained(DEMO_MODEL)
-    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, attn_implementation="padfree")  # hidden size 128
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, attn_implementation="padfree")  # hidden size 128
     ds = Dataset.from_dict({"text": [f"### Question: q{i}\n### Answer: a{i}" for i in range(8)]})
     args = SFTConfig(output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=2, report_to=[],
                      save_strategy="no", use_cpu=True, bf16=False, activation_checkpointing=False,
@@ -85,3 +88,27 @@ def test_torch_num_threads_sets_or_leaves_the_count(default_threads, tmp_path, c
     assert "torch threads" not in capsys.readouterr().out
     with pytest.raises(ValueError, match="torch_num_threads must be 'auto', a positive integer or None, got 0"):
         train(tmp_path, torch_num_threads=0)
+
+
+@pytest.mark.parametrize("idle", [8.0, 1.2])
+def test_the_count_is_said_also_when_it_is_torchs_and_a_busy_machine_gets_fewer(default_threads, tmp_path, capsys,
+                                                                                monkeypatch, idle):
+    # hidden size 512: 2 threads by the hidden-size rule, torch's own count on a 2-core machine: no line was printed;
+    # with one core busy (SmolLM2-135M: 23-25 s a step on 2 threads, 8.8 s on 1) the idle cores bound the count
+    import trl_padfree.threads as threads_module
+
+    if default_threads != 2:
+        pytest.skip("the expected lines are those of a machine with 2 physical cores")
+    monkeypatch.setattr(threads_module, "idle_cores", lambda interval=0.25: idle, raising=False)  # the machine's load, fixed
+    model = tiny_llama(vocab_size=768, hidden_size=512, num_hidden_layers=1, attn_implementation="padfree")
+    seen = train(tmp_path, model, check_packing=False)
+    lines = [line for line in capsys.readouterr().out.splitlines() if "torch threads" in line]
+    why = "training on the CPU, hidden size 512: one thread per 256"
+    tail = "; set OMP_NUM_THREADS or call torch.set_num_threads() to choose"
+    if idle > 2:
+        assert seen == [2, 2]
+        assert lines == [f"[trl-padfree] torch threads: 2, torch's own count ({why}){tail}"]
+    else:
+        assert seen == [1, 1]
+        assert lines == [f"[trl-padfree] torch threads: 1 instead of torch's 2 ({why}, at most 2; 1.2 of "
+                         f"{os.cpu_count()} cores idle now){tail}"]

@@ -143,6 +143,7 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         self.response_template = response_template
         self.instruction_template = instruction_template
         self.stats = CollatorStats()
+        self._warned_second_eos = False
         self._vocab_size = vocabulary_size(tokenizer)
 
         self._response = None if response_template is None else Template.from_user(response_template)
@@ -246,7 +247,39 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         if existing is not None:  # the labels the dataset gave are kept (as TRL and transformers do)
             mask &= existing != self.ignore_index
         mask[cu[:-1]] = False  # the first token of an example is never a target (packed rows need this)
+        self._untrain_second_eos(ids, cu, mask)
         return np.where(mask, ids if existing is None else existing, self.ignore_index), found
+
+    def _untrain_second_eos(self, ids: np.ndarray, cu: np.ndarray, mask: np.ndarray) -> None:
+        """Leave untrained an EOS that ends an example right after an EOS and whitespace only.
+
+        A chat template's text ends its last turn with the end-of-turn token and a newline (ChatML:
+        ``<|im_end|>\\n``); where that token is also the EOS (e.g. SmolLM2-Instruct), TRL's SFTTrainer appends the
+        EOS to such a ``text`` (it does not end with the EOS) and the example would train a second end of turn after
+        the newline. The template's own end of turn stays trained: exactly one; one warning says how to avoid the
+        extra tokens.
+        """
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        if not isinstance(eos, int):
+            return
+        found = 0
+        for start, end in zip(cu[:-1].tolist(), (cu[1:] - 1).tolist(), strict=True):
+            if ids[end] != eos or not mask[end]:
+                continue
+            earlier = [j for j in range(end - 2, max(start, end - 5) - 1, -1) if ids[j] == eos]  # whitespace between
+            if earlier and self.tokenizer.decode(ids[earlier[0] + 1 : end].tolist()).strip() == "":
+                mask[end] = False
+                found += 1
+        if found and not self._warned_second_eos:
+            self._warned_second_eos = True
+            token = self.tokenizer.eos_token
+            warnings.warn(
+                f"{found} example(s) end in {token!r}, whitespace and {token!r} again (a chat template's text, to "
+                f"which TRL's SFTTrainer appended its EOS): the second {token!r} is not trained, the template's own "
+                "end of turn is; strip the trailing whitespace of the text (text.rstrip()) so that TRL appends "
+                "nothing",
+                stacklevel=2,
+            )
 
     def _pad_id(self) -> int:
         tok = self.tokenizer

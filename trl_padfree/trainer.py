@@ -261,9 +261,11 @@ class PadfreeTrainerMixin:
         threads = self.torch_num_threads
         if threads == "auto":
             threads, why = training_threads(self.model, self.args.device.type)
-            if threads is not None and threads != torch.get_num_threads() and self.is_world_process_zero():
-                print(f"[trl-padfree] torch threads: {threads} instead of torch's {torch.get_num_threads()} ({why}); "
-                      "set OMP_NUM_THREADS or call torch.set_num_threads() to choose", flush=True)
+            if threads is not None and self.is_world_process_zero():
+                which = (f" instead of torch's {torch.get_num_threads()}" if threads != torch.get_num_threads()
+                         else ", torch's own count")
+                print(f"[trl-padfree] torch threads: {threads}{which} ({why}); set OMP_NUM_THREADS or call "
+                      "torch.set_num_threads() to choose", flush=True)
         previous = torch.get_num_threads()
         if threads is not None:
             torch.set_num_threads(threads)
@@ -271,7 +273,9 @@ class PadfreeTrainerMixin:
             if model is not None:
                 prepare_packed_layers(model)
         try:
-            return super().train(*args, **kwargs)
+            result = super().train(*args, **kwargs)
+            self._write_model_card()
+            return result
         except BaseException:
             from transformers.trainer_callback import ProgressCallback
 
@@ -296,8 +300,25 @@ class PadfreeTrainerMixin:
             load_result = load_result._replace(missing_keys=missing)
         super()._issue_warnings_after_load(load_result)
 
+    def _write_model_card(self) -> None:
+        """The model card at the end of training, whatever ``save_strategy`` (TRL writes it only with a checkpoint,
+        so ``save_strategy="no"`` left none): named as TRL's ``_save_checkpoint`` names it. A card that cannot be
+        written is one warning line, not a lost run."""
+        if not self.args.should_save:
+            return
+        hub = self.args.hub_model_id
+        name = hub.split("/")[-1] if hub else os.path.basename(os.path.normpath(self.args.output_dir))
+        try:
+            self.create_model_card(model_name=name)
+        except Exception as exc:  # (the trained model is still in memory; the caller saves it)
+            from .exception_text import one_line
+
+            print(f"[trl-padfree] warning: no model card written to {self.args.output_dir}: {one_line(exc)}",
+                  flush=True)
+
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-        """TRL's model card (``output_dir/README.md``, written with every checkpoint), true for a local base model.
+        """TRL's model card (``output_dir/README.md``, written with every checkpoint and at the end of training),
+        true for a local base model.
 
         TRL links the base model only when it is a Hub id and loads the model from ``hub_model_id`` in its
         quick-start code; for a local base model and no Hub repository its card said "a fine-tuned version of
@@ -370,8 +391,9 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
 
     ``torch_num_threads``: the torch CPU threads to train with. ``"auto"`` (default): unless the user chose a
     count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``torch.set_num_threads``), the count ``trl-padfree train``
-    picks (:func:`trl_padfree.threads.training_threads`; the demo model trains on 1 thread), said in one line when
-    it differs from torch's; a number: that many; None: torch's own choice. The count holds during ``train()`` only.
+    picks (:func:`trl_padfree.threads.training_threads`; the demo model trains on 1 thread), at most the cores idle
+    when training starts on a CPU, said in one line with the reason; a number: that many; None: torch's own choice.
+    The count holds during ``train()`` only.
 
     ``formatting_func`` may be written per example (TRL 1.x) or for batches (TRL 0.10's convention, as in the
     blog post: a dict of lists in, a list of strings out); it is told on the first record and applied as written

@@ -27,7 +27,7 @@ from .config import LaunchConfig
 from .console import quiet_progress, say
 from .model import load_model
 from .probe_stage import probe_model
-from .summary import RunResult, eval_losses, run_train_loss, summary_lines, write_summary
+from .summary import RunResult, eval_loss_steps, eval_losses, run_train_loss, summary_lines, write_summary
 from .tasks import Task, get_task
 from .tokenizer import load_tokenizer
 
@@ -108,6 +108,7 @@ def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, c
                 eval_error = one_line(exc)
     trainer.save_state()
     first_eval, last_eval = eval_losses(trainer.state.log_history)
+    first_eval_step, last_eval_step = eval_loss_steps(trainer.state.log_history)  # which evaluation each loss is
     run_loss, run_loss_steps = run_train_loss(trainer.state.log_history)  # the whole run, also after a resume
     result = RunResult(
         global_step=trainer.state.global_step,
@@ -123,6 +124,8 @@ def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, c
         steps_this_process=trainer.state.global_step - (trainer.state.global_step if trainer.first_step is None
                                                          else trainer.first_step),
         train_loss_steps=run_loss_steps,
+        first_eval_step=first_eval_step,
+        last_eval_step=last_eval_step,
     )
     if trainer.is_world_process_zero():
         # the settings of this trainer only: max_tokens_per_batch for SFT, prompt_once for DPO

@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["RunResult", "eval_losses", "run_train_loss", "summary_lines", "summary_record", "write_summary"]
+__all__ = ["RunResult", "eval_loss_line", "eval_loss_steps", "eval_losses", "run_train_loss", "summary_lines", "summary_record", "write_summary"]
 
 
 @dataclass
@@ -27,6 +27,8 @@ class RunResult:
     last_train_loss: float | None  # the last logged training loss
     steps_this_process: int | None = None  # optimizer steps this process ran (fewer than global_step after a resume)
     train_loss_steps: int | None = None  # the steps train_loss covers (all steps: the launch logs every last step)
+    first_eval_step: int | None = None  # the global step of the evaluation first_eval_loss comes from
+    last_eval_step: int | None = None  # the global step of the evaluation last_eval_loss comes from
 
 
 def _fmt(value: float | None, digits: int = 4) -> str:
@@ -83,9 +85,7 @@ def summary_lines(result: RunResult, padding_free: bool) -> list[str]:
             else "mean over the run")
     lines.append(f"train loss: {_fmt(result.train_loss)} ({over}), last logged {_fmt(result.last_train_loss)}")
     if result.last_eval_loss is not None:
-        lines.append(f"eval loss: {_fmt(result.first_eval_loss)} -> {_fmt(result.last_eval_loss)}"
-                     if result.first_eval_loss is not None and result.first_eval_loss != result.last_eval_loss
-                     else f"eval loss: {_fmt(result.last_eval_loss)}")
+        lines.append(eval_loss_line(result))
     if result.checkpoint:
         lines.append(f"checkpoint saved to {result.checkpoint}; resume with --resume_from_checkpoint {result.checkpoint}")
     if result.saved_to:
@@ -93,9 +93,49 @@ def summary_lines(result: RunResult, padding_free: bool) -> list[str]:
     return lines
 
 
+def _at_step(step: int | None) -> str:
+    if step is None:
+        return ""
+    return " (step 0, before training)" if step == 0 else f" (step {step})"
+
+
+def eval_loss_line(result: RunResult) -> str:
+    """The summary's eval-loss line: the first and the last evaluation, each with the step it was run at (the first
+    one is not "before training" unless it ran at step 0, e.g. with ``eval_on_start``).
+
+    >>> r = RunResult(40, 40, None, None, None, {}, 0.1247, 0.0763, None, None, first_eval_step=20, last_eval_step=40)
+    >>> eval_loss_line(r)
+    'eval loss: 0.1247 (step 20) -> 0.0763 (step 40)'
+    >>> eval_loss_line(RunResult(40, 40, None, None, None, {}, 2.5, 0.0763, None, None, first_eval_step=0,
+    ...                          last_eval_step=40))
+    'eval loss: 2.5000 (step 0, before training) -> 0.0763 (step 40)'
+    >>> eval_loss_line(RunResult(40, 40, None, None, None, {}, 0.0763, 0.0763, None, None, first_eval_step=40,
+    ...                          last_eval_step=40))
+    'eval loss: 0.0763 (step 40)'
+    """
+    first, last = result.first_eval_loss, result.last_eval_loss
+    one = first is None or (result.first_eval_step == result.last_eval_step if result.last_eval_step is not None
+                            else first == last)
+    if one:
+        return f"eval loss: {_fmt(last)}{_at_step(result.last_eval_step)}"
+    return (f"eval loss: {_fmt(first)}{_at_step(result.first_eval_step)} -> {_fmt(last)}"
+            f"{_at_step(result.last_eval_step)}")
+
+
 def eval_losses(history: list[dict[str, Any]]) -> tuple[float | None, float | None]:
+    """``(first, last)`` eval loss of the log history (:func:`eval_loss_steps`: the steps they were run at)."""
     losses = [entry["eval_loss"] for entry in history if "eval_loss" in entry]
     return (losses[0], losses[-1]) if losses else (None, None)
+
+
+def eval_loss_steps(history: list[dict[str, Any]]) -> tuple[int | None, int | None]:
+    """``(step of the first, step of the last)`` evaluation with an eval loss in the log history.
+
+    >>> eval_loss_steps([{"eval_loss": 1.0, "step": 20}, {"loss": 0.5, "step": 30}, {"eval_loss": 0.4, "step": 40}])
+    (20, 40)
+    """
+    steps = [entry.get("step") for entry in history if "eval_loss" in entry]
+    return (steps[0], steps[-1]) if steps else (None, None)
 
 
 def summary_record(result: RunResult, **extra: Any) -> dict[str, Any]:

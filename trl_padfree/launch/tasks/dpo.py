@@ -126,15 +126,14 @@ class LaunchDPOTrainer(QuietReferencePrecompute, LaunchTrainer, DPOTrainer):
 
 
 def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The run's summary lines for DPO: the SFT token-throughput line left out (TRL logs ``num_tokens``), the eval
-    reward accuracy and margin added, first and last (at the start the policy is the reference: every reward is 0,
-    so no pair is won and the accuracy is 0).
+    """The run's summary lines for DPO: the eval reward accuracy and margin added, first and last (at the start the
+    policy is the reference: every reward is 0, so no pair is won and the accuracy is 0).
 
-    >>> preference_summary(["steps: 2/2", "real tokens/s: n/a"], [{"eval_rewards/accuracies": 0.0,
+    >>> preference_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"eval_rewards/accuracies": 0.0,
     ...     "eval_rewards/margins": 0.0}, {"eval_rewards/accuracies": 0.9, "eval_rewards/margins": 2.5}])
-    ['steps: 2/2', 'eval reward accuracy: 0.000 -> 0.900 (margin 0.000 -> 2.500)']
+    ['steps: 2/2', 'real tokens/s: 1,234', 'eval reward accuracy: 0.000 -> 0.900 (margin 0.000 -> 2.500)']
     """
-    out = [line for line in lines if not line.startswith("real tokens/s")]
+    out = list(lines)
     evals = [e for e in history if "eval_rewards/accuracies" in e]
     if evals:
         first, last = evals[0], evals[-1]

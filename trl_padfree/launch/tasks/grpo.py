@@ -278,12 +278,19 @@ class GRPOTask(Task):
 
 
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of an RL run: SFT's token-throughput line left out, the mean reward first and last.
+    """The summary lines of an RL run: the share of training spent generating (the end-of-training
+    ``train_generation_seconds`` / ``train_generation_share`` of :mod:`..throughput`), the mean reward first and last.
 
-    >>> reward_summary(["steps: 2/2", "real tokens/s: n/a"], [{"reward": 0.1}, {"reward": 0.25}])
-    ['steps: 2/2', 'mean reward: 0.100 first logged step -> 0.250 last (2 logged steps)']
+    >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234", "model saved to out"], [{"reward": 0.1}, {"reward": 0.25},
+    ...                {"train_runtime": 9.0, "train_generation_seconds": 4.5, "train_generation_share": 0.52}])
+    ['steps: 2/2', 'real tokens/s: 1,234', 'generation: 4.5 s, 52.0% of the training time', 'model saved to out', 'mean reward: 0.100 first logged step -> 0.250 last (2 logged steps)']
     """
-    out = [line for line in lines if not line.startswith("real tokens/s")]
+    out = list(lines)
+    end = next((e for e in reversed(history) if "train_generation_seconds" in e), None)
+    if end is not None:  # after the tokens/s line
+        at = next((i + 1 for i, line in enumerate(out) if line.startswith("real tokens/s")), len(out))
+        out.insert(at, f"generation: {end['train_generation_seconds']:.1f} s, "
+                       f"{100 * end['train_generation_share']:.1f}% of the training time")
     rewards = [e["reward"] for e in history if "reward" in e]
     if rewards:
         out.append(f"mean reward: {rewards[0]:.3f} first logged step -> {rewards[-1]:.3f} last "
@@ -300,13 +307,14 @@ def group_layout(cfg: Any, tokenizer: Any, data: PreparedPrompts, n: int) -> lis
              f"(padding_free={cfg.padding_free}, prompt_once={once})"]
     for index in range(min(n, len(data.train))):
         prompt = data.train[index]["prompt"]
+        # tokenized as TRL's GRPOTrainer tokenizes prompts (_tokenize_prompts): return_dict=True, since transformers 5
+        # returns a BatchEncoding (not a dict, not a list) from tokenize=True alone
         if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-            if isinstance(ids, dict):
-                ids = ids["input_ids"]
+            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                return_dict=True)["input_ids"]
             text = str(prompt[-1]["content"])
         else:
-            ids, text = tokenizer(prompt, add_special_tokens=False)["input_ids"], prompt
+            ids, text = tokenizer(text=prompt)["input_ids"], prompt
         p = len(ids)
         forwarded = p + g * c if once else g * (p + c)
         shown = text if len(text) <= 80 else text[:77] + "..."

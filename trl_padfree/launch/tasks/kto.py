@@ -252,26 +252,35 @@ class KTOTask(Task):
 
 
 def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a KTO run: SFT's token-throughput line left out, the eval rewards of the desirable
+    """The summary lines of a KTO run: the eval rewards of the desirable
     (``rewards/chosen``) and undesirable (``rewards/rejected``) completions, their margin and the KL estimate, first
     and last evaluation.
 
-    >>> kto_summary(["steps: 2/2", "real tokens/s: n/a"], [
+    >>> kto_summary(["steps: 2/2"], [
     ...     {"eval_rewards/chosen": 0.0, "eval_rewards/rejected": 0.0, "eval_rewards/margins": 0.0, "eval_kl": 0.0},
     ...     {"eval_rewards/chosen": 0.5, "eval_rewards/rejected": -0.7, "eval_rewards/margins": 1.2, "eval_kl": 0.1}])
     ['steps: 2/2', 'eval rewards: desirable 0.000 -> 0.500, undesirable 0.000 -> -0.700 (margin 0.000 -> 1.200, KL 0.000 -> 0.100)']
+
+    A figure TRL did not log (``rewards/margins`` needs a batch with both kinds) is left out, not shown as nan:
+
+    >>> kto_summary([], [{"eval_rewards/chosen": 0.0, "eval_kl": 0.0}, {"eval_rewards/chosen": 0.5, "eval_kl": 0.1}])
+    ['eval rewards: desirable 0.000 -> 0.500 (KL 0.000 -> 0.100)']
     """
-    out = [line for line in lines if not line.startswith("real tokens/s")]
+    out = list(lines)
     evals = [e for e in history if "eval_rewards/chosen" in e or "eval_rewards/rejected" in e]
     if evals:
         first, last = evals[0], evals[-1]
 
-        def pair(key: str) -> str:
-            nan = float("nan")
-            return f"{first.get(key, nan):.3f} -> {last.get(key, nan):.3f}"
+        def pair(name: str, key: str) -> str | None:
+            # TRL logs a figure only when an evaluation batch had what it needs (a margin: both kinds)
+            if key not in first or key not in last:
+                return None
+            return f"{name} {first[key]:.3f} -> {last[key]:.3f}"
 
-        out.append(f"eval rewards: desirable {pair('eval_rewards/chosen')}, undesirable {pair('eval_rewards/rejected')}"
-                   f" (margin {pair('eval_rewards/margins')}, KL {pair('eval_kl')})")
+        rewards = [p for p in (pair("desirable", "eval_rewards/chosen"), pair("undesirable", "eval_rewards/rejected"))
+                   if p is not None]
+        extra = [p for p in (pair("margin", "eval_rewards/margins"), pair("KL", "eval_kl")) if p is not None]
+        out.append("eval rewards: " + ", ".join(rewards) + (f" ({', '.join(extra)})" if extra else ""))
     return out
 
 

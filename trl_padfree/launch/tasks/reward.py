@@ -225,16 +225,16 @@ class RewardTask(Task):
 
 
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a reward run: SFT's token-throughput line left out, the eval accuracy (pairs whose
+    """The summary lines of a reward run: the eval accuracy (pairs whose
     chosen sequence gets the higher reward) and mean reward margin, first and last evaluation.
 
-    >>> reward_summary(["steps: 2/2", "real tokens/s: n/a"], [{"eval_accuracy": 0.5, "eval_margin": 0.01},
-    ...                                                       {"eval_accuracy": 0.9, "eval_margin": 1.5}])
-    ['steps: 2/2', 'eval accuracy: 0.500 -> 0.900 (reward margin 0.010 -> 1.500; 2 evaluations)']
+    >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"eval_accuracy": 0.5, "eval_margin": 0.01},
+    ...                                                         {"eval_accuracy": 0.9, "eval_margin": 1.5}])
+    ['steps: 2/2', 'real tokens/s: 1,234', 'eval accuracy: 0.500 -> 0.900 (reward margin 0.010 -> 1.500; 2 evaluations)']
     >>> reward_summary([], [{"eval_accuracy": 0.5, "eval_margin": 0.01}])
     ['eval accuracy: 0.500 (reward margin 0.010; 1 evaluation)']
     """
-    out = [line for line in lines if not line.startswith("real tokens/s")]
+    out = list(lines)
     evals = [e for e in history if "eval_accuracy" in e]
     if len(evals) == 1:
         out.append(f"eval accuracy: {evals[0]['eval_accuracy']:.3f} (reward margin "

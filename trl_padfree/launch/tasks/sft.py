@@ -44,7 +44,9 @@ _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 class LaunchSFTTrainer(LaunchTrainer, PadfreeSFTTrainer):
     """The launch's ``PadfreeSFTTrainer`` (:class:`~..trainer_setup.LaunchTrainer`; its whole-run log is
-    ``PadfreeSFTTrainer``'s own)."""
+    ``PadfreeSFTTrainer``'s own, and so are its token counts)."""
+
+    own_token_log = True
 
 
 def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None

@@ -41,6 +41,7 @@ from ..data import PerRecord, RecordFailed, file_index, load_splits, map_records
 
 __all__ = [
     "PreparedData",
+    "check_chat_turns",
     "check_records",
     "check_template",
     "check_template_values",
@@ -177,6 +178,32 @@ def check_records(dataset: Any, source: str, fields: Sequence[str], completion_f
                     "record"
                 )
 
+
+
+def check_chat_turns(dataset: Any, source: str) -> None:
+    """Refuse a ``messages`` record that has no assistant turn, or whose last turn is not the assistant's: nothing
+    of it (or nothing after its last reply) could be trained, and the record would be dropped as if its completion
+    had been cut off.
+
+    >>> from datasets import Dataset
+    >>> turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    >>> check_chat_turns(Dataset.from_dict({"messages": [turns, turns[:1]]}), "train_file")
+    Traceback (most recent call last):
+    ...
+    trl_padfree.launch.config.ConfigError: train_file record 1 (counting from 0): its messages have no assistant turn, so nothing of it would be trained; add the assistant's reply or remove the record
+    """
+    for index, messages in enumerate(dataset["messages"]):
+        if not isinstance(messages, list) or not messages:
+            continue  # (null and empty records are refused by check_records, other shapes by the formatter)
+        roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+        where = f"{source} record {index} (counting from 0)"
+        if "assistant" not in roles:
+            raise ConfigError(f"{where}: its messages have no assistant turn, so nothing of it would be trained; add "
+                              "the assistant's reply or remove the record")
+        if roles[-1] != "assistant":
+            raise ConfigError(f"{where}: its messages end in a {roles[-1]!r} turn that no assistant turn answers (it "
+                              "would be forwarded but never trained); end the record with the assistant's reply or "
+                              "drop the last turn")
 
 
 def template_fields(template: str) -> list[str]:
@@ -457,6 +484,8 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
         sources.append(source)
         fields, completion = required_fields(dataset.column_names, template, training.dataset_text_field, response)
         check_records(dataset, source, fields, completion)
+        if fields == ["messages"]:  # chat records, rendered by the chat template
+            check_chat_turns(dataset, source)
         if template is not None:
             check_template_values(dataset, source, template)
 
