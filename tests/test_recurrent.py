@@ -329,6 +329,26 @@ def test_prompt_once_refused_for_recurrent_layers():
     require_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="padfree"))  # attention only: fine
 
 
+def test_launch_turns_an_unset_prompt_once_off_for_recurrent_layers():
+    """``trl-padfree grpo``/``rloo`` leave prompt_once unset (on where it can run): after loading a hybrid model it
+    is off, so the run trains instead of stopping at the refusal above; one set to true stays true (and is refused)."""
+    import dataclasses
+
+    from trl_padfree.launch.model import _shared_prompt_default
+    from trl_padfree.launch.tasks.grpo import RLArguments
+
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        collator: RLArguments
+
+    unset = Config(RLArguments(prompt_once=None))
+    assert _shared_prompt_default(unset, _tiny("qwen3_5_text")).collator.prompt_once is False
+    assert unset.collator.prompt_once is None  # a new config; the old one unchanged
+    assert _shared_prompt_default(Config(RLArguments(prompt_once=True)), _tiny("lfm2")).collator.prompt_once is True
+    llama = tiny_llama(vocab_size=64, attn_implementation="padfree")
+    assert _shared_prompt_default(unset, llama).collator.prompt_once is None  # attention only: the task decides
+
+
 # ---- a trainer ---------------------------------------------------------------------------------------------------
 def test_sft_trainer_prepares_recurrent_layers_under_sdpa(tmp_path):
     """The trainer prepares the model whatever its attention (sdpa here: "padfree"'s mask builder never runs), and

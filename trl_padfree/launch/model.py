@@ -61,7 +61,22 @@ def load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
     the model and the config with the attention it was loaded with."""
     model, cfg = _load_model(cfg)
     check_lora_targets(cfg, model)
-    return model, cfg
+    return model, _shared_prompt_default(cfg, model)
+
+
+def _shared_prompt_default(cfg: LaunchConfig, model: Any) -> LaunchConfig:
+    """An unset ``prompt_once`` (GRPO, RLOO: on where it can run) is off for a model with recurrent layers, which a
+    prompt shared through the attention's key index cannot reach (:func:`trl_padfree.recurrent.refuse_shared_prompt`);
+    one set to true is refused there by the trainer, in one line."""
+    from trl_padfree.recurrent import recurrent_layer_types
+
+    if getattr(cfg.collator, "prompt_once", False) is not None:
+        return cfg
+    layers = recurrent_layer_types(model)
+    if not layers:
+        return cfg
+    say(f"prompt_once: off ({layers[0]} layers cannot share a prompt's state through the attention's key index)")
+    return dataclasses.replace(cfg, collator=with_fields(cfg.collator, prompt_once=False))
 
 
 def _load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
