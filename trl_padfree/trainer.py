@@ -26,7 +26,6 @@ import torch
 import trl
 from transformers import TrainerCallback
 
-from ._compat import trl_cannot_train
 from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
 from .configs import UNSET, trainer_settings
@@ -459,8 +458,6 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
                              f"None, got {max_tokens_per_batch!r}")
         self.max_tokens_per_batch = max_tokens_per_batch
         self.token_budget_sampler: TokenBudgetBatchSampler | None = None
-        if (refusal := trl_cannot_train()) is not None:
-            raise ValueError(refusal)
         collator = bound.get("data_collator")
         ours = isinstance(config, PadfreeSFTConfig)
         if ours and (built := config_collator(config, collator, bound)) is not collator:
