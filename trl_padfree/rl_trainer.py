@@ -93,8 +93,9 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
         bound = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs).arguments
         config = bound.get("args")
         settings = trainer_settings(
-            trl_class.__name__, config, padding_free=UNSET if padding_free is None else padding_free, prompt_once=prompt_once,
-            check_packing=check_packing, torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
+            trl_class.__name__, config, padding_free=UNSET if padding_free is None else padding_free,
+            prompt_once=prompt_once, check_packing=check_packing, torch_num_threads=torch_num_threads,
+            scored_lm_head=scored_lm_head)
         check_packing = settings["check_packing"]
         self.torch_num_threads = checked_threads(settings["torch_num_threads"])
         self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
@@ -103,7 +104,8 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
                         else resolve_padding_free(padding_free, config))
         self.prompt_once = bool(settings["prompt_once"])
         if self.prompt_once and not self.padfree:
-            raise ValueError("prompt_once=True needs padding_free=True (set both in trl_padfree.GRPOConfig / RLOOConfig).")
+            raise ValueError("prompt_once=True needs padding_free=True (set both in trl_padfree.GRPOConfig / "
+                             "RLOOConfig).")
         if self.padfree:
             from ._compat import rl_padding_free_unavailable
 
