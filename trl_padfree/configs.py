@@ -21,7 +21,9 @@ config field (:func:`trainer_settings`).
 ``SFTConfig.padding_free`` is this package's: True flattens every mini-batch with
 :class:`~trl_padfree.DataCollatorForCompletionOnlyLM` (built by :class:`trl_padfree.SFTTrainer` from
 ``response_template`` / ``instruction_template`` when no ``data_collator`` is passed); TRL's own padding-free mode,
-which refuses any custom collator, is off while this package's trainer builds TRL's.
+which refuses any custom collator, is off while this package's trainer builds TRL's. (The stock ``trl.SFTTrainer``
+given this config would read ``padding_free`` as its own mode and ignore the package's fields: use
+:class:`trl_padfree.SFTTrainer`.)
 """
 
 from __future__ import annotations
