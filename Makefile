@@ -62,11 +62,11 @@ test: install $(REAL_TOKENIZERS)/manifest.json
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 	$(VENV)/bin/ruff check trl_padfree benchmarks tests scripts examples
 
-# The lowest supported versions (pyproject.toml: trl>=1.8, transformers>=5.23; trl_padfree/_compat.py): the whole
+# The lowest supported versions (pyproject.toml: trl>=1.16, transformers>=5.23; trl_padfree/_compat.py): the whole
 # suite again, in .venv-lowest with trl and transformers pinned to the window's lower bounds (the other packages:
 # the newest that fit them) and torch 2.13.0. CI runs it after make test.
 LOWEST_VENV := .venv-lowest
-LOWEST_PINS := trl==1.8.0 transformers==5.23.0
+LOWEST_PINS := trl==1.16.0 transformers==5.23.0
 $(LOWEST_VENV)/.installed: pyproject.toml
 	$(call venv_with_torch,$(LOWEST_VENV),torch==2.13.0)
 	$(LOWEST_VENV)/bin/python -m pip install --quiet -e ".[dev]" $(LOWEST_PINS)

@@ -11,12 +11,13 @@ from .attention import (  # registers "padfree"
 from .batching import TokenBudgetBatchSampler
 from .chat_masks import ChatMaskError, chat_labels, label_chats
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
+from .configs import DPOConfig, GRPOConfig, KTOConfig, RewardConfig, RLOOConfig, SFTConfig
 from .dpo import DPOTrainer
 from .grpo import GRPOTrainer
-from .kto import KTOConfig, KTOTrainer
+from .kto import KTOTrainer
 from .preference import DataCollatorForPreference
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
-from .reward import RewardConfig, RewardTrainer
+from .reward import RewardTrainer
 from .rloo import RLOOTrainer
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
 
@@ -26,9 +27,11 @@ __all__ = [
     "ATTN_IMPLEMENTATION",
     "ChatMaskError",
     "CollatorStats",
+    "DPOConfig",
     "DPOTrainer",
     "DataCollatorForCompletionOnlyLM",
     "DataCollatorForPreference",
+    "GRPOConfig",
     "GRPOTrainer",
     "KTOConfig",
     "KTOTrainer",
@@ -36,9 +39,11 @@ __all__ = [
     "PackingLeakError",
     "PackingReport",
     "PadfreeAttentionError",
+    "RLOOConfig",
     "RLOOTrainer",
     "RewardConfig",
     "RewardTrainer",
+    "SFTConfig",
     "SFTTrainer",
     "TemplateNotFoundError",
     "TokenBudgetBatchSampler",

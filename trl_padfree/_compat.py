@@ -1,17 +1,16 @@
-"""The TRL and transformers versions this package supports, and where a supported TRL cannot train.
+"""The TRL and transformers versions this package supports.
 
-Supported (``pyproject.toml``): ``trl>=1.8,<2`` with ``transformers>=5.23,<6``. ``make test`` runs the suite on
-the newest releases, ``make test-lowest`` on the lowest pair (trl 1.8.0, transformers 5.23.0). transformers 5.23
-is the first with ``activation_checkpointing`` (the name the configs, the example and the docs use;
+Supported (``pyproject.toml``): ``trl>=1.16,<2`` with ``transformers>=5.23,<6``. ``make test`` runs the suite on
+the newest releases, ``make test-lowest`` on the lowest pair (trl 1.16.0, transformers 5.23.0). trl 1.16 is the
+first whose DPO, KTO, GRPO and RLOO trainers and fused LM head this package builds on; transformers 5.23 is the
+first with ``activation_checkpointing`` (the name the configs, the example and the docs use;
 ``gradient_checkpointing`` is its deprecated alias there). What differs inside the window:
 
-- trl 1.8-1.14 default to ``loss_type="chunked_nll"``, whose forward returns no logits when given labels (the
-  packing probe calls the model without labels); their ``DataCollatorForLanguageModeling`` gives ``position_ids``
-  but no ``cu_seq_lens``; the ``router_aux_loss_coef`` check of ``SFTTrainer`` arrived in 1.14.
 - transformers 5.23's falcon builds its mask without ``position_ids``: packed examples leak under sdpa/eager
   (``trl-padfree check`` says so; 5.24 keeps them apart).
-- trl 1.15.x's ``SFTTrainer`` always computes the loss with a fused LM head that needs Triton, and crashes in the
-  first step where Triton is missing (CPU-only torch, macOS): :func:`trl_cannot_train` refuses it up front.
+
+The ``MIN_TRL_*`` floors below and their ``*_unavailable`` checks date from the older floor (trl 1.8); within this
+window they always pass.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from importlib.metadata import version
 
 from packaging.version import Version
 
-MIN_TRL = "1.8"
+MIN_TRL = "1.16"
 MIN_TRANSFORMERS = "5.23"
 
 TRL_VERSION = Version(version("trl"))
@@ -43,18 +42,6 @@ def transformers_at_least(v: str) -> bool:
     True
     """
     return TRANSFORMERS_VERSION >= Version(v)
-
-
-def trl_cannot_train() -> str | None:
-    """One line naming the fix where the installed TRL's ``SFTTrainer`` cannot train on this machine, else None."""
-    if not Version("1.15") <= TRL_VERSION < Version("1.16"):
-        return None
-    from trl.trainer import utils  # 1.15 sets it to None when its Triton kernels fail to import
-
-    if getattr(utils, "_ChunkedLogProbFunction", True) is not None:
-        return None
-    return (f"trl {TRL_VERSION}'s SFTTrainer cannot train without Triton (its fused LM head needs it, and Triton is "
-            f"not installed here): upgrade trl to >= 1.16 (pip install -U 'trl>=1.16')")
 
 
 MIN_TRL_DPO = "1.16"

@@ -16,10 +16,9 @@ Before the first step the model is probed, as in SFT: packed sequences must not 
 ``prompt_once`` both responses must see their prompt and not each other (:mod:`trl_padfree.preference_probe`).
 With ``padding_free=False`` the trainer is TRL's, unchanged.
 
-    from trl import DPOConfig
-    from trl_padfree import DPOTrainer
-    config = DPOConfig(output_dir="out", padding_free=True)
-    trainer = DPOTrainer(model, args=config, train_dataset=pairs, processing_class=tokenizer, prompt_once=True)
+    from trl_padfree import DPOConfig, DPOTrainer
+    config = DPOConfig(output_dir="out", padding_free=True, prompt_once=True)
+    trainer = DPOTrainer(model, args=config, train_dataset=pairs, processing_class=tokenizer)
 """
 
 from __future__ import annotations
@@ -36,6 +35,7 @@ from accelerate.utils import is_peft_model
 from transformers import AutoTokenizer
 
 from .attention import ATTN_IMPLEMENTATION
+from .configs import UNSET, trainer_settings
 from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
 from .recurrent import refuse_shared_prompt
@@ -158,7 +158,9 @@ class PreferenceCheckCallback(LayoutProbeCallback):
 class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
     """``trl.DPOTrainer`` with a working ``padding_free`` (see the module docstring).
 
-    Extra arguments:
+    Its settings are fields of :class:`trl_padfree.DPOConfig` (``args``; with TRL's ``DPOConfig``, the defaults
+    below); the trainer keywords still work for one release (a ``DeprecationWarning``; one that contradicts a value
+    set in the config is an error):
         prompt_once: with ``padding_free``, compute each pair's prompt once (``attn_implementation="padfree"``).
         check_packing: probe the model(s) before the first step (default True).
         torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer` (``"auto"``: the count
@@ -170,13 +172,16 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
-                 *rest: Any, prompt_once: bool = False, check_packing: bool = True,
-                 torch_num_threads: int | str | None = "auto", scored_lm_head: bool = True, **kwargs: Any) -> None:
-        self.torch_num_threads = checked_threads(torch_num_threads)
-        self.scored_lm_head = checked_switch("scored_lm_head", scored_lm_head)
+                 *rest: Any, prompt_once: Any = UNSET, check_packing: Any = UNSET, torch_num_threads: Any = UNSET,
+                 scored_lm_head: Any = UNSET, **kwargs: Any) -> None:
+        settings = trainer_settings("DPOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
+                                    torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
+        check_packing = settings["check_packing"]
+        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
+        self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
         check_dpo_arguments(model, ref_model, args, processing_class, kwargs.get("peft_config"))
         self.padfree = bool(args is not None and getattr(args, "padding_free", False))
-        self.prompt_once = bool(prompt_once)
+        self.prompt_once = bool(settings["prompt_once"])
         if self.prompt_once and not self.padfree:
             raise ValueError("prompt_once=True needs DPOConfig(padding_free=True).")
         if self.padfree:

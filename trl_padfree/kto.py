@@ -2,7 +2,7 @@
 
 TRL 1.16's ``KTOTrainer`` pads every batch twice: the ``B`` (prompt, completion) sequences and the ``B``
 mismatched "KL" sequences (each prompt with its neighbour's completion), each padded to its longest. ``KTOConfig``
-has no ``padding_free``: :class:`KTOConfig` here is TRL's with that field added. This trainer keeps TRL's dataset
+has no ``padding_free``: :class:`trl_padfree.KTOConfig` (:mod:`trl_padfree.configs`) is TRL's with it and this package's other settings added. This trainer keeps TRL's dataset
 preparation (tokenization, the KL completions rotated within each batch), reference handling (separate model, PEFT
 adapters off, ``precompute_ref_log_probs``), losses (``kto``, ``apo_zero_unpaired``, desirable / undesirable
 weights, the KL term) and logged metrics, and replaces only the batches and the forward:
@@ -34,29 +34,19 @@ later evaluation sets in rows. Before the first step the model (and the referenc
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 import trl
 
+from .configs import UNSET, KTOConfig, trainer_settings
 from .dpo import PreferenceCheckCallback, reference_forward, require_padfree_attention
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
 from .trainer import PadfreeTrainerMixin, checked_switch, checked_threads, install_scored_head
 
 __all__ = ["DataCollatorForUnpairedFlat", "KTOConfig", "KTOTrainer", "kto_padding_free_unavailable"]
-
-
-@dataclass
-class KTOConfig(trl.KTOConfig):
-    """``trl.KTOConfig`` plus ``padding_free`` (read by :class:`trl_padfree.KTOTrainer`)."""
-
-    padding_free: bool = field(
-        default=False,
-        metadata={"help": "Lay the completion and the KL sequences of a batch out in rows without padding "
-                          "(trl_padfree.KTOTrainer)."},
-    )
 
 
 def kto_padding_free_unavailable() -> str | None:
@@ -143,9 +133,10 @@ class DataCollatorForUnpairedFlat:
 class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
     """``trl.KTOTrainer`` with a working ``padding_free`` (see the module docstring).
 
-    ``padding_free`` is read from ``args`` (:class:`KTOConfig`, or any config with that attribute).
-
-    Extra arguments:
+    ``padding_free`` is read from ``args`` (:class:`trl_padfree.KTOConfig`, or any config with that attribute), and
+    so are the settings below where ``args`` is a :class:`trl_padfree.KTOConfig` (else their defaults); the trainer
+    keywords still work for one release (a ``DeprecationWarning``; one that contradicts a value set in the config
+    is an error):
         prompt_once: with ``padding_free`` and the KL term, the reference computes each prompt once for the
             completion and the KL sequence (``attn_implementation="padfree"``).
         check_packing: probe the model(s) before the first step (default True).
@@ -158,12 +149,15 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None, *rest: Any,
-                 prompt_once: bool = False, check_packing: bool = True,
-                 torch_num_threads: int | str | None = "auto", scored_lm_head: bool = True, **kwargs: Any) -> None:
-        self.torch_num_threads = checked_threads(torch_num_threads)
-        self.scored_lm_head = checked_switch("scored_lm_head", scored_lm_head)
+                 prompt_once: Any = UNSET, check_packing: Any = UNSET, torch_num_threads: Any = UNSET,
+                 scored_lm_head: Any = UNSET, **kwargs: Any) -> None:
+        settings = trainer_settings("KTOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
+                                    torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
+        check_packing = settings["check_packing"]
+        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
+        self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
         self.padfree = bool(args is not None and getattr(args, "padding_free", False))
-        self.prompt_once = bool(prompt_once)
+        self.prompt_once = bool(settings["prompt_once"])
         if self.prompt_once and not self.padfree:
             raise ValueError("prompt_once=True needs KTOConfig(padding_free=True) (trl_padfree.KTOConfig).")
         if self.padfree:

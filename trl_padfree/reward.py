@@ -2,7 +2,8 @@
 
 TRL 1.16's ``RewardTrainer`` pads ``chosen_ids`` and ``rejected_ids`` into ``2B`` rows, and its
 sequence-classification model reads each row's score at the row's last non-pad token. ``trl.RewardConfig`` has no
-``padding_free``: :class:`RewardConfig` here is TRL's with that one field added. This trainer keeps TRL's dataset
+``padding_free``: :class:`trl_padfree.RewardConfig` (:mod:`trl_padfree.configs`) is TRL's with it and this package's
+other settings added. This trainer keeps TRL's dataset
 preparation (EOS, tokenization, ``max_length`` filter), model set-up, loss (``margin``,
 ``center_rewards_coefficient``) and logged metrics, and replaces only the batch and the forward:
 
@@ -24,7 +25,6 @@ sequence runs alone (:mod:`trl_padfree.reward_probe`); a leaking attention raise
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,6 +32,7 @@ import trl
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
+from .configs import UNSET, RewardConfig, trainer_settings
 from .dpo import require_padfree_attention
 from .preference import MODEL_KEYS
 from .reward_layout import DataCollatorForRewardPairs
@@ -39,17 +40,6 @@ from .reward_probe import score_head, scores_of
 from .trainer import LayoutProbeCallback, PadfreeTrainerMixin, checked_threads
 
 __all__ = ["RewardCheckCallback", "RewardConfig", "RewardTrainer"]
-
-
-@dataclass
-class RewardConfig(trl.RewardConfig):
-    """``trl.RewardConfig`` plus ``padding_free`` (read by :class:`trl_padfree.RewardTrainer`)."""
-
-    padding_free: bool = field(
-        default=False,
-        metadata={"help": "Put the chosen and rejected sequences of a batch in one row without padding "
-                          "(trl_padfree.RewardTrainer); needs a varlen attention (attn_implementation='padfree')."},
-    )
 
 
 class RewardCheckCallback(LayoutProbeCallback):
@@ -82,9 +72,10 @@ def reward_padding_free_unavailable() -> str | None:
 class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
     """``trl.RewardTrainer`` with a working ``padding_free`` (see the module docstring).
 
-    ``padding_free`` is read from ``args`` (:class:`RewardConfig`, or any config with that attribute).
-
-    Extra arguments:
+    ``padding_free`` is read from ``args`` (:class:`trl_padfree.RewardConfig`, or any config with that attribute),
+    and so are the settings below where ``args`` is a :class:`trl_padfree.RewardConfig` (else their defaults); the
+    trainer keywords still work for one release (a ``DeprecationWarning``; one that contradicts a value set in the
+    config is an error):
         prompt_once: with ``padding_free``, compute each pair's common token prefix once
             (``attn_implementation="padfree"``).
         check_packing: probe the model before the first step (default True).
@@ -92,11 +83,14 @@ class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
     """
 
     def __init__(self, model: Any, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, processing_class: Any = None, *rest: Any, prompt_once: bool = False,
-                 check_packing: bool = True, torch_num_threads: int | str | None = "auto", **kwargs: Any) -> None:
-        self.torch_num_threads = checked_threads(torch_num_threads)
+                 eval_dataset: Any = None, processing_class: Any = None, *rest: Any, prompt_once: Any = UNSET,
+                 check_packing: Any = UNSET, torch_num_threads: Any = UNSET, **kwargs: Any) -> None:
+        settings = trainer_settings("RewardTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
+                                    torch_num_threads=torch_num_threads)
+        check_packing = settings["check_packing"]
+        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
         self.padfree = bool(args is not None and getattr(args, "padding_free", False))
-        self.prompt_once = bool(prompt_once)
+        self.prompt_once = bool(settings["prompt_once"])
         if self.prompt_once and not self.padfree:
             raise ValueError("prompt_once=True needs RewardConfig(padding_free=True) (trl_padfree.RewardConfig).")
         if self.padfree:

@@ -13,9 +13,10 @@ head where that head is not exact for the model (``lm_head_state`` / ``ref_lm_he
 Generation, rewards, advantages, the losses and the metrics stay TRL's. Micro-batches are TRL's, so ``bnpo``'s
 per-micro-batch normalisation is unchanged; ``prompt_once`` shares only what a chunk holds.
 
-``padding_free`` is a trainer argument (``GRPOConfig``/``RLOOConfig`` have no such field); where it is not given,
-a ``padding_free`` attribute of the config is read, as ``DPOConfig(padding_free=True)`` is by
-:class:`trl_padfree.DPOTrainer`.
+``padding_free`` and the other settings are fields of :class:`trl_padfree.GRPOConfig` /
+:class:`trl_padfree.RLOOConfig` (TRL's have no ``padding_free``); with another config, its ``padding_free``
+attribute is read, if any. The trainer keywords (``padding_free``, ``prompt_once``, ...) still work for one release
+(a ``DeprecationWarning`` naming the config field).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 
 import torch
 
+from .configs import UNSET, is_padfree_config, trainer_settings
 from .preference import MODEL_KEYS
 from .rl_packing import PackStats, pack_completion_rows, scatter_scores
 from .trainer import (
@@ -86,17 +88,24 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
     #: whether TRL passes ``args.cast_lm_head_to_fp32`` to its fused head (GRPO does, RLOO has no such option)
     casts_lm_head_to_fp32: bool = False
 
-    def _padfree_init(self, trl_class: type, args: tuple, kwargs: dict, *, padding_free: bool | None,
-                      prompt_once: bool, check_packing: bool, torch_num_threads: int | str | None,
-                      scored_lm_head: bool = True) -> None:
-        self.torch_num_threads = checked_threads(torch_num_threads)
-        self.scored_lm_head = checked_switch("scored_lm_head", scored_lm_head)
+    def _padfree_init(self, trl_class: type, args: tuple, kwargs: dict, *, padding_free: Any, prompt_once: Any,
+                      check_packing: Any, torch_num_threads: Any, scored_lm_head: Any = UNSET) -> None:
         bound = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs).arguments
         config = bound.get("args")
-        self.padfree = resolve_padding_free(padding_free, config)
-        self.prompt_once = bool(prompt_once)
+        settings = trainer_settings(
+            trl_class.__name__, config, padding_free=UNSET if padding_free is None else padding_free,
+            prompt_once=prompt_once, check_packing=check_packing, torch_num_threads=torch_num_threads,
+            scored_lm_head=scored_lm_head)
+        check_packing = settings["check_packing"]
+        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
+        self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
+        # a package config: its field (or the keyword); another config: its padding_free attribute, as before
+        self.padfree = (settings["padding_free"] if is_padfree_config(config)
+                        else resolve_padding_free(padding_free, config))
+        self.prompt_once = bool(settings["prompt_once"])
         if self.prompt_once and not self.padfree:
-            raise ValueError("prompt_once=True needs padding_free=True (pass both to the trainer).")
+            raise ValueError("prompt_once=True needs padding_free=True (set both in trl_padfree.GRPOConfig / "
+                             "RLOOConfig).")
         if self.padfree:
             from ._compat import rl_padding_free_unavailable
 

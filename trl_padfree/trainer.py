@@ -26,9 +26,10 @@ import torch
 import trl
 from transformers import TrainerCallback
 
-from ._compat import trl_cannot_train
 from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
+from .configs import UNSET, trainer_settings
+from .configs import SFTConfig as PadfreeSFTConfig
 from .formatting import FormattingFunc, first_record
 from .recurrent import prepare_packed_layers
 from .threads import checked_threads, training_threads
@@ -42,7 +43,7 @@ def check_trainer_args(args: Any, collator: Any) -> None:
     """Raise a ``ValueError`` naming the fix when trainer arguments conflict with a flattening collator."""
     if not is_padding_free_collator(collator) or args is None:
         return
-    if getattr(args, "padding_free", False):
+    if getattr(args, "padding_free", False) and not isinstance(args, PadfreeSFTConfig):  # (there: this collator's)
         raise ValueError(
             "SFTConfig(padding_free=True) conflicts with DataCollatorForCompletionOnlyLM(padding_free=True): TRL "
             "rejects any custom collator in its own padding-free mode. Set padding_free=False in SFTConfig; the "
@@ -381,10 +382,68 @@ def with_formatting_func_told(
     return (*args[:index], wrapped, *args[index + 1:]), kwargs
 
 
+def with_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
+                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """``trl.SFTTrainer``'s arguments ``(args, kwargs)`` with ``name`` set to ``value``, where it was given."""
+    index = list(inspect.signature(trl.SFTTrainer.__init__).parameters).index(name) - 1  # no self
+    if name in kwargs or index >= len(args):
+        return args, {**kwargs, name: value}
+    return (*args[:index], value, *args[index + 1:]), kwargs
+
+
+def config_collator(config: Any, collator: Any, bound: dict[str, Any]) -> Any:
+    """The collator of a :class:`trl_padfree.SFTConfig`: ``collator`` if one was passed (checked against the
+    config), else :class:`~trl_padfree.DataCollatorForCompletionOnlyLM` built from ``response_template``,
+    ``instruction_template``, ``padding_free`` and ``pad_to_multiple_of`` where one of the first three is set,
+    else None (TRL's)."""
+    templates = config.response_template is not None or config.instruction_template is not None
+    if collator is not None:
+        if templates:
+            raise ValueError("SFTConfig(response_template=..., instruction_template=...) build the collator, and a "
+                             "data_collator was passed too: give the templates to your collator, or pass no "
+                             "data_collator")
+        if config.padding_free and not is_padding_free_collator(collator):
+            raise ValueError(f"SFTConfig(padding_free=True) conflicts with data_collator={type(collator).__name__}, "
+                             "which does not flatten: pass DataCollatorForCompletionOnlyLM(..., padding_free=True) "
+                             "or no data_collator (SFTTrainer builds it), or set padding_free=False")
+        return collator
+    if not (config.padding_free or templates):
+        return None
+    if config.assistant_only_loss:
+        raise ValueError("SFTConfig(assistant_only_loss=True) is read by TRL's collator, and this one trains what "
+                         "follows response_template: set assistant_only_loss=False (and instruction_template for "
+                         "multi-turn data)")
+    record = first_record(bound.get("train_dataset")) or {}
+    if config.response_template is None and "completion" in record and config.completion_only_loss is not False:
+        raise ValueError("SFTConfig(padding_free=True) without response_template would train the prompts of this "
+                         "prompt/completion data: set response_template, or completion_only_loss=False to train "
+                         "them")
+    processing_class, model = bound.get("processing_class"), bound.get("model")
+    if processing_class is None:
+        from transformers import AutoTokenizer
+
+        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+        processing_class = AutoTokenizer.from_pretrained(name)
+    instruction = config.instruction_template
+    if isinstance(instruction, list) and len(instruction) == 1:
+        instruction = instruction[0]
+    multiple = config.pad_to_multiple_of
+    return DataCollatorForCompletionOnlyLM(
+        config.response_template, instruction, tokenizer=getattr(processing_class, "tokenizer", processing_class),
+        padding_free=config.padding_free, pad_to_multiple_of=multiple if isinstance(multiple, int) else None)
+
+
 class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     """``trl.SFTTrainer`` that validates its settings for this collator and probes the model before training.
 
-    Everything else is TRL's. Pass ``check_packing=False`` to skip the probe (e.g. for a model the probe cannot
+    Everything else is TRL's. Its settings are fields of :class:`trl_padfree.SFTConfig` (``args``); with TRL's
+    ``SFTConfig`` they keep the defaults below. The trainer keywords ``check_packing``, ``max_tokens_per_batch``,
+    ``torch_num_threads`` and ``scored_lm_head`` still work for one release (a ``DeprecationWarning``; one that
+    contradicts a value set in the config is an error). With ``SFTConfig(padding_free=True)`` (or a
+    ``response_template``) and no ``data_collator``, the trainer builds
+    ``DataCollatorForCompletionOnlyLM(response_template, instruction_template, tokenizer=..., padding_free=...)``.
+
+    ``check_packing=False`` skips the probe (e.g. for a model the probe cannot
     run, such as one that needs extra inputs). ``max_tokens_per_batch=N`` (opt-in) fills every training
     mini-batch of a rank with as many whole examples as fit ``N`` real tokens (:func:`token_budget_dataloader`);
     ``per_device_train_batch_size`` is then not used for training.
@@ -406,11 +465,17 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     """
 
     def __init__(
-        self, *args: Any, check_packing: bool = True, max_tokens_per_batch: int | None = None,
-        torch_num_threads: int | str | None = "auto", **kwargs: Any
+        self, *args: Any, check_packing: Any = UNSET, max_tokens_per_batch: Any = UNSET,
+        torch_num_threads: Any = UNSET, **kwargs: Any
     ):
-        self.scored_lm_head = checked_switch("scored_lm_head", kwargs.pop("scored_lm_head", True))
-        self.torch_num_threads = checked_threads(torch_num_threads)
+        given = {"check_packing": check_packing, "max_tokens_per_batch": max_tokens_per_batch,
+                 "torch_num_threads": torch_num_threads, "scored_lm_head": kwargs.pop("scored_lm_head", UNSET)}
+        bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
+        config = bound.get("args")
+        settings = trainer_settings("SFTTrainer", config, **given)
+        self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
+        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
+        max_tokens_per_batch = settings["max_tokens_per_batch"]
         if max_tokens_per_batch is not None and (
             isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int)
             or max_tokens_per_batch < 1
@@ -419,14 +484,22 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
                              f"None, got {max_tokens_per_batch!r}")
         self.max_tokens_per_batch = max_tokens_per_batch
         self.token_budget_sampler: TokenBudgetBatchSampler | None = None
-        if (refusal := trl_cannot_train()) is not None:
-            raise ValueError(refusal)
-        bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
         collator = bound.get("data_collator")
-        check_trainer_args(bound.get("args"), collator)
+        ours = isinstance(config, PadfreeSFTConfig)
+        if ours and (built := config_collator(config, collator, bound)) is not collator:
+            collator = built
+            args, kwargs = with_argument(args, kwargs, "data_collator", collator)
+        check_trainer_args(config, collator)
         args, kwargs = with_formatting_func_told(args, kwargs, bound)
-        super().__init__(*args, **kwargs)
-        if check_packing and is_padding_free_collator(collator):
+        own_padding_free = ours and config.padding_free
+        if own_padding_free:
+            config.padding_free = False  # TRL's own padding-free mode refuses a custom collator; the flat batch is ours
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            if own_padding_free:
+                config.padding_free = True
+        if settings["check_packing"] and is_padding_free_collator(collator):
             self.add_callback(PackingCheckCallback())
 
     def compute_loss(self, model: Any, inputs: dict[str, Any], return_outputs: bool = False,

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import trl
+
 from trl_padfree.kto import KTOTrainer
 
 from ..config import ConfigError, DataArguments, HeadLaunchArguments
@@ -41,6 +43,14 @@ __all__ = ["TASK", "LaunchKTOTrainer", "KTOArguments", "KTOTask", "kto_summary"]
 
 SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree kto trains on prompt/completion/label "
                     "(or prompt/chosen/rejected) records and scores only the completions: remove it")
+
+
+@dataclass
+class LaunchKTOConfig(trl.KTOConfig):
+    """TRL's ``KTOConfig`` plus ``padding_free``: the launch's training config (:class:`trl_padfree.KTOConfig` also has
+    ``prompt_once``, ``check_packing``, ..., which the launch still reads from its own argument classes)."""
+
+    padding_free: bool = field(default=False, metadata={"help": "Padding-free batches."})
 
 
 @dataclass
@@ -172,9 +182,7 @@ class KTOTask(Task):
     def argument_classes(self) -> tuple[type, ...]:
         from trl import ModelConfig
 
-        from trl_padfree.kto import KTOConfig
-
-        return (DataArguments, KTOArguments, HeadLaunchArguments, KTOConfig, ModelConfig)
+        return (DataArguments, KTOArguments, HeadLaunchArguments, LaunchKTOConfig, ModelConfig)
 
     def configure_parser(self, parser: Any) -> None:
         parser.help_groups = {

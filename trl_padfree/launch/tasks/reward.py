@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import trl
+
 from trl_padfree.reward import RewardTrainer
 
 from ..config import ConfigError, DataArguments, LaunchArguments, with_fields
@@ -28,6 +30,14 @@ __all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardArguments", "R
 
 SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree reward trains on prompt/chosen/rejected "
                     "records and scores each whole sequence: remove it")
+
+
+@dataclass
+class LaunchRewardConfig(trl.RewardConfig):
+    """TRL's ``RewardConfig`` plus ``padding_free``: the launch's training config (:class:`trl_padfree.RewardConfig` also has
+    ``prompt_once``, ``check_packing``, ..., which the launch still reads from its own argument classes)."""
+
+    padding_free: bool = field(default=False, metadata={"help": "Padding-free batches."})
 
 
 @dataclass
@@ -133,9 +143,7 @@ class RewardTask(Task):
     def argument_classes(self) -> tuple[type, ...]:
         from trl import ModelConfig
 
-        from trl_padfree.reward import RewardConfig
-
-        return (DataArguments, RewardArguments, LaunchArguments, RewardConfig, ModelConfig)
+        return (DataArguments, RewardArguments, LaunchArguments, LaunchRewardConfig, ModelConfig)
 
     def configure_parser(self, parser: Any) -> None:
         parser.help_groups = {

@@ -1,0 +1,339 @@
+"""This package's settings as fields of TRL's config classes: ``SFTConfig``, ``DPOConfig``, ``GRPOConfig``,
+``RLOOConfig``, ``RewardConfig``, ``KTOConfig``.
+
+Each is TRL's dataclass of the same name with the package's fields added (``padding_free`` where TRL has none,
+``prompt_once``, ``scored_lm_head``, ``check_packing``, ``torch_num_threads``; for SFT also the collator's templates
+and the token budget), typed and documented as TRL's fields are, so ``trl.TrlParser`` reads them from a YAML file
+(``--config``) or the command line like any other field. This package's trainers read them from ``args``; their
+former keyword arguments of the same names still work for one release, with a ``DeprecationWarning`` naming the
+config field (:func:`trainer_settings`).
+
+    >>> from trl_padfree import DPOConfig
+    >>> cpu = {"output_dir": "out", "report_to": "none", "bf16": False}  # (TRL's bf16=True needs a GPU)
+    >>> config = DPOConfig(padding_free=True, prompt_once=True, **cpu)
+    >>> config.prompt_once, config.check_packing, config.torch_num_threads, config.scored_lm_head
+    (True, True, 'auto', True)
+    >>> DPOConfig(prompt_once=True, **cpu)
+    Traceback (most recent call last):
+    ...
+    ValueError: DPOConfig(prompt_once=True) needs padding_free=True (the prompt is shared inside a padding-free row): set padding_free=True, or prompt_once=False
+
+``SFTConfig.padding_free`` is this package's: True flattens every mini-batch with
+:class:`~trl_padfree.DataCollatorForCompletionOnlyLM` (built by :class:`trl_padfree.SFTTrainer` from
+``response_template`` / ``instruction_template`` when no ``data_collator`` is passed); TRL's own padding-free mode,
+which refuses any custom collator, is off while this package's trainer builds TRL's. (The stock ``trl.SFTTrainer``
+given this config would read ``padding_free`` as its own mode and ignore the package's fields: use
+:class:`trl_padfree.SFTTrainer`.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import trl
+
+from .threads import checked_threads
+
+__all__ = [
+    "DPOConfig",
+    "GRPOConfig",
+    "KTOConfig",
+    "PADFREE_CONFIGS",
+    "RLOOConfig",
+    "RewardConfig",
+    "SFTConfig",
+    "UNSET",
+    "is_padfree_config",
+    "trainer_settings",
+]
+
+
+class _Unset:
+    """The default of a deprecated trainer keyword: not passed (the value then comes from ``args``)."""
+
+    def __repr__(self) -> str:
+        return "<from args>"
+
+
+#: A trainer keyword that was not passed.
+UNSET: Any = _Unset()
+
+_NULL_WORDS = frozenset({"none", "null", "~"})
+
+
+def _check_packing() -> Any:
+    return field(
+        default=True,
+        metadata={"help": "Probe the model once before the first step (trl_padfree.probe): stop the run if packed "
+                          "sequences see each other under its attention. (default: true)"},
+    )
+
+
+def _torch_num_threads() -> Any:
+    return field(
+        default="auto",
+        metadata={"help": "torch CPU threads during train(): 'auto' (the count trl_padfree.threads picks unless "
+                          "OMP_NUM_THREADS, MKL_NUM_THREADS or torch.set_num_threads chose one), a positive "
+                          "integer, or null for torch's own choice. (default: auto)"},
+    )
+
+
+def _scored_lm_head() -> Any:
+    return field(
+        default=True,
+        metadata={"help": "Score the loss with the scored-positions LM head (trl_padfree.scored_head: only the "
+                          "scored positions are projected, on every device); false: TRL's own LM head. "
+                          "(default: true)"},
+    )
+
+
+def _prompt_once(what: str) -> Any:
+    return field(
+        default=False,
+        metadata={"help": f"With padding_free, {what} (needs attn_implementation='padfree'). (default: false)"},
+    )
+
+
+def _padding_free(what: str) -> Any:
+    return field(default=False, metadata={"help": f"{what} (default: false)"})
+
+
+def _bool(config: Any, name: str) -> None:
+    value = getattr(config, name)
+    if not isinstance(value, bool):
+        raise ValueError(f"{type(config).__name__}({name}={value!r}): {name} must be True or False")
+
+
+def _threads(value: Any) -> int | str | None:
+    """``torch_num_threads`` as given in Python, YAML or on the command line (where it arrives as text)."""
+    if isinstance(value, str) and value != "auto":
+        text = value.strip()
+        if text.lower() in _NULL_WORDS:
+            return None
+        if text.isdigit():
+            return int(text)
+    return checked_threads(value)
+
+
+def _validate(config: Any) -> None:
+    """The checks every config of this package runs in ``__post_init__`` (one line naming the fix)."""
+    name = type(config).__name__
+    for switch in ("padding_free", "prompt_once", "check_packing", "scored_lm_head"):
+        if hasattr(config, switch):
+            _bool(config, switch)
+    config.torch_num_threads = _threads(config.torch_num_threads)
+    if getattr(config, "prompt_once", False) and not config.padding_free:
+        raise ValueError(f"{name}(prompt_once=True) needs padding_free=True (the prompt is shared inside a "
+                         "padding-free row): set padding_free=True, or prompt_once=False")
+
+
+@dataclass
+class SFTConfig(trl.SFTConfig):
+    """``trl.SFTConfig`` with the settings of :class:`trl_padfree.SFTTrainer` and its collator.
+
+    ``padding_free`` here is this package's (see the module docstring).
+
+    >>> cpu = {"output_dir": "out", "report_to": "none", "bf16": False}
+    >>> config = SFTConfig(padding_free=True, response_template="### Answer:", **cpu)
+    >>> config.padding_free, config.response_template, config.max_tokens_per_batch
+    (True, '### Answer:', None)
+    >>> SFTConfig(max_tokens_per_batch=0, **cpu)
+    Traceback (most recent call last):
+    ...
+    ValueError: SFTConfig(max_tokens_per_batch=0): give a positive number of real tokens per mini-batch, or None for per_device_train_batch_size examples
+    """
+
+    padding_free: bool = field(
+        default=False,
+        metadata={"help": "Flatten every mini-batch into one row without padding with this package's collator "
+                          "(trl_padfree.DataCollatorForCompletionOnlyLM, built by trl_padfree.SFTTrainer from "
+                          "response_template when no data_collator is passed), run with a varlen attention "
+                          "(attn_implementation='padfree'). Not TRL's own padding-free mode. (default: false)"},
+    )
+    response_template: str | None = field(
+        default=None,
+        metadata={"help": "Text that precedes every completion, e.g. '### Answer:': tokens up to it are not "
+                          "trained (the collator trl_padfree.SFTTrainer builds). (default: null)"},
+    )
+    instruction_template: list[str] | None = field(
+        default=None,
+        metadata={"help": "Multi-turn data: the text (or several) that starts every non-assistant turn, e.g. "
+                          "'### Question:'; every assistant turn is then trained. (default: null)"},
+    )
+    max_tokens_per_batch: int | None = field(
+        default=None,
+        metadata={"help": "Token-budget batching: each training mini-batch of a rank holds as many whole examples "
+                          "as fit this many real tokens (trl_padfree.TokenBudgetBatchSampler), instead of "
+                          "per_device_train_batch_size examples. (default: null, fixed-size batches)"},
+    )
+    check_packing: bool = _check_packing()
+    torch_num_threads: int | str | None = _torch_num_threads()
+    scored_lm_head: bool = _scored_lm_head()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate(self)
+        if isinstance(self.instruction_template, str):
+            self.instruction_template = [self.instruction_template]
+        budget = self.max_tokens_per_batch
+        if isinstance(budget, str) and budget.strip().isdigit():
+            budget = self.max_tokens_per_batch = int(budget)
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"SFTConfig(max_tokens_per_batch={budget!r}): give a positive number of real tokens per "
+                             "mini-batch, or None for per_device_train_batch_size examples")
+        if self.padding_free and self.packing:
+            raise ValueError("SFTConfig(padding_free=True, packing=True): padding_free flattens each mini-batch with "
+                             "this package's collator, which TRL's packing refuses; set packing=False (same examples, "
+                             "same steps, no padding)")
+
+
+@dataclass
+class DPOConfig(trl.DPOConfig):
+    """``trl.DPOConfig`` with the settings of :class:`trl_padfree.DPOTrainer` (``padding_free`` is TRL's field,
+    which TRL 1.16 ignores and this trainer honours)."""
+
+    prompt_once: bool = _prompt_once("compute each pair's prompt once for the chosen and the rejected response")
+    check_packing: bool = _check_packing()
+    torch_num_threads: int | str | None = _torch_num_threads()
+    scored_lm_head: bool = _scored_lm_head()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate(self)
+
+
+@dataclass
+class GRPOConfig(trl.GRPOConfig):
+    """``trl.GRPOConfig`` with the settings of :class:`trl_padfree.GRPOTrainer`."""
+
+    padding_free: bool = _padding_free(
+        "Run the policy, old-policy and reference forwards on one flat row per micro-batch, no padding "
+        "(trl_padfree.GRPOTrainer; TRL pads).")
+    prompt_once: bool = _prompt_once("the completions of one prompt in a micro-batch share one forwarded copy of it")
+    check_packing: bool = _check_packing()
+    torch_num_threads: int | str | None = _torch_num_threads()
+    scored_lm_head: bool = _scored_lm_head()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate(self)
+
+
+@dataclass
+class RLOOConfig(trl.RLOOConfig):
+    """``trl.RLOOConfig`` with the settings of :class:`trl_padfree.RLOOTrainer`."""
+
+    padding_free: bool = _padding_free(
+        "Run the policy, old-policy and reference forwards on one flat row per micro-batch, no padding "
+        "(trl_padfree.RLOOTrainer; TRL pads).")
+    prompt_once: bool = _prompt_once("the completions of one prompt in a micro-batch share one forwarded copy of it")
+    check_packing: bool = _check_packing()
+    torch_num_threads: int | str | None = _torch_num_threads()
+    scored_lm_head: bool = _scored_lm_head()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate(self)
+
+
+@dataclass
+class RewardConfig(trl.RewardConfig):
+    """``trl.RewardConfig`` with the settings of :class:`trl_padfree.RewardTrainer` (a sequence classifier: no
+    LM head, so no ``scored_lm_head``)."""
+
+    padding_free: bool = _padding_free(
+        "Put the chosen and rejected sequences of a batch in one row without padding (trl_padfree.RewardTrainer); "
+        "needs a varlen attention (attn_implementation='padfree').")
+    prompt_once: bool = _prompt_once("compute each pair's common token prefix once")
+    check_packing: bool = _check_packing()
+    torch_num_threads: int | str | None = _torch_num_threads()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate(self)
+
+
+@dataclass
+class KTOConfig(trl.KTOConfig):
+    """``trl.KTOConfig`` with the settings of :class:`trl_padfree.KTOTrainer`."""
+
+    padding_free: bool = _padding_free(
+        "Lay the completion and the KL sequences of a batch out in rows without padding (trl_padfree.KTOTrainer).")
+    prompt_once: bool = _prompt_once("the reference computes each prompt once for the completion and the KL sequence")
+    check_packing: bool = _check_packing()
+    torch_num_threads: int | str | None = _torch_num_threads()
+    scored_lm_head: bool = _scored_lm_head()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate(self)
+
+
+#: This package's config class of each of its trainers, by trainer name.
+PADFREE_CONFIGS: dict[str, type] = {
+    "SFTTrainer": SFTConfig,
+    "DPOTrainer": DPOConfig,
+    "GRPOTrainer": GRPOConfig,
+    "RLOOTrainer": RLOOConfig,
+    "RewardTrainer": RewardConfig,
+    "KTOTrainer": KTOConfig,
+}
+
+
+def is_padfree_config(args: Any) -> bool:
+    """Whether ``args`` is one of this package's configs (which carry its fields).
+
+    >>> is_padfree_config(SFTConfig(output_dir="out", report_to="none", bf16=False)), is_padfree_config(None)
+    (True, False)
+    """
+    return isinstance(args, tuple(PADFREE_CONFIGS.values()))
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside this module and the trainers' ``__init__`` chain: the line
+    that built the trainer (a user's script: Python shows the warning there; the package's own launch: hidden)."""
+    level, frame = 1, sys._getframe(1)
+    while frame is not None and (frame.f_code.co_filename == __file__
+                                 or frame.f_code.co_name in ("__init__", "_padfree_init")):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def trainer_settings(trainer: str, args: Any, **given: Any) -> dict[str, Any]:
+    """The package's settings of ``trainer`` (e.g. ``"DPOTrainer"``): each from ``args`` where it is this package's
+    config (else the field's default), or from the deprecated trainer keyword in ``given`` (:data:`UNSET`: not
+    passed), which warns, naming the config field.
+
+    A keyword that contradicts a value the config was given (not its default) is a ``ValueError`` naming both.
+
+    >>> cpu = {"output_dir": "out", "report_to": "none", "bf16": False}
+    >>> trainer_settings("DPOTrainer", DPOConfig(padding_free=True, prompt_once=True, **cpu),
+    ...                  prompt_once=UNSET, check_packing=UNSET)
+    {'prompt_once': True, 'check_packing': True}
+    >>> trainer_settings("DPOTrainer", DPOConfig(check_packing=False, **cpu), check_packing=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: DPOTrainer(check_packing=True) conflicts with DPOConfig(check_packing=False): set check_packing once, in DPOConfig (the trainer keyword is deprecated)
+    """
+    config_class = PADFREE_CONFIGS[trainer]
+    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
+    own = isinstance(args, config_class)
+    settings: dict[str, Any] = {}
+    for name, keyword in given.items():
+        value = getattr(args, name) if own else defaults[name]
+        if keyword is not UNSET:
+            warnings.warn(
+                f"{trainer}({name}=...) is deprecated and will be removed in the next release: set {name} in "
+                f"trl_padfree.{config_class.__name__}({name}=...) and pass it as args",
+                DeprecationWarning, stacklevel=_caller_stacklevel())
+            if own and value != defaults[name] and value != keyword:
+                raise ValueError(f"{trainer}({name}={keyword!r}) conflicts with {config_class.__name__}({name}="
+                                 f"{value!r}): set {name} once, in {config_class.__name__} (the trainer keyword "
+                                 "is deprecated)")
+            value = keyword
+        settings[name] = value
+    return settings
