@@ -17,10 +17,9 @@ from pathlib import Path
 import torch
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import DPOConfig
 
 import trl_padfree
-from trl_padfree import DPOTrainer  # TRL's DPOTrainer, with padding_free=True working
+from trl_padfree import DPOConfig, DPOTrainer  # TRL's DPOConfig / DPOTrainer, with padding_free=True working
 
 DEMO = Path(trl_padfree.__file__).parent / "demo"
 MODEL = str(DEMO / "model")  # or e.g. "Qwen/Qwen2.5-0.5B-Instruct"
@@ -41,6 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     config = DPOConfig(
         output_dir=args.output_dir,
         padding_free=True,  # (2) one row per batch, no padding (TRL 1.16 would pad)
+        prompt_once=True,  # (3) each pair's prompt computed once, shared by the chosen and the rejected response
         max_steps=args.max_steps,
         per_device_train_batch_size=8,
         learning_rate=1e-3,
@@ -52,10 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         save_strategy="no",
         report_to="none",
     )
-    trainer = DPOTrainer(
-        model, ref_model, args=config, train_dataset=pairs, processing_class=tokenizer,
-        prompt_once=True,  # (3) each pair's prompt computed once, shared by the chosen and the rejected response
-    )
+    trainer = DPOTrainer(model, ref_model, args=config, train_dataset=pairs, processing_class=tokenizer)
     result = trainer.train()
     trainer.save_model()
     last = next(e for e in reversed(trainer.state.log_history) if "rewards/accuracies" in e)

@@ -19,10 +19,9 @@ from pathlib import Path
 import torch
 from datasets import load_dataset
 from transformers import AutoTokenizer
-from trl import GRPOConfig
 
 import trl_padfree
-from trl_padfree import GRPOTrainer  # TRL's GRPOTrainer, with padding_free=True
+from trl_padfree import GRPOConfig, GRPOTrainer  # TRL's GRPOConfig / GRPOTrainer, with padding_free=True
 
 DEMO = Path(trl_padfree.__file__).parent / "demo"
 MODEL = str(DEMO / "model")  # or e.g. "Qwen/Qwen2.5-0.5B-Instruct"
@@ -51,6 +50,8 @@ def main(argv: list[str] | None = None) -> None:
         # (1) "padfree" attention for the policy and the reference: keeps the packed sequences apart on any device,
         # and alone reads the shared prompt
         model_init_kwargs={"attn_implementation": "padfree"},
+        padding_free=True,  # (2) the log-prob forwards run on one flat row per micro-batch, no padding
+        prompt_once=True,  # (3) a group's completions in a micro-batch share one forwarded copy of the prompt
         max_steps=args.max_steps,
         per_device_train_batch_size=8,
         num_generations=4,
@@ -65,9 +66,7 @@ def main(argv: list[str] | None = None) -> None:
         report_to="none",
     )
     trainer = GRPOTrainer(
-        MODEL, reward_funcs=reward_answer, args=config, train_dataset=prompts, processing_class=tokenizer,
-        padding_free=True,  # (2) the log-prob forwards run on one flat row per micro-batch, no padding
-        prompt_once=True,  # (3) a group's completions in a micro-batch share one forwarded copy of the prompt
+        MODEL, reward_funcs=reward_answer, args=config, train_dataset=prompts, processing_class=tokenizer
     )
     result = trainer.train()
     trainer.save_model()
