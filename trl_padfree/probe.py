@@ -444,12 +444,20 @@ def _attn_name(model: nn.Module) -> str:
     return str(attn) if attn else "unknown"
 
 
-def _alternative_text(alternative: str | None) -> str | None:
+# Attention features that "padfree" computes itself, or that flash-attn's varlen kernel lacks: where a model has one,
+# "padfree" being safe says nothing about flash_attention_2.
+_NOT_LIKE_FLASH = frozenset(
+    {"attention sinks", "attention temperature tuning", "chunked attention", "shared KV layers"}
+)
+
+
+def _alternative_text(alternative: str | None, kinds: Sequence[str] = ()) -> str | None:
     """How the advice recommends an attention implementation the probe ran on this model and found safe."""
     if alternative is None:
         return None
     text = f'load it with attn_implementation="{alternative}" (the probe ran it on this model: safe)'
-    if alternative == ATTN_IMPLEMENTATION:  # flash-attn reads the same cu_seq_lens the padfree run was given
+    if alternative == ATTN_IMPLEMENTATION and not _NOT_LIKE_FLASH & set(kinds):
+        # flash-attn reads the same cu_seq_lens the padfree run was given, for plain attention
         text += ' or "flash_attention_2" on a CUDA GPU with flash-attn'
     return text
 
@@ -484,7 +492,7 @@ def _advice(
     >>> _advice("leaks", "gpt_oss", "eager", 0.0, kinds=("full attention", "attention sinks"))
     'gpt_oss builds its eager attention mask without position_ids, so packed examples see each other, and no other attention implementation the probe tried is safe for it; set padding_free=False.'
     """
-    use = _alternative_text(alternative)
+    use = _alternative_text(alternative, kinds)
     packages = kernel_packages(kinds)
     recurrent = [k for k in kinds if k in _KERNELS]
     stateful = bool(recurrent) or model_type in _STATEFUL_LAYERS
