@@ -231,3 +231,24 @@ def test_advice_for_a_leak_recommends_an_alternative_only_when_checked() -> None
     assert recommended(checked) == {"padfree", "flash_attention_2"}
     crash = _advice("error", "gemma4_text", "padfree", 0.0, error="IndexError: too many indices", alternative="sdpa")
     assert recommended(crash) == {"sdpa"} and "padfree" not in recommended(crash)
+
+
+def test_layout_advice_never_recommends_padfree_after_padfree_leaked() -> None:
+    """The preference / group / reward probes share layout_report: a leak under "padfree" gets the layout off."""
+    import time
+
+    from trl_padfree.probe import layout_report
+
+    def report(attn: str, error: str | None = None):  # noqa: ANN202
+        return layout_report(
+            model_of("llama", attn), expected=[torch.zeros(3)], got=None if error else [torch.ones(3)], error=error,
+            setting=(torch.device("cpu"), torch.float32, 1e-4), lengths=[3], start=time.perf_counter(),
+            batch="preference batch", values="logits", prompt_once=True, fix="prompt_once=False",
+        )  # fmt: skip
+
+    leak = report("padfree")
+    assert leak.status == "leaks" and "even with attn_implementation='padfree'" in leak.advice
+    assert "Load it with" not in leak.advice and leak.advice.endswith("set prompt_once=False.")
+    assert "Load it with attn_implementation='padfree'" in report("sdpa").advice
+    failed = report("sdpa", error="ValueError: boom")
+    assert failed.status == "error" and failed.advice.endswith("(ValueError: boom); set prompt_once=False.")

@@ -559,10 +559,11 @@ def _advice(
             f"even the varlen attention {attn!r} does not keep {model_type}'s examples apart (its layers do not pass "
             "position_ids/cu_seq_lens through, or compute something from the row position)"
         )
-    elif model_type in _OWN_ATTENTION_CODE:
-        why = (
+    elif model_type in _OWN_ATTENTION_CODE and not use:
+        return (
             f"{model_type} computes attention in its own code, with a mask built without position_ids, and does not "
-            "use transformers' attention interface"
+            "use transformers' attention interface, so no attn_implementation can keep packed examples apart; "
+            "set padding_free=False."
         )
     elif model_type in _MASK_IGNORES_POSITION_IDS:
         why = f"{model_type} builds its {attn} attention mask without position_ids, so packed examples see each other"
@@ -610,17 +611,27 @@ def layout_report(
     max_diff = max(diffs)
     status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
     layout = "prompt-once" if prompt_once else "padding-free"
-    advice = (
-        "" if status == "safe" else
-        f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}): its "
-        "attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
-        + ("" if prompt_once else " or 'flash_attention_2'") + f", or set {fix}."
-    )
+    attn = _attn_name(model)
+    if status == "safe":
+        advice = ""
+    elif status == "error":  # another attention would meet the same forward: nothing to recommend but the layout off
+        advice = f"the {layout} {batch} fails in this model's forward ({error}); set {fix}."
+    elif attn == ATTN_IMPLEMENTATION:  # never recommend the implementation that just leaked
+        advice = (
+            f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}) even "
+            f"with attn_implementation='padfree' (its layers compute something across the row); set {fix}."
+        )
+    else:
+        advice = (
+            f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}): its "
+            "attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
+            + ("" if prompt_once else " or 'flash_attention_2'") + f", or set {fix}."
+        )
     config = getattr(model, "config", None)
     return PackingReport(
         ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance,
         model_type=str(getattr(config, "model_type", None) or type(model).__name__),
-        attn_implementation=_attn_name(model), advice=advice, dtype=str(dtype).removeprefix("torch."),
+        attn_implementation=attn, advice=advice, dtype=str(dtype).removeprefix("torch."),
         device=str(device), lengths=tuple(lengths), example_diffs=tuple(diffs), noise=0.0,
         seconds=time.perf_counter() - start, error=error,
     )
