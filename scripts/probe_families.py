@@ -11,9 +11,9 @@ measures, per family:
 
 The verdict depends on the modeling code of the installed transformers (and of this package), not on the weights,
 so a tiny model answers for the full-size one (but check your own checkpoint with ``trl-padfree check``: remote
-code and config options can change it). ``sdpa`` and ``eager`` are probed before ``"padfree"`` for each family,
-since a ``"padfree"`` forward may replace a family's recurrent kernels in its modeling module for the rest of the
-process.
+code and config options can change it). Every model is first made ready as this package's trainers make it when
+training starts (``trl_padfree.families.prepare_for_training``: recurrent layers that restart at packed
+boundaries, where the package has them), so each cell says what training with that attention does.
 
     python scripts/probe_families.py                       # every family -> docs/probe-families.md
     python scripts/probe_families.py --types llama,opt --out /tmp/families.md
@@ -65,7 +65,7 @@ def _why(error: str | None) -> str:
 def _build(model_type: str, attn: str) -> torch.nn.Module | str:
     """The tiny model, or why it cannot be built with this attention (a table cell)."""
     try:
-        return tiny_family_model(model_type, attn)
+        return tiny_family_model(model_type, attn, prepare=True)
     except Exception as exc:  # noqa: BLE001  (a table cell, not a crash)
         if isinstance(exc, ValueError) and "does not support" in str(exc):  # transformers refuses it
             return "not offered"
@@ -154,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
         f"`python scripts/probe_families.py` with transformers {transformers.__version__}, torch "
         f"{torch.__version__}, on CPU in float32: a tiny random model of each family (4 layers, hidden 64, "
         "vocabulary 128, few experts; hybrids with an attention layer among their recurrent layers, windows and "
-        "chunks of 8 tokens; `trl_padfree/families.py`), built from its config.\n",
+        "chunks of 8 tokens; `trl_padfree/families.py`), built from its config and made ready as this package's "
+        "trainers make it when training starts (`trl_padfree.families.prepare_for_training`).\n",
         '- **exact under "padfree"**: four examples of 11, 5, 14 and 9 tokens, each alone vs all packed in one row '
         "(the collator's layout: `position_ids`, `cu_seq_lens_*`, `max_length_*`, `seq_idx`), train mode with "
         "dropout and router jitter at 0: the largest loss difference / the largest relative gradient difference "

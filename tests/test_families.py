@@ -156,6 +156,8 @@ def test_probe_verdict_names_the_layers_and_recommends_only_what_it_found_safe(m
     if model_type in RECURRENT:
         assert RECURRENT[model_type] in report.layer_kinds
     assert f"layers: {', '.join(report.layer_kinds)}" in str(report)
+    if model_type == "mamba2":  # no attention layer to call "padfree": judged by its logits, not "unsupported"
+        assert report.status in ("safe", "leaks")
     if report.ok:
         assert report.alternatives == {} and report.advice.startswith("padding_free=True is safe")
         return

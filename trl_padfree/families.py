@@ -34,6 +34,7 @@ __all__ = [
     "Exactness",
     "family_available",
     "packed_vs_alone",
+    "prepare_for_training",
     "tiny_family_config",
     "tiny_family_model",
 ]
@@ -208,9 +209,10 @@ def tiny_family_config(model_type: str, **overrides: Any) -> Any:
 
 
 def tiny_family_model(
-    model_type: str, attn_implementation: str = "padfree", seed: int = 0, **overrides: Any
+    model_type: str, attn_implementation: str = "padfree", seed: int = 0, *, prepare: bool = False, **overrides: Any
 ) -> nn.Module | None:
-    """A random float32 ``AutoModelForCausalLM`` of :func:`tiny_family_config` (None where the family is absent)."""
+    """A random float32 ``AutoModelForCausalLM`` of :func:`tiny_family_config` (None where the family is absent);
+    with ``prepare``, made ready for training as this package's trainers make it (:func:`prepare_for_training`)."""
     config = tiny_family_config(model_type, **overrides)
     if config is None:
         return None
@@ -219,7 +221,21 @@ def tiny_family_model(
     from . import attention  # noqa: F401  (registers "padfree")
 
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
+    if prepare:
+        prepare_for_training(model)
+    return model
+
+
+def prepare_for_training(model: nn.Module) -> list[str]:
+    """What this package's trainers do to a model when training starts, so that a measurement sees what training
+    runs: ``trl_padfree.recurrent.prepare_packed_layers`` (recurrent layers that restart at every boundary of a
+    packed row) where this version of the package has it; returns what it changed (empty without it)."""
+    try:
+        from .recurrent import prepare_packed_layers  # type: ignore[import-not-found]
+    except ImportError:
+        return []
+    return list(prepare_packed_layers(model))
 
 
 @dataclass(frozen=True)

@@ -145,6 +145,7 @@ _ATTENTION_KINDS = {
     "compressed_sparse_attention": "compressed sparse attention",
     "heavily_compressed_attention": "compressed attention",
 }  # fmt: skip
+_ATTENTION_NAMES = frozenset({*_ATTENTION_KINDS.values(), "sliding-window attention", "full attention"})
 
 
 def layer_kinds(model: nn.Module) -> tuple[str, ...]:
@@ -705,8 +706,11 @@ def check_packing(
         except Exception as exc:  # the Trainer would hit the same error: report it instead of crashing
             failure = exc
     # "padfree" set, yet never called: the model computes attention in its own code (not through transformers'
-    # AttentionInterface), where the masks built for "padfree" are not what it expects.
-    bypassed = attn == ATTN_IMPLEMENTATION and calls[0] == 0
+    # AttentionInterface), where the masks built for "padfree" are not what it expects. A model without attention
+    # layers (Mamba-2) is judged by its logits like any other.
+    kinds = layer_kinds(model)
+    has_attention = any(k in _ATTENTION_NAMES for k in kinds) or not any(k in _KERNELS for k in kinds)
+    bypassed = attn == ATTN_IMPLEMENTATION and calls[0] == 0 and has_attention
     if failure is not None:
         refused = isinstance(failure, PadfreeAttentionError)
         if len(alone) < len(sequences) and not bypassed and not refused:
@@ -736,7 +740,6 @@ def check_packing(
         status = "leaks"
     else:
         status = "safe"
-    kinds = layer_kinds(model)
     tried: dict[str, str] = {}
     if try_alternatives and status in ("leaks", "error", "unsupported") and packed_inputs.get("use_cache") is False:
         for other in ALTERNATIVES:
