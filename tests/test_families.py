@@ -213,6 +213,9 @@ def test_advice_for_a_recurrent_layer_names_its_kernels_not_another_attention() 
         advice = _advice("error", "qwen3_5_text", attn, 0.0, kinds=("full attention", "gated delta rule"), error=CONV)
         assert recommended(advice) == set() and "try" not in advice
         assert "causal-conv1d and flash-linear-attention" in advice and "padding_free=False" in advice
+    checked = _advice("error", "qwen3_5_text", "eager", 0.0, kinds=("gated delta rule",), error=CONV,
+                      alternative="padfree")
+    assert recommended(checked) == {"padfree"} and "the probe ran it on this model: safe" in checked
     lfm = _advice("error", "lfm2", "padfree", 0.0, kinds=("full attention", "short convolution"), error=CONV)
     assert "CUDA kernels of causal-conv1d (" in lfm
     mamba = _advice("leaks", "jamba", "padfree", 0.0, kinds=("full attention", "mamba"))

@@ -457,8 +457,9 @@ def _alternative_text(alternative: str | None, kinds: Sequence[str] = ()) -> str
     if alternative is None:
         return None
     text = f'load it with attn_implementation="{alternative}" (the probe ran it on this model: safe)'
-    if alternative == ATTN_IMPLEMENTATION and not _NOT_LIKE_FLASH & set(kinds):
-        # flash-attn reads the same cu_seq_lens the padfree run was given, for plain attention
+    if alternative == ATTN_IMPLEMENTATION and not _NOT_LIKE_FLASH & set(kinds) and not set(_KERNELS) & set(kinds):
+        # flash-attn reads the same cu_seq_lens the padfree run was given, for plain attention (recurrent layers are
+        # prepared for packed rows by "padfree"'s mask builder, which flash_attention_2 does not run)
         text += ' or "flash_attention_2" on a CUDA GPU with flash-attn'
     return text
 
@@ -524,10 +525,15 @@ def _advice(
                "cannot keep packed examples apart)") + "."
         )
     if status == "error" and error and "can't keep packed sequences apart without" in error:
+        if use:
+            return (
+                f"{model_type}'s {layers} layers refuse a packed row with attn_implementation={attn!r} (transformers' "
+                f"torch fall-back); {use}, or set padding_free=False."
+            )
         return (
             f"{model_type}'s {layers} layers keep packed examples apart only with the CUDA kernels of "
-            f"{packages or 'the package the error names'} (transformers' torch fall-back refuses a packed row, with "
-            "every attention implementation); install them on a CUDA machine, or set padding_free=False."
+            f"{packages or 'the package the error names'} (transformers' torch fall-back refuses a packed row); "
+            "install them on a CUDA machine, or set padding_free=False."
         )
     refused = _refused_feature(error) if status == "error" else None
     if refused == "soft-capping":
