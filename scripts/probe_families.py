@@ -1,18 +1,28 @@
-"""Which model families keep padding-free packed examples apart, by attention implementation.
+"""Which model families train padding-free exactly, and what the packing probe says about each.
 
-Builds a tiny random model of each family from its config (nothing is downloaded), runs the packing probe
-(:func:`trl_padfree.check_packing`) under ``sdpa``, ``eager`` and ``"padfree"``, and writes a Markdown table.
-The verdict depends on the modeling code of the installed transformers, not on the weights, so a tiny model
-answers for the full-size one (but check your own checkpoint with ``trl-padfree check`` anyway: remote code and
-config options can change it).
+Builds a tiny random model of each family from its config (``trl_padfree.families``: nothing is downloaded) and
+measures, per family:
 
-    python scripts/probe_families.py                       # all families below -> docs/probe-families.md
+- exact under ``"padfree"``: the largest loss difference and the largest relative gradient difference (every
+  parameter) between each example alone and all examples packed in one row, the collator's layout
+  (``trl_padfree.families.packed_vs_alone``); exact means loss within 1e-5 and gradients within 1e-4;
+- the probe's verdict under ``"padfree"`` (``trl_padfree.check_packing``: logits packed vs alone), the layer kinds
+  it found, and its verdict under ``sdpa`` and ``eager``.
+
+The verdict depends on the modeling code of the installed transformers (and of this package), not on the weights,
+so a tiny model answers for the full-size one (but check your own checkpoint with ``trl-padfree check``: remote
+code and config options can change it). Every model is first made ready as this package's trainers make it when
+training starts (``trl_padfree.families.prepare_for_training``: recurrent layers that restart at packed
+boundaries, where the package has them), so each cell says what training with that attention does.
+
+    python scripts/probe_families.py                       # every family -> docs/probe-families.md
     python scripts/probe_families.py --types llama,opt --out /tmp/families.md
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 import warnings
@@ -20,102 +30,154 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
-from trl_padfree import (  # importing registers attn_implementation="padfree"
-    PadfreeAttentionError,
-    check_packing,
+from trl_padfree.families import (  # importing trl_padfree registers attn_implementation="padfree"
+    FAMILIES,
+    FAMILY_GROUPS,
+    OLDER_FAMILIES,
+    family_available,
+    packed_vs_alone,
+    tiny_family_model,
 )
+from trl_padfree.probe import check_packing, layer_kinds
 
-ATTENTION = ("sdpa", "eager", "padfree")
-SMALL = dict(
-    num_hidden_layers=2, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
-    vocab_size=128, max_position_embeddings=128, head_dim=16, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-)  # fmt: skip
-# Families whose configs need other names or sizes to build a tiny model.
-OVERRIDES: dict[str, dict] = {
-    "falcon": {"head_dim": None},  # a read-only property there
-    "gptj": {"rotary_dim": 8},
-    "codegen": {"rotary_dim": 8},
-    "jamba": {"attn_layer_period": 2, "attn_layer_offset": 1, "expert_layer_period": 2, "expert_layer_offset": 1},
-}
-FAMILIES = (
-    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2", "gemma3_text", "phi", "phi3",
-    "granite", "olmo", "olmo2", "cohere", "stablelm", "starcoder2", "gpt2", "gpt_bigcode", "gpt_neox", "gptj",
-    "codegen", "falcon", "opt", "bloom", "mpt", "biogpt", "xglm", "bart", "gpt_oss", "mamba", "jamba",
-)  # fmt: skip
+HEADER = (
+    '| model type | layers | exact under "padfree": loss / grad diff | probe, "padfree" | probe, sdpa | probe, eager |',
+    "|---|---|---|---|---|---|",
+)
+OLD_HEADER = ("| model type | sdpa | eager | padfree |", "|---|---|---|---|")
+VERDICT = {"safe": "**safe**", "leaks": "LEAKS"}
 
 
-def tiny_config(model_type: str):
-    kwargs = {**SMALL, **OVERRIDES.get(model_type, {})}
-    return AutoConfig.for_model(model_type, **{k: v for k, v in kwargs.items() if v is not None})
+def _why(error: str | None) -> str:
+    """A short reason from a probe error or an exception line."""
+    text = error or ""
+    if text.startswith("PadfreeAttentionError"):
+        feature = "soft-capping" if "soft-capping" in text else "sinks" if "sinks" in text else "a feature"
+        return f"refused ({feature})"
+    package = re.search(r"without `([\w.-]+)`", text)
+    if package:
+        return f"error (needs {package.group(1)})"
+    return f"error ({text.split(':')[0]})" if text else "error"
 
 
-def verdict(model_type: str, attn: str) -> str:
-    """One table cell: the probe's status, or why the model could not be built with this attention."""
-    torch.manual_seed(0)
+def _build(model_type: str, attn: str) -> torch.nn.Module | str:
+    """The tiny model, or why it cannot be built with this attention (a table cell)."""
     try:
-        model = AutoModelForCausalLM.from_config(tiny_config(model_type), attn_implementation=attn)
+        return tiny_family_model(model_type, attn, prepare=True)
     except Exception as exc:  # noqa: BLE001  (a table cell, not a crash)
         if isinstance(exc, ValueError) and "does not support" in str(exc):  # transformers refuses it
             return "not offered"
         return f"fails to load ({type(exc).__name__})"
+
+
+def probe_cell(model_type: str, attn: str) -> tuple[str, tuple[str, ...]]:
+    """The probe's verdict under ``attn`` (a table cell) and the layer kinds it found."""
+    model = _build(model_type, attn)
+    if isinstance(model, str):
+        return model, ()
     try:
-        report = check_packing(model)
-    except PadfreeAttentionError as exc:
-        return f"refused ({str(exc).split(' does not support ')[-1].split(' (')[0].split(',')[0].strip()})"
+        report = check_packing(model, try_alternatives=False)
+    except Exception as exc:  # noqa: BLE001  (a table cell, not a crash)
+        return f"fails ({type(exc).__name__})", layer_kinds(model)
+    if report.status == "error":
+        return _why(report.error), report.layer_kinds
+    return VERDICT.get(report.status, report.status), report.layer_kinds
+
+
+def exact_cell(model_type: str) -> str:
+    """Loss and gradient differences packed vs alone under ``"padfree"`` (a table cell)."""
+    model = _build(model_type, "padfree")
+    if isinstance(model, str):
+        return model
+    try:
+        result = packed_vs_alone(model)
     except Exception as exc:  # noqa: BLE001
-        return f"fails ({type(exc).__name__})"
-    return {"safe": "**safe**", "leaks": "LEAKS"}.get(report.status, report.status)
+        return _why(f"{type(exc).__name__}: {exc}")
+    verdict = "**exact**" if result.exact() else "DIFFERS"
+    return f"{verdict} {result.loss_diff:.1e} / {result.grad_diff:.1e}"
 
 
-def table(types: list[str]) -> str:
-    lines = [
-        f"| model type | {' | '.join(ATTENTION)} |",
-        "|---|" + "---|" * len(ATTENTION),
-    ]
-    for model_type in types:
-        lines.append(f"| {model_type} | " + " | ".join(verdict(model_type, attn) for attn in ATTENTION) + " |")
-    return "\n".join(lines)
+def family_row(model_type: str) -> tuple[str, str]:
+    """One row of the main table, and the short verdict for the summary."""
+    sdpa, _ = probe_cell(model_type, "sdpa")
+    eager, _ = probe_cell(model_type, "eager")
+    exact = exact_cell(model_type)
+    padfree, kinds = probe_cell(model_type, "padfree")
+    row = f"| {model_type} | {', '.join(kinds)} | {exact} | {padfree} | {sdpa} | {eager} |"
+    return row, exact.split(" (")[0].split(" ")[0]
+
+
+def old_row(model_type: str) -> str:
+    cells = [probe_cell(model_type, attn)[0] for attn in ("sdpa", "eager", "padfree")]
+    return f"| {model_type} | " + " | ".join(cells) + " |"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--types", default=",".join(FAMILIES), help="comma-separated model types")
+    parser.add_argument("--types", default=None, help="comma-separated model types (default: every family)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs/probe-families.md")
     args = parser.parse_args(argv)
-    types = [t.strip() for t in args.types.split(",") if t.strip()]
+    types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else [*FAMILIES, *OLDER_FAMILIES]
     unknown = [t for t in types if t not in transformers.models.auto.configuration_auto.CONFIG_MAPPING]
     if unknown:
         parser.error(f"unknown model type(s) {', '.join(unknown)}; use names like llama, opt, mistral")
     start = time.perf_counter()
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # tiny configs trigger config warnings that say nothing about packing
+    absent = [t for t in types if not family_available(t)]
+    main_rows: list[str] = []
+    old_rows: list[str] = []
+    summary: dict[str, list[str]] = {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            body = table(types)
+            for group, members in FAMILY_GROUPS.items():
+                chosen = [t for t in members if t in types and t not in absent]
+                if chosen:
+                    main_rows.append(f"| *{group}* | | | | | |")
+                for model_type in chosen:
+                    row, verdict = family_row(model_type)
+                    main_rows.append(row)
+                    summary.setdefault(verdict.strip("*"), []).append(model_type)
+                    print(row, flush=True)
+            other = [t for t in types if t not in FAMILIES and t not in absent]
+            for model_type in other:
+                old_rows.append(old_row(model_type))
+                print(old_rows[-1], flush=True)
     finally:
         hf_logging.set_verbosity(verbosity)
-    text = (
-        "# Padding-free safety by model family\n\n"
-        f"`python scripts/probe_families.py` with transformers {transformers.__version__}, torch {torch.__version__}: "
-        "a tiny random model of each family, probed by `trl_padfree.check_packing` (random sequences packed into "
-        "one row vs each alone, train mode, fp32 on CPU).\n\n"
-        "- **safe**: packed examples stay apart; `padding_free=True` trains exactly like padding.\n"
-        "- LEAKS: packed examples see each other; training would silently differ from padding.\n"
-        "- unsupported: the model's attention code never calls `\"padfree\"` (it does not go through "
-        "transformers' AttentionInterface).\n"
-        "- refused: `\"padfree\"` raises a clear error for a feature it cannot compute exactly.\n"
-        "- not offered: transformers does not offer this attention implementation for the model; fails to load: "
-        "transformers accepts it but the model cannot be built with it.\n\n"
-        f"{body}\n"
-    )
+    counts = "; ".join(f"{verdict} ({len(names)}): {', '.join(names)}" for verdict, names in summary.items())
+    parts = [
+        "# Padding-free exactness and the probe, by model family\n",
+        f"`python scripts/probe_families.py` with transformers {transformers.__version__}, torch "
+        f"{torch.__version__}, on CPU in float32: a tiny random model of each family (4 layers, hidden 64, "
+        "vocabulary 128, few experts; hybrids with an attention layer among their recurrent layers, windows and "
+        "chunks of 8 tokens; `trl_padfree/families.py`), built from its config and made ready as this package's "
+        "trainers make it when training starts (`trl_padfree.families.prepare_for_training`).\n",
+        '- **exact under "padfree"**: four examples of 11, 5, 14 and 9 tokens, each alone vs all packed in one row '
+        "(the collator's layout: `position_ids`, `cu_seq_lens_*`, `max_length_*`, `seq_idx`), train mode with "
+        "dropout and router jitter at 0: the largest loss difference / the largest relative gradient difference "
+        "over every parameter (`trl_padfree.families.packed_vs_alone`); **exact** means loss within 1e-5 and "
+        "gradients within 1e-4.",
+        "- **probe**: the verdict of `trl_padfree.check_packing` (logits of random sequences packed vs alone) under "
+        "each attention implementation: **safe**, LEAKS (packed examples see each other: training would silently "
+        "differ), error (the packed forward fails: the package it needs, or what `\"padfree\"` refuses), "
+        "unsupported (the model never calls `\"padfree\"`), not offered (transformers does not offer the "
+        "implementation for the model).",
+        "- **layers**: the token-mixing layer kinds the probe found (`trl_padfree.probe.layer_kinds`).\n",
+    ]
+    if main_rows:
+        total = sum(map(len, summary.values()))
+        parts += [f'Under "padfree", of {total} families: {counts}.\n', *HEADER, *main_rows, ""]
+    if old_rows:
+        parts += ["## Older families: the probe's verdict\n", *OLD_HEADER, *old_rows, ""]
+    if absent:
+        parts.append(f"Not in transformers {transformers.__version__}: {', '.join(absent)}.\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text)
-    print(body)
-    print(f"\n{len(types)} families in {time.perf_counter() - start:.0f} s; wrote {args.out}")
+    args.out.write_text("\n".join(parts))
+    print(f"\n{counts}\n{len(types) - len(absent)} families in {time.perf_counter() - start:.0f} s; wrote {args.out}")
     return 0
 
 

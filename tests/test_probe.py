@@ -159,8 +159,9 @@ def test_state_space_model_leaks_with_specific_advice() -> None:
         num_heads=8, chunk_size=8,
     )  # fmt: skip
     report = check_packing(Mamba2ForCausalLM(config))
-    assert report.status == "leaks" and report.model_type == "mamba2"
-    assert "state-space" in report.advice and "padding_free=False" in report.advice
+    assert report.status == "leaks" and report.model_type == "mamba2" and report.layer_kinds == ("mamba",)
+    assert "mamba layers carry state across packed examples" in report.advice
+    assert report.advice.endswith("set padding_free=False.") and "attn_implementation=" not in report.advice
 
 
 # ------------------------------------------------------------------------------------------ the cache trap
@@ -420,9 +421,12 @@ def test_probe_families_script_writes_the_table(tmp_path: Path, capsys: pytest.C
     out = tmp_path / "families.md"
     assert script["main"](["--types", "llama,opt,bloom", "--out", str(out)]) == 0
     rows = [line for line in out.read_text().splitlines() if line.startswith("| ")]
-    assert rows == [
+    assert rows[0].startswith('| model type | layers | exact under "padfree": loss / grad diff | probe, "padfree" |')
+    assert rows[1] == "| *attention* | | | | | |"
+    assert rows[2].startswith("| llama | full attention | **exact** ")
+    assert rows[2].endswith(" | **safe** | **safe** | **safe** |")
+    assert rows[3:] == [
         "| model type | sdpa | eager | padfree |",
-        "| llama | **safe** | **safe** | **safe** |",
         "| opt | LEAKS | LEAKS | **safe** |",
         "| bloom | not offered | LEAKS | unsupported |",
     ]

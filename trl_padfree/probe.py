@@ -11,6 +11,15 @@ reliable answer is to run the model, which is what this module does:
 * :func:`assert_packing_safe` does the same and raises :class:`PackingLeakError` unless the model is safe;
 * ``trl-padfree check --model PATH`` (:mod:`trl_padfree.check`) does it from the command line.
 
+The packed batch carries everything the collator gives (``position_ids``, ``cu_seq_lens_q/k``, ``max_length_q/k``
+and ``seq_idx``), so every layer of the model sees the boundaries it would see in training: attention layers,
+and the convolution, gated-delta-rule and Mamba layers of hybrid models, which take ``seq_idx``/``cu_seq_lens``.
+The report names the layer kinds it found (:func:`layer_kinds`). A model that rejects or crashes on the packed
+batch gets the verdict ``"error"``, not an exception. Its advice recommends only what is known to work: when the
+model is not safe with its attention implementation, the probe runs again with ``"padfree"`` and ``"sdpa"`` and
+recommends one of them only if that run is safe; otherwise it names the kernel packages a layer needs, or
+``padding_free=False``.
+
 The model runs in train mode, as the Trainer calls it, so any train-only routing is exercised, but with every
 source of randomness neutralised (dropout modules, ``*dropout*``/``*drop*``/``layerdrop``/``*jitter*`` numbers
 on modules and configs set to 0) and the global RNG untouched. All of that, and each module's training flag,
@@ -39,15 +48,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from .attention import ATTN_IMPLEMENTATION, counting_calls
+from .attention import ATTN_IMPLEMENTATION, PadfreeAttentionError, counting_calls
 
 __all__ = [
+    "ALTERNATIVES",
     "DEFAULT_LENGTHS",
     "DEFAULT_RTOL",
     "PackingLeakError",
     "PackingReport",
     "assert_packing_safe",
     "check_packing",
+    "layer_kinds",
     "packed_batch",
     "training_rtol",
     "uses_padfree_attention",
@@ -105,10 +116,87 @@ _STATEFUL_LAYERS = frozenset(
 # Attribute names of numbers that make a forward pass random in train mode.
 _RANDOM_KNOB = re.compile(r"drop|jitter", re.IGNORECASE)
 
-_FIX = (
-    'attn_implementation="padfree" (this package\'s varlen attention, registered by `import trl_padfree.attention`) '
-    'or "flash_attention_2"'
+# Attention implementations the probe tries, in this order, when the model's own is not safe: it recommends one only
+# when that run is safe (``"padfree"``: varlen, O(T) memory; ``"sdpa"``: transformers' block mask, O(T^2)).
+ALTERNATIVES: tuple[str, ...] = ("padfree", "sdpa")
+
+# Module class-name endings of the layers that carry state across tokens, and what transformers 5.24 needs to keep
+# packed examples apart in them: their modeling files call these kernels with seq_idx / cu_seqlens, and the torch
+# fall-backs raise "can't keep packed sequences apart without <package>" instead (transformers'
+# integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback).
+_RECURRENT_KINDS: tuple[tuple[str, str], ...] = (
+    ("GatedDeltaNet", "gated delta rule"),
+    ("DeltaAttention", "kimi delta attention"),
+    ("ShortConv", "short convolution"),
+    ("MambaMixer", "mamba"),
+    ("Mamba2Mixer", "mamba"),
+    ("MambaLayer", "mamba"),  # GraniteMoeHybridMambaLayer
+    ("Mixer", "mamba"),  # BambaMixer, FalconH1Mixer
 )
+_KERNELS: dict[str, str] = {
+    "gated delta rule": "causal-conv1d and flash-linear-attention",
+    "kimi delta attention": "causal-conv1d and flash-linear-attention",
+    "short convolution": "causal-conv1d",
+    "mamba": "mamba-ssm and causal-conv1d",
+}
+_ATTENTION_KINDS = {
+    "full_attention": "full attention", "sliding_attention": "sliding-window attention",
+    "chunked_attention": "chunked attention", "indexed_attention": "indexed sparse attention",
+    "compressed_sparse_attention": "compressed sparse attention",
+    "heavily_compressed_attention": "compressed attention",
+}  # fmt: skip
+_ATTENTION_NAMES = frozenset({*_ATTENTION_KINDS.values(), "sliding-window attention", "full attention"})
+
+
+def layer_kinds(model: nn.Module) -> tuple[str, ...]:
+    """The kinds of token-mixing layers of ``model``: attention kinds (from the config's ``layer_types``) and
+    attention features that matter for packing, then the recurrent kinds (from the module classes).
+
+    >>> from trl_padfree.testing import tiny_llama
+    >>> layer_kinds(tiny_llama())
+    ('full attention',)
+    """
+    config = getattr(model, "config", None)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    recurrent: list[str] = []
+    attention = False
+    for module in model.modules():
+        name = type(module).__name__
+        kind = next((k for suffix, k in _RECURRENT_KINDS if name.endswith(suffix)), None)
+        if kind is not None:
+            if kind not in recurrent:
+                recurrent.append(kind)
+        elif name.endswith("Attention"):
+            attention = True
+    kinds: list[str] = []
+    if attention:
+        types = getattr(text, "layer_types", None) or []
+        kinds = [_ATTENTION_KINDS[t] for t in dict.fromkeys(types) if t in _ATTENTION_KINDS]
+        if not kinds:
+            kinds = ["sliding-window attention" if getattr(text, "sliding_window", None) else "full attention"]
+        if getattr(text, "attn_logit_softcapping", None):
+            kinds.append("logit soft-capping")
+        if any(n.endswith("sinks") for n, _ in model.named_parameters()):
+            kinds.append("attention sinks")
+        if getattr(text, "kv_lora_rank", None):
+            kinds.append("multi-head latent attention")
+        if getattr(text, "num_kv_shared_layers", 0):
+            kinds.append("shared KV layers")
+        if getattr(text, "attn_temperature_tuning", False):
+            kinds.append("attention temperature tuning")
+    return (*kinds, *recurrent)
+
+
+def kernel_packages(kinds: Sequence[str]) -> str | None:
+    """The kernel packages the recurrent layers among ``kinds`` need for packed rows, or None when none does.
+
+    >>> kernel_packages(["full attention", "gated delta rule"])
+    'causal-conv1d and flash-linear-attention'
+    >>> kernel_packages(["full attention"]) is None
+    True
+    """
+    packages = [_KERNELS[k] for k in kinds if k in _KERNELS]
+    return max(packages, key=len) if packages else None
 
 
 class PackingLeakError(ValueError):
@@ -142,6 +230,9 @@ class PackingReport:
         noise: Largest logit difference between two identical runs of the last example alone.
         seconds: Wall time of the probe.
         error: ``"ExceptionType: message"`` when the packed forward raised, else None.
+        layer_kinds: The token-mixing layer kinds the model has (:func:`layer_kinds`), all run by the probe.
+        alternatives: ``attn_implementation -> status`` of the other implementations the probe tried because this
+            one was not safe (:data:`ALTERNATIVES`); the advice recommends one only when its status is ``"safe"``.
     """
 
     ok: bool
@@ -158,6 +249,8 @@ class PackingReport:
     noise: float
     seconds: float
     error: str | None = None
+    layer_kinds: tuple[str, ...] = ()
+    alternatives: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __str__(self) -> str:
         where = f"{self.model_type} (attn_implementation={self.attn_implementation!r}, {self.dtype} on {self.device})"
@@ -176,6 +269,11 @@ class PackingReport:
                 f"  max |logit diff| packed vs alone: {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}; "
                 f"per example: {per_example}; two identical runs differ by {self.noise:.3g})"
             )
+        if self.layer_kinds:
+            lines.append(f"  layers: {', '.join(self.layer_kinds)}")
+        if self.alternatives:
+            tried = ", ".join(f"{name!r} {status}" for name, status in self.alternatives.items())
+            lines.append(f"  also tried: {tried}")
         lines.append(
             f"  {len(self.lengths)} random sequences of lengths {list(self.lengths)}, {self.seconds:.2f}s"
         )
@@ -186,6 +284,7 @@ class PackingReport:
         """Plain-JSON dict of the report (``inf`` becomes None)."""
         out = dataclasses.asdict(self)
         out["lengths"], out["example_diffs"] = list(self.lengths), list(self.example_diffs)
+        out["layer_kinds"] = list(self.layer_kinds)
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
@@ -346,20 +445,60 @@ def _attn_name(model: nn.Module) -> str:
     return str(attn) if attn else "unknown"
 
 
+# Attention features that "padfree" computes itself, or that flash-attn's varlen kernel lacks: where a model has one,
+# "padfree" being safe says nothing about flash_attention_2.
+_NOT_LIKE_FLASH = frozenset(
+    {"attention sinks", "attention temperature tuning", "chunked attention", "shared KV layers"}
+)
+
+
+def _alternative_text(alternative: str | None, kinds: Sequence[str] = ()) -> str | None:
+    """How the advice recommends an attention implementation the probe ran on this model and found safe."""
+    if alternative is None:
+        return None
+    text = f'load it with attn_implementation="{alternative}" (the probe ran it on this model: safe)'
+    if alternative == ATTN_IMPLEMENTATION and not _NOT_LIKE_FLASH & set(kinds) and not set(_KERNELS) & set(kinds):
+        # flash-attn reads the same cu_seq_lens the padfree run was given, for plain attention (recurrent layers are
+        # prepared for packed rows by "padfree"'s mask builder, which flash_attention_2 does not run)
+        text += ' or "flash_attention_2" on a CUDA GPU with flash-attn'
+    return text
+
+
+def _refused_feature(error: str | None) -> str | None:
+    """``"soft-capping"`` / ``"sinks"`` when ``error`` is "padfree"'s refusal of that feature, else None."""
+    if not error or not error.startswith("PadfreeAttentionError"):
+        return None
+    if "soft-capping" in error:
+        return "soft-capping"
+    if "sinks" in error:
+        return "sinks"
+    return "feature"
+
+
 def _advice(
-    status: str, model_type: str, attn: str, noise: float, cache_off: bool = True, model_class: str = "the model"
+    status: str,
+    model_type: str,
+    attn: str,
+    noise: float,
+    cache_off: bool = True,
+    model_class: str = "the model",
+    *,
+    kinds: Sequence[str] = (),
+    error: str | None = None,
+    alternative: str | None = None,
 ) -> str:
-    if status == "unsupported" and model_type in _STATEFUL_LAYERS:
-        return (
-            f"{model_class} has no attention layer that calls attn_implementation={attn!r}, and its state-space/"
-            "linear-attention layers carry state across packed examples; set padding_free=False."
-        )
-    if status == "unsupported":
-        return (
-            f"{model_class} computes attention in its own code, not through transformers' AttentionInterface, so "
-            f"attn_implementation={attn!r} never runs for it; load it with attn_implementation='eager' and set "
-            "padding_free=False (its own attention cannot keep packed examples apart)."
-        )
+    """One line: what to do. It recommends an attention implementation only when the probe ran it on this model and
+    found it safe (``alternative``), flash-attn only for what flash-attn computes on packed rows, kernel packages
+    only by the layers that need them; otherwise ``padding_free=False``.
+
+    >>> _advice("leaks", "gpt_oss", "eager", 0.0, kinds=("full attention", "attention sinks"))
+    'gpt_oss builds its eager attention mask without position_ids, so packed examples see each other, and no other attention implementation the probe tried is safe for it; set padding_free=False.'
+    """
+    use = _alternative_text(alternative, kinds)
+    packages = kernel_packages(kinds)
+    recurrent = [k for k in kinds if k in _KERNELS]
+    stateful = bool(recurrent) or model_type in _STATEFUL_LAYERS
+    layers = " / ".join(recurrent) if recurrent else "state-space/linear-attention"
     if status == "safe":
         return f"padding_free=True is safe for {model_type} with attn_implementation={attn!r}."
     if status == "inconclusive":
@@ -367,43 +506,79 @@ def _advice(
             f"two identical forward passes differed by {noise:.3g} even with dropout/layerdrop/jitter set to 0; "
             "find the remaining randomness (a custom stochastic module?) or use padding_free=False."
         )
-    if status == "error":
-        return (
-            f"{model_type}'s forward does not accept the padding-free batch (position_ids, cu_seq_lens_*, "
-            f"max_length_*, seq_idx without attention_mask); try {_FIX}, or set padding_free=False."
-        )
-    if not cache_off and not attn.startswith(_VARLEN_ATTENTION):
+    if status == "leaks" and not cache_off and not attn.startswith(_VARLEN_ATTENTION):
         return (
             "the packed batch does not set use_cache=False, so the model builds a KV cache and transformers "
             "skips its packed-sequence mask (the cache trap); pass use_cache=False with every padding-free "
             "batch (this package's collator does) and re-run the check."
         )
-    if model_type in _STATEFUL_LAYERS:
+    if status == "unsupported":
+        if stateful:
+            return (
+                f"{model_class} has no attention layer that calls attn_implementation={attn!r}, and its {layers} "
+                "layers carry state across packed examples; set padding_free=False."
+            )
         return (
-            f"{model_type} has state-space/linear-attention layers that carry state across packed examples "
-            "unless they get seq_idx/cu_seq_lens from their CUDA kernels (mamba-ssm, causal-conv1d); "
-            "set padding_free=False."
+            f"{model_class} computes attention in its own code, not through transformers' AttentionInterface, so "
+            f"attn_implementation={attn!r} never runs for it; "
+            + (use or "load it with attn_implementation='eager' and set padding_free=False (its own attention "
+               "cannot keep packed examples apart)") + "."
+        )
+    if status == "error" and error and "can't keep packed sequences apart without" in error:
+        if use:
+            return (
+                f"{model_type}'s {layers} layers refuse a packed row with attn_implementation={attn!r} (transformers' "
+                f"torch fall-back); {use}, or set padding_free=False."
+            )
+        return (
+            f"{model_type}'s {layers} layers keep packed examples apart only with the CUDA kernels of "
+            f"{packages or 'the package the error names'} (transformers' torch fall-back refuses a packed row); "
+            "install them on a CUDA machine, or set padding_free=False."
+        )
+    refused = _refused_feature(error) if status == "error" else None
+    if refused == "soft-capping":
+        return (
+            f"attn_implementation={attn!r} does not compute {model_type}'s attention logit soft-capping; "
+            + (use or 'load it with attn_implementation="flash_attention_2" on a CUDA GPU (pip install flash-attn: '
+               "it soft-caps packed rows)") + ", or set padding_free=False."
+        )
+    if refused is not None:
+        what = "attention sinks" if refused == "sinks" else "attention"
+        return (
+            f"attn_implementation={attn!r} does not compute {model_type}'s {what}; "
+            + (f"{use}, or set padding_free=False." if use else
+               "no other attention implementation the probe tried is safe for it; set padding_free=False.")
+        )
+    if status == "error":
+        return (
+            f"{model_type}'s forward fails on the padding-free batch (position_ids, cu_seq_lens_*, max_length_*, "
+            "seq_idx without attention_mask); "
+            + (f"{use}, or set padding_free=False." if use else "set padding_free=False.")
+        )
+    # leaks
+    if stateful:
+        return (
+            f"{model_type}'s {layers} layers carry state across packed examples (its torch code does not reset "
+            "them at seq_idx boundaries), whatever the attention implementation; set padding_free=False."
         )
     if attn.startswith(_VARLEN_ATTENTION):
-        return (
-            f"even the varlen attention {attn!r} does not keep {model_type}'s examples apart (its layers do not "
-            "pass position_ids/cu_seq_lens through, or positions are computed from the mask); set padding_free=False."
+        why = (
+            f"even the varlen attention {attn!r} does not keep {model_type}'s examples apart (its layers do not pass "
+            "position_ids/cu_seq_lens through, or compute something from the row position)"
         )
-    if model_type in _OWN_ATTENTION_CODE:
+    elif model_type in _OWN_ATTENTION_CODE and not use:
         return (
-            f"{model_type} computes attention in its own code, with a mask built without position_ids, and does "
-            "not use transformers' attention interface, so no attn_implementation can keep packed examples apart; "
+            f"{model_type} computes attention in its own code, with a mask built without position_ids, and does not "
+            "use transformers' attention interface, so no attn_implementation can keep packed examples apart; "
             "set padding_free=False."
         )
-    if model_type in _MASK_IGNORES_POSITION_IDS:
-        return (
-            f"{model_type} builds its {attn} attention mask without position_ids, so packed examples see each "
-            f"other; load it with {_FIX} and re-run `trl-padfree check`, or set padding_free=False."
-        )
-    return (
-        f"the {attn} attention mask of {model_type} does not separate packed examples; load it with {_FIX} "
-        "and re-run `trl-padfree check`, or set padding_free=False."
-    )
+    elif model_type in _MASK_IGNORES_POSITION_IDS:
+        why = f"{model_type} builds its {attn} attention mask without position_ids, so packed examples see each other"
+    else:
+        why = f"the {attn} attention of {model_type} does not separate packed examples"
+    if use:
+        return f"{why}; {use} and re-run `trl-padfree check`, or set padding_free=False."
+    return f"{why}, and no other attention implementation the probe tried is safe for it; set padding_free=False."
 
 
 def error_line(exc: BaseException) -> str:
@@ -443,17 +618,27 @@ def layout_report(
     max_diff = max(diffs)
     status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
     layout = "prompt-once" if prompt_once else "padding-free"
-    advice = (
-        "" if status == "safe" else
-        f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}): its "
-        "attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
-        + ("" if prompt_once else " or 'flash_attention_2'") + f", or set {fix}."
-    )
+    attn = _attn_name(model)
+    if status == "safe":
+        advice = ""
+    elif status == "error":  # another attention would meet the same forward: nothing to recommend but the layout off
+        advice = f"the {layout} {batch} fails in this model's forward ({error}); set {fix}."
+    elif attn == ATTN_IMPLEMENTATION:  # never recommend the implementation that just leaked
+        advice = (
+            f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}) even "
+            f"with attn_implementation='padfree' (its layers compute something across the row); set {fix}."
+        )
+    else:
+        advice = (
+            f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}): its "
+            "attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
+            + ("" if prompt_once else " or 'flash_attention_2'") + f", or set {fix}."
+        )
     config = getattr(model, "config", None)
     return PackingReport(
         ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance,
         model_type=str(getattr(config, "model_type", None) or type(model).__name__),
-        attn_implementation=_attn_name(model), advice=advice, dtype=str(dtype).removeprefix("torch."),
+        attn_implementation=attn, advice=advice, dtype=str(dtype).removeprefix("torch."),
         device=str(device), lengths=tuple(lengths), example_diffs=tuple(diffs), noise=0.0,
         seconds=time.perf_counter() - start, error=error,
     )
@@ -466,6 +651,7 @@ def check_packing(
     seed: int = 0,
     rtol: float | None = None,
     collate_fn: Callable[[list[dict[str, list[int]]]], Mapping[str, Any]] | None = None,
+    try_alternatives: bool = True,
 ) -> PackingReport:
     """Run random sequences packed into one row and each alone, and report whether the packed ones stay apart.
 
@@ -476,10 +662,15 @@ def check_packing(
         rtol: Tolerance relative to ``max|logits|``; default from :data:`DEFAULT_RTOL` by compute dtype.
         collate_fn: Builds the packed batch from ``[{"input_ids": [...]}, ...]``; default :func:`packed_batch`
             (the project collator's format, with ``use_cache=False``). Use it to probe another collator.
+        try_alternatives: When the model is not safe (leaks, errors, never calls its attention), run the probe
+            again with each of :data:`ALTERNATIVES` it does not use, restoring its attention implementation after,
+            so that the advice recommends only one that is safe on this model (``report.alternatives``).
 
     Each example alone runs as the padded path would see it: ``input_ids``, ``attention_mask`` of ones,
     ``labels``, ``use_cache=False``. The model's training flags and every number zeroed for determinism are
-    restored afterwards, also when the forward raises.
+    restored afterwards, also when the forward raises. A packed forward that raises, and ``"padfree"`` refusing the
+    model (:class:`~trl_padfree.attention.PadfreeAttentionError`), are the verdict ``"error"``; a model that fails
+    on an ordinary batch raises (that is not a packing question).
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -521,10 +712,14 @@ def check_packing(
         except Exception as exc:  # the Trainer would hit the same error: report it instead of crashing
             failure = exc
     # "padfree" set, yet never called: the model computes attention in its own code (not through transformers'
-    # AttentionInterface), where the masks built for "padfree" are not what it expects.
-    bypassed = attn == ATTN_IMPLEMENTATION and calls[0] == 0
+    # AttentionInterface), where the masks built for "padfree" are not what it expects. A model without attention
+    # layers (Mamba-2) is judged by its logits like any other.
+    kinds = layer_kinds(model)
+    has_attention = any(k in _ATTENTION_NAMES for k in kinds) or not any(k in _KERNELS for k in kinds)
+    bypassed = attn == ATTN_IMPLEMENTATION and calls[0] == 0 and has_attention
     if failure is not None:
-        if len(alone) < len(sequences) and not bypassed:
+        refused = isinstance(failure, PadfreeAttentionError)
+        if len(alone) < len(sequences) and not bypassed and not refused:
             raise failure  # the model fails on an ordinary batch: not a packing question
         text = str(failure).strip()
         error = f"{type(failure).__name__}: {text.splitlines()[0] if text else ''}"
@@ -551,6 +746,12 @@ def check_packing(
         status = "leaks"
     else:
         status = "safe"
+    tried: dict[str, str] = {}
+    if try_alternatives and status in ("leaks", "error", "unsupported") and packed_inputs.get("use_cache") is False:
+        for other in ALTERNATIVES:
+            if other != attn:
+                tried[other] = _probe_with(model, other, lengths=lengths, seed=seed, rtol=rtol, collate_fn=collate_fn)
+    alternative = next((name for name, verdict in tried.items() if verdict == "safe"), None)
     return PackingReport(
         ok=status == "safe",
         status=status,
@@ -560,7 +761,7 @@ def check_packing(
         attn_implementation=attn,
         advice=_advice(
             status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False,
-            model_class=type(model).__name__,
+            model_class=type(model).__name__, kinds=kinds, error=error, alternative=alternative,
         ),
         dtype=str(dtype).removeprefix("torch."),
         device=str(device),
@@ -569,7 +770,31 @@ def check_packing(
         noise=noise,
         seconds=time.perf_counter() - start,
         error=error,
+        layer_kinds=kinds,
+        alternatives=tried,
     )
+
+
+def _probe_with(model: nn.Module, attn: str, **kwargs: Any) -> str:
+    """The probe's status for ``model`` with attention implementation ``attn`` (``"not offered"`` when the model
+    cannot switch to it, ``"error"`` when the probe raises); the model's own implementation is restored after."""
+    switch = getattr(model, "set_attn_implementation", None)
+    config = getattr(model, "config", None)
+    original = getattr(config, "_attn_implementation", None)
+    if not callable(switch) or not isinstance(original, str):
+        return "not offered"
+    try:
+        switch(attn)
+    except Exception:  # noqa: BLE001  (transformers refuses it for this model)
+        return "not offered"
+    try:
+        if _attn_name(model) != attn:
+            return "not offered"
+        return check_packing(model, try_alternatives=False, **kwargs).status
+    except Exception:  # noqa: BLE001  (a verdict, not a crash)
+        return "error"
+    finally:
+        switch(original)
 
 
 def uses_padfree_attention(model: nn.Module) -> bool:

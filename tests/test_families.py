@@ -1,0 +1,259 @@
+"""Tests for trl_padfree.families (tiny configs of today's decoder families, packed_vs_alone) and for what the
+packing probe says about those families: the layer kinds it finds and advice that never recommends a choice that
+fails the same way.
+
+Every model is a tiny random model built from a config (no hub access); a forward takes well under a second.
+Families absent from the installed transformers (5.23 lacks some) are skipped.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from transformers import DataCollatorWithFlattening
+
+from trl_padfree.families import (
+    EXACTNESS_LENGTHS,
+    FAMILIES,
+    FAMILY_GROUPS,
+    OLDER_FAMILIES,
+    family_available,
+    packed_vs_alone,
+    tiny_family_config,
+    tiny_family_model,
+)
+from trl_padfree.probe import _advice, check_packing, layer_kinds, packed_batch, random_sequences
+
+# Exact under "padfree" on transformers 5.24 (docs/probe-families.md): loss and every gradient, alone vs packed.
+EXACT = FAMILY_GROUPS["attention"]
+RECURRENT = {
+    "qwen3_5_text": "gated delta rule", "qwen3_5_moe_text": "gated delta rule", "qwen3_next": "gated delta rule",
+    "qwen4_exp_text": "gated delta rule", "olmo_hybrid": "gated delta rule", "lfm2": "short convolution",
+    "lfm3": "short convolution", "kimi_linear": "kimi delta attention", "granitemoehybrid": "mamba",
+    "nemotron_h": "mamba", "falcon_h1": "mamba", "bamba": "mamba", "zamba2": "mamba", "jamba": "mamba",
+    "mamba2": "mamba",
+}  # fmt: skip
+
+
+def model_of(model_type: str, attn: str = "padfree") -> torch.nn.Module:
+    if not family_available(model_type):
+        pytest.skip(f"{model_type} is not in this transformers")
+    model = tiny_family_model(model_type, attn)
+    assert model is not None
+    return model
+
+
+# ------------------------------------------------------------------------------------------ the configs
+
+
+def test_the_table_lists_35_families_in_groups() -> None:
+    grouped = [t for members in FAMILY_GROUPS.values() for t in members]
+    assert len(FAMILIES) == 35 and sorted(grouped) == sorted(FAMILIES)
+    assert not set(FAMILIES) & set(OLDER_FAMILIES)
+    assert tiny_family_config("no_such_family") is None
+
+
+@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+def test_every_family_builds_small_with_all_its_layer_kinds(model_type: str) -> None:
+    model = model_of(model_type)
+    config = model.config.get_text_config()
+    assert config.model_type == model_type and config.vocab_size == 128 and config.hidden_size == 64
+    assert config.num_hidden_layers == 4
+    assert sum(p.numel() for p in model.parameters()) < 600_000
+    kinds = layer_kinds(model)
+    attention = [k for k in kinds if "attention" in k and k != "kimi delta attention"]
+    if model_type != "mamba2":  # the one pure state-space family
+        assert attention, kinds
+    if model_type in RECURRENT:
+        assert RECURRENT[model_type] in kinds, kinds
+    else:
+        assert not set(kinds) & set(RECURRENT.values()), kinds
+
+
+def test_overrides_replace_fields_and_windows_are_crossed_by_the_test_lengths() -> None:
+    config = tiny_family_config("llama4_text", attention_chunk_size=4)
+    if config is None:
+        pytest.skip("llama4_text is not in this transformers")
+    assert config.attention_chunk_size == 4 and config.attn_temperature_tuning
+    assert sorted(EXACTNESS_LENGTHS)[-3] > FAMILIES["gemma3_text"]["sliding_window"]
+    assert len(set(EXACTNESS_LENGTHS)) == len(EXACTNESS_LENGTHS)
+    gemma4 = tiny_family_config("gemma4_text")
+    if gemma4 is not None:
+        assert gemma4.num_kv_shared_layers > 0
+
+
+# ------------------------------------------------------------------------------------------ packed_vs_alone
+
+
+@pytest.mark.parametrize("model_type", EXACT)
+def test_attention_families_train_exactly_packed_under_padfree(model_type: str) -> None:
+    result = packed_vs_alone(model_of(model_type))
+    assert result.exact(), result
+    assert result.loss_diff < 1e-5 and result.grad_diff < 1e-4
+
+
+def test_the_exactness_check_sees_a_mask_that_ignores_position_ids() -> None:
+    result = packed_vs_alone(model_of("opt", "sdpa"))  # OPT's sdpa mask never sees position_ids
+    assert not result.exact() and result.loss_diff > 1e-3 and result.grad_diff > 1e-2
+    assert packed_vs_alone(model_of("opt", "padfree")).exact()
+
+
+def test_the_exactness_check_sees_gpt_oss_eager_attending_across_examples() -> None:
+    result = packed_vs_alone(model_of("gpt_oss", "eager"))
+    assert not result.exact() and result.loss_diff > 1e-3
+
+
+def test_the_exactness_check_sees_the_cache_trap_of_a_batch_without_use_cache_false() -> None:
+    model = model_of("llama", "sdpa")
+    sequences = random_sequences(EXACTNESS_LENGTHS, 128, 0, seed=0)
+    flattened = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(
+        [{"input_ids": s} for s in sequences], return_tensors="pt"
+    )
+    assert not packed_vs_alone(model, batch=flattened).exact()  # a KV cache skips the packed mask
+    assert packed_vs_alone(model, batch={**flattened, "use_cache": False}).exact()
+    assert packed_vs_alone(model).exact()
+
+
+def test_packed_vs_alone_measures_every_gradient_and_restores_the_model() -> None:
+    model = model_of("qwen3_moe")
+    model.eval()
+    result = packed_vs_alone(model)
+    assert result.worst_param in dict(model.named_parameters())
+    assert not model.training and all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match=r"at least 2 examples of length >= 2; got lengths=\[5\]"):
+        packed_vs_alone(model, lengths=[5])
+
+
+# ------------------------------------------------------------------------------------------ the probe
+
+
+def test_the_probe_batch_carries_the_boundaries_recurrent_layers_read() -> None:
+    batch = packed_batch([[5, 6, 7], [8, 9]])
+    assert batch["seq_idx"].tolist() == [[0, 0, 0, 1, 1]] and batch["cu_seq_lens_q"].tolist() == [0, 3, 5]
+
+
+def recommended(advice: str) -> set[str]:
+    """The attention implementations an advice line recommends."""
+    names = set(re.findall(r'attn_implementation="([\w/|-]+)"', advice))
+    return names | ({"flash_attention_2"} if '"flash_attention_2"' in advice else set())
+
+
+REPRESENTATIVE = [
+    ("llama", "sdpa"), ("qwen3_5_text", "padfree"), ("qwen3_5_text", "sdpa"), ("lfm2", "padfree"),
+    ("granitemoehybrid", "padfree"), ("gemma2", "padfree"), ("gpt_oss", "eager"), ("gpt_oss", "padfree"),
+    ("llama4_text", "padfree"), ("jamba", "padfree"), ("mamba2", "padfree"), ("gemma4_text", "padfree"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("model_type", "attn"), REPRESENTATIVE, ids=[f"{t}-{a}" for t, a in REPRESENTATIVE])
+def test_probe_verdict_names_the_layers_and_recommends_only_what_it_found_safe(model_type: str, attn: str) -> None:
+    model = model_of(model_type, attn)
+    report = check_packing(model)  # never raises for these: a failure is a verdict
+    assert report.status in ("safe", "leaks", "error", "unsupported")
+    assert report.model_type == model_type and report.attn_implementation == attn
+    if model_type in RECURRENT:
+        assert RECURRENT[model_type] in report.layer_kinds
+    assert f"layers: {', '.join(report.layer_kinds)}" in str(report)
+    if model_type == "mamba2":  # no attention layer to call "padfree": judged by its logits, not "unsupported"
+        assert report.status in ("safe", "leaks")
+    if report.ok:
+        assert report.alternatives == {} and report.advice.startswith("padding_free=True is safe")
+        return
+    assert attn not in recommended(report.advice)  # never the choice that just failed
+    for other in recommended(report.advice) - {"flash_attention_2"}:
+        assert report.alternatives[other] == "safe", report
+        model.set_attn_implementation(other)  # and it really is safe
+        assert check_packing(model, try_alternatives=False).ok
+        model.set_attn_implementation(attn)
+    if "flash_attention_2" in recommended(report.advice):  # only beside a checked "padfree" or for soft-capping
+        assert report.alternatives.get("padfree") == "safe" or "logit soft-capping" in report.layer_kinds
+        assert "attention sinks" not in report.layer_kinds
+    assert report.model_type + " " not in report.advice or "padding_free=False" in report.advice
+    if not recommended(report.advice):
+        assert "padding_free=False" in report.advice
+    assert model.config._attn_implementation == attn  # restored after the alternatives
+
+
+def test_a_recurrent_layer_gets_the_boundaries_from_the_probe_batch() -> None:
+    """The torch fall-back of a convolution raises only when it is called with seq_idx / cu_seqlens: either the
+    layer keeps the examples apart (safe) or that error is the verdict, never a silent leak."""
+    report = check_packing(model_of("qwen3_5_text", "padfree"))
+    assert report.status in ("safe", "error")
+    if report.status == "error":
+        assert "can't keep packed sequences apart" in (report.error or "")
+        assert "causal-conv1d and flash-linear-attention" in report.advice
+        assert "padfree" not in recommended(report.advice) and "sdpa" not in recommended(report.advice)
+
+
+# ------------------------------------------------------------------------------------------ the advice
+
+
+SINKS = "PadfreeAttentionError: attn_implementation='padfree' does not support attention sinks (s_aux, GPT-OSS style)"
+CONV = (
+    "ValueError: `causal_conv1d_fn` can't keep packed sequences apart without `causal_conv1d`. Install "
+    "`causal_conv1d` to train on packed sequences."
+)
+
+
+def test_advice_for_refused_sinks_never_recommends_padfree_or_flash_attention() -> None:
+    kinds = ("full attention", "attention sinks")
+    advice = _advice("error", "gpt_oss", "padfree", 0.0, kinds=kinds, error=SINKS)
+    assert recommended(advice) == set() and "flash_attention_2" not in advice
+    assert advice.endswith("set padding_free=False.")
+    leak = _advice("leaks", "gpt_oss", "eager", 0.0, kinds=kinds)
+    assert "padfree" not in leak and leak.endswith("set padding_free=False.")
+    checked = _advice("leaks", "gpt_oss", "eager", 0.0, kinds=kinds, alternative="padfree")
+    assert recommended(checked) == {"padfree"} and "the probe ran it on this model: safe" in checked  # no FA2 sinks
+
+
+def test_advice_for_a_recurrent_layer_names_its_kernels_not_another_attention() -> None:
+    for attn in ("sdpa", "padfree"):
+        advice = _advice("error", "qwen3_5_text", attn, 0.0, kinds=("full attention", "gated delta rule"), error=CONV)
+        assert recommended(advice) == set() and "try" not in advice
+        assert "causal-conv1d and flash-linear-attention" in advice and "padding_free=False" in advice
+    checked = _advice("error", "qwen3_5_text", "eager", 0.0, kinds=("gated delta rule",), error=CONV,
+                      alternative="padfree")
+    assert recommended(checked) == {"padfree"} and "the probe ran it on this model: safe" in checked
+    lfm = _advice("error", "lfm2", "padfree", 0.0, kinds=("full attention", "short convolution"), error=CONV)
+    assert "CUDA kernels of causal-conv1d (" in lfm
+    mamba = _advice("leaks", "jamba", "padfree", 0.0, kinds=("full attention", "mamba"))
+    assert recommended(mamba) == set() and mamba.endswith("set padding_free=False.")
+
+
+def test_advice_for_soft_capping_names_flash_attn_which_computes_it() -> None:
+    advice = _advice("error", "gemma2", "padfree", 0.0, kinds=("full attention", "logit soft-capping"),
+                     error="PadfreeAttentionError: ... attention logit soft-capping (softcap=50.0) ...")
+    assert recommended(advice) == {"flash_attention_2"} and "pip install flash-attn" in advice
+    assert "padfree" not in recommended(advice)
+
+
+def test_advice_for_a_leak_recommends_an_alternative_only_when_checked() -> None:
+    unchecked = _advice("leaks", "opt", "sdpa", 0.0, kinds=("full attention",))
+    assert recommended(unchecked) == set() and unchecked.endswith("set padding_free=False.")
+    checked = _advice("leaks", "opt", "sdpa", 0.0, kinds=("full attention",), alternative="padfree")
+    assert recommended(checked) == {"padfree", "flash_attention_2"}
+    crash = _advice("error", "gemma4_text", "padfree", 0.0, error="IndexError: too many indices", alternative="sdpa")
+    assert recommended(crash) == {"sdpa"} and "padfree" not in recommended(crash)
+
+
+def test_layout_advice_never_recommends_padfree_after_padfree_leaked() -> None:
+    """The preference / group / reward probes share layout_report: a leak under "padfree" gets the layout off."""
+    import time
+
+    from trl_padfree.probe import layout_report
+
+    def report(attn: str, error: str | None = None):  # noqa: ANN202
+        return layout_report(
+            model_of("llama", attn), expected=[torch.zeros(3)], got=None if error else [torch.ones(3)], error=error,
+            setting=(torch.device("cpu"), torch.float32, 1e-4), lengths=[3], start=time.perf_counter(),
+            batch="preference batch", values="logits", prompt_once=True, fix="prompt_once=False",
+        )  # fmt: skip
+
+    leak = report("padfree")
+    assert leak.status == "leaks" and "even with attn_implementation='padfree'" in leak.advice
+    assert "Load it with" not in leak.advice and leak.advice.endswith("set prompt_once=False.")
+    assert "Load it with attn_implementation='padfree'" in report("sdpa").advice
+    failed = report("sdpa", error="ValueError: boom")
+    assert failed.status == "error" and failed.advice.endswith("(ValueError: boom); set prompt_once=False.")
