@@ -25,6 +25,8 @@ from transformers import (
     LlamaForCausalLM,
     Mamba2Config,
     Mamba2ForCausalLM,
+    MambaConfig,
+    MambaForCausalLM,
     MptConfig,
     OPTConfig,
     OPTForCausalLM,
@@ -152,14 +154,20 @@ def test_explicit_rtol_and_lengths_are_used() -> None:
         check_packing(opt(), lengths=[5])
 
 
-def test_state_space_model_leaks_with_specific_advice() -> None:
+def test_state_space_models_mamba2_is_prepared_safe_and_mamba_leaks_with_specific_advice() -> None:
+    """The probe prepares the model as the trainers do (trl_padfree.recurrent): Mamba-2's scans restart at every
+    boundary and it is safe; Mamba-1's own torch scan (MambaForCausalLM, not patched) still carries state across
+    examples, and the advice says so without recommending an attention implementation."""
     torch.manual_seed(0)
     config = Mamba2Config(
         vocab_size=128, hidden_size=64, num_hidden_layers=1, state_size=16, expand=2, n_groups=1, head_dim=16,
         num_heads=8, chunk_size=8,
     )  # fmt: skip
     report = check_packing(Mamba2ForCausalLM(config))
-    assert report.status == "leaks" and report.model_type == "mamba2" and report.layer_kinds == ("mamba",)
+    assert report.status == "safe" and report.model_type == "mamba2" and report.layer_kinds == ("mamba",)
+    mamba = MambaForCausalLM(MambaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1, state_size=8, expand=2))
+    report = check_packing(mamba)
+    assert report.status == "leaks" and report.model_type == "mamba" and report.layer_kinds == ("mamba",)
     assert "mamba layers carry state across packed examples" in report.advice
     assert report.advice.endswith("set padding_free=False.") and "attn_implementation=" not in report.advice
 

@@ -229,12 +229,10 @@ def tiny_family_model(
 
 def prepare_for_training(model: nn.Module) -> list[str]:
     """What this package's trainers do to a model when training starts, so that a measurement sees what training
-    runs: ``trl_padfree.recurrent.prepare_packed_layers`` (recurrent layers that restart at every boundary of a
-    packed row) where this version of the package has it; returns what it changed (empty without it)."""
-    try:
-        from .recurrent import prepare_packed_layers  # type: ignore[import-not-found]
-    except ImportError:
-        return []
+    runs: :func:`trl_padfree.recurrent.prepare_packed_layers` (recurrent layers that restart at every boundary of a
+    packed row); returns what it changed."""
+    from .recurrent import prepare_packed_layers
+
     return list(prepare_packed_layers(model))
 
 

@@ -49,6 +49,7 @@ import torch
 from torch import nn
 
 from .attention import ATTN_IMPLEMENTATION, PadfreeAttentionError, counting_calls
+from .recurrent import prepare_packed_layers
 
 __all__ = [
     "ALTERNATIVES",
@@ -667,7 +668,9 @@ def check_packing(
             so that the advice recommends only one that is safe on this model (``report.alternatives``).
 
     Each example alone runs as the padded path would see it: ``input_ids``, ``attention_mask`` of ones,
-    ``labels``, ``use_cache=False``. The model's training flags and every number zeroed for determinism are
+    ``labels``, ``use_cache=False``. The model is first prepared as the package's trainers prepare it
+    (:func:`trl_padfree.recurrent.prepare_packed_layers`: recurrent layers restart at every boundary of a packed
+    row), so the verdict is about what training runs. The model's training flags and every number zeroed for determinism are
     restored afterwards, also when the forward raises. A packed forward that raises, and ``"padfree"`` refusing the
     model (:class:`~trl_padfree.attention.PadfreeAttentionError`), are the verdict ``"error"``; a model that fails
     on an ordinary batch raises (that is not a packing question).
@@ -685,6 +688,7 @@ def check_packing(
             f"check_packing needs at least 2 sequences of length >= 1; got lengths={list(lengths)}."
         )
     start = time.perf_counter()
+    prepare_packed_layers(model)  # what the trainers do when training starts: recurrent layers reset at boundaries
     device, dtype, rtol = probe_setting(model, rtol)
     config = getattr(model, "config", None)
     model_type = str(getattr(config, "model_type", None) or type(model).__name__)
