@@ -226,14 +226,14 @@ def run_benchmark(config: HybridConfig, log=print) -> tuple[dict[str, Any], list
 
 
 def main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    reason = unavailable()
-    if reason:
-        parser.error(reason)
     config = config_from_args(args)
     try:
         config.validate()
     except ValueError as exc:
         parser.error(str(exc))
+    reason = unavailable()
+    if reason:
+        parser.error(reason)
     refuse_unusable(parser, config.device, args.output_dir)
     report, lines = run_benchmark(config, log=lambda *_: None)
     print_and_report(report, args, lines)
