@@ -191,7 +191,7 @@ def run_benchmark(config: HybridConfig, log=print) -> tuple[dict[str, Any], list
     lines = [f"Qwen3.5-like hybrid ({config.transformers_config().model_type}), {config.layers} layers "
              f"({' '.join('L' if t == 'linear_attention' else 'A' for t in config.layer_types())}: L gated delta "
              f"rule, A full attention) x {config.hidden}, {report['config']['parameters']:,} parameters, "
-             f"{config.dtype} on {config.device}, {config.threads or 'default'} torch threads, batch "
+             f"{config.dtype} on {config.device}, {config.threads or 'default'} torch thread{'' if config.threads == 1 else 's'} per worker, batch "
              f"{config.batch_size}, {config.warmup} warm-up + {config.steps} timed steps, {schedule}"]
     for dataset in config.datasets:
         stats = config.length_stats(dataset)
@@ -226,6 +226,11 @@ def run_benchmark(config: HybridConfig, log=print) -> tuple[dict[str, Any], list
 
 
 def main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    unused = [flag for flag, value in (("--replot", args.replot), ("--max-tokens", args.max_tokens),
+                                       ("--repeats", args.repeats != 1)) if value]
+    if unused:
+        parser.error(f"{', '.join(unused)}: not an option of --task hybrid (one run of the loop variants); leave "
+                     "it out, or use --task sft")
     config = config_from_args(args)
     try:
         config.validate()

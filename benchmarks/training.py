@@ -84,8 +84,8 @@ def build_model(config: Preset, attn_implementation: str | None, device, positio
 
         torch.manual_seed(config.seed)
         kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-        model = AutoModelForCausalLM.from_config(config.transformers_config(positions), dtype=getattr(torch, config.dtype),
-                                                 **kwargs).to(device)
+        hf_config = config.transformers_config(positions)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, config.dtype), **kwargs).to(device)
         model.train()
         return model
     llama = LlamaConfig(

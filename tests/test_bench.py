@@ -628,6 +628,8 @@ def test_the_trl_head_variant_runs_only_when_named():
      "--variants must include the baseline padded-sdpa"),
     (["--task", "hybrid", "--variants", "padded-sdpa,trl-native"], "trl-padfree bench --task hybrid",
      "unknown hybrid variant 'trl-native' in --variants; choose from padded-sdpa, packed-sdpa, packed-padfree"),
+    (["--task", "hybrid", "--repeats", "3"], "trl-padfree bench --task hybrid",
+     "--repeats: not an option of --task hybrid"),
 ])
 def test_one_command_runs_every_task_and_bad_options_exit_2_with_one_line(argv, prog, message, capsys):
     """``trl-padfree bench --task T`` parses the command line with T's options (benchmarks.cli.TASKS)."""
