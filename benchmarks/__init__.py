@@ -1,10 +1,11 @@
-"""``trl-padfree bench``: padded vs padding-free training, one task per trainer (``--task sft|dpo|grpo|rloo|reward|kto``).
+"""``trl-padfree bench``: padded vs padding-free training, one task per trainer (``--task sft|dpo|grpo|rloo|reward|kto``),
+and SFT of a hybrid (gated delta rule + attention) model (``--task hybrid``).
 
 One command line (:mod:`.cli`), one preset (:mod:`.preset`), one way to run the variants (:mod:`.runner`), one
 report path (:mod:`.report`) and the targets as data (:mod:`.targets`); what differs per task (its data, its model
 and trainer set-up, its measures) is in its own modules: :mod:`.sft` (:mod:`.config`, :mod:`.data`, :mod:`.sft_run`,
-:mod:`.sft_report`), :mod:`.dpo` (:mod:`.dpo_data`, :mod:`.dpo_report`), :mod:`.rl` and :mod:`.reward`. The
-benchmark is this directory of a source checkout, not part of the installed package.
+:mod:`.sft_report`), :mod:`.dpo` (:mod:`.dpo_data`, :mod:`.dpo_report`), :mod:`.rl`, :mod:`.reward` and
+:mod:`.hybrid`. The benchmark is this directory of a source checkout, not part of the installed package.
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ TASKS: dict[str, str] = {
     "rloo": "benchmarks.rl",
     "reward": "benchmarks.reward",
     "kto": "benchmarks.reward",
+    "hybrid": "benchmarks.hybrid",
 }
 """Each task of ``trl-padfree bench --task`` and the module that runs it."""
 

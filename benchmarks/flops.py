@@ -20,15 +20,15 @@ A run records the :class:`Workload` of every step's batch; :func:`timed_flops` s
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from .preset import MODEL_KEYS
 
-__all__ = ["Workload", "flop_ratio", "flops_per_real_token", "forward_flops", "is_varlen", "model_shape", "sft_workload",
-           "timed_flops"]
+__all__ = ["HYBRID_KEYS", "Workload", "chunked_slots", "flop_ratio", "flops_per_real_token", "forward_flops",
+           "hybrid_forward_flops", "is_varlen", "model_shape", "sft_workload", "timed_flops"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,9 @@ class Workload:
     slots: int
     head_slots: int
     attention_qk: int
+    #: token slots the chunked gated delta rule computes (a hybrid model's linear-attention layers): each call's
+    #: sequence padded to a multiple of its chunk (:func:`chunked_slots`); 0 for a model without such layers.
+    chunk_slots: int = field(default=0, repr=False)
 
 
 def forward_flops(model: Mapping[str, int], work: Workload) -> dict[str, float]:
@@ -50,6 +53,8 @@ def forward_flops(model: Mapping[str, int], work: Workload) -> dict[str, float]:
     >>> forward_flops(tiny, Workload(slots=1, head_slots=1, attention_qk=1))
     {'linear': 5799936, 'attention': 4096, 'lm_head': 1048576, 'total': 6852608}
     """
+    if "linear_layers" in model:
+        return hybrid_forward_flops(model, work)
     d, layers = model["hidden"], model["layers"]
     d_kv = model["kv_heads"] * (d // model["heads"])
     per_slot = 2 * (2 * d * d + 2 * d * d_kv) + 2 * 3 * d * model["intermediate"]
@@ -59,9 +64,66 @@ def forward_flops(model: Mapping[str, int], work: Workload) -> dict[str, float]:
     return {"linear": linear, "attention": attention, "lm_head": head, "total": linear + attention + head}
 
 
+#: The extra sizes of a hybrid (linear + full attention) model, as a benchmark config names them (:mod:`.hybrid`).
+HYBRID_KEYS = ("linear_layers", "head_dim", "linear_key_heads", "linear_value_heads", "linear_key_head_dim",
+               "linear_value_head_dim", "conv_kernel", "chunk_size")
+
+
 def model_shape(config: Mapping[str, Any]) -> dict[str, int]:
-    """The model sizes :func:`forward_flops` needs, from a benchmark config (as a dict)."""
-    return {k: config[k] for k in MODEL_KEYS}
+    """The model sizes :func:`forward_flops` needs, from a benchmark config (as a dict); a hybrid model's config
+    adds :data:`HYBRID_KEYS`."""
+    return {k: config[k] for k in (*MODEL_KEYS, *HYBRID_KEYS) if k in config}
+
+
+def hybrid_forward_flops(model: Mapping[str, int], work: Workload) -> dict[str, float]:
+    """Matmul FLOPs of one forward of a Qwen3.5-style hybrid (``transformers/models/qwen3_5/modeling_qwen3_5.py``):
+    ``linear_layers`` gated-delta-rule layers and ``layers - linear_layers`` full-attention ones, every layer with
+    the SwiGLU MLP ``2 * 3 d I`` per slot.
+
+    - full attention, per slot: q (with its output gate, ``2 H h_d``), k, v (``H_kv h_d`` each) and o projections;
+      ``4 H h_d`` per query-key pair (full rectangles, as for the Llama);
+    - gated delta rule, per slot: the projections ``in_proj_qkv`` (``2 H_k d_k + H_v d_v``), ``in_proj_z``
+      (``H_v d_v``), ``in_proj_a``/``in_proj_b`` (``H_v`` each), ``out_proj``, and the depthwise short convolution
+      (``conv_kernel`` taps per channel of ``2 H_k d_k + H_v d_v``); per ``chunk_slots`` slot and value head, the
+      chunked recurrence of ``torch_chunk_gated_delta_rule`` with chunk ``C``: ``2 C (3 d_k + 2 d_v)`` for the
+      in-chunk products (``k_beta k^T``, ``q k^T``, the two triangular solves, ``attn @ v``, full squares) and
+      ``6 d_k d_v`` for reading and writing the state. Linear in the sequence length: a padded row costs its width,
+      a packed one its examples' lengths (each rounded up to the chunk).
+
+    >>> shape = dict(layers=4, linear_layers=3, hidden=256, intermediate=688, heads=8, kv_heads=4, vocab_size=2048,
+    ...              head_dim=32, linear_key_heads=4, linear_value_heads=8, linear_key_head_dim=32,
+    ...              linear_value_head_dim=32, conv_kernel=4, chunk_size=64)
+    >>> f = forward_flops(shape, Workload(slots=1, head_slots=1, attention_qk=1, chunk_slots=1))
+    >>> f["attention"] == 4 * 8 * 32 + 3 * 8 * (2 * 64 * (3 * 32 + 2 * 32) + 6 * 32 * 32)
+    True
+    """
+    d, layers, linear_layers = model["hidden"], model["layers"], model["linear_layers"]
+    full_layers = layers - linear_layers
+    q_dim = model["heads"] * model["head_dim"]
+    kv_dim = model["kv_heads"] * model["head_dim"]
+    key_dim = model["linear_key_heads"] * model["linear_key_head_dim"]
+    value_dim = model["linear_value_heads"] * model["linear_value_head_dim"]
+    conv_dim = 2 * key_dim + value_dim
+    mlp = 2 * 3 * d * model["intermediate"]
+    full_slot = 2 * d * (2 * q_dim + 2 * kv_dim) + 2 * q_dim * d + mlp
+    linear_slot = 2 * d * (conv_dim + value_dim + 2 * model["linear_value_heads"]) + 2 * value_dim * d + mlp
+    linear_slot += 2 * model["conv_kernel"] * conv_dim
+    chunk, dk, dv = model["chunk_size"], model["linear_key_head_dim"], model["linear_value_head_dim"]
+    recurrence = model["linear_value_heads"] * (2 * chunk * (3 * dk + 2 * dv) + 6 * dk * dv)
+    linear = (full_layers * full_slot + linear_layers * linear_slot) * work.slots
+    attention = full_layers * 4 * q_dim * work.attention_qk + linear_layers * recurrence * work.chunk_slots
+    head = 2 * d * model["vocab_size"] * work.head_slots
+    return {"linear": linear, "attention": attention, "lm_head": head, "total": linear + attention + head}
+
+
+def chunked_slots(lengths: list[int], chunk: int) -> int:
+    """Token slots of a chunked recurrence over sequences of ``lengths``, each padded to a multiple of ``chunk``
+    (``torch_chunk_gated_delta_rule`` pads every call's sequence; a packed row's sequences are separate calls).
+
+    >>> chunked_slots([3, 64, 65], 64)
+    256
+    """
+    return sum(-(-n // chunk) * chunk for n in lengths)
 
 
 def timed_flops(config: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, float]:

@@ -35,6 +35,14 @@ TARGETS: dict[str, dict[str, Any]] = {
                             "batch 8 pairs, >= 6 timed steps, each variant in its own worker",
     },
     # the issues' targets for the standalone tasks: measured speed-up >= this share of the layout's FLOP ratio
+    "hybrid": {
+        "flop_share": 0.85,
+        "speed_setup": {"device": "cpu", "dtype": "float32", "threads": 1, "batch_size": 8, **_TINY,
+                        "length_scale": 1.0},
+        "min_steps": 5,
+        "speed_setup_text": "CPU, float32, 1 torch thread, Qwen3.5-like hybrid (4 x 256, 8 / 4 heads, MLP 688, "
+                            "vocab 2048), batch 8, the datasets' real lengths, >= 5 timed steps",
+    },
     "grpo": {"flop_share": 0.85},
     "rloo": {"flop_share": 0.85},
     "reward": {"flop_share": 0.85},

@@ -79,6 +79,15 @@ def build_model(config: Preset, attn_implementation: str | None, device, positio
 
     if attn_implementation == "padfree":
         from trl_padfree import attention  # noqa: F401  (registers "padfree")
+    if hasattr(config, "transformers_config"):  # another architecture (benchmarks/hybrid.py)
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(config.seed)
+        kwargs = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+        hf_config = config.transformers_config(positions)
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=getattr(torch, config.dtype), **kwargs).to(device)
+        model.train()
+        return model
     llama = LlamaConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden,
