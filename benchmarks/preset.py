@@ -20,6 +20,9 @@ MODEL_PRESETS: dict[str, dict[str, int]] = {
     "tiny": dict(layers=4, hidden=256, intermediate=688, heads=8, kv_heads=4, vocab_size=2048),
     # ~0.5B parameters (Llama-2-style 32k vocabulary, head dim 128, GQA 5:1) for a one-shot GPU run.
     "0.5b": dict(layers=24, hidden=1280, intermediate=3456, heads=10, kv_heads=2, vocab_size=32000),
+    # The shape of the real model of `make demo-real` (SmolLM2-135M-Instruct: scripts/real_model.py), random
+    # weights; the benchmark's Llama keeps its own LM head (untied), so 163M parameters instead of 134.5M.
+    "smollm2-135m": dict(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, vocab_size=49152),
 }
 
 

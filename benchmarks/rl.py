@@ -13,6 +13,9 @@ that peak over the RSS before the step).
     OMP_NUM_THREADS=1 trl-padfree bench --task grpo --steps 6 --scale 0.25
     OMP_NUM_THREADS=1 trl-padfree bench --task rloo --steps 6 --scale 0.25
 
+With ``--whole-step`` (grpo only) whole optimizer steps, generation included, next to stock ``trl.GRPOTrainer``:
+:mod:`.rl_step`.
+
 Prints per layout: median step seconds, real tokens/s, the speed-up over TRL's padded trainer next to the layout's
 FLOP ratio (linear layers and LM head per forwarded token, attention per query-key pair; backward = 2 forwards) and
 their quotient, peak memory, and each step's loss side by side; ``os.getloadavg()`` before and after. The figures
@@ -209,11 +212,21 @@ def add_options(parser: argparse.ArgumentParser, task: str) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-memory", action="store_true", help="skip the per-layout peak-memory processes")
     parser.add_argument("--json", help="also write the figures to this file")
-    add_output(parser, f"output file stem (default: {task}-cpu)")
+    add_output(parser, f"output file stem (default: {task}-cpu; grpo-step-cpu with --whole-step)")
+    if task == "grpo":
+        from .rl_step import add_options as add_whole_step_options
+
+        add_whole_step_options(parser)
 
 
 def main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
-    """``trl-padfree bench --task grpo|rloo``: print the table (:func:`run_rl`); 0 when it ran."""
+    """``trl-padfree bench --task grpo|rloo``: print the table (:func:`run_rl`, or with ``--whole-step``
+    :func:`~.rl_step.run_whole_step`); 0 when it ran."""
+    if getattr(args, "whole_step", False):
+        from .rl_step import run_whole_step
+
+        run_whole_step(parser, args)
+        return 0
     run_rl(parser, args)
     return 0
 

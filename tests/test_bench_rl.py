@@ -28,3 +28,31 @@ def test_bench_rl_runs_and_the_layouts_agree(kind, tmp_path, capsys):
     assert layouts["padfree"]["pack_totals"]["no_grad"]["shared_tokens"] == 0
     assert "FLOP ratio" in capsys.readouterr().out and (tmp_path / "r.json").is_file()
     assert "FLOP ratio" in (tmp_path / f"{kind}-cpu.md").read_text() and (tmp_path / f"{kind}-cpu.json").is_file()
+
+
+@pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
+def test_bench_grpo_whole_step_times_generation_next_to_stock_trl(tmp_path, capsys):
+    from benchmarks.rl_step import run_whole_step
+
+    parser = build_parser("grpo")
+    result = run_whole_step(parser, parser.parse_args([
+        "--task", "grpo", "--whole-step", "--model-size", "tiny", "--steps", "1", "--warmup", "0", "--groups", "2",
+        "--gens", "2", "--completion", "3", "--prompt-mean", "6", "--output-dir", str(tmp_path)]))
+    layouts = result["layouts"]
+    assert list(layouts) == ["padded", "padfree", "once"]
+    tokens = {name: r["real_tokens"] for name, r in layouts.items()}
+    for r in layouts.values():
+        assert len(r["step_seconds"]) == len(r["generation_seconds"]) == 1
+        assert 0 < r["median_generation_s"] < r["median_step_s"]
+        assert r["median_rest_s"] == pytest.approx(r["median_step_s"] - r["median_generation_s"])
+        assert r["completion_mean_length"] == 3  # random weights: every completion runs to --completion tokens
+    assert tokens["padded"] == tokens["padfree"] == tokens["once"] and tokens["padded"][0] > 4 * 3
+    assert "generation s" in capsys.readouterr().out
+    assert "step vs TRL" in (tmp_path / "grpo-step-cpu.md").read_text()
+
+
+def test_bench_whole_step_is_for_grpo_only(capsys):
+    parser = build_parser("rloo")
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--task", "rloo", "--whole-step"])
+    assert exit_info.value.code == 2 and "--whole-step" in capsys.readouterr().err
