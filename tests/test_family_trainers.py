@@ -154,8 +154,10 @@ def test_sft(tmp_path, model_type):
     loss_flat, loss_padded = tiny_sft.losses(flat), tiny_sft.losses(padded)
     assert len(loss_flat) == 2
     rel = max(abs(a - b) / abs(b) for a, b in zip(loss_flat, loss_padded, strict=True))
+    w_rel = tiny_sft.max_rel_diff(tiny_sft.weights(flat), tiny_sft.weights(padded))
+    print(f"SFT {model_type}: max rel loss diff {rel:.2e}, max rel weight diff {w_rel:.2e}")
     assert rel <= LOSS_RTOL, (loss_flat, loss_padded)
-    assert tiny_sft.max_rel_diff(tiny_sft.weights(flat), tiny_sft.weights(padded)) <= WEIGHT_RTOL
+    assert w_rel <= WEIGHT_RTOL
     assert tiny_sft.max_rel_diff(tiny_sft.weights(padded), initial) > 1e-4  # training moved the weights
 
 
@@ -218,7 +220,13 @@ def test_dpo(tmp_path, model_type):
 
 
 def assert_same_dpo(runs: dict, model_type: str) -> None:
-    layout_runs.assert_same_training(finished(runs), same_dpo_step, grad_rtol=lambda layout: GRAD_RTOL,
+    done = finished(runs)
+    for layout in done.keys() - {"padded"}:
+        got, want = done[layout], done["padded"]
+        loss = max(abs(g["loss"] - w["loss"]) / abs(w["loss"]) for g, w in zip(got.logs, want.logs, strict=True))
+        grads = max(layout_runs.max_rel_diff(g, w) for g, w in zip(got.grads, want.grads, strict=True))
+        print(f"DPO {model_type} {layout}: max rel loss diff {loss:.2e}, max rel gradient diff {grads:.2e}")
+    layout_runs.assert_same_training(done, same_dpo_step, grad_rtol=lambda layout: GRAD_RTOL,
                                      grad_floor=GRAD_FLOOR.get(model_type, 0.0))
     assert_training_moved(runs)
 
@@ -227,7 +235,7 @@ def assert_same_dpo(runs: dict, model_type: str) -> None:
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
     "prompt_once forwards each prompt once, so the MoE load-balancing loss (router statistics averaged over the "
     "forwarded tokens: transformers' load_balancing_loss_func, called by TRL's fused head) counts prompt tokens "
-    "once instead of once per response. Measured on GPT-OSS (coef 0.9): DPO gradients 1.8e-3 relative at the first "
+    "once instead of once per response. Measured on GPT-OSS (coef 0.9): DPO gradients 1.8e-3 to 2.5e-3 relative "
     "step; GRPO gradients 5.9e-3, metrics 1.1e-3. With the loss off (router_aux_loss_coef=0.0) both are exact "
     "(test_dpo, test_grpo)."))
 def test_dpo_moe_aux_loss_prompt_once(tmp_path):
@@ -279,6 +287,7 @@ def test_grpo(tmp_path, model_type):
     assert moved > 1e-4, moved
     for layout in layouts[1:]:
         diffs = tiny_rl.compare(runs[layout], runs["padded"])
+        print(f"GRPO {model_type} {layout}: {diffs}")
         assert diffs["logps"] <= tiny_rl.RTOL and diffs["entropy"] <= tiny_rl.RTOL, (layout, diffs)
         assert diffs["grads"] <= GRAD_RTOL and diffs["metrics"] <= tiny_rl.METRIC_RTOL, (layout, diffs)
 
