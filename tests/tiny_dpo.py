@@ -3,6 +3,7 @@ for the three layouts of tests/layout_runs.py (TRL's padded batch, this package'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from datasets import Dataset
@@ -33,9 +34,12 @@ def config(layout: str, out: str, **overrides: Any) -> DPOConfig:
 
 
 def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True, peft: Any = None,
-            model_kwargs: dict | None = None, check_packing: bool = True, **overrides: Any) -> DPOTrainer:
-    policy = model(layout, **(model_kwargs or {}))
-    ref_model = model(layout, seed=1, **(model_kwargs or {})) if ref else None
+            model_kwargs: dict | None = None, check_packing: bool = True,
+            make_model: Callable[..., Any] = model, **overrides: Any) -> DPOTrainer:
+    """A DPO trainer of ``layout``: ``make_model(layout, seed=..., **model_kwargs)`` builds the policy (seed 0) and
+    the reference (seed 1; none without ``ref``), tests/layout_runs.py's tiny Llama by default."""
+    policy = make_model(layout, **(model_kwargs or {}))
+    ref_model = make_model(layout, seed=1, **(model_kwargs or {})) if ref else None
     return DPOTrainer(policy, ref_model, args=config(layout, out, **overrides), train_dataset=data,
                       processing_class=tok, peft_config=peft, prompt_once=layout == "once",
                       check_packing=check_packing)

@@ -43,3 +43,32 @@ def save_tiny_model(out: Path, model_type: str, sizes: dict[str, int], tokenizer
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+# Today's families through the trainers (tests/test_family_trainers.py): 4 layers, hidden 32, the tiny tokenizer's
+# vocabulary (400: pad 0, eos 1, bos 2).
+FAMILY_TOKENS = dict(vocab_size=400, pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False,
+                     max_position_embeddings=256)
+FAMILIES: dict[str, dict[str, Any]] = {
+    # a Qwen3.5-like hybrid: gated delta nets (short convolution + recurrence) around one full attention layer
+    "qwen3_5_text": dict(intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=16,
+                         linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+                         linear_value_head_dim=8, linear_conv_kernel_dim=4,
+                         layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention"]),
+    # GPT-OSS: attention sinks, sliding (window 6) and full layers alternating, GQA, mixture of experts
+    "gpt_oss": dict(intermediate_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=6),
+    # Llama-4: chunked attention (chunks of 8, crossed by every example here) on RoPE layers, full NoPE layers with
+    # the attention-temperature scale (changes every 4 positions), mixture of experts
+    "llama4_text": dict(intermediate_size=32, intermediate_size_mlp=64, num_attention_heads=4, num_key_value_heads=2,
+                        head_dim=8, num_local_experts=2, attention_chunk_size=8, attn_temperature_tuning=True,
+                        floor_scale=4, no_rope_layer_interval=2),
+}
+
+
+def family_model(model_type: str, attn: str, seed: int = 0) -> Any:
+    """A random tiny ``model_type`` model of :data:`FAMILIES` (fp32, seed ``seed``) with attention ``attn``."""
+    config = AutoConfig.for_model(model_type, hidden_size=32, num_hidden_layers=4, **FAMILY_TOKENS,
+                                  **FAMILIES[model_type])
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.get_default_dtype())

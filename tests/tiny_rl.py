@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 import re
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,21 +53,22 @@ def reward_letters(completions: list[str], **kwargs: Any) -> list[float]:
     return [len({ch for ch in c if ch.isalpha()}) / 10 for c in completions]
 
 
-_SAVED: dict[int, str] = {}
+_SAVED: dict[Any, str] = {}
 
 
-def model_path(seed: int = 0) -> str:
-    """A saved tiny Llama (TRL builds the reference model from the policy's path when ``beta > 0``)."""
-    if seed not in _SAVED:
-        m = tiny_llama(seed=seed)
+def model_path(seed: int = 0, build: Callable[[], Any] | None = None, key: str = "llama") -> str:
+    """A saved tiny Llama (TRL builds the reference model from the policy's path when ``beta > 0``), or the model
+    ``build()`` returns (saved once per ``key``), stopping at :data:`STOP_EVERY`'s tokens."""
+    if (key, seed) not in _SAVED:
+        m = tiny_llama(seed=seed) if build is None else build()
         tok = tokenizer()
         m.generation_config.eos_token_id = sorted({tok.eos_token_id, *range(3, m.config.vocab_size, STOP_EVERY)})
         m.generation_config.pad_token_id = tok.pad_token_id
-        path = tempfile.mkdtemp(prefix="tiny-rl-llama-")
+        path = tempfile.mkdtemp(prefix=f"tiny-rl-{key}-")
         m.save_pretrained(path)  # (under torchrun: before the process group exists, or only rank 0 writes)
         tok.save_pretrained(path)
-        _SAVED[seed] = path
-    return _SAVED[seed]
+        _SAVED[(key, seed)] = path
+    return _SAVED[(key, seed)]
 
 
 def attn(layout: str) -> str:
@@ -112,9 +114,11 @@ def _classes(kind: str, layout: str) -> type:
 
 
 def trainer(kind: str, layout: str, out: str, *, data: Dataset | None = None, peft: Any = None,
-            check_packing: bool = True, scored_lm_head: bool | None = None, **overrides: Any) -> Any:
-    """A recording GRPO/RLOO trainer of ``layout`` (TRL loads the reference model from the same path where
-    ``beta > 0``, or switches the adapters off under PEFT)."""
+            check_packing: bool = True, scored_lm_head: bool | None = None, model: str | None = None,
+            **overrides: Any) -> Any:
+    """A recording GRPO/RLOO trainer of ``layout`` on the saved model ``model`` (default :func:`model_path`'s
+    Llama; TRL loads the reference model from the same path where ``beta > 0``, or switches the adapters off under
+    PEFT)."""
     tok = tokenizer()
     config = (grpo_config if kind == "grpo" else rloo_config)(out, layout, **overrides)
     kwargs: dict[str, Any] = {}
@@ -125,7 +129,7 @@ def trainer(kind: str, layout: str, out: str, *, data: Dataset | None = None, pe
     if scored_lm_head is not None:  # (None: the trainer's default)
         kwargs["scored_lm_head"] = scored_lm_head
     recorder = GradRecorder()
-    t = _classes(kind, layout)(model_path(), reward_funcs=reward_letters, args=config,
+    t = _classes(kind, layout)(model or model_path(), reward_funcs=reward_letters, args=config,
                                train_dataset=data if data is not None else prompts(), processing_class=tok,
                                peft_config=peft, callbacks=[recorder], **kwargs)
     t.recorder = recorder

@@ -63,11 +63,14 @@ def make_trainer(
     output_dir: str,
     *,
     model_seed: int = 0,
+    model: Any = None,
     **config: Any,
 ) -> RecordingTrainer:
-    """A ``RecordingTrainer`` on a fresh tiny Llama: padding-free (``"padfree"`` attention) or padded (sdpa)."""
-    model = tiny_llama(vocab_size=len(tokenizer), seed=model_seed,
-                       attn_implementation="padfree" if padding_free else "sdpa")
+    """A ``RecordingTrainer`` on ``model`` or a fresh tiny Llama: padding-free (``"padfree"`` attention) or padded
+    (sdpa)."""
+    if model is None:
+        model = tiny_llama(vocab_size=len(tokenizer), seed=model_seed,
+                           attn_implementation="padfree" if padding_free else "sdpa")
     max_tokens = config.pop("max_tokens_per_batch", None)
     trainer_kwargs = {k: config.pop(k) for k in ("scored_lm_head",) if k in config}
     defaults = dict(

@@ -46,8 +46,9 @@ example run alone with ``eager``):
   (:func:`~trl_padfree.attention_backends.scores_attention`); on CUDA flash-attn takes ``softcap`` (2.6+) and sinks
   where its ``flash_attn_varlen_func`` has ``s_aux``/``learnable_sink``, else the same exact loop runs (with a
   one-time warning naming why; :func:`~trl_padfree.attention_backends.decide_backend`);
-* Llama-4's chunked attention (``attention_chunk_size``: chunks restart with every example's positions) and its
-  attention-temperature scale (from ``position_ids``, not the row's positions);
+* Llama-4's chunked attention (``attention_chunk_size``: chunks restart with every example's positions, also
+  with shared prompt keys, :data:`KV_INDEX`) and its attention-temperature scale (from ``position_ids``, not the
+  row's positions);
 * Gemma-4's KV sharing (``num_kv_shared_layers``) and DeepSeek-V4's compressed (CSA/HCA) attention layers.
 
 The last two items and the temperature scale need small per-family wrappers of transformers' modeling code,
@@ -399,13 +400,16 @@ def padfree_attention_forward(
     bounds = _boundaries(query, key, attention_mask, kwargs)
     chunk = _attention_chunk(module)
     if chunk is not None and kwargs.get(KV_INDEX) is not None:
-        raise _unsupported(
-            module,
-            f"chunked attention (attention_chunk_size={chunk}) with prompt keys shared by several responses "
-            f"({KV_INDEX})",
-            "Hold each prompt once per response (prompt_once=False).",
-        )
-    if chunk is not None and q_length == k_length and (attention_mask is None or attention_mask.ndim == 1):
+        if bounds is None or bounds[0] is bounds[1]:
+            raise _unsupported(
+                module,
+                f"chunked attention (attention_chunk_size={chunk}) with prompt keys shared by several responses "
+                f"({KV_INDEX}) but no cu_seq_lens_q/k of the shared layout",
+                "Pass the collator's batch as it is, or hold each prompt once per response (prompt_once=False).",
+            )
+        *bounds, keep = _chunked_shared(bounds, chunk)
+        kwargs[KV_INDEX] = kwargs[KV_INDEX].to(keep.device)[keep]
+    elif chunk is not None and q_length == k_length and (attention_mask is None or attention_mask.ndim == 1):
         bounds = _chunked(bounds, chunk, position_ids, batch, q_length, query.device)
     if bounds is None:
         window_binds = sliding_window is not None and max(q_length, k_length) > sliding_window
@@ -532,6 +536,41 @@ def _chunked(
     cu = torch.tensor(starts, dtype=torch.int32, device=device)
     longest = max(b - a for a, b in pairwise(starts))
     return cu, cu, longest, longest
+
+
+def _chunked_shared(
+    bounds: tuple[torch.Tensor, torch.Tensor, int, int] | list, chunk: int
+) -> tuple[torch.Tensor, torch.Tensor, int, int, torch.Tensor]:
+    """Segments of shared prompt keys (:data:`KV_INDEX`) cut into attention chunks.
+
+    Each key segment is one sequence (the prompt's keys, then the response's) at positions ``0 .. Lk-1``; its query
+    segment is the sequence's last ``Lq`` tokens (bottom-right causal alignment). Chunk ``c`` holds positions
+    ``[c*chunk, (c+1)*chunk)``: its queries attend to its keys up to themselves. Returns the pieces' ``cu_seq_lens_q``,
+    ``cu_seq_lens_k``, their longest, and which of the gathered keys the pieces use, in order (keys of chunks no
+    query of the segment is in are left out).
+
+    >>> cu_q, cu_k, mq, mk, keep = _chunked_shared((torch.tensor([0, 6, 9]), torch.tensor([0, 6, 13]), 6, 7), 4)
+    >>> cu_q.tolist(), cu_k.tolist(), keep.tolist()
+    ([0, 4, 6, 9], [0, 4, 6, 9], [0, 1, 2, 3, 4, 5, 10, 11, 12])
+    """
+    cu_q, cu_k = bounds[0].tolist(), bounds[1].tolist()
+    new_q, new_k, keep = [0], [0], []
+    for (q0, q1), (k0, k1) in zip(pairwise(cu_q), pairwise(cu_k), strict=True):
+        n_q, n_k = q1 - q0, k1 - k0
+        if n_q > n_k:
+            raise ValueError(f"a query segment of {n_q} tokens has only {n_k} keys: not a shared-prompt layout")
+        first = n_k - n_q  # position of the segment's first query
+        for start in range(first - first % chunk, n_k, chunk):
+            end = min(start + chunk, n_k)
+            new_q.append(new_q[-1] + end - max(start, first))
+            new_k.append(new_k[-1] + end - start)
+            keep.extend(range(k0 + start, k0 + end))
+    device = bounds[0].device
+    cu_q_t = torch.tensor(new_q, dtype=torch.int32, device=device)
+    cu_k_t = torch.tensor(new_k, dtype=torch.int32, device=device)
+    longest_q = max(b - a for a, b in pairwise(new_q))
+    longest_k = max(b - a for a, b in pairwise(new_k))
+    return cu_q_t, cu_k_t, longest_q, longest_k, torch.tensor(keep, dtype=torch.long, device=device)
 
 
 def register() -> None:

@@ -350,6 +350,26 @@ def scored_head_state(model: Any) -> str | None:
     return getattr(model, _ATTR, None)
 
 
+def backbone(model: Any) -> Any:
+    """The module under ``model``'s LM head that returns ``last_hidden_state``: ``model.base_model`` (what TRL's
+    fused head calls), or ``model.model`` where ``base_model`` is the model itself because its
+    ``base_model_prefix`` names no attribute (``Llama4ForCausalLM``: prefix ``"language_model"``, decoder in
+    ``.model``, transformers/models/llama4/modeling_llama4.py; TRL 1.16's fused head then fails on the CausalLM
+    output: trl/trainer/utils.py, ``add_fused_lm_head``).
+
+    >>> from trl_padfree.testing import tiny_llama
+    >>> model = tiny_llama()
+    >>> backbone(model) is model.model
+    True
+    """
+    base = model.base_model
+    if base is model:
+        inner = getattr(model, "model", None)
+        if isinstance(inner, torch.nn.Module):
+            return inner
+    return base
+
+
 def add_scored_head(
     model: Any, *, temperature: float = 1.0, outputs: tuple[str, ...] = ("log_probs",),
     cast_lm_head_to_fp32: bool = False, chunk_tokens: int | None = None, use_trl_on_triton: bool = True,
@@ -359,7 +379,7 @@ def add_scored_head(
     The call stays TRL's (``labels`` shifted inside, or ``shift_labels`` as they are; ``num_items_in_batch``
     divides the loss) and returns TRL's ``FusedCausalLMOutput`` (``loss``, ``log_probs``, the requested per-token
     fields, ``label_mask``). ``model.forward`` is replaced on the instance, so a call through DDP, PEFT or
-    accelerate's wrappers reaches it; the backbone is called inside it (``model.base_model``, looked up on each call
+    accelerate's wrappers reaches it; the backbone is called inside it (:func:`backbone`, looked up on each call
     as TRL does). Without ``fused_lm_head=True`` the forward is the model's own. Add it to the model TRL gives its
     fused head to (``model.get_base_model()`` under PEFT); TRL's fused head is added first when it is missing, and
     takes the calls this head is not exact for.
@@ -402,7 +422,7 @@ def add_scored_head(
             return previous(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                             num_items_in_batch=num_items_in_batch, **kwargs)
         kwargs["use_cache"] = False
-        hidden = self.base_model(*args, **kwargs).last_hidden_state
+        hidden = backbone(self)(*args, **kwargs).last_hidden_state
         if shift_labels is None:
             hidden, targets = hidden[:, :-1], labels[:, 1:]
         else:
