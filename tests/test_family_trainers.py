@@ -56,7 +56,7 @@ def no_aux_loss(model_type: str, prompt_once: bool = False) -> dict[str, float]:
       does not have (``num_local_experts``): every TRL 1.16 trainer crashes on it. Llama-4's own CausalLM adds no
       such loss (transformers/models/llama4/modeling_llama4.py).
     - GPT-OSS with prompt_once: the loss averages the router's statistics over the tokens forwarded, and prompt_once
-      forwards a prompt once instead of once per response (:func:`test_dpo_moe_aux_loss_prompt_once`, xfail).
+      forwards a prompt once instead of once per response: refused (:func:`test_prompt_once_with_the_moe_aux_loss_is_refused`).
     """
     return {"router_aux_loss_coef": 0.0} if model_type == "llama4_text" or prompt_once else {}
 
@@ -232,16 +232,17 @@ def assert_same_dpo(runs: dict, model_type: str) -> None:
 
 
 @pytest.mark.skipif(dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "prompt_once forwards each prompt once, so the MoE load-balancing loss (router statistics averaged over the "
-    "forwarded tokens: transformers' load_balancing_loss_func, called by TRL's fused head) counts prompt tokens "
-    "once instead of once per response. Measured on GPT-OSS (coef 0.9): DPO gradients 1.8e-3 to 2.5e-3 relative "
-    "step; GRPO gradients 5.9e-3, metrics 1.1e-3. With the loss off (router_aux_loss_coef=0.0) both are exact "
-    "(test_dpo, test_grpo)."))
-def test_dpo_moe_aux_loss_prompt_once(tmp_path):
+def test_prompt_once_with_the_moe_aux_loss_is_refused(tmp_path):
+    """prompt_once forwards each prompt once, so the MoE load-balancing loss (router statistics averaged over the
+    forwarded tokens: transformers' load_balancing_loss_func) would count prompt tokens once instead of once per
+    response: measured on GPT-OSS (coef 0.9), DPO gradients 1.8e-3 to 2.5e-3 relative off, GRPO 5.9e-3. The
+    trainer refuses it in one line before any work; with the loss off (router_aux_loss_coef=0.0) it is exact
+    (test_dpo, test_grpo above)."""
     family("gpt_oss")
     tok, data = tiny_dpo.tokenizer(), tiny_dpo.pairs(8)
-    assert_same_dpo(train_layouts(_DPOSetup("gpt_oss"), data, tok, tmp_path, layouts=("padded", "once")), "gpt_oss")
+    with pytest.raises(ValueError, match=r"^prompt_once=True with the MoE router load-balancing loss "
+                                         r"\(router_aux_loss_coef > 0\) is not exact: .* Set router_aux_loss_coef=0\.0"):
+        _DPOSetup("gpt_oss").trainer("once", data, tok, str(tmp_path), router_aux_loss_coef=0.9)
 
 
 # ---- GRPO ------------------------------------------------------------------------------------------------------

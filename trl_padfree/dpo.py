@@ -47,11 +47,36 @@ from .trainer import (
     install_scored_head,
 )
 
-__all__ = ["DPOTrainer", "PreferenceCheckCallback", "check_dpo_arguments", "require_padfree_attention"]
+__all__ = [
+    "DPOTrainer",
+    "PreferenceCheckCallback",
+    "check_dpo_arguments",
+    "refuse_shared_prompt_aux_loss",
+    "require_padfree_attention",
+]
 
 def _attn(model: Any) -> str | None:
     config = getattr(model, "config", None)
     return getattr(config, "_attn_implementation", None)
+
+
+def refuse_shared_prompt_aux_loss(trainer: Any, what: str = "prompt_once=True") -> None:
+    """Refuse a shared prompt while TRL adds a MoE router load-balancing loss (``aux_loss_enabled``): that loss
+    averages router statistics over the tokens forwarded, and a prompt forwarded once instead of once per response
+    changes it (measured on a tiny gpt-oss: gradients 2e-3 relative off), so the run would differ from padding.
+
+    >>> class T: aux_loss_enabled = True
+    >>> refuse_shared_prompt_aux_loss(T())
+    Traceback (most recent call last):
+    ...
+    ValueError: prompt_once=True with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: ...
+    """
+    if getattr(trainer, "aux_loss_enabled", False):
+        raise ValueError(
+            f"{what} with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: that loss "
+            "averages over the tokens forwarded, and a shared prompt is forwarded once instead of once per response. "
+            "Set router_aux_loss_coef=0.0 in the trainer's config, or prompt_once=False."
+        )
 
 
 def require_padfree_attention(model: Any, what: str = "prompt_once=True") -> None:
@@ -224,6 +249,7 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
                 self.ref_lm_head_state = install_scored_head(ref_model, ("log_probs",), self.scored_lm_head, main)
             models = [m for m in (self.model, self.ref_model) if m is not None]
             if self.prompt_once:
+                refuse_shared_prompt_aux_loss(self)
                 for m in models:
                     require_padfree_attention(self.accelerator.unwrap_model(m))
             if check_packing:

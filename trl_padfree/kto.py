@@ -42,7 +42,12 @@ import torch.nn.functional as F
 import trl
 
 from .configs import UNSET, KTOConfig, trainer_settings
-from .dpo import PreferenceCheckCallback, reference_forward, require_padfree_attention
+from .dpo import (
+    PreferenceCheckCallback,
+    reference_forward,
+    refuse_shared_prompt_aux_loss,
+    require_padfree_attention,
+)
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
 from .trainer import PadfreeTrainerMixin, checked_switch, checked_threads, install_scored_head
 
@@ -189,6 +194,7 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
                 reference_prompt_once=self.prompt_once and self.calculate_KL)
             models = [m for m in (self.model, self.ref_model) if m is not None]
             if self.prompt_once:
+                refuse_shared_prompt_aux_loss(self)
                 for m in models:
                     require_padfree_attention(self.accelerator.unwrap_model(m))
             if check_packing:

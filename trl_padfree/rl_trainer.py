@@ -117,10 +117,11 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
             self.lm_head_state = self.ref_lm_head_state = "trl: padding_free=False"
             return
         self._install_scored_heads()
-        from .dpo import require_padfree_attention
+        from .dpo import refuse_shared_prompt_aux_loss, require_padfree_attention
 
         models = [m for m in (self.model, getattr(self, "ref_model", None)) if m is not None]
         if self.prompt_once:
+            refuse_shared_prompt_aux_loss(self, "prompt_once=True (siblings must not see each other)")
             for m in models:
                 require_padfree_attention(self.accelerator.unwrap_model(m),
                                           "prompt_once=True (siblings must not see each other)")
