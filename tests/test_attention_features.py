@@ -177,6 +177,53 @@ def test_deepseek_v4_two_packed_rows():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+def test_deepseek_v4_one_sequence_is_causal_over_compressed_windows():
+    """One unpacked sequence crossing the CSA (4) and HCA (8) windows: under "padfree" the compressed keys get the
+    compressor's block bias as under eager (query t sees window w only once t + 1 >= (w + 1) * rate), so appending
+    tokens leaves the earlier logits unchanged and the logits equal eager's."""
+    config = deepseek_v4_config()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    ids = torch.tensor(examples((17,), seed=3)[0])[None]
+    with torch.no_grad():
+        want = model(input_ids=ids, use_cache=False).logits
+        model.set_attn_implementation("padfree")
+        full = model(input_ids=ids, use_cache=False).logits
+        for n in (4, 9, 12):  # a prefix ending right after a CSA window, in an HCA window, at a window's end
+            prefix = model(input_ids=ids[:, :n], use_cache=False).logits
+            diff = (prefix - full[:, :n]).abs().max().item()
+            assert diff <= 1e-5, f"appending tokens after the first {n} changed their logits by {diff:.2e}"
+    torch.testing.assert_close(full, want, rtol=1e-5, atol=1e-5)
+
+
+def test_deepseek_v4_padded_batch_under_padfree_equals_eager():
+    """A padded batch (right and left padding): "padfree" hands the module sdpa's boolean mask, which the module
+    would extend with its additive block bias cast to bool (inverted); the patch makes it additive first."""
+    config = deepseek_v4_config()
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    ids = torch.tensor(np.stack(examples((13, 13), seed=4)))
+    for mask in (torch.tensor([[1] * 13, [1] * 9 + [0] * 4]), torch.tensor([[1] * 13, [0] * 5 + [1] * 8])):
+        model.set_attn_implementation("eager")
+        with torch.no_grad():
+            want = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+            model.set_attn_implementation("padfree")
+            got = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        torch.testing.assert_close(got[mask.bool()], want[mask.bool()], rtol=1e-5, atol=1e-5)
+
+
+def test_deepseek_v4_packed_vs_alone_under_padfree_with_small_compress_rates():
+    """The probe's measurement (trl_padfree.families): packed and alone both under "padfree", with the families
+    config's compression rates (4 and 8), which its examples (11, 5, 14, 9 tokens) cross."""
+    family("deepseek_v4")
+    from trl_padfree.families import FAMILIES, packed_vs_alone, tiny_family_model
+
+    assert FAMILIES["deepseek_v4"]["compress_rates"] == {"compressed_sparse_attention": 4,
+                                                         "heavily_compressed_attention": 8}
+    result = packed_vs_alone(tiny_family_model("deepseek_v4", "padfree"))
+    assert result.exact(), result
+
+
 def llama4_config():
     family("llama4_text")
     config = AutoConfig.for_model(

@@ -21,7 +21,11 @@ keeps the original code):
   indexer picks top-k windows over the whole row. On a packed row the wrapper runs the attention block of a
   compressing layer once per sequence (its own windows, indexer and mask, exactly as for the sequence alone);
   sliding-only layers stay one varlen call, with the boundaries passed as ``cu_seq_lens_q/k`` (the module would
-  zero-pad the 1-D mask to the key length).
+  zero-pad the 1-D mask to the key length). A compressing layer gets eager's additive mask in every case (one
+  sequence per row too), because the module appends its compressor's causal block bias (query ``t`` sees
+  compressed window ``w`` only once ``t + 1 >= (w + 1) * compress_rate``) only to a tensor mask: without one
+  every query would see every compressed window, future ones included, and a boolean mask would take the bias
+  cast to bool, i.e. inverted.
 
 :func:`apply_patches` is called by the ``"padfree"`` mask builder with the model's config, i.e. at the start of
 every forward pass, before any decoder layer runs; it imports and patches only the family of that config, once.
@@ -142,16 +146,55 @@ def _sequence_starts(position_ids: torch.Tensor | None, batch: int) -> list[list
     return [row.nonzero().reshape(-1).tolist() + [length] for row in new]
 
 
-def _patch_deepseek_v4(module: Any) -> None:
+def _additive_mask(attention_mask: torch.Tensor | None, hidden_states: torch.Tensor, sliding_window: int | None
+                   ) -> torch.Tensor:
+    """The additive ``(B or 1, 1, S, S)`` mask eager attention gets (0 = attend, the dtype's minimum = not).
+
+    ``None`` stands for the sliding-window causal mask of one sequence per row; a boolean mask (``sdpa``'s, True =
+    attend) is converted; an additive one is returned as is.
+
+    >>> _additive_mask(None, torch.zeros(1, 3, 2), 2)[0, 0].eq(0).int().tolist()
+    [[1, 0, 0], [1, 1, 0], [0, 1, 1]]
+    """
     from .attention_backends import window_mask
 
+    dtype, device = hidden_states.dtype, hidden_states.device
+    if attention_mask is None:
+        length = hidden_states.shape[1]
+        attention_mask = window_mask(length, length, sliding_window, True, device)[None, None]
+    if attention_mask.dtype != torch.bool:
+        return attention_mask
+    mask = torch.zeros(attention_mask.shape, dtype=dtype, device=device)
+    return mask.masked_fill(~attention_mask, torch.finfo(dtype).min)
+
+
+def _patch_deepseek_v4(module: Any) -> None:
     def make(original: Callable) -> Callable:
         def forward(self, hidden_states, position_embeddings, position_ids, attention_mask, *args, **kwargs):
             cache = _cache_argument(args, kwargs, 0)
             starts = None
-            if self.compressor is not None and padfree_active(self.config, cache) and not torch.compiler.is_compiling():
-                # compressing layers run once per sequence (see the module docstring)
-                starts = _sequence_starts(position_ids, hidden_states.shape[0])
+            if self.compressor is not None and padfree_active(self.config, cache):
+                compiling = torch.compiler.is_compiling()
+                if not compiling:
+                    # compressing layers run once per sequence (see the module docstring)
+                    starts = _sequence_starts(position_ids, hidden_states.shape[0])
+                packed_mask = isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 1
+                if compiling or (packed_mask and starts is None):
+                    # Under torch.compile the row cannot be split on the host (and the mask does not say whether
+                    # it packs several sequences): refuse rather than pool windows across sequences.
+                    from .attention import PadfreeAttentionError
+
+                    raise PadfreeAttentionError(
+                        f"attn_implementation='padfree' cannot split rows into their sequences for DeepSeek-V4's "
+                        f"compressed-attention layer {self.layer_idx} ({self.layer_type}) under torch.compile; "
+                        "train it without torch.compile, or with attn_implementation='eager' and padding."
+                    )
+                if starts is None:
+                    # One sequence per row: the module extends only a tensor mask with its compressor's block bias,
+                    # so hand it eager's additive mask (the padfree mask is None here, or sdpa's boolean one).
+                    call = {k: v for k, v in kwargs.items() if k not in _BOUNDARY_KWARGS}
+                    mask = _additive_mask(attention_mask, hidden_states, self.sliding_window)
+                    return original(self, hidden_states, position_embeddings, position_ids, mask, *args, **call)
             if starts is None:
                 if (
                     isinstance(attention_mask, torch.Tensor)
@@ -176,7 +219,6 @@ def _patch_deepseek_v4(module: Any) -> None:
                     "(prompt_once=False)."
                 )
             call = {k: v for k, v in kwargs.items() if k not in _BOUNDARY_KWARGS and k != "cache"}
-            dtype, device = hidden_states.dtype, hidden_states.device
             positions = position_ids.expand(hidden_states.shape[0], -1)
             rows = []
             for r, row_starts in enumerate(starts):
@@ -184,9 +226,7 @@ def _patch_deepseek_v4(module: Any) -> None:
                 for a, b in pairwise(row_starts):
                     # The sequence alone: its sliding-window causal mask as eager builds it (additive, the dtype's
                     # minimum), which the module extends with its compressor's per-query block bias.
-                    allowed = window_mask(b - a, b - a, self.sliding_window, True, device)
-                    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-                    mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+                    mask = _additive_mask(None, hidden_states[r : r + 1, a:b], self.sliding_window)
                     embeddings = {
                         k: (cos.expand(len(starts), *cos.shape[1:])[r : r + 1, a:b],
                             sin.expand(len(starts), *sin.shape[1:])[r : r + 1, a:b])
