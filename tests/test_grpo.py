@@ -254,3 +254,19 @@ def test_flash_attention_2_path_matches_trl(tmp_path, flash_attention_2_on_cpu):
     for cu, got in seen:
         assert got == [cu] * fa2.model.config.num_hidden_layers
     _assert_exact(compare(fa2, padded))
+
+
+def test_library_trainer_logs_real_tokens_and_generation_time(tmp_path):
+    """trl_padfree.GRPOTrainer used directly (not through the launch) logs real tokens/s and the time and share of
+    each logging interval spent generating, and the run's totals."""
+    t = trainer("grpo", "once", str(tmp_path), max_steps=2, logging_steps=1)
+    t.train()
+    train = [e for e in t.state.log_history if "loss" in e]
+    assert len(train) == 2 and all(e["real_tokens_per_second"] > 0 for e in train), train
+    # num_iterations=2: the first step generates, the second reuses its completions
+    assert train[0]["generation_seconds"] > 0 and 0 < train[0]["generation_share"] < 1, train
+    assert train[1]["generation_seconds"] == 0 and train[1]["generation_share"] == 0, train
+    end = next(e for e in t.state.log_history if "train_runtime" in e)
+    # TRL counts a generation's tokens once (num_tokens); both steps forward and train on them
+    assert end["train_real_tokens"] == 2 * train[0]["num_tokens"] > 0
+    assert 0 < end["train_generation_share"] < 1

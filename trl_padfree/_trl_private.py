@@ -11,7 +11,7 @@ Overridden by the trainers (a rename makes the override dead code: the trainer s
 - ``trl.KTOTrainer._compute_loss(model, inputs, return_outputs)``: ``kto.py``
 - ``trl.GRPOTrainer._get_per_token_logps_and_entropies`` and ``trl.RLOOTrainer``'s (``model, input_ids,
   attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss``): ``rl_trainer.py``
-- ``trl.GRPOTrainer._generate(prompts)`` and ``trl.RLOOTrainer``'s: ``launch/throughput.py`` (timed: the
+- ``trl.GRPOTrainer._generate(prompts)`` and ``trl.RLOOTrainer``'s: ``throughput.py`` (timed: the
   generation seconds of the training logs)
 - ``trl.DPOTrainer._precompute_ref_logps``: ``launch/tasks/dpo.py`` (no progress bar when the output is not a terminal)
 - ``transformers.Trainer._save_checkpoint(model, trial)`` and ``_get_output_dir(trial)``:
@@ -63,8 +63,8 @@ RELIED_ON: tuple[PrivateAPI, ...] = (
     PrivateAPI("trl.KTOTrainer", "_compute_loss", ("self", "model", "inputs", "return_outputs"), "kto"),
     PrivateAPI("trl.GRPOTrainer", "_get_per_token_logps_and_entropies", _RL_PARAMS, "rl_trainer"),
     PrivateAPI("trl.RLOOTrainer", "_get_per_token_logps_and_entropies", _RL_PARAMS, "rl_trainer"),
-    PrivateAPI("trl.GRPOTrainer", "_generate", ("self", "prompts"), "launch.throughput"),
-    PrivateAPI("trl.RLOOTrainer", "_generate", ("self", "prompts"), "launch.throughput"),
+    PrivateAPI("trl.GRPOTrainer", "_generate", ("self", "prompts"), "throughput"),
+    PrivateAPI("trl.RLOOTrainer", "_generate", ("self", "prompts"), "throughput"),
     PrivateAPI("trl.DPOTrainer", "_precompute_ref_logps", ("self",), "launch.tasks.dpo"),
     PrivateAPI("trl.DPOTrainer", "_prepare_dataset", ("self", "dataset", "processing_class", "args", "dataset_name"),
                "launch.tasks.dpo"),

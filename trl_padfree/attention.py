@@ -82,6 +82,7 @@ from .attention_backends import (
     torch_varlen_available,
     window_mask,
 )
+from .attention_common import KV_INDEX, PadfreeAttentionError
 from .attention_patches import POSITION_IDS, TEMPERATURE, apply_patches
 from .exception_text import one_line
 from .recurrent import note_mask, prepare_packed_config
@@ -105,21 +106,6 @@ __all__ = [
 ]
 
 ATTN_IMPLEMENTATION = "padfree"
-
-KV_INDEX = "padfree_kv_index"
-"""Keyword argument (a 1-D int64 tensor over the flattened tokens) that lays out the keys/values of a packed row.
-
-When a forward passes it, key and value tokens are gathered with it before the varlen kernel runs, and
-``cu_seq_lens_k`` / ``max_length_k`` describe the gathered keys. A token can so serve as a key of several query
-segments: a prompt computed once is attended to by the chosen and by the rejected response of a preference pair
-(:mod:`trl_padfree.preference`). Only ``"padfree"`` reads it; other implementations would ignore it, so callers
-must refuse them (:func:`~trl_padfree.dpo.require_padfree_attention`).
-"""
-
-
-class PadfreeAttentionError(ValueError):
-    """A model feature that the ``"padfree"`` attention implementation cannot compute exactly."""
-
 
 def pick_attn_implementation(device: str | torch.device | None = None) -> str:
     """Best attention implementation for padding-free training on ``device``.

@@ -45,6 +45,8 @@ from typing import Any
 
 import torch
 
+from .attention_common import KV_INDEX, PadfreeAttentionError
+
 __all__ = ["PATCHED_FAMILIES", "apply_patches", "padfree_active"]
 
 ATTN_IMPLEMENTATION = "padfree"
@@ -182,8 +184,6 @@ def _patch_deepseek_v4(module: Any) -> None:
                 if compiling or (packed_mask and starts is None):
                     # Under torch.compile the row cannot be split on the host (and the mask does not say whether
                     # it packs several sequences): refuse rather than pool windows across sequences.
-                    from .attention import PadfreeAttentionError
-
                     raise PadfreeAttentionError(
                         f"attn_implementation='padfree' cannot split rows into their sequences for DeepSeek-V4's "
                         f"compressed-attention layer {self.layer_idx} ({self.layer_type}) under torch.compile; "
@@ -210,7 +210,6 @@ def _patch_deepseek_v4(module: Any) -> None:
                     attention_mask = None
                 return original(self, hidden_states, position_embeddings, position_ids, attention_mask, *args,
                                 **kwargs)
-            from .attention import KV_INDEX, PadfreeAttentionError
 
             if kwargs.get(KV_INDEX) is not None:
                 raise PadfreeAttentionError(

@@ -123,6 +123,7 @@ class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if "score_positions" not in inputs:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        self.count_real_tokens(inputs)  # (TRL's compute_loss, which the tokens/s log wraps, is not called)
         mode = "train" if self.model.training else "eval"
         outputs, logits = self._flat_rewards(model, inputs)
         # from here on TRL's compute_loss (1.8-1.16), on the rewards read at every sequence's pooled token

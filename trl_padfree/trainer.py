@@ -33,6 +33,7 @@ from .configs import SFTConfig as PadfreeSFTConfig
 from .formatting import FormattingFunc, first_record
 from .recurrent import prepare_packed_layers
 from .threads import checked_threads, training_threads
+from .throughput import RealTokensLog
 
 
 def is_padding_free_collator(collator: Any) -> bool:
@@ -244,10 +245,11 @@ def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, mai
     return f"trl: {reason}"
 
 
-class PadfreeTrainerMixin:
+class PadfreeTrainerMixin(RealTokensLog):
     """What this package's trainers (:class:`SFTTrainer`, :class:`trl_padfree.DPOTrainer`) add to TRL's, before the
     TRL class in the bases: the CPU thread policy during ``train()`` (``torch_num_threads``), a closed progress bar
-    when a run fails, no "missing key" warning for a tied weight on resume, a model card true for a local base
+    when a run fails, real tokens/s (and GRPO/RLOO's generation time) in the training logs
+    (:mod:`trl_padfree.throughput`), no "missing key" warning for a tied weight on resume, a model card true for a local base
     model, and ``use_cache: true`` in the saved config."""
 
     torch_num_threads: int | str | None = "auto"

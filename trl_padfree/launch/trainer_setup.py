@@ -8,15 +8,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from .atomic_save import AtomicCheckpoints
-from .throughput import RealTokensLog
 from .whole_run import WholeRunLog
 
 __all__ = ["LaunchTrainer", "make_launch_trainer"]
 
 
-class LaunchTrainer(AtomicCheckpoints, RealTokensLog, WholeRunLog):
-    """Mixins of a launch trainer: checkpoints that appear complete or not at all (:mod:`.atomic_save`), real tokens/s
-    (and GRPO/RLOO's generation time) in the training logs (:mod:`.throughput`) and the log the summary of the whole
+class LaunchTrainer(AtomicCheckpoints, WholeRunLog):
+    """Mixins of a launch trainer: checkpoints that appear complete or not at all (:mod:`.atomic_save`), (real tokens/s
+    and GRPO/RLOO's generation time come with the package's trainers, :mod:`trl_padfree.throughput`) and the log the summary of the whole
     run needs (:mod:`.whole_run`). Put first: ``class LaunchXTrainer(LaunchTrainer,
     XTrainer)``."""
 

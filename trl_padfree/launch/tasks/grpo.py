@@ -279,7 +279,7 @@ class GRPOTask(Task):
 
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
     """The summary lines of an RL run: the share of training spent generating (the end-of-training
-    ``train_generation_seconds`` / ``train_generation_share`` of :mod:`..throughput`), the mean reward first and last.
+    ``train_generation_seconds`` / ``train_generation_share`` of :mod:`trl_padfree.throughput`), the mean reward first and last.
 
     >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234", "model saved to out"], [{"reward": 0.1}, {"reward": 0.25},
     ...                {"train_runtime": 9.0, "train_generation_seconds": 4.5, "train_generation_share": 0.52}])

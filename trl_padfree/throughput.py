@@ -1,10 +1,11 @@
-"""Real tokens/s in the training logs of every launched trainer, and for GRPO/RLOO the time spent generating.
+"""Real tokens/s in the training logs of every trainer of this package, and for GRPO/RLOO the time spent generating.
 
-:class:`RealTokensLog` (a mixin of :class:`~.trainer_setup.LaunchTrainer`) counts, at every training micro-step, the
+:class:`RealTokensLog` (a mixin of :class:`~trl_padfree.trainer.PadfreeTrainerMixin`, so of every trainer here)
+counts, at every training micro-step, the
 real (non-padding) tokens of the batch the loss is computed on (:func:`real_tokens`: the tokens TRL itself counts as
 ``num_tokens``, so a pair's prompt counts twice in DPO and a group's prompt once per completion in GRPO, whatever the
-layout forwards) and logs, with every periodic training log, keys consistent with SFT's
-(:mod:`.tasks.sft_trainer`, which counts its own):
+layout forwards) and logs, with every periodic training log, keys consistent with the launch's SFT trainer
+(:mod:`trl_padfree.launch.tasks.sft_trainer`, which counts its own):
 
 - ``real_tokens_per_second``: real tokens of all processes per second of training since the previous log
   (evaluation time left out);
@@ -64,9 +65,14 @@ class RealTokensLog:
             self._rt_start, self._rt_eval = time.perf_counter(), 0.0
         return super().training_step(*args, **kwargs)
 
-    def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+    def count_real_tokens(self, inputs: dict[str, Any]) -> None:
+        """Count a training batch's real tokens (a trainer whose ``compute_loss`` does not reach this mixin's calls
+        it itself)."""
         if not self.own_token_log and self.model.training and torch.is_grad_enabled():
             self._rt_tokens += real_tokens(inputs)
+
+    def compute_loss(self, model: Any, inputs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        self.count_real_tokens(inputs)
         return super().compute_loss(model, inputs, *args, **kwargs)
 
     def _generate(self, *args: Any, **kwargs: Any) -> Any:
