@@ -267,6 +267,7 @@ def test_every_shipped_config_is_checked():
         "demo-grpo.yaml",  # run (trl-padfree grpo) in test_launch_grpo.py
         "demo-reward.yaml",  # run (trl-padfree reward) in test_launch_reward.py
         "demo-kto.yaml",  # run (trl-padfree kto) in test_launch_kto.py
+        "demo-real.yaml",  # resolved below; run by make demo-real (the real model is downloaded there)
         "accelerate/ddp.yaml", "accelerate/fsdp.yaml", "accelerate/deepspeed-zero3.yaml",
         "accelerate/cpu-ddp.yaml",  # checked (and run with 2 ranks) in test_distributed.py
     }  # fmt: skip
@@ -382,3 +383,13 @@ def test_no_stage_or_task_assigns_to_the_config():
     caught = ast.parse("cfg.run_id = 1\ncfg.a, cfg.b = 1, 2\ncfg.training.x = 1\ncfg.notes.append(1)\n"
                        "setattr(cfg.model, 'x', 1)\nother.x = cfg.y\n")
     assert sorted(set(_assigned_config_fields(caught))) == [1, 2, 3, 4, 5]
+
+
+def test_real_model_demo_config_resolves():
+    """make demo-real's config (SmolLM2-135M, downloaded by scripts/real_model.py): every key and type goes through
+    the same path as a run, with its shipped chat data; nothing is downloaded or loaded."""
+    cfg = load_config(["--config", str(CONFIGS / "demo-real.yaml")], check_environment=False)
+    assert cfg.task == "sft" and cfg.padding_free is True and cfg.attn_implementation == "auto"
+    assert cfg.model.model_name_or_path == ".cache/smollm2-135m"
+    for path in (cfg.data.train_file, cfg.data.eval_file):
+        assert (ROOT / path).is_file(), path

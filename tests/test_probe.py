@@ -442,3 +442,31 @@ def test_probe_families_script_writes_the_table(tmp_path: Path, capsys: pytest.C
         script["main"](["--types", "lama", "--out", str(out)])
     assert exit_info.value.code == 2
     assert "unknown model type(s) lama; use names like llama" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ a layer it does not know
+
+
+class RunningMean(torch.nn.Module):
+    """A remote-code-style recurrent layer: a running mean over the row, which crosses example boundaries."""
+
+    def __init__(self, mlp: torch.nn.Module) -> None:
+        super().__init__()
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x + 0.5 * x.cumsum(1) / torch.arange(1, x.shape[1] + 1)[None, :, None])
+
+
+def test_an_unknown_recurrent_layer_is_named_in_the_refusal() -> None:
+    """A layer the package has no varlen path for is refused before training, and the one-line advice names it
+    (the first module whose input agrees packed vs alone and whose output does not) and what to do."""
+    model = llama("padfree")
+    model.model.layers[1].mlp = RunningMean(model.model.layers[1].mlp)
+    report = check_packing(model)
+    assert report.status == "leaks" and report.first_leak == "model.layers.1.mlp (RunningMean)"
+    assert report.advice.startswith("the first module that mixes packed examples is model.layers.1.mlp (RunningMean);")
+    assert report.advice.endswith("set padding_free=False.") and "\n" not in report.advice
+    with pytest.raises(PackingLeakError, match=r"model\.layers\.1\.mlp \(RunningMean\)"):
+        assert_packing_safe(model)
+    assert check_packing(llama("padfree")).first_leak is None  # a safe model: no leak to locate

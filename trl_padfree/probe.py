@@ -59,6 +59,7 @@ __all__ = [
     "PackingReport",
     "assert_packing_safe",
     "check_packing",
+    "first_leaking_module",
     "layer_kinds",
     "packed_batch",
     "training_rtol",
@@ -234,6 +235,8 @@ class PackingReport:
         layer_kinds: The token-mixing layer kinds the model has (:func:`layer_kinds`), all run by the probe.
         alternatives: ``attn_implementation -> status`` of the other implementations the probe tried because this
             one was not safe (:data:`ALTERNATIVES`); the advice recommends one only when its status is ``"safe"``.
+        first_leak: When the model leaks, the first module (in the order modules finish) whose input is the same
+            packed as alone but whose output is not, ``"name (ClassName)"`` (:func:`first_leaking_module`).
     """
 
     ok: bool
@@ -252,6 +255,7 @@ class PackingReport:
     error: str | None = None
     layer_kinds: tuple[str, ...] = ()
     alternatives: dict[str, str] = dataclasses.field(default_factory=dict)
+    first_leak: str | None = None
 
     def __str__(self) -> str:
         where = f"{self.model_type} (attn_implementation={self.attn_implementation!r}, {self.dtype} on {self.device})"
@@ -272,6 +276,8 @@ class PackingReport:
             )
         if self.layer_kinds:
             lines.append(f"  layers: {', '.join(self.layer_kinds)}")
+        if self.first_leak:
+            lines.append(f"  first module that mixes examples: {self.first_leak}")
         if self.alternatives:
             tried = ", ".join(f"{name!r} {status}" for name, status in self.alternatives.items())
             lines.append(f"  also tried: {tried}")
@@ -645,6 +651,83 @@ def layout_report(
     )
 
 
+def _first_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (tuple, list)):
+        return value[0] if value and isinstance(value[0], torch.Tensor) else None
+    return getattr(value, "last_hidden_state", None)
+
+
+def _record_rows(model: nn.Module, batch: Mapping[str, Any], length: int) -> tuple[list[str], dict[str, tuple]]:
+    """Run ``batch``; for every submodule the first call's (input, output) tensors laid out ``(1, length, ...)``,
+    and the order in which the modules finished."""
+    seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+    order: list[str] = []
+
+    def row(t: Any) -> torch.Tensor | None:
+        t = _first_tensor(t)
+        return t.detach().float() if t is not None and t.dim() >= 2 and tuple(t.shape[:2]) == (1, length) else None
+
+    def hook(name: str) -> Callable[..., None]:
+        def record(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if name in seen:
+                return
+            inp = row(args[0]) if args else row(kwargs.get("hidden_states", kwargs.get("input_ids")))
+            out = row(output)
+            if inp is not None and out is not None:
+                seen[name] = (inp, out)
+                order.append(name)
+
+        return record
+
+    handles = [m.register_forward_hook(hook(n), with_kwargs=True) for n, m in model.named_modules() if n]
+    try:
+        with torch.no_grad():
+            model(**{k: v for k, v in batch.items() if k != "labels"})
+    finally:
+        for h in handles:
+            h.remove()
+    return order, seen
+
+
+def first_leaking_module(
+    model: nn.Module, alone: Sequence[Mapping[str, Any]], packed: Mapping[str, Any], rtol: float = 1e-5
+) -> str | None:
+    """The first module (in the order modules finish a forward) whose input is the same on the packed row as on
+    the examples run alone but whose output is not: where examples start to mix, ``"name (ClassName)"``; None
+    when no module's tensors line up with the row (or none mixes them). It names a layer the package does not
+    know (a remote-code recurrent layer, say) in the probe's refusal.
+
+    >>> from trl_padfree.testing import tiny_llama
+    >>> class RunningMean(torch.nn.Module):  # mixes every earlier token of the row, whatever the example
+    ...     def forward(self, x):
+    ...         return x.cumsum(1) / torch.arange(1, x.shape[1] + 1)[None, :, None]
+    >>> model = tiny_llama(vocab_size=64, attn_implementation="padfree").eval()
+    >>> model.model.layers[1].mlp = RunningMean()
+    >>> seqs = [[5, 6, 7], [8, 9, 10, 11]]
+    >>> alone = [{"input_ids": torch.tensor([s]), "use_cache": False} for s in seqs]
+    >>> first_leaking_module(model, alone, packed_batch(seqs))
+    'model.layers.1.mlp (RunningMean)'
+    """
+    total = int(packed["input_ids"].shape[-1])
+    order, packed_rows = _record_rows(model, packed, total)
+    alone_rows = [_record_rows(model, batch, int(batch["input_ids"].shape[-1]))[1] for batch in alone]
+    for name in order:
+        if not all(name in rows for rows in alone_rows):
+            continue
+        inp = torch.cat([rows[name][0] for rows in alone_rows], dim=1)
+        out = torch.cat([rows[name][1] for rows in alone_rows], dim=1)
+        p_inp, p_out = packed_rows[name]
+        if p_inp.shape != inp.shape or p_out.shape != out.shape:
+            continue
+        tol_in = rtol * max(inp.abs().max().item(), 1.0)
+        tol_out = rtol * max(out.abs().max().item(), 1.0)
+        if (p_inp - inp).abs().max().item() <= tol_in and (p_out - out).abs().max().item() > tol_out:
+            return f"{name} ({type(model.get_submodule(name)).__name__})"
+    return None
+
+
 def check_packing(
     model: nn.Module,
     *,
@@ -750,6 +833,11 @@ def check_packing(
         status = "leaks"
     else:
         status = "safe"
+    first_leak = None
+    if status == "leaks":
+        with deterministic_train_mode(model):
+            first_leak = first_leaking_module(model, [to_device(alone_batch(q)) for q in sequences], packed_inputs,
+                                              rtol=rtol)
     tried: dict[str, str] = {}
     if try_alternatives and status in ("leaks", "error", "unsupported") and packed_inputs.get("use_cache") is False:
         for other in ALTERNATIVES:
@@ -763,7 +851,7 @@ def check_packing(
         tolerance=tolerance,
         model_type=model_type,
         attn_implementation=attn,
-        advice=_advice(
+        advice=(f"the first module that mixes packed examples is {first_leak}; " if first_leak else "") + _advice(
             status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False,
             model_class=type(model).__name__, kinds=kinds, error=error, alternative=alternative,
         ),
@@ -776,6 +864,7 @@ def check_packing(
         error=error,
         layer_kinds=kinds,
         alternatives=tried,
+        first_leak=first_leak,
     )
 
 
