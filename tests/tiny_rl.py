@@ -142,6 +142,12 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / scale).item() if b.numel() else 0.0
 
 
+# not compared between runs: wall-clock figures (trl_padfree/throughput.py's tokens/s and generation time) and the
+# schedule's bookkeeping
+TIMED = ("step_time", "real_tokens_per_second", "generation_seconds", "generation_share", "learning_rate", "epoch",
+         "step")
+
+
 def compare(got: Any, want: Any) -> dict[str, float]:
     """The worst relative difference of each thing recorded: log-probs, entropies, logged metrics, gradients."""
     assert len(got.recorded) == len(want.recorded), (len(got.recorded), len(want.recorded))
@@ -158,7 +164,7 @@ def compare(got: Any, want: Any) -> dict[str, float]:
         missing = set(w) - set(g)
         assert not missing, f"metrics missing from the padding-free log: {sorted(missing)}"
         for k, v in w.items():
-            if k in ("step_time", "learning_rate", "epoch", "step") or not isinstance(v, int | float):
+            if k in TIMED or not isinstance(v, int | float):
                 continue
             # relative, with an absolute floor for values that are 0 up to rounding (RLOO's first loss: its
             # advantages sum to 0, so the loss is ~1e-8 of noise in every layout)
