@@ -217,7 +217,8 @@ def _patch_deepseek_v4(module: Any) -> None:
                     "DeepSeek-V4's compressed-attention layers; hold each prompt once per response "
                     "(prompt_once=False)."
                 )
-            call = {k: v for k, v in kwargs.items() if k not in _BOUNDARY_KWARGS and k != "cache"}
+            # the cache argument is ``cache`` in transformers 5.24 and ``past_key_values`` in 5.23: passed as None
+            call = {k: v for k, v in kwargs.items() if k not in _BOUNDARY_KWARGS and k not in ("cache", "past_key_values")}
             positions = position_ids.expand(hidden_states.shape[0], -1)
             rows = []
             for r, row_starts in enumerate(starts):
