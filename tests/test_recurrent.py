@@ -331,7 +331,7 @@ def test_prompt_once_refused_for_recurrent_layers():
 
 def test_launch_turns_an_unset_prompt_once_off_for_recurrent_layers():
     """``trl-padfree grpo``/``rloo`` leave prompt_once unset (on where it can run): after loading a hybrid model it
-    is off, so the run trains instead of stopping at the refusal above; one set to true stays true (and is refused)."""
+    is off, so the run trains instead of stopping at the refusal above; one set to true is refused in one line."""
     import dataclasses
 
     from trl_padfree.launch.model import _shared_prompt_default
@@ -344,7 +344,11 @@ def test_launch_turns_an_unset_prompt_once_off_for_recurrent_layers():
     unset = Config(RLArguments(prompt_once=None))
     assert _shared_prompt_default(unset, _tiny("qwen3_5_text")).collator.prompt_once is False
     assert unset.collator.prompt_once is None  # a new config; the old one unchanged
-    assert _shared_prompt_default(Config(RLArguments(prompt_once=True)), _tiny("lfm2")).collator.prompt_once is True
+    from trl_padfree.launch.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^prompt_once: true cannot share a prompt with Lfm2ShortConv layers .*"
+                                          r"set prompt_once=False\.$"):
+        _shared_prompt_default(Config(RLArguments(prompt_once=True)), _tiny("lfm2"))
     llama = tiny_llama(vocab_size=64, attn_implementation="padfree")
     assert _shared_prompt_default(unset, llama).collator.prompt_once is None  # attention only: the task decides
 

@@ -67,9 +67,14 @@ def load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
 def _shared_prompt_default(cfg: LaunchConfig, model: Any) -> LaunchConfig:
     """An unset ``prompt_once`` (GRPO, RLOO: on where it can run) is off for a model with recurrent layers, which a
     prompt shared through the attention's key index cannot reach (:func:`trl_padfree.recurrent.refuse_shared_prompt`);
-    one set to true is refused there by the trainer, in one line."""
-    from trl_padfree.recurrent import recurrent_layer_types
+    one set to true is refused here, in one line (:class:`ConfigError`), before the probe runs."""
+    from trl_padfree.recurrent import recurrent_layer_types, refuse_shared_prompt
 
+    if getattr(cfg.collator, "prompt_once", False):
+        try:
+            refuse_shared_prompt(model, "prompt_once: true")
+        except ValueError as exc:  # before the probe, whose advice would be about padding_free
+            raise ConfigError(str(exc)) from None
     if getattr(cfg.collator, "prompt_once", False) is not None:
         return cfg
     layers = recurrent_layer_types(model)
