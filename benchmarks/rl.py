@@ -5,7 +5,7 @@ generation batch (chunks of ``per_device_train_batch_size`` rows, as TRL runs th
 shuffled split) the policy forward, TRL's loss and the backward. It runs through each trainer's own methods
 (``_get_per_token_logps_and_entropies``, ``_compute_loss``) on the SAME recorded generation batches: synthetic
 groups with GSM8K-like lengths (completions lognormal, median 300, sigma 0.75, clipped to ``max_completion_length``
-1024, prompts ~150, 8 generations per prompt: FIELD-NOTES section 12, TRL #6263), all lengths multiplied by
+1024, prompts ~150, 8 generations per prompt: TRL issue #6263), all lengths multiplied by
 ``--scale`` for a CPU. The layouts are timed in turns, step after step, in one process; peak memory is the peak RSS
 of a fresh process running one step of one layout (Linux: ``VmHWM`` reset just before the step; "step MiB" is
 that peak over the RSS before the step).

@@ -83,7 +83,7 @@ def test_each_example_logits_in_packed_row_equal_alone(tok, attn):
 
 def test_batch_is_safe_in_a_hand_written_loop_because_it_disables_the_cache(tok):
     """``model(**batch)`` with no use_cache would make transformers build a DynamicCache even in train mode, skip
-    packed-sequence detection and let examples attend to each other (FIELD-NOTES, "the cache trap")."""
+    packed-sequence detection and let examples attend to each other (transformers' masking_utils.create_causal_mask skips it when a cache is passed)."""
     model = tiny_llama(vocab_size=len(tok), attn_implementation="sdpa").train()
     packed = merged(tok, True)
     padded = merged(tok, False)

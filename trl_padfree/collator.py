@@ -9,7 +9,7 @@ without the old class's silent failures:
 - examples without the response template are reported in one warning per batch (or raise, if asked);
 - the padding-free batch carries ``cu_seq_lens_q/k`` with the shape varlen kernels want (TRL #3243), max lengths
   as Python ints (no device sync), and ``use_cache=False`` so that ``model(**batch)`` in a hand-written loop never
-  builds a cache, which would make sdpa/eager attend across examples (FIELD-NOTES, "the cache trap").
+  builds a cache, which would make sdpa/eager attend across examples (transformers' masking_utils.create_causal_mask skips packed detection when a cache is passed).
 
 Example:
     >>> from trl_padfree.testing import tiny_byte_level_tokenizer

@@ -97,7 +97,7 @@ def training_rtol(args: Any) -> float | None:
 # Attention implementations that take the packed boundaries from cu_seq_lens / position_ids themselves.
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "padfree", "paged|", "kernels-community/")
 
-# Model types whose sdpa/eager/flex mask is built without position_ids (see FIELD-NOTES section 4).
+# Model types whose sdpa/eager/flex mask is built without position_ids (their modeling files never pass position_ids to transformers' masking_utils).
 _MASK_IGNORES_POSITION_IDS = frozenset(
     {"opt", "bloom", "mpt", "biogpt", "xglm", "gpt_oss", "granitemoehybrid"}
 )
