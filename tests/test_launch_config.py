@@ -297,18 +297,16 @@ def test_help_lists_the_launcher_fields(capsys):
 
 
 def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, data_dir):
-    from trl_padfree.launch.atomic_save import mark_complete
-    from trl_padfree.launch.files import write_json_atomic
-    from trl_padfree.launch.run_files import RUN_FILE
+    from trl_padfree.launch.resume import CHECKPOINT_MARKER, RUN_FILE, write_json
 
     out = tmp_path / "out"
     out.mkdir()
-    write_json_atomic(str(out / RUN_FILE), {"run_id": "r1", "status": "interrupted"})
+    write_json(str(out / RUN_FILE), {"run_id": "r1", "status": "interrupted"})
     for step in (2, 10, 4):
         (out / f"checkpoint-{step}").mkdir(parents=True)
         (out / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"w")
         if step != 10:  # checkpoint-10 was never completed
-            mark_complete(str(out / f"checkpoint-{step}"), "r1", step)
+            write_json(str(out / f"checkpoint-{step}" / CHECKPOINT_MARKER), {"run_id": "r1", "step": step})
     cfg = load_config(demo_argv(data_dir, out, "--resume_from_checkpoint", "true"))
     assert cfg.resume_from_checkpoint == str(out / "checkpoint-4") and cfg.run_id == "r1"
     assert cfg.notes == [

@@ -1,19 +1,24 @@
-"""Running on 2 CPU ranks from the tests: a test-only script (tests/ddp_*.py) under torchrun with this checkout's
-package (``run_on_two_ranks``), and a free port for a launcher's rendezvous (``free_port``)."""
+"""Running several processes from the tests: a test-only script (tests/ddp_*.py) on 2 ranks (``run_on_two_ranks``),
+launcher commands whose every process must be gone when they end (``launch``), and a free port (``free_port``)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from pathlib import Path
 
 from paths import ROOT
 
+TIMEOUT = 300  # seconds for one launch of every node (loaded 2-core machine); a hang is caught here
+
 
 def run_on_two_ranks(script: str, out: Path, *args: str, timeout: int = 600) -> None:
-    """``tests/SCRIPT ARGS... OUT`` under torchrun with 2 processes; fails the test with the output's end unless
-    it exits 0."""
+    """``tests/SCRIPT ARGS... OUT`` under torchrun with 2 processes; fails the test unless it exits 0."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}  # this checkout, not an installed copy
     proc = subprocess.run(
@@ -25,10 +30,77 @@ def run_on_two_ranks(script: str, out: Path, *args: str, timeout: int = 600) -> 
 
 
 def free_port() -> str:
-    """A free TCP port: accelerate's launcher otherwise uses 29500, and two runs at once (a test suite next to
-    another job) would meet at the same rendezvous and wait for each other."""
+    """A free TCP port, so that two runs at once never meet at one rendezvous."""
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return str(sock.getsockname()[1])
+
+
+def tagged(tag: str) -> list[int]:
+    """The live (not zombie) processes whose environment carries ``TRL_PADFREE_TEST_RUN=tag`` (every process a
+    launch started inherits it)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                if f"TRL_PADFREE_TEST_RUN={tag}".encode() not in handle.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+                if handle.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
+class Node:
+    """One launcher process (a node) and what it printed, timestamped."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str]) -> None:
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.lines: list[tuple[float, str]] = []
+        self.ended: float | None = None
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(line for _, line in self.lines)
+
+    def first(self, fragment: str) -> float:
+        return next(t for t, line in self.lines if fragment in line)
+
+
+def launch(commands: list[list[str]], **env: str) -> list[Node]:
+    """Start every command (one per node) with ``env`` added, wait for all, and check that no process they started
+    is left (a hang fails the test after :data:`TIMEOUT` s, with every process killed)."""
+    tag = uuid.uuid4().hex
+    full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
+            "TRL_PADFREE_TEST_RUN": tag, **env}
+    nodes = [Node(cmd, full) for cmd in commands]
+    deadline = time.monotonic() + TIMEOUT
+    while any(n.proc.poll() is None for n in nodes) and time.monotonic() < deadline:
+        for n in nodes:
+            if n.ended is None and n.proc.poll() is not None:
+                n.ended = time.monotonic()
+        time.sleep(0.2)
+    hung = any(n.proc.poll() is None for n in nodes)
+    time.sleep(1.0)
+    left = tagged(tag)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    for n in nodes:
+        n.proc.wait()
+        n.reader.join(10)
+        n.ended = n.ended or time.monotonic()
+    shown = "\n=====\n".join(n.text[-3000:] for n in nodes)
+    assert not hung, f"the run did not end within {TIMEOUT} s:\n{shown}"
+    assert not left, f"processes of the run still alive after it ended: {left}\n{shown}"
+    return nodes

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+_TORCH_DEFAULT = torch.get_num_threads()
 
 __all__ = [
     "HIDDEN_PER_THREAD",
@@ -72,20 +75,34 @@ def cores() -> int:
     return max(1, min(allowed, torch.get_num_threads()))
 
 
+def _cpu_times() -> tuple[float, float] | None:
+    """``(idle, total)`` jiffies of all CPUs from ``/proc/stat`` (Linux), or None."""
+    try:
+        with open("/proc/stat", encoding="ascii") as handle:
+            fields = [float(x) for x in handle.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    return (fields[3] + (fields[4] if len(fields) > 4 else 0.0), sum(fields)) if len(fields) >= 4 else None
+
+
 def idle_cores(interval: float = 0.25) -> float | None:
-    """The cores of this machine that no process used over the last ``interval`` seconds (this one sleeps meanwhile),
-    or None where that cannot be read.
+    """The cores of this machine that no process used over the last ``interval`` seconds (``/proc/stat``; else the
+    1-minute load average), or None where neither can be read.
 
     >>> 0.0 <= idle_cores() <= (os.cpu_count() or 1)
     True
     """
+    count = os.cpu_count() or 1
+    before = _cpu_times()
+    if before is not None:
+        time.sleep(interval)
+        after = _cpu_times()
+        if after is not None and after[1] > before[1]:
+            return count * (after[0] - before[0]) / (after[1] - before[1])
     try:
-        import psutil
-
-        busy = psutil.cpu_percent(interval=interval) / 100.0
-    except Exception:  # no /proc, or psutil missing
+        return max(0.0, count - os.getloadavg()[0])
+    except (AttributeError, OSError):
         return None
-    return max(0.0, (psutil.cpu_count(logical=True) or os.cpu_count() or 1) * (1.0 - busy))
 
 
 def processes_on_this_machine() -> int:
@@ -94,14 +111,13 @@ def processes_on_this_machine() -> int:
 
 
 def torch_default_threads() -> int:
-    """The CPU thread count torch starts with when no environment variable sets one: the physical cores.
+    """The CPU thread count torch had when this module was imported: its default (the physical cores) unless a
+    count was chosen before.
 
     >>> torch_default_threads() >= 1
     True
     """
-    import psutil
-
-    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return _TORCH_DEFAULT
 
 
 def training_threads(model: Any, device: str) -> tuple[int | None, str]:

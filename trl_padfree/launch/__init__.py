@@ -62,8 +62,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     """
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
-    from .distributed import finish, plan_nodes
-    from .rendezvous import agree_on_config, install_handshake
+    from .distributed import agree_on_config, finish, plan_nodes
     from .run import train
     from .run_record import RunError
     from .tasks import get_task
@@ -72,12 +71,11 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     prog = get_task(task).prog
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_replicas()  # under a distributed launcher only the first process of each node logs, from the very start
-    install_handshake()  # torchrun: attempts apart, refusals shared; before the process group exists (parsing creates it)
     try:
         try:
             cfg = load_config(argv, task=task)
         except ConfigError as exc:
-            agree_on_config(exc)  # the other processes of the run stop too (launch.rendezvous)
+            agree_on_config(exc)  # the other processes of the run stop too (launch.distributed)
             raise
         agree_on_config(None)
         cfg, _ = apply_defaults(cfg)
@@ -88,7 +86,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     except ConfigError as exc:
         print_error(str(exc), prog)
         return finish(2)
-    except RunError as exc:  # a failure during the run, e.g. a save on a full disk (launch.atomic_save)
+    except RunError as exc:  # a failure during the run, e.g. a final save on a full disk (launch.run_record)
         print_error(str(exc), prog)
         return finish(1)
     except SystemExit as exc:  # --help

@@ -1,15 +1,16 @@
-"""Trainer callbacks of ``trl-padfree train``: stop cleanly on SIGTERM / Ctrl-C with a checkpoint.
+"""The launch's Trainer callbacks (public ``TrainerCallback`` hooks only).
 
-:class:`GracefulStop` installs handlers for SIGTERM and SIGINT while training runs. The first signal only sets a
-flag; at the end of the current optimizer step the callback asks the Trainer to save a checkpoint and stop, so
-``--resume_from_checkpoint`` continues from exactly that step (model, optimizer, scheduler, RNG states and data
-order are all restored by the Trainer). A second signal restores the default handler's behaviour (Ctrl-C twice
-aborts at once). Under several processes the flag is shared (an all-reduce per step), so every rank stops at the
-same step even if only one got the signal.
+- :class:`GracefulStop`: SIGTERM / Ctrl-C save a checkpoint at the end of the current step and stop; under several
+  processes the flag is shared (an all-reduce per step), so every rank stops at the same step.
+- :class:`CheckpointMarker`: once every process has saved ``checkpoint-N`` (``on_save``), the process that saves
+  writes the completion marker (:data:`~.resume.CHECKPOINT_MARKER`) that resume looks for.
+- :class:`WholeRunLog`: the training loss is logged at every checkpoint and at the last step, so the log history a
+  checkpoint carries covers every step (the summary of a resumed run covers the whole run).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 from types import FrameType
@@ -17,7 +18,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-__all__ = ["GracefulStop"]
+__all__ = ["CheckpointMarker", "GracefulStop", "WholeRunLog"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -40,7 +41,6 @@ class GracefulStop(TrainerCallback):
         self._announce = announce or (lambda message: None)
         self._previous: dict[int, Any] = {}
 
-    # ------------------------------------------------------------------ signal handling
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.requested is not None:  # second signal: behave as if we were not there
@@ -67,9 +67,8 @@ class GracefulStop(TrainerCallback):
             signal.signal(sig, handler)
         self._previous.clear()
 
-    # ------------------------------------------------------------------ trainer hooks
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        from .collective import any_process
+        from .distributed import any_process
 
         if any_process(self.requested is not None):  # every rank stops at the same step
             self.requested = _who_was_signalled(self.requested)
@@ -85,6 +84,48 @@ def _who_was_signalled(mine: str | None) -> str:
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return mine or "a signal"
-    from .rendezvous import gather_reports
+    from .distributed import gather_reports
 
     return ", ".join(f"{name} on rank {rank}" for rank, _, name in gather_reports(mine))
+
+
+class CheckpointMarker(TrainerCallback):
+    """Mark ``checkpoint-N`` complete once every process has saved its part: the run id, the step and the size of
+    every file, synced to disk (see :mod:`.resume`). ``run_id``: set before training."""
+
+    def __init__(self, run_id: str | None = None) -> None:
+        self.run_id = run_id
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        from accelerate import PartialState
+
+        from .resume import CHECKPOINT_MARKER, write_json
+
+        PartialState().wait_for_everyone()  # every rank's files (RNG states, shards) are written
+        if not args.should_save:
+            return
+        path = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        files = {}
+        for root, _, names in os.walk(path):
+            for name in names:
+                full = os.path.join(root, name)
+                with open(full, "rb") as handle:
+                    os.fsync(handle.fileno())
+                files[os.path.relpath(full, path)] = os.path.getsize(full)
+        files.pop(CHECKPOINT_MARKER, None)
+        write_json(os.path.join(path, CHECKPOINT_MARKER), {"run_id": self.run_id, "step": state.global_step,
+                                                            "files": files})
+
+
+class WholeRunLog(TrainerCallback):
+    """Log the training loss at every checkpoint and at the last step; ``first_step``: the global step this process
+    started from (> 0 after a resume)."""
+
+    first_step: int | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.first_step = state.global_step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control.should_save or control.should_training_stop:
+            control.should_log = True

@@ -57,7 +57,7 @@ class ConfigError(ValueError):
 
 
 class RefusedElsewhere(ConfigError):
-    """Another process of a multi-process run refused its config (``launch.rendezvous``): this one stops too."""
+    """Another process of a multi-process run refused its config (``launch.distributed``): this one stops too."""
 
 
 @dataclass

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .collective import any_process
 from .config import ConfigError
 from .console import is_main_process, say
+from .distributed import any_process
 from .model import materialized, sharded_launch
 
 __all__ = ["probe_model"]

@@ -1,20 +1,127 @@
-"""Which checkpoint a run resumes: ``resume_from_checkpoint: true`` (:func:`choose_resume`) takes the newest
-checkpoint that carries this run's id and whose files match its marker (:func:`~.run_files.checkpoint_problem`),
-and lists the ones it passed over (incomplete, another run's); ``auto`` and torchrun's restarts
-(:func:`resolve_auto_resume`) take the same one, or start a new run where there is none.
+"""What a run leaves in ``output_dir`` and which checkpoint it resumes.
+
+- ``trl_padfree_run.json`` (:data:`RUN_FILE`): the run's id and status (``training``, ``interrupted``,
+  ``finished``, ``failed``), see :mod:`.run_record`;
+- ``checkpoint-N/trl_padfree_checkpoint.json`` (:data:`CHECKPOINT_MARKER`): written by a callback
+  (:class:`~.callbacks.CheckpointMarker`) once the Trainer has saved every file of ``checkpoint-N``: the run id, the
+  step and every file's size. A checkpoint without it (a save that was killed) is not complete.
+
+``resume_from_checkpoint: true`` (:func:`choose_resume`) takes the newest complete checkpoint of the run and names
+the ones it passed over; ``auto`` and torchrun's restarts (:func:`resolve_auto_resume`) take the same one, or start
+a new run where there is none.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import tempfile
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ConfigError
-from .run_files import CHECKPOINT_NAME, STAGING_DIR, checkpoint_problem, list_checkpoints, run_contents
-from .run_record import new_run_id, read_run
 
-__all__ = ["ResumeChoice", "choose_resume", "resolve_auto_resume"]
+__all__ = ["CHECKPOINT_MARKER", "RUN_FILE", "ResumeChoice", "checkpoint_problem", "choose_resume",
+           "last_complete_checkpoint", "list_checkpoints", "new_run_id", "read_json", "read_run",
+           "resolve_auto_resume", "run_contents", "write_json"]
+
+RUN_FILE = "trl_padfree_run.json"
+CHECKPOINT_MARKER = "trl_padfree_checkpoint.json"
+CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
+_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
+_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+_RUN_MARKS = (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS, *_INDEXES)
+
+
+def new_run_id() -> str:
+    """A fresh run id (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def read_json(path: str) -> dict[str, Any] | None:
+    """The JSON mapping in ``path``, or None if it is missing, unreadable or not a mapping."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    """Write ``data`` to ``path`` whole or not at all (a synced temporary file, renamed).
+
+    >>> d = tempfile.mkdtemp(); write_json(os.path.join(d, "x.json"), {"a": 1}); read_json(os.path.join(d, "x.json"))
+    {'a': 1}
+    """
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(data, handle, indent=2, default=str)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_run(output_dir: str) -> dict[str, Any] | None:
+    """The run record of ``output_dir``, or None."""
+    return read_json(os.path.join(output_dir, RUN_FILE))
+
+
+def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
+    """``(step, path)`` of every ``checkpoint-N`` directory in ``output_dir``, by step."""
+    names = os.listdir(output_dir) if os.path.isdir(output_dir) else []
+    found = [(int(m.group(1)), os.path.join(output_dir, n)) for n in names if (m := CHECKPOINT_NAME.match(n))]
+    return sorted((step, path) for step, path in found if os.path.isdir(path))
+
+
+def checkpoint_problem(path: str, run_id: str | None = None) -> str | None:
+    """Why ``path`` is not a complete checkpoint (of run ``run_id``, when given), or None if it is one: one of this
+    launcher has its marker and every file the marker lists at that size; one of another tool (no marker, no
+    ``run_id`` asked) a readable ``trainer_state.json`` and model weights."""
+    if not os.path.isdir(path):
+        return "not a directory"
+    marker = read_json(os.path.join(path, CHECKPOINT_MARKER))
+    if marker is not None:
+        if run_id is not None and marker.get("run_id") != run_id:
+            return "written by another run"
+        for rel, size in (marker.get("files") or {}).items():
+            full = os.path.join(path, rel)
+            if not os.path.isfile(full):
+                return f"{rel} is missing"
+            if os.path.getsize(full) != size:
+                return f"{rel} is {os.path.getsize(full)} bytes, {size} were written"
+        return None
+    if run_id is not None:
+        return "incomplete (no trl-padfree completion marker: the save was interrupted, or another tool wrote it)"
+    state = read_json(os.path.join(path, "trainer_state.json"))
+    if state is None or not isinstance(state.get("global_step"), int):
+        return "it has no readable trainer_state.json (the save was interrupted?)"
+    names = os.listdir(path)
+    if not any(n in _WEIGHTS or n in _INDEXES or n.startswith("pytorch_model_fsdp") for n in names):
+        return "it holds no model weights (model.safetensors, adapter_model.safetensors, ...)"
+    empty = [n for n in names if n in _WEIGHTS and os.path.getsize(os.path.join(path, n)) == 0]
+    return f"{empty[0]} is empty" if empty else None
+
+
+def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
+    """The newest complete checkpoint of run ``run_id`` in ``output_dir``, or None."""
+    for _, path in reversed(list_checkpoints(output_dir)):
+        if run_id is not None and checkpoint_problem(path, run_id) is None:
+            return path
+    return None
+
+
+def run_contents(output_dir: str) -> list[str]:
+    """The entries of ``output_dir`` that show a training run wrote there (checkpoints, weights, state)."""
+    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
+    return [n for n in names if n in _RUN_MARKS or CHECKPOINT_NAME.match(n)]
 
 
 @dataclass
@@ -29,83 +136,62 @@ class ResumeChoice:
     def note(self) -> str:
         """The line the launcher prints about this choice."""
         text = f"resuming from {self.path} (step {self.step}, the newest complete checkpoint of this run)"
-        if self.skipped:
-            text += "; passed over: " + "; ".join(self.skipped)
-        return text
+        return text + ("; passed over: " + "; ".join(self.skipped) if self.skipped else "")
 
 
 def choose_resume(output_dir: str) -> ResumeChoice:
-    """What ``resume_from_checkpoint: true`` means for ``output_dir``; :class:`ConfigError` if nothing fits.
-
-    Refused: no run of this launcher in ``output_dir``; a finished run (nothing left to train: the final model is
-    there); no complete checkpoint of this run.
-    """
-    run = read_run(output_dir) if os.path.isdir(output_dir) else None
+    """What ``resume_from_checkpoint: true`` means for ``output_dir``; :class:`ConfigError` when there is no run of
+    this launcher, the run is finished, or none of its checkpoints is complete."""
+    run = read_run(output_dir)
     checkpoints = list_checkpoints(output_dir)
     if run is None or not run.get("run_id"):
         what = (f"its checkpoints ({', '.join(os.path.basename(p) for _, p in checkpoints)}) were not written by "
                 "trl-padfree train" if checkpoints else "it holds no checkpoint-N directory")
         raise ConfigError(
             f"resume_from_checkpoint: true, but {output_dir!r} holds no trl-padfree run to resume ({what}); pass a "
-            "checkpoint directory (resume_from_checkpoint: PATH) or start without resume_from_checkpoint"
-        )
-    run_id = run["run_id"]
+            "checkpoint directory (resume_from_checkpoint: PATH) or start without resume_from_checkpoint")
     if run.get("status") == "finished":
         raise ConfigError(
             f"resume_from_checkpoint: true, but the run in {output_dir!r} is finished (step "
             f"{run.get('global_step')} of {run.get('max_steps')}; the model is saved there): nothing to resume; to "
             "train further, resume one of its checkpoints by path with a larger max_steps, or start a new run from "
-            "the model (model_name_or_path) in another output_dir"
-        )
-    staging = os.path.join(output_dir, STAGING_DIR)
-    partial = sorted(n for n in os.listdir(staging) if CHECKPOINT_NAME.match(n)) if os.path.isdir(staging) else []
-    skipped = [f"{name} (its save was interrupted; the partial files are discarded)" for name in partial]
+            "the model (model_name_or_path) in another output_dir")
+    skipped = []
     for step, path in reversed(checkpoints):
-        problem = checkpoint_problem(path, run_id)
+        problem = checkpoint_problem(path, run["run_id"])
         if problem is None:
-            return ResumeChoice(path=path, step=step, run_id=run_id, skipped=skipped)
+            return ResumeChoice(path=path, step=step, run_id=run["run_id"], skipped=skipped)
         skipped.append(f"{os.path.basename(path)} ({problem})")
     detail = f" ({'; '.join(skipped)})" if skipped else ""
     raise ConfigError(
         f"resume_from_checkpoint: true, but {output_dir!r} holds no complete checkpoint of its run{detail}; start "
-        "again without resume_from_checkpoint (with overwrite_output_dir: true) or pass a checkpoint path"
-    )
+        "again without resume_from_checkpoint (with overwrite_output_dir: true) or pass a checkpoint path")
 
 
 def resolve_auto_resume(cfg: Any, restart: int) -> dict[str, Any] | None:
-    """``resume_from_checkpoint: auto``, and torchrun's restarts: the checkpoint, run id and notes to resolve ``cfg``
-    with (the fields to change and their values; ``cfg`` is not changed).
-
-    ``auto`` (or no ``resume_from_checkpoint`` at all in a worker that torchrun restarted, ``restart`` > 0): the
-    newest complete checkpoint of the unfinished run in ``output_dir``, as ``true`` would take it; where that run
-    has no complete checkpoint yet, or ``output_dir`` holds no run, a new run starts (what a restart after a
-    failure before the first checkpoint needs). A finished run is refused as with ``true``; checkpoints of another
-    tool are refused as without ``resume_from_checkpoint`` (unless ``overwrite_output_dir``). Returns None when
-    ``resume_from_checkpoint`` asks for something else (the caller handles it).
-    """
+    """``resume_from_checkpoint: auto``, or none in a worker torchrun restarted (``restart`` > 0): the fields of
+    ``cfg`` to change. The newest complete checkpoint of the unfinished run in ``output_dir`` as ``true`` takes it,
+    else a new run; a finished run is refused as with ``true``, another tool's files as without
+    ``resume_from_checkpoint``. None when ``resume_from_checkpoint`` asks for something else."""
     value = cfg.resume_from_checkpoint
     if not (str(value).lower() == "auto" or (value is None and restart > 0)):
         return None
     why = "resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}"
     output_dir = cfg.training.output_dir
-    run = read_run(output_dir) if os.path.isdir(output_dir) else None
-    choice = None
+    run = read_run(output_dir)
     if run is not None and run.get("run_id"):
         try:
             choice = choose_resume(output_dir)
+            return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id,
+                    "notes": [*cfg.notes, f"{why}: {choice.note()}"]}
         except ConfigError:
             if run.get("status") == "finished":
                 raise
-    if choice is not None:
-        return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id,
-                "notes": [*cfg.notes, f"{why}: {choice.note()}"]}
     found = run_contents(output_dir)
     if found and run is None and not getattr(cfg.launch, "overwrite_output_dir", False):
         raise ConfigError(
             f"{why}, but output_dir {output_dir!r} holds files of another tool ({', '.join(found[:4])}) and no "
             "trl-padfree run; pass a checkpoint path, start over with overwrite_output_dir: true, or choose another "
-            "output_dir"
-        )
-    return {"resume_from_checkpoint": None, "run_id": new_run_id(),
-            "notes": [*cfg.notes, f"{why}: no complete checkpoint of an unfinished run in {output_dir}: starting a "
-                      "new run"]}
+            "output_dir")
+    return {"resume_from_checkpoint": None, "run_id": new_run_id(), "notes": [
+        *cfg.notes, f"{why}: no complete checkpoint of an unfinished run in {output_dir}: starting a new run"]}

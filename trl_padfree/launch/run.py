@@ -7,7 +7,7 @@
 3. load the model (:mod:`.model`) and, for padding-free runs, probe that packed sequences stay apart
    (:mod:`.probe_stage`, with the task's ``probe_check``); the task's reference model, if any;
 4. train with the task's trainer (``make_trainer``; SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`;
-   checkpoints and the final model appear complete or not at all, see :mod:`.atomic_save`), save the model, then
+   checkpoints are marked complete, see :mod:`.callbacks`; the final model appears whole, :mod:`.run_record`), save the model, then
    run the final evaluation, and print a summary (:mod:`.summary`, with the task's ``summary_lines``).
 
 Stages 1-3 raise :class:`~.config.ConfigError` for bad input; ``main`` turns it into one line on stderr and exit
@@ -67,10 +67,16 @@ def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
 
 def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, callbacks: Sequence[Any] = (),
          ref_model: Any = None) -> RunResult:
-    from .atomic_save import save_final_model
     from .callbacks import GracefulStop
     from .distributed import describe_distribution
-    from .run_record import RunError, begin_run, crash_reported, end_run, trainer_settings_checked
+    from .run_record import (
+        RunError,
+        begin_run,
+        crash_reported,
+        end_run,
+        save_final_model,
+        trainer_settings_checked,
+    )
 
     training = cfg.training
     stop = GracefulStop(announce=say)

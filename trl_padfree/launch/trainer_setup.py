@@ -1,23 +1,30 @@
-"""How the launch builds every trainer: :func:`make_launch_trainer` and :class:`LaunchTrainer`, the mixins
-each task's module-level trainer class puts before the package's trainer (e.g. ``tasks/dpo.py``'s
-``LaunchDPOTrainer``)."""
+"""How the launch builds every trainer: :func:`make_launch_trainer`, and :class:`LaunchTrainer`, the mixin each
+task's trainer class puts first (``class LaunchDPOTrainer(LaunchTrainer, DPOTrainer)``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from .atomic_save import AtomicCheckpoints
-from .whole_run import WholeRunLog
+from .callbacks import CheckpointMarker, WholeRunLog
 
 __all__ = ["LaunchTrainer", "make_launch_trainer"]
 
 
-class LaunchTrainer(AtomicCheckpoints, WholeRunLog):
-    """Mixins of a launch trainer: checkpoints that appear complete or not at all (:mod:`.atomic_save`), (real tokens/s
-    and GRPO/RLOO's generation time come with the package's trainers, :mod:`trl_padfree.throughput`) and the log the summary of the whole
-    run needs (:mod:`.whole_run`). Put first: ``class LaunchXTrainer(LaunchTrainer,
-    XTrainer)``."""
+class LaunchTrainer:
+    """Adds the launch's callbacks (:mod:`.callbacks`): checkpoints marked complete (``checkpoint_marker``, whose
+    ``run_id`` the run sets) and the whole run's loss in the log history (``whole_run``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.whole_run, self.checkpoint_marker = WholeRunLog(), CheckpointMarker()
+        self.add_callback(self.whole_run)  # type: ignore[attr-defined]  (after the run's own: a stop is seen)
+        self.add_callback(self.checkpoint_marker)  # type: ignore[attr-defined]
+
+    @property
+    def first_step(self) -> int | None:
+        """The global step this process started training from (> 0 after a resume)."""
+        return self.whole_run.first_step
 
 
 def make_launch_trainer(trainer_class: type, cfg: Any, tokenizer: Any, model: Any, data: Any,

@@ -365,11 +365,16 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
 def _check_resume(cfg: LaunchConfig) -> LaunchConfig:
     """Resolve ``resume_from_checkpoint`` to a complete checkpoint and decide the run id; refuse an output_dir
     that holds another run unless ``overwrite_output_dir`` is set (see docs/faults.md)."""
-    from .files import read_json
-    from .rendezvous import restart_attempt
-    from .resume import choose_resume, resolve_auto_resume
-    from .run_files import CHECKPOINT_MARKER, checkpoint_problem, run_contents
-    from .run_record import new_run_id
+    from .distributed import restart_attempt
+    from .resume import (
+        CHECKPOINT_MARKER,
+        checkpoint_problem,
+        choose_resume,
+        new_run_id,
+        read_json,
+        resolve_auto_resume,
+        run_contents,
+    )
 
     auto = resolve_auto_resume(cfg, restart_attempt())  # auto, or a worker restarted by torchrun (launch.resume)
     if auto is not None:

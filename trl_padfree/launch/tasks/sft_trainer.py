@@ -24,8 +24,6 @@ import torch
 
 from trl_padfree.trainer import SFTTrainer
 
-from ..whole_run import WholeRunLog
-
 __all__ = ["PadfreeSFTTrainer", "batch_token_counts"]
 
 
@@ -81,7 +79,7 @@ def _flat_counts_without_padding(inputs: dict[str, Any], cu: torch.Tensor, multi
     return sum(lengths), len(lengths) * width
 
 
-class PadfreeSFTTrainer(WholeRunLog, SFTTrainer):
+class PadfreeSFTTrainer(SFTTrainer):
     """``SFTTrainer`` + token throughput and padding metrics in the training logs (see the module docstring).
 
     Throughput counts training time only: time spent in evaluation is left out. The launcher probes the model
