@@ -26,7 +26,7 @@ def run(out: Path) -> None:
     import torch.distributed as dist
     from tiny_sft import losses, make_trainer, tokenized_dataset, tokenizer, weights
 
-    from trl_padfree.launch.distributed import end_process_group
+    from trl_padfree.launch.distributed import finish
 
     tok = tokenizer()
     data = tokenized_dataset(tok, 48)
@@ -60,7 +60,7 @@ def run(out: Path) -> None:
     if dist.get_rank() == 0:
         (out / "results.json").write_text(json.dumps({"runs": results, "budget": budget}))
     del trainer
-    end_process_group()  # a plain destroy_process_group() can deadlock once DDP is freed (launch.distributed)
+    finish(0)  # barrier, then destroy the process group (launch.distributed)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def run(trainer: str, out: Path) -> None:
     import torch.distributed as dist
     from layout_runs import step_logs, train_layouts, weights
 
-    from trl_padfree.launch.distributed import end_process_group
+    from trl_padfree.launch.distributed import finish
 
     T, data, settings = setup(trainer)
     runs = train_layouts(T, data, T.tokenizer(), out, per_device_train_batch_size=2, **settings)
@@ -53,7 +53,7 @@ def run(trainer: str, out: Path) -> None:
     if dist.get_rank() == 0:
         (out / "results.json").write_text(json.dumps(results))
     (out / f"rank{dist.get_rank()}.done").write_text("ok")
-    end_process_group()
+    finish(0)
 
 
 if __name__ == "__main__":

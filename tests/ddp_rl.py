@@ -17,7 +17,7 @@ def run(out: Path) -> None:
     import torch.distributed as dist
     from layout_runs import LAYOUTS, step_logs
 
-    from trl_padfree.launch.distributed import end_process_group
+    from trl_padfree.launch.distributed import finish
 
     R.model_path()  # each rank saves its copy before the process group exists (then only rank 0 would write)
     for kind, extra in (("grpo", {"loss_type": "bnpo"}), ("rloo", {})):
@@ -29,7 +29,7 @@ def run(out: Path) -> None:
                             "recorded": t.recorded, "pack_totals": getattr(t, "pack_totals", None)},
                            out / f"{kind}-{layout}.pt")
     (out / f"rank{dist.get_rank()}.done").write_text("ok")
-    end_process_group()
+    finish(0)
 
 
 if __name__ == "__main__":

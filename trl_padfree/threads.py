@@ -1,21 +1,11 @@
-"""The CPU thread policy: how many torch threads a training process uses, in one place.
+"""The CPU thread policy: how many torch threads a training process uses (:func:`threads_default`), for the
+trainers (``torch_num_threads="auto"``) and the launch (:mod:`trl_padfree.launch.defaults`).
 
-Both :class:`trl_padfree.SFTTrainer` / :class:`trl_padfree.DPOTrainer` (``torch_num_threads="auto"``) and
-``trl-padfree train|dpo`` (:mod:`trl_padfree.launch.defaults`) take their count from :func:`threads_default`:
-
-- on CUDA, the cores this process may use (torch's default count, within the CPU affinity) divided by the processes
-  on this machine (torch would give each process every core);
-- on CPU, additionally one thread per :data:`HIDDEN_PER_THREAD` (256) units of the model's hidden size, since the
-  matrices of small models are too small to split across threads (the demo model, hidden size 128, trains 10x
-  faster on 1 thread than on 2 on a busy 2-core machine).
-
-On CPU, with one training process on the machine, the library trainers (:func:`training_threads`) also take no
-more threads than the machine has idle cores when training starts (:func:`idle_cores`): a thread waiting for a busy
-core stalls every matrix product (SmolLM2-135M, hidden size 576, on a 2-core machine with one core busy: 23-25 s a
-step on 2 threads, 8.8 s on 1). The count chosen, and why, is said in one line.
-
-A count the user chose wins: ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS`` in the environment, or a
-``torch.set_num_threads`` call with another count than torch's default.
+The cores this process may use, divided by the processes on this machine; on CPU at most one thread per
+:data:`HIDDEN_PER_THREAD` units of hidden size (small matrices do not split well: the demo model trains 10x faster
+on 1 thread than on 2 on a busy 2-core machine), and with one process no more than the idle cores
+(:func:`idle_cores`: a thread waiting for a busy core stalls every matrix product). A count the user chose wins
+(``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``, or ``torch.set_num_threads``).
 """
 
 from __future__ import annotations
@@ -28,19 +18,13 @@ from typing import Any
 
 import torch
 
-_TORCH_DEFAULT = torch.get_num_threads()
+# torch's count at import is its default unless OMP_NUM_THREADS / MKL_NUM_THREADS set one (then: the usable cores)
+_CHOSEN = bool(os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"))
+_TORCH_DEFAULT = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) \
+    if _CHOSEN else torch.get_num_threads()
 
-__all__ = [
-    "HIDDEN_PER_THREAD",
-    "checked_threads",
-    "cores",
-    "idle_cores",
-    "processes_on_this_machine",
-    "threads_default",
-    "torch_default_threads",
-    "torch_threads",
-    "training_threads",
-]
+__all__ = ["HIDDEN_PER_THREAD", "checked_threads", "cores", "idle_cores", "processes_on_this_machine",
+           "threads_default", "torch_default_threads", "torch_threads", "training_threads"]
 
 #: On CPU, one torch thread per this many units of hidden size (at least 1, at most the cores per process).
 HIDDEN_PER_THREAD = 256
@@ -63,15 +47,8 @@ def threads_default(device: str, hidden_size: int | None, cores: int, processes:
 
 
 def cores() -> int:
-    """CPU cores this process may use: torch's own default (physical cores), within the CPU affinity.
-
-    >>> cores() >= 1
-    True
-    """
-    try:
-        allowed = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        allowed = os.cpu_count() or 1
+    """CPU cores this process may use: torch's own default (physical cores), within the CPU affinity."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(allowed, torch.get_num_threads()))
 
 
@@ -161,20 +138,9 @@ def checked_threads(value: int | str | None) -> int | str | None:
 
 @contextlib.contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
-    """Run with ``n`` torch CPU threads (None: leave torch's choice), restoring the previous count afterwards.
-
-    >>> before = torch.get_num_threads()
-    >>> with torch_threads(1):
-    ...     torch.get_num_threads()
-    1
-    >>> torch.get_num_threads() == before
-    True
-    """
-    if n is None:
-        yield
-        return
+    """Run with ``n`` torch CPU threads (None: leave torch's choice), restoring the previous count afterwards."""
     previous = torch.get_num_threads()
-    torch.set_num_threads(n)
+    torch.set_num_threads(n or previous)
     try:
         yield
     finally:

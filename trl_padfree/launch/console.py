@@ -1,9 +1,5 @@
-"""Console output of ``trl-padfree train``: main-process messages, one-line errors, quiet replicas.
-
-Under a multi-process launcher the first process of each node prints (``LOCAL_RANK`` 0): on one node that is
-rank 0 alone; with several nodes each node's console (its own log file, on a cluster) shows the run's lines, not
-only the Trainer's metric dicts. The other processes stay quiet.
-"""
+"""Console output of the launch: messages from the first process of each node (``LOCAL_RANK`` 0, so that every
+node's log shows the run), one-line errors, quiet replicas."""
 
 from __future__ import annotations
 
@@ -19,8 +15,7 @@ __all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quie
 
 
 def is_main_process() -> bool:
-    """True on the process that logs for its node (``LOCAL_RANK`` 0; rank 0 on one node), also before the Trainer
-    has set up distribution."""
+    """True on the process that logs for its node (``LOCAL_RANK`` 0), also before distribution is set up."""
     return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0
 
 
@@ -50,7 +45,7 @@ def quiet_replicas() -> None:
 
 @contextlib.contextmanager
 def quiet_progress() -> Iterator[None]:
-    """No progress bars from datasets / transformers loading (pre-flight stages print one line each instead)."""
+    """No progress bars from datasets / transformers loading (the stages print one line each instead)."""
     import datasets
     import transformers
 
@@ -68,6 +63,6 @@ def quiet_progress() -> Iterator[None]:
 
 
 def print_error(message: str, program: str = "trl-padfree train") -> None:
-    """The one-line error (bad input, or a failure every rank agreed on) from the first process of each node."""
+    """The one-line error, from the first process of each node."""
     if is_main_process():
         print(f"{program}: error: {message}", file=sys.stderr, flush=True)
