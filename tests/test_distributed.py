@@ -67,7 +67,7 @@ def test_a_failing_rank_makes_the_other_exit_non_zero(data_dir, tmp_path):
 def test_processes_that_form_no_process_group_are_refused(data_dir, tmp_path):
     out = tmp_path / "out"
     (node,) = launch([[*TORCHRUN, TRAIN, *ddp_train_argv(data_dir, out, "--use_cpu", "false")]])
-    assert node.proc.returncode != 0 and node.text.count("exitcode  : 2 (pid:") == 2
+    assert node.proc.returncode != 0 and "exitcode  : 2 (pid:" in node.text, node.text[-3000:]  # (torchrun may stop the other first)
     assert ("trl-padfree train: error: the launcher started 2 processes (WORLD_SIZE=2) but they did not join one "
             "process group") in node.text, node.text[-3000:]
     assert not out.exists()
