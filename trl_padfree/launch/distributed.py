@@ -1,14 +1,7 @@
-"""Several processes (torchrun, ``accelerate launch``, DeepSpeed), on public torch and accelerate APIs only.
-
-- :func:`check_process_group`: processes that did not join one process group, or FSDP on the CPU (accelerate then
-  trains plain DDP), are refused before anything is written.
-- :func:`agree_on_config` and :func:`plan_nodes`: once the group exists, every rank learns whether another refused
-  its config (all exit 2) and all take rank 0's run id; ranks that would resume different steps are refused.
-- :func:`finish`: a finished run meets at a barrier and destroys the group; a failed rank returns its code at once,
-  so its sockets close and every other rank's next collective fails (torchrun then stops what is left).
-
-What torch does not offer publicly (a refusal before the group forms, a common checkpoint chosen across disks) is
-in docs/distributed.md as the launcher's and scheduler's settings.
+"""Several processes (torchrun, ``accelerate launch``, DeepSpeed) on public torch APIs: refusals shared once the
+process group exists (:func:`agree_on_config`, :func:`plan_nodes`), runs refused that would not be one group
+(:func:`check_process_group`), and the end (:func:`finish`). The rest is the launcher's and the scheduler's settings
+(docs/distributed.md).
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
-"""What a run leaves in ``output_dir`` and which checkpoint it resumes.
-
-- ``trl_padfree_run.json`` (:data:`RUN_FILE`): the run's id and status (``training``, ``interrupted``,
-  ``finished``, ``failed``), see :mod:`.run_record`;
-- ``checkpoint-N/trl_padfree_checkpoint.json`` (:data:`CHECKPOINT_MARKER`): written by a callback
-  (:class:`~.callbacks.CheckpointMarker`) once the Trainer has saved every file of ``checkpoint-N``: the run id, the
-  step and every file's size. A checkpoint without it (a save that was killed) is not complete.
-
-``resume_from_checkpoint: true`` (:func:`choose_resume`) takes the newest complete checkpoint of the run and names
-the ones it passed over; ``auto`` and torchrun's restarts (:func:`resolve_auto_resume`) take the same one, or start
-a new run where there is none.
+"""What a run leaves in ``output_dir`` and which checkpoint it resumes: the run record (:data:`RUN_FILE`: id and
+status, :mod:`.run_record`) and each checkpoint's completion marker (:data:`CHECKPOINT_MARKER`, written by
+:class:`~.callbacks.CheckpointMarker`). ``resume_from_checkpoint: true`` (:func:`choose_resume`) takes the newest
+complete checkpoint of the run; ``auto`` and torchrun's restarts (:func:`resolve_auto_resume`) the same, or a new
+run where there is none.
 """
 
 from __future__ import annotations
@@ -26,6 +20,7 @@ from .config import ConfigError
 __all__ = ["CHECKPOINT_MARKER", "RUN_FILE", "ResumeChoice", "checkpoint_problem", "choose_resume",
            "last_complete_checkpoint", "list_checkpoints", "new_run_id", "read_json", "read_run",
            "resolve_auto_resume", "run_contents", "write_json"]
+
 
 RUN_FILE = "trl_padfree_run.json"
 CHECKPOINT_MARKER = "trl_padfree_checkpoint.json"
