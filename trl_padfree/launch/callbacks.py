@@ -24,16 +24,9 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class GracefulStop(TrainerCallback):
-    """Save a checkpoint and stop training at the end of the step during which SIGTERM or SIGINT arrived.
-
-    Use as a context manager around ``trainer.train()`` so the handlers are installed only while training::
-
-        stop = GracefulStop()
-        trainer.add_callback(stop)
-        with stop:
-            trainer.train()
-        if stop.stopped_at is not None: ...
-    """
+    """Save a checkpoint and stop at the end of the step during which SIGTERM or SIGINT arrived; a second signal
+    acts as if this were not there. A context manager around ``trainer.train()``: the handlers are installed only
+    while training; ``stopped_at``: the step it stopped at, or None."""
 
     def __init__(self, announce: Any = None) -> None:
         self.requested: str | None = None  # name of the signal received

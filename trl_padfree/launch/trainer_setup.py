@@ -29,21 +29,11 @@ class LaunchTrainer:
 
 def make_launch_trainer(trainer_class: type, cfg: Any, tokenizer: Any, model: Any, data: Any,
                         callbacks: Sequence[Any], **own: Any) -> Any:
-    """``trainer_class`` built with what every launch trainer takes from the run: the model, TRL's config, the
-    prepared ``data.train`` / ``data.eval``, the tokenizer, ``ModelConfig``'s PEFT settings and the callbacks; no
-    packing check (the launch probed the model before anything was written) and no thread policy of its own (the
-    launch picks threads, :mod:`.defaults`). ``own``: the trainer's own arguments."""
+    """``trainer_class`` built from the run (model, TRL's config, ``data.train`` / ``data.eval``, tokenizer, PEFT
+    settings, ``callbacks``); no packing check or thread policy of its own (the launch did both). ``own``: the
+    trainer's own arguments."""
     from trl import get_peft_config
 
-    return trainer_class(
-        model=model,
-        args=cfg.training,
-        train_dataset=data.train,
-        eval_dataset=data.eval,
-        processing_class=tokenizer,
-        peft_config=get_peft_config(cfg.model),
-        callbacks=list(callbacks),
-        check_packing=False,
-        torch_num_threads=None,
-        **own,
-    )
+    return trainer_class(model=model, args=cfg.training, train_dataset=data.train, eval_dataset=data.eval,
+                         processing_class=tokenizer, peft_config=get_peft_config(cfg.model), callbacks=list(callbacks),
+                         check_packing=False, torch_num_threads=None, **own)
