@@ -32,9 +32,7 @@ from trl_padfree._compat import (
     trl_at_least,
 )
 
-LINKED_PAGES = sorted(
-    [ROOT / "README.md", ROOT / "trl_padfree" / "demo" / "README.md", *(ROOT / "docs").rglob("*.md")]
-)
+LINKED_PAGES = sorted([ROOT / "README.md", ROOT / "trl_padfree/demo/README.md", *ROOT.glob("docs/**/*.md")])
 # Pages whose shown commands are kept true here (usage, distributed, benchmark test their own commands).
 COMMAND_PAGES = ["README.md"] + [f"docs/{name}.md" for name in (
     "api", "attention", "collator", "dpo", "development", "head", "launch", "probe", "probe-families", "results",
@@ -42,10 +40,8 @@ COMMAND_PAGES = ["README.md"] + [f"docs/{name}.md" for name in (
 COMMAND_STARTS = ("trl-padfree", "python", "accelerate", "bash")
 
 # A few training steps instead of a run to the end: later command-line values win over earlier ones.
-FEW_STEPS = (
-    "--max_steps 2 --max_train_examples 32 --max_eval_examples 8 --eval_strategy no --eval_on_start false "
-    "--save_strategy no --output_dir {tmp}/out"
-)
+FEW_STEPS = ("--max_steps 2 --max_train_examples 32 --max_eval_examples 8 --eval_strategy no --eval_on_start false "
+             "--save_strategy no --output_dir {tmp}/out")
 DPO_OK = dpo_padding_free_unavailable() is None
 RL_OK = rl_padding_free_unavailable() is None
 KTO_OK = trl_at_least(MIN_TRL_KTO)
@@ -212,9 +208,7 @@ def run_shown(command: str, extra: str, tmp_path: Path, capfd: pytest.CaptureFix
         out, err = capfd.readouterr()
         return code, out + err
     assert argv[0] == "python", command
-    proc = subprocess.run(
-        [sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
-    )
+    proc = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -255,13 +249,9 @@ def test_shown_command_runs_and_prints_what_the_page_shows(shown: Shown, tmp_pat
 
 def config_blocks() -> list[tuple[str, str, dict]]:
     """``(page, config file, the keys shown)`` of each ``yaml`` block headed ``# configs/NAME.yaml``."""
-    found = []
-    for page in COMMAND_PAGES:
-        for lang, body, _ in fenced_blocks((ROOT / page).read_text(encoding="utf-8")):
-            head = re.match(r"#\s*(configs/\S+\.ya?ml)", body)
-            if lang == "yaml" and head:
-                found.append((page, head[1], yaml.safe_load(body)))
-    return found
+    return [(page, head[1], yaml.safe_load(body)) for page in COMMAND_PAGES
+            for lang, body, _ in fenced_blocks((ROOT / page).read_text(encoding="utf-8"))
+            if lang == "yaml" and (head := re.match(r"#\s*(configs/\S+\.ya?ml)", body))]
 
 
 @pytest.mark.parametrize("page,config,shown", config_blocks(), ids=lambda v: v if isinstance(v, str) else "")
