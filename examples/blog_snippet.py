@@ -1,11 +1,8 @@
-"""The blog post's "For TRL users" snippet, with only the import changed to ``trl_padfree``: it runs as written.
+"""The blog post's "For TRL users" snippet, with the import changed to ``trl_padfree``: it runs as written.
 
-Its ``formatting_prompts_func`` is written for batches (TRL 0.10's convention: a dict of lists in, a list of
-strings out); TRL 1.x calls a formatting function with one example, and ``trl.SFTTrainer`` fails inside it
-(``IndexError: string index out of range``). ``trl_padfree.SFTTrainer`` tells the two conventions apart on the
-first record and applies the function as written, saying so in one line. Besides the import, only what a CPU
-and no model hub need changed (marked ``# here:``): the demo model and data instead of merlinite-7b and
-CodeAlpaca-20k, float32 and ``"padfree"`` attention instead of bf16 and flash_attention_2, a few steps::
+Its ``formatting_prompts_func`` takes a batch (TRL 0.10's convention), on which ``trl.SFTTrainer`` 1.x fails
+(``IndexError``); ``trl_padfree.SFTTrainer`` applies it as written. Only what a CPU without a model hub needs is
+changed (marked ``# here:``)::
 
     python examples/blog_snippet.py --max_steps 5 --output_dir /tmp/blog
 """

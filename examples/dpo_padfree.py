@@ -1,12 +1,9 @@
-"""Padding-free preference training (DPO) in your own script, complete and runnable.
+"""Padding-free DPO of the demo model on its preference pairs, on CPU or GPU.
 
-Preference-trains the tiny Llama shipped in ``trl_padfree/demo`` on its preference pairs, on CPU or GPU::
-
-    python examples/dpo_padfree.py                      # 100 steps
     python examples/dpo_padfree.py --max_steps 20 --output_dir /tmp/example-dpo
 
-For your own model and data, change ``MODEL`` (a local directory or a Hub id) and the data file (records with
-``prompt``, ``chosen`` and ``rejected``, as TRL's DPOTrainer takes them); keep the settings marked (1)-(3).
+For your own model and data, change ``MODEL`` and the data file (``prompt``, ``chosen``, ``rejected`` records);
+keep the settings marked (1)-(3).
 """
 
 from __future__ import annotations
@@ -41,16 +38,9 @@ def main(argv: list[str] | None = None) -> None:
         output_dir=args.output_dir,
         padding_free=True,  # (2) one row per batch, no padding (TRL 1.16 would pad)
         prompt_once=True,  # (3) each pair's prompt computed once, shared by the chosen and the rejected response
-        max_steps=args.max_steps,
-        per_device_train_batch_size=8,
-        learning_rate=1e-3,
-        beta=0.1,
-        logging_steps=10,
-        bf16=gpu and torch.cuda.is_bf16_supported(),
-        activation_checkpointing=False,
-        dataloader_pin_memory=gpu,
-        save_strategy="no",
-        report_to="none",
+        max_steps=args.max_steps, per_device_train_batch_size=8, learning_rate=1e-3, beta=0.1, logging_steps=10,
+        bf16=gpu and torch.cuda.is_bf16_supported(), activation_checkpointing=False, dataloader_pin_memory=gpu,
+        save_strategy="no", report_to="none",
     )
     trainer = DPOTrainer(model, ref_model, args=config, train_dataset=pairs, processing_class=tokenizer)
     result = trainer.train()

@@ -1,10 +1,5 @@
-"""Padding-free GRPO in your own script, complete and runnable.
+"""Padding-free GRPO of the demo model on its questions, rewarding the share of the known answer's words.
 
-Trains the tiny Llama shipped in ``trl_padfree/demo`` with GRPO on the demo's verifiable questions (counting,
-capitals, repetition), rewarding each completion by the share of the known answer's words it contains, on CPU or
-GPU::
-
-    python examples/grpo_padfree.py                      # 50 steps
     python examples/grpo_padfree.py --max_steps 5 --output_dir /tmp/example-grpo
 
 For your own model, prompts and rewards, change ``MODEL``, the data file and ``reward_answer``; keep the settings
@@ -52,18 +47,9 @@ def main(argv: list[str] | None = None) -> None:
         model_init_kwargs={"attn_implementation": "padfree"},
         padding_free=True,  # (2) the log-prob forwards run on one flat row per micro-batch, no padding
         prompt_once=True,  # (3) a group's completions in a micro-batch share one forwarded copy of the prompt
-        max_steps=args.max_steps,
-        per_device_train_batch_size=8,
-        num_generations=4,
-        max_completion_length=24,
-        learning_rate=1e-4,
-        beta=0.04,
-        logging_steps=5,
-        activation_checkpointing=False,
-        bf16=gpu and torch.cuda.is_bf16_supported(),
-        dataloader_pin_memory=gpu,
-        save_strategy="no",
-        report_to="none",
+        max_steps=args.max_steps, per_device_train_batch_size=8, num_generations=4, max_completion_length=24,
+        learning_rate=1e-4, beta=0.04, logging_steps=5, activation_checkpointing=False,
+        bf16=gpu and torch.cuda.is_bf16_supported(), dataloader_pin_memory=gpu, save_strategy="no", report_to="none",
     )
     trainer = GRPOTrainer(
         MODEL, reward_funcs=reward_answer, args=config, train_dataset=prompts, processing_class=tokenizer

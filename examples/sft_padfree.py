@@ -1,12 +1,8 @@
-"""Padding-free, completion-only fine-tuning in your own script: the README's example, complete and runnable.
+"""Padding-free, completion-only fine-tuning of the demo model, on CPU or GPU: the README's example.
 
-Fine-tunes the tiny Llama shipped in ``trl_padfree/demo`` on its instruction data, on CPU or GPU::
-
-    python examples/sft_padfree.py                      # 100 steps on the CPU (SFTTrainer picks 1 thread for it)
     python examples/sft_padfree.py --max_steps 20 --output_dir /tmp/example
 
-For your own model and data, change ``MODEL`` (a local directory or a Hub id) and ``load_records``; keep the
-three settings marked (1)-(3).
+For your own model and data, change ``MODEL`` and ``load_records``; keep the settings marked (1)-(3).
 """
 
 from __future__ import annotations
@@ -51,16 +47,10 @@ def main(argv: list[str] | None = None) -> None:
     config = SFTConfig(
         output_dir=args.output_dir,
         padding_free=False,  # (3) the collator flattens; TRL's own padding_free refuses a custom collator
-        max_steps=args.max_steps,
-        per_device_train_batch_size=8,
-        learning_rate=1e-3,
-        lr_scheduler_type="cosine",
-        logging_steps=10,
+        max_steps=args.max_steps, per_device_train_batch_size=8, learning_rate=1e-3, lr_scheduler_type="cosine",
         bf16=gpu and torch.cuda.is_bf16_supported(),  # TRL's default (True) refuses to start on a CPU
         activation_checkpointing=False,  # TRL turns it on by default; it pays only for large models on a GPU
-        dataloader_pin_memory=gpu,  # pinned memory is for copies to a GPU
-        save_strategy="no",
-        report_to="none",
+        dataloader_pin_memory=gpu, logging_steps=10, save_strategy="no", report_to="none",
     )
     trainer = SFTTrainer(
         model, args=config, train_dataset=dataset, processing_class=tokenizer, data_collator=collator

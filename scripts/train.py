@@ -1,18 +1,16 @@
 #!/usr/bin/env python
-"""Train from a YAML config: the same as ``trl-padfree train``, for ``python`` and ``accelerate launch``.
+"""``trl-padfree train`` for ``python`` and ``accelerate launch`` / ``torchrun``.
 
     python scripts/train.py --config configs/demo.yaml [--field value ...]
     accelerate launch --config_file configs/accelerate/ddp.yaml scripts/train.py --config configs/NAME.yaml
 """
-
-from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 try:
     from trl_padfree.launch import main
-except ImportError:  # running from a source checkout without `pip install -e .`
+except ImportError:  # a source checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from trl_padfree.launch import main
 

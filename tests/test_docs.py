@@ -2,14 +2,12 @@
 
 - Every relative link (and image) in ``README.md``, ``docs/**/*.md`` and ``trl_padfree/demo/README.md`` points at
   a file that exists, and a ``#fragment`` into a Markdown file names one of its headings.
-- Every command shown in a fenced block of the pages in ``COMMAND_PAGES`` that starts ``trl-padfree``,
-  ``python``, ``accelerate`` or ``bash`` is either run here (``RUN``: cheap variants, e.g. a few training steps)
-  or listed in ``NOT_RUN`` with the reason. Where a ``text`` block shows ``$ command`` followed by output, the
-  output must match what the command prints (``...`` stands for any text, as in doctest's ELLIPSIS).
+- Every command in a fenced block of ``COMMAND_PAGES`` that starts ``trl-padfree``, ``python``, ``accelerate`` or
+  ``bash`` is run here (``RUN``: a cheap variant) or listed in ``NOT_RUN`` with the reason; after ``$ command`` in
+  a block, the output shown must be what it prints (``...`` stands for any text, as in doctest).
 - A ``yaml`` block headed ``# configs/NAME.yaml`` shows keys with the values that file really has.
 - The README's headline figures are those of the bench reports and ``docs/real-tokenizers.md``.
-- The README's Python block (and any other headed ``# examples/sft_padfree.py``) is an excerpt of that script, line
-  for line (``tests/test_examples.py`` runs the script).
+- A ``python`` block headed ``# examples/NAME.py`` is an excerpt of that script, line for line.
 """
 
 from __future__ import annotations
@@ -20,8 +18,8 @@ import re
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
@@ -34,28 +32,16 @@ from trl_padfree._compat import (
     trl_at_least,
 )
 
-LINKED_PAGES = sorted(
-    [ROOT / "README.md", ROOT / "trl_padfree" / "demo" / "README.md", *(ROOT / "docs").rglob("*.md")]
-)
-# Pages whose shown commands are kept true here (other docs pages test their own commands).
-COMMAND_PAGES = [
-    "README.md",
-    "docs/api.md",
-    "docs/attention.md",
-    "docs/dpo.md",
-    "docs/development.md",
-    "docs/launch.md",
-    "docs/probe.md",
-    "docs/results.md",
-    "docs/templates.md",
-]
+LINKED_PAGES = sorted([ROOT / "README.md", ROOT / "trl_padfree/demo/README.md", *ROOT.glob("docs/**/*.md")])
+# Pages whose shown commands are kept true here (usage, distributed, benchmark test their own commands).
+COMMAND_PAGES = ["README.md"] + [f"docs/{name}.md" for name in (
+    "api", "attention", "collator", "dpo", "development", "head", "launch", "probe", "probe-families", "results",
+    "real-tokenizers", "templates")]
 COMMAND_STARTS = ("trl-padfree", "python", "accelerate", "bash")
 
 # A few training steps instead of a run to the end: later command-line values win over earlier ones.
-FEW_STEPS = (
-    "--max_steps 2 --max_train_examples 32 --max_eval_examples 8 --eval_strategy no --eval_on_start false "
-    "--save_strategy no --output_dir {tmp}/out"
-)
+FEW_STEPS = ("--max_steps 2 --max_train_examples 32 --max_eval_examples 8 --eval_strategy no --eval_on_start false "
+             "--save_strategy no --output_dir {tmp}/out")
 DPO_OK = dpo_padding_free_unavailable() is None
 RL_OK = rl_padding_free_unavailable() is None
 KTO_OK = trl_at_least(MIN_TRL_KTO)
@@ -69,13 +55,11 @@ RUN: dict[str, tuple[str, int]] = {
     "trl-padfree check --model trl_padfree/demo/model": ("", 0),
     "trl-padfree preview --config configs/demo.yaml -n 1": ("", 0),
     "trl-padfree preview --config configs/demo.yaml -n 3": ("", 0),
-    # padding-free DPO needs trl >= 1.16: below (make test-lowest) both refuse in one line, exit 2
+    # padding-free DPO, RL and KTO need trl >= 1.16: below (make test-lowest) they refuse in one line, exit 2
     "trl-padfree preview --config configs/demo-dpo.yaml -n 2": ("", 0 if DPO_OK else 2),
     "trl-padfree dpo --config configs/demo-dpo.yaml": (FEW_STEPS, 0 if DPO_OK else 2),
-    # padding-free RL needs trl >= 1.16 too (trl_padfree._compat.MIN_TRL_RL)
     "trl-padfree preview --config configs/demo-grpo.yaml -n 2": ("", 0 if RL_OK else 2),
     "trl-padfree grpo --config configs/demo-grpo.yaml": (FEW_STEPS, 0 if RL_OK else 2),
-    # a reward model runs on the whole window; KTO needs trl >= 1.16 (trl_padfree._compat.MIN_TRL_KTO)
     "trl-padfree reward --config configs/demo-reward.yaml": (FEW_STEPS, 0),
     "trl-padfree kto --config configs/demo-kto.yaml": (FEW_STEPS, 0 if KTO_OK else 2),
     # two families instead of 60, written to a temporary file (compared with docs/probe-families.md below)
@@ -83,15 +67,13 @@ RUN: dict[str, tuple[str, int]] = {
 }
 # shown command -> why the test does not run it
 NOT_RUN: dict[str, str] = {
-    # a synopsis with placeholders, not a command; the runnable form is run above
     "trl-padfree check --model path/or/hub-name [--attn-implementation auto|padfree|sdpa|eager|flash_attention_2|default]": (
-        "synopsis"
+        "a synopsis with placeholders; the runnable form is run above"
     ),
 }
 
 
-@dataclass(frozen=True)
-class Shown:
+class Shown(NamedTuple):
     """A command shown in a fenced block, with the output shown after it (``$`` blocks) if any."""
 
     page: str
@@ -131,29 +113,23 @@ def strip_comment(line: str) -> str:
 
 
 def shown_commands(page: str) -> list[Shown]:
-    text = (ROOT / page).read_text(encoding="utf-8")
+    """The commands of a page's shell and text blocks; in a block with ``$ `` lines, each one's output."""
     found = []
-    for lang, body, first in fenced_blocks(text):
+    for lang, body, first in fenced_blocks((ROOT / page).read_text(encoding="utf-8")):
         if lang not in {"", "bash", "sh", "shell", "console", "text"}:
             continue
         lines = body.splitlines()
         dollar = any(line.startswith("$ ") for line in lines)
-        i = 0
-        while i < len(lines):
-            raw = lines[i]
-            command = raw[2:] if raw.startswith("$ ") else raw
-            command = strip_comment(command)
+        for i, raw in enumerate(lines):
+            if dollar and not raw.startswith("$ "):
+                continue  # output
+            command = strip_comment(raw.removeprefix("$ "))
             output = None
-            start = i
-            i += 1
-            if dollar and raw.startswith("$ "):
-                out_lines = []
-                while i < len(lines) and not lines[i].startswith("$ "):
-                    out_lines.append(lines[i])
-                    i += 1
-                output = "\n".join(out_lines).strip("\n") or None
+            if dollar:
+                end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("$ ")), len(lines))
+                output = "\n".join(lines[i + 1 : end]).strip("\n") or None
             if command.startswith(COMMAND_STARTS):
-                found.append(Shown(page, first + start, command, output))
+                found.append(Shown(page, first + i, command, output))
     return found
 
 
@@ -163,14 +139,10 @@ ALL_SHOWN = [shown for page in COMMAND_PAGES for shown in shown_commands(page)]
 def _slug(heading: str) -> str:
     """GitHub's anchor for a Markdown heading.
 
-    >>> _slug("GPU: one NVIDIA H200")
-    'gpu-one-nvidia-h200'
     >>> _slug("Collation speed: `python scripts/bench_collator.py`")
     'collation-speed-python-scriptsbench_collatorpy'
     """
-    text = heading.strip().lower()
-    text = re.sub(r"[^\w\- ]", "", text)
-    return text.replace(" ", "-")
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
 def anchors(path: Path) -> set[str]:
@@ -182,11 +154,9 @@ LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
 def relative_links(path: Path) -> list[str]:
-    """Link targets outside code (fenced blocks and inline code spans), other than URLs and pure fragments."""
-    text = FENCE.sub("", path.read_text(encoding="utf-8"))
-    text = re.sub(r"`[^`\n]*`", "", text)
-    targets = [m["target"] for m in LINK.finditer(text)]
-    return [t for t in targets if not re.match(r"^[a-z][a-z0-9+.-]*:", t, re.I)]
+    """Link targets outside code (fenced blocks and inline code spans), other than URLs."""
+    text = re.sub(r"`[^`\n]*`", "", FENCE.sub("", path.read_text(encoding="utf-8")))
+    return [m["target"] for m in LINK.finditer(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", m["target"], re.I)]
 
 
 @pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -203,15 +173,13 @@ def test_relative_links_resolve(page: Path):
 
 
 def test_every_shown_command_is_run_or_listed_with_a_reason():
-    shown = {s.command for s in ALL_SHOWN}
     unaccounted = [str(s) for s in ALL_SHOWN if s.command not in RUN and s.command not in NOT_RUN]
     assert not unaccounted, (
         "commands shown in the docs that this test neither runs nor lists: " + "; ".join(unaccounted)
         + ". Add each to RUN (with a cheap variant) or NOT_RUN (with the reason) in tests/test_docs.py."
     )
-    stale = sorted((set(RUN) | set(NOT_RUN)) - shown)
+    stale = sorted((set(RUN) | set(NOT_RUN)) - {s.command for s in ALL_SHOWN})
     assert not stale, f"RUN / NOT_RUN list commands no page shows any more: {stale}"
-    assert all(reason.strip() for reason in NOT_RUN.values())
 
 
 def test_readme_test_command_is_what_ci_runs():
@@ -240,28 +208,26 @@ def run_shown(command: str, extra: str, tmp_path: Path, capfd: pytest.CaptureFix
         out, err = capfd.readouterr()
         return code, out + err
     assert argv[0] == "python", command
-    proc = subprocess.run(
-        [sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600, check=False
-    )
+    proc = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
     return proc.returncode, proc.stdout + proc.stderr
 
 
 def output_matches(want: str, got: str) -> bool:
     """doctest's comparison: ``...`` matches any text, runs of whitespace compare equal.
 
-    >>> output_matches("SAFE: ... apart.", "SAFE: llama (sdpa) keeps them apart.")
-    True
-    >>> output_matches("LEAKS", "SAFE")
-    False
+    >>> output_matches("SAFE: ... apart.", "SAFE: llama (sdpa) keeps them apart."), output_matches("LEAKS", "SAFE")
+    (True, False)
     """
     flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
     return doctest.OutputChecker().check_output(want.strip() + "\n", got.strip() + "\n", flags)
 
 
-RUNNABLE = [s for s in ALL_SHOWN if s.command in RUN]
+def figures_masked(line: str) -> str:
+    """A probe-families table row with its rounding differences masked (their last digits vary by CPU)."""
+    return re.sub(r"\d\.\de[+-]\d\d", "N", line)
 
 
-@pytest.mark.parametrize("shown", RUNNABLE, ids=str)
+@pytest.mark.parametrize("shown", [s for s in ALL_SHOWN if s.command in RUN], ids=str)
 def test_shown_command_runs_and_prints_what_the_page_shows(shown: Shown, tmp_path, capfd):
     extra, expected_code = RUN[shown.command]
     code, output = run_shown(shown.command, extra, tmp_path, capfd)
@@ -275,24 +241,17 @@ def test_shown_command_runs_and_prints_what_the_page_shows(shown: Shown, tmp_pat
     if shown.command == "trl-padfree train --help":
         assert output.startswith("usage: trl-padfree train"), output[:500]
     if shown.command == "python scripts/probe_families.py":
-        def figures_masked(line: str) -> str:  # the last digits of a rounding difference vary by CPU
-            return re.sub(r"\d\.\de[+-]\d\d", "N", line)
-
         rows = [line for line in (tmp_path / "families.md").read_text().splitlines() if line.startswith("| ")]
-        page = (ROOT / "docs" / "probe-families.md").read_text(encoding="utf-8").splitlines()
-        page = [figures_masked(line) for line in page]
-        # the two tables' headers, llama's group and each family's row, as on the page (|---| rows start "|-")
+        page = [figures_masked(line) for line in (ROOT / "docs" / "probe-families.md").read_text().splitlines()]
+        # the two tables' headers, llama's group and each family's row, as on the page
         assert len(rows) == 5 and all(figures_masked(row) in page for row in rows), rows
 
 
 def config_blocks() -> list[tuple[str, str, dict]]:
-    found = []
-    for page in COMMAND_PAGES:
-        for lang, body, _ in fenced_blocks((ROOT / page).read_text(encoding="utf-8")):
-            head = re.match(r"#\s*(configs/\S+\.ya?ml)", body)
-            if lang == "yaml" and head:
-                found.append((page, head[1], yaml.safe_load(body)))
-    return found
+    """``(page, config file, the keys shown)`` of each ``yaml`` block headed ``# configs/NAME.yaml``."""
+    return [(page, head[1], yaml.safe_load(body)) for page in COMMAND_PAGES
+            for lang, body, _ in fenced_blocks((ROOT / page).read_text(encoding="utf-8"))
+            if lang == "yaml" and (head := re.match(r"#\s*(configs/\S+\.ya?ml)", body))]
 
 
 @pytest.mark.parametrize("page,config,shown", config_blocks(), ids=lambda v: v if isinstance(v, str) else "")
@@ -304,21 +263,14 @@ def test_shown_config_excerpt_matches_the_file(page, config, shown):
 
 def python_excerpts() -> list[tuple[str, str]]:
     """``(page, body)`` of each ``python`` block that is headed ``# examples/NAME.py``."""
-    found = []
-    for page in COMMAND_PAGES:
-        for lang, body, _ in fenced_blocks((ROOT / page).read_text(encoding="utf-8")):
-            if lang == "python" and body.startswith("# examples/"):
-                found.append((page, body))
-    return found
-
-
-EXAMPLE_HEADER = "# examples/sft_padfree.py"
+    return [(page, body) for page in COMMAND_PAGES
+            for lang, body, _ in fenced_blocks((ROOT / page).read_text(encoding="utf-8"))
+            if lang == "python" and body.startswith("# examples/")]
 
 
 def test_readme_shows_the_example_script():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    blocks = [body for lang, body, _ in fenced_blocks(readme) if lang == "python"]
-    assert blocks and blocks[0].startswith(EXAMPLE_HEADER), "the README's first Python is the example's excerpt"
+    blocks = [body for lang, body, _ in fenced_blocks((ROOT / "README.md").read_text()) if lang == "python"]
+    assert blocks and blocks[0].startswith("# examples/sft_padfree.py"), "the README's first Python is its excerpt"
     assert all(body.startswith("# examples/") for body in blocks), "the README's Python blocks are example excerpts"
 
 
