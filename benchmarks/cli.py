@@ -30,7 +30,9 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    p = Parser(prog="trl-padfree bench", description=__doc__,
+    p = Parser(prog="trl-padfree bench", description="Padded vs padding-free training: the same records in the same "
+               "batches, each variant in its own process through its real trainer; prints and writes the figures "
+               "and their ratios over the first variant beside the FLOP ratio (docs/benchmark.md).",
                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     names = ", ".join(TASKS)
     p.add_argument("--task", choices=list(TASKS), default="sft", help=f"the workload: {names}")
@@ -50,6 +52,7 @@ def build_parser() -> Parser:
     p.add_argument("--groups", type=int, default=4, help="grpo/rloo: prompts per step")
     p.add_argument("--gens", type=int, default=8, help="grpo/rloo: completions per prompt (num_generations)")
     p.add_argument("--completion", type=int, default=32, help="grpo/rloo: tokens per completion")
+    p.add_argument("--prompt-mean", type=int, default=150, help="grpo/rloo: mean prompt length (normal, sd mean/5)")
     p.add_argument("--whole-step", action="store_true",
                    help="grpo: TRL's whole-step defaults (no reference model, SGD) on SmolLM2-135M's shape")
     p.add_argument("--lr", type=float, default=1e-4, help="learning rate (constant)")
@@ -78,7 +81,7 @@ def check(p: Parser, opts: argparse.Namespace) -> None:
         p.error(f"unknown dataset {bad[0]!r}; choose from {', '.join(task.datasets)}")
     if opts.whole_step and opts.task != "grpo":
         p.error("--whole-step is for --task grpo")
-    for name in ("batch_size", "steps", "rounds", "groups", "gens", "completion", "max_length"):
+    for name in ("batch_size", "steps", "rounds", "groups", "gens", "completion", "prompt_mean", "max_length"):
         if getattr(opts, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
     for name in ("warmup", "threads"):

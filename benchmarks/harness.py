@@ -285,7 +285,7 @@ def run(opts: Any, log: Any = print) -> dict[str, Any]:
              f"load average {report['machine']['load_average']}"]
     for dataset in opts.datasets:
         data = records(opts.task, dataset, n, vocab=opts.shape["vocab_size"], seed=opts.seed, scale=opts.scale,
-                       max_length=opts.max_length)
+                       max_length=opts.max_length, prompt_mean=opts.prompt_mean)
         log(f"{opts.task} {dataset}".strip() + f": {len(data)} records, {sum(map(record_tokens, data)):,} tokens")
         rounds: dict[str, list[dict[str, Any]]] = {v: [] for v in opts.variants}
         for _ in range(opts.rounds):

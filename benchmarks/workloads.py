@@ -29,7 +29,6 @@ LENGTHS: dict[str, tuple[str, float, float]] = {
     "uf-response": ("lognormal", 250.0, 0.6),  # ... and responses
     "rm-prompt": ("lognormal", 64.0, 0.6),  # reward / KTO
     "rm-response": ("lognormal", 96.0, 0.6),
-    "gsm8k-prompt": ("normal", 150.0, 30.0),  # GRPO / RLOO prompts (TRL issue #6263: GSM8K-like)
 }
 
 #: Model sizes (random-init; nothing is downloaded). ``smollm2-135m``: SmolLM2-135M-Instruct's shape.
@@ -110,8 +109,8 @@ def words(rng: np.random.Generator, n: int, vocab: int) -> str:
     return " ".join(f"w{i}" for i in rng.choice(ranks.size, size=n, p=p / p.sum()) + FIRST_WORD)
 
 
-def records(task: str, dataset: str, n: int, *, vocab: int, seed: int, scale: float,
-            max_length: int) -> list[dict[str, Any]]:
+def records(task: str, dataset: str, n: int, *, vocab: int, seed: int, scale: float, max_length: int,
+            prompt_mean: int = 150) -> list[dict[str, Any]]:
     """``n`` seeded records of ``task`` (the same in every process).
 
     >>> [r["prompt"].split()[0] for r in records("sft", "flan", 2, vocab=64, seed=0, scale=0.05, max_length=64)]
@@ -132,7 +131,8 @@ def records(task: str, dataset: str, n: int, *, vocab: int, seed: int, scale: fl
             out.append({"prompt": "<s> " + text(prompt), "completion": " " + text(total - 2 - prompt) + " </s>"})
         return out
     if task in ("grpo", "rloo"):
-        return [{"prompt": text(k)} for k in lengths("gsm8k-prompt", n, rng, scale, 4, hi)]
+        raw = rng.normal(prompt_mean, prompt_mean / 5, n) * scale
+        return [{"prompt": text(k)} for k in np.clip(np.rint(raw), 4, hi).astype(int).tolist()]
     prefix = "uf" if task == "dpo" else "rm"
     p, c, r = (lengths(f"{prefix}-{part}", n, rng, scale, 2, hi) for part in ("prompt", "response", "response"))
     if task == "kto":
@@ -226,8 +226,6 @@ def build_trainer(task: str, variant: Variant, opts: Any, data: list[dict[str, A
                       generation_kwargs={"min_new_tokens": opts.completion},  # every completion the same length
                       model_init_kwargs={"attn_implementation": variant.attn or "sdpa", "dtype": opts.dtype})
     config_class = getattr(trl_padfree if variant.ours else trl, f"{spec.trainer}Config")
-    fields = {k: v for k, v in fields.items() if variant.ours or k not in ("padding_free", "prompt_once")} \
-        if spec.trainer != "SFT" else fields
     args = config_class(**common, **fields)
     trainer_class = getattr(trl_padfree if variant.ours else trl, f"{spec.trainer}Trainer")
     vocab = opts.shape["vocab_size"]
