@@ -91,7 +91,7 @@ def test_the_flash_extra_is_documented_with_the_install_that_builds_it():
         assert FLASH_INSTALL in (ROOT / page).read_text(encoding="utf-8"), page
     # the bench's skip line for a GPU without flash-attn names an install that builds it too
     assert "pip install --no-build-isolation 'trl-padfree[flash]'" in (ROOT / "benchmarks" /
-                                                                      "config.py").read_text(encoding="utf-8")
+                                                                      "cli.py").read_text(encoding="utf-8")
 
 
 @pytest.mark.skipif(not DPO_OK, reason=str(dpo_padding_free_unavailable()))

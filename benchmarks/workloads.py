@@ -1,0 +1,263 @@
+"""The benchmark's workloads as data: length distributions, model sizes, and per task its trainer, its records and
+its variants (what each passes to the trainer's config); :func:`build_trainer` turns one into a trainer.
+
+Every record is text of words ``w<id>`` (plus ``<s>`` and ``</s>``) that :func:`tokenizer` maps one word to one
+token id, so a record's token count is its word count and every variant's trainer tokenizes it alike.
+
+>>> tok = tokenizer(64)
+>>> tok("<s> w9 w17 </s>")["input_ids"]
+[1, 9, 17, 2]
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+PAD, BOS, EOS, FIRST_WORD = 0, 1, 2, 6
+
+#: Length distributions (tokens): ``(kind, center, spread)``; lognormal: ``exp(N(log(center), spread))``.
+LENGTHS: dict[str, tuple[str, float, float]] = {
+    "flan": ("lognormal", 340.0, 0.8),  # FLAN-like (arXiv 2407.09105): short, heavy right tail
+    "orcamath": ("normal", 400.0, 140.0),  # OrcaMath-like
+    "uf-prompt": ("lognormal", 113.0, 0.9),  # UltraFeedback-like prompts (docs/bench/dpo-notes.md)
+    "uf-response": ("lognormal", 250.0, 0.6),  # ... and responses
+    "rm-prompt": ("lognormal", 64.0, 0.6),  # reward / KTO
+    "rm-response": ("lognormal", 96.0, 0.6),
+}
+
+#: Model sizes (random-init; nothing is downloaded). ``smollm2-135m``: SmolLM2-135M-Instruct's shape.
+MODEL_SIZES: dict[str, dict[str, int]] = {
+    "tiny": dict(layers=4, hidden=256, intermediate=688, heads=8, kv_heads=4, vocab_size=2048),
+    "0.5b": dict(layers=24, hidden=1280, intermediate=3456, heads=10, kv_heads=2, vocab_size=32000),
+    "smollm2-135m": dict(layers=30, hidden=576, intermediate=1536, heads=9, kv_heads=3, vocab_size=49152),
+    # Qwen2.5-0.5B's widths and vocabulary, 2 of its 24 layers: where the LM head dominates (docs/head.md)
+    "qwen-vocab": dict(layers=2, hidden=896, intermediate=4864, heads=14, kv_heads=2, vocab_size=151936),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of training a task: this package's trainer or TRL's, the attention, and config fields."""
+
+    name: str
+    ours: bool  # trl_padfree's trainer and config (else TRL's)
+    attn: str | None = None  # None: the model's default (sdpa)
+    fields: dict[str, Any] = field(default_factory=dict)
+    cuda_only: bool = False
+
+
+@dataclass(frozen=True)
+class Task:
+    trainer: str  # "SFT", "DPO", "GRPO", "RLOO", "Reward", "KTO"
+    variants: tuple[Variant, ...]
+    default: tuple[str, ...]  # the variants run without --variants (the first: the baseline)
+    datasets: tuple[str, ...] = ("",)
+    model: str = "llama"  # or "hybrid", "classifier"
+    fields: dict[str, Any] = field(default_factory=dict)  # every variant's config fields
+
+
+PF = {"padding_free": True}
+ONCE = {"padding_free": True, "prompt_once": True}
+_SFT = (
+    Variant("padded", False, "sdpa"),
+    Variant("trl-native", False, None, {"padding_free": True}),
+    Variant("sft-padfree", True, "padfree", PF),
+    Variant("sft-padfree-trl-head", True, "padfree", {**PF, "scored_lm_head": False}),
+    Variant("packed-sdpa", True, "sdpa", PF),
+    Variant("token-budget", True, "padfree", {**PF, "max_tokens_per_batch": "mean"}),
+    Variant("packed-fa2", True, "flash_attention_2", PF, cuda_only=True),
+)
+_PAIRS = (Variant("trl-padded", False, "sdpa"), Variant("padding-free", True, "padfree", PF),
+          Variant("prompt-once", True, "padfree", ONCE))
+TASKS: dict[str, Task] = {
+    "sft": Task("SFT", _SFT, ("padded", "trl-native", "sft-padfree", "token-budget"), ("flan", "orcamath")),
+    "hybrid": Task("SFT", _SFT[:1] + _SFT[2:3] + _SFT[4:5], ("padded", "sft-padfree"), ("flan", "orcamath"),
+                   model="hybrid"),
+    "dpo": Task("DPO", _PAIRS, ("trl-padded", "padding-free", "prompt-once"), fields={"beta": 0.1}),
+    "reward": Task("Reward", _PAIRS, ("trl-padded", "padding-free", "prompt-once"), model="classifier"),
+    "kto": Task("KTO", _PAIRS, ("trl-padded", "padding-free", "prompt-once")),
+    "grpo": Task("GRPO", _PAIRS, ("trl-padded", "padding-free", "prompt-once"),
+                 fields={"beta": 0.04, "loss_type": "dapo"}),
+    "rloo": Task("RLOO", _PAIRS, ("trl-padded", "padding-free", "prompt-once"), fields={"beta": 0.05}),
+}
+#: ``--task grpo --whole-step``: TRL's defaults for a whole step (no reference model), SGD, SmolLM2-135M's shape.
+WHOLE_STEP = {"beta": 0.0, "loss_type": "dapo", "optim": "sgd"}
+
+
+def lengths(name: str, n: int, rng: np.random.Generator, scale: float, lo: int = 2, hi: int = 2048) -> list[int]:
+    """``n`` lengths of distribution ``name`` times ``scale``, clipped to ``[lo, hi]``.
+
+    >>> rng = np.random.default_rng(0)
+    >>> round(float(np.mean(lengths("orcamath", 20_000, rng, 1.0))) / 10) * 10
+    400
+    """
+    kind, center, spread = LENGTHS[name]
+    raw = np.exp(rng.normal(math.log(center), spread, n)) if kind == "lognormal" else rng.normal(center, spread, n)
+    return np.clip(np.rint(raw * scale), lo, hi).astype(int).tolist()
+
+
+def words(rng: np.random.Generator, n: int, vocab: int) -> str:
+    """``n`` words of ids drawn Zipf-like from the vocabulary (frequent words first)."""
+    ranks = np.arange(1, vocab - FIRST_WORD + 1, dtype=np.float64)
+    p = 1.0 / (ranks + 2.7) ** 1.1
+    return " ".join(f"w{i}" for i in rng.choice(ranks.size, size=n, p=p / p.sum()) + FIRST_WORD)
+
+
+def records(task: str, dataset: str, n: int, *, vocab: int, seed: int, scale: float, max_length: int,
+            prompt_mean: int = 150) -> list[dict[str, Any]]:
+    """``n`` seeded records of ``task`` (the same in every process).
+
+    >>> [r["prompt"].split()[0] for r in records("sft", "flan", 2, vocab=64, seed=0, scale=0.05, max_length=64)]
+    ['<s>', '<s>']
+    >>> sorted(records("dpo", "", 1, vocab=64, seed=0, scale=0.05, max_length=64)[0])
+    ['chosen', 'prompt', 'rejected']
+    """
+    rng = np.random.default_rng([seed, zlib.crc32(f"{task}/{dataset}".encode())])
+    hi = max(4, max_length)
+
+    def text(k: int) -> str:
+        return words(rng, k, vocab)
+
+    if task in ("sft", "hybrid"):
+        out = []
+        for total in lengths(dataset, n, rng, scale, 4, hi):
+            prompt = max(1, round(0.7 * (total - 2)))
+            out.append({"prompt": "<s> " + text(prompt), "completion": " " + text(total - 2 - prompt) + " </s>"})
+        return out
+    if task in ("grpo", "rloo"):
+        raw = rng.normal(prompt_mean, prompt_mean / 5, n) * scale
+        return [{"prompt": text(k)} for k in np.clip(np.rint(raw), 4, hi).astype(int).tolist()]
+    prefix = "uf" if task == "dpo" else "rm"
+    p, c, r = (lengths(f"{prefix}-{part}", n, rng, scale, 2, hi) for part in ("prompt", "response", "response"))
+    if task == "kto":
+        return [{"prompt": text(a), "completion": " " + text(b), "label": bool(rng.random() < 0.5)}
+                for a, b in zip(p, c, strict=True)]
+    return [{"prompt": text(a), "chosen": " " + text(b) + " </s>", "rejected": " " + text(d) + " </s>"}
+            for a, b, d in zip(p, c, r, strict=True)]
+
+
+def tokenizer(vocab: int):
+    """A word-level ``PreTrainedTokenizerFast``: ``w<i>`` is id ``i``; ``<pad>``, ``<s>``, ``</s>`` are 0, 1, 2."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    names = {PAD: "<pad>", BOS: "<s>", EOS: "</s>"}
+    raw = Tokenizer(models.WordLevel({names.get(i, f"w{i}"): i for i in range(vocab)}, unk_token="<pad>"))
+    raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    raw.decoder = decoders.WordPiece(prefix="##", cleanup=False)
+    return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
+
+
+def model_config(kind: str, shape: dict[str, int], max_positions: int = 4096):
+    """The transformers config of a random-init Llama (``kind`` llama or classifier) or a Qwen3.5-like hybrid: three
+    gated-delta-rule layers to one full-attention layer (``qwen3_5_text``)."""
+    common = dict(vocab_size=shape["vocab_size"], hidden_size=shape["hidden"],
+                  intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
+                  num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
+                  max_position_embeddings=max_positions, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
+                  tie_word_embeddings=False, use_cache=False)
+    if kind == "hybrid":
+        from transformers import Qwen3_5TextConfig
+
+        types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(shape["layers"])]
+        return Qwen3_5TextConfig(**common, layer_types=types, head_dim=shape["hidden"] // shape["heads"],
+                                 linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
+                                 linear_value_head_dim=32, linear_conv_kernel_dim=4)
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**common, num_labels=1)
+
+
+def build_model(kind: str, shape: dict[str, int], attn: str | None, seed: int, dtype: str):
+    """The seeded random-init model (the same weights in every variant)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    torch.manual_seed(seed)
+    auto = AutoModelForSequenceClassification if kind == "classifier" else AutoModelForCausalLM
+    extra = {} if attn is None else {"attn_implementation": attn}
+    model = auto.from_config(model_config(kind, shape), dtype=getattr(torch, dtype), **extra)
+    if kind == "hybrid":
+        from trl_padfree.recurrent import prepare_packed_layers
+
+        prepare_packed_layers(model)  # as this package's trainers do
+    return model
+
+
+def build_trainer(task: str, variant: Variant, opts: Any, data: list[dict[str, Any]], out: str) -> Any:
+    """The trainer of ``variant`` on ``data``: TRL's or this package's, its config from TRL's training arguments,
+    the task's fields and the variant's (``opts``: the parsed command line)."""
+    import datasets
+    import torch
+    import trl
+
+    import trl_padfree
+
+    spec = TASKS[task]
+    whole = getattr(opts, "whole_step", False)
+    fields = dict(spec.fields, **(WHOLE_STEP if whole else {}), **variant.fields)
+    if variant.ours:
+        fields.update(check_packing=False, torch_num_threads=None)
+    if fields.get("max_tokens_per_batch") == "mean":  # the fixed batches' mean real tokens
+        fields["max_tokens_per_batch"] = max(1, round(sum(record_tokens(r) for r in data) / len(data) * opts.batch_size))
+    cpu = opts.device == "cpu"
+    rl = spec.trainer in ("GRPO", "RLOO")
+    common = dict(output_dir=out, per_device_train_batch_size=opts.batch_size, max_steps=opts.warmup + opts.steps,
+                  learning_rate=opts.lr, lr_scheduler_type="constant", max_grad_norm=0.0, logging_steps=1,
+                  save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=cpu, bf16=opts.dtype == "bfloat16",
+                  seed=opts.seed, dataloader_num_workers=0, gradient_checkpointing=False)
+    if not rl:
+        common["train_sampling_strategy"] = "sequential"  # the same records in the same batches in every variant
+    if spec.trainer in ("SFT", "DPO", "Reward", "KTO"):
+        common["max_length"] = None  # the records are already clipped
+    if spec.trainer in ("DPO", "KTO", "Reward"):
+        common["disable_dropout"] = True
+    if rl:
+        rows = opts.groups * opts.gens
+        common.update(per_device_train_batch_size=min(opts.batch_size, rows), num_generations=opts.gens,
+                      gradient_accumulation_steps=max(1, rows // min(opts.batch_size, rows)),
+                      max_completion_length=opts.completion, shuffle_dataset=False,
+                      generation_kwargs={"min_new_tokens": opts.completion},  # every completion the same length
+                      model_init_kwargs={"attn_implementation": variant.attn or "sdpa", "dtype": opts.dtype})
+    config_class = getattr(trl_padfree if variant.ours else trl, f"{spec.trainer}Config")
+    args = config_class(**common, **fields)
+    trainer_class = getattr(trl_padfree if variant.ours else trl, f"{spec.trainer}Trainer")
+    vocab = opts.shape["vocab_size"]
+    tok = tokenizer(vocab)
+    dataset = datasets.Dataset.from_list(data)
+    if rl:
+        path = tempfile.mkdtemp(dir=out)
+        build_model("llama", opts.shape, variant.attn, opts.seed, opts.dtype).save_pretrained(path)
+        tok.save_pretrained(path)
+        reward = lambda completions, **_: [zlib.crc32(str(c).encode()) % 97 / 97 for c in completions]  # noqa: E731
+        return trainer_class(path, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tok)
+    kind = {"hybrid": "hybrid", "classifier": "classifier"}.get(spec.model, "llama")
+    model = build_model(kind, opts.shape, variant.attn, opts.seed, opts.dtype)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr)
+    extra = {"optimizers": (optimizer, None)}
+    if spec.trainer == "SFT" and variant.ours:  # completion-only labels from TRL's completion_mask
+        extra["data_collator"] = trl_padfree.DataCollatorForCompletionOnlyLM(None, padding_free=True)
+    if spec.trainer in ("DPO", "KTO"):
+        extra["ref_model"] = build_model(kind, opts.shape, variant.attn, opts.seed, opts.dtype)
+    return trainer_class(model, args=args, train_dataset=dataset, processing_class=tok, **extra)
+
+
+IDS = ("input_ids", "prompt_ids", "chosen_ids", "rejected_ids", "completion_ids")
+
+
+def record_tokens(record: dict[str, Any]) -> int:
+    """The tokens of a record (text: one token a word; ids as they are), each part once.
+
+    >>> record_tokens({"prompt": "<s> w7 w9", "completion": " w3 </s>"}), record_tokens({"input_ids": [1, 2]})
+    (5, 2)
+    """
+    ids = [k for k in IDS if k in record]
+    if ids:
+        return sum(len(record[k]) for k in ids)
+    return sum(len(v.split()) for k, v in record.items() if isinstance(v, str))
