@@ -307,5 +307,9 @@ def run(opts: Any, log: Any = print) -> dict[str, Any]:
     stem = opts.output_dir / opts.name
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
     stem.with_suffix(".md").write_text(report["markdown"])
-    log(report["markdown"] + f"Wrote {stem}.json, {stem}.md")
+    from .plot import plot
+
+    png = plot(report, stem.with_suffix(".png"))
+    log(report["markdown"] + f"Wrote {stem}.json, {stem}.md" + (f", {png}" if png else
+        " (no figure: matplotlib is missing; pip install -e '.[bench]')"))
     return report

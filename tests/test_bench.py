@@ -48,6 +48,7 @@ def run_report(tmp_path, *argv: str) -> dict:
     assert main([*argv, *TINY, "--output-dir", str(tmp_path), "--name", "r"]) == 0
     report = json.loads((tmp_path / "r.json").read_text())
     markdown = (tmp_path / "r.md").read_text()
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"  # the paper's figure: tokens/s, memory, loss
     for dataset in report["datasets"].values():
         for name, figures in dataset["figures"].items():  # every figure in the table, next to its FLOP ratio
             ratio = dataset["ratios"][name]
