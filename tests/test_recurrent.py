@@ -60,7 +60,7 @@ def test_conv_packed_equals_each_sequence_alone(activation):
     assert (whole[..., BOUNDS[1]] - alone[..., BOUNDS[1]]).abs().max() > 1e-3
 
 
-def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through():
+def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through_and_two_rows():
     original = _torch_fallback(_modeling("lfm2").causal_conv1d_fn)
     replaced = varlen_causal_conv1d_fn(original)
     torch.manual_seed(1)
@@ -73,16 +73,11 @@ def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through():
     assert torch.equal(replaced(x, weight, None, position_ids=torch.arange(14)[None]), original(x, weight, None))
     with pytest.raises(PackedRowError, match="cover the layer's 1 x 14 tokens"):
         replaced(x, weight, None, cu_seq_lens_q=torch.tensor([0, 5, 13], dtype=torch.int32))
-
-
-def test_conv_two_rows_with_seq_idx():
-    torch.manual_seed(2)
+    # two rows by seq_idx: the first of two sequences, the second one
     x, weight = torch.randn(2, 3, 6), torch.randn(3, 4)
-    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
-    out = causal_conv1d_packed(x, weight, seq_idx=seq_idx)
-    reference = _torch_fallback(_modeling("qwen3_5").causal_conv1d_fn)
-    torch.testing.assert_close(out[1:], reference(x[1:], weight), rtol=0, atol=1e-6)
-    torch.testing.assert_close(out[:1, :, 3:], reference(x[:1, :, 3:], weight), rtol=0, atol=1e-6)
+    out = causal_conv1d_packed(x, weight, seq_idx=torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0]]))
+    torch.testing.assert_close(out[1:], original(x[1:], weight), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out[:1, :, 3:], original(x[:1, :, 3:], weight), rtol=0, atol=1e-6)
 
 
 # ---- gated delta rule and KDA ----------------------------------------------------------------------------------
@@ -127,19 +122,11 @@ def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate
     # seq_idx alone (Kimi-Linear passes the batch's kwargs through) gives the same
     by_seq_idx, _ = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common, seq_idx=_seq_idx())
     torch.testing.assert_close(by_seq_idx, packed, rtol=0, atol=0)
-    # the whole-row reference carries the state across the boundary
-    whole, _ = original(q, k, v, g=g, beta=beta, initial_state=state[:1], **common)
+    # the whole-row reference carries the state across the boundary; without boundaries it is what runs
+    whole, whole_state = original(q, k, v, g=g, beta=beta, initial_state=state[:1], **common)
     assert (whole[:, BOUNDS[1]:] - alone[:, BOUNDS[1]:]).abs().max() > 1e-3
-
-
-@pytest.mark.parametrize(("family", "name", "per_key_gate"), DELTA_RULES)
-def test_delta_rule_without_boundaries_is_transformers_reference(family, name, per_key_gate):
-    original = _torch_fallback(getattr(_modeling(family), name))
-    q, k, v, g, beta = (t.detach() for t in _delta_inputs(per_key_gate))
-    kwargs = dict(g=g, beta=beta, initial_state=None, output_final_state=True, use_qk_l2norm_in_kernel=True)
-    out, state = varlen_delta_rule(original)(q, k, v, **kwargs, cu_seqlens=None)
-    ref_out, ref_state = original(q, k, v, **kwargs)
-    assert torch.equal(out, ref_out) and torch.equal(state, ref_state)
+    out, out_state = replaced(q, k, v, g=g, beta=beta, initial_state=state[:1], **common, cu_seqlens=None)
+    assert torch.equal(out, whole) and torch.equal(out_state, whole_state)
 
 
 def test_delta_rule_chunks_of_a_long_sequence():
