@@ -1,4 +1,5 @@
-"""Padding-free batches give the padded loss, gradients and logits on a real (tiny) Llama."""
+"""Padding-free batches give the padded loss, gradients and logits on a real (tiny) Llama. (The batch carries
+use_cache=False: tests/test_collator.py; without it a cache skips the packed mask: tests/test_families.py.)"""
 
 from __future__ import annotations
 
@@ -43,19 +44,6 @@ def test_loss_every_gradient_and_each_examples_logits_equal(tok, attn, case):
         for s, e in zip(cu[:-1], cu[1:], strict=True):
             alone = model(input_ids=packed["input_ids"][:, s:e], use_cache=False).logits[0]
             torch.testing.assert_close(logits[s:e], alone, rtol=1e-5, atol=1e-5)
-
-
-def test_batch_is_safe_in_a_hand_written_loop_because_it_disables_the_cache(tok):
-    """``model(**batch)`` with no use_cache would make transformers build a DynamicCache even in train mode, skip
-    packed-sequence detection and let examples attend to each other (transformers' masking_utils.create_causal_mask
-    skips it when a cache is passed)."""
-    model = tiny_llama(vocab_size=len(tok), attn_implementation="sdpa").train()
-    packed = collate(tok, SINGLE, True)
-    with torch.no_grad():
-        reference, ours = model(**collate(tok, SINGLE, False)).loss, model(**packed).loss
-        without = model(**{k: v for k, v in packed.items() if k != "use_cache"}).loss
-    assert abs(ours - reference) / reference <= 1e-5
-    assert abs(without - reference) / reference > 1e-3, "transformers no longer shows the cache trap"
 
 
 @pytest.mark.parametrize("attn", ["padfree", "sdpa", "eager"])
