@@ -74,6 +74,8 @@ CHAT: dict[str, ChatLayout] = {
 PLAIN_ONLY = ("gpt-2", "falcon", "mpt", "starcoder", "refact")
 FAMILIES = tuple(CHAT) + PLAIN_ONLY
 
+HI_BYE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+          {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]  # two short exchanges
 USER = ["Hi", "What is 2+2?", "  leading spaces", "Zähle bis 3 ½ — bitte", "code:\n```py\nprint('x')\n```",
         "emoji 🦙 and 東京", "Why?\n\n", "1234567 + 89"]
 ASSISTANT = ["Hello", "4", "Sure.\n", "Eins, zwei, drei.", "```\nx\n```", "🦙! 東京です", " yes ", "1234656."]

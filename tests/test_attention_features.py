@@ -20,7 +20,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 import trl_padfree  # noqa: F401  (registers "padfree")
-from trl_padfree.flattening import packed_batch
+from trl_padfree.probe import alone_batch, packed_batch, random_sequences
 
 LOSS_TOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -33,31 +33,15 @@ def family(model_type: str) -> None:
         pytest.skip(f"transformers has no {model_type!r} model here")
 
 
-def examples(lengths=LENGTHS, seed: int = 0) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.integers(3, VOCAB, size=n, dtype=np.int64) for n in lengths]
-
-
-def labels_of(ids: np.ndarray) -> np.ndarray:
-    labels = ids.copy()
-    labels[0] = -100  # nothing predicts an example's first token
-    return labels
-
-
-def packed(seqs: list[np.ndarray]) -> dict:
-    cu = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int64)
-    return packed_batch(np.concatenate(seqs), np.concatenate([labels_of(s) for s in seqs]), cu)
-
-
-def alone(ids: np.ndarray) -> dict:
-    return {"input_ids": torch.tensor(ids)[None], "labels": torch.tensor(labels_of(ids))[None]}
+def examples(lengths=LENGTHS, seed: int = 0) -> list[list[int]]:
+    return random_sequences(lengths, VOCAB, 0, seed)
 
 
 def grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_packed_equals_alone(config, seqs: list[np.ndarray] | None = None, init=None) -> tuple[float, dict]:
+def assert_packed_equals_alone(config, seqs: list[list[int]] | None = None, init=None) -> tuple[float, dict]:
     """Packed under "padfree" vs each example alone under "eager": loss and every gradient (``init(model)``
     first, when given)."""
     seqs = examples() if seqs is None else seqs
@@ -69,7 +53,7 @@ def assert_packed_equals_alone(config, seqs: list[np.ndarray] | None = None, ini
     model.zero_grad(set_to_none=True)
     want_loss = 0.0
     for ids in seqs:
-        loss = model(**alone(ids), use_cache=False, num_items_in_batch=count).loss
+        loss = model(**alone_batch(ids), num_items_in_batch=count).loss
         loss.backward()
         want_loss += loss.item()
     want = grads(model)
@@ -77,7 +61,7 @@ def assert_packed_equals_alone(config, seqs: list[np.ndarray] | None = None, ini
     # What a user does: the model built with "padfree" and called with the collator's packed row.
     padfree = AutoModelForCausalLM.from_config(config, attn_implementation="padfree").eval()
     padfree.load_state_dict(model.state_dict())
-    loss = padfree(**packed(seqs), use_cache=False, num_items_in_batch=count).loss
+    loss = padfree(**packed_batch(seqs), num_items_in_batch=count).loss
     loss.backward()
     got = grads(padfree)
     assert math.isfinite(want_loss) and abs(loss.item() - want_loss) <= LOSS_TOL, (loss.item(), want_loss)
@@ -202,7 +186,7 @@ def test_rows_with_only_position_ids_are_per_example(config, rows):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
     with torch.no_grad():
-        want = torch.stack([torch.cat([model(**alone(s), use_cache=False).logits[0] for s in row]) for row in rows])
+        want = torch.stack([torch.cat([model(**alone_batch(s)).logits[0] for s in row]) for row in rows])
         model.set_attn_implementation("padfree")
         got = model(input_ids=torch.stack([torch.tensor(np.concatenate(row)) for row in rows]), use_cache=False,
                     position_ids=torch.stack([torch.cat([torch.arange(len(s)) for s in row]) for row in rows])).logits
