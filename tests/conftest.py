@@ -1,24 +1,7 @@
-"""Test-suite settings: the ``slow`` marker, and the fixtures test modules share.
-
-Tests marked ``slow`` (several multi-process launches each, minutes on a 2-core machine: ``tests/test_multinode.py``)
-run only with ``TRL_PADFREE_SLOW=1``; ``make test`` stays within about ten minutes without them, and ``.ci/run``
-runs them after ``make test``.
-
-Shared fixtures: ``tok`` (the tiny byte-level tokenizer, ``trl_padfree.testing``) and ``demo_tokenizer`` (the
-shipped demo model's tokenizer), one per test module; ``in_root`` (the test runs in the repository root, where the
-demo configs' relative paths start); ``flash_attention_2_on_cpu`` (transformers' flash_attention_2 path with a
-recording reference kernel, ``tests/flash_attention_cpu.py``). Paths of the checkout (``ROOT``, ``DEMO``, ...) are
-constants in ``tests/paths.py``; the tiny Llama's config and model are ``trl_padfree.testing.tiny_llama_config`` /
-``tiny_llama``.
-
-Helper modules, each named by what it holds: ``tiny_models.py`` (other families' tiny configs and checkpoints),
-``tiny_sft.py`` / ``tiny_dpo.py`` / ``tiny_kto.py`` / ``tiny_reward.py`` / ``tiny_rl.py`` (each trainer's tiny
-set-up), ``layout_runs.py`` (training in the padded, padding-free and prompt-once layouts and comparing the runs),
-``two_ranks.py`` (the ``ddp_*.py`` scripts under torchrun), ``launch_runs.py`` (running the launch and the preview
-from a test), ``launch_inputs.py`` (the command lines and small data several launch test modules run on),
-``launch_hooks.py`` (faults a launch run can be given), ``real_cases.py`` (the real-tokenizer cases). A test module
-imports its helpers from these, never from another ``test_*.py``.
-"""
+"""Test-suite settings: the ``slow`` marker (tests run only with ``TRL_PADFREE_SLOW=1``, as ``.ci/run`` does after
+``make test``), and the fixtures test modules share. Paths of the checkout are constants in ``tests/paths.py``; helper
+modules (``tiny_*.py``, ``layout_runs.py``, ...) are named by what they hold, and a test module imports its helpers
+from them, never from another ``test_*.py``."""
 
 from __future__ import annotations
 

@@ -26,31 +26,21 @@ MISSING = (
 IGNORE = -100
 
 
-def manifest() -> dict:
-    path = CACHE / "manifest.json"
-    if not path.exists():
-        raise FileNotFoundError(MISSING)
-    built = json.loads(path.read_text())
-    missing = [f for f in FAMILIES if f not in built.get("families", {})]
-    if missing:
-        raise FileNotFoundError(f"The real-tokenizer cache {CACHE} lacks {', '.join(missing)}: run `make real-tokenizers`.")
-    return built
-
-
 def cache_problem() -> str | None:
     """Why the real-tokenizer tests cannot run (the make target to run), or None."""
-    try:
-        manifest()
-    except FileNotFoundError as exc:
-        return str(exc)
-    return None
+    path = CACHE / "manifest.json"
+    if not path.exists():
+        return MISSING
+    missing = [f for f in FAMILIES if f not in json.loads(path.read_text()).get("families", {})]
+    return f"The real-tokenizer cache {CACHE} lacks {', '.join(missing)}: run `make real-tokenizers`." if missing else None
 
 
 @cache
 def load(family: str):
     from transformers import AutoTokenizer
 
-    manifest()
+    if cache_problem():
+        raise FileNotFoundError(cache_problem())
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return AutoTokenizer.from_pretrained(str(CACHE / family))
@@ -70,25 +60,22 @@ class ChatLayout:
 CHAT: dict[str, ChatLayout] = {
     "llama-2": ChatLayout("[/INST]", ("[INST]",)),
     "mistral-inst": ChatLayout("[/INST]", ("[INST]",), system=False),
-    "llama-3": ChatLayout(
-        "<|start_header_id|>assistant<|end_header_id|>\n\n",
-        ("<|start_header_id|>user", "<|start_header_id|>system", "<|start_header_id|>ipython"),
-        tool=True,
-    ),
+    "llama-3": ChatLayout("<|start_header_id|>assistant<|end_header_id|>\n\n", ("<|start_header_id|>user",
+                          "<|start_header_id|>system", "<|start_header_id|>ipython"), tool=True),
     "qwen2": ChatLayout("<|im_start|>assistant\n", ("<|im_start|>user\n", "<|im_start|>system\n"), tool=True),
     "qwen3.5": ChatLayout("<|im_start|>assistant\n", ("<|im_start|>user\n", "<|im_start|>system\n"), tool=True),
     "phi-3": ChatLayout("<|assistant|>\n", ("<|user|>\n", "<|system|>\n")),
     "deepseek-llm": ChatLayout("Assistant:", ("User:",)),
     "deepseek-coder": ChatLayout("### Response:\n", ("### Instruction:\n",)),
-    "command-r": ChatLayout(
-        "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>",
-        ("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>", "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>"),
-    ),
+    "command-r": ChatLayout("<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>", ("<|START_OF_TURN_TOKEN|><|USER_TOKEN|>",
+                            "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>")),
     "gemma-4": ChatLayout("<|turn>model\n", ("<|turn>user\n", "<|turn>system\n", "<|turn>tool\n"), tool=True),
 }
 PLAIN_ONLY = ("gpt-2", "falcon", "mpt", "starcoder", "refact")
 FAMILIES = tuple(CHAT) + PLAIN_ONLY
 
+HI_BYE = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
+          {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]  # two short exchanges
 USER = ["Hi", "What is 2+2?", "  leading spaces", "Zähle bis 3 ½ — bitte", "code:\n```py\nprint('x')\n```",
         "emoji 🦙 and 東京", "Why?\n\n", "1234567 + 89"]
 ASSISTANT = ["Hello", "4", "Sure.\n", "Eins, zwei, drei.", "```\nx\n```", "🦙! 東京です", " yes ", "1234656."]

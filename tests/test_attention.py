@@ -1,18 +1,18 @@
-"""Tests of the "padfree" attention implementation (CPU, fp32, tiny models built from configs)."""
+"""Tests of the "padfree" attention implementation (CPU, fp32, tiny models built from configs): packed == padded
+sdpa for loss, logits and every gradient; exactly sdpa without boundaries and in generation; the mask builder; the
+attention function against a textbook per sequence; the kernel choice; CUDA kernels (skipped without a GPU)."""
 
 from __future__ import annotations
 
+import math
+import re
 import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
 from tiny_models import decoder_config
-from transformers import (
-    AttentionInterface,
-    AutoModelForCausalLM,
-    DataCollatorWithFlattening,
-)
+from transformers import AttentionInterface, AutoModelForCausalLM, DataCollatorWithFlattening
 from transformers.masking_utils import (
     ALL_MASK_ATTENTION_FUNCTIONS,
     and_masks,
@@ -31,28 +31,17 @@ from trl_padfree.attention import (
     select_backend,
     slow_cuda_reason,
 )
-from trl_padfree.attention_backends import run_varlen_attention, window_mask
+from trl_padfree.attention_backends import decide_backend, run_varlen_attention, scores_attention
 
 VOCAB = 101
 LENGTHS = [7, 23, 3, 31, 12, 23]  # unequal and equal lengths; 31 > the Mistral window below
-SLIDING_WINDOW = 8
+KINDS = ["llama", "mistral", "qwen2"]  # full attention; every layer windowed; the first layer full, the others windowed
 
 
 def tiny_config(kind: str):
-    return decoder_config(
-        kind,
-        sliding_window=SLIDING_WINDOW,
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,  # GQA
-        max_position_embeddings=128,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=2,
-    )
+    return decoder_config(kind, sliding_window=8, vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,  # GQA
+                          max_position_embeddings=128, pad_token_id=0, eos_token_id=1, bos_token_id=2)
 
 
 def make_models(kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -70,8 +59,7 @@ def make_examples(seed: int = 1) -> list[dict[str, list[int]]]:
     examples = []
     for length in LENGTHS:
         ids = torch.randint(3, VOCAB, (length,), generator=generator).tolist()
-        prompt = length // 3
-        examples.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+        examples.append({"input_ids": ids, "labels": [-100] * (length // 3) + ids[length // 3 :]})
     return examples
 
 
@@ -79,48 +67,37 @@ def packed_batch(examples, with_cu_seq_lens: bool = True) -> dict:
     batch = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(examples)
     if not with_cu_seq_lens:
         batch = {key: batch[key] for key in ("input_ids", "labels", "position_ids")}
-    batch["use_cache"] = False
-    return batch
+    return batch | {"use_cache": False}
 
 
-def padded_batch(examples, pad_id: int = 0) -> dict:
+def padded_batch(examples) -> dict:
     longest = max(len(example["input_ids"]) for example in examples)
-    ids = torch.full((len(examples), longest), pad_id)
-    labels = torch.full((len(examples), longest), -100)
+    ids, labels = torch.zeros(len(examples), longest, dtype=torch.long), torch.full((len(examples), longest), -100)
     mask = torch.zeros(len(examples), longest, dtype=torch.long)
     for row, example in enumerate(examples):
         n = len(example["input_ids"])
-        ids[row, :n] = torch.tensor(example["input_ids"])
-        labels[row, :n] = torch.tensor(example["labels"])
-        mask[row, :n] = 1
+        ids[row, :n], labels[row, :n], mask[row, :n] = torch.tensor(example["input_ids"]), torch.tensor(example["labels"]), 1
     return {"input_ids": ids, "attention_mask": mask, "labels": labels, "use_cache": False}
 
 
-def token_loss_sum(model, batch) -> tuple[torch.Tensor, int, torch.Tensor]:
-    """(sum of token losses, number of predicted tokens, logits): the normalisation-free comparison."""
-    logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
-    targets = batch["labels"][:, 1:]
-    losses = F.cross_entropy(logits[:, :-1].flatten(0, 1), targets.flatten(), reduction="sum")
-    return losses, int((targets != -100).sum()), logits
-
-
 def assert_rel_close(actual: torch.Tensor, expected: torch.Tensor, rel: float, what: str = "") -> None:
-    scale = expected.abs().max().clamp_min(1e-12)
-    error = (actual - expected).abs().max() / scale
+    error = (actual - expected).abs().max() / expected.abs().max().clamp_min(1e-12)
     assert error <= rel, f"{what}: max relative difference {error.item():.3g} > {rel}"
 
 
-# --------------------------------------------------------------------------------------------- registration
+def assert_rows_equal(packed_logits: torch.Tensor, padded_logits: torch.Tensor) -> None:
+    """Each example's logits in the packed row equal its padded row's."""
+    start = 0
+    for row, length in enumerate(LENGTHS):
+        assert_rel_close(packed_logits[0, start : start + length], padded_logits[row, :length], 1e-5, f"logits {row}")
+        start += length
 
 
-def test_registered_with_transformers():
+def test_registered_with_transformers_and_selectable_four_ways(tmp_path):
     assert AttentionInterface._global_mapping["padfree"] is padfree_attention_forward
     assert ALL_MASK_ATTENTION_FUNCTIONS["padfree"] is padfree_mask
     attention.register()  # idempotent
     assert AttentionInterface._global_mapping["padfree"] is padfree_attention_forward
-
-
-def test_attn_implementation_selectable_four_ways(tmp_path):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="padfree")
     assert model.config._attn_implementation == "padfree"
@@ -139,48 +116,34 @@ def test_attn_implementation_selectable_four_ways(tmp_path):
 
 
 # ------------------------------------------------------------------------------- packed == padded sdpa (train)
-
-
-@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("with_cu_seq_lens", [True, False], ids=["cu_seq_lens", "position_ids_only"])
 def test_packed_padfree_equals_padded_sdpa(kind, with_cu_seq_lens):
     reference, padfree = make_models(kind)
-    examples = make_examples()
-    padded, packed = padded_batch(examples), packed_batch(examples, with_cu_seq_lens)
-
-    ref_sum, ref_count, ref_logits = token_loss_sum(reference, padded)
-    pf_sum, pf_count, pf_logits = token_loss_sum(padfree, packed)
-    assert pf_count == ref_count  # the first label of each packed example is -100: no cross-example target
-    assert_rel_close(pf_sum, ref_sum, 1e-5, "sum of token losses")
-    # The models' own (token-weighted mean) losses agree too.
+    padded, packed = padded_batch(make_examples()), packed_batch(make_examples(), with_cu_seq_lens)
+    sums, counts, logits = [], [], []
+    for model, batch in ((reference, padded), (padfree, packed)):  # the sums of token losses: no normalisation
+        out = model(**{k: v for k, v in batch.items() if k != "labels"})
+        targets = batch["labels"][:, 1:]
+        sums.append(F.cross_entropy(out.logits[:, :-1].flatten(0, 1), targets.flatten(), reduction="sum"))
+        counts.append(int((targets != -100).sum()))
+        logits.append(out.logits)
+    assert counts[0] == counts[1]  # the first label of each packed example is -100: no cross-example target
+    assert_rel_close(sums[1], sums[0], 1e-5, "sum of token losses")
+    # the models' own (token-weighted mean) losses agree too
     assert_rel_close(padfree(**packed).loss, reference(**padded).loss, 1e-5, "mean loss")
-
-    start = 0
-    for row, length in enumerate(LENGTHS):
-        assert_rel_close(
-            pf_logits[0, start : start + length], ref_logits[row, :length], 1e-5, f"logits {row}"
-        )
-        start += length
-
-    ref_sum.backward()
-    pf_sum.backward()
+    assert_rows_equal(logits[1], logits[0])
+    sums[0].backward()
+    sums[1].backward()
     ref_grads = dict(reference.named_parameters())
     for name, parameter in padfree.named_parameters():
-        assert parameter.grad is not None, name
         assert_rel_close(parameter.grad, ref_grads[name].grad, 1e-4, f"grad {name}")
-
-
-@pytest.mark.parametrize("kind", ["mistral", "qwen2"])
-def test_sliding_window_really_binds(kind):
-    """Guard for the test above: the same weights without a window give other logits, so it is exercised."""
-    _, padfree = make_models(kind)
-    config = tiny_config(kind)
-    config.sliding_window = None
-    config.layer_types = ["full_attention"] * config.num_hidden_layers
-    no_window = AutoModelForCausalLM.from_config(config, attn_implementation="padfree")
-    no_window.load_state_dict(padfree.state_dict())
-    packed = packed_batch(make_examples())
-    assert (padfree(**packed).logits - no_window(**packed).logits).abs().max() > 1e-3
+    if kind != "llama":  # guard: the same weights without a window give other logits, so the window binds here
+        config = tiny_config(kind)
+        config.sliding_window, config.layer_types = None, ["full_attention"] * config.num_hidden_layers
+        no_window = AutoModelForCausalLM.from_config(config, attn_implementation="padfree")
+        no_window.load_state_dict(padfree.state_dict())
+        assert (logits[1] - no_window(**packed).logits).abs().max() > 1e-3
 
 
 def test_padfree_fixes_the_cache_trap():
@@ -188,92 +151,55 @@ def test_padfree_fixes_the_cache_trap():
     reference, padfree = make_models("llama")
     packed = packed_batch(make_examples(), with_cu_seq_lens=False)
     del packed["use_cache"]
-    padded = padded_batch(make_examples())
-    expected = reference(**padded).logits
     got = padfree(**packed).logits
-    leaked = reference(**packed).logits
-    start = 0
-    for row, length in enumerate(LENGTHS):
-        assert_rel_close(got[0, start : start + length], expected[row, :length], 1e-5, f"logits {row}")
-        start += length
-    assert (leaked - got).abs().max() > 1e-3
+    assert_rows_equal(got, reference(**padded_batch(make_examples())).logits)
+    assert (reference(**packed).logits - got).abs().max() > 1e-3
 
 
 # ------------------------------------------------------------------------- without boundaries: exactly sdpa
-
-
-@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_padded_batch_through_padfree_equals_sdpa(kind):
     reference, padfree = make_models(kind)
     padded = padded_batch(make_examples())
-    ref = reference(**padded)
-    got = padfree(**padded)
+    ref, got = reference(**padded), padfree(**padded)
     torch.testing.assert_close(got.logits, ref.logits, rtol=0, atol=0)
     ref.loss.backward()
     got.loss.backward()
     ref_grads = dict(reference.named_parameters())
     for name, parameter in padfree.named_parameters():
         torch.testing.assert_close(parameter.grad, ref_grads[name].grad, rtol=0, atol=0, msg=name)
+    if kind != "qwen2":  # B > 1 rows of one example each and no attention_mask (Mistral: the window binds inside)
+        ids = torch.randint(3, VOCAB, (3, 20), generator=torch.Generator().manual_seed(3))
+        assert_rel_close(padfree(input_ids=ids).logits, reference(input_ids=ids).logits, 1e-5, "logits")
 
 
-@pytest.mark.parametrize("kind", ["llama", "mistral"])
-def test_unpadded_batch_without_mask_equals_sdpa(kind):
-    """B > 1 rows of one example each and no attention_mask (Mistral: the window binds inside each row)."""
-    reference, padfree = make_models(kind)
-    ids = torch.randint(3, VOCAB, (3, 20), generator=torch.Generator().manual_seed(3))
-    assert_rel_close(padfree(input_ids=ids).logits, reference(input_ids=ids).logits, 1e-5, "logits")
-
-
-@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_generation_with_cache_equals_sdpa(kind):
     reference, padfree = make_models(kind)
-    generator = torch.Generator().manual_seed(5)
-    # Left-padded prompts, one longer than the sliding window.
-    ids = torch.randint(3, VOCAB, (2, 12), generator=generator)
+    ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(5))
     mask = torch.ones_like(ids)
-    ids[1, :5], mask[1, :5] = 0, 0
-    kwargs = dict(
-        input_ids=ids,
-        attention_mask=mask,
-        max_new_tokens=6,
-        do_sample=False,
-        pad_token_id=0,
-        output_scores=True,
-        return_dict_in_generate=True,
-    )
-    expected = reference.generate(**kwargs)
-    got = padfree.generate(**kwargs)
+    ids[1, :5], mask[1, :5] = 0, 0  # left-padded prompts, one longer than the sliding window
+    kwargs = dict(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                  output_scores=True, return_dict_in_generate=True)
+    expected, got = reference.generate(**kwargs), padfree.generate(**kwargs)
     assert torch.equal(got.sequences, expected.sequences)
-    for got_scores, expected_scores in zip(got.scores, expected.scores, strict=True):
-        torch.testing.assert_close(got_scores, expected_scores, rtol=0, atol=0)
+    torch.testing.assert_close(torch.stack(got.scores), torch.stack(expected.scores), rtol=0, atol=0)
     # One unpadded prompt (the mask builder gets an all-ones mask and the prefill runs without a dense mask).
     single = dict(kwargs, input_ids=ids[:1], attention_mask=mask[:1])
-    torch.testing.assert_close(
-        torch.stack(padfree.generate(**single).scores),
-        torch.stack(reference.generate(**single).scores),
-        rtol=1e-5,
-        atol=1e-5,
-    )
+    torch.testing.assert_close(torch.stack(padfree.generate(**single).scores),
+                               torch.stack(reference.generate(**single).scores), rtol=1e-5, atol=1e-5)
 
 
 # ------------------------------------------------------------------------------------ mask builder
-
-
-def test_mask_builder_plain_causal_gives_no_mask():
-    assert padfree_mask(batch_size=2, q_length=9, kv_length=9) is None
-
-
-def test_mask_builder_packed_pattern_gives_cu_seq_lens():
-    position_ids = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])
+def test_mask_builder():
+    assert padfree_mask(batch_size=2, q_length=9, kv_length=9) is None  # plain causal: no mask
+    # a packed pattern: cu_seq_lens, also from position_ids
     sequence_ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2]])
     pattern = and_masks(causal_mask_function, packed_sequence_mask_function(sequence_ids))
     cu = padfree_mask(batch_size=1, q_length=9, kv_length=9, mask_function=pattern)
-    assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 5, 9]
-    assert cu.padfree_max_length == 4
-    assert cu_seq_lens_from_position_ids(position_ids).tolist() == [0, 3, 5, 9]
-
-
-def test_mask_builder_padding_and_overlays_match_sdpa():
+    assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 5, 9] and cu.padfree_max_length == 4
+    assert cu_seq_lens_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])).tolist() == [0, 3, 5, 9]
+    # padding: sdpa's mask
     padding = torch.tensor([[True, True, True, False], [True, True, True, True]])
     got = padfree_mask(batch_size=2, q_length=4, kv_length=4, attention_mask=padding)
     assert torch.equal(got, sdpa_mask(batch_size=2, q_length=4, kv_length=4, attention_mask=padding))
@@ -281,20 +207,16 @@ def test_mask_builder_padding_and_overlays_match_sdpa():
     def bidirectional_first_two(batch_idx, head_idx, q_idx, kv_idx):
         return (q_idx < 2) & (kv_idx < 2)
 
-    pattern = or_masks(causal_mask_function, bidirectional_first_two)
-    # transformers passes allow_is_causal_skip=False together with an overlay.
-    got = padfree_mask(
-        batch_size=1, q_length=4, kv_length=4, mask_function=pattern, allow_is_causal_skip=False
-    )
-    assert got.shape == (1, 1, 4, 4) and bool(got[0, 0, 0, 1])  # a dense mask: sdpa's business
-    # With a cache offset (decoding) the sdpa mask is used as well.
-    got = padfree_mask(
-        batch_size=1, q_length=1, kv_length=5, q_offset=4, attention_mask=torch.ones(1, 5).bool()
-    )
+    # an overlay (transformers passes allow_is_causal_skip=False with it): a dense mask, sdpa's business
+    got = padfree_mask(batch_size=1, q_length=4, kv_length=4, allow_is_causal_skip=False,
+                       mask_function=or_masks(causal_mask_function, bidirectional_first_two))
+    assert got.shape == (1, 1, 4, 4) and bool(got[0, 0, 0, 1])
+    # with a cache offset (decoding) the sdpa mask is used as well
+    got = padfree_mask(batch_size=1, q_length=1, kv_length=5, q_offset=4, attention_mask=torch.ones(1, 5).bool())
     assert got is None or got.shape[-1] == 5
 
 
-# ---------------------------------------------------------------------------- attention function directly
+# ------------------------------------------------------------------------- the attention function and its kernel
 
 
 class _Attention(torch.nn.Module):
@@ -304,257 +226,167 @@ class _Attention(torch.nn.Module):
         self.is_causal = is_causal
 
 
-def reference_attention(q, k, v, lengths, causal=True, window=None):
-    """Per-sequence attention from first principles (explicit softmax), (B=1, H, T, D) in, (T, H, D) out."""
-    groups = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
-    outputs, start = [], 0
-    for length in lengths:
-        sl = slice(start, start + length)
-        scores = q[0, :, sl] @ k[0, :, sl].transpose(-1, -2) / q.shape[-1] ** 0.5
-        allowed = window_mask(length, length, window, causal, q.device)
-        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
-        outputs.append((weights @ v[0, :, sl]).transpose(0, 1))
-        start += length
-    return torch.cat(outputs)
+def textbook(q, k, v, lengths, scale=None, causal=True, window=None, softcap=None, sinks=None) -> torch.Tensor:
+    """Attention per sequence in float64 with an explicit softmax: q ``(T, H, D)``, k/v ``(T, H_kv, D)`` in,
+    ``(T, H, D)`` out."""
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    groups, out, start = q.shape[1] // k.shape[1], [], 0
+    for n in lengths:
+        qs, ks, vs = (x[start : start + n].double().transpose(0, 1) for x in (q, k, v))
+        logits = qs @ ks.repeat_interleave(groups, 0).transpose(-1, -2) * scale
+        if softcap is not None:
+            logits = torch.tanh(logits / softcap) * softcap
+        distance = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+        allowed = (distance >= 0 if causal else distance > -(window or n)) & (distance < (window or n))
+        weights = logits.masked_fill(~allowed, float("-inf")).exp()
+        denominator = weights.sum(-1, keepdim=True) + (0 if sinks is None else sinks.double().exp()[:, None, None])
+        out.append(((weights / denominator) @ vs.repeat_interleave(groups, 0)).transpose(0, 1))
+        start += n
+    return torch.cat(out)
 
 
 def random_qkv(lengths, heads=4, kv_heads=2, dim=8, seed=0):
+    """Leaf q, k, v of shape ``(1, H, T, D)`` (transformers' attention-function layout)."""
     generator = torch.Generator().manual_seed(seed)
-    total = sum(lengths)
-    q = torch.randn(1, heads, total, dim, generator=generator, requires_grad=True)
-    k = torch.randn(1, kv_heads, total, dim, generator=generator, requires_grad=True)
-    v = torch.randn(1, kv_heads, total, dim, generator=generator, requires_grad=True)
-    return q, k, v
+    return tuple(torch.randn(1, h, sum(lengths), dim, generator=generator, requires_grad=True)
+                 for h in (heads, kv_heads, kv_heads))
 
 
 def cu_of(lengths):
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
 
 
-@pytest.mark.parametrize("window", [None, 3])
-@pytest.mark.parametrize("causal", [True, False])
-def test_attention_function_matches_first_principles(window, causal):
+@pytest.mark.parametrize(("window", "causal", "softcap", "sinks"), [
+    (None, True, None, False), (3, True, None, False), (None, False, None, False), (3, False, None, False),
+    (None, True, 0.7, True), (3, True, 0.7, False), (3, True, None, True),
+])  # fmt: skip
+def test_attention_function_matches_the_textbook_per_sequence(window, causal, softcap, sinks):
+    """Values and the gradients of q, k, v and the sinks (GQA, a sequence of one token, one longer than the rest)."""
     lengths = [5, 17, 16, 1, 9, 17, 30]
     q, k, v = random_qkv(lengths)
-    module = _Attention(is_causal=causal)
+    s_aux = torch.randn(4, requires_grad=True) if sinks else None
     out, weights = padfree_attention_forward(
-        module,
-        q,
-        k,
-        v,
-        None,
-        sliding_window=window,
-        cu_seq_lens_q=cu_of(lengths),
-        cu_seq_lens_k=cu_of(lengths),
-        max_length_q=max(lengths),
-        max_length_k=max(lengths),
-    )
+        _Attention(is_causal=causal), q, k, v, None, scaling=0.4, sliding_window=window, softcap=softcap, s_aux=s_aux,
+        cu_seq_lens_q=cu_of(lengths), cu_seq_lens_k=cu_of(lengths), max_length_q=30, max_length_k=30)
     assert weights is None and out.shape == (1, sum(lengths), 4, 8)
-    expected = reference_attention(q, k, v, lengths, causal, window)
-    assert_rel_close(out[0], expected, 1e-5, "output")
-    grads = torch.autograd.grad((out[0] * expected.detach().cos()).sum(), (q, k, v))
-    expected_grads = torch.autograd.grad((expected * expected.detach().cos()).sum(), (q, k, v))
-    for name, got, want in zip("qkv", grads, expected_grads, strict=True):
-        assert_rel_close(got, want, 1e-4, f"grad {name}")
+    expected = textbook(*(x[0].transpose(0, 1) for x in (q, k, v)), lengths, 0.4, causal, window, softcap, s_aux)
+    assert_rel_close(out[0].double(), expected, 1e-5, "output")
+    leaves = [x for x in (q, k, v, s_aux) if x is not None]
+    weight = expected.detach().cos()
+    grads = torch.autograd.grad((out[0] * weight).sum(), leaves)
+    expected_grads = torch.autograd.grad((expected * weight).sum(), leaves)
+    for name, got, want in zip("qkvs"[: len(leaves)], grads, expected_grads, strict=True):
+        assert_rel_close(got.double(), want.double(), 1e-4, f"grad {name}")
+
+
+def test_scores_attention_exact_values():
+    # all logits 0: each of the 3 keys and the sink (logit log 2) get weights 1:1:1:2, the sink's dropped
+    q, k = torch.zeros(1, 1, 1, 4), torch.randn(1, 1, 3, 4)
+    v = torch.tensor([1.0, 2.0, 6.0]).reshape(1, 1, 3, 1).expand(1, 1, 3, 4)
+    out = scores_attention(q, k, v, None, sinks=torch.tensor([math.log(2.0)]))
+    torch.testing.assert_close(out, torch.full((1, 1, 1, 4), 9.0 / 5.0))
+    # soft-capping at 1: logits 100 and 0 become tanh(100) = 1 and 0, so the weights are e : 1
+    q, k, v = torch.tensor([[[[10.0]]]]), torch.tensor([[[[10.0], [0.0]]]]), torch.tensor([[[[1.0], [0.0]]]])
+    out = scores_attention(q, k, v, None, scale=1.0, softcap=1.0)
+    torch.testing.assert_close(out, torch.tensor([[[[math.e / (math.e + 1)]]]]))
+    # a masked key gets no weight, whatever its logit
+    assert scores_attention(q, k, v, torch.tensor([[False, True]]), scale=1.0).item() == 0.0
 
 
 def test_boundaries_from_position_ids_kwarg():
     """Models whose mask builder never sees position_ids still get boundaries via the attention kwargs."""
     lengths = [4, 9, 6]
     q, k, v = random_qkv(lengths)
+    qkv = [x[0].transpose(0, 1) for x in (q, k, v)]
     position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
     out, _ = padfree_attention_forward(_Attention(), q, k, v, None, position_ids=position_ids)
-    assert_rel_close(out[0], reference_attention(q, k, v, lengths), 1e-5, "output")
+    assert_rel_close(out[0].double(), textbook(*qkv, lengths), 1e-5, "output")
     # Consecutive position_ids: one sequence, delegated to sdpa.
     plain, _ = padfree_attention_forward(_Attention(), q, k, v, None, position_ids=torch.arange(19)[None])
-    assert_rel_close(plain[0], reference_attention(q, k, v, [19]), 1e-5, "output")
+    assert_rel_close(plain[0].double(), textbook(*qkv, [19]), 1e-5, "output")
 
 
-def test_dropout_is_applied_only_when_requested():
+def test_dropout_is_applied_only_when_requested_and_by_the_model_in_training_only():
     lengths = [6, 11]
     q, k, v = random_qkv(lengths)
-    kwargs = dict(
-        cu_seq_lens_q=cu_of(lengths), cu_seq_lens_k=cu_of(lengths), max_length_q=11, max_length_k=11
-    )
+    kwargs = dict(cu_seq_lens_q=cu_of(lengths), cu_seq_lens_k=cu_of(lengths), max_length_q=11, max_length_k=11)
     plain, _ = padfree_attention_forward(_Attention(), q, k, v, None, dropout=0.0, **kwargs)
-    torch.manual_seed(0)
-    dropped, _ = padfree_attention_forward(_Attention(), q, k, v, None, dropout=0.5, **kwargs)
-    torch.manual_seed(0)
-    again, _ = padfree_attention_forward(_Attention(), q, k, v, None, dropout=0.5, **kwargs)
-    assert (dropped - plain).abs().max() > 1e-2
-    torch.testing.assert_close(dropped, again, rtol=0, atol=0)  # seeded: reproducible
+    dropped = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        dropped.append(padfree_attention_forward(_Attention(), q, k, v, None, dropout=0.5, **kwargs)[0])
+    assert (dropped[0] - plain).abs().max() > 1e-2
+    torch.testing.assert_close(dropped[0], dropped[1], rtol=0, atol=0)  # seeded: reproducible
 
-
-def test_model_dropout_honoured_in_training_only():
     config = tiny_config("llama")
     config.attention_dropout = 0.3
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="padfree")
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="padfree").eval()
     packed = packed_batch(make_examples())
-    model.eval()
-    eval_a, eval_b = model(**packed).logits, model(**packed).logits
-    torch.testing.assert_close(eval_a, eval_b, rtol=0, atol=0)
-    model.train()
-    assert (model(**packed).logits - eval_a).abs().max() > 1e-3
+    eval_logits = model(**packed).logits
+    torch.testing.assert_close(model(**packed).logits, eval_logits, rtol=0, atol=0)
+    assert (model.train()(**packed).logits - eval_logits).abs().max() > 1e-3
 
 
-def test_bad_cu_seq_lens_are_reported():
+def test_bad_input_is_reported():
     q, k, v = random_qkv([4, 5])
     with pytest.raises(ValueError, match="cover 8/8 tokens but the batch has 1x9"):
-        padfree_attention_forward(
-            _Attention(),
-            q,
-            k,
-            v,
-            None,
-            cu_seq_lens_q=cu_of([4, 4]),
-            cu_seq_lens_k=cu_of([4, 4]),
-            max_length_q=4,
-        )
+        padfree_attention_forward(_Attention(), q, k, v, None, cu_seq_lens_q=cu_of([4, 4]),
+                                  cu_seq_lens_k=cu_of([4, 4]), max_length_q=4)
     with pytest.raises(ValueError, match="must be 1-D"):
-        padfree_attention_forward(
-            _Attention(), q, k, v, None, cu_seq_lens_q=cu_of([4, 5])[None], max_length_q=5, max_length_k=5
-        )
-
-
-# ------------------------------------------------------------------------------ soft-capping and attention sinks
-# (once refused; now computed exactly: tests/test_attention_features.py)
-
-
-def test_softcap_and_sinks_are_computed_not_refused():
-    q, k, v = random_qkv([3, 4])
-    sinks = torch.zeros(4)
-    cu = cu_of([3, 4])
-    out, _ = padfree_attention_forward(_Attention(), q, k, v, None, softcap=1.0, s_aux=sinks, cu_seq_lens_q=cu,
-                                       cu_seq_lens_k=cu, max_length_q=4, max_length_k=4)
-    # per sequence, the explicit-scores kernel on the same sequence alone
-    first = run_varlen_attention("sdpa_loop", *(t[0, :, :3].transpose(0, 1) for t in (q, k, v)),
-                                 cu_of([3]), cu_of([3]), 3, 3, softcap=1.0, sinks=sinks)
-    torch.testing.assert_close(out[0, :3], first)
+        padfree_attention_forward(_Attention(), q, k, v, None, cu_seq_lens_q=cu_of([4, 5])[None], max_length_q=5,
+                                  max_length_k=5)
+    q, cu = torch.zeros(3, 1, 4), cu_of([3])
+    with pytest.raises(ValueError, match="Unknown varlen attention backend 'triton'"):
+        run_varlen_attention("triton", q, q, q, cu, cu, 3, 3)
+    with pytest.raises(ValueError, match="torch_varlen backend has no dropout"):
+        run_varlen_attention("torch_varlen", q, q, q, cu, cu, 3, 3, dropout=0.1)
+    with pytest.raises(ValueError, match="torch_varlen backend has no softcap or sinks"):
+        run_varlen_attention("torch_varlen", q, q, q, cu, cu, 3, 3, softcap=1.0)
 
 
 # ---------------------------------------------------------------------------------------- backend selection
-
-
-@pytest.mark.parametrize(
-    ("device", "dtype", "options", "expected"),
-    [
-        ("cpu", torch.float32, {}, "sdpa_loop"),
-        ("cpu", torch.bfloat16, {"flash_attn_installed": True, "torch_varlen_installed": True}, "sdpa_loop"),
-        ("cuda", torch.bfloat16, {"flash_attn_installed": True}, "flash_attn"),
-        ("cuda:1", torch.float16, {"flash_attn_installed": True, "dropout": 0.1}, "flash_attn"),
-        ("cuda", torch.float32, {"flash_attn_installed": True}, "sdpa_loop"),
-        (
-            "cuda",
-            torch.bfloat16,
-            {"flash_attn_installed": False, "torch_varlen_installed": True, "cuda_capability": (8, 0)},
-            "torch_varlen",
-        ),
-        (
-            "cuda",
-            torch.bfloat16,
-            {"flash_attn_installed": False, "torch_varlen_installed": True, "cuda_capability": (7, 5)},
-            "sdpa_loop",
-        ),
-        (
-            "cuda",
-            torch.bfloat16,
-            {
-                "flash_attn_installed": False,
-                "torch_varlen_installed": True,
-                "cuda_capability": (9, 0),
-                "dropout": 0.1,
-            },
-            "sdpa_loop",
-        ),
-        (
-            "cuda",
-            torch.bfloat16,
-            {"flash_attn_installed": False, "torch_varlen_installed": False, "cuda_capability": (9, 0)},
-            "sdpa_loop",
-        ),
-        ("cuda", torch.bfloat16, {"flash_attn_installed": True, "head_dim": 512}, "sdpa_loop"),
-        ("mps", torch.float16, {"flash_attn_installed": True}, "sdpa_loop"),
-    ],
-)
-def test_select_backend(device, dtype, options, expected):
-    assert select_backend(device, dtype, **options) == expected
-    reason = slow_cuda_reason(device, dtype, **options)
-    # A reason exactly when a CUDA call falls back to the loop; none on other devices, where the loop is the kernel.
-    assert (reason is not None) == (expected == "sdpa_loop" and device.startswith("cuda"))
-
-
+BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 H100 = {"flash_attn_installed": False, "torch_varlen_installed": True, "cuda_capability": (9, 0)}
+BOTH = {**H100, "flash_attn_installed": True}
 
 
-@pytest.mark.parametrize(
-    ("dtype", "options", "cause", "fix"),
-    [
-        (torch.float32, H100, "torch.float32 inputs: the varlen kernels take float16/bfloat16 only",
-         "train in bf16 (e.g. bf16=True, or load the model with dtype=torch.bfloat16)"),
-        (torch.bfloat16, {**H100, "head_dim": 512}, "head dimension 512",
-         "above the flash kernels' limit of 256"),
-        (torch.bfloat16, {**H100, "dropout": 0.1}, "attention dropout 0.1: torch's varlen_attn has none",
-         "pip install flash-attn, or set the model's attention_dropout to 0"),
-        (torch.bfloat16, {**H100, "torch_varlen_installed": False}, "no varlen kernel: flash-attn is not installed",
-         "pip install flash-attn, or upgrade torch"),
-        (torch.float16, {**H100, "cuda_capability": (7, 5)}, "this GPU (compute capability 7.5) is older than",
-         "and flash-attn is not installed"),
-    ],
-)  # fmt: skip
-def test_slow_cuda_reason_names_the_cause_and_the_fix(dtype, options, cause, fix):
-    reason = slow_cuda_reason("cuda", dtype, **options)
-    assert reason.startswith(cause) and reason.endswith(fix), reason
+@pytest.mark.parametrize(("device", "dtype", "options", "backend", "reason"), [
+    ("cpu", F32, {}, "sdpa_loop", None),  # on other devices the loop is the kernel: no reason to warn
+    ("cpu", BF16, BOTH, "sdpa_loop", None),
+    ("cpu", F32, {"softcap": True, "sinks": True}, "sdpa_loop", None),
+    ("mps", F16, {"flash_attn_installed": True}, "sdpa_loop", None),
+    ("cuda", BF16, {"flash_attn_installed": True}, "flash_attn", None),
+    ("cuda:1", F16, {"flash_attn_installed": True, "dropout": 0.1}, "flash_attn", None),
+    ("cuda", BF16, {**H100, "cuda_capability": (8, 0)}, "torch_varlen", None),
+    ("cuda", F32, {"flash_attn_installed": True}, "sdpa_loop", "^torch.float32 inputs"),
+    ("cuda", F32, H100, "sdpa_loop", r"^torch\.float32 inputs: the varlen kernels take float16/bfloat16 only.*"
+                                     r"train in bf16 \(e\.g\. bf16=True, or load the model with dtype=torch\.bfloat16\)$"),
+    ("cuda", BF16, {"flash_attn_installed": True, "head_dim": 512}, "sdpa_loop", "^head dimension 512"),
+    ("cuda", BF16, {**H100, "head_dim": 512}, "sdpa_loop", r"^head dimension 512.*above the flash kernels' limit of 256$"),
+    ("cuda", BF16, {**H100, "dropout": 0.1}, "sdpa_loop", r"^attention dropout 0\.1: torch's varlen_attn has none.*"
+                                                          r"pip install flash-attn, or set the model's attention_dropout to 0$"),
+    ("cuda", BF16, {**H100, "torch_varlen_installed": False}, "sdpa_loop",
+     r"^no varlen kernel: flash-attn is not installed.*pip install flash-attn, or upgrade torch$"),
+    ("cuda", F16, {**H100, "cuda_capability": (7, 5)}, "sdpa_loop",
+     r"^this GPU \(compute capability 7\.5\) is older than.*and flash-attn is not installed$"),
+    ("cuda", BF16, {**BOTH, "softcap": True, "flash_attn_features": frozenset({"softcap"})}, "flash_attn", None),
+    ("cuda", BF16, {**BOTH, "sinks": True, "flash_attn_features": frozenset({"softcap"})}, "sdpa_loop",
+     r"^attention sinks: .*`s_aux`"),
+    ("cuda", BF16, {**BOTH, "sinks": True, "softcap": True, "flash_attn_features": frozenset({"softcap", "sinks"})},
+     "flash_attn", None),
+    ("cuda", BF16, {**H100, "softcap": True}, "sdpa_loop", "^attention logit soft-capping: torch's varlen_attn has none"),
+])  # fmt: skip
+def test_backend_choice_and_why_a_cuda_call_takes_the_loop(device, dtype, options, backend, reason):
+    assert select_backend(device, dtype, **options) == decide_backend(device, dtype, **options)[0] == backend
+    why = slow_cuda_reason(device, dtype, **options)
+    assert why is None if reason is None else re.search(reason, why), why
 
 
 def test_pick_attn_implementation_on_this_machine():
-    assert pick_attn_implementation("cpu") == "padfree"
-    assert pick_attn_implementation(torch.device("cpu")) == "padfree"
-    expected = "padfree"
-    if torch.cuda.is_available() and attention.flash_attn_available():
-        expected = "flash_attention_2"
-    assert pick_attn_implementation() == expected
-
-
-def test_run_varlen_attention_rejects_unknown_backend_and_dropout_on_torch_varlen():
-    q, k, v = (torch.zeros(3, 1, 4),) * 3
-    cu = cu_of([3])
-    with pytest.raises(ValueError, match="Unknown varlen attention backend 'triton'"):
-        run_varlen_attention("triton", q, k, v, cu, cu, 3, 3)
-    with pytest.raises(ValueError, match="torch_varlen backend has no dropout"):
-        run_varlen_attention("torch_varlen", q, k, v, cu, cu, 3, 3, dropout=0.1)
-
-
-# ------------------------------------------------------------------------ CUDA kernels (skipped without a GPU)
-
-
-def _cuda_backends() -> list[str]:
-    if not torch.cuda.is_available():
-        return []
-    backends = []
-    if attention.flash_attn_available():
-        backends.append("flash_attn")
-    if attention.torch_varlen_available() and torch.cuda.get_device_capability() >= (8, 0):
-        backends.append("torch_varlen")
-    return backends
-
-
-@pytest.mark.skipif(not _cuda_backends(), reason="needs CUDA with flash-attn or torch varlen_attn (sm80+)")
-@pytest.mark.parametrize("window", [None, 5])
-def test_cuda_varlen_kernels_match_the_sdpa_loop(window):
-    lengths = [5, 17, 16, 1, 9, 40]
-    cu = cu_of(lengths).cuda()
-    generator = torch.Generator(device="cuda").manual_seed(0)
-    q = torch.randn(sum(lengths), 8, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
-    k = torch.randn(sum(lengths), 2, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
-    v = torch.randn(sum(lengths), 2, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
-    expected = run_varlen_attention(
-        "sdpa_loop", q.float(), k.float(), v.float(), cu, cu, 40, 40, sliding_window=window
-    )
-    for backend in _cuda_backends():
-        got = run_varlen_attention(backend, q, k, v, cu, cu, 40, 40, sliding_window=window)
-        torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2, msg=backend)
+    assert pick_attn_implementation("cpu") == pick_attn_implementation(torch.device("cpu")) == "padfree"
+    cuda_flash = torch.cuda.is_available() and attention.flash_attn_available()
+    assert pick_attn_implementation() == ("flash_attention_2" if cuda_flash else "padfree")
 
 
 def test_the_slow_cuda_warning_is_given_once_per_reason():
@@ -564,3 +396,32 @@ def test_the_slow_cuda_warning_is_given_once_per_reason():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         attention._warn_slow_cuda(reason)  # the second time: silent
+
+
+# ------------------------------------------------------------------------ CUDA kernels (skipped without a GPU)
+def _cuda_backends(feature: str | None) -> list[str]:
+    if feature is not None:  # whichever kernel decide_backend picks on this GPU (flash-attn or the loop)
+        backend = decide_backend("cuda", torch.bfloat16, softcap=feature == "softcap", sinks=feature == "sinks")[0]
+        assert backend != "torch_varlen"
+        return [backend]
+    backends = ["flash_attn"] if attention.flash_attn_available() else []
+    if attention.torch_varlen_available() and torch.cuda.get_device_capability() >= (8, 0):
+        backends.append("torch_varlen")
+    return backends
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("feature", [None, "softcap", "sinks"])
+@pytest.mark.parametrize("window", [None, 6])
+def test_cuda_bf16_kernels_match_the_fp32_loop(feature, window):
+    lengths = [5, 17, 40, 1, 9]
+    cu = cu_of(lengths).cuda()
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(sum(lengths), h, 64, device="cuda", dtype=torch.bfloat16, generator=generator)
+               for h in (8, 2, 2))
+    extra = {None: {}, "softcap": {"softcap": 2.0}, "sinks": {"sinks": torch.randn(8, device="cuda")}}[feature]
+    expected = run_varlen_attention("sdpa_loop", q.float(), k.float(), v.float(), cu, cu, 40, 40,
+                                    sliding_window=window, **extra)
+    for backend in _cuda_backends(feature):
+        got = run_varlen_attention(backend, q, k, v, cu, cu, 40, 40, sliding_window=window, **extra)
+        torch.testing.assert_close(got.float(), expected, rtol=2e-2, atol=2e-2, msg=backend)

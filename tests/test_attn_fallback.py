@@ -26,22 +26,15 @@ def _recording(results: dict[str | None, object]):  # noqa: ANN202
     return load, calls
 
 
-def test_a_model_that_calls_padfree_is_loaded_once() -> None:
+def test_a_model_is_loaded_again_with_its_default_only_when_it_never_calls_padfree() -> None:
     import trl_padfree.attention  # noqa: F401  (registers "padfree")
 
-    model = tiny_llama(attn_implementation="padfree")
-    load, calls = _recording({"padfree": model})
+    calls_it, ignores_it, default = tiny_llama(attn_implementation="padfree"), tiny_llama(attn_implementation="sdpa"), object()
+    load, calls = _recording({"padfree": calls_it})
     whys: list[str] = []
-    assert load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append) is model
+    assert load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append) is calls_it
     assert (calls, whys) == (["padfree"], [])
-
-
-def test_a_model_that_never_calls_padfree_is_loaded_again_with_its_default() -> None:
-    import trl_padfree.attention  # noqa: F401
-
-    ignores_it, default = tiny_llama(attn_implementation="sdpa"), object()
     load, calls = _recording({"padfree": ignores_it, None: default})
-    whys: list[str] = []
     assert load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append) is default
     assert calls == ["padfree", None]
     assert whys == ["its attention code does not go through transformers' AttentionInterface"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from real_cases import (
     CHAT,
+    HI_BYE,
     IGNORE,
     cache_problem,
     conversations,
@@ -67,12 +68,10 @@ def test_chat_template_masks_equal_character_span_truth(family):
 
 def test_spans_are_exactly_what_each_assistant_message_adds():
     tok = load("phi-3")  # its template appends <|endoftext|> at the very end only, and its headers strip right
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
-                {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]
-    text, spans = assistant_spans(tok, messages)
+    text, spans = assistant_spans(tok, HI_BYE)
     assert text == "<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n<|user|>\nBye<|end|>\n<|assistant|>\nCiao<|end|>\n<|endoftext|>"
     assert [text[a:b] for a, b in spans] == ["Hello<|end|>\n", "Ciao<|end|>\n<|endoftext|>"]
-    ex = chat_labels(tok, messages)
+    ex = chat_labels(tok, HI_BYE)
     assert [t for t, lab in zip(tok.convert_ids_to_tokens(ex["input_ids"]), ex["labels"], strict=True) if lab != IGNORE] \
         == ["▁Hello", "<|end|>", "▁C", "iao", "<|end|>", "<|endoftext|>"]
 
@@ -101,9 +100,7 @@ def test_generation_blocks_are_used_where_the_template_has_them():
                 "{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
                 "{% else %}{{ m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
-                {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]
-    text, spans = assistant_spans(tok, messages, chat_template=template)
+    text, spans = assistant_spans(tok, HI_BYE, chat_template=template)
     assert [text[a:b] for a, b in spans] == ["Hello<|im_end|>", "Ciao<|im_end|>"]  # the mask leaves "\n" out
 
 
@@ -113,10 +110,9 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
     template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
                 "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
-                {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}]
-    with pytest.raises(ChatMaskError, match="renders assistant message 1 differently when later messages follow.*response_template/instruction_template"):
-        chat_labels(tok, messages, chat_template=template)
+    with pytest.raises(ChatMaskError, match="renders assistant message 1 differently when later messages follow.*"
+                                            "response_template/instruction_template"):
+        chat_labels(tok, HI_BYE, chat_template=template)
 
 
 def test_untrained_assistant_turns_counts_turns_a_collator_left_out():

@@ -1,4 +1,5 @@
-"""Exact labels, positions and boundaries from DataCollatorForCompletionOnlyLM."""
+"""Exact labels, positions and boundaries from DataCollatorForCompletionOnlyLM, and the inputs it accepts (those
+TRL 0.19.1, TRL 1.x and transformers' collators accept) and refuses, with the example's index and what to pass."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import numpy as np
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import DataCollatorWithFlattening, PreTrainedTokenizerFast
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling as TRLCollator
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, TemplateNotFoundError
+from trl_padfree._compat import trl_at_least
 from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_metaspace_tokenizer
 
 IGNORE = -100
@@ -205,44 +208,18 @@ def test_token_id_template_exact_match_seed_call():
     assert trained_spans(tok, ids, labels) == [" because"]
 
 
-def test_existing_labels_are_kept():
-    tok = tiny_byte_level_tokenizer()
-    ids = tok("### Question: why?\n### Answer: because it is true")["input_ids"]
-    existing = list(ids)
-    existing[-2] = IGNORE  # e.g. masked by SFTTrainer's dataset preparation
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
-    labels = collator([{"input_ids": ids, "labels": existing}])["labels"][0].tolist()
-    plain = collator([{"input_ids": ids}])["labels"][0].tolist()
-    assert labels[-2] == IGNORE and plain[-2] == ids[-2]
-    assert labels[:-2] == plain[:-2] and labels[-1] == plain[-1]
-
-
-def test_no_response_template_uses_existing_labels_only():
-    tok = tiny_byte_level_tokenizer()
-    ids = tok("prompt text then the completion")["input_ids"]
-    existing = [IGNORE] * 3 + ids[3:]
-    batch = DataCollatorForCompletionOnlyLM(None, tokenizer=tok, padding_free=True)([{"input_ids": ids, "labels": existing}])
-    assert batch["labels"][0].tolist() == existing
-
-
-def test_template_not_found_one_aggregated_warning_per_batch():
+def test_template_not_found_one_aggregated_warning_per_batch_or_an_error():
     tok = tiny_byte_level_tokenizer()
     collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
     features = [tok(t) for t in ["no template here", TEXTS[0], "nor here at all"]]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batch = collator(features)
-    messages = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
-    assert len(messages) == 1
-    assert "2 of 3 examples in this batch contain no response template '### Answer:'" in messages[0]
-    assert "example 0 of this batch, which begins 'no template here'" in messages[0]
-    n0 = len(features[0]["input_ids"])
-    assert (batch["labels"][0, :n0] == IGNORE).all()
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+    assert "2 of 3 examples in this batch contain no response template '### Answer:'" in message
+    assert "example 0 of this batch, which begins 'no template here'" in message
+    assert (batch["labels"][0, : len(features[0]["input_ids"])] == IGNORE).all()
     assert collator.stats.templates_not_found == 2
-
-
-def test_template_not_found_raise_names_example_and_head():
-    tok = tiny_byte_level_tokenizer()
     collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, on_template_not_found="raise")
     with pytest.raises(TemplateNotFoundError, match=r"not found in example 1 of this batch, which begins 'oops"):
         collator([tok(TEXTS[0]), tok("oops, no answer header")])
@@ -281,9 +258,10 @@ def test_bad_arguments_have_clear_errors():
         DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, return_tensors="np")
     with pytest.raises(TypeError, match="a template must be a string or a list of token ids"):
         DataCollatorForCompletionOnlyLM(3.5, tokenizer=tok)
+    for value in (0, -8, 2.5, "8"):
+        with pytest.raises(ValueError, match=r"pad_to_multiple_of must be a positive int \(or None\), got"):
+            DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=value)
     collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok)
-    with pytest.raises(ValueError, match="token id 99999 is outside the tokenizer's vocabulary"):
-        collator([{"input_ids": [1, 99999]}])
     with pytest.raises(KeyError, match="example 0 has no 'input_ids'"):
         collator([{"text": "raw"}])
     with pytest.raises(ValueError, match="example 1 has no tokens; drop empty examples"):
@@ -308,18 +286,17 @@ def test_non_ascii_text_is_handled(tok):
 
 # ------------------------------------------------------------- pad_to_multiple_of with padding_free (issue 8 #6)
 def test_padding_free_pad_to_multiple_of_is_its_own_segment():
-    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling as TRLCollator
-
-    from trl_padfree._compat import trl_at_least
-
     tok = tiny_byte_level_tokenizer()
     features = [tok(t) for t in TEXTS[:3]]
     lengths = [len(f["input_ids"]) for f in features]
     n = sum(lengths)
     plain = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)(features)
+    for multiple in (1, n):  # already a multiple: nothing added
+        same = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True,
+                                               pad_to_multiple_of=multiple)(features)
+        assert as_lists(same) == as_lists(plain)
     batch = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=64)(
-        features
-    )
+        features)
     total = -(-n // 64) * 64
     extra = total - n
     assert extra > 1, "pick texts whose total is not close to a multiple of 64"
@@ -335,38 +312,12 @@ def test_padding_free_pad_to_multiple_of_is_its_own_segment():
     assert batch["max_length_q"] == batch["max_length_k"] == max(*lengths, extra)
     assert type(batch["max_length_q"]) is int
     # the same flat row as TRL 1.16's collator (which makes every padding token a segment of its own)
-    trl = TRLCollator(pad_token_id=tok.pad_token_id, padding_free=True, pad_to_multiple_of=64)(
-        [{"input_ids": f["input_ids"], "labels": lab} for f, lab in zip(features, _split(plain["labels"][0], lengths), strict=True)]
-    )
-    assert trl["input_ids"].tolist() == batch["input_ids"].tolist()
-    assert trl["labels"].tolist() == batch["labels"].tolist()
+    given = [{"input_ids": f["input_ids"], "labels": part.tolist()}
+             for f, part in zip(features, plain["labels"][0].split(lengths), strict=True)]
+    trl = TRLCollator(pad_token_id=tok.pad_token_id, padding_free=True, pad_to_multiple_of=64)(given)
+    assert trl["input_ids"].tolist() == batch["input_ids"].tolist() and trl["labels"].tolist() == batch["labels"].tolist()
     if trl_at_least("1.16"):  # older TRL collators give position_ids only, no cu_seq_lens
         assert trl["cu_seq_lens_q"].tolist() == cu[:-1] + list(range(n + 1, total + 1))
-
-
-def _split(row: torch.Tensor, lengths: list[int]) -> list[list[int]]:
-    return [part.tolist() for part in row.split(lengths)]
-
-
-@pytest.mark.parametrize("multiple", [1, "total"])
-def test_padding_free_pad_to_multiple_of_already_a_multiple_adds_nothing(multiple):
-    tok = tiny_byte_level_tokenizer()
-    features = [tok(t) for t in TEXTS[:3]]
-    multiple = sum(len(f["input_ids"]) for f in features) if multiple == "total" else multiple
-    plain = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)(features)
-    batch = DataCollatorForCompletionOnlyLM(
-        "### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=multiple
-    )(features)
-    assert {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in batch.items()} == {
-        k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in plain.items()
-    }
-
-
-@pytest.mark.parametrize("value", [0, -8, 2.5, "8"])
-def test_pad_to_multiple_of_must_be_a_positive_int(value):
-    tok = tiny_byte_level_tokenizer()
-    with pytest.raises(ValueError, match=r"pad_to_multiple_of must be a positive int \(or None\), got"):
-        DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=value)
 
 
 def test_a_chat_texts_end_of_turn_is_trained_once_when_trl_appends_the_eos(demo_tokenizer, tmp_path):
@@ -394,3 +345,183 @@ def test_a_chat_texts_end_of_turn_is_trained_once_when_trl_appends_the_eos(demo_
     ids, labels, cu = batch["input_ids"][0], batch["labels"][0], batch["cu_seq_lens_q"].tolist()
     trained = [tok.decode(ids[a:b][labels[a:b] != -100]) for a, b in zip(cu[:-1], cu[1:], strict=True)]
     assert trained == [" yo<|eos|>\n", " b<|eos|>"]  # one end of turn each; plain text keeps TRL's EOS trained
+
+
+# ------------------------------------------------------------------------ the inputs it accepts (defects 3-5)
+def as_lists(batch) -> dict:
+    return {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
+
+
+@pytest.fixture(scope="module")
+def byte_tok():
+    return tiny_byte_level_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def ids(byte_tok):
+    return [byte_tok(t)["input_ids"] for t in TEXTS[:3]]
+
+
+FORMS = {
+    "list": list, "tuple": tuple, "torch_int64": torch.tensor, "torch_int32": lambda x: torch.tensor(x, dtype=torch.int32),
+    "numpy_int64": lambda x: np.array(x, dtype=np.int64), "numpy_int32": lambda x: np.array(x, dtype=np.int32),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+@pytest.mark.parametrize("form", sorted(FORMS))
+def test_bare_token_ids_and_labels_in_any_form_are_collated_like_lists_in_dicts(byte_tok, ids, form, padding_free):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=padding_free)
+    reference = as_lists(collator([{"input_ids": x} for x in ids]))
+    assert as_lists(collator([FORMS[form](x) for x in ids])) == reference
+    assert as_lists(collator([{"input_ids": FORMS[form](x)} for x in ids])) == reference
+    expected = sum((oracle_labels(byte_tok, t, "### Answer:") for t in TEXTS[:3]), [])
+    mask = torch.tensor(reference.get("attention_mask", [[1] * len(expected)])).bool()
+    assert torch.tensor(reference["labels"])[mask].tolist() == expected
+    # given labels in the same form, one example without labels
+    given = [[IGNORE] * 3 + x[3:] for x in ids]
+    features = [{"input_ids": FORMS[form](x), "labels": FORMS[form](g)} for x, g in zip(ids, given, strict=True)]
+    features[1] = {"input_ids": ids[1]}
+    labels = DataCollatorForCompletionOnlyLM(None, padding_free=True)(features)["labels"][0].tolist()
+    assert labels == given[0] + [IGNORE] + ids[1][1:] + given[2]
+
+
+def test_bare_lists_without_template_match_trl_language_modelling_collator():
+    """The issue's own call, and the result TRL 1.16's DataCollatorForLanguageModeling gives for the same ids."""
+    batch = DataCollatorForCompletionOnlyLM(None, padding_free=True)([[1, 2, 3], [4, 5]])
+    trl = TRLCollator(pad_token_id=0, padding_free=True)([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
+    assert batch["labels"].tolist() == trl["labels"].tolist() == [[IGNORE, 2, 3, IGNORE, 5]]
+    keys = ["input_ids", "position_ids"]
+    if trl_at_least("1.16"):  # older TRL collators give position_ids only, no cu_seq_lens, seq_idx, max_length
+        keys += ["cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"]
+        assert trl["max_length_q"] == 3
+    for key in keys:
+        assert batch[key].tolist() == trl[key].tolist(), key
+    assert batch["max_length_q"] == 3
+
+
+def test_given_label_values_are_kept_and_match_trl_and_transformers(ids):
+    """Labels that differ from input_ids (a distillation target, a shifted layout) are passed through as given;
+    TRL 1.16's and transformers' flattening collators do the same."""
+    rng = np.random.default_rng(0)
+    features = []
+    for x in ids:
+        labels = rng.integers(3, 300, size=len(x)).tolist()
+        labels[1] = IGNORE  # a position the dataset masked
+        features.append({"input_ids": x, "labels": labels})
+    ours = DataCollatorForCompletionOnlyLM(None, padding_free=True)(features)
+    trl = TRLCollator(pad_token_id=0, padding_free=True)(features)
+    hf = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(features)
+    expected = sum(([IGNORE] + f["labels"][1:] for f in features), [])
+    assert ours["labels"].tolist() == trl["labels"].tolist() == hf["labels"].tolist() == [expected]
+    padded = DataCollatorForCompletionOnlyLM(None, padding_free=False)(features)
+    assert padded["labels"][padded["attention_mask"].bool()].tolist() == expected
+    # TRL keeps the first label of each example in a padded batch (there is no next-example leak to prevent there);
+    # this collator masks it in both layouts so that padded and padding-free labels are identical
+    assert padded["labels"][:, 1:].tolist() == TRLCollator(pad_token_id=0)(features)["labels"][:, 1:].tolist()
+
+
+def test_labels_on_some_examples_only_each_keeps_its_own(ids):
+    a, b, c = ids
+    a_labels, c_labels = [IGNORE] * 12 + a[12:], [IGNORE] * 5 + c[5:]  # prompts masked by the dataset
+    features = [{"input_ids": a, "labels": a_labels}, {"input_ids": b}, {"input_ids": c, "labels": c_labels}]
+    ours = DataCollatorForCompletionOnlyLM(None, padding_free=True)(features)
+    trl = TRLCollator(pad_token_id=0, padding_free=True)(features)
+    expected = a_labels + [IGNORE] + b[1:] + c_labels
+    assert ours["labels"].tolist() == trl["labels"].tolist() == [expected]
+    padded = DataCollatorForCompletionOnlyLM(None, padding_free=False)(features)
+    assert padded["labels"][padded["attention_mask"].bool()].tolist() == expected
+
+
+def test_given_labels_are_kept_under_the_template_mask(byte_tok, ids):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=True)
+    given = [[(t * 7 + 1) % 300 for t in x] for x in ids]
+    labels = collator([{"input_ids": x, "labels": g} for x, g in zip(ids, given, strict=True)])["labels"][0].tolist()
+    masks = [oracle_labels(byte_tok, t, "### Answer:") for t in TEXTS[:3]]
+    assert labels == [g if m != IGNORE else IGNORE for gs, ms in zip(given, masks, strict=True)
+                      for g, m in zip(gs, ms, strict=True)]
+    # labels on one example only, in either order: a completion token the dataset masked stays masked
+    a, b = ids[0], ids[1]
+    a_labels = list(a)
+    a_labels[-2] = IGNORE
+    expected_a, expected_b = masks[0][:-2] + [IGNORE, masks[0][-1]], masks[1]
+    assert collator([{"input_ids": a, "labels": a_labels}, {"input_ids": b}])["labels"][0].tolist() == expected_a + expected_b
+    assert collator([{"input_ids": b}, {"input_ids": a, "labels": a_labels}])["labels"][0].tolist() == expected_b + expected_a
+
+
+# ---------------------------------------------------- what it refuses (issue 12: bad token ids, wrong forms)
+@pytest.mark.parametrize(("features", "error", "message"), [
+    (["### Question: hi"], TypeError, r"example 0 of this batch is of type str; .*tokenize"),
+    ([[1, 2], None], TypeError, r"example 1 of this batch is of type NoneType; pass a dict with 'input_ids'"),
+    ([7], TypeError, r"example 0 of this batch is of type int; pass a dict with 'input_ids'"),
+    ([[[1, 2], [3]]], TypeError, r"example 0 of this batch: input_ids\[0\] is \[1, 2\] \(of type list\), not a token id"),
+    ([torch.tensor([[1, 2, 3]])], TypeError, r"example 0 of this batch: input_ids has shape \(1, 3\); pass a 1-D"),
+    ([{"input_ids": np.array([[1, 2, 3]])}], TypeError, r"example 0 of this batch: input_ids has shape \(1, 3\)"),
+    ([{"input_ids": torch.tensor(5)}], TypeError, r"example 0 of this batch: input_ids has shape \(\); pass a 1-D"),
+    ([{"input_ids": "1 2 3"}], TypeError, r"example 0 of this batch: input_ids is of type str; pass a list of token ids"),
+    ({"input_ids": [[1, 2], [3, 4]]}, TypeError, r"a list of examples, got a dict of columns \(keys \['input_ids'\]\)"),
+    *[([[1, 2, 3], {"input_ids": array}], TypeError, r"example 1 of this batch: input_ids has dtype .*; token ids are integers")
+      for array in (np.array([1.0, 2.0, 3.0]), torch.tensor([1.0, 2.0, 3.0]), torch.tensor([True, False]), np.array(["1", "2"]))],
+    ([np.array([5, -100, 7])], ValueError, r"example 0 of this batch: input_ids\[1\] is -100; token ids are >= 0"),
+    ([[1], torch.tensor([2]), torch.tensor([-3, 4])], ValueError, r"example 2 of this batch: input_ids\[0\] is -3"),
+    ([{"input_ids": [1, 99999]}], ValueError, "token id 99999 is outside the tokenizer's vocabulary"),
+])  # fmt: skip
+def test_unsupported_inputs_are_refused_saying_what_to_pass(byte_tok, features, error, message):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=True)
+    with pytest.raises(error, match=message):
+        collator(features)
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (2.7, r"example 1 of this batch: input_ids\[2\] is 2\.7 \(of type float\), not a token id"),
+    (3.0, r"example 1 of this batch: input_ids\[2\] is 3\.0 \(of type float\), not a token id.*even integral floats"),
+    ("5", r"example 1 of this batch: input_ids\[2\] is '5' \(of type str\), not a token id"),
+    (None, r"example 1 of this batch: input_ids\[2\] is None \(of type NoneType\), not a token id"),
+    (-1, r"example 1 of this batch: input_ids\[2\] is -1; token ids are >= 0"),
+    (-100, r"example 1 of this batch: input_ids\[2\] is -100; token ids are >= 0.*-100 marks ignored 'labels'"),
+    ("VOCAB", r"example 1 of this batch: token id {V} is outside the tokenizer's vocabulary \(size {V}\)"),
+    (2**70, r"example 1 of this batch: input_ids\[2\] is 1180591620717411303424; .* outside"),
+])  # fmt: skip
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_bad_token_ids_are_refused_with_example_index(byte_tok, bad, message, padding_free):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=padding_free)
+    good = byte_tok(TEXTS[0])["input_ids"]
+    if bad == "VOCAB":  # the first id past the vocabulary
+        bad, message = len(byte_tok), message.format(V=len(byte_tok))
+    with pytest.raises((TypeError, ValueError), match=message) as info:
+        collator([{"input_ids": good}, {"input_ids": good[:2] + [bad] + good[3:]}])
+    assert any(word in str(info.value) for word in ("pass", "put", "tokenizer")), info.value  # names what to do
+    assert issubclass(info.type, TypeError if isinstance(bad, float | str) or bad is None else ValueError)
+
+
+@pytest.mark.parametrize(("bad", "message"), [
+    (2.5, r"example 0 of this batch: labels\[1\] is 2\.5 \(of type float\), not a token id"),
+    ("7", r"example 0 of this batch: labels\[1\] is '7' \(of type str\)"),
+    (-1, r"example 0 of this batch: labels\[1\] is -1; labels are token ids or -100"),
+    ("VOCAB", r"example 0 of this batch: labels\[1\] is {V}, outside the tokenizer's vocabulary \(size {V}\)"),
+])  # fmt: skip
+def test_bad_labels_are_refused(byte_tok, bad, message):
+    collator = DataCollatorForCompletionOnlyLM(None, tokenizer=byte_tok, padding_free=True)
+    if bad == "VOCAB":
+        bad, message = len(byte_tok), message.format(V=len(byte_tok))
+    with pytest.raises((TypeError, ValueError), match=message):
+        collator([{"input_ids": [1, 2, 3], "labels": [IGNORE, bad, 3]}])
+
+
+def test_the_vocabulary_is_the_tokenizers_now_and_unchecked_without_one():
+    collator = DataCollatorForCompletionOnlyLM([7, 8], padding_free=True)  # token-id template, no tokenizer
+    assert collator([[1, 7, 8, 10**6]])["labels"].tolist() == [[IGNORE, IGNORE, IGNORE, 10**6]]
+    with pytest.raises(ValueError, match=r"example 0 of this batch: input_ids\[0\] is -5"):
+        collator([[-5, 7, 8]])
+    # tokens added after construction are in the vocabulary, with a token-id or a string template
+    tok = tiny_byte_level_tokenizer()
+    by_ids = DataCollatorForCompletionOnlyLM([7, 8], tokenizer=tok, padding_free=True)
+    by_text = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    assert by_ids([[1, 7, 8, 9]])["input_ids"].tolist() == [[1, 7, 8, 9]]
+    tok.add_tokens(["<new>"])
+    new = tok.convert_tokens_to_ids("<new>")
+    assert new == len(tok) - 1
+    assert by_ids([[1, 7, 8, new]])["labels"].tolist() == [[IGNORE, IGNORE, IGNORE, new]]
+    text = "### Question: hi <new>\n### Answer: yes <new>"
+    assert new in tok(text)["input_ids"]
+    assert by_text([tok(text)["input_ids"]])["labels"][0].tolist() == oracle_labels(tok, text, "### Answer:")

@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pytest
@@ -29,22 +28,14 @@ SCRIPT = ROOT / "scripts" / "make_demo_assets.py"
 DATA_FILES = ("train.jsonl", "eval.jsonl", "chat_train.jsonl", "chat_eval.jsonl")
 
 
-def _load_generator() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_demo_assets", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gen = _load_generator()
+_spec = importlib.util.spec_from_file_location("make_demo_assets", SCRIPT)
+gen = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(gen)
 
 
 @pytest.fixture(scope="module")
 def demo_data():
-    return load_dataset(
-        "json", data_files={"train": str(DATA_DIR / "train.jsonl"), "eval": str(DATA_DIR / "eval.jsonl")}
-    )
+    return load_dataset("json", data_files={split: str(DATA_DIR / f"{split}.jsonl") for split in ("train", "eval")})
 
 
 @pytest.fixture(scope="module")
@@ -75,74 +66,48 @@ def test_tokenizer_round_trips_demo_text(demo_tokenizer, demo_data) -> None:
     assert eos == texts[0] + gen.EOS
 
 
-def test_dataset_fields_and_sizes(demo_data) -> None:
-    assert demo_data["train"].column_names == ["instruction", "output"]
-    assert demo_data["eval"].column_names == ["instruction", "output"]
-    assert (demo_data["train"].num_rows, demo_data["eval"].num_rows) == (gen.N_TRAIN, gen.N_EVAL)
-    for split in ("train", "eval"):
-        assert all(row["instruction"].strip() and row["output"].strip() for row in demo_data[split])
-    # eval examples are not copies of training examples
-    assert not set(demo_data["train"]["instruction"]).intersection(demo_data["eval"]["instruction"])
 
 
-def _check_answer(instruction: str, output: str) -> str | None:
-    """Assert that ``output`` answers ``instruction``; return the task checked (None for tasks not checked)."""
+def _answer(instruction: str) -> tuple[str, str]:
+    """(the task kind, the right answer) of a demo instruction, computed from its text."""
     words = instruction.split(": ", 1)[-1].split()
     ints = [int(x) for x in re.findall(r"\d+", instruction)]
-    if instruction.startswith("Reverse the order"):
-        assert output.split() == words[::-1]
-        return "reverse"
-    if instruction.startswith("Sort the numbers"):
-        assert output.split() == [str(x) for x in sorted(map(int, words))]
-        return "sort"
-    if instruction.startswith("Write the words in capital"):
-        assert output == " ".join(words).upper()
-        return "upper"
-    if instruction.startswith("Copy the text"):
-        assert output == " ".join(words)
-        return "copy"
-    if instruction.startswith("Number the words"):
-        assert output == " ".join(f"{i}. {w}" for i, w in enumerate(words, 1)) + f". Count: {len(words)}"
-        return "number_words"
-    if instruction.startswith("What is the last word?"):
-        assert output == instruction.split()[-1]
-        return "last"
-    if instruction.startswith("What is the first word?"):
-        assert output == instruction.split()[5]
-        return "first"
-    if re.fullmatch(r"What is \d+ \+ \d+\?", instruction):
-        assert output == str(ints[0] + ints[1])
-        return "add"
-    if instruction.startswith("Count from"):
-        assert output.split() == [str(x) for x in range(ints[0], ints[1] + 1)]
-        return "count_up"
-    if instruction.startswith("Count down from"):
-        assert output.split() == [str(x) for x in range(ints[0], ints[1] - 1, -1)]
-        return "count_down"
-    if instruction.startswith("Count by"):
-        assert output.split() == [str(x) for x in range(ints[1], ints[2] + 1, ints[0])]
-        return "count_by"
-    if instruction.startswith("Write the") and "times table" in instruction:
-        k, n = ints
-        assert output == ", ".join(f"{k} x {i} = {k * i}" for i in range(1, n + 1)) + "."
-        return "times_table"
-    if instruction.startswith("Repeat the word"):
-        word = instruction.split("'")[1]
-        assert output.split() == [word] * ints[0]
-        return "repeat"
-    if instruction.startswith("List the letters"):
-        first, last = instruction.removesuffix(".").split()[-3::2]
-        assert output == " ".join(chr(c) for c in range(ord(first), ord(last) + 1))
-        return "letters"
-    return None
+    span = instruction.removesuffix(".").split()[-3::2]
+    starts = instruction.startswith
+    rules = {
+        "reverse": (starts("Reverse the order"), lambda: " ".join(words[::-1])),
+        "sort": (starts("Sort the numbers"), lambda: " ".join(map(str, sorted(map(int, words))))),
+        "upper": (starts("Write the words in capital"), lambda: " ".join(words).upper()),
+        "copy": (starts("Copy the text"), lambda: " ".join(words)),
+        "number_words": (starts("Number the words"),
+                         lambda: " ".join(f"{i}. {w}" for i, w in enumerate(words, 1)) + f". Count: {len(words)}"),
+        "last": (starts("What is the last word?"), lambda: instruction.split()[-1]),
+        "first": (starts("What is the first word?"), lambda: instruction.split()[5]),
+        "add": (re.fullmatch(r"What is \d+ \+ \d+\?", instruction), lambda: str(ints[0] + ints[1])),
+        "count_up": (starts("Count from"), lambda: " ".join(map(str, range(ints[0], ints[1] + 1)))),
+        "count_down": (starts("Count down from"), lambda: " ".join(map(str, range(ints[0], ints[1] - 1, -1)))),
+        "count_by": (starts("Count by"), lambda: " ".join(map(str, range(ints[1], ints[2] + 1, ints[0])))),
+        "times_table": (starts("Write the") and "times table" in instruction,
+                        lambda: ", ".join(f"{ints[0]} x {i} = {ints[0] * i}" for i in range(1, ints[1] + 1)) + "."),
+        "repeat": (starts("Repeat the word"), lambda: " ".join([instruction.split("'")[1]] * ints[0])),
+        "letters": (starts("List the letters"), lambda: " ".join(map(chr, range(ord(span[0]), ord(span[-1]) + 1)))),
+    }
+    return next(((kind, answer()) for kind, (match, answer) in rules.items() if match), ("unknown", ""))
 
 
-def test_answers_are_correct(demo_data) -> None:
-    """Every output is the right answer to its instruction, and all 14 task kinds occur in train and eval."""
+def test_the_data_answers_every_instruction_correctly(demo_data) -> None:
+    """Every output is the right answer to its instruction, all 14 task kinds occur in train and eval, and eval
+    examples are not copies of training examples."""
+    assert (demo_data["train"].num_rows, demo_data["eval"].num_rows) == (gen.N_TRAIN, gen.N_EVAL)
+    assert not set(demo_data["train"]["instruction"]).intersection(demo_data["eval"]["instruction"])
     for split in ("train", "eval"):
-        tasks = [_check_answer(row["instruction"], row["output"]) for row in demo_data[split]]
-        assert None not in tasks
-        assert len(set(tasks)) == 14, sorted(set(tasks))
+        assert demo_data[split].column_names == ["instruction", "output"]
+        kinds = set()
+        for row in demo_data[split]:
+            kind, answer = _answer(row["instruction"])
+            assert row["output"] == answer, (kind, row)
+            kinds.add(kind)
+        assert len(kinds) == 14 and "unknown" not in kinds, sorted(kinds)
 
 
 def test_template_occurs_in_every_formatted_example(demo_tokenizer, demo_data) -> None:
@@ -170,21 +135,11 @@ def test_length_spread_is_flan_like(train_lengths) -> None:
 
 def test_model_loads_and_is_tiny(demo_tokenizer, train_lengths) -> None:
     model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL)
-    assert isinstance(model, LlamaForCausalLM)
     cfg = model.config
-    assert model.dtype == torch.float32
-    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (
-        4,
-        128,
-        4,
-        2,
-    )
+    assert isinstance(model, LlamaForCausalLM) and model.dtype == torch.float32
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (4, 128, 4, 2)
     assert cfg.vocab_size == len(demo_tokenizer)
-    assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (
-        demo_tokenizer.bos_token_id,
-        demo_tokenizer.eos_token_id,
-        demo_tokenizer.pad_token_id,
-    )
+    assert (cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id) == (1, 2, 0)
     assert cfg.max_position_embeddings >= train_lengths.max()
     assert model.get_input_embeddings().weight.data_ptr() == model.get_output_embeddings().weight.data_ptr()
     assert sum(p.numel() for p in model.parameters()) < 1_000_000
@@ -240,21 +195,14 @@ def test_generator_is_deterministic(tmp_path: Path) -> None:
     subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], check=True, capture_output=True)
     for name in DATA_FILES:
         assert (tmp_path / "data" / name).read_bytes() == (DATA_DIR / name).read_bytes(), name
-    new_tok = json.loads((tmp_path / "model" / "tokenizer.json").read_text())
-    old_tok = json.loads((DEMO_MODEL / "tokenizer.json").read_text())
-    assert new_tok["model"] == old_tok["model"]  # vocab and merges
-    assert new_tok["added_tokens"] == old_tok["added_tokens"]
-    assert (tmp_path / "model" / "chat_template.jinja").read_text() == (
-        DEMO_MODEL / "chat_template.jinja"
-    ).read_text()
-    new_cfg = json.loads((tmp_path / "model" / "config.json").read_text())
-    old_cfg = json.loads((DEMO_MODEL / "config.json").read_text())
-    same_version = new_cfg.pop("transformers_version") == old_cfg.pop("transformers_version")
-    assert new_cfg == old_cfg
+    new, old = ({name: json.loads((root / name).read_text()) for name in ("tokenizer.json", "config.json")}
+                for root in (tmp_path / "model", DEMO_MODEL))
+    for key in ("model", "added_tokens"):  # vocab and merges, special tokens
+        assert new["tokenizer.json"][key] == old["tokenizer.json"][key]
+    same_version = new["config.json"].pop("transformers_version") == old["config.json"].pop("transformers_version")
+    assert new["config.json"] == old["config.json"]
+    new_template = (tmp_path / "model" / "chat_template.jinja").read_text()
+    assert new_template == (DEMO_MODEL / "chat_template.jinja").read_text()
     if same_version:
-        new_w, old_w = (
-            load_file(tmp_path / "model" / "model.safetensors"),
-            load_file(DEMO_MODEL / "model.safetensors"),
-        )
-        assert new_w.keys() == old_w.keys()
-        assert all(torch.equal(new_w[k], old_w[k]) for k in new_w)
+        new_w, old_w = load_file(tmp_path / "model" / "model.safetensors"), load_file(DEMO_MODEL / "model.safetensors")
+        assert new_w.keys() == old_w.keys() and all(torch.equal(new_w[k], old_w[k]) for k in new_w)

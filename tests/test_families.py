@@ -21,13 +21,13 @@ from trl_padfree.families import (
     OLDER_FAMILIES,
     family_available,
     packed_vs_alone,
+    prepare_for_training,
     tiny_family_config,
     tiny_family_model,
 )
 from trl_padfree.probe import _advice, check_packing, layer_kinds, packed_batch, random_sequences
+from trl_padfree.recurrent import recurrent_layer_types
 
-# Exact under "padfree" on transformers 5.24 (docs/probe-families.md): loss and every gradient, alone vs packed.
-EXACT = FAMILY_GROUPS["attention"]
 RECURRENT = {
     "qwen3_5_text": "gated delta rule", "qwen3_5_moe_text": "gated delta rule", "qwen3_next": "gated delta rule",
     "qwen4_exp_text": "gated delta rule", "olmo_hybrid": "gated delta rule", "lfm2": "short convolution",
@@ -45,53 +45,36 @@ def model_of(model_type: str, attn: str = "padfree") -> torch.nn.Module:
     return model
 
 
-# ------------------------------------------------------------------------------------------ the configs
-
-
-def test_the_table_lists_35_families_in_groups() -> None:
+def test_the_table_of_35_families_and_its_overrides() -> None:
     grouped = [t for members in FAMILY_GROUPS.values() for t in members]
     assert len(FAMILIES) == 35 and sorted(grouped) == sorted(FAMILIES)
     assert not set(FAMILIES) & set(OLDER_FAMILIES)
     assert tiny_family_config("no_such_family") is None
+    config = tiny_family_config("llama4_text", attention_chunk_size=4)
+    assert config is None or (config.attention_chunk_size == 4 and config.attn_temperature_tuning)
+    assert sorted(EXACTNESS_LENGTHS)[-3] > FAMILIES["gemma3_text"]["sliding_window"]  # windows are crossed
+    assert len(set(EXACTNESS_LENGTHS)) == len(EXACTNESS_LENGTHS)
+    gemma4 = tiny_family_config("gemma4_text")
+    assert gemma4 is None or gemma4.num_kv_shared_layers > 0
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
-def test_every_family_builds_small_with_all_its_layer_kinds(model_type: str) -> None:
+def test_every_family_is_small_has_its_layer_kinds_and_trains_exactly_packed(model_type: str) -> None:
+    """A tiny model with every layer kind of its family; the loss and every gradient of the packed row equal each
+    example's alone, the model prepared as the trainers prepare it (recurrent layers restart at every boundary);
+    those recurrent layers are the ones prompt_once refuses."""
     model = model_of(model_type)
     config = model.config.get_text_config()
-    assert config.model_type == model_type and config.vocab_size == 128 and config.hidden_size == 64
-    assert config.num_hidden_layers == 4
+    assert (config.model_type, config.vocab_size, config.hidden_size, config.num_hidden_layers) == (model_type, 128, 64, 4)
     assert sum(p.numel() for p in model.parameters()) < 600_000
     kinds = layer_kinds(model)
-    attention = [k for k in kinds if "attention" in k and k != "kimi delta attention"]
     if model_type != "mamba2":  # the one pure state-space family
-        assert attention, kinds
-    if model_type in RECURRENT:
-        assert RECURRENT[model_type] in kinds, kinds
-    else:
-        assert not set(kinds) & set(RECURRENT.values()), kinds
-
-
-def test_overrides_replace_fields_and_windows_are_crossed_by_the_test_lengths() -> None:
-    config = tiny_family_config("llama4_text", attention_chunk_size=4)
-    if config is None:
-        pytest.skip("llama4_text is not in this transformers")
-    assert config.attention_chunk_size == 4 and config.attn_temperature_tuning
-    assert sorted(EXACTNESS_LENGTHS)[-3] > FAMILIES["gemma3_text"]["sliding_window"]
-    assert len(set(EXACTNESS_LENGTHS)) == len(EXACTNESS_LENGTHS)
-    gemma4 = tiny_family_config("gemma4_text")
-    if gemma4 is not None:
-        assert gemma4.num_kv_shared_layers > 0
-
-
-# ------------------------------------------------------------------------------------------ packed_vs_alone
-
-
-@pytest.mark.parametrize("model_type", EXACT)
-def test_attention_families_train_exactly_packed_under_padfree(model_type: str) -> None:
-    result = packed_vs_alone(model_of(model_type))
+        assert [k for k in kinds if "attention" in k and k != "kimi delta attention"], kinds
+    assert set(kinds) & set(RECURRENT.values()) == ({RECURRENT[model_type]} if model_type in RECURRENT else set())
+    prepare_for_training(model)
+    result = packed_vs_alone(model)
     assert result.exact(), result
-    assert result.loss_diff < 1e-5 and result.grad_diff < 1e-4
+    assert bool(recurrent_layer_types(model)) == (model_type in RECURRENT)
 
 
 def test_the_exactness_check_sees_a_mask_that_ignores_position_ids() -> None:

@@ -7,6 +7,7 @@ token against a character-span truth. The same snippet with a per-example functi
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -42,51 +43,22 @@ def run_example(data_file: str, output_dir: str):
     return module.main(["--max_steps", "2", "--output_dir", output_dir, "--data_file", data_file])
 
 
-def run_blog_snippet(data_file: str, output_dir: str, per_example: bool = False):
-    """The blog's snippet as in the example, with a per-example ``formatting_func`` when asked."""
-    import torch
+def run_per_example(batched, data_file: str, output_dir: str):
+    """The snippet's trainer again with today's per-example ``formatting_func`` (TRL >= 0.13): same model, data,
+    collator and arguments."""
     from datasets import load_dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTConfig  # here: the collator and SFTTrainer from trl_padfree (TRL removed the collator)
+    from transformers import AutoModelForCausalLM
 
-    from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
+    from trl_padfree import SFTTrainer
 
-    dataset = load_dataset("json", data_files=data_file, split="train")  # here: a local data set
-
-    model = AutoModelForCausalLM.from_pretrained(
-        DEMO_MODEL,  # here: the demo model
-        dtype=torch.float32,  # here: CPU
-        attn_implementation="padfree")  # here: CPU (flash_attention_2 needs a GPU)
-    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
-    tokenizer.pad_token = tokenizer.eos_token
-
-    def formatting_prompts_func(example):
-        output_texts = []
-        for i in range(len(example['instruction'])):
-            text = f"### Question: {example['instruction'][i]}\n ### Answer: {example['output'][i]}"
-            output_texts.append(text)
-        return output_texts
-
-    def formatting_prompts_func_per_example(example):  # today's convention (TRL >= 0.13)
+    def formatting_prompts_func_per_example(example):
         return f"### Question: {example['instruction']}\n ### Answer: {example['output']}"
 
-    response_template = " ### Answer:"
-    response_template_ids = tokenizer.encode(response_template, add_special_tokens=False)[2:]
-    collator = DataCollatorForCompletionOnlyLM(response_template_ids, tokenizer=tokenizer, padding_free=True)
-
     trainer = SFTTrainer(
-        model,
-        train_dataset=dataset,
-        args=SFTConfig(
-            output_dir=output_dir,
-            gradient_checkpointing=True,
-            per_device_train_batch_size=8,
-            max_steps=2, use_cpu=True, bf16=False, report_to=[], save_strategy="no",  # here: a few steps on CPU
-        ),
-        formatting_func=formatting_prompts_func_per_example if per_example else formatting_prompts_func,
-        data_collator=collator,
-    )
-
+        AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32, attn_implementation="padfree"),
+        train_dataset=load_dataset("json", data_files=data_file, split="train"),
+        args=dataclasses.replace(batched.args, output_dir=output_dir), processing_class=batched.processing_class,
+        formatting_func=formatting_prompts_func_per_example, data_collator=batched.data_collator)
     trainer.train()
     return trainer
 
@@ -118,32 +90,25 @@ def check_labels(trainer, records) -> int:
     return checked
 
 
-def test_blog_snippet_with_a_batched_formatting_func_trains_with_exact_labels(data_file, records, tmp_path, capsys):
-    trainer = run_example(data_file, str(tmp_path / "tmp"))
-    out = capsys.readouterr().out
-    assert out.count(BATCHED_LINE) == 1
-    assert trainer.state.global_step == 2
-    assert all(torch.isfinite(torch.tensor(h["loss"])) for h in trainer.state.log_history if "loss" in h)
-    assert check_labels(trainer, records) == 24  # 3 batches of 8
-    # the same texts, hence the same tokens, as the per-example form of the same function
-    texts = [f"### Question: {r['instruction']}\n ### Answer: {r['output']}" for r in records]
-    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
-    assert trainer.train_dataset["input_ids"] == [
-        [*tokenizer(t, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id] for t in texts
-    ]
-
-
-def test_blog_snippet_with_a_per_example_formatting_func_says_nothing_and_trains_the_same(
+def test_blog_snippet_with_a_batched_or_per_example_formatting_func_trains_the_same_exact_labels(
     data_file, records, tmp_path, capsys
 ):
     batched = run_example(data_file, str(tmp_path / "a"))
-    per_example = run_blog_snippet(data_file, str(tmp_path / "b"), per_example=True)
-    out = capsys.readouterr().out
-    assert out.count(BATCHED_LINE) == 1  # the batched run only
+    assert capsys.readouterr().out.count(BATCHED_LINE) == 1
+    assert batched.state.global_step == 2
+    assert check_labels(batched, records) == 24  # 3 batches of 8
+    # the same texts, hence the same tokens, as the per-example form of the same function
+    texts = [f"### Question: {r['instruction']}\n ### Answer: {r['output']}" for r in records]
+    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
+    assert batched.train_dataset["input_ids"] == [
+        [*tokenizer(t, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id] for t in texts
+    ]
+    per_example = run_per_example(batched, data_file, str(tmp_path / "b"))
+    assert BATCHED_LINE not in capsys.readouterr().out  # nothing to say
     assert per_example.train_dataset["input_ids"] == batched.train_dataset["input_ids"]
     assert check_labels(per_example, records) == 24
-    losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (batched, per_example)]
-    assert losses[0] == losses[1]
+    losses = [[h[k] for h in t.state.log_history for k in ("loss", "train_loss") if k in h] for t in (batched, per_example)]
+    assert losses[0] and all(torch.isfinite(torch.tensor(losses[0]))) and losses[0] == losses[1]
 
 
 RECORD = {"instruction": "Count from 1 to 3.", "output": "1 2 3"}

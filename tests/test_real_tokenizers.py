@@ -12,6 +12,7 @@ from real_cases import (
     CACHE,
     CHAT,
     FAMILIES,
+    HI_BYE,
     IGNORE,
     all_cases,
     cache_problem,
@@ -66,9 +67,7 @@ def test_collator_labels_equal_character_span_truth(family):
 def test_inst_multi_turn_later_user_turns_are_not_trained(family):
     """Defect 1: the '▁' the tokenizer inserts after '<s>' / '</s>' is not text; '▁[' of a user turn is masked."""
     tok = load(family)
-    text = tok.apply_chat_template(
-        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"},
-         {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Ciao"}], tokenize=False)
+    text = tok.apply_chat_template(HI_BYE, tokenize=False)
     ids = tok(text, add_special_tokens=False)["input_ids"]
     collator = DataCollatorForCompletionOnlyLM("[/INST]", "[INST]", tokenizer=tok, padding_free=True)
     labels = collator([{"input_ids": ids}])["labels"][0].tolist()

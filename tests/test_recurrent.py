@@ -1,6 +1,6 @@
 """trl_padfree.recurrent: short convolutions and gated-delta-rule / KDA layers restart at every boundary of a packed
-row (kernels against each sequence alone, values and gradients; whole tiny hybrid models under "padfree", loss and
-every gradient; what happens without seq_idx; prompt_once refused)."""
+row (kernels against each sequence alone, values and gradients; tiny hybrid models without seq_idx or with a cache;
+prompt_once refused; a trainer)."""
 
 from __future__ import annotations
 
@@ -10,16 +10,11 @@ import types
 import numpy as np
 import pytest
 import torch
-from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
 from trl_padfree.dpo import require_padfree_attention
-from trl_padfree.flattening import packed_batch
-from trl_padfree.recurrent import (
-    PackedRowError,
-    prepare_packed_layers,
-    recurrent_layer_types,
-    torch_fallback_name,
-)
+from trl_padfree.families import family_available, tiny_family_model
+from trl_padfree.probe import packed_batch
+from trl_padfree.recurrent import PackedRowError, prepare_packed_layers, torch_fallback_name
 from trl_padfree.recurrent.conv import causal_conv1d_packed, varlen_causal_conv1d_fn
 from trl_padfree.recurrent.delta_rule import varlen_delta_rule
 from trl_padfree.testing import tiny_llama
@@ -65,7 +60,7 @@ def test_conv_packed_equals_each_sequence_alone(activation):
     assert (whole[..., BOUNDS[1]] - alone[..., BOUNDS[1]]).abs().max() > 1e-3
 
 
-def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through():
+def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through_and_two_rows():
     original = _torch_fallback(_modeling("lfm2").causal_conv1d_fn)
     replaced = varlen_causal_conv1d_fn(original)
     torch.manual_seed(1)
@@ -78,16 +73,11 @@ def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through():
     assert torch.equal(replaced(x, weight, None, position_ids=torch.arange(14)[None]), original(x, weight, None))
     with pytest.raises(PackedRowError, match="cover the layer's 1 x 14 tokens"):
         replaced(x, weight, None, cu_seq_lens_q=torch.tensor([0, 5, 13], dtype=torch.int32))
-
-
-def test_conv_two_rows_with_seq_idx():
-    torch.manual_seed(2)
+    # two rows by seq_idx: the first of two sequences, the second one
     x, weight = torch.randn(2, 3, 6), torch.randn(3, 4)
-    seq_idx = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0]])
-    out = causal_conv1d_packed(x, weight, seq_idx=seq_idx)
-    reference = _torch_fallback(_modeling("qwen3_5").causal_conv1d_fn)
-    torch.testing.assert_close(out[1:], reference(x[1:], weight), rtol=0, atol=1e-6)
-    torch.testing.assert_close(out[:1, :, 3:], reference(x[:1, :, 3:], weight), rtol=0, atol=1e-6)
+    out = causal_conv1d_packed(x, weight, seq_idx=torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 0, 0, 0]]))
+    torch.testing.assert_close(out[1:], original(x[1:], weight), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out[:1, :, 3:], original(x[:1, :, 3:], weight), rtol=0, atol=1e-6)
 
 
 # ---- gated delta rule and KDA ----------------------------------------------------------------------------------
@@ -132,19 +122,11 @@ def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate
     # seq_idx alone (Kimi-Linear passes the batch's kwargs through) gives the same
     by_seq_idx, _ = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common, seq_idx=_seq_idx())
     torch.testing.assert_close(by_seq_idx, packed, rtol=0, atol=0)
-    # the whole-row reference carries the state across the boundary
-    whole, _ = original(q, k, v, g=g, beta=beta, initial_state=state[:1], **common)
+    # the whole-row reference carries the state across the boundary; without boundaries it is what runs
+    whole, whole_state = original(q, k, v, g=g, beta=beta, initial_state=state[:1], **common)
     assert (whole[:, BOUNDS[1]:] - alone[:, BOUNDS[1]:]).abs().max() > 1e-3
-
-
-@pytest.mark.parametrize(("family", "name", "per_key_gate"), DELTA_RULES)
-def test_delta_rule_without_boundaries_is_transformers_reference(family, name, per_key_gate):
-    original = _torch_fallback(getattr(_modeling(family), name))
-    q, k, v, g, beta = (t.detach() for t in _delta_inputs(per_key_gate))
-    kwargs = dict(g=g, beta=beta, initial_state=None, output_final_state=True, use_qk_l2norm_in_kernel=True)
-    out, state = varlen_delta_rule(original)(q, k, v, **kwargs, cu_seqlens=None)
-    ref_out, ref_state = original(q, k, v, **kwargs)
-    assert torch.equal(out, ref_out) and torch.equal(state, ref_state)
+    out, out_state = replaced(q, k, v, g=g, beta=beta, initial_state=state[:1], **common, cu_seqlens=None)
+    assert torch.equal(out, whole) and torch.equal(out_state, whole_state)
 
 
 def test_delta_rule_chunks_of_a_long_sequence():
@@ -197,41 +179,11 @@ def test_prepare_replaces_only_torch_fallbacks_and_is_idempotent():
         del sys.modules[module.__name__]
 
 
-# ---- whole tiny models under "padfree" --------------------------------------------------------------------------
-TOKENS = dict(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2, tie_word_embeddings=False,
-              max_position_embeddings=128)
-ATTN = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-LINEAR = dict(linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
-              linear_conv_kernel_dim=4)
-MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16)
-HYBRID = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
-CONV = ["conv", "conv", "full_attention", "conv"]
-FAMILIES = {
-    "qwen3_5_text": dict(intermediate_size=64, **ATTN, **LINEAR, layer_types=HYBRID),
-    "qwen3_5_moe_text": dict(**ATTN, **LINEAR, **MOE, layer_types=HYBRID),
-    "qwen3_next": dict(intermediate_size=64, **ATTN, **LINEAR, **MOE, layer_types=HYBRID),
-    "olmo_hybrid": dict(intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, **LINEAR,
-                        layer_types=HYBRID),
-    "lfm2": dict(intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, layer_types=CONV,
-                 full_attn_idxs=[2], block_auto_adjust_ff_dim=False),
-    "lfm3": dict(intermediate_size=64, **ATTN, layer_types=CONV),
-    "qwen4_exp_text": dict(**ATTN, **LINEAR, **MOE, layer_types=HYBRID[:2] + ["indexed_attention", HYBRID[3]],
-                           indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=4,
-                           indexer_compress_ratio=1),  # a budget under the longer examples: the selection binds
-    "kimi_linear": dict(intermediate_size=64, moe_intermediate_size=16, num_attention_heads=2, num_key_value_heads=2,
-                        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8,
-                        head_dim=8, num_experts=4, num_experts_per_token=2, num_shared_experts=1, linear_head_dim=8,
-                        linear_num_heads=2, layer_types=HYBRID, mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
-}
-
-
-def _tiny(model_type: str, attn: str = "padfree", **extra):
-    if model_type not in CONFIG_MAPPING:
+# ---- whole tiny models under "padfree" (each family packed vs alone: tests/test_families.py) ----------------------
+def _tiny(model_type: str, attn: str = "padfree", **overrides):
+    if not family_available(model_type):
         pytest.skip(f"{model_type} is not in this transformers")
-    fields = {**TOKENS, **FAMILIES.get(model_type, {}), **extra}
-    config = CONFIG_MAPPING[model_type](hidden_size=32, num_hidden_layers=4, **fields)
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    return tiny_family_model(model_type, attn, **overrides)
 
 
 def _sequences() -> list[np.ndarray]:
@@ -239,45 +191,15 @@ def _sequences() -> list[np.ndarray]:
     return [rng.integers(3, 64, n) for n in (5, 9, 3)]
 
 
-def _packed(sequences: list[np.ndarray]) -> dict:
-    ids = np.concatenate(sequences)
-    cu = np.cumsum([0] + [len(s) for s in sequences])
-    labels = ids.copy()
-    labels[cu[:-1]] = -100  # no example predicts the next one's first token
-    return {**packed_batch(ids, labels, cu), "use_cache": False}
-
-
-def _loss_and_grads(model, batch_or_batches) -> tuple[float, dict[str, torch.Tensor]]:
-    model.zero_grad()
-    if isinstance(batch_or_batches, dict):
-        loss = model(**batch_or_batches).loss
-    else:  # each example alone, weighted by its predicted tokens (the packed loss's mean)
-        counts = [b["input_ids"].shape[1] - 1 for b in batch_or_batches]
-        loss = sum(model(**b).loss * n for b, n in zip(batch_or_batches, counts, strict=True)) / sum(counts)
-    loss.backward()
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-@pytest.mark.parametrize("model_type", list(FAMILIES))
-def test_family_packed_equals_alone(model_type):
-    model = _tiny(model_type)
-    sequences = _sequences()
-    packed_loss, packed_grads = _loss_and_grads(model, _packed(sequences))
-    alone = [{"input_ids": torch.from_numpy(s)[None], "labels": torch.from_numpy(s)[None], "use_cache": False}
-             for s in sequences]
-    alone_loss, alone_grads = _loss_and_grads(model, alone)
-    assert abs(packed_loss - alone_loss) <= 1e-5 * abs(alone_loss)
-    assert packed_grads.keys() == alone_grads.keys()
-    for name, grad in alone_grads.items():
-        assert (packed_grads[name] - grad).abs().max() <= 1e-4 * grad.abs().max() + 1e-12, name
-    assert recurrent_layer_types(model)  # and so prompt_once is refused for it
+def _logits_alone(model, sequences) -> torch.Tensor:
+    return torch.cat([model(input_ids=torch.from_numpy(s)[None], use_cache=False).logits[0] for s in sequences])
 
 
 def test_qwen4_exp_with_a_cache_is_refused():
     """Qwen4-Exp's token indexer needs a dense mask, which transformers does not split by position_ids when a cache
     is passed: refused, not run across sequences."""
     model = _tiny("qwen4_exp_text").eval()
-    batch = {k: v for k, v in _packed(_sequences()).items() if k != "use_cache"}
+    batch = {k: v for k, v in packed_batch(_sequences()).items() if k != "use_cache"}
     with torch.no_grad(), pytest.raises(PackedRowError, match="spans all its 3 sequences.*use_cache=False"):
         model(**batch)
 
@@ -285,35 +207,27 @@ def test_qwen4_exp_with_a_cache_is_refused():
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "lfm2"])
 def test_without_seq_idx_exact_or_refused(model_type):
     model = _tiny(model_type).eval()
-    sequences = _sequences()
-    batch = _packed(sequences)
+    batch = packed_batch(_sequences())
     with torch.no_grad():
-        alone = torch.cat([model(input_ids=torch.from_numpy(s)[None], use_cache=False).logits[0] for s in sequences])
-        no_seq_idx = {k: v for k, v in batch.items() if k != "seq_idx"}  # cu_seq_lens_q is enough
-        torch.testing.assert_close(model(**no_seq_idx).logits[0], alone, rtol=0, atol=1e-5)
-        only_seq_idx = {k: batch[k] for k in ("input_ids", "position_ids", "seq_idx", "use_cache")}
-        torch.testing.assert_close(model(**only_seq_idx).logits[0], alone, rtol=0, atol=1e-5)
-        only_positions = {k: batch[k] for k in ("input_ids", "position_ids", "use_cache")}
+        alone = _logits_alone(model, _sequences())
+        for keys in (("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"), ("seq_idx",)):
+            got = model(**{k: batch[k] for k in ("input_ids", "position_ids", "use_cache", *keys)}).logits[0]
+            torch.testing.assert_close(got, alone, rtol=0, atol=1e-5)
         with pytest.raises(PackedRowError, match="came without seq_idx or cu_seq_lens_q"):
-            model(**only_positions)
+            model(**{k: batch[k] for k in ("input_ids", "position_ids", "use_cache")})
 
 
-def test_padfree_prepares_a_model_called_by_hand():
+def test_padfree_prepares_a_model_called_by_hand_and_check_packing_passes():
     """from_config(..., attn_implementation="padfree") then the collator's batch: nothing else to call."""
+    from trl_padfree import check_packing
+
     modeling = _modeling("lfm3")
     modeling.causal_conv1d_fn = _torch_fallback(modeling.causal_conv1d_fn)  # as transformers left it
     model = _tiny("lfm3").eval()
-    sequences = _sequences()
     with torch.no_grad():
-        packed = model(**_packed(sequences)).logits[0]
-        alone = torch.cat([model(input_ids=torch.from_numpy(s)[None]).logits[0] for s in sequences])
-    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+        packed = model(**packed_batch(_sequences())).logits[0]
+        torch.testing.assert_close(packed, _logits_alone(model, _sequences()), rtol=0, atol=1e-5)
     assert hasattr(modeling.causal_conv1d_fn, "__trl_padfree_original__")
-
-
-def test_check_packing_passes_for_a_hybrid_model():
-    from trl_padfree import check_packing
-
     report = check_packing(_tiny("lfm2"))
     assert report.max_abs_diff <= report.tolerance
 

@@ -33,6 +33,21 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
+def assert_outputs_equal(got, want: dict) -> None:
+    """Every output field of ``got`` equal to ``want``'s: top-1 exactly, the others within RTOL."""
+    for name, w in want.items():
+        g = getattr(got, name)
+        assert torch.equal(g, w) if name == "is_top1" else rel(g, w) <= RTOL, name
+
+
+def assert_logs_equal(got: list[dict], want: list[dict], keys: tuple[str, ...]) -> None:
+    """The same logged values step by step, within RTOL, and an accuracy that compares more than zeros."""
+    assert len(got) == len(want) == 3 and all(0 < e["mean_token_accuracy"] < 1 for e in got)
+    for g, w in zip(got, want, strict=True):
+        for key in keys:
+            assert abs(g[key] - w[key]) <= RTOL * max(abs(w[key]), 1e-7), (key, g[key], w[key])
+
+
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_score_tokens_equals_trls_kernel_and_its_gradients(temperature):
     from trl.kernels import ChunkedLogProbFunction
@@ -43,12 +58,7 @@ def test_score_tokens_equals_trls_kernel_and_its_gradients(temperature):
     targets = torch.randint(0, v, (n,))
     want = ChunkedLogProbFunction.apply(hidden, weight, bias, targets, temperature, 32768, None, 1.0, ALL)
     got = score_tokens(hidden, weight, targets, bias, temperature=temperature, outputs=ALL, chunk_tokens=5)
-    for name, w in zip(ALL, want, strict=True):
-        g = getattr(got, name)
-        if name == "is_top1":
-            assert torch.equal(g, w)
-        else:
-            assert rel(g, w) <= RTOL, name
+    assert_outputs_equal(got, dict(zip(ALL, want, strict=True)))
     g_lp, g_h = torch.randn(n), torch.randn(n)
     for use_entropy in (False, True):
         a = torch.autograd.grad((want[0] * g_lp).sum() + use_entropy * (want[1] * g_h).sum(), (hidden, weight, bias),
@@ -144,9 +154,7 @@ def test_model_call_equals_trls_fused_head(shifted):
     (want, want_grads), (got, got_grads) = results
     assert rel(got.loss, want.loss) <= RTOL
     assert torch.equal(got.label_mask, want.label_mask) and got.label_mask.sum() < got.label_mask.numel() / 2
-    for name in ALL:
-        a, b = getattr(got, name), getattr(want, name)
-        assert torch.equal(a, b) if name == "is_top1" else rel(a, b) <= RTOL, name
+    assert_outputs_equal(got, {name: getattr(want, name) for name in ALL})
     assert 0 < int(got.is_top1.sum()) < int(got.label_mask.sum())  # right at some positions, wrong at others
     assert max_rel_diff(got_grads, want_grads) <= RTOL
     # without fused_lm_head the model's own forward (logits of every position)
@@ -171,13 +179,7 @@ def test_sft_trainer_equals_trls_head(tmp_path):
     (trl_head, trl_grads), (scored, scored_grads) = (_sft_run(tmp_path, s) for s in (False, True))
     assert trl_head.lm_head_state == "trl: scored_lm_head=False" and scored.lm_head_state == "scored"
     assert scored_head_state(scored.model) == "scored" and scored_head_state(trl_head.model) is None
-    want = [e for e in trl_head.state.log_history if "loss" in e]
-    got = [e for e in scored.state.log_history if "loss" in e]
-    assert len(want) == len(got) == 3
-    assert all(0 < e["mean_token_accuracy"] < 1 for e in got)  # (a comparison of more than zeros)
-    for g, w in zip(got, want, strict=True):
-        for key in ("loss", "entropy", "mean_token_accuracy", "num_tokens"):
-            assert abs(g[key] - w[key]) <= RTOL * max(abs(w[key]), 1e-7), (key, g[key], w[key])
+    assert_logs_equal(step_logs(scored), step_logs(trl_head), ("loss", "entropy", "mean_token_accuracy", "num_tokens"))
     assert len(scored_grads.steps) == len(trl_grads.steps) == 3
     for g, w in zip(scored_grads.steps, trl_grads.steps, strict=True):
         assert max_rel_diff(g, w) <= RTOL
@@ -222,11 +224,8 @@ def test_dpo_equals_trls_head(tmp_path, once):
     assert (want.lm_head_state, want.ref_lm_head_state) == ("trl: scored_lm_head=False",) * 2
     assert (got.lm_head_state, got.ref_lm_head_state) == ("scored", "scored")
     assert rel(got_logps, want_logps) <= RTOL and rel(got_ref, want_ref) <= RTOL
-    assert all(0 < e["mean_token_accuracy"] < 1 for e in step_logs(got))  # (a comparison of more than zeros)
-    for g, w in zip(step_logs(got), step_logs(want), strict=True):
-        for key in ("loss", "logps/chosen", "logps/rejected", "entropy", "logits/chosen", "logits/rejected",
-                    "mean_token_accuracy"):
-            assert abs(g[key] - w[key]) <= RTOL * max(abs(w[key]), 1e-7), (key, g[key], w[key])
+    assert_logs_equal(step_logs(got), step_logs(want), ("loss", "logps/chosen", "logps/rejected", "entropy",
+                                                        "logits/chosen", "logits/rejected", "mean_token_accuracy"))
     for g, w in zip(got_grads.steps, want_grads.steps, strict=True):
         assert max_rel_diff(g, w) <= RTOL
     assert len(got_grads.steps) == 3
