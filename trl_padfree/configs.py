@@ -243,7 +243,7 @@ def _caller_stacklevel() -> int:
     that built the trainer (a user's script: Python shows the warning there; the package's own launch: hidden)."""
     level, frame = 1, sys._getframe(1)
     while frame is not None and (frame.f_code.co_filename == __file__
-                                 or frame.f_code.co_name in ("__init__", "_padfree_init")):
+                                 or frame.f_code.co_name in ("__init__", "_padfree_init", "_padfree_settings")):
         frame, level = frame.f_back, level + 1
     return level
 
