@@ -19,11 +19,8 @@ from trl_padfree._compat import rl_padding_free_unavailable
 if rl_padding_free_unavailable():
     pytest.skip(rl_padding_free_unavailable(), allow_module_level=True)
 
-from layout_runs import LAYOUTS, step_logs
+from layout_runs import LAYOUTS, register_leaky_attention, step_logs
 from tiny_rl import METRIC_RTOL, RTOL, compare, grpo_loss_types, tokenizer, trainer
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface
 
 import trl_padfree
 from trl_padfree import PackingLeakError
@@ -146,18 +143,8 @@ def test_packed_groups_give_each_sequence_alone():
             assert stats.forwarded_tokens == real - stats.shared_tokens == packed["input_ids"].shape[1]
 
 
-def _leaky_attention(module, query, key, value, attention_mask, **kwargs):
-    """Plain causal attention over the whole row: packed sequences see each other."""
-    return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **{
-        k: v for k, v in kwargs.items() if k in ("dropout", "scaling")})
-
-
-AttentionInterface.register("rl_leaky", _leaky_attention)
-AttentionMaskInterface.register("rl_leaky", lambda *args, **kwargs: None)
-
-
 def test_probe_refuses_a_leaking_attention(tmp_path):
-    t = trainer("grpo", "padfree", str(tmp_path), model_init_kwargs={"attn_implementation": "rl_leaky"})
+    t = trainer("grpo", "padfree", str(tmp_path), model_init_kwargs={"attn_implementation": register_leaky_attention()})
     with pytest.raises(PackingLeakError, match="padding-free GRPO/RLOO batch changes this model's logits"):
         t.train()
     assert t.state.global_step == 0

@@ -84,6 +84,25 @@ def check_dpo_arguments(model: Any, ref_model: Any, args: Any, processing_class:
                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl is standard DPO)")
 
 
+def flat_forward(model: Any, inputs: dict[str, Any], prefix: str = "", **extra: Any) -> Any:
+    """TRL's fused-LM-head model call on a flat row of ``inputs`` (``prefix``: which row, e.g. KTO's ``"KL_"``)."""
+    kwargs = {k: inputs[prefix + k] for k in MODEL_KEYS if prefix + k in inputs}
+    return model(**kwargs, **extra, shift_labels=inputs[prefix + "shift_labels"], use_cache=False, fused_lm_head=True)
+
+
+def log_entropy_and_tokens(trainer: Any, mode: str, outputs: Any, index: torch.Tensor, n: int, scored: torch.Tensor,
+                           num_tokens: int) -> None:
+    """TRL 1.16's ``entropy`` and ``num_tokens`` metrics of a flat row, from segment sums (gathered across ranks)."""
+    gather = trainer.accelerator.gather_for_metrics
+    entropy = gather(segment_sum(outputs.entropy.detach(), index, n).sum()).sum()
+    tokens = gather(scored.sum()).sum()
+    trainer._metrics[mode]["entropy"].append((entropy / tokens).item() if tokens > 0 else 0.0)
+    if mode == "train":
+        num = gather(torch.tensor(int(num_tokens), device=scored.device)).sum().item()
+        trainer._total_train_tokens += num // trainer._tp_size
+    trainer._metrics[mode]["num_tokens"] = [trainer._total_train_tokens]
+
+
 @contextlib.contextmanager
 def reference_forward(trainer: Any, model: Any = None) -> Iterator[Any]:
     """The reference of ``trainer`` (DPO, KTO) for a forward without gradients: ``model`` if given, else its
@@ -148,10 +167,8 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
             self._padfree_setup("preference", settings["check_packing"], ("log_probs", "entropy", "mean_logits",
                                 "is_top1") + (("log_sum_sq_probs",) if self.use_weighting else ()))
 
-    # ---- forward -------------------------------------------------------------------------------------------
-    def _flat_forward(self, model: Any, inputs: dict[str, Any], **extra: Any) -> Any:
-        kwargs = {k: inputs[k] for k in MODEL_KEYS if k in inputs}
-        return model(**kwargs, **extra, shift_labels=inputs["shift_labels"], use_cache=False, fused_lm_head=True)
+    # ---- forward ----------------------------------------------------------------------------------------------
+    _flat_forward = staticmethod(flat_forward)
 
     def _sequence_logps(self, per_token: torch.Tensor, inputs: dict[str, Any],
                         scored: torch.Tensor | None = None) -> torch.Tensor:
@@ -172,7 +189,7 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
 
     def _reference_logps(self, inputs: dict[str, Any], model: Any = None) -> torch.Tensor:
         with reference_forward(self, model) as ref:
-            out = self._flat_forward(ref, inputs)
+            out = flat_forward(ref, inputs)
         return self._sequence_logps(out.log_probs, inputs)
 
     def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
@@ -187,7 +204,7 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
             return super()._compute_loss(model, inputs, return_outputs)
         mode = "train" if self.model.training else "eval"
         extra = {"output_router_logits": True} if self.aux_loss_enabled else {}
-        outputs = self._flat_forward(model, inputs, **extra)
+        outputs = flat_forward(model, inputs, **extra)
         pairs, index = int(inputs["num_pairs"]), inputs["score_index"]
         n = 2 * pairs
         per_token = outputs.log_probs
@@ -233,14 +250,7 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
         gather = self.accelerator.gather_for_metrics
         pairs, index = int(inputs["num_pairs"]), inputs["score_index"]
         n = 2 * pairs
-        entropy = segment_sum(outputs.entropy.detach(), index, n).sum()
-        tokens = scored.sum()
-        entropy, tokens = gather(entropy).sum(), gather(tokens).sum()
-        self._metrics[mode]["entropy"].append((entropy / tokens).item() if tokens > 0 else 0.0)
-        if mode == "train":
-            num = gather(torch.tensor(int(inputs["num_tokens"]), device=scored.device)).sum().item()
-            self._total_train_tokens += num // self._tp_size
-        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        log_entropy_and_tokens(self, mode, outputs, index, n, scored, inputs["num_tokens"])
         logits = segment_sum(outputs.mean_logits.detach(), index, n)
         for name, part, count in (("chosen", logits[:pairs], scored[:pairs]),
                                   ("rejected", logits[pairs:], scored[pairs:])):

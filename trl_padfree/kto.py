@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import trl
 
 from .configs import UNSET, KTOConfig
-from .dpo import reference_forward
+from .dpo import flat_forward, log_entropy_and_tokens, reference_forward
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
 from .trainer import PadfreeTrainerMixin
 
@@ -139,12 +139,6 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
             self._padfree_setup("preference", settings["check_packing"], ("log_probs", "entropy", "mean_logits"))
 
     # ---- forward -------------------------------------------------------------------------------------------
-    def _flat_forward(self, model: Any, inputs: dict[str, Any], prefix: str = "", **extra: Any) -> Any:
-        """TRL's model call (fused LM head) on the completion row (``prefix=""``) or the KL row (``"KL_"``)."""
-        kwargs = {k: inputs[prefix + k] for k in MODEL_KEYS if prefix + k in inputs}
-        return model(**kwargs, **extra, shift_labels=inputs[prefix + "shift_labels"], use_cache=False,
-                     fused_lm_head=True)
-
     def _sequence_logps(self, per_token: torch.Tensor, inputs: dict[str, Any], prefix: str = "") -> torch.Tensor:
         return segment_sum(per_token, inputs[prefix + "score_index"], int(inputs["num_sequences"]))
 
@@ -152,18 +146,18 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
         if not self.calculate_KL:
             return None
         with torch.no_grad():
-            return self._sequence_logps(self._flat_forward(model, inputs, "KL_").log_probs, inputs, "KL_")
+            return self._sequence_logps(flat_forward(model, inputs, "KL_").log_probs, inputs, "KL_")
 
     def _reference_logps(self, inputs: dict[str, Any], model: Any = None) -> tuple[torch.Tensor, Any]:
         """``(completion log-probs (B,), KL log-probs (B,) or None)`` of the reference."""
         with reference_forward(self, model) as model:
             if "pair_shift_labels" in inputs:  # prompt once: completion and KL sequence in one forward
-                out = self._flat_forward(model, inputs, "pair_")
+                out = flat_forward(model, inputs, "pair_")
                 n = int(inputs["num_sequences"])
                 logps, kl = segment_sum(out.log_probs, inputs["pair_score_index"], 2 * n).chunk(2)
             else:
                 kl = self._kl_logps(model, inputs)
-                logps = self._sequence_logps(self._flat_forward(model, inputs).log_probs, inputs)
+                logps = self._sequence_logps(flat_forward(model, inputs).log_probs, inputs)
         return logps, kl
 
     def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
@@ -185,7 +179,7 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
 
         KL_logps = self._kl_logps(model, batch)
         extra = {"output_router_logits": True} if self.aux_loss_enabled else {}
-        outputs = self._flat_forward(model, batch, **extra)
+        outputs = flat_forward(model, batch, **extra)
         index, n = batch["score_index"], int(batch["num_sequences"])
         completion_logps = self._sequence_logps(outputs.log_probs, batch)
         scored = segment_sum(torch.ones_like(outputs.log_probs), index, n)
@@ -278,13 +272,7 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
         gather = self.accelerator.gather_for_metrics
         index, n = batch["score_index"], int(batch["num_sequences"])
         chosen_idx, rejected_idx = idx
-        entropy_sum = gather(segment_sum(outputs.entropy.detach(), index, n).sum()).sum()
-        total_tokens = gather(scored.sum()).sum()
-        self._metrics[mode]["entropy"].append((entropy_sum / total_tokens).item() if total_tokens > 0 else 0.0)
-        if mode == "train":
-            num = gather(torch.tensor(int(batch["num_tokens"]), device=scored.device)).sum().item()
-            self._total_train_tokens += num // self._tp_size
-        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        log_entropy_and_tokens(self, mode, outputs, index, n, scored, batch["num_tokens"])
         logits = segment_sum(outputs.mean_logits.detach(), index, n)
         for name, rows in (("chosen", chosen_idx), ("rejected", rejected_idx)):
             total = gather(logits.index_select(0, rows).sum()).sum().item()
