@@ -751,7 +751,7 @@ def check_layout_packing(model: nn.Module, layout: str, *, prompt_once: bool = F
     def run(inputs: dict[str, Any]) -> torch.Tensor:
         if values == "logits":
             return probe_logits(model, inputs)
-        from .reward_trainer import scores_of
+        from .reward_layout import scores_of
 
         return scores_of(model, inputs)[1].detach().float()
 
