@@ -123,12 +123,11 @@ def test_padded_rows_are_the_examples_alone(model_type):
 def test_llama4_chunks_with_shared_prompt_keys():
     """prompt_once's rows on Llama-4 (prompts and responses across chunk boundaries, a response longer than a chunk):
     each sequence's logits as alone, through the preference and group probes' layouts."""
-    from trl_padfree.preference_probe import check_preference_packing
-    from trl_padfree.rl_probe import check_group_packing
+    from trl_padfree.probe import check_layout_packing
 
     model = family_model(family("llama4_text"), "padfree")
-    pairs = check_preference_packing(model, prompt_once=True, pairs=((11, 3, 9), (3, 14, 6), (8, 8, 1)))
-    groups = check_group_packing(model, prompt_once=True, groups=((11, (3, 9, 1)), (3, (14, 6)), (8, (8,))))
+    pairs = check_layout_packing(model, "preference", prompt_once=True, shapes=((11, 3, 9), (3, 14, 6), (8, 8, 1)))
+    groups = check_layout_packing(model, "group", prompt_once=True, shapes=((11, (3, 9, 1)), (3, (14, 6)), (8, (8,))))
     for report in (pairs, groups):
         assert report.status == "safe" and report.max_abs_diff <= 1e-5, report
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from layout_runs import register_leaky_attention
 from paths import ROOT
 from torch import nn
 from transformers import (
@@ -23,6 +24,7 @@ from transformers import (
     DataCollatorWithFlattening,
     LlamaConfig,
     LlamaForCausalLM,
+    LlamaForSequenceClassification,
     Mamba2Config,
     Mamba2ForCausalLM,
     MambaConfig,
@@ -37,9 +39,11 @@ from trl_padfree import cli
 from trl_padfree.check import main
 from trl_padfree.probe import (
     DEFAULT_LENGTHS,
+    LAYOUTS,
     PackingLeakError,
-    PackingReport,
+    assert_layout_packing_safe,
     assert_packing_safe,
+    check_layout_packing,
     check_packing,
     packed_batch,
 )
@@ -69,165 +73,89 @@ FLATTENING = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_se
 # ------------------------------------------------------------------------------------------ batch format
 
 
-def test_packed_batch_matches_transformers_flattening_collator_plus_use_cache_false() -> None:
+def test_packed_batch_is_transformers_flattening_collators_plus_use_cache_false() -> None:
     sequences = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14]]
     ours = packed_batch(sequences)
     theirs = FLATTENING([{"input_ids": s} for s in sequences], return_tensors="pt")
-    assert set(ours) == set(theirs) | {"use_cache"}
-    assert ours["use_cache"] is False and "attention_mask" not in ours
+    assert set(ours) == set(theirs) | {"use_cache"} and ours["use_cache"] is False
     for key, value in theirs.items():
-        if isinstance(value, torch.Tensor):
-            assert ours[key].dtype == value.dtype and ours[key].shape == value.shape, key
-            assert torch.equal(ours[key], value), key
-        else:
-            assert type(ours[key]) is type(value) and ours[key] == value, key
-    assert ours["cu_seq_lens_q"].tolist() == [0, 3, 8, 10] and ours["cu_seq_lens_q"].dtype == torch.int32
-    assert ours["max_length_q"] == ours["max_length_k"] == 5
-
-
-def test_packed_batch_rejects_empty_input() -> None:
+        assert torch.equal(ours[key], value) if isinstance(value, torch.Tensor) else ours[key] == value, key
+    assert ours["cu_seq_lens_q"].tolist() == [0, 3, 8, 10]
     with pytest.raises(ValueError, match="no empty sequence"):
         packed_batch([[1, 2], []])
-    with pytest.raises(ValueError, match="at least one sequence"):
-        packed_batch([])
 
 
-# ------------------------------------------------------------------------------------------ verdicts
-
-
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_llama_is_safe_in_fp32(attn: str) -> None:
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "padfree"])
+def test_llama_is_safe_opt_leaks_except_under_padfree(attn: str) -> None:
     report = check_packing(llama(attn))
-    assert isinstance(report, PackingReport)
-    assert (report.ok, report.status, report.model_type, report.attn_implementation) == (
-        True,
-        "safe",
-        "llama",
-        attn,
-    )
-    assert report.max_abs_diff < 1e-5 and report.max_abs_diff <= report.tolerance
-    assert report.max_abs_diff == max(report.example_diffs) and len(report.example_diffs) == len(
-        DEFAULT_LENGTHS
-    )
-    assert report.noise == 0.0 and report.error is None
+    assert (report.ok, report.status, report.model_type, report.attn_implementation) == (True, "safe", "llama", attn)
+    assert report.max_abs_diff < 1e-5 and report.noise == 0.0 and report.error is None
     assert (report.dtype, report.device, report.lengths) == ("float32", "cpu", DEFAULT_LENGTHS)
     assert str(report).startswith(f"SAFE: llama (attn_implementation='{attn}', float32 on cpu)")
     assert report.advice == f"padding_free=True is safe for llama with attn_implementation='{attn}'."
-
-
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_opt_leaks_and_advice_names_the_fixes(attn: str) -> None:
     report = check_packing(opt(attn))
-    assert (report.ok, report.status, report.model_type, report.attn_implementation) == (
-        False,
-        "leaks",
-        "opt",
-        attn,
-    )
+    if attn == "padfree":
+        assert report.ok
+        return
+    assert (report.ok, report.status, report.model_type) == (False, "leaks", "opt")
     first, *later = report.example_diffs
-    assert first < 1e-5  # the first example has nothing before it to attend to
-    assert min(later) > 0.05 and report.max_abs_diff > 1000 * report.tolerance  # the leak signal is large
+    assert first < 1e-5 and min(later) > 0.05  # the first example has nothing before it to attend to
     assert f"opt builds its {attn} attention mask without position_ids" in report.advice
     for fix in ('attn_implementation="padfree"', '"flash_attention_2"', "padding_free=False"):
         assert fix in report.advice
-    text = str(report)
-    assert text.startswith(f"LEAKS: opt (attn_implementation='{attn}', float32 on cpu)")
-    assert f"advice: {report.advice}" in text and "tolerance" in text
+    with pytest.raises(PackingLeakError) as info:
+        assert_packing_safe(opt(attn))
+    assert isinstance(info.value, ValueError) and str(info.value).startswith(f"LEAKS: opt (attn_implementation='{attn}'")
+    assert f"advice: {report.advice}" in str(info.value)
 
 
-def test_bf16_tolerance_is_looser_but_still_separates() -> None:
-    safe = check_packing(llama("sdpa", torch.bfloat16))
-    leak = check_packing(opt("sdpa", torch.bfloat16))
-    assert safe.ok and safe.dtype == "bfloat16" and 0 < safe.max_abs_diff < safe.tolerance
-    assert not leak.ok and leak.dtype == "bfloat16" and leak.max_abs_diff > 3 * leak.tolerance
-    # tolerance = rtol * max|logits alone|: 5e-2 for bf16 vs 1e-4 for fp32 on a logit scale of ~0.5-1
-    assert 0.01 < safe.tolerance < 0.06
+def test_tolerance_follows_dtype_and_arguments() -> None:
+    safe, leak = check_packing(llama("sdpa", torch.bfloat16)), check_packing(opt("sdpa", torch.bfloat16))
+    assert safe.ok and safe.dtype == "bfloat16" and 0 < safe.max_abs_diff < safe.tolerance < 0.06
+    assert not leak.ok and leak.max_abs_diff > 3 * leak.tolerance
     assert check_packing(llama("sdpa")).tolerance < 1e-4
-
-
-def test_explicit_rtol_and_lengths_are_used() -> None:
     report = check_packing(opt(), lengths=[3, 5], rtol=10.0, seed=3)
-    assert (
-        report.ok and report.lengths == (3, 5) and len(report.example_diffs) == 2
-    )  # tolerance swallows the leak
+    assert report.ok and report.lengths == (3, 5)  # the tolerance swallows the leak
     with pytest.raises(ValueError, match=r"at least 2 sequences of length >= 1; got lengths=\[5\]"):
         check_packing(opt(), lengths=[5])
 
 
 def test_state_space_models_mamba2_is_prepared_safe_and_mamba_leaks_with_specific_advice() -> None:
-    """The probe prepares the model as the trainers do (trl_padfree.recurrent): Mamba-2's scans restart at every
-    boundary and it is safe; Mamba-1's own torch scan (MambaForCausalLM, not patched) still carries state across
-    examples, and the advice says so without recommending an attention implementation."""
+    """The probe prepares the model as the trainers do: Mamba-2's scans restart at every boundary; Mamba-1's own
+    torch scan still carries state across examples, and the advice does not recommend an attention."""
     torch.manual_seed(0)
-    config = Mamba2Config(
-        vocab_size=128, hidden_size=64, num_hidden_layers=1, state_size=16, expand=2, n_groups=1, head_dim=16,
-        num_heads=8, chunk_size=8,
-    )  # fmt: skip
+    config = Mamba2Config(vocab_size=128, hidden_size=64, num_hidden_layers=1, state_size=16, expand=2, n_groups=1,
+                          head_dim=16, num_heads=8, chunk_size=8)
     report = check_packing(Mamba2ForCausalLM(config))
-    assert report.status == "safe" and report.model_type == "mamba2" and report.layer_kinds == ("mamba",)
-    mamba = MambaForCausalLM(MambaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1, state_size=8, expand=2))
-    report = check_packing(mamba)
-    assert report.status == "leaks" and report.model_type == "mamba" and report.layer_kinds == ("mamba",)
-    assert "mamba layers carry state across packed examples" in report.advice
+    assert report.status == "safe" and report.layer_kinds == ("mamba",)
+    report = check_packing(MambaForCausalLM(MambaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1,
+                                                        state_size=8, expand=2)))
+    assert report.status == "leaks" and "mamba layers carry state across packed examples" in report.advice
     assert report.advice.endswith("set padding_free=False.") and "attn_implementation=" not in report.advice
 
 
-# ------------------------------------------------------------------------------------------ the cache trap
-
-
-def test_probe_batch_sets_use_cache_false_and_a_batch_without_it_falls_into_the_cache_trap() -> None:
+def test_a_batch_without_use_cache_false_falls_into_the_cache_trap() -> None:
     model = llama("sdpa")
     trapped = check_packing(model, collate_fn=lambda f: FLATTENING(f, return_tensors="pt"))
-    assert trapped.status == "leaks" and trapped.max_abs_diff > 0.05
-    assert "use_cache=False" in trapped.advice and "cache trap" in trapped.advice
-    fixed = check_packing(
-        model, collate_fn=lambda f: {**FLATTENING(f, return_tensors="pt"), "use_cache": False}
-    )
-    default = check_packing(model)
-    assert fixed.ok and default.ok and fixed.max_abs_diff == default.max_abs_diff
+    assert trapped.status == "leaks" and "cache trap" in trapped.advice
+    fixed = check_packing(model, collate_fn=lambda f: {**FLATTENING(f, return_tensors="pt"), "use_cache": False})
+    assert fixed.ok and fixed.max_abs_diff == check_packing(model).max_abs_diff
 
 
-# ------------------------------------------------------------------------------------------ determinism and state
-
-
-def test_dropout_layerdrop_and_flags_are_neutralised_then_restored() -> None:
-    model = opt("eager", dropout=0.5, attention_dropout=0.5, layerdrop=0.5)
-    model.eval()
+def test_randomness_is_neutralised_then_restored() -> None:
+    model = opt("eager", dropout=0.5, attention_dropout=0.5, layerdrop=0.5).eval()
     model.model.decoder.layers[1].train()  # a mixed state must come back exactly as it was
     flags = {name: m.training for name, m in model.named_modules()}
     rng = torch.get_rng_state()
     report = check_packing(model)
-    assert (
-        report.noise == 0.0 and report.status == "leaks"
-    )  # deterministic: the difference is the leak itself
-    assert report.example_diffs[0] < 1e-5  # layerdrop/dropout would make even the first example differ
-    assert {name: m.training for name, m in model.named_modules()} == flags
-    assert torch.equal(torch.get_rng_state(), rng)
-    assert (
-        model.config.dropout == 0.5
-        and model.config.attention_dropout == 0.5
-        and model.config.layerdrop == 0.5
-    )
-    assert model.model.decoder.layerdrop == 0.5 and model.model.decoder.dropout == 0.5
-    assert model.model.decoder.layers[0].self_attn.dropout == 0.5
-
-
-def test_llama_with_attention_dropout_in_train_mode_is_safe_and_stays_in_train_mode() -> None:
-    model = llama("sdpa", attention_dropout=0.5)
-    model.train()
-    report = check_packing(model)
-    assert report.ok and report.noise == 0.0
-    assert model.training and all(m.training for m in model.modules())
-    assert model.model.layers[0].self_attn.attention_dropout == 0.5
-
-
-def test_peft_lora_dropout_is_neutralised() -> None:
+    assert report.noise == 0.0 and report.status == "leaks" and report.example_diffs[0] < 1e-5
+    assert {name: m.training for name, m in model.named_modules()} == flags and torch.equal(torch.get_rng_state(), rng)
+    assert (model.config.dropout, model.config.layerdrop, model.model.decoder.layers[0].self_attn.dropout) == (
+        0.5, 0.5, 0.5)
     peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(
-        llama("sdpa"), peft.LoraConfig(r=4, lora_dropout=0.5, target_modules=["q_proj"])
-    )
-    report = check_packing(model)
-    assert report.ok and report.noise == 0.0 and report.model_type == "llama"
+    model = peft.get_peft_model(llama("sdpa"), peft.LoraConfig(r=4, lora_dropout=0.5, target_modules=["q_proj"]))
+    model.train()
+    assert check_packing(model).ok and all(m.training for m in model.modules())
     assert {m.p for m in model.modules() if isinstance(m, nn.Dropout)} == {0.5}
 
 
@@ -250,49 +178,39 @@ class _Wrapper(nn.Module):
         return out
 
 
-def test_forward_that_rejects_the_packed_batch_is_reported_as_error() -> None:
+def test_a_rejected_batch_is_an_error_and_leftover_randomness_inconclusive() -> None:
     model = _Wrapper(llama("sdpa"), "strict").eval()
     report = check_packing(model)
-    assert (report.ok, report.status) == (False, "error")
+    assert (report.ok, report.status) == (False, "error") and str(report).startswith("ERROR: llama")
     assert report.error == "TypeError: forward() got an unexpected keyword argument 'cu_seq_lens_k'"
     assert math.isinf(report.max_abs_diff) and report.to_dict()["max_abs_diff"] is None
-    assert str(report).startswith("ERROR: llama") and "padding_free=False" in report.advice
     json.dumps(report.to_dict())  # JSON-safe
     assert not any(m.training for m in model.modules())  # restored although the forward raised
-
-
-def test_leftover_randomness_is_inconclusive_not_safe() -> None:
     report = check_packing(_Wrapper(llama("sdpa"), "noisy"))
-    assert (report.ok, report.status) == (False, "inconclusive") and report.noise > report.tolerance
-    assert str(report).startswith("INCONCLUSIVE") and "padding_free=False" in report.advice
+    assert report.status == "inconclusive" and report.noise > report.tolerance
 
 
-# ------------------------------------------------------------------------------------------ assert_packing_safe
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_each_trainer_layout_is_safe_under_padfree_and_leaks_are_caught(layout: str) -> None:
+    """The preference, RL-group and reward layouts, packed and prompt-once, give each sequence's logits (reward:
+    every token's score) alone under "padfree"; a leaking attention, and sdpa with prompt-once (it cannot read the
+    shared prompt keys), are caught with the fix in the advice."""
+    def model(attn: str) -> nn.Module:
+        torch.manual_seed(0)
+        config = tiny_llama_config(vocab_size=64, num_labels=1, pad_token_id=0)
+        cls = LlamaForSequenceClassification if layout == "reward" else LlamaForCausalLM
+        return cls._from_config(config, attn_implementation=attn)
 
-
-def test_assert_packing_safe_returns_the_report_or_raises_a_value_error() -> None:
-    assert assert_packing_safe(llama("eager"), seed=1).ok
-    with pytest.raises(PackingLeakError) as info:
-        assert_packing_safe(opt("sdpa"))
-    assert isinstance(info.value, ValueError) and info.value.report.status == "leaks"
-    message = str(info.value)
-    for needle in (
-        "LEAKS: opt",
-        "attn_implementation='sdpa'",
-        'attn_implementation="padfree"',
-        "padding_free=False",
-    ):
-        assert needle in message
-
-
-# ------------------------------------------------------------------------------------------ padfree attention
-
-
-@pytest.mark.parametrize("model_fn", [llama, opt], ids=["llama", "opt"])
-def test_padfree_attention_is_safe_even_for_opt(model_fn) -> None:  # noqa: ANN001
-    report = check_packing(model_fn("padfree"))
-    assert (report.ok, report.attn_implementation) == (True, "padfree")
-    assert report.max_abs_diff < 1e-5
+    for prompt_once in (False, True):
+        assert check_layout_packing(model("padfree"), layout, prompt_once=prompt_once).status == "safe"
+    report = check_layout_packing(model(register_leaky_attention()), layout)
+    assert report.status == "leaks" and report.max_abs_diff > 100 * report.tolerance
+    assert "attn_implementation='padfree'" in report.advice
+    assert check_layout_packing(model("sdpa"), layout).status == "safe"
+    report = check_layout_packing(model("sdpa"), layout, prompt_once=True)
+    assert report.status == "leaks" and report.advice.startswith("the prompt-once ")
+    with pytest.raises(PackingLeakError):
+        assert_layout_packing_safe(model("sdpa"), layout, prompt_once=True)
 
 
 # transformers accepts attn_implementation="padfree" for any model, but models whose attention code does not go

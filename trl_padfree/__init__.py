@@ -17,7 +17,7 @@ from .grpo import GRPOTrainer
 from .kto import KTOTrainer
 from .preference import DataCollatorForPreference
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
-from .reward import RewardTrainer
+from .reward_trainer import RewardTrainer
 from .rloo import RLOOTrainer
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
 

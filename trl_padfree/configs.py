@@ -65,43 +65,6 @@ UNSET: Any = _Unset()
 _NULL_WORDS = frozenset({"none", "null", "~"})
 
 
-def _check_packing() -> Any:
-    return field(
-        default=True,
-        metadata={"help": "Probe the model once before the first step (trl_padfree.probe): stop the run if packed "
-                          "sequences see each other under its attention. (default: true)"},
-    )
-
-
-def _torch_num_threads() -> Any:
-    return field(
-        default="auto",
-        metadata={"help": "torch CPU threads during train(): 'auto' (the count trl_padfree.threads picks unless "
-                          "OMP_NUM_THREADS, MKL_NUM_THREADS or torch.set_num_threads chose one), a positive "
-                          "integer, or null for torch's own choice. (default: auto)"},
-    )
-
-
-def _scored_lm_head() -> Any:
-    return field(
-        default=True,
-        metadata={"help": "Score the loss with the scored-positions LM head (trl_padfree.scored_head: only the "
-                          "scored positions are projected, on every device); false: TRL's own LM head. "
-                          "(default: true)"},
-    )
-
-
-def _prompt_once(what: str) -> Any:
-    return field(
-        default=False,
-        metadata={"help": f"With padding_free, {what} (needs attn_implementation='padfree'). (default: false)"},
-    )
-
-
-def _padding_free(what: str) -> Any:
-    return field(default=False, metadata={"help": f"{what} (default: false)"})
-
-
 def _bool(config: Any, name: str) -> None:
     value = getattr(config, name)
     if not isinstance(value, bool):
@@ -132,7 +95,48 @@ def _validate(config: Any) -> None:
 
 
 @dataclass
-class SFTConfig(trl.SFTConfig):
+class _PadfreeFields:
+    """The fields every config of this package adds to TRL's, declared once (a dataclass mixin before TRL's class)."""
+
+    padding_free: bool = field(
+        default=False,
+        metadata={"help": "Run the trainer's forwards on flat rows without padding (needs a varlen attention such "
+                          "as attn_implementation='padfree'). (default: false)"},
+    )
+    prompt_once: bool = field(
+        default=False,
+        metadata={"help": "With padding_free, forward each prompt (a pair's or group's shared prefix) once "
+                          "(needs attn_implementation='padfree'). (default: false)"},
+    )
+    check_packing: bool = field(
+        default=True,
+        metadata={"help": "Probe the model once before the first step (trl_padfree.probe): stop the run if packed "
+                          "sequences see each other under its attention. (default: true)"},
+    )
+    torch_num_threads: int | str | None = field(
+        default="auto",
+        metadata={"help": "torch CPU threads during train(): 'auto' (the count trl_padfree.threads picks unless "
+                          "OMP_NUM_THREADS, MKL_NUM_THREADS or torch.set_num_threads chose one), a positive "
+                          "integer, or null for torch's own choice. (default: auto)"},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _validate(self)
+
+
+@dataclass
+class _ScoredHeadFields(_PadfreeFields):
+    scored_lm_head: bool = field(
+        default=True,
+        metadata={"help": "Score the loss with the scored-positions LM head (trl_padfree.scored_head: only the "
+                          "scored positions are projected, on every device); false: TRL's own LM head. "
+                          "(default: true)"},
+    )
+
+
+@dataclass
+class SFTConfig(_ScoredHeadFields, trl.SFTConfig):
     """``trl.SFTConfig`` with the settings of :class:`trl_padfree.SFTTrainer` and its collator.
 
     ``padding_free`` here is this package's (see the module docstring).
@@ -170,13 +174,9 @@ class SFTConfig(trl.SFTConfig):
                           "as fit this many real tokens (trl_padfree.TokenBudgetBatchSampler), instead of "
                           "per_device_train_batch_size examples. (default: null, fixed-size batches)"},
     )
-    check_packing: bool = _check_packing()
-    torch_num_threads: int | str | None = _torch_num_threads()
-    scored_lm_head: bool = _scored_lm_head()
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _validate(self)
         if isinstance(self.instruction_template, str):
             self.instruction_template = [self.instruction_template]
         budget = self.max_tokens_per_batch
@@ -192,85 +192,30 @@ class SFTConfig(trl.SFTConfig):
 
 
 @dataclass
-class DPOConfig(trl.DPOConfig):
-    """``trl.DPOConfig`` with the settings of :class:`trl_padfree.DPOTrainer` (``padding_free`` is TRL's field,
-    which TRL 1.16 ignores and this trainer honours)."""
-
-    prompt_once: bool = _prompt_once("compute each pair's prompt once for the chosen and the rejected response")
-    check_packing: bool = _check_packing()
-    torch_num_threads: int | str | None = _torch_num_threads()
-    scored_lm_head: bool = _scored_lm_head()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _validate(self)
+class DPOConfig(_ScoredHeadFields, trl.DPOConfig):
+    """``trl.DPOConfig`` with the settings of :class:`trl_padfree.DPOTrainer` (TRL 1.16 ignores ``padding_free``;
+    this trainer honours it)."""
 
 
 @dataclass
-class GRPOConfig(trl.GRPOConfig):
+class GRPOConfig(_ScoredHeadFields, trl.GRPOConfig):
     """``trl.GRPOConfig`` with the settings of :class:`trl_padfree.GRPOTrainer`."""
 
-    padding_free: bool = _padding_free(
-        "Run the policy, old-policy and reference forwards on one flat row per micro-batch, no padding "
-        "(trl_padfree.GRPOTrainer; TRL pads).")
-    prompt_once: bool = _prompt_once("the completions of one prompt in a micro-batch share one forwarded copy of it")
-    check_packing: bool = _check_packing()
-    torch_num_threads: int | str | None = _torch_num_threads()
-    scored_lm_head: bool = _scored_lm_head()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _validate(self)
-
 
 @dataclass
-class RLOOConfig(trl.RLOOConfig):
+class RLOOConfig(_ScoredHeadFields, trl.RLOOConfig):
     """``trl.RLOOConfig`` with the settings of :class:`trl_padfree.RLOOTrainer`."""
 
-    padding_free: bool = _padding_free(
-        "Run the policy, old-policy and reference forwards on one flat row per micro-batch, no padding "
-        "(trl_padfree.RLOOTrainer; TRL pads).")
-    prompt_once: bool = _prompt_once("the completions of one prompt in a micro-batch share one forwarded copy of it")
-    check_packing: bool = _check_packing()
-    torch_num_threads: int | str | None = _torch_num_threads()
-    scored_lm_head: bool = _scored_lm_head()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _validate(self)
-
 
 @dataclass
-class RewardConfig(trl.RewardConfig):
+class RewardConfig(_PadfreeFields, trl.RewardConfig):
     """``trl.RewardConfig`` with the settings of :class:`trl_padfree.RewardTrainer` (a sequence classifier: no
     LM head, so no ``scored_lm_head``)."""
 
-    padding_free: bool = _padding_free(
-        "Put the chosen and rejected sequences of a batch in one row without padding (trl_padfree.RewardTrainer); "
-        "needs a varlen attention (attn_implementation='padfree').")
-    prompt_once: bool = _prompt_once("compute each pair's common token prefix once")
-    check_packing: bool = _check_packing()
-    torch_num_threads: int | str | None = _torch_num_threads()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _validate(self)
-
 
 @dataclass
-class KTOConfig(trl.KTOConfig):
+class KTOConfig(_ScoredHeadFields, trl.KTOConfig):
     """``trl.KTOConfig`` with the settings of :class:`trl_padfree.KTOTrainer`."""
-
-    padding_free: bool = _padding_free(
-        "Lay the completion and the KL sequences of a batch out in rows without padding (trl_padfree.KTOTrainer).")
-    prompt_once: bool = _prompt_once("the reference computes each prompt once for the completion and the KL sequence")
-    check_packing: bool = _check_packing()
-    torch_num_threads: int | str | None = _torch_num_threads()
-    scored_lm_head: bool = _scored_lm_head()
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        _validate(self)
 
 
 #: This package's config class of each of its trainers, by trainer name.
@@ -298,7 +243,7 @@ def _caller_stacklevel() -> int:
     that built the trainer (a user's script: Python shows the warning there; the package's own launch: hidden)."""
     level, frame = 1, sys._getframe(1)
     while frame is not None and (frame.f_code.co_filename == __file__
-                                 or frame.f_code.co_name in ("__init__", "_padfree_init")):
+                                 or frame.f_code.co_name in ("__init__", "_padfree_init", "_padfree_settings")):
         frame, level = frame.f_back, level + 1
     return level
 

@@ -1,24 +1,9 @@
-"""``DPOTrainer``: TRL's ``DPOTrainer`` where ``DPOConfig(padding_free=True)`` works again.
+"""``DPOTrainer``: TRL's ``DPOTrainer`` where ``DPOConfig(padding_free=True)`` works again (TRL 1.16 pads).
 
-TRL 1.16 logs "``padding_free=True`` is temporarily unavailable" and pads: every batch is ``2B`` rows of
-``prompt + response`` padded to the longest, each prompt forwarded twice. This trainer keeps TRL's datasets,
-tokenization, reference handling (separate model, PEFT adapters off, ``precompute_ref_log_probs``), loss types and
-logged metrics, and replaces only the batch and the forward:
-
-- the collator (:class:`~trl_padfree.preference.DataCollatorForPreference`) puts the ``2B`` sequences in one row
-  with ``position_ids`` and ``cu_seq_lens``; with ``prompt_once=True`` each pair's prompt is computed once;
-- policy and reference run the scored-positions LM head (:mod:`trl_padfree.scored_head`; TRL's fused head where it
-  is not exact, or with ``scored_lm_head=False``) on the row with ``shift_labels`` (no logits tensor), and every
-  per-sequence quantity is a segment sum over the row (:func:`~trl_padfree.preference.segment_sum`);
-- the losses are TRL's, restated on those sums (:mod:`trl_padfree.dpo_loss`).
-
-Before the first step the model is probed, as in SFT: packed sequences must not see each other, and with
-``prompt_once`` both responses must see their prompt and not each other (:mod:`trl_padfree.preference_probe`).
-With ``padding_free=False`` the trainer is TRL's, unchanged.
-
-    from trl_padfree import DPOConfig, DPOTrainer
-    config = DPOConfig(output_dir="out", padding_free=True, prompt_once=True)
-    trainer = DPOTrainer(model, args=config, train_dataset=pairs, processing_class=tokenizer)
+TRL's datasets, tokenization, reference handling, loss types and metrics are kept; the batch is one row
+(:class:`~trl_padfree.preference.DataCollatorForPreference`, with ``prompt_once`` each pair's prompt computed once),
+policy and reference score it through the fused-LM-head call, and the losses are TRL's restated on segment sums
+(:mod:`trl_padfree.dpo_loss`). See docs/dpo.md. With ``padding_free=False`` the trainer is TRL's, unchanged.
 """
 
 from __future__ import annotations
@@ -34,64 +19,17 @@ import trl
 from accelerate.utils import is_peft_model
 from transformers import AutoTokenizer
 
-from .attention import ATTN_IMPLEMENTATION
-from .configs import UNSET, trainer_settings
+from .configs import UNSET
 from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
-from .recurrent import refuse_shared_prompt
-from .trainer import (
-    LayoutProbeCallback,
-    PadfreeTrainerMixin,
-    checked_switch,
-    checked_threads,
-    install_scored_head,
-)
+from .trainer import PadfreeTrainerMixin, refuse_shared_prompt_aux_loss, require_padfree_attention
 
 __all__ = [
     "DPOTrainer",
-    "PreferenceCheckCallback",
     "check_dpo_arguments",
     "refuse_shared_prompt_aux_loss",
     "require_padfree_attention",
 ]
-
-def _attn(model: Any) -> str | None:
-    config = getattr(model, "config", None)
-    return getattr(config, "_attn_implementation", None)
-
-
-def refuse_shared_prompt_aux_loss(trainer: Any, what: str = "prompt_once=True") -> None:
-    """Refuse a shared prompt while TRL adds a MoE router load-balancing loss (``aux_loss_enabled``): that loss
-    averages router statistics over the tokens forwarded, and a prompt forwarded once instead of once per response
-    changes it (measured on a tiny gpt-oss: gradients 2e-3 relative off), so the run would differ from padding.
-
-    >>> class T: aux_loss_enabled = True
-    >>> refuse_shared_prompt_aux_loss(T())
-    Traceback (most recent call last):
-    ...
-    ValueError: prompt_once=True with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: ...
-    """
-    if getattr(trainer, "aux_loss_enabled", False):
-        raise ValueError(
-            f"{what} with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: that loss "
-            "averages over the tokens forwarded, and a shared prompt is forwarded once instead of once per response. "
-            "Set router_aux_loss_coef=0.0 in the trainer's config, or prompt_once=False."
-        )
-
-
-def require_padfree_attention(model: Any, what: str = "prompt_once=True") -> None:
-    """Refuse a model whose attention would ignore :data:`~trl_padfree.attention.KV_INDEX` (shared prompt keys), or
-    that has recurrent layers, which cannot share a prompt's state (:func:`trl_padfree.recurrent.refuse_shared_prompt`)."""
-    refuse_shared_prompt(model, what)
-    attn = _attn(model)
-    if attn != ATTN_IMPLEMENTATION:
-        raise ValueError(
-            f"{what} needs attn_implementation='padfree' (it alone reads the shared prompt keys), but the model "
-            f"uses {attn!r}, which would let the rejected response attend to the chosen one. Load the model with "
-            "attn_implementation='padfree' (it runs flash-attn or torch's varlen kernel on a GPU), or set "
-            "prompt_once=False."
-        )
-
 
 def _tokenizer(processing_class: Any, model: Any) -> Any:
     if processing_class is None:
@@ -146,6 +84,25 @@ def check_dpo_arguments(model: Any, ref_model: Any, args: Any, processing_class:
                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl is standard DPO)")
 
 
+def flat_forward(model: Any, inputs: dict[str, Any], prefix: str = "", **extra: Any) -> Any:
+    """TRL's fused-LM-head model call on a flat row of ``inputs`` (``prefix``: which row, e.g. KTO's ``"KL_"``)."""
+    kwargs = {k: inputs[prefix + k] for k in MODEL_KEYS if prefix + k in inputs}
+    return model(**kwargs, **extra, shift_labels=inputs[prefix + "shift_labels"], use_cache=False, fused_lm_head=True)
+
+
+def log_entropy_and_tokens(trainer: Any, mode: str, outputs: Any, index: torch.Tensor, n: int, scored: torch.Tensor,
+                           num_tokens: int) -> None:
+    """TRL 1.16's ``entropy`` and ``num_tokens`` metrics of a flat row, from segment sums (gathered across ranks)."""
+    gather = trainer.accelerator.gather_for_metrics
+    entropy = gather(segment_sum(outputs.entropy.detach(), index, n).sum()).sum()
+    tokens = gather(scored.sum()).sum()
+    trainer._metrics[mode]["entropy"].append((entropy / tokens).item() if tokens > 0 else 0.0)
+    if mode == "train":
+        num = gather(torch.tensor(int(num_tokens), device=scored.device)).sum().item()
+        trainer._total_train_tokens += num // trainer._tp_size
+    trainer._metrics[mode]["num_tokens"] = [trainer._total_train_tokens]
+
+
 @contextlib.contextmanager
 def reference_forward(trainer: Any, model: Any = None) -> Iterator[Any]:
     """The reference of ``trainer`` (DPO, KTO) for a forward without gradients: ``model`` if given, else its
@@ -169,51 +126,22 @@ def reference_forward(trainer: Any, model: Any = None) -> Iterator[Any]:
             yield model
 
 
-class PreferenceCheckCallback(LayoutProbeCallback):
-    """Runs the preference packing probe once, when training begins; raises if packed sequences leak."""
-
-    what = "preference"
-
-    def probe(self) -> Any:
-        from .preference_probe import assert_preference_packing_safe
-
-        return assert_preference_packing_safe
-
-
 class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
-    """``trl.DPOTrainer`` with a working ``padding_free`` (see the module docstring).
-
-    Its settings are fields of :class:`trl_padfree.DPOConfig` (``args``; with TRL's ``DPOConfig``, the defaults
-    below); the trainer keywords still work for one release (a ``DeprecationWarning``; one that contradicts a value
-    set in the config is an error):
-        prompt_once: with ``padding_free``, compute each pair's prompt once (``attn_implementation="padfree"``).
-        check_packing: probe the model(s) before the first step (default True).
-        torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer` (``"auto"``: the count
-            ``trl-padfree train`` picks unless the user chose one; a number; None: torch's own).
-        scored_lm_head: with ``padding_free``, score policy and reference with :mod:`trl_padfree.scored_head` (only
-            the response positions are projected, on every device; default True); False: TRL's fused head.
-            ``self.lm_head_state`` / ``self.ref_lm_head_state``: ``"scored"`` or ``"trl: <why>"``.
-    """
+    """``trl.DPOTrainer`` with a working ``padding_free``; the settings are :class:`trl_padfree.DPOConfig` fields
+    (the trainer keywords still work for one release, with a ``DeprecationWarning``). ``self.lm_head_state`` /
+    ``self.ref_lm_head_state``: ``"scored"`` or ``"trl: <why>"``."""
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
                  *rest: Any, prompt_once: Any = UNSET, check_packing: Any = UNSET, torch_num_threads: Any = UNSET,
                  scored_lm_head: Any = UNSET, **kwargs: Any) -> None:
-        settings = trainer_settings("DPOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
-                                    torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
-        check_packing = settings["check_packing"]
-        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
-        self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
+        settings = self._padfree_settings("DPOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
+                                          torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
         check_dpo_arguments(model, ref_model, args, processing_class, kwargs.get("peft_config"))
-        self.padfree = bool(args is not None and getattr(args, "padding_free", False))
-        self.prompt_once = bool(settings["prompt_once"])
-        if self.prompt_once and not self.padfree:
-            raise ValueError("prompt_once=True needs DPOConfig(padding_free=True).")
         if self.padfree:
             from ._compat import dpo_padding_free_unavailable
 
-            problem = dpo_padding_free_unavailable()
-            if problem is not None:
+            if (problem := dpo_padding_free_unavailable()) is not None:
                 raise ValueError(problem)
             unknown = [t for t in (args.loss_type if isinstance(args.loss_type, list) else [args.loss_type])
                        if t not in LOSS_TYPES]
@@ -223,13 +151,11 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
                 tok = _tokenizer(processing_class, model)
                 pad = getattr(args, "pad_token", None) or tok.pad_token or tok.eos_token
                 data_collator = DataCollatorForPreference(
-                    pad_token_id=tok.convert_tokens_to_ids(pad),
-                    max_length=args.max_length,
+                    pad_token_id=tok.convert_tokens_to_ids(pad), max_length=args.max_length,
                     truncation_mode=args.truncation_mode,
                     # ("auto" is TRL's Neuron-only setting: 128 there, nothing elsewhere)
                     pad_to_multiple_of=args.pad_to_multiple_of if isinstance(args.pad_to_multiple_of, int) else None,
-                    prompt_once=self.prompt_once,
-                )
+                    prompt_once=self.prompt_once)
             args.padding_free = False  # TRL would log that it is unavailable and pad; the flat batch is ours
         try:
             super().__init__(model, ref_model, args, data_collator, train_dataset, eval_dataset, processing_class,
@@ -237,29 +163,12 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
         finally:
             if self.padfree:
                 args.padding_free = True
-        if self.padfree:
-            # the outputs TRL's own fused head computes here (DPOTrainer.__init__)
-            outputs = ("log_probs", "entropy", "mean_logits", "is_top1") + (
-                ("log_sum_sq_probs",) if self.use_weighting else ())
-            main = self.is_world_process_zero()
-            self.lm_head_state = install_scored_head(self.model, outputs, self.scored_lm_head, main)
-            self.ref_lm_head_state = None
-            if self.ref_model is not None:
-                ref_model = self.accelerator.unwrap_model(self.ref_model)
-                self.ref_lm_head_state = install_scored_head(ref_model, ("log_probs",), self.scored_lm_head, main)
-            models = [m for m in (self.model, self.ref_model) if m is not None]
-            if self.prompt_once:
-                refuse_shared_prompt_aux_loss(self)
-                for m in models:
-                    require_padfree_attention(self.accelerator.unwrap_model(m))
-            if check_packing:
-                ref = [self.accelerator.unwrap_model(self.ref_model)] if self.ref_model is not None else []
-                self.add_callback(PreferenceCheckCallback(self.prompt_once, ref))
+        if self.padfree:  # the outputs TRL's own fused head computes here (DPOTrainer.__init__)
+            self._padfree_setup("preference", settings["check_packing"], ("log_probs", "entropy", "mean_logits",
+                                "is_top1") + (("log_sum_sq_probs",) if self.use_weighting else ()))
 
-    # ---- forward -------------------------------------------------------------------------------------------
-    def _flat_forward(self, model: Any, inputs: dict[str, Any], **extra: Any) -> Any:
-        kwargs = {k: inputs[k] for k in MODEL_KEYS if k in inputs}
-        return model(**kwargs, **extra, shift_labels=inputs["shift_labels"], use_cache=False, fused_lm_head=True)
+    # ---- forward ----------------------------------------------------------------------------------------------
+    _flat_forward = staticmethod(flat_forward)
 
     def _sequence_logps(self, per_token: torch.Tensor, inputs: dict[str, Any],
                         scored: torch.Tensor | None = None) -> torch.Tensor:
@@ -280,7 +189,7 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
 
     def _reference_logps(self, inputs: dict[str, Any], model: Any = None) -> torch.Tensor:
         with reference_forward(self, model) as ref:
-            out = self._flat_forward(ref, inputs)
+            out = flat_forward(ref, inputs)
         return self._sequence_logps(out.log_probs, inputs)
 
     def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
@@ -295,7 +204,7 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
             return super()._compute_loss(model, inputs, return_outputs)
         mode = "train" if self.model.training else "eval"
         extra = {"output_router_logits": True} if self.aux_loss_enabled else {}
-        outputs = self._flat_forward(model, inputs, **extra)
+        outputs = flat_forward(model, inputs, **extra)
         pairs, index = int(inputs["num_pairs"]), inputs["score_index"]
         n = 2 * pairs
         per_token = outputs.log_probs
@@ -341,14 +250,7 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
         gather = self.accelerator.gather_for_metrics
         pairs, index = int(inputs["num_pairs"]), inputs["score_index"]
         n = 2 * pairs
-        entropy = segment_sum(outputs.entropy.detach(), index, n).sum()
-        tokens = scored.sum()
-        entropy, tokens = gather(entropy).sum(), gather(tokens).sum()
-        self._metrics[mode]["entropy"].append((entropy / tokens).item() if tokens > 0 else 0.0)
-        if mode == "train":
-            num = gather(torch.tensor(int(inputs["num_tokens"]), device=scored.device)).sum().item()
-            self._total_train_tokens += num // self._tp_size
-        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        log_entropy_and_tokens(self, mode, outputs, index, n, scored, inputs["num_tokens"])
         logits = segment_sum(outputs.mean_logits.detach(), index, n)
         for name, part, count in (("chosen", logits[:pairs], scored[:pairs]),
                                   ("rejected", logits[pairs:], scored[pairs:])):

@@ -1,34 +1,10 @@
-"""``KTOTrainer``: TRL's ``KTOTrainer`` with ``KTOConfig(padding_free=True)``.
+"""``KTOTrainer``: TRL's ``KTOTrainer`` with ``KTOConfig(padding_free=True)`` (TRL 1.16 pads twice per batch).
 
-TRL 1.16's ``KTOTrainer`` pads every batch twice: the ``B`` (prompt, completion) sequences and the ``B``
-mismatched "KL" sequences (each prompt with its neighbour's completion), each padded to its longest. ``KTOConfig``
-has no ``padding_free``: :class:`trl_padfree.KTOConfig` (:mod:`trl_padfree.configs`) is TRL's with it and this package's other settings added. This trainer keeps TRL's dataset
-preparation (tokenization, the KL completions rotated within each batch), reference handling (separate model, PEFT
-adapters off, ``precompute_ref_log_probs``), losses (``kto``, ``apo_zero_unpaired``, desirable / undesirable
-weights, the KL term) and logged metrics, and replaces only the batches and the forward:
-
-- the collator (:class:`DataCollatorForUnpairedFlat`) lays the completion sequences out in one row and the KL
-  sequences in another, with ``position_ids`` and ``cu_seq_lens`` (the layout of
-  :class:`~trl_padfree.preference.PreferenceLayout`, one segment per sequence);
-- every model call is TRL's fused-LM-head call on a row with ``shift_labels`` (:meth:`KTOTrainer._flat_forward`),
-  and each per-sequence quantity is a segment sum over the row (:func:`~trl_padfree.preference.segment_sum`);
-- that call is scored by the scored-positions LM head (:mod:`trl_padfree.scored_head`, on by default:
-  ``scored_lm_head``): only the completion positions are projected, in bounded chunks, with the outputs TRL's head
-  computes (policy: log-probs, entropy, mean logit; reference: log-probs); TRL's fused head where it is not exact for
-  the model (``lm_head_state`` / ``ref_lm_head_state`` say which).
-
-The KL sequences run as TRL runs them: a forward without gradients of the policy, one of the reference. With
-``prompt_once=True`` (``attn_implementation="padfree"``) the reference runs one row instead of two: each prompt
-once, then its completion and its KL completion, which shares the prompt's keys (DPO's prompt-once layout: the
-reference's two forwards have no gradient, so they can share). The policy keeps two rows: its KL forward has no
-gradient and its completion forward has, so one row for both would back-propagate through the KL tokens. ``precompute_ref_log_probs``
-computes the training set's reference log-probs in ``__init__`` with TRL's padded collator (TRL's own pass), and
-later evaluation sets in rows. Before the first step the model (and the reference) are probed as for DPO
-(:mod:`trl_padfree.preference_probe`). With ``padding_free=False`` the trainer is TRL's, unchanged.
-
-    from trl_padfree import KTOConfig, KTOTrainer
-    config = KTOConfig(output_dir="out", padding_free=True)
-    trainer = KTOTrainer(model, ref_model, args=config, train_dataset=data, processing_class=tokenizer)
+TRL's dataset preparation, reference handling, losses and metrics are kept; the completion sequences and the "KL"
+sequences are each laid out in one row (:class:`DataCollatorForUnpairedFlat`), every model call is TRL's
+fused-LM-head call on a row, and per-sequence values are segment sums. With ``prompt_once`` the reference runs one
+row, each prompt once for its completion and its KL completion (its forwards have no gradient, so they can share);
+the policy keeps two rows. See docs/reward.md. With ``padding_free=False`` the trainer is TRL's, unchanged.
 """
 
 from __future__ import annotations
@@ -41,15 +17,10 @@ import torch
 import torch.nn.functional as F
 import trl
 
-from .configs import UNSET, KTOConfig, trainer_settings
-from .dpo import (
-    PreferenceCheckCallback,
-    reference_forward,
-    refuse_shared_prompt_aux_loss,
-    require_padfree_attention,
-)
+from .configs import UNSET, KTOConfig
+from .dpo import flat_forward, log_entropy_and_tokens, reference_forward
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
-from .trainer import PadfreeTrainerMixin, checked_switch, checked_threads, install_scored_head
+from .trainer import PadfreeTrainerMixin
 
 __all__ = ["DataCollatorForUnpairedFlat", "KTOConfig", "KTOTrainer", "kto_padding_free_unavailable"]
 
@@ -136,38 +107,18 @@ class DataCollatorForUnpairedFlat:
 
 
 class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
-    """``trl.KTOTrainer`` with a working ``padding_free`` (see the module docstring).
-
-    ``padding_free`` is read from ``args`` (:class:`trl_padfree.KTOConfig`, or any config with that attribute), and
-    so are the settings below where ``args`` is a :class:`trl_padfree.KTOConfig` (else their defaults); the trainer
-    keywords still work for one release (a ``DeprecationWarning``; one that contradicts a value set in the config
-    is an error):
-        prompt_once: with ``padding_free`` and the KL term, the reference computes each prompt once for the
-            completion and the KL sequence (``attn_implementation="padfree"``).
-        check_packing: probe the model(s) before the first step (default True).
-        torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer`.
-        scored_lm_head: with ``padding_free``, score policy and reference with :mod:`trl_padfree.scored_head` (only
-            the completion positions are projected, on every device; default True); False: TRL's fused head.
-            ``self.lm_head_state`` / ``self.ref_lm_head_state``: ``"scored"`` or ``"trl: <why>"``. (A training set's
-            ``precompute_ref_log_probs`` pass is TRL's, padded, in ``__init__``: TRL's head.)
-    """
+    """``trl.KTOTrainer`` with a working ``padding_free``; the settings are :class:`trl_padfree.KTOConfig` fields
+    (the trainer keywords still work for one release, with a ``DeprecationWarning``). A training set's
+    ``precompute_ref_log_probs`` pass is TRL's, padded."""
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None, *rest: Any,
                  prompt_once: Any = UNSET, check_packing: Any = UNSET, torch_num_threads: Any = UNSET,
                  scored_lm_head: Any = UNSET, **kwargs: Any) -> None:
-        settings = trainer_settings("KTOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
-                                    torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
-        check_packing = settings["check_packing"]
-        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
-        self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
-        self.padfree = bool(args is not None and getattr(args, "padding_free", False))
-        self.prompt_once = bool(settings["prompt_once"])
-        if self.prompt_once and not self.padfree:
-            raise ValueError("prompt_once=True needs KTOConfig(padding_free=True) (trl_padfree.KTOConfig).")
+        settings = self._padfree_settings("KTOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
+                                          torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
         if self.padfree:
-            problem = kto_padding_free_unavailable()
-            if problem is not None:
+            if (problem := kto_padding_free_unavailable()) is not None:
                 raise ValueError(problem)
             if data_collator is not None:
                 raise ValueError("padding_free=True builds its own batches (DataCollatorForUnpairedFlat); do not pass "
@@ -178,36 +129,16 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
         if self.padfree:
             if self._is_vision_dataset:
                 raise ValueError("padding-free KTO covers text data only; set padding_free=False for vision data")
-            # the outputs TRL's own fused heads compute here (KTOTrainer.__init__)
-            main = self.is_world_process_zero()
-            self.lm_head_state = install_scored_head(self.model, ("log_probs", "entropy", "mean_logits"),
-                                                     self.scored_lm_head, main)
-            self.ref_lm_head_state = None
-            if self.ref_model is not None:
-                self.ref_lm_head_state = install_scored_head(self.accelerator.unwrap_model(self.ref_model),
-                                                             ("log_probs",), self.scored_lm_head, main)
             multiple = self.args.pad_to_multiple_of
             # (training-set reference log-probs, if precomputed, came from TRL's padded pass in __init__)
             self.data_collator = DataCollatorForUnpairedFlat(
                 pad_token_id=self._tokenizer.pad_token_id, max_length=self.args.max_length,
                 pad_to_multiple_of=multiple if isinstance(multiple, int) else None,
                 reference_prompt_once=self.prompt_once and self.calculate_KL)
-            models = [m for m in (self.model, self.ref_model) if m is not None]
-            if self.prompt_once:
-                refuse_shared_prompt_aux_loss(self)
-                for m in models:
-                    require_padfree_attention(self.accelerator.unwrap_model(m))
-            if check_packing:
-                ref = [self.accelerator.unwrap_model(self.ref_model)] if self.ref_model is not None else []
-                self.add_callback(PreferenceCheckCallback(self.prompt_once, ref))
+            # the outputs TRL's own fused heads compute here (KTOTrainer.__init__)
+            self._padfree_setup("preference", settings["check_packing"], ("log_probs", "entropy", "mean_logits"))
 
     # ---- forward -------------------------------------------------------------------------------------------
-    def _flat_forward(self, model: Any, inputs: dict[str, Any], prefix: str = "", **extra: Any) -> Any:
-        """TRL's model call (fused LM head) on the completion row (``prefix=""``) or the KL row (``"KL_"``)."""
-        kwargs = {k: inputs[prefix + k] for k in MODEL_KEYS if prefix + k in inputs}
-        return model(**kwargs, **extra, shift_labels=inputs[prefix + "shift_labels"], use_cache=False,
-                     fused_lm_head=True)
-
     def _sequence_logps(self, per_token: torch.Tensor, inputs: dict[str, Any], prefix: str = "") -> torch.Tensor:
         return segment_sum(per_token, inputs[prefix + "score_index"], int(inputs["num_sequences"]))
 
@@ -215,18 +146,18 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
         if not self.calculate_KL:
             return None
         with torch.no_grad():
-            return self._sequence_logps(self._flat_forward(model, inputs, "KL_").log_probs, inputs, "KL_")
+            return self._sequence_logps(flat_forward(model, inputs, "KL_").log_probs, inputs, "KL_")
 
     def _reference_logps(self, inputs: dict[str, Any], model: Any = None) -> tuple[torch.Tensor, Any]:
         """``(completion log-probs (B,), KL log-probs (B,) or None)`` of the reference."""
         with reference_forward(self, model) as model:
             if "pair_shift_labels" in inputs:  # prompt once: completion and KL sequence in one forward
-                out = self._flat_forward(model, inputs, "pair_")
+                out = flat_forward(model, inputs, "pair_")
                 n = int(inputs["num_sequences"])
                 logps, kl = segment_sum(out.log_probs, inputs["pair_score_index"], 2 * n).chunk(2)
             else:
                 kl = self._kl_logps(model, inputs)
-                logps = self._sequence_logps(self._flat_forward(model, inputs).log_probs, inputs)
+                logps = self._sequence_logps(flat_forward(model, inputs).log_probs, inputs)
         return logps, kl
 
     def compute_ref_log_probs(self, model: Any, inputs: dict[str, Any]) -> Any:
@@ -248,7 +179,7 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
 
         KL_logps = self._kl_logps(model, batch)
         extra = {"output_router_logits": True} if self.aux_loss_enabled else {}
-        outputs = self._flat_forward(model, batch, **extra)
+        outputs = flat_forward(model, batch, **extra)
         index, n = batch["score_index"], int(batch["num_sequences"])
         completion_logps = self._sequence_logps(outputs.log_probs, batch)
         scored = segment_sum(torch.ones_like(outputs.log_probs), index, n)
@@ -341,13 +272,7 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
         gather = self.accelerator.gather_for_metrics
         index, n = batch["score_index"], int(batch["num_sequences"])
         chosen_idx, rejected_idx = idx
-        entropy_sum = gather(segment_sum(outputs.entropy.detach(), index, n).sum()).sum()
-        total_tokens = gather(scored.sum()).sum()
-        self._metrics[mode]["entropy"].append((entropy_sum / total_tokens).item() if total_tokens > 0 else 0.0)
-        if mode == "train":
-            num = gather(torch.tensor(int(batch["num_tokens"]), device=scored.device)).sum().item()
-            self._total_train_tokens += num // self._tp_size
-        self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+        log_entropy_and_tokens(self, mode, outputs, index, n, scored, batch["num_tokens"])
         logits = segment_sum(outputs.mean_logits.detach(), index, n)
         for name, rows in (("chosen", chosen_idx), ("rejected", rejected_idx)):
             total = gather(logits.index_select(0, rows).sum()).sum().item()

@@ -1,36 +1,17 @@
-"""Probe whether a model keeps padding-free packed examples apart.
+"""Probe whether a model keeps padding-free packed examples apart (docs/probe.md).
 
-Padding-free training concatenates a mini-batch into one row and relies on the model to keep the examples
-apart (``position_ids`` restarting at 0, ``cu_seq_lens_*`` for varlen kernels, no ``attention_mask``). Whether
-it does depends on the model's modeling code *and* the attention implementation, and nothing in a config says
-so: OPT under ``sdpa`` silently lets every example attend to the ones before it, Llama does not. The only
-reliable answer is to run the model, which is what this module does:
+Whether it does depends on the modeling code *and* the attention implementation, and nothing in a config says so
+(OPT under ``sdpa`` lets every packed example attend to the ones before it, Llama does not), so the probe runs the
+model: :func:`check_packing` feeds a few random sequences packed into one row (the collator's batch, ``seq_idx``
+and ``cu_seq_lens_*`` included, so attention and recurrent layers see training's boundaries) and each alone, and
+compares the logits; :func:`check_layout_packing` does the same for the trainers' layouts (preference pairs, RL
+groups, reward pairs). The model runs in train mode with every source of randomness neutralised and restored
+after; gradients are off. A model that rejects the packed batch gets the verdict ``"error"``; the advice recommends
+only what the probe ran and found safe.
 
-* :func:`check_packing` feeds a few short random sequences packed into one row (exactly the batch format of
-  the project's padding-free collator) and each sequence alone, and compares the logits;
-* :func:`assert_packing_safe` does the same and raises :class:`PackingLeakError` unless the model is safe;
-* ``trl-padfree check --model PATH`` (:mod:`trl_padfree.check`) does it from the command line.
-
-The packed batch carries everything the collator gives (``position_ids``, ``cu_seq_lens_q/k``, ``max_length_q/k``
-and ``seq_idx``), so every layer of the model sees the boundaries it would see in training: attention layers,
-and the convolution, gated-delta-rule and Mamba layers of hybrid models, which take ``seq_idx``/``cu_seq_lens``.
-The report names the layer kinds it found (:func:`layer_kinds`). A model that rejects or crashes on the packed
-batch gets the verdict ``"error"``, not an exception. Its advice recommends only what is known to work: when the
-model is not safe with its attention implementation, the probe runs again with ``"padfree"`` and ``"sdpa"`` and
-recommends one of them only if that run is safe; otherwise it names the kernel packages a layer needs, or
-``padding_free=False``.
-
-The model runs in train mode, as the Trainer calls it, so any train-only routing is exercised, but with every
-source of randomness neutralised (dropout modules, ``*dropout*``/``*drop*``/``layerdrop``/``*jitter*`` numbers
-on modules and configs set to 0) and the global RNG untouched. All of that, and each module's training flag,
-is restored afterwards. Gradients are off.
-
-Tolerance: a packed example and the same example alone go through different kernels/masks, so their logits
-differ by rounding noise, which scales with the logits' magnitude and the compute dtype. The tolerance is
-``rtol * max|logits of the examples alone|`` with ``rtol`` = 1e-4 for float32/float64, 1e-2 for float16 and
-5e-2 for bfloat16 (:data:`DEFAULT_RTOL`). Measured on tiny random Llama/OPT models (logit scale ~0.5-1):
-noise is ~2e-7 (fp32) and ~2e-3 (bf16), i.e. relative 3e-7 / 3e-3, while a leak moves logits by 0.2-0.4,
-i.e. relative 0.3-0.5: both margins are more than an order of magnitude.
+Tolerance: ``rtol * max|logits alone|`` with ``rtol`` from :data:`DEFAULT_RTOL` by compute dtype. On tiny random
+Llama/OPT models rounding noise is relative 3e-7 (fp32) / 3e-3 (bf16), a leak 0.3-0.5: margins of more than an
+order of magnitude.
 """
 
 from __future__ import annotations
@@ -57,7 +38,10 @@ __all__ = [
     "DEFAULT_RTOL",
     "PackingLeakError",
     "PackingReport",
+    "LAYOUTS",
+    "assert_layout_packing_safe",
     "assert_packing_safe",
+    "check_layout_packing",
     "check_packing",
     "first_leaking_module",
     "layer_kinds",
@@ -649,6 +633,150 @@ def layout_report(
         device=str(device), lengths=tuple(lengths), example_diffs=tuple(diffs), noise=0.0,
         seconds=time.perf_counter() - start, error=error,
     )
+
+
+#: (prompt, chosen, rejected) lengths of the preference probe's pairs: uneven, so every boundary matters.
+DEFAULT_PAIRS: tuple[tuple[int, int, int], ...] = ((6, 4, 3), (3, 2, 6), (5, 5, 1))
+#: (prompt length, completion lengths) of the RL probe's groups.
+DEFAULT_GROUPS: tuple[tuple[int, tuple[int, ...]], ...] = ((5, (3, 1, 4)), (2, (2, 5, 1)), (4, (3,)))
+#: (shared prefix, chosen tail, rejected tail) lengths of the reward probe's pairs.
+DEFAULT_REWARD_PAIRS: tuple[tuple[int, int, int], ...] = ((6, 4, 3), (3, 2, 6), (5, 5, 1), (1, 3, 2))
+
+
+def probe_rows(groups: Sequence[tuple[int, Sequence[int]]], vocab_size: int, pad_id: int | None,
+               seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """Random ``(prompt, completion)`` rows of ``groups``, interleaved as TRL's shuffle leaves them (g0c0, g1c0, ...).
+
+    >>> [(len(p), len(c)) for p, c in probe_rows(((3, (1, 2)), (2, (4,))), 50, None)]
+    [(3, 1), (2, 4), (3, 2)]
+    """
+    if not groups or any(p < 1 or not cs or min(cs) < 1 for p, cs in groups):
+        raise ValueError(f"probe groups need a prompt and completions of at least one token each, got {groups!r}")
+    seqs = iter(random_sequences([n for p, cs in groups for n in (p, *cs)], vocab_size, pad_id, seed))
+    per_group = []
+    for _, cs in groups:
+        prompt = next(seqs)
+        per_group.append([(prompt, next(seqs)) for _ in cs])
+    return [g[k] for k in range(max(len(g) for g in per_group)) for g in per_group if k < len(g)]
+
+
+def _preference_layout(shapes: Any, vocab: int, pad: int | None, seed: int, prompt_once: bool) -> tuple:
+    from .preference import DataCollatorForPreference
+
+    lengths = [n for pair in shapes for n in pair]
+    seqs = random_sequences(lengths, vocab, pad, seed)
+    examples = [dict(zip(("prompt_ids", "chosen_ids", "rejected_ids"), seqs[3 * i : 3 * i + 3], strict=True))
+                for i in range(len(shapes))]
+    alone = []
+    for ex in examples:  # with prompt_once the rejected segment is [last prompt token] + rejected
+        alone += [(ex["prompt_ids"] + ex["chosen_ids"], 0),
+                  (ex["prompt_ids"] + ex["rejected_ids"], len(ex["prompt_ids"]) - 1 if prompt_once else 0)]
+    bounds = torch.tensor([0, *(len(s) - skip for s, skip in alone)]).cumsum(0).tolist()
+    rows = [range(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return DataCollatorForPreference(pad_token_id=0, prompt_once=prompt_once)(examples), alone, rows, lengths
+
+
+def _group_layout(shapes: Any, vocab: int, pad: int | None, seed: int, prompt_once: bool) -> tuple:
+    from .rl_packing import pack_completion_rows
+
+    rows = probe_rows(shapes, vocab, pad, seed)
+    p_width, c_width = max(len(p) for p, _ in rows), max(len(c) for _, c in rows)
+    ids = torch.full((len(rows), p_width + c_width), pad if isinstance(pad, int) else 0, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, (p, c) in enumerate(rows):  # TRL's padded batch: prompts left-padded, completions right-padded
+        ids[i, p_width - len(p) : p_width + len(c)] = torch.tensor(p + c)
+        mask[i, p_width - len(p) : p_width + len(c)] = 1
+    packed = pack_completion_rows(ids, mask, c_width, prompt_once=prompt_once)
+    alone, seen = [], set()
+    for prompt, completion in rows:  # a later sibling's segment is [last prompt token] + completion
+        alone.append((prompt + completion, len(prompt) - 1 if prompt_once and tuple(prompt) in seen else 0))
+        seen.add(tuple(prompt))
+    bounds = packed["cu_seq_lens_q"].tolist()
+    spans = [range(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
+    return packed, alone, spans, [len(p) + len(c) for p, c in rows]
+
+
+def _reward_layout(shapes: Any, vocab: int, pad: int | None, seed: int, prompt_once: bool) -> tuple:
+    from .reward_layout import DataCollatorForRewardPairs, reward_layout
+
+    lengths = [n for pair in shapes for n in pair]
+    seqs = random_sequences(lengths, vocab, pad, seed)
+    examples = [{"chosen_ids": seqs[3 * i] + seqs[3 * i + 1], "rejected_ids": seqs[3 * i] + seqs[3 * i + 2]}
+                for i in range(len(shapes))]
+    batch = DataCollatorForRewardPairs(pad_token_id=pad, prompt_once=prompt_once)(examples)
+    alone = [(ex["chosen_ids"], 0) for ex in examples] + [(ex["rejected_ids"], 0) for ex in examples]
+    return batch, alone, reward_layout(examples, prompt_once=prompt_once)[1], lengths
+
+
+#: The layouts :func:`check_layout_packing` probes: (builder, default shapes, what the batch is, values compared,
+#: the setting that turns the layout off).
+LAYOUTS: dict[str, tuple[Callable[..., tuple], Any, str, str, str]] = {
+    "preference": (_preference_layout, DEFAULT_PAIRS, "preference batch", "logits", "DPOConfig(padding_free=False)"),
+    "group": (_group_layout, DEFAULT_GROUPS, "GRPO/RLOO batch", "logits", "padding_free=False"),
+    "reward": (_reward_layout, DEFAULT_REWARD_PAIRS, "reward batch", "scores", "RewardConfig(padding_free=False)"),
+}
+
+
+def check_layout_packing(model: nn.Module, layout: str, *, prompt_once: bool = False, shapes: Any = None,
+                         seed: int = 0, rtol: float | None = None) -> PackingReport:
+    """Run random sequences in a trainer's padding-free ``layout`` and each sequence alone; compare every position.
+
+    ``layout`` is one of :data:`LAYOUTS`: ``"preference"`` (DPO/KTO pairs: with ``prompt_once`` the rejected
+    response must see its prompt's keys and not the chosen response), ``"group"`` (GRPO/RLOO rows of one prompt,
+    interleaved as TRL leaves them: with ``prompt_once`` a later sibling sees its prompt's shared keys and not its
+    siblings) or ``"reward"`` (reward pairs: every token's score, read from the ``score`` head). ``shapes``: the
+    lengths of the random examples (default from the table). Same tolerance, deterministic train mode and report
+    as :func:`check_packing`.
+
+    >>> from trl_padfree.testing import tiny_llama
+    >>> check_layout_packing(tiny_llama(vocab_size=64, attn_implementation="padfree"), "group", prompt_once=True).status
+    'safe'
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {sorted(LAYOUTS)}, got {layout!r}")
+    build, default, batch_name, values, fix = LAYOUTS[layout]
+    start = time.perf_counter()
+    setting = device, _, _ = probe_setting(model, rtol)
+    config = getattr(model, "config", None)
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    pad = getattr(text_config, "pad_token_id", None)
+    from .preference import MODEL_KEYS
+
+    batch, alone, rows, lengths = build(default if shapes is None else shapes, model_vocab_size(model), pad, seed,
+                                        prompt_once)
+
+    def on_device(b: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in b.items()}
+
+    def run(inputs: dict[str, Any]) -> torch.Tensor:
+        if values == "logits":
+            return probe_logits(model, inputs)
+        from .reward_layout import scores_of
+
+        return scores_of(model, inputs)[1].detach().float()
+
+    error, got = None, None
+    with deterministic_train_mode(model):
+        expected = []
+        for seq, skip in alone:
+            ids = torch.tensor([seq], dtype=torch.int64)
+            expected.append(run(on_device({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                           "use_cache": False}))[skip:])
+        try:
+            packed = run({**on_device({k: v for k, v in batch.items() if k in MODEL_KEYS}), "use_cache": False})
+            got = [packed[torch.as_tensor(list(r), device=packed.device)] for r in rows]
+        except Exception as exc:  # the Trainer would hit the same error: report it
+            error = error_line(exc)
+    return layout_report(model, expected=expected, got=got, error=error, setting=setting, lengths=lengths,
+                         start=start, batch=batch_name, values=values, prompt_once=prompt_once, fix=fix)
+
+
+def assert_layout_packing_safe(model: nn.Module, layout: str, **kwargs: Any) -> PackingReport:
+    """Like :func:`check_layout_packing`, but raise :class:`PackingLeakError` unless safe."""
+    report = check_layout_packing(model, layout, **kwargs)
+    if not report.ok:
+        raise PackingLeakError(report)
+    return report
 
 
 def _first_tensor(value: Any) -> torch.Tensor | None:

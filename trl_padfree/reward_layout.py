@@ -30,16 +30,20 @@ Example (pad id 0; chosen ``[7, 8, 9]``, rejected ``[7, 8, 5, 0]``: its score is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+from accelerate.utils import is_peft_model
+from torch import nn
 
 from .preference import DataCollatorForPreference, PreferenceLayout
 
-__all__ = ["DataCollatorForRewardPairs", "pooled_index", "reward_layout", "shared_prefix"]
+__all__ = ["DataCollatorForRewardPairs", "pooled_index", "position_scores", "reward_layout", "score_head", "scores_of",
+           "shared_prefix"]
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -152,3 +156,51 @@ class DataCollatorForRewardPairs:
         if "margin" in examples[0]:
             batch["margin"] = torch.tensor([ex["margin"] for ex in examples], dtype=torch.float)
         return batch
+
+
+def score_head(model: nn.Module) -> nn.Module:
+    """The module whose output is the per-position score (``model.score``; through PEFT and other wrappers)."""
+    base = model
+    for _ in range(4):  # DDP / accelerate wrappers (.module), PEFT (.get_base_model())
+        if is_peft_model(base):
+            base = base.get_base_model()
+        elif isinstance(getattr(base, "module", None), nn.Module) and not hasattr(base, "score"):
+            base = base.module
+        else:
+            break
+    head = getattr(base, "score", None)
+    if not isinstance(head, nn.Module):
+        raise ValueError(
+            f"padding-free reward training reads every position's score from the model's `score` head, and "
+            f"{type(base).__name__} has none. Use an AutoModelForSequenceClassification of a decoder model "
+            "(LlamaForSequenceClassification, Qwen2ForSequenceClassification, ...) or set padding_free=False."
+        )
+    return head
+
+
+@contextlib.contextmanager
+def position_scores(head: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Collect the outputs of ``head`` (``(1, T, num_labels)`` per call) during the ``with`` block."""
+    captured: list[torch.Tensor] = []
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        captured.append(output)
+
+    handle = head.register_forward_hook(hook)
+    try:
+        yield captured
+    finally:
+        handle.remove()
+
+
+def scores_of(model: nn.Module, inputs: dict[str, Any]) -> tuple[Any, torch.Tensor]:
+    """``(model outputs, per-position scores (T, num_labels))`` of a one-row batch, from ``model``'s own forward."""
+    with position_scores(score_head(model)) as captured:
+        outputs = model(**inputs)
+    if len(captured) != 1:
+        raise RuntimeError(f"the score head ran {len(captured)} times in one forward (expected once); padding-free "
+                           "reward training cannot tell which output holds the per-position scores")
+    scores = captured[0]
+    if scores.dim() != 3 or scores.shape[0] != 1:
+        raise RuntimeError(f"expected the score head to output (1, T, num_labels), got {tuple(scores.shape)}")
+    return outputs, scores[0]

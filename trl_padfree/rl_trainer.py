@@ -1,22 +1,11 @@
-"""What :class:`trl_padfree.GRPOTrainer` and :class:`trl_padfree.RLOOTrainer` add to TRL's: packed log-probs.
+"""``GRPOTrainer`` and ``RLOOTrainer``: TRL's, with their log-prob forwards padding-free (one implementation).
 
-TRL's RL trainers compute every per-token log-prob (policy with grad, old policy, reference) in one method,
-``_get_per_token_logps_and_entropies(model, input_ids, attention_mask, logits_to_keep, batch_size, ...)``, on chunks
-of ``batch_size`` padded rows. With ``padding_free`` the override here lays each chunk out as one flat row
-(:func:`~trl_padfree.rl_packing.pack_completion_rows`; with ``prompt_once`` rows of the same prompt share it), runs
-the model once on it (:meth:`PaddingFreeRLMixin.packed_scores`, the one place the head is called) and puts the per-token log-probs and entropies back into the ``[N, logits_to_keep]`` tensors TRL's loss code
-reads (:func:`~trl_padfree.rl_packing.scatter_scores`; 0 at padded positions, as TRL's head returns there).
-The head is the scored-positions LM head (:mod:`trl_padfree.scored_head`, on by default: ``scored_lm_head``):
-policy (its old-policy pass too) and reference project only the completion positions of the row, with TRL's
-``temperature`` and outputs (policy: log-probs and entropies; reference: log-probs), in bounded chunks; TRL's fused
-head where that head is not exact for the model (``lm_head_state`` / ``ref_lm_head_state`` say which).
-Generation, rewards, advantages, the losses and the metrics stay TRL's. Micro-batches are TRL's, so ``bnpo``'s
-per-micro-batch normalisation is unchanged; ``prompt_once`` shares only what a chunk holds.
-
-``padding_free`` and the other settings are fields of :class:`trl_padfree.GRPOConfig` /
-:class:`trl_padfree.RLOOConfig` (TRL's have no ``padding_free``); with another config, its ``padding_free``
-attribute is read, if any. The trainer keywords (``padding_free``, ``prompt_once``, ...) still work for one release
-(a ``DeprecationWarning`` naming the config field).
+TRL computes every per-token log-prob (policy, old policy, reference) in ``_get_per_token_logps_and_entropies`` on
+chunks of padded rows. With ``padding_free`` each chunk is laid out as one flat row
+(:func:`~trl_padfree.rl_packing.pack_completion_rows`; with ``prompt_once`` rows of one prompt share it), the model
+runs once on it (:meth:`PaddingFreeRLMixin.packed_scores`) and the values go back into the ``[N, logits_to_keep]``
+tensors TRL's loss reads (:func:`~trl_padfree.rl_packing.scatter_scores`). Generation, rewards, advantages, losses
+and metrics stay TRL's. See docs/rl.md.
 """
 
 from __future__ import annotations
@@ -26,19 +15,14 @@ from collections import Counter
 from typing import Any
 
 import torch
+import trl
 
-from .configs import UNSET, is_padfree_config, trainer_settings
+from .configs import UNSET, is_padfree_config
 from .preference import MODEL_KEYS
 from .rl_packing import PackStats, pack_completion_rows, scatter_scores
-from .trainer import (
-    LayoutProbeCallback,
-    PadfreeTrainerMixin,
-    checked_switch,
-    checked_threads,
-    install_scored_head,
-)
+from .trainer import PadfreeTrainerMixin
 
-__all__ = ["PaddingFreeRLMixin", "RLPackingCheckCallback", "resolve_padding_free"]
+__all__ = ["GRPOTrainer", "PaddingFreeRLMixin", "RLOOTrainer", "resolve_padding_free"]
 
 #: Keyword arguments of TRL's log-prob method that carry images / processor outputs (not covered: TRL pads those).
 MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
@@ -65,19 +49,21 @@ def resolve_padding_free(padding_free: bool | None, args: Any) -> bool:
     return bool(padding_free if padding_free is not None else from_config)
 
 
-class RLPackingCheckCallback(LayoutProbeCallback):
-    """Runs the GRPO/RLOO packing probe once, when training begins; raises ``PackingLeakError`` if rows leak."""
-
-    what = "RL"
-
-    def probe(self) -> Any:
-        from .rl_probe import assert_group_packing_safe
-
-        return assert_group_packing_safe
-
-
 class PaddingFreeRLMixin(PadfreeTrainerMixin):
     """The packed ``_get_per_token_logps_and_entropies`` of TRL's GRPO/RLOO trainers (see the module docstring).
+
+    Its settings are fields of :class:`trl_padfree.GRPOConfig` / ``RLOOConfig`` (``args``; with TRL's config, the
+    defaults below); the trainer keywords still work for one release (a ``DeprecationWarning``; one that
+    contradicts a value set in the config is an error):
+        padding_free: run the policy, old-policy and reference forwards on one flat row per micro-batch (default
+            False; with another config, its ``padding_free`` attribute if it has one).
+        prompt_once: with ``padding_free``, rows of the same prompt in a micro-batch share one forwarded copy of it
+            (needs ``attn_implementation="padfree"``).
+        check_packing: probe the model(s) before the first step (default True).
+        torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer`.
+        scored_lm_head: with ``padding_free``, score policy, old policy and reference with
+            :mod:`trl_padfree.scored_head` (default True); False: TRL's fused head. ``self.lm_head_state`` /
+            ``self.ref_lm_head_state``: ``"scored"`` or ``"trl: <why>"``.
 
     ``pack_totals`` counts, over every packed forward of this trainer, rows and tokens (padded, real, forwarded,
     shared: :class:`~trl_padfree.rl_packing.PackStats` fields) by kind (``"train"`` with grad, ``"no_grad"``).
@@ -88,24 +74,20 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
     #: whether TRL passes ``args.cast_lm_head_to_fp32`` to its fused head (GRPO does, RLOO has no such option)
     casts_lm_head_to_fp32: bool = False
 
-    def _padfree_init(self, trl_class: type, args: tuple, kwargs: dict, *, padding_free: Any, prompt_once: Any,
-                      check_packing: Any, torch_num_threads: Any, scored_lm_head: Any = UNSET) -> None:
-        bound = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs).arguments
-        config = bound.get("args")
-        settings = trainer_settings(
-            trl_class.__name__, config, padding_free=UNSET if padding_free is None else padding_free,
-            prompt_once=prompt_once, check_packing=check_packing, torch_num_threads=torch_num_threads,
-            scored_lm_head=scored_lm_head)
-        check_packing = settings["check_packing"]
-        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
-        self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
+    def __init__(self, *args: Any, padding_free: bool | None = None, prompt_once: Any = UNSET,
+                 check_packing: Any = UNSET, torch_num_threads: Any = UNSET, scored_lm_head: Any = UNSET,
+                 **kwargs: Any) -> None:
+        trl_class = next(c for c in type(self).__mro__ if c.__module__.split(".")[0] == "trl")
+        self._padfree_init(trl_class, args, kwargs, padding_free=padding_free, prompt_once=prompt_once,
+                           check_packing=check_packing, torch_num_threads=torch_num_threads,
+                           scored_lm_head=scored_lm_head)
+
+    def _padfree_init(self, trl_class: type, args: tuple, kwargs: dict, *, padding_free: Any, **given: Any) -> None:
+        config = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs).arguments.get("args")
         # a package config: its field (or the keyword); another config: its padding_free attribute, as before
-        self.padfree = (settings["padding_free"] if is_padfree_config(config)
-                        else resolve_padding_free(padding_free, config))
-        self.prompt_once = bool(settings["prompt_once"])
-        if self.prompt_once and not self.padfree:
-            raise ValueError("prompt_once=True needs padding_free=True (set both in trl_padfree.GRPOConfig / "
-                             "RLOOConfig).")
+        padfree = None if is_padfree_config(config) else resolve_padding_free(padding_free, config)
+        settings = self._padfree_settings(trl_class.__name__, config, padfree,
+                                          padding_free=UNSET if padding_free is None else padding_free, **given)
         if self.padfree:
             from ._compat import rl_padding_free_unavailable
 
@@ -116,33 +98,9 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
         if not self.padfree:
             self.lm_head_state = self.ref_lm_head_state = "trl: padding_free=False"
             return
-        self._install_scored_heads()
-        from .dpo import refuse_shared_prompt_aux_loss, require_padfree_attention
-
-        models = [m for m in (self.model, getattr(self, "ref_model", None)) if m is not None]
-        if self.prompt_once:
-            refuse_shared_prompt_aux_loss(self, "prompt_once=True (siblings must not see each other)")
-            for m in models:
-                require_padfree_attention(self.accelerator.unwrap_model(m),
-                                          "prompt_once=True (siblings must not see each other)")
-        if check_packing:
-            ref = getattr(self, "ref_model", None)
-            self.add_callback(RLPackingCheckCallback(
-                self.prompt_once, [self.accelerator.unwrap_model(ref)] if ref is not None else []))
-
-    def _install_scored_heads(self) -> None:
-        """The scored-positions head on the policy and the reference, over the fused heads TRL added in its
-        ``__init__``, with the same temperature and outputs (``lm_head_state`` / ``ref_lm_head_state``)."""
-        temperature = float(self.temperature)
         cast = bool(getattr(self.args, "cast_lm_head_to_fp32", False)) if self.casts_lm_head_to_fp32 else False
-        main = self.is_world_process_zero()
-        self.lm_head_state = install_scored_head(self.model, ("log_probs", "entropy"), self.scored_lm_head, main,
-                                                 temperature=temperature, cast_lm_head_to_fp32=cast)
-        self.ref_lm_head_state = None
-        if getattr(self, "ref_model", None) is not None:
-            self.ref_lm_head_state = install_scored_head(
-                self.accelerator.unwrap_model(self.ref_model), ("log_probs",), self.scored_lm_head, main,
-                temperature=temperature, cast_lm_head_to_fp32=cast)
+        self._padfree_setup("group", settings["check_packing"], ("log_probs", "entropy"),
+                            temperature=float(self.temperature), cast_lm_head_to_fp32=cast)
 
     def packed_scores(self, model: Any, packed: dict[str, Any], compute_aux_loss: bool = False) -> Any:
         """The model on one packed row with the fused-head call: ``log_probs`` / ``entropy`` ``(1, T)`` per position.
@@ -191,3 +149,14 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
         totals = self.pack_totals[kind]
         for name in ("rows", "padded_tokens", "real_tokens", "forwarded_tokens", "shared_tokens"):
             totals[name] += getattr(stats, name)
+
+
+
+class GRPOTrainer(PaddingFreeRLMixin, trl.GRPOTrainer):
+    """``trl.GRPOTrainer`` with ``padding_free`` (settings: :class:`PaddingFreeRLMixin`)."""
+
+    casts_lm_head_to_fp32 = True  # TRL's GRPOTrainer gives its fused head args.cast_lm_head_to_fp32
+
+
+class RLOOTrainer(PaddingFreeRLMixin, trl.RLOOTrainer):
+    """``trl.RLOOTrainer`` with ``padding_free`` (settings: :class:`PaddingFreeRLMixin`)."""

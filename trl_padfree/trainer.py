@@ -1,18 +1,9 @@
-"""Thin integration with TRL's ``SFTTrainer`` and transformers' ``Trainer``.
-
-The collator works with the stock trainers as it is (``SFTTrainer(..., data_collator=collator)``). This module adds
-what the stock trainers cannot know about it:
+"""This package's ``SFTTrainer`` and what all its trainers share (:class:`PadfreeTrainerMixin`).
 
 - :func:`check_trainer_args`: fails early, naming the fix, on settings that conflict with a collator that flattens
-  by itself (TRL's own ``padding_free`` / BFD packing would reject any custom collator with a vaguer message);
-- :class:`PackingCheckCallback`: runs :func:`trl_padfree.probe.assert_packing_safe` once before training, so a
-  model whose attention lets packed examples see each other stops the run instead of silently training worse;
-- :class:`SFTTrainer`: ``trl.SFTTrainer`` with both wired in whenever its collator is this package's padding-free
-  collator. A drop-in replacement: ``from trl_padfree import SFTTrainer``. With ``max_tokens_per_batch=N`` it
-  trains on token-budget mini-batches (:class:`~trl_padfree.batching.TokenBudgetBatchSampler`) instead of
-  ``per_device_train_batch_size`` examples; :func:`token_budget_dataloader` does the same for any ``Trainer``.
-  Without a thread count chosen by the user it also trains with the torch CPU thread count that
-  ``trl-padfree train`` picks (:func:`trl_padfree.threads.training_threads`).
+  by itself; :class:`PackingCheckCallback` / :class:`LayoutProbeCallback`: the packing probe once before training;
+- :class:`SFTTrainer`: ``trl.SFTTrainer`` with both wired in for this package's padding-free collator, token-budget
+  batches (``max_tokens_per_batch``) and the scored-positions LM head.
 """
 
 from __future__ import annotations
@@ -26,12 +17,13 @@ import torch
 import trl
 from transformers import TrainerCallback
 
+from .attention import ATTN_IMPLEMENTATION
 from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
 from .configs import UNSET, trainer_settings
 from .configs import SFTConfig as PadfreeSFTConfig
 from .formatting import FormattingFunc, first_record
-from .recurrent import prepare_packed_layers
+from .recurrent import prepare_packed_layers, refuse_shared_prompt
 from .threads import checked_threads, training_threads
 from .throughput import RealTokensLog
 
@@ -77,41 +69,28 @@ class PackingCheckCallback(TrainerCallback):
 
 
 class LayoutProbeCallback(TrainerCallback):
-    """Runs a layout probe (pairs, RL groups, reward pairs) once, when training begins, on the trained model and
-    ``models`` (e.g. a separate reference); the probe raises ``PackingLeakError`` if packed sequences leak.
+    """Runs :func:`trl_padfree.probe.assert_layout_packing_safe` for ``layout`` (``"preference"``, ``"group"``,
+    ``"reward"``) once, when training begins, on the trained model and ``models`` (e.g. a separate reference);
+    the probe raises ``PackingLeakError`` if packed sequences leak."""
 
-    Subclasses name the probe (:meth:`probe`), what it checks (``what``: "preference", "RL", "reward") and what
-    it compares (``compared``: "logit", "score"), which the passed line shows.
-    """
-
-    what = "layout"
-    compared = "logit"
-
-    def __init__(self, prompt_once: bool, models: list[Any] | tuple[Any, ...] = ()) -> None:
-        self.prompt_once = prompt_once
-        self.models = list(models)
+    def __init__(self, layout: str, prompt_once: bool, models: list[Any] | tuple[Any, ...] = ()) -> None:
+        self.layout, self.prompt_once, self.models = layout, prompt_once, list(models)
         self.reports: list[Any] = []
 
-    def probe(self) -> Any:
-        """The function ``probe(model, prompt_once=..., rtol=...) -> PackingReport``."""
-        raise NotImplementedError
-
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.reports:
-            return control
-        from .probe import training_rtol
+        from .probe import assert_layout_packing_safe, training_rtol
 
-        probe = self.probe()
-        for m in [model, *self.models]:
+        for m in [] if self.reports else [model, *self.models]:
             if m is None:
                 continue
-            report = probe(m, prompt_once=self.prompt_once, rtol=training_rtol(args))
+            report = assert_layout_packing_safe(m, self.layout, prompt_once=self.prompt_once, rtol=training_rtol(args))
             self.reports.append(report)
             if state.is_world_process_zero:
-                layout = "prompt-once" if self.prompt_once else "padding-free"
-                print(f"[trl-padfree] {self.what} probe ({layout}): {report.model_type} with "
-                      f"{report.attn_implementation!r} keeps packed sequences apart (max {self.compared} diff "
-                      f"{report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})", flush=True)
+                what = {"group": "RL"}.get(self.layout, self.layout)
+                compared = "score" if self.layout == "reward" else "logit"
+                print(f"[trl-padfree] {what} probe ({'prompt-once' if self.prompt_once else 'padding-free'}): "
+                      f"{report.model_type} with {report.attn_implementation!r} keeps packed sequences apart (max "
+                      f"{compared} diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})", flush=True)
         return control
 
 
@@ -245,14 +224,87 @@ def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, mai
     return f"trl: {reason}"
 
 
+def refuse_shared_prompt_aux_loss(trainer: Any, what: str = "prompt_once=True") -> None:
+    """Refuse a shared prompt while TRL adds a MoE router load-balancing loss (``aux_loss_enabled``): that loss
+    averages router statistics over the tokens forwarded, and a prompt forwarded once instead of once per response
+    changes it (measured on a tiny gpt-oss: gradients 2e-3 relative off), so the run would differ from padding.
+
+    >>> class T: aux_loss_enabled = True
+    >>> refuse_shared_prompt_aux_loss(T())
+    Traceback (most recent call last):
+    ...
+    ValueError: prompt_once=True with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: ...
+    """
+    if getattr(trainer, "aux_loss_enabled", False):
+        raise ValueError(
+            f"{what} with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: that loss "
+            "averages over the tokens forwarded, and a shared prompt is forwarded once instead of once per response. "
+            "Set router_aux_loss_coef=0.0 in the trainer's config, or prompt_once=False."
+        )
+
+
+def require_padfree_attention(model: Any, what: str = "prompt_once=True") -> None:
+    """Refuse a model whose attention would ignore :data:`~trl_padfree.attention.KV_INDEX` (shared prompt keys), or
+    that has recurrent layers, which cannot share a prompt's state (:func:`trl_padfree.recurrent.refuse_shared_prompt`)."""
+    refuse_shared_prompt(model, what)
+    attn = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if attn != ATTN_IMPLEMENTATION:
+        raise ValueError(
+            f"{what} needs attn_implementation='padfree' (it alone reads the shared prompt keys), but the model "
+            f"uses {attn!r}, which would let the rejected response attend to the chosen one. Load the model with "
+            "attn_implementation='padfree' (it runs flash-attn or torch's varlen kernel on a GPU), or set "
+            "prompt_once=False."
+        )
+
+
 class PadfreeTrainerMixin(RealTokensLog):
-    """What this package's trainers (:class:`SFTTrainer`, :class:`trl_padfree.DPOTrainer`) add to TRL's, before the
-    TRL class in the bases: the CPU thread policy during ``train()`` (``torch_num_threads``), a closed progress bar
-    when a run fails, real tokens/s (and GRPO/RLOO's generation time) in the training logs
-    (:mod:`trl_padfree.throughput`), no "missing key" warning for a tied weight on resume, a model card true for a local base
-    model, and ``use_cache: true`` in the saved config."""
+    """What this package's trainers add to TRL's (before the TRL class in the bases): their settings and probe
+    (:meth:`_padfree_settings`, :meth:`_padfree_setup`), the CPU thread policy during ``train()``, a closed progress
+    bar when a run fails, real tokens/s in the logs (:mod:`trl_padfree.throughput`), no "missing key" warning for a
+    tied weight on resume, a model card true for a local base model, and ``use_cache: true`` in the saved config."""
 
     torch_num_threads: int | str | None = "auto"
+    padfree: bool = False
+    prompt_once: bool = False
+
+    def _padfree_settings(self, trainer: str, args: Any, padfree: bool | None = None, **given: Any
+                          ) -> dict[str, Any]:
+        """Read the package's settings of ``trainer`` (:func:`~trl_padfree.configs.trainer_settings`) into
+        ``torch_num_threads``, ``scored_lm_head``, ``padfree`` (``padfree``, else the ``padding_free`` setting, else
+        ``args.padding_free``) and
+        ``prompt_once``; refuse ``prompt_once`` without ``padding_free``."""
+        settings = trainer_settings(trainer, args, **given)
+        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
+        if "scored_lm_head" in settings:
+            self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
+        if padfree is None:
+            padfree = settings.get("padding_free", getattr(args, "padding_free", False))
+        self.padfree = bool(padfree)
+        self.prompt_once = bool(settings["prompt_once"])
+        if self.prompt_once and not self.padfree:
+            config = trainer.replace("Trainer", "Config")
+            raise ValueError(f"prompt_once=True needs {config}(padding_free=True) (trl_padfree.{config}).")
+        return settings
+
+    def _padfree_setup(self, layout: str, check_packing: bool, outputs: tuple[str, ...] = (),
+                       ref_outputs: tuple[str, ...] = ("log_probs",), **head: Any) -> None:
+        """After TRL's ``__init__``: the scored-positions head on policy and reference (``outputs`` /
+        ``ref_outputs``, none for a reward model), the ``prompt_once`` checks and the layout probe's callback."""
+        ref = getattr(self, "ref_model", None)
+        ref = self.accelerator.unwrap_model(ref) if ref is not None else None
+        if outputs:
+            main = self.is_world_process_zero()
+            self.lm_head_state = install_scored_head(self.model, outputs, self.scored_lm_head, main, **head)
+            self.ref_lm_head_state = None if ref is None else install_scored_head(
+                ref, ref_outputs, self.scored_lm_head, main, **head)
+        if self.prompt_once:
+            what = "prompt_once=True" + (" (siblings must not see each other)" if layout == "group" else "")
+            refuse_shared_prompt_aux_loss(self, what)
+            for m in (self.accelerator.unwrap_model(self.model), ref):
+                if m is not None:
+                    require_padfree_attention(m, what)
+        if check_packing:
+            self.add_callback(LayoutProbeCallback(layout, self.prompt_once, [ref] if ref is not None else []))
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train`` with the CPU threads of ``torch_num_threads``; a run that fails (e.g. the packing probe
@@ -438,32 +490,14 @@ def config_collator(config: Any, collator: Any, bound: dict[str, Any]) -> Any:
 class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     """``trl.SFTTrainer`` that validates its settings for this collator and probes the model before training.
 
-    Everything else is TRL's. Its settings are fields of :class:`trl_padfree.SFTConfig` (``args``); with TRL's
-    ``SFTConfig`` they keep the defaults below. The trainer keywords ``check_packing``, ``max_tokens_per_batch``,
-    ``torch_num_threads`` and ``scored_lm_head`` still work for one release (a ``DeprecationWarning``; one that
-    contradicts a value set in the config is an error). With ``SFTConfig(padding_free=True)`` (or a
-    ``response_template``) and no ``data_collator``, the trainer builds
-    ``DataCollatorForCompletionOnlyLM(response_template, instruction_template, tokenizer=..., padding_free=...)``.
-
-    ``check_packing=False`` skips the probe (e.g. for a model the probe cannot
-    run, such as one that needs extra inputs). ``max_tokens_per_batch=N`` (opt-in) fills every training
-    mini-batch of a rank with as many whole examples as fit ``N`` real tokens (:func:`token_budget_dataloader`);
-    ``per_device_train_batch_size`` is then not used for training.
-
-    ``torch_num_threads``: the torch CPU threads to train with. ``"auto"`` (default): unless the user chose a
-    count (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS`` or ``torch.set_num_threads``), the count ``trl-padfree train``
-    picks (:func:`trl_padfree.threads.training_threads`; the demo model trains on 1 thread), at most the cores idle
-    when training starts on a CPU, said in one line with the reason; a number: that many; None: torch's own choice.
-    The count holds during ``train()`` only.
-
-    ``formatting_func`` may be written per example (TRL 1.x) or for batches (TRL 0.10's convention, as in the
-    blog post: a dict of lists in, a list of strings out); it is told on the first record and applied as written
-    (:mod:`trl_padfree.formatting`), with one line saying so for a batched one.
-
-    ``scored_lm_head`` (default True): TRL's loss is scored by :mod:`trl_padfree.scored_head`, an LM head that
-    projects only the positions whose label is not -100, on every device (TRL 1.16's own head does so only on
-    CUDA/XPU with Triton); loss, metrics and gradients are TRL's. False: TRL's fused head.
-    ``self.lm_head_state`` says which scores (:meth:`use_scored_lm_head`).
+    Its settings are :class:`trl_padfree.SFTConfig` fields (with TRL's ``SFTConfig``, their defaults); the trainer
+    keywords ``check_packing``, ``max_tokens_per_batch``, ``torch_num_threads`` and ``scored_lm_head`` still work
+    for one release (a ``DeprecationWarning``; one that contradicts the config is an error). With
+    ``padding_free=True`` (or a ``response_template``) and no ``data_collator`` it builds
+    :class:`~trl_padfree.DataCollatorForCompletionOnlyLM`. ``max_tokens_per_batch=N`` fills every mini-batch of a
+    rank with whole examples up to ``N`` real tokens (:func:`token_budget_dataloader`). ``formatting_func`` may be
+    written per example or for batches (TRL 0.10's convention; :mod:`trl_padfree.formatting`). ``scored_lm_head``
+    (default True) scores TRL's loss with :mod:`trl_padfree.scored_head`; ``self.lm_head_state`` says which head.
     """
 
     def __init__(
