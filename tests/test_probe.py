@@ -388,3 +388,12 @@ def test_an_unknown_recurrent_layer_is_named_in_the_refusal() -> None:
     with pytest.raises(PackingLeakError, match=r"model\.layers\.1\.mlp \(RunningMean\)"):
         assert_packing_safe(model)
     assert check_packing(llama("padfree")).first_leak is None  # a safe model: no leak to locate
+
+
+def test_a_leaking_model_whose_layers_hold_length_shaped_tensors_is_reported_not_crashed() -> None:
+    """DeepSeek-V4 under eager leaks; its compressed layers hold tensors whose other dimensions follow the length,
+    which the search for the first leaking module must pass over (it raised a torch.cat size error)."""
+    from trl_padfree.families import tiny_family_model
+
+    report = check_packing(tiny_family_model("deepseek_v4", "eager", prepare=True), try_alternatives=False)
+    assert report.status == "leaks", report.error

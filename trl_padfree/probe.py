@@ -844,8 +844,10 @@ def first_leaking_module(
     for name in order:
         if not all(name in rows for rows in alone_rows):
             continue
-        inp = torch.cat([rows[name][0] for rows in alone_rows], dim=1)
-        out = torch.cat([rows[name][1] for rows in alone_rows], dim=1)
+        ins, outs = [rows[name][0] for rows in alone_rows], [rows[name][1] for rows in alone_rows]
+        if len({t.shape[2:] for t in ins}) > 1 or len({t.shape[2:] for t in outs}) > 1:
+            continue  # a tensor whose other dimensions follow the length (a compressed cache): not a row of tokens
+        inp, out = torch.cat(ins, dim=1), torch.cat(outs, dim=1)
         p_inp, p_out = packed_rows[name]
         if p_inp.shape != inp.shape or p_out.shape != out.shape:
             continue
