@@ -20,8 +20,7 @@ from trl_padfree.launch import main
 
 pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
                                 reason=str(dpo_padding_free_unavailable()))
-SFT_LINE = ("is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected records and "
-            "scores only the responses: remove it")
+SFT_LINE = "(a field of trl-padfree train, not of trl-padfree dpo)"
 
 
 @pytest.fixture(scope="module")
@@ -141,17 +140,16 @@ def test_a_partial_drop_is_said_in_one_line_and_the_run_trains(tmp_path, pairs):
                                        "forward_kl, js_divergence, alpha_divergence (reverse_kl, the default, is "
                                        "standard DPO)"),
     ("loss_type", "nope", "loss_type: 'nope' is not a DPO loss type; use one of sigmoid, "),
-    ("response_template", "### Answer:", f"response_template {SFT_LINE}"),
-    ("instruction_template", "### Question:", f"instruction_template {SFT_LINE}"),
-    ("completion_only_loss", "true", f"completion_only_loss {SFT_LINE}"),
+    ("response_template", "### Answer:", SFT_LINE),
+    ("instruction_template", "### Question:", SFT_LINE),
+    ("completion_only_loss", "true", SFT_LINE),
 ])
 def test_a_bad_or_sft_only_setting_is_one_line(tmp_path, pairs, flag, value, expected):
     data = write(tmp_path / "t.jsonl", pairs)
-    assert refused(tmp_path, data, f"--{flag}", value).startswith(expected)
+    assert expected in refused(tmp_path, data, f"--{flag}", value)
     config = tmp_path / "c.yaml"  # the same in a config file
     config.write_text((ROOT / "configs" / "demo-dpo.yaml").read_text() + f"\n{flag}: {value!r}\n")
-    line = refused(tmp_path, data, config=str(config))
-    assert line.startswith(expected)
+    assert expected in refused(tmp_path, data, config=str(config))
 
 
 # ----------------------------------------------------------------------------------------------- templates

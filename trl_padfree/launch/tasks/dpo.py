@@ -2,7 +2,7 @@
 
 ``trl-padfree dpo`` is ``trl-padfree train`` with TRL's ``DPOConfig`` in place of ``SFTConfig`` (as ``trl dpo`` and
 ``trl sft`` share one parser): the same stages (:mod:`..run`). Its own parts, here:
-:class:`PreferenceArguments` (``prompt_once``: compute each pair's prompt once, needs ``"padfree"`` attention;
+:class:`trl_padfree.DPOConfig` (``prompt_once``: compute each pair's prompt once, needs ``"padfree"`` attention;
 ``chat_template_path``); the SFT-only fields refused and ``attn_implementation`` made fit for the layout
 (:meth:`DPOTask.check`, :meth:`DPOTask.resolve`); the records with ``chosen`` / ``rejected`` (and ``prompt``, or
 TRL's implicit prompt), plain text or conversational, checked before TRL tokenizes them
@@ -21,7 +21,7 @@ from typing import Any
 
 from trl_padfree.dpo import DPOTrainer
 
-from ..config import ConfigError, DataArguments, HeadLaunchArguments, with_fields
+from ..config import ChatArguments, ConfigError
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
@@ -32,34 +32,13 @@ from .preference_data import (
     tokenized_prompts,
     value_kind,
 )
-from .shared import pin_prompt_once, preference_probe, reference_model, refuse_sft_settings, sft_only_fields
+from .shared import pin_prompt_once, preference_probe, reference_model
 
-__all__ = ["TASK", "DPOTask", "PreferenceArguments", "PreparedPreferences", "load_preference_data",
+__all__ = ["TASK", "DPOTask", "PreparedPreferences", "load_preference_data",
            "preference_summary", "preview_pairs"]
 
-SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected "
-                    "records and scores only the responses: remove it")
 
 
-@dataclass
-class PreferenceArguments:
-    """Settings of the padding-free preference batch (``padding_free`` is DPOConfig's field)."""
-
-    prompt_once: bool = field(
-        default=False,
-        metadata={
-            "help": "Compute each pair's prompt once: the chosen and the rejected response both attend to its keys "
-            "and not to each other (|P|+|C|+|R|+1 tokens per pair instead of 2|P|+|C|+|R|). Needs padding_free: "
-            "true and attn_implementation 'padfree' (auto picks it)."
-        },
-    )
-    chat_template_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "A .jinja chat template that replaces the tokenizer's, for conversational pairs (e.g. with "
-            "system turns the model's own template does not render); as trl-padfree train's field."
-        },
-    )
 
 
 @dataclass
@@ -215,33 +194,10 @@ class DPOTask(Task):
     name = "dpo"
     command = "dpo"
     trainer_name = "DPOTrainer"
-
-    def argument_classes(self) -> tuple[type, ...]:
-        from trl import DPOConfig, ModelConfig
-
-        return (DataArguments, PreferenceArguments, HeadLaunchArguments, DPOConfig, ModelConfig)
-
-    def configure_parser(self, parser: Any) -> None:
-        parser.help_groups = {
-            "collator": "preference batch (trl_padfree.DPOTrainer: padding-free rows, prompt_once)",
-            "training": "training (TRL DPOConfig / transformers TrainingArguments)",
-        }
-        parser.help_texts = {
-            "padding_free": "Put the 2B sequences of each batch of B pairs in one row without padding "
-            "(trl_padfree.DPOTrainer; TRL 1.16 itself pads). (default: true)",
-        }
-        parser.description = (
-            "Preference-train a causal LM with trl_padfree.DPOTrainer (TRL's DPOTrainer, padding-free). --config "
-            "FILE: a YAML mapping of any of the fields below (plus an optional `env` mapping of environment "
-            "variables); command-line values override the file. Exit code 2 on bad input."
-        )
-
-    def foreign_field(self, name: str) -> Exception | None:
-        return ConfigError(SFT_ONLY_MESSAGE.format(name=name)) if name in sft_only_fields(self) else None
+    arguments = ChatArguments
 
     def check(self, cfg: Any) -> None:
         """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
-        refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
         if cfg.training.padding_free:
             from trl_padfree._compat import dpo_padding_free_unavailable
 
@@ -249,7 +205,7 @@ class DPOTask(Task):
             if problem is not None:
                 raise ConfigError(problem)
         _check_preference_losses(cfg.training)
-        once = bool(cfg.collator.prompt_once)
+        once = bool(cfg.training.prompt_once)
         if once and not cfg.training.padding_free:
             raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
         if once and cfg.attn_implementation not in ("auto", "padfree"):
@@ -260,10 +216,10 @@ class DPOTask(Task):
 
     def resolve(self, cfg: Any) -> dict[str, Any]:
         """No SFT template; the ``"padfree"`` attention for ``prompt_once``."""
-        return {"data": with_fields(cfg.data, template=None), **pin_prompt_once(cfg)}
+        return pin_prompt_once(cfg)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once)}
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
         """Checked preference records (TRL's DPOTrainer tokenizes them when built)."""
@@ -287,11 +243,11 @@ class DPOTask(Task):
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
         """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built)."""
-        return make_launch_trainer(LaunchDPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model, prompt_once=bool(cfg.collator.prompt_once),
+        return make_launch_trainer(LaunchDPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model, prompt_once=bool(cfg.training.prompt_once),
                                    **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once)}
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return preference_summary(lines, history)

@@ -1,6 +1,6 @@
 """``trl-padfree reward``: reward-model training with :class:`trl_padfree.RewardTrainer` (TRL's, padding-free).
 
-Its own parts: :class:`RewardArguments` (``prompt_once``) and this package's ``RewardConfig`` (TRL's plus
+Its own parts: this package's ``RewardConfig`` (``prompt_once``) (TRL's plus
 ``padding_free``); the model loaded as ``AutoModelForSequenceClassification`` with ``num_labels=1`` (a causal LM
 checkpoint gets a fresh ``score`` head, seeded, as ``trl reward`` does); the preference records of ``trl-padfree
 dpo`` (:func:`~.preference_data.check_preference_records`, one by one, plus an optional numeric ``margin``), tokenized by TRL's
@@ -12,44 +12,26 @@ the summary's eval accuracy and margin; ``preview``'s pair layout.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import trl
 
 from trl_padfree.reward import RewardTrainer
 
-from ..config import ConfigError, DataArguments, LaunchArguments, with_fields
+from ..config import ConfigError, with_fields
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .preference_data import check_one_kind_in_files, check_preference_records, tokenized_prompts, value_kind
-from .shared import check_prompt_once, pin_prompt_once, refuse_sft_settings, sft_only_fields
+from .shared import check_prompt_once, pin_prompt_once
 
-__all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
-
-SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree reward trains on prompt/chosen/rejected "
-                    "records and scores each whole sequence: remove it")
+__all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardTask", "reward_summary"]
 
 
-@dataclass
-class LaunchRewardConfig(trl.RewardConfig):
-    """TRL's ``RewardConfig`` plus ``padding_free``: the launch's training config (:class:`trl_padfree.RewardConfig` also has
-    ``prompt_once``, ``check_packing``, ..., which the launch still reads from its own argument classes)."""
-
-    padding_free: bool = field(default=False, metadata={"help": "Padding-free batches."})
 
 
-@dataclass
-class RewardArguments:
-    """Settings of the padding-free reward batch (``padding_free`` is ``RewardConfig``'s field)."""
 
-    prompt_once: bool = field(
-        default=False,
-        metadata={"help": "Compute each pair's common token prefix (its prompt) once: the chosen and the rejected "
-                  "sequence both attend to its keys. Needs padding_free: true and attn_implementation 'padfree' "
-                  "(auto picks it)."},
-    )
 
 
 def check_reward_records(dataset: Any, source: str) -> None:
@@ -76,8 +58,6 @@ def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
     """The training and eval pairs, checked record by record, then tokenized (and filtered by ``max_length``) by
     TRL's own ``RewardTrainer._prepare_dataset``; a split left empty by the filter is a :class:`ConfigError`."""
     from types import SimpleNamespace
-
-    import trl
 
     from ..data import load_splits
 
@@ -140,42 +120,12 @@ class RewardTask(Task):
     command = "reward"
     trainer_name = "RewardTrainer"
 
-    def argument_classes(self) -> tuple[type, ...]:
-        from trl import ModelConfig
-
-        return (DataArguments, RewardArguments, LaunchArguments, LaunchRewardConfig, ModelConfig)
-
-    def configure_parser(self, parser: Any) -> None:
-        parser.help_groups = {
-            "collator": "reward batch (trl_padfree.RewardTrainer: padding-free rows, prompt_once)",
-            "training": "training (trl_padfree.RewardConfig: TRL's RewardConfig + padding_free / TrainingArguments)",
-        }
-        parser.help_texts = {
-            "padding_free": "Put the 2B sequences of each batch of B pairs in one row without padding "
-            "(trl_padfree.RewardTrainer; TRL itself pads). (default: true)",
-        }
-        parser.description = (
-            "Train a reward model (a sequence classifier with one output, loaded from any causal LM or classifier "
-            "checkpoint) with trl_padfree.RewardTrainer (TRL's RewardTrainer, padding-free). --config FILE: a YAML "
-            "mapping of any of the fields below (plus an optional `env` mapping of environment variables); "
-            "command-line values override the file. Exit code 2 on bad input."
-        )
-
-    def foreign_field(self, name: str) -> Exception | None:
-        if name == "scored_lm_head":
-            return ConfigError("scored_lm_head does not apply to trl-padfree reward: a reward model has a score head "
-                               "(one output per sequence), no LM head; remove it")
-        if name in sft_only_fields(self):
-            return ConfigError(SFT_ONLY_MESSAGE.format(name=name))
-        return None
-
     def numeric_ranges(self) -> dict[str, Any]:
         from ..validate import Range
 
         return {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
 
     def check(self, cfg: Any) -> None:
-        refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
         check_prompt_once(cfg)
         if cfg.padding_free:
             from trl_padfree.reward import reward_padding_free_unavailable
@@ -191,7 +141,7 @@ class RewardTask(Task):
         return changes
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once)}
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def model_class(self) -> Any:
         return SequenceClassifier
@@ -215,15 +165,15 @@ class RewardTask(Task):
 
         from trl_padfree.reward_probe import assert_reward_packing_safe
 
-        return partial(assert_reward_packing_safe, prompt_once=bool(cfg.collator.prompt_once))
+        return partial(assert_reward_packing_safe, prompt_once=bool(cfg.training.prompt_once))
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
         return make_launch_trainer(LaunchRewardTrainer, cfg, tokenizer, model, data, callbacks,
-                                   prompt_once=bool(cfg.collator.prompt_once), **self.trainer_kwargs(cfg))
+                                   prompt_once=bool(cfg.training.prompt_once), **self.trainer_kwargs(cfg))
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once)}
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return reward_summary(lines, history)
@@ -265,7 +215,7 @@ def pair_layout(cfg: Any, tokenizer: Any, data: PreparedPairs, n: int, color: bo
 
     from ..preview import marked_text
 
-    once = bool(cfg.collator.prompt_once)
+    once = bool(cfg.training.prompt_once)
     text = TokenText.from_tokenizer(tokenizer)
 
     def shown(ids: list[int]) -> str:
