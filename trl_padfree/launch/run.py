@@ -24,7 +24,7 @@ from typing import Any
 
 from ..exception_text import one_line
 from ..threads import torch_threads
-from .config import LaunchConfig, with_fields
+from .config import ConfigError, LaunchConfig, with_fields
 from .console import quiet_progress, say
 from .model import load_model
 from .probe_stage import probe_model
@@ -83,7 +83,14 @@ def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, c
     with trainer_settings_checked(training.output_dir, task.trainer_name), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         # extra callbacks act first within a step (a test hook signals before the check)
+        existed = os.path.exists(training.output_dir)
         trainer = task.make_trainer(cfg, tokenizer, model, ref_model, data, [*callbacks, stop])
+    try:
+        task.check_trainer(cfg, trainer, data)  # e.g. the records TRL dropped (before anything is written)
+    except ConfigError:
+        if not existed and os.path.isdir(training.output_dir) and not os.listdir(training.output_dir):
+            os.rmdir(training.output_dir)  # (the Trainer makes it, empty)
+        raise
     metrics: dict[str, Any] = {}
     if begin_run(trainer, cfg.run_id, cfg.resume_from_checkpoint):
         with stop, crash_reported(trainer, say):

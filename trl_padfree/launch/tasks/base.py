@@ -82,6 +82,10 @@ class Task:
             return {}
         return {"scored_lm_head": bool(cfg.training.scored_lm_head)}
 
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        """Checks of the trainer once built, before anything is written (e.g. what TRL dropped); raise
+        ``ConfigError``."""
+
     def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
         """The reference model (or None) and the line that says which (None: no line)."""
         return None, None

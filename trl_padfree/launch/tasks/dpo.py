@@ -26,10 +26,10 @@ from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .preference_data import (
+    check_chat_renders,
     check_one_kind_in_files,
     check_preference_records,
-    check_truncation,
-    tokenized_prompts,
+    dropped_by_trainer,
     value_kind,
 )
 from .shared import pin_prompt_once, preference_probe, reference_model
@@ -64,17 +64,12 @@ def load_preference_data(cfg: Any, tokenizer: Any) -> PreparedPreferences:
             f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has no chat "
             "template; set chat_template_path to a .jinja file, or use text records"
         )
-    training = cfg.training
-    dropped = {}
     sources = {"train": "train_file" if cfg.data.train_file else "the training data",
                "eval": "eval_file" if cfg.data.eval_file else "the eval data"}
-    for split, dataset, what in (("train", train, "training"), ("eval", eval_ds, "eval")):
-        if dataset is not None:
-            lengths = tokenized_prompts(dataset, tokenizer, sources[split], training.max_length)
-            dropped[split] = check_truncation(lengths, sources[split], what, training.max_length,
-                                              training.truncation_mode)
-    return PreparedPreferences(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected",
-                               dropped)
+    for split, dataset in (("train", train), ("eval", eval_ds)):
+        if dataset is not None and conversational:
+            check_chat_renders(dataset, tokenizer, sources[split])
+    return PreparedPreferences(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected")
 
 
 class QuietReferencePrecompute:
@@ -226,13 +221,10 @@ class DPOTask(Task):
         data = load_preference_data(cfg, tokenizer)
         say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None
                                                           else "") + f" (format: {data.text_format})")
-        for split, count in data.dropped.items():
-            if count:
-                total = len(data.train if split == "train" else data.eval)
-                say(f"dropped {count} of {total} {split} pairs whose prompt alone has max_length="
-                    f"{cfg.training.max_length} tokens or more (truncation_mode keep_start leaves them no response "
-                    "token; TRL drops them)")
         return data
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        dropped_by_trainer(cfg, trainer, data)
 
     def probe_check(self, cfg: Any) -> Any:
         return preference_probe(cfg)

@@ -23,11 +23,11 @@ from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .preference_data import (
+    check_chat_renders,
     check_one_kind_in_files,
     check_preference_records,
-    check_truncation,
+    dropped_by_trainer,
     mixed_kinds_error,
-    tokenized_prompts,
     value_kind,
 )
 from .shared import (
@@ -114,28 +114,14 @@ def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
         raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "
                           "no chat template; set chat_template_path to a .jinja file, or use text records")
     kind = "conversational" if conversational else "text"
-    dropped = {}
-    for split, dataset, what in (("train", train, "training"), ("eval", eval_ds, "eval")):
-        if dataset is not None:
-            dropped[split] = prompt_fills_max_length(cfg, tokenizer, dataset, "chosen" in dataset.column_names, split,
-                                                     what)
+    for split, dataset in (("train", train), ("eval", eval_ds)):
+        if dataset is not None and conversational:
+            check_chat_renders(dataset, tokenizer, f"{split}_file" if getattr(cfg.data, f"{split}_file") else
+                               f"the {split} data")
     return PreparedKTO(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
-                                                      else "prompt/completion/label"), paired, dropped)
+                                                      else "prompt/completion/label"), paired)
 
 
-def prompt_fills_max_length(cfg: Any, tokenizer: Any, dataset: Any, paired: bool, split: str, what: str) -> int:
-    """How many records TRL's ``KTOTrainer`` drops because the prompt alone has ``max_length`` tokens or more (its
-    filter; DPO's ``keep_start`` rule, counted as ``trl-padfree dpo`` counts it); a split left empty is refused."""
-    max_length = cfg.training.max_length
-    if max_length is None:
-        return 0
-    source = ("train_file" if cfg.data.train_file else "the training data") if split == "train" else (
-        "eval_file" if cfg.data.eval_file else "the eval data")
-    if not paired:  # the pair check's view of an unpaired record: the completion as both responses
-        dataset = dataset.select_columns(["prompt", "completion"]).map(
-            lambda r: {"chosen": r["completion"], "rejected": r["completion"]}, remove_columns=["completion"])
-    lengths = tokenized_prompts(dataset, tokenizer, source, max_length)
-    return check_truncation(lengths, source, what, max_length, "keep_start")
 
 
 def count(dataset: Any, paired: bool) -> tuple[int, int]:
@@ -183,12 +169,10 @@ class KTOTask(Task):
         good, bad = count(data.train, data.paired)
         line += f" (format: {data.text_format}; training examples: {good} desirable, {bad} undesirable"
         say(line + (", each pair unpaired by TRL)" if data.paired else ")"))
-        for split, dropped in data.dropped.items():
-            if dropped:
-                dataset = data.train if split == "train" else data.eval
-                say(f"dropped {dropped} of {len(dataset)} {split} {noun(dataset)} whose prompt alone has max_length="
-                    f"{cfg.training.max_length} tokens or more (no completion token would be left; TRL drops them)")
         return data
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        dropped_by_trainer(cfg, trainer, data, "pairs" if data.paired else "examples", 2 if data.paired else 1)
 
     def probe_check(self, cfg: Any) -> Any:
         return preference_probe(cfg)  # KTO's rows are the preference probe's segments

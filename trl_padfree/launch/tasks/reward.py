@@ -23,7 +23,7 @@ from ..config import ConfigError, with_fields
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
-from .preference_data import check_one_kind_in_files, check_preference_records, tokenized_prompts, value_kind
+from .preference_data import check_chat_renders, check_one_kind_in_files, check_preference_records, value_kind
 from .shared import check_prompt_once, pin_prompt_once
 
 __all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardTask", "reward_summary"]
@@ -79,7 +79,7 @@ def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
             out[split] = None
             continue
         if conversational:  # a record the chat template cannot render: one line naming it (as trl-padfree dpo)
-            tokenized_prompts(dataset, tokenizer, sources[split], None)
+            check_chat_renders(dataset, tokenizer, sources[split])
         loaded[split] = len(dataset)
         prepared = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
         if len(prepared) == 0:
