@@ -100,7 +100,6 @@ class LaunchConfig:
     attn_auto: bool = False  # attn_implementation was "auto": the launch may fall back (see launch.model)
     resume_from_checkpoint: str | bool | None = None
     explicit: frozenset[str] = frozenset()  # fields set in the YAML file or on the command line
-    env: dict[str, str] = dataclasses.field(default_factory=dict)
     run_id: str | None = None
     model_init_kwargs: dict[str, Any] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)  # lines for the run to print

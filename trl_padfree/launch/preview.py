@@ -90,7 +90,8 @@ def guess_task(argv: Sequence[str]) -> str:
 
     import yaml
 
-    from .tasks import get_task, task_names
+    from .config import argument_classes
+    from .tasks import task_names
 
     keys = {a[2:].split("=", 1)[0].removeprefix("no_") for a in argv if a.startswith("--")}
     if "--config" in argv[:-1] and os.path.isfile(path := argv[argv.index("--config") + 1]):
@@ -100,7 +101,7 @@ def guess_task(argv: Sequence[str]) -> str:
         except (yaml.YAMLError, UnicodeDecodeError):
             config = None  # (parsing says what is wrong with it)
         keys |= set(config) if isinstance(config, dict) else set()
-    fields = {name: {f.name for cls in get_task(name).argument_classes() for f in dataclasses.fields(cls)}
+    fields = {name: {f.name for cls in argument_classes(name) for f in dataclasses.fields(cls)}
               for name in task_names()}
     scores = {name: len(keys & (own - fields["sft"])) for name, own in fields.items() if name != "sft"}
     best = max(scores, key=scores.__getitem__, default="sft")

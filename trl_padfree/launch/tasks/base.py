@@ -32,12 +32,6 @@ class Task:
     def prog(self) -> str:
         return f"trl-padfree {self.command}"
 
-    def argument_classes(self) -> tuple[type, ...]:
-        """The dataclasses of the config: the launch arguments, this package's config class, ``ModelConfig``."""
-        from ..config import argument_classes
-
-        return argument_classes(self.name)
-
     # -- validate -------------------------------------------------------------------------------------------------
     def numeric_ranges(self) -> dict[str, Any]:
         """Legal ranges (``validate.Range``) of this task's fields that differ from ``validate.NUMERIC_RANGES``."""
