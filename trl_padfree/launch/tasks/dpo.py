@@ -235,8 +235,7 @@ class DPOTask(Task):
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
         """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built)."""
-        return make_launch_trainer(LaunchDPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model, prompt_once=bool(cfg.training.prompt_once),
-                                   **self.trainer_kwargs(cfg))
+        return make_launch_trainer(LaunchDPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.training.prompt_once)}

@@ -14,12 +14,12 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trl_padfree.grpo import GRPOTrainer
 
-from ..config import ConfigError, RewardFunctionArguments
+from ..config import ConfigError, RewardFunctionArguments, with_fields
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
@@ -217,10 +217,9 @@ class GRPOTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
+        cfg = replace(cfg, training=with_fields(cfg.training, prompt_once=prompt_once(cfg)))  # (unset: resolved)
         return make_launch_trainer(self.trainer_class, cfg, tokenizer, model, data, callbacks,
-                                   reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs],
-                                   padding_free=cfg.padding_free, prompt_once=prompt_once(cfg),
-                                   **self.trainer_kwargs(cfg))
+                                   reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": prompt_once(cfg), "reward_funcs": list(cfg.launch.reward_funcs or [])}

@@ -182,8 +182,7 @@ class KTOTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(LaunchKTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model,
-                                   prompt_once=bool(cfg.training.prompt_once), **self.trainer_kwargs(cfg))
+        return make_launch_trainer(LaunchKTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.training.prompt_once)}

@@ -169,8 +169,7 @@ class RewardTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(LaunchRewardTrainer, cfg, tokenizer, model, data, callbacks,
-                                   prompt_once=bool(cfg.training.prompt_once), **self.trainer_kwargs(cfg))
+        return make_launch_trainer(LaunchRewardTrainer, cfg, tokenizer, model, data, callbacks)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.training.prompt_once)}

@@ -129,8 +129,7 @@ class SFTTask(Task):
         collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
         # the templates labelled the data already (the trainer would build a collator from them)
         cfg = replace(cfg, training=with_fields(cfg.training, response_template=None, instruction_template=None))
-        return make_launch_trainer(LaunchSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator,
-                                   max_tokens_per_batch=cfg.training.max_tokens_per_batch, **self.trainer_kwargs(cfg))
+        return make_launch_trainer(LaunchSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"max_tokens_per_batch": cfg.training.max_tokens_per_batch}
