@@ -12,7 +12,7 @@ the summary's eval accuracy and margin; ``preview``'s pair layout.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import trl
@@ -47,16 +47,18 @@ def check_reward_records(dataset: Any, source: str) -> None:
 
 @dataclass
 class PreparedPairs:
-    train: Any  # tokenized by TRL's RewardTrainer preparation (chosen_ids, rejected_ids; the trainer skips it)
+    train: Any  # the records (preview: tokenized by TRL's RewardTrainer preparation, chosen_ids / rejected_ids)
     eval: Any | None
     text_format: str
     loaded: dict[str, int]  # pairs per split before TRL's max_length filter
     margin: bool = False
+    dropped: dict[str, int] = field(default_factory=dict)  # pairs TRL's trainer dropped, per split
 
 
-def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
-    """The training and eval pairs, checked record by record, then tokenized (and filtered by ``max_length``) by
-    TRL's own ``RewardTrainer._prepare_dataset``; a split left empty by the filter is a :class:`ConfigError`."""
+def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> PreparedPairs:
+    """The training and eval pairs, checked record by record; for ``preview`` (``tokenized``) also tokenized (and
+    filtered by ``max_length``) by TRL's own ``RewardTrainer._prepare_dataset``, a split left empty by the filter a
+    :class:`ConfigError`. A run's trainer prepares them itself (:meth:`RewardTask.check_trainer`)."""
     from types import SimpleNamespace
 
     from ..data import load_splits
@@ -81,15 +83,21 @@ def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
         if conversational:  # a record the chat template cannot render: one line naming it (as trl-padfree dpo)
             check_chat_renders(dataset, tokenizer, sources[split])
         loaded[split] = len(dataset)
-        prepared = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
-        if len(prepared) == 0:
-            raise ConfigError(
-                f"{sources[split]}: all {len(dataset)} pairs would be dropped: TRL's RewardTrainer drops a pair whose "
-                f"chosen or rejected sequence has more than max_length={training.max_length} tokens; raise "
-                "max_length (or set max_length: null, no filter)")
-        out[split] = prepared
+        out[split] = dataset
+        if tokenized:
+            out[split] = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
+            refuse_empty(sources[split], len(dataset), len(out[split]), training.max_length)
     return PreparedPairs(out["train"], out["eval"], "conversational" if conversational else "prompt/chosen/rejected",
                          loaded, margin="margin" in train.column_names)
+
+
+def refuse_empty(source: str, loaded: int, kept: int, max_length: int | None) -> None:
+    """A split TRL's RewardTrainer leaves empty (every pair longer than ``max_length``) is a :class:`ConfigError`."""
+    if loaded and not kept:
+        raise ConfigError(
+            f"{source}: all {loaded} pairs would be dropped: TRL's RewardTrainer drops a pair whose chosen or "
+            f"rejected sequence has more than max_length={max_length} tokens; raise max_length (or set max_length: "
+            "null, no filter)")
 
 
 class SequenceClassifier:
@@ -154,11 +162,20 @@ class RewardTask(Task):
         say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None
                                                           else "") + f" (format: {data.text_format}"
             + (", with margins" if data.margin else "") + ")")
-        for split, dataset in (("train", data.train), ("eval", data.eval)):
-            if dataset is not None and len(dataset) < data.loaded[split]:
-                say(f"dropped {data.loaded[split] - len(dataset)} of {data.loaded[split]} {split} pairs longer than "
-                    f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
         return data
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        """The pairs TRL's RewardTrainer dropped (longer than max_length), read from the trainer once built."""
+        for split, after in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
+            if split not in data.loaded or after is None or not hasattr(after, "__len__"):
+                continue
+            loaded = data.loaded[split]
+            source = f"{split}_file" if getattr(cfg.data, f"{split}_file") else f"the {split} data"
+            refuse_empty(source, loaded, len(after), cfg.training.max_length)
+            data.dropped[split] = loaded - len(after)
+            if data.dropped[split]:
+                say(f"dropped {data.dropped[split]} of {loaded} {split} pairs longer than "
+                    f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
 
     def probe_check(self, cfg: Any) -> Any:
         from functools import partial
@@ -178,7 +195,7 @@ class RewardTask(Task):
         return reward_summary(lines, history)
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return pair_layout(cfg, tokenizer, load_pairs(cfg, tokenizer), n, color)
+        return pair_layout(cfg, tokenizer, load_pairs(cfg, tokenizer, tokenized=True), n, color)
 
 
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
