@@ -155,12 +155,13 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def unranged_numeric_fields(task_name: str) -> set[str]:
     """The numeric fields of the task's arguments that validation neither range-checks nor lists with a reason."""
+    from trl_padfree.launch.config import argument_classes
     from trl_padfree.launch.tasks import get_task
     from trl_padfree.launch.validate import NUMERIC_RANGES, UNCHECKED_NUMERIC
 
     task = get_task(task_name)
     numeric = set()
-    for cls in task.argument_classes():
+    for cls in argument_classes(task_name):
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             args = typing.get_args(hints[f.name]) or (hints[f.name],)

@@ -56,9 +56,9 @@ def test_chat_demo_trains_exactly_the_assistant_turns_of_its_chat_template(tmp_p
 def test_null_on_the_command_line_unsets_the_templates(tmp_path, in_root, word):
     base = ["--config", str(CONFIGS / "demo-chat.yaml"), "--output_dir", str(tmp_path / "out")]
     cfg = load_config([*base, "--response_template", "### Answer:", "--instruction_template", word])
-    assert cfg.collator.response_template == "### Answer:" and cfg.collator.instruction_template is None
+    assert cfg.training.response_template == "### Answer:" and cfg.training.instruction_template is None
     cfg = load_config([*base, "--response_template", word, "--instruction_template", word])
-    assert cfg.collator.response_template is None and cfg.collator.instruction_template is None
+    assert cfg.training.response_template is None and cfg.training.instruction_template is None
 
 
 @pytest.mark.parametrize("pad_to_multiple_of", [None, 16])

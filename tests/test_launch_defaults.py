@@ -1,5 +1,5 @@
 """A practitioner's first hour (issue 10): the launch's defaults, quiet runs, prompt/completion data without a
-response template, ``train --help``, ``check``'s options, saved configs with ``use_cache: true``.
+response template, ``check``'s options, saved configs with ``use_cache: true``.
 
 One real ``trl-padfree train`` process (a minimal own config: no tuning keys, 3 steps) is shared by the tests
 that need a run's stdout, stderr and output directory.
@@ -26,7 +26,6 @@ from trl_padfree.check import main as check_main
 from trl_padfree.launch import ConfigError, load_config
 from trl_padfree.launch import main as train_main
 from trl_padfree.launch.defaults import ModelShape, apply_defaults
-from trl_padfree.launch.help import GROUPS
 from trl_padfree.launch.tasks.sft_data import prepare_data
 from trl_padfree.probe import PackingLeakError
 from trl_padfree.testing import tiny_llama
@@ -105,7 +104,7 @@ def test_prompt_completion_labels_without_response_template(demo_tokenizer, tmp_
     train = write_jsonl(tmp_path / "train.jsonl", PROMPT_COMPLETION)
     cfg = load_config(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train),
                        "--output_dir", str(tmp_path / "out")])  # fmt: skip
-    assert cfg.collator.response_template is None
+    assert cfg.training.response_template is None
     data = prepare_data(cfg, demo_tokenizer)
     assert data.text_format == "prompt+completion" and data.template_missing_in_check == 0
     assert data.train["input_ids"] == [[51, 28, 294, 33, 201, 35, 28, 390, 2], [51, 28, 279, 300, 33, 201, 35, 28, 395, 417, 2]]
@@ -189,7 +188,7 @@ def test_explicit_settings_win_over_the_defaults(tmp_path, monkeypatch):
                    "--dataloader_pin_memory", "true")  # fmt: skip
     cfg, chosen = apply_defaults(cfg, "cpu", ModelShape(hidden_size=128, parameters=10))
     assert chosen == {"disable_tqdm": True}
-    assert cfg.training.activation_checkpointing is True and cfg.launch.torch_num_threads == 3
+    assert cfg.training.activation_checkpointing is True and cfg.training.torch_num_threads == 3
     assert cfg.training.dataloader_pin_memory is True
 
 
@@ -198,68 +197,7 @@ def test_omp_num_threads_is_respected(tmp_path, monkeypatch):
     cfg = _own_cfg(tmp_path)
     cfg, chosen = apply_defaults(cfg, "cpu", ModelShape(hidden_size=128))
     assert "torch_num_threads" not in chosen
-    assert cfg.launch.torch_num_threads is None
-
-
-# ---------------------------------------------------------------------------------------------- train --help
-
-
-@pytest.fixture(scope="module")
-def help_text() -> str:
-    import contextlib
-    import io
-
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        assert train_main(["--help"]) == 0
-    return buffer.getvalue()
-
-
-def _section(text: str, key: str) -> str:
-    start = text.index("\n" + GROUPS[key] + ":\n")
-    rest = text[start + 1 :]
-    ends = [rest.index("\n" + title + ":\n") for title in GROUPS.values() if "\n" + title + ":\n" in rest]
-    return rest[: min(ends)] if ends else rest
-
-
-def _entry(text: str, option: str) -> str:
-    """The help entry of ``--option`` (its line and the continuation lines), on one line."""
-    lines = text.splitlines()
-    i = next(k for k, line in enumerate(lines) if line.strip().split(" ")[0] == option)
-    out = [lines[i]]
-    for line in lines[i + 1 :]:
-        if not line.startswith(" " * 20):
-            break
-        out.append(line)
-    return " ".join(" ".join(out).split())
-
-
-def test_help_is_grouped_in_order(help_text):
-    positions = [help_text.index("\n" + title + ":\n") for title in GROUPS.values()]
-    assert positions == sorted(positions)
-    assert _section(help_text, "model").split("\n")[1].split()[0] == "--model_name_or_path"
-    for option, group in [("--train_file", "data"), ("--template", "formatting"), ("--chat_template_path", "formatting"),
-                          ("--response_template", "collator"), ("--padding_free", "collator"),
-                          ("--torch_num_threads", "launcher"), ("--learning_rate", "training")]:  # fmt: skip
-        assert f"\n  {option} " in _section(help_text, group), option
-    assert "--no_check_packing" not in help_text  # boolean twins are not listed
-
-
-def test_help_has_the_launchers_texts_and_defaults(help_text):
-    padding_free = _entry(help_text, "--padding_free")
-    assert "FlashAttention 2 or 3" not in padding_free and padding_free.endswith("(default: true)")
-    assert _entry(help_text, "--gradient_checkpointing").startswith(
-        "--gradient_checkpointing [BOOL] Deprecated alias of --activation_checkpointing"
-    )
-    assert "(default: on for CUDA with a large model, >= 1e9 parameters; off on CPU" in _entry(
-        help_text, "--activation_checkpointing"
-    )
-    assert _entry(help_text, "--bf16").endswith(
-        "(default: true where a GPU supports bfloat16, else false; TRL's default, true, would refuse to start on a "
-        "CPU-only machine)"
-    )
-    assert _entry(help_text, "--attn_implementation").endswith("(default: auto)")
-    assert _entry(help_text, "--learning_rate").endswith("(default: 2e-05)")  # a library default, as it is
+    assert cfg.training.torch_num_threads is None
 
 
 # ---------------------------------------------------------------------------------------------- check

@@ -118,8 +118,8 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prom
                                                              "'nothing'"),
         (("--reward_funcs", "trl_padfree.rewards:REWARDS"), "is a dict, not a function"),
         (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
-        (("--padding_free", "false"), "prompt_once: true needs padding_free: true"),
-        (("--template", "{prompt}"), "template is a setting of trl-padfree train (SFT)"),
+        (("--padding_free", "false"), "GRPOConfig(prompt_once=True) needs padding_free=True"),
+        (("--template", "{prompt}"), "(a field of trl-padfree train, not of trl-padfree grpo)"),
         (("--beta", "-0.1"), "beta must be at least 0"),
     ],
 )
@@ -270,12 +270,3 @@ def test_two_ranks_train_and_exit(prompts, tmp_path):
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2
     assert proc.stdout.count("[trl-padfree] steps: 2/2") == 1 and proc.stdout.count("[trl-padfree] run: ") == 1
-
-
-@pytest.mark.parametrize(("task", "config"), [("grpo", "GRPOConfig"), ("rloo", "RLOOConfig")])
-def test_help_names_the_rl_settings(task, config):
-    code, stdout, _ = run(["--help"], task=task)
-    assert code == 0 and stdout.startswith(f"usage: trl-padfree {task} --config")
-    assert f"training (TRL {config} / transformers TrainingArguments)" in stdout
-    assert "--reward_funcs" in stdout and "--prompt_once" in stdout and "--num_generations" in stdout
-    assert "--response_template" not in stdout

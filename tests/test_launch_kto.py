@@ -148,7 +148,7 @@ def test_bad_records_are_named(tmp_path):
     [
         (("--desirable_weigth", "1.0"), "unknown option '--desirable_weigth' on the command line; did you mean "
                                         "'desirable_weight'?"),
-        (("--response_template", "### Answer:"), "response_template is a setting of trl-padfree train (SFT)"),
+        (("--response_template", "### Answer:"), "(a field of trl-padfree train, not of trl-padfree kto)"),
         (("--desirable_weight", "0"), "desirable_weight must be greater than 0"),
         (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
         (("--max_length", "8"), "train_file: all 32 training pairs would be dropped"),

@@ -90,11 +90,10 @@ def test_the_model_is_a_seeded_one_output_classifier(tmp_path):
     [
         (("--learning_rat", "1e-3"), "unknown option '--learning_rat' on the command line; did you mean "
                                      "'learning_rate'?"),
-        (("--response_template", "### Answer:"), "response_template is a setting of trl-padfree train (SFT); "
-                                                 "trl-padfree reward trains on prompt/chosen/rejected records"),
-        (("--scored_lm_head", "false"), "scored_lm_head does not apply to trl-padfree reward"),
+        (("--response_template", "### Answer:"), "(a field of trl-padfree train, not of trl-padfree reward)"),
+        (("--scored_lm_head", "false"), "unknown option '--scored_lm_head' on the command line (a field of trl-padfree train"),
         (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
-        (("--padding_free", "false"), "prompt_once: true needs padding_free: true"),
+        (("--padding_free", "false"), "RewardConfig(prompt_once=True) needs padding_free=True"),
         (("--center_rewards_coefficient", "-1"), "center_rewards_coefficient must be at least 0"),
         (("--max_length", "4"), "train_file: all 32 pairs would be dropped: TRL's RewardTrainer drops a pair whose "
                                 "chosen or rejected sequence has more than max_length=4 tokens"),

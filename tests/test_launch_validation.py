@@ -182,41 +182,6 @@ def test_config_with_non_utf8_bytes(capsys, tmp_path, data_dir):
     assert message == f"{config}: not UTF-8 text (byte 0xe9 at offset {offset}); save the file as UTF-8"
 
 
-ENV_CASES = [
-    ({"1BAD": "x"}, "env: '1BAD' in {config} is not a valid environment variable name (letters, digits and _, not "
-                    "starting with a digit)"),
-    ({"LD_PRELOAD": "/tmp/x.so"}, "env: LD_PRELOAD in {config} is not a variable a training run reads; env may set "
-                                  "only HF_*, "),
-    ({"CUDA_VISIBLE_DEVICES": "0"}, "env: CUDA_VISIBLE_DEVICES in {config} cannot take effect: torch has looked at "
-                                    "the GPUs before the config is read; set it in the shell instead "
-                                    "(CUDA_VISIBLE_DEVICES=... trl-padfree train ...)"),
-    ({"HF_HUB_OFFLINE": "1"}, "env: HF_HUB_OFFLINE in {config} cannot take effect: it is read when the libraries "
-                              "are imported, before the config is read; set it in the shell instead "
-                              "(HF_HUB_OFFLINE=... trl-padfree train ...)"),
-    ({"HF_TRL_PADFREE_X": [1, 2]}, "env: the value of HF_TRL_PADFREE_X in {config} must be a string or a number, "
-                                   "got a list"),
-]
-
-
-@pytest.mark.parametrize(("env", "message"), ENV_CASES, ids=["name", "not-allowed", "gpus", "read-at-import", "value"])
-def test_bad_env_entries(capsys, tmp_path, data_dir, env, message):
-    config = write_yaml(tmp_path / "c.yaml", env=env)
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    got = run_bad(capsys, argv, tmp_path / "out")
-    expected = message.format(config=config)
-    assert got.startswith(expected) if expected.endswith(", ") else got == expected
-
-
-def test_env_is_applied_only_after_validation(capsys, tmp_path, data_dir, monkeypatch):
-    monkeypatch.delenv("HF_TRL_PADFREE_PROBE", raising=False)
-    config = write_yaml(tmp_path / "c.yaml", env={"HF_TRL_PADFREE_PROBE": "1"}, per_device_train_batch_size=0)
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    run_bad(capsys, argv, tmp_path / "out")
-    assert "HF_TRL_PADFREE_PROBE" not in os.environ
-
-
 # ------------------------------------------------------------------------------------------- trust_remote_code
 
 

@@ -247,24 +247,27 @@ def test_launch_turns_an_unset_prompt_once_off_for_recurrent_layers():
     """``trl-padfree grpo``/``rloo`` leave prompt_once unset (on where it can run): after loading a hybrid model it
     is off, so the run trains instead of stopping at the refusal above; one set to true is refused in one line."""
     import dataclasses
+    from types import SimpleNamespace
 
     from trl_padfree.launch.model import _shared_prompt_default
-    from trl_padfree.launch.tasks.grpo import RLArguments
 
     @dataclasses.dataclass(frozen=True)
     class Config:
-        collator: RLArguments
+        training: SimpleNamespace
+        explicit: frozenset = frozenset()
+        task: str = "grpo"
 
-    unset = Config(RLArguments(prompt_once=None))
-    assert _shared_prompt_default(unset, _tiny("qwen3_5_text")).collator.prompt_once is False
-    assert unset.collator.prompt_once is None  # a new config; the old one unchanged
+    unset = Config(SimpleNamespace(prompt_once=False))
+    off = _shared_prompt_default(unset, _tiny("qwen3_5_text"))
+    assert off.training.prompt_once is False and "prompt_once" in off.explicit
+    assert "prompt_once" not in unset.explicit  # a new config; the old one unchanged
     from trl_padfree.launch.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"^prompt_once: true cannot share a prompt with Lfm2ShortConv layers .*"
                                           r"set prompt_once=False\.$"):
-        _shared_prompt_default(Config(RLArguments(prompt_once=True)), _tiny("lfm2"))
+        _shared_prompt_default(Config(SimpleNamespace(prompt_once=True), frozenset({"prompt_once"})), _tiny("lfm2"))
     llama = tiny_llama(vocab_size=64, attn_implementation="padfree")
-    assert _shared_prompt_default(unset, llama).collator.prompt_once is None  # attention only: the task decides
+    assert _shared_prompt_default(unset, llama) is unset  # attention only: the task decides
 
 
 # ---- a trainer ---------------------------------------------------------------------------------------------------

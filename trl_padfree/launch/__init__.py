@@ -1,10 +1,9 @@
 """``trl-padfree train --config configs/NAME.yaml [--field value ...]``: one-command fine-tuning.
 
 The same entry point serves ``trl-padfree train``, ``python scripts/train.py`` and
-``accelerate launch scripts/train.py``. The config is TRL's (``trl sft --config``): the fields of ``SFTConfig``,
-``ModelConfig`` and this launcher's :class:`~.config.DataArguments` / :class:`~.tasks.sft.CollatorArguments` /
-:class:`~.config.LaunchArguments`, flat
-in one YAML file, overridable on the command line. See :mod:`.run` for the stages of a run.
+``accelerate launch scripts/train.py``. The config is TRL's (``trl sft --config``): the fields of this package's
+``SFTConfig`` (``DPOConfig``, ... for the other trainers), ``ModelConfig`` and :class:`~.config.LaunchArguments`,
+flat in one YAML file, overridable on the command line. See :mod:`.run` for the stages of a run.
 
 Exit codes: 0 done (or stopped cleanly by SIGTERM / Ctrl-C with a checkpoint saved), 2 bad input (one line on
 stderr, nothing written), 1 failed. Under a multi-process launcher every rank ends the process group on every way
@@ -17,19 +16,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from .config import (
-    ConfigError,
-    DataArguments,
-    LaunchArguments,
-    LaunchConfig,
-    parse_arguments,
-)
-from .tasks.sft import CollatorArguments
+from .config import ConfigError, LaunchArguments, LaunchConfig, parse_arguments
 
 __all__ = [
-    "CollatorArguments",
     "ConfigError",
-    "DataArguments",
     "LaunchArguments",
     "LaunchConfig",
     "load_config",
@@ -45,11 +35,9 @@ def load_config(argv: Sequence[str], check_environment: bool = True, task: str =
     packages, existing checkpoints) are skipped, so a config for another machine can be checked anywhere.
     """
     from .demo import builtin_config, resolve_package_paths
-    from .tasks import get_task
     from .validate import validate_config
 
-    prog = get_task(task).prog
-    cfg = parse_arguments(builtin_config(argv), prog=prog, task=task)  # --config demo: the demo config shipped in the package
+    cfg = parse_arguments(builtin_config(argv), task=task)  # --config demo: the demo config shipped in the package
     cfg = resolve_package_paths(cfg)  # trl_padfree/demo/... paths of an installed package, from any directory
     return validate_config(cfg, check_environment=check_environment)
 

@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .config import ConfigError, DataArguments
+from .config import ConfigError, LaunchArguments
 from .console import one_line
 from .validate import data_builder
 
@@ -120,7 +120,7 @@ def _check_hub_dataset(name: str) -> None:
         ) from None
 
 
-def load_splits(data: DataArguments, seed: int,
+def load_splits(data: LaunchArguments, seed: int,
                 check: Callable[[Any, str], None] | None = None) -> tuple[Any, Any | None]:
     """Load the training split and the eval split (or None) described by ``data``.
 

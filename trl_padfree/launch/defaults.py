@@ -106,7 +106,7 @@ def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelSha
     explicit = cfg.explicit
     chosen: dict[str, Any] = {}
     wants_checkpointing = not ({"activation_checkpointing", "gradient_checkpointing"} & explicit)
-    wants_threads = "torch_num_threads" not in explicit and not os.environ.get("OMP_NUM_THREADS")
+    wants_threads = cfg.training.torch_num_threads == "auto" and not os.environ.get("OMP_NUM_THREADS")
     if shape is None and (wants_threads or wants_checkpointing):
         shape = model_shape(cfg, count_parameters=wants_checkpointing and device == "cuda")
     shape = shape or ModelShape()
@@ -117,7 +117,9 @@ def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelSha
         chosen["activation_checkpointing"] = on
     if wants_threads:
         chosen["torch_num_threads"] = threads_default(device, shape.hidden_size, cores(), processes_on_this_machine())
-        cfg = replace(cfg, launch=with_fields(cfg.launch, torch_num_threads=chosen["torch_num_threads"]))
+        training["torch_num_threads"] = chosen["torch_num_threads"]
+    elif cfg.training.torch_num_threads == "auto":  # OMP_NUM_THREADS chose
+        training["torch_num_threads"] = None
     if "disable_tqdm" not in explicit and not (sys.stdout.isatty() and sys.stderr.isatty()):
         training["disable_tqdm"] = chosen["disable_tqdm"] = True
     if device == "cpu" and "dataloader_pin_memory" not in explicit:

@@ -81,9 +81,9 @@ def resolve_package_paths(cfg: Any) -> Any:
     from .config import with_fields
 
     sections: dict[str, dict[str, str]] = {}
-    for section, name in (("model", "model_name_or_path"), ("data", "train_file"), ("data", "eval_file"),
-                          ("data", "dataset_name"), ("training", "chat_template_path"),
-                          ("collator", "chat_template_path")):  # (trl-padfree dpo's chat_template_path)
+    for section, name in (("model", "model_name_or_path"), ("launch", "train_file"), ("launch", "eval_file"),
+                          ("launch", "dataset_name"), ("training", "chat_template_path"),
+                          ("launch", "chat_template_path")):
         resolved = _in_package(getattr(getattr(cfg, section), name, None))
         if resolved is not None:
             sections.setdefault(section, {})[name] = resolved

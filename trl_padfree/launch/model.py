@@ -70,18 +70,19 @@ def _shared_prompt_default(cfg: LaunchConfig, model: Any) -> LaunchConfig:
     one set to true is refused here, in one line (:class:`ConfigError`), before the probe runs."""
     from trl_padfree.recurrent import recurrent_layer_types, refuse_shared_prompt
 
-    if getattr(cfg.collator, "prompt_once", False):
+    if getattr(cfg.training, "prompt_once", False):
         try:
             refuse_shared_prompt(model, "prompt_once: true")
         except ValueError as exc:  # before the probe, whose advice would be about padding_free
             raise ConfigError(str(exc)) from None
-    if getattr(cfg.collator, "prompt_once", False) is not None:
+    if "prompt_once" in cfg.explicit or cfg.task not in ("grpo", "rloo"):
         return cfg
     layers = recurrent_layer_types(model)
     if not layers:
         return cfg
     say(f"prompt_once: off ({layers[0]} layers cannot share a prompt's state through the attention's key index)")
-    return dataclasses.replace(cfg, collator=with_fields(cfg.collator, prompt_once=False))
+    return dataclasses.replace(cfg, explicit=cfg.explicit | {"prompt_once"},
+                               training=with_fields(cfg.training, prompt_once=False))
 
 
 def _load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:

@@ -12,6 +12,7 @@ It is the tool to reach for when a loss looks wrong (axolotl's ``preprocess --de
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -87,14 +88,20 @@ def guess_task(argv: Sequence[str]) -> str:
     """
     import dataclasses
 
-    from .config import read_yaml_config, split_config_flag
-    from .tasks import get_task, task_names
+    import yaml
 
-    path, args = split_config_flag(argv)
-    keys = {a[2:].split("=", 1)[0].removeprefix("no_") for a in args if a.startswith("--")}
-    if path is not None:
-        keys |= set(read_yaml_config(path))
-    fields = {name: {f.name for cls in get_task(name).argument_classes() for f in dataclasses.fields(cls)}
+    from .config import argument_classes
+    from .tasks import task_names
+
+    keys = {a[2:].split("=", 1)[0].removeprefix("no_") for a in argv if a.startswith("--")}
+    if "--config" in argv[:-1] and os.path.isfile(path := argv[argv.index("--config") + 1]):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                config = yaml.safe_load(handle)
+        except (yaml.YAMLError, UnicodeDecodeError):
+            config = None  # (parsing says what is wrong with it)
+        keys |= set(config) if isinstance(config, dict) else set()
+    fields = {name: {f.name for cls in argument_classes(name) for f in dataclasses.fields(cls)}
               for name in task_names()}
     scores = {name: len(keys & (own - fields["sft"])) for name, own in fields.items() if name != "sft"}
     best = max(scores, key=scores.__getitem__, default="sft")

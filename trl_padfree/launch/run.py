@@ -16,6 +16,7 @@ code 2. Nothing is written (no ``output_dir``) before stage 4.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
@@ -23,7 +24,7 @@ from typing import Any
 
 from ..exception_text import one_line
 from ..threads import torch_threads
-from .config import LaunchConfig
+from .config import ConfigError, LaunchConfig, with_fields
 from .console import quiet_progress, say
 from .model import load_model
 from .probe_stage import probe_model
@@ -36,7 +37,8 @@ __all__ = ["train"]
 
 def train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
     """Stages 2-4 (see the module docstring) on a validated config; ``callbacks``: extra Trainer callbacks."""
-    with torch_threads(cfg.launch.torch_num_threads):
+    threads = cfg.training.torch_num_threads
+    with torch_threads(None if threads == "auto" else threads):
         return _train(cfg, callbacks)
 
 
@@ -57,7 +59,7 @@ def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
         say(f"loading model {cfg.model.model_name_or_path} (attn_implementation={cfg.attn_implementation!r}, "
             f"dtype={cfg.model.dtype})")
         model, cfg = load_model(cfg)  # (cfg: the attention the model was loaded with)
-        if cfg.padding_free and cfg.launch.check_packing:
+        if cfg.padding_free and cfg.training.check_packing:
             probe_model(model, training, check=task.probe_check(cfg))
         ref_model, line = task.load_reference(cfg)
         if line:
@@ -78,6 +80,8 @@ def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, c
         trainer_settings_checked,
     )
 
+    # the launch holds the thread count and probed the model (the trainer's keywords say so, make_launch_trainer)
+    cfg = dataclasses.replace(cfg, training=with_fields(cfg.training, torch_num_threads=None))
     training = cfg.training
     stop = GracefulStop(announce=say)
     # TRL's own checks at construction: exit 2, one line; peft reads transformers' deprecated
@@ -85,7 +89,14 @@ def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, c
     with trainer_settings_checked(training.output_dir, task.trainer_name), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         # extra callbacks act first within a step (a test hook signals before the check)
+        existed = os.path.exists(training.output_dir)
         trainer = task.make_trainer(cfg, tokenizer, model, ref_model, data, [*callbacks, stop])
+    try:
+        task.check_trainer(cfg, trainer, data)  # e.g. the records TRL dropped (before anything is written)
+    except ConfigError:
+        if not existed and os.path.isdir(training.output_dir) and not os.listdir(training.output_dir):
+            os.rmdir(training.output_dir)  # (the Trainer makes it, empty)
+        raise
     metrics: dict[str, Any] = {}
     if begin_run(trainer, cfg.run_id, cfg.resume_from_checkpoint):
         with stop, crash_reported(trainer, say):

@@ -50,8 +50,8 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
         # will result in indexing errors" (printed once, for any text longer than model_max_length) is not true here
         tokenizer.deprecation_warnings[LONGER_THAN_MAXIMUM] = True
     check_vocabulary(cfg, tokenizer)
-    # SFTConfig's field; trl-padfree dpo's is PreferenceArguments' (DPOConfig has none)
-    path = getattr(training, "chat_template_path", None) or getattr(cfg.collator, "chat_template_path", None)
+    # SFTConfig's / RewardConfig's field; trl-padfree dpo / kto: the launch's (DPOConfig has none)
+    path = getattr(training, "chat_template_path", None) or getattr(cfg.launch, "chat_template_path", None)
     if path is not None:
         if not (os.path.isfile(path) and path.endswith((".jinja", ".j2"))):
             raise ConfigError(f"chat_template_path={path!r} must be an existing .jinja file")

@@ -151,7 +151,7 @@ UNCHECKED_NUMERIC: dict[str, str] = {
 
 
 def _numeric_value(cfg: LaunchConfig, name: str) -> Any:
-    for part in (cfg.training, cfg.model, cfg.data, cfg.launch, cfg.collator):
+    for part in (cfg.training, cfg.model, cfg.launch):
         if hasattr(part, name):
             return getattr(part, name)
     return None
@@ -266,7 +266,7 @@ def _looks_local(name: str) -> bool:
 def _check_data(cfg: LaunchConfig) -> LaunchConfig:
     keys = ("train_file", "eval_file", "dataset_name", "dataset_config", "dataset_test_split", "template")
     # `--eval_file ""` on the command line switches a file off
-    data = with_fields(cfg.data, **{key: None for key in keys if getattr(cfg.data, key) == ""})
+    data = with_fields(cfg.data, **{key: None for key in keys if getattr(cfg.data, key, None) == ""})
     if data.train_file and data.dataset_name:
         raise ConfigError("set either train_file (local files) or dataset_name (hub or local dataset), not both")
     if not data.train_file and not data.dataset_name:
@@ -293,7 +293,7 @@ def _check_data(cfg: LaunchConfig) -> LaunchConfig:
             "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
             "(or eval_on_start: false)"
         )
-    return replace(cfg, data=data)
+    return replace(cfg, launch=data)
 
 
 def _check_model(cfg: LaunchConfig, check_environment: bool) -> LaunchConfig:
@@ -443,7 +443,6 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
                       model=with_fields(cfg.model, attn_implementation=attn))
         _check_output_dir(cfg)
         cfg = _check_resume(cfg)
-        os.environ.update(cfg.env)  # the config's env: mapping, only once everything above passed
     return cfg
 
 
@@ -463,7 +462,8 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "device": training_device(cfg),
         "bf16": bool(cfg.training.bf16),
         "activation_checkpointing": bool(cfg.training.activation_checkpointing),
-        "torch_num_threads": cfg.launch.torch_num_threads or os.environ.get("OMP_NUM_THREADS") or "torch default",
+        "torch_num_threads": (cfg.training.torch_num_threads if cfg.training.torch_num_threads != "auto" else None)
+        or os.environ.get("OMP_NUM_THREADS") or "torch default",
         **task.trainer_kwargs(cfg),  # scored_lm_head, where the task's trainer has an LM head
         "output_dir": cfg.training.output_dir,
     }

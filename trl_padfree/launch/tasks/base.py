@@ -26,29 +26,11 @@ class Task:
     name: str = ""
     command: str = ""
     trainer_name: str = ""
+    arguments: type | None = None  # the launch's arguments of this trainer (None: config.LaunchArguments)
 
     @property
     def prog(self) -> str:
         return f"trl-padfree {self.command}"
-
-    # -- config ---------------------------------------------------------------------------------------------------
-    def argument_classes(self) -> tuple[type, ...]:
-        """The dataclasses of the config, in parsing order: data, the task's own (collator) arguments, launcher,
-        TRL's config class, ``ModelConfig`` (``LaunchConfig`` takes them by position)."""
-        raise NotImplementedError
-
-    def configure_parser(self, parser: Any) -> None:
-        """Set the parser's ``description`` / ``help_groups`` / ``help_texts`` for ``--help`` (default: as is)."""
-
-    def parsed(self, own: Any) -> Any:
-        """The task's own (collator) arguments as ``config.parse_arguments`` puts them in the config, given them as
-        parsed (default: as they are)."""
-        return own
-
-    def foreign_field(self, name: str) -> Exception | None:
-        """The error for ``name``, a key of another trainer's config this one refuses, or None (then the generic
-        "unknown key ... did you mean" line is used)."""
-        return None
 
     # -- validate -------------------------------------------------------------------------------------------------
     def numeric_ranges(self) -> dict[str, Any]:
@@ -89,10 +71,14 @@ class Task:
 
     def trainer_kwargs(self, cfg: Any) -> dict[str, Any]:
         """The shared launcher settings for ``make_trainer`` to pass on to the trainer: ``scored_lm_head`` where the
-        task's config has it (``config.HeadLaunchArguments``, the tasks whose trainer has an LM head), else none."""
-        if not hasattr(cfg.launch, "scored_lm_head"):
+        task's config has it (the trainers with an LM head), else none."""
+        if not hasattr(cfg.training, "scored_lm_head"):
             return {}
-        return {"scored_lm_head": bool(cfg.launch.scored_lm_head)}
+        return {"scored_lm_head": bool(cfg.training.scored_lm_head)}
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        """Checks of the trainer once built, before anything is written (e.g. what TRL dropped); raise
+        ``ConfigError``."""
 
     def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
         """The reference model (or None) and the line that says which (None: no line)."""

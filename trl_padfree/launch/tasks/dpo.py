@@ -2,7 +2,7 @@
 
 ``trl-padfree dpo`` is ``trl-padfree train`` with TRL's ``DPOConfig`` in place of ``SFTConfig`` (as ``trl dpo`` and
 ``trl sft`` share one parser): the same stages (:mod:`..run`). Its own parts, here:
-:class:`PreferenceArguments` (``prompt_once``: compute each pair's prompt once, needs ``"padfree"`` attention;
+:class:`trl_padfree.DPOConfig` (``prompt_once``: compute each pair's prompt once, needs ``"padfree"`` attention;
 ``chat_template_path``); the SFT-only fields refused and ``attn_implementation`` made fit for the layout
 (:meth:`DPOTask.check`, :meth:`DPOTask.resolve`); the records with ``chosen`` / ``rejected`` (and ``prompt``, or
 TRL's implicit prompt), plain text or conversational, checked before TRL tokenizes them
@@ -21,45 +21,24 @@ from typing import Any
 
 from trl_padfree.dpo import DPOTrainer
 
-from ..config import ConfigError, DataArguments, HeadLaunchArguments, with_fields
+from ..config import ChatArguments, ConfigError
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .preference_data import (
+    check_chat_renders,
     check_one_kind_in_files,
     check_preference_records,
-    check_truncation,
-    tokenized_prompts,
+    dropped_by_trainer,
     value_kind,
 )
-from .shared import pin_prompt_once, preference_probe, reference_model, refuse_sft_settings, sft_only_fields
+from .shared import pin_prompt_once, preference_probe, reference_model
 
-__all__ = ["TASK", "DPOTask", "PreferenceArguments", "PreparedPreferences", "load_preference_data",
+__all__ = ["TASK", "DPOTask", "PreparedPreferences", "load_preference_data",
            "preference_summary", "preview_pairs"]
 
-SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree dpo trains on prompt/chosen/rejected "
-                    "records and scores only the responses: remove it")
 
 
-@dataclass
-class PreferenceArguments:
-    """Settings of the padding-free preference batch (``padding_free`` is DPOConfig's field)."""
-
-    prompt_once: bool = field(
-        default=False,
-        metadata={
-            "help": "Compute each pair's prompt once: the chosen and the rejected response both attend to its keys "
-            "and not to each other (|P|+|C|+|R|+1 tokens per pair instead of 2|P|+|C|+|R|). Needs padding_free: "
-            "true and attn_implementation 'padfree' (auto picks it)."
-        },
-    )
-    chat_template_path: str | None = field(
-        default=None,
-        metadata={
-            "help": "A .jinja chat template that replaces the tokenizer's, for conversational pairs (e.g. with "
-            "system turns the model's own template does not render); as trl-padfree train's field."
-        },
-    )
 
 
 @dataclass
@@ -85,17 +64,12 @@ def load_preference_data(cfg: Any, tokenizer: Any) -> PreparedPreferences:
             f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has no chat "
             "template; set chat_template_path to a .jinja file, or use text records"
         )
-    training = cfg.training
-    dropped = {}
     sources = {"train": "train_file" if cfg.data.train_file else "the training data",
                "eval": "eval_file" if cfg.data.eval_file else "the eval data"}
-    for split, dataset, what in (("train", train, "training"), ("eval", eval_ds, "eval")):
-        if dataset is not None:
-            lengths = tokenized_prompts(dataset, tokenizer, sources[split], training.max_length)
-            dropped[split] = check_truncation(lengths, sources[split], what, training.max_length,
-                                              training.truncation_mode)
-    return PreparedPreferences(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected",
-                               dropped)
+    for split, dataset in (("train", train), ("eval", eval_ds)):
+        if dataset is not None and conversational:
+            check_chat_renders(dataset, tokenizer, sources[split])
+    return PreparedPreferences(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected")
 
 
 class QuietReferencePrecompute:
@@ -215,33 +189,10 @@ class DPOTask(Task):
     name = "dpo"
     command = "dpo"
     trainer_name = "DPOTrainer"
-
-    def argument_classes(self) -> tuple[type, ...]:
-        from trl import DPOConfig, ModelConfig
-
-        return (DataArguments, PreferenceArguments, HeadLaunchArguments, DPOConfig, ModelConfig)
-
-    def configure_parser(self, parser: Any) -> None:
-        parser.help_groups = {
-            "collator": "preference batch (trl_padfree.DPOTrainer: padding-free rows, prompt_once)",
-            "training": "training (TRL DPOConfig / transformers TrainingArguments)",
-        }
-        parser.help_texts = {
-            "padding_free": "Put the 2B sequences of each batch of B pairs in one row without padding "
-            "(trl_padfree.DPOTrainer; TRL 1.16 itself pads). (default: true)",
-        }
-        parser.description = (
-            "Preference-train a causal LM with trl_padfree.DPOTrainer (TRL's DPOTrainer, padding-free). --config "
-            "FILE: a YAML mapping of any of the fields below (plus an optional `env` mapping of environment "
-            "variables); command-line values override the file. Exit code 2 on bad input."
-        )
-
-    def foreign_field(self, name: str) -> Exception | None:
-        return ConfigError(SFT_ONLY_MESSAGE.format(name=name)) if name in sft_only_fields(self) else None
+    arguments = ChatArguments
 
     def check(self, cfg: Any) -> None:
         """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
-        refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
         if cfg.training.padding_free:
             from trl_padfree._compat import dpo_padding_free_unavailable
 
@@ -249,7 +200,7 @@ class DPOTask(Task):
             if problem is not None:
                 raise ConfigError(problem)
         _check_preference_losses(cfg.training)
-        once = bool(cfg.collator.prompt_once)
+        once = bool(cfg.training.prompt_once)
         if once and not cfg.training.padding_free:
             raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
         if once and cfg.attn_implementation not in ("auto", "padfree"):
@@ -260,23 +211,20 @@ class DPOTask(Task):
 
     def resolve(self, cfg: Any) -> dict[str, Any]:
         """No SFT template; the ``"padfree"`` attention for ``prompt_once``."""
-        return {"data": with_fields(cfg.data, template=None), **pin_prompt_once(cfg)}
+        return pin_prompt_once(cfg)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once)}
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
         """Checked preference records (TRL's DPOTrainer tokenizes them when built)."""
         data = load_preference_data(cfg, tokenizer)
         say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None
                                                           else "") + f" (format: {data.text_format})")
-        for split, count in data.dropped.items():
-            if count:
-                total = len(data.train if split == "train" else data.eval)
-                say(f"dropped {count} of {total} {split} pairs whose prompt alone has max_length="
-                    f"{cfg.training.max_length} tokens or more (truncation_mode keep_start leaves them no response "
-                    "token; TRL drops them)")
         return data
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        dropped_by_trainer(cfg, trainer, data)
 
     def probe_check(self, cfg: Any) -> Any:
         return preference_probe(cfg)
@@ -287,11 +235,10 @@ class DPOTask(Task):
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
         """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built)."""
-        return make_launch_trainer(LaunchDPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model, prompt_once=bool(cfg.collator.prompt_once),
-                                   **self.trainer_kwargs(cfg))
+        return make_launch_trainer(LaunchDPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once)}
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return preference_summary(lines, history)

@@ -1,6 +1,6 @@
 """``trl-padfree grpo``: RL with verifiable rewards through :class:`trl_padfree.GRPOTrainer` (TRL's, padding-free).
 
-Its own parts: :class:`RLArguments` (``padding_free``, ``prompt_once``, ``reward_funcs``) and TRL's ``GRPOConfig``;
+Its own parts: ``reward_funcs`` and this package's ``GRPOConfig`` (``padding_free``, ``prompt_once``);
 reward functions by name (TRL's built-in rewards as ``trl grpo`` names them, this package's
 :data:`trl_padfree.rewards.REWARDS`) or by import path (``module:function`` or ``module.function``), imported at
 validation so that a wrong name is exit 2 with nothing written; prompt records checked one by one; the group probe
@@ -14,39 +14,19 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from trl_padfree.grpo import GRPOTrainer
 
-from ..config import ConfigError, DataArguments, HeadLaunchArguments
+from ..config import ConfigError, RewardFunctionArguments, with_fields
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 
-__all__ = ["TASK", "LaunchGRPOTrainer", "GRPOTask", "RLArguments", "resolve_reward", "trl_rewards"]
+__all__ = ["TASK", "LaunchGRPOTrainer", "GRPOTask", "resolve_reward", "trl_rewards"]
 
 
-@dataclass
-class RLArguments:
-    """Settings of the padding-free RL forwards and the rewards (``trl-padfree grpo`` / ``rloo``)."""
-
-    padding_free: bool = field(
-        default=True,
-        metadata={"help": "Run the policy, old-policy and reference forwards on one flat row per micro-batch, no "
-                  "padding (trl_padfree.GRPOTrainer / RLOOTrainer; TRL itself pads). (default: true)"},
-    )
-    prompt_once: bool | None = field(
-        default=None,
-        metadata={"help": "The completions of one prompt in a micro-batch share one forwarded copy of it (needs "
-                  "padding_free and attn_implementation 'padfree'). Default: on where the attention is 'padfree'."},
-    )
-    reward_funcs: list[str] | None = field(
-        default=None,
-        metadata={"help": "Reward functions: TRL's built-in ones by name (accuracy_reward, reasoning_accuracy_reward, "
-                  "think_format_reward, get_soft_overlong_punishment), this package's (answer_chars, answer_prefix, "
-                  "answer_overlap, exact_match: trl_padfree.rewards), or an import path 'module:function'."},
-    )
 
 
 def trl_rewards() -> dict[str, Callable[[], Any]]:
@@ -69,7 +49,7 @@ def trl_rewards() -> dict[str, Callable[[], Any]]:
 
 
 def resolve_reward(name: str) -> Callable[..., Any]:
-    """The reward function called ``name`` (see :class:`RLArguments`); a bad name is a :class:`ConfigError`.
+    """The reward function called ``name`` (see ``reward_funcs``); a bad name is a :class:`ConfigError`.
 
     >>> resolve_reward("answer_prefix").__name__, resolve_reward("trl_padfree.rewards:exact_match").__name__
     ('answer_prefix', 'exact_match')
@@ -151,7 +131,7 @@ def load_prompts(cfg: Any, tokenizer: Any) -> PreparedPrompts:
     if conversational and getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
                           "has no chat template; use text prompts")
-    check_answer_columns(cfg.collator.reward_funcs or [], train, "train_file" if cfg.data.train_file else "dataset")
+    check_answer_columns(cfg.launch.reward_funcs or [], train, "train_file" if cfg.data.train_file else "dataset")
     return PreparedPrompts(train, eval_ds, "conversational" if conversational else "prompt")
 
 
@@ -173,9 +153,8 @@ def check_answer_columns(reward_names: Any, dataset: Any, source: str) -> None:
 def prompt_once(cfg: Any) -> bool:
     """``prompt_once`` as the run uses it: the config's, else on where the attention is ``"padfree"`` (or still
     ``"auto"``, which picks it where prompt_once can run) and the rows are padding-free."""
-    value = cfg.collator.prompt_once
-    if value is not None:
-        return bool(value)
+    if "prompt_once" in cfg.explicit:
+        return bool(cfg.training.prompt_once)
     return bool(cfg.padding_free) and cfg.attn_implementation in ("padfree", "auto")
 
 
@@ -187,29 +166,9 @@ class GRPOTask(Task):
     name = "grpo"
     command = "grpo"
     trainer_name = "GRPOTrainer"
-
-    def config_class(self) -> type:
-        from trl import GRPOConfig
-
-        return GRPOConfig
+    arguments = RewardFunctionArguments
 
     trainer_class: type = LaunchGRPOTrainer
-
-    def argument_classes(self) -> tuple[type, ...]:
-        from trl import ModelConfig
-
-        return (DataArguments, RLArguments, HeadLaunchArguments, self.config_class(), ModelConfig)
-
-    def configure_parser(self, parser: Any) -> None:
-        parser.help_groups = {
-            "collator": f"RL forwards and rewards (trl_padfree.{self.trainer_name}: padding-free rows, prompt_once)",
-            "training": f"training (TRL {self.config_class().__name__} / transformers TrainingArguments)",
-        }
-        parser.description = (
-            f"Train a causal LM with verifiable rewards through trl_padfree.{self.trainer_name} (TRL's, "
-            "padding-free). --config FILE: a YAML mapping of any of the fields below (plus an optional `env` "
-            "mapping of environment variables); command-line values override the file. Exit code 2 on bad input."
-        )
 
     def numeric_ranges(self) -> dict[str, Any]:
         from ..validate import Range
@@ -217,17 +176,13 @@ class GRPOTask(Task):
         return {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
 
     def check(self, cfg: Any) -> None:
-        for name, holder in (("template", cfg.data), ("max_tokens_per_batch", cfg.launch)):
-            if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
-                raise ConfigError(f"{name} is a setting of trl-padfree train (SFT); {self.prog} generates from "
-                                  "'prompt' records and scores the completions: remove it")
-        names = cfg.collator.reward_funcs or []
+        names = cfg.launch.reward_funcs or []
         if not names:
             raise ConfigError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [answer_prefix] "
                               "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
         for name in names:
             resolve_reward(name)
-        once = cfg.collator.prompt_once
+        once = cfg.training.prompt_once
         if once and not cfg.padding_free:
             raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
         if once and cfg.attn_implementation not in ("auto", "padfree"):
@@ -241,10 +196,10 @@ class GRPOTask(Task):
                 raise ConfigError(problem)
 
     def resolve(self, cfg: Any) -> dict[str, Any]:
-        return {"attn_implementation": "padfree"} if cfg.collator.prompt_once else {}
+        return {"attn_implementation": "padfree"} if cfg.training.prompt_once else {}
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.collator.reward_funcs or [])}
+        return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedPrompts:
         data = load_prompts(cfg, tokenizer)
@@ -262,13 +217,12 @@ class GRPOTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
+        cfg = replace(cfg, training=with_fields(cfg.training, prompt_once=prompt_once(cfg)))  # (unset: resolved)
         return make_launch_trainer(self.trainer_class, cfg, tokenizer, model, data, callbacks,
-                                   reward_funcs=[resolve_reward(name) for name in cfg.collator.reward_funcs],
-                                   padding_free=cfg.padding_free, prompt_once=prompt_once(cfg),
-                                   **self.trainer_kwargs(cfg))
+                                   reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": prompt_once(cfg), "reward_funcs": list(cfg.collator.reward_funcs or [])}
+        return {"prompt_once": prompt_once(cfg), "reward_funcs": list(cfg.launch.reward_funcs or [])}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return reward_summary(lines, history)

@@ -1,6 +1,6 @@
 """``trl-padfree kto``: KTO with :class:`trl_padfree.KTOTrainer` (TRL's, padding-free; trl >= 1.16).
 
-Its own parts: :class:`KTOArguments` (``prompt_once``, ``chat_template_path``) and this package's ``KTOConfig``
+Its own parts: this package's ``KTOConfig`` (``prompt_once``, ...) and ``chat_template_path``
 (TRL's plus ``padding_free``); the records TRL's ``KTOTrainer`` takes: unpaired ``prompt`` / ``completion`` /
 ``label`` (a boolean: desirable or not), or the preference pairs of ``trl-padfree dpo`` (``prompt`` / ``chosen`` /
 ``rejected``, checked as there), which TRL unpairs (the chosen response desirable, the rejected one not); the
@@ -18,16 +18,16 @@ import trl
 
 from trl_padfree.kto import KTOTrainer
 
-from ..config import ConfigError, DataArguments, HeadLaunchArguments
+from ..config import ChatArguments, ConfigError
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .preference_data import (
+    check_chat_renders,
     check_one_kind_in_files,
     check_preference_records,
-    check_truncation,
+    dropped_by_trainer,
     mixed_kinds_error,
-    tokenized_prompts,
     value_kind,
 )
 from .shared import (
@@ -35,38 +35,14 @@ from .shared import (
     pin_prompt_once,
     preference_probe,
     reference_model,
-    refuse_sft_settings,
-    sft_only_fields,
 )
 
-__all__ = ["TASK", "LaunchKTOTrainer", "KTOArguments", "KTOTask", "kto_summary"]
-
-SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree kto trains on prompt/completion/label "
-                    "(or prompt/chosen/rejected) records and scores only the completions: remove it")
+__all__ = ["TASK", "LaunchKTOTrainer", "KTOTask", "kto_summary"]
 
 
-@dataclass
-class LaunchKTOConfig(trl.KTOConfig):
-    """TRL's ``KTOConfig`` plus ``padding_free``: the launch's training config (:class:`trl_padfree.KTOConfig` also has
-    ``prompt_once``, ``check_packing``, ..., which the launch still reads from its own argument classes)."""
-
-    padding_free: bool = field(default=False, metadata={"help": "Padding-free batches."})
 
 
-@dataclass
-class KTOArguments:
-    """Settings of the padding-free KTO rows (``padding_free`` is ``KTOConfig``'s field)."""
 
-    prompt_once: bool = field(
-        default=False,
-        metadata={"help": "The reference computes each prompt once for its completion and its KL completion (one row "
-                  "instead of two). Needs padding_free: true and attn_implementation 'padfree' (auto picks it)."},
-    )
-    chat_template_path: str | None = field(
-        default=None,
-        metadata={"help": "A .jinja chat template that replaces the tokenizer's, for conversational records; as "
-                  "trl-padfree train's field."},
-    )
 
 
 def kto_unavailable() -> str | None:
@@ -138,28 +114,14 @@ def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
         raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "
                           "no chat template; set chat_template_path to a .jinja file, or use text records")
     kind = "conversational" if conversational else "text"
-    dropped = {}
-    for split, dataset, what in (("train", train, "training"), ("eval", eval_ds, "eval")):
-        if dataset is not None:
-            dropped[split] = prompt_fills_max_length(cfg, tokenizer, dataset, "chosen" in dataset.column_names, split,
-                                                     what)
+    for split, dataset in (("train", train), ("eval", eval_ds)):
+        if dataset is not None and conversational:
+            check_chat_renders(dataset, tokenizer, f"{split}_file" if getattr(cfg.data, f"{split}_file") else
+                               f"the {split} data")
     return PreparedKTO(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
-                                                      else "prompt/completion/label"), paired, dropped)
+                                                      else "prompt/completion/label"), paired)
 
 
-def prompt_fills_max_length(cfg: Any, tokenizer: Any, dataset: Any, paired: bool, split: str, what: str) -> int:
-    """How many records TRL's ``KTOTrainer`` drops because the prompt alone has ``max_length`` tokens or more (its
-    filter; DPO's ``keep_start`` rule, counted as ``trl-padfree dpo`` counts it); a split left empty is refused."""
-    max_length = cfg.training.max_length
-    if max_length is None:
-        return 0
-    source = ("train_file" if cfg.data.train_file else "the training data") if split == "train" else (
-        "eval_file" if cfg.data.eval_file else "the eval data")
-    if not paired:  # the pair check's view of an unpaired record: the completion as both responses
-        dataset = dataset.select_columns(["prompt", "completion"]).map(
-            lambda r: {"chosen": r["completion"], "rejected": r["completion"]}, remove_columns=["completion"])
-    lengths = tokenized_prompts(dataset, tokenizer, source, max_length)
-    return check_truncation(lengths, source, what, max_length, "keep_start")
 
 
 def count(dataset: Any, paired: bool) -> tuple[int, int]:
@@ -178,30 +140,7 @@ class KTOTask(Task):
     name = "kto"
     command = "kto"
     trainer_name = "KTOTrainer"
-
-    def argument_classes(self) -> tuple[type, ...]:
-        from trl import ModelConfig
-
-        return (DataArguments, KTOArguments, HeadLaunchArguments, LaunchKTOConfig, ModelConfig)
-
-    def configure_parser(self, parser: Any) -> None:
-        parser.help_groups = {
-            "collator": "KTO rows (trl_padfree.KTOTrainer: padding-free rows, prompt_once)",
-            "training": "training (trl_padfree.KTOConfig: TRL's KTOConfig + padding_free / TrainingArguments)",
-        }
-        parser.help_texts = {
-            "padding_free": "Lay the completion and the KL sequences of each batch out in rows without padding "
-            "(trl_padfree.KTOTrainer; TRL itself pads). (default: true)",
-        }
-        parser.description = (
-            "Align a causal LM with KTO through trl_padfree.KTOTrainer (TRL's KTOTrainer, padding-free), on "
-            "prompt/completion/label or prompt/chosen/rejected records. --config FILE: a YAML mapping of any of the "
-            "fields below (plus an optional `env` mapping of environment variables); command-line values override "
-            "the file. Exit code 2 on bad input."
-        )
-
-    def foreign_field(self, name: str) -> Exception | None:
-        return ConfigError(SFT_ONLY_MESSAGE.format(name=name)) if name in sft_only_fields(self) else None
+    arguments = ChatArguments
 
     def numeric_ranges(self) -> dict[str, Any]:
         from ..validate import Range
@@ -211,14 +150,13 @@ class KTOTask(Task):
     def check(self, cfg: Any) -> None:
         if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
             raise ConfigError(problem)
-        refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
         check_prompt_once(cfg)
 
     def resolve(self, cfg: Any) -> dict[str, Any]:
         return pin_prompt_once(cfg)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once), "loss_type": cfg.training.loss_type}
+        return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedKTO:
         data = load_kto_data(cfg, tokenizer)
@@ -231,12 +169,10 @@ class KTOTask(Task):
         good, bad = count(data.train, data.paired)
         line += f" (format: {data.text_format}; training examples: {good} desirable, {bad} undesirable"
         say(line + (", each pair unpaired by TRL)" if data.paired else ")"))
-        for split, dropped in data.dropped.items():
-            if dropped:
-                dataset = data.train if split == "train" else data.eval
-                say(f"dropped {dropped} of {len(dataset)} {split} {noun(dataset)} whose prompt alone has max_length="
-                    f"{cfg.training.max_length} tokens or more (no completion token would be left; TRL drops them)")
         return data
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        dropped_by_trainer(cfg, trainer, data, "pairs" if data.paired else "examples", 2 if data.paired else 1)
 
     def probe_check(self, cfg: Any) -> Any:
         return preference_probe(cfg)  # KTO's rows are the preference probe's segments
@@ -246,11 +182,10 @@ class KTOTask(Task):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(LaunchKTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model,
-                                   prompt_once=bool(cfg.collator.prompt_once), **self.trainer_kwargs(cfg))
+        return make_launch_trainer(LaunchKTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once)}
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return kto_summary(lines, history)
@@ -298,7 +233,6 @@ def kto_examples(cfg: Any, tokenizer: Any, data: PreparedKTO, n: int, color: boo
     from types import SimpleNamespace
 
     import numpy as np
-    import trl
 
     from trl_padfree.preference import truncate_pair
     from trl_padfree.token_text import TokenText
@@ -313,7 +247,7 @@ def kto_examples(cfg: Any, tokenizer: Any, data: PreparedKTO, n: int, color: boo
     text = TokenText.from_tokenizer(tokenizer)
     lines = [f"{len(examples)} training examples (format: {data.text_format}); each scored on its completion, and a "
              "KL sequence (its prompt with another example's completion) per example "
-             f"(padding_free={cfg.padding_free}, prompt_once={bool(cfg.collator.prompt_once)})"]
+             f"(padding_free={cfg.padding_free}, prompt_once={bool(cfg.training.prompt_once)})"]
     total = scored = 0
     for index, ex in enumerate(examples):
         prompt, completion = truncate_pair(ex["prompt_ids"], ex["completion_ids"], training.max_length, "keep_start")

@@ -1,15 +1,13 @@
 """The preference records of ``trl-padfree dpo``, also read by ``reward`` and ``kto``: their checks, before the model
-loads, record by record and in the files, and their prompts tokenized as TRL's ``DPOTrainer`` tokenizes them.
+loads, record by record and in the files; what TRL's trainer drops, read from the trainer once built.
 
 - :func:`check_preference_records`: ``chosen`` / ``rejected`` (and ``prompt``) in every record, all of one kind;
 - :func:`check_one_kind_in_files`: JSON / JSON Lines files whose records mix plain text and chat messages are
   refused, naming the mix (``datasets`` would load such a column as whatever pandas makes of it: the text ``" 47"``
   as the number 47, messages as text, or fail inside TRL);
-- :func:`tokenized_prompts`: every pair tokenized as TRL's ``DPOTrainer`` tokenizes it (its ``_tokenize`` and
-  ``common_prefix_length``; implicit prompts extracted as TRL does), so that a chat template that cannot render a
-  record is one line naming the record, and the pairs TRL drops under ``truncation_mode: keep_start`` (a prompt of
-  ``max_length`` tokens or more leaves no response token) are counted; a split left empty is refused with the
-  count and the setting to change (:func:`check_truncation`).
+- :func:`check_chat_renders`: a conversational record the chat template cannot render is one line naming it;
+- :func:`dropped_by_trainer`: the records TRL's trainer left out (``len(trainer.train_dataset)``), a split left
+  empty refused with the setting to change.
 """
 
 from __future__ import annotations
@@ -17,17 +15,16 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Sequence
 from typing import Any
 
 from ..config import ConfigError
 
 __all__ = [
+    "check_chat_renders",
     "check_one_kind_in_files",
     "check_preference_records",
-    "check_truncation",
+    "dropped_by_trainer",
     "mixed_kinds_error",
-    "tokenized_prompts",
     "value_kind",
 ]
 
@@ -157,95 +154,48 @@ def check_one_kind_in_files(key: str, pattern: str) -> None:
             return  # not valid JSON: the loader says so in its own line
 
 
-def _trl_tokenization() -> Any:
-    try:
-        from trl.data_utils import _tokenize, common_prefix_length, extract_prompt
-    except ImportError:  # an older TRL without these helpers: the pre-check is skipped (TRL still tokenizes)
-        return None
-    return _tokenize, common_prefix_length, extract_prompt
-
-
-def tokenized_prompts(dataset: Any, tokenizer: Any, source: str, max_length: int | None) -> list[int] | None:
-    """The prompt length (tokens) of every pair as TRL's ``DPOTrainer`` tokenizes it (None: TRL too old to tell).
-
-    Plain-text pairs: the prompts are tokenized in one batch; only a pair whose prompt has ``max_length`` tokens or
-    more is tokenized with its responses (TRL keeps ``prompt_ids`` up to where prompt and prompt + response
-    diverge), so the lengths are TRL's from ``max_length`` up (where they decide what is dropped) and, below it, an
-    upper bound of TRL's. Conversational pairs are rendered with the chat template, each; a record the template cannot render
-    is a :class:`ConfigError` naming it (:func:`~..data.record_error`).
-    """
-    helpers = _trl_tokenization()
-    if helpers is None:
-        return None
-    _tokenize, common_prefix_length, extract_prompt = helpers
+def check_chat_renders(dataset: Any, tokenizer: Any, source: str) -> None:
+    """Conversational records: each rendered by the chat template (its prompt with each response), so that a record
+    the template cannot render is one line naming it (:func:`~..data.record_error`), not an error of TRL's while
+    the trainer tokenizes the data."""
     from ..data import file_index, record_error
 
-    eos = tokenizer.eos_token or ""
-    has_prompt = "prompt" in dataset.column_names
-
-    def example_of(record: dict[str, Any]) -> dict[str, Any]:
-        return record if has_prompt else {**record, **extract_prompt(record)}
-
-    def full_prompt_len(example: dict[str, Any], prompt_ids: Sequence[int], kwargs: dict[str, Any]) -> int:
-        lengths = []
-        for name in ("chosen", "rejected"):
-            response = example[name]
-            if isinstance(response, str) and not response.endswith(eos):
-                response += eos
-            full = _tokenize(tokenizer, example["prompt"] + response, **kwargs)["input_ids"]
-            lengths.append(common_prefix_length(list(prompt_ids), list(full)))
-        return min(lengths)
-
-    def chat_kwargs(record: dict[str, Any]) -> dict[str, Any]:
-        tools = record.get("tools")
-        tools = json.loads(tools) if isinstance(tools, str) else tools
-        return {"tools": tools, **(record.get("chat_template_kwargs") or {})}
-
-    first = dataset[0]
-    conversational = value_kind(first["chosen"]) == "messages"
-    lengths: list[int] = []
-    if not conversational:
-        prompts = [example_of(r)["prompt"] for r in dataset] if not has_prompt else list(dataset["prompt"])
-        ids = tokenizer(text=prompts)["input_ids"]
-        for position, prompt_ids in enumerate(ids):
-            length = len(prompt_ids)
-            if max_length is not None and length >= max_length:
-                length = full_prompt_len(example_of(dataset[position]), prompt_ids, {})
-            lengths.append(length)
-        return lengths
     for position, record in enumerate(dataset):
+        tools = record.get("tools")
+        kwargs = {"tools": json.loads(tools) if isinstance(tools, str) else tools,
+                  **(record.get("chat_template_kwargs") or {})}
         try:
-            example = example_of(record)
-            kwargs = chat_kwargs(record)
-            prompt_ids = _tokenize(tokenizer, example["prompt"], add_generation_prompt=True, **kwargs)["input_ids"]
-            lengths.append(full_prompt_len(example, prompt_ids, kwargs))
-        except ConfigError:
-            raise
+            prompt = record.get("prompt") if isinstance(record.get("prompt"), list) else []
+            for name in ("chosen", "rejected", "completion"):
+                if isinstance(record.get(name), list):
+                    tokenizer.apply_chat_template([*prompt, *record[name]], tokenize=False, **kwargs)
         except Exception as exc:  # a chat template raises anything (jinja errors, raise_exception, ...)
             raise record_error(source, file_index(dataset, position), "format", exc) from None
-    return lengths
 
 
-def check_truncation(lengths: list[int] | None, source: str, what: str, max_length: int | None,
-                     truncation_mode: str) -> int:
-    """How many pairs TRL drops (``keep_start``: the prompt alone has ``max_length`` tokens or more); a split left
-    empty raises a :class:`ConfigError` with the count and the settings to change.
+def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", per_record: int = 1) -> dict[str, int]:
+    """How many records of each split TRL's trainer left out when it tokenized them (a prompt of ``max_length``
+    tokens or more leaves no response token), read from the trainer once built, before anything is written; each
+    count is said in one line, and a split left empty is a :class:`ConfigError` naming the setting to change.
+    ``per_record``: the examples TRL makes of one record (KTO unpairs a pair into 2)."""
+    from ..console import say
 
-    >>> check_truncation([3, 9, 12], "train_file", "training", 10, "keep_start")
-    1
-    >>> check_truncation([12, 14], "train_file", "training", 2, "keep_start")
-    Traceback (most recent call last):
-    ...
-    trl_padfree.launch.config.ConfigError: train_file: all 2 training pairs would be dropped: ...
-    """
-    if lengths is None or max_length is None or truncation_mode != "keep_start":
-        return 0
-    dropped = sum(length >= max_length for length in lengths)
-    if dropped == len(lengths):
-        raise ConfigError(
-            f"{source}: all {dropped} {what} pairs would be dropped: with truncation_mode keep_start (the default) "
-            f"a pair whose prompt alone has max_length={max_length} tokens or more has no response token left, and "
-            f"TRL drops it (the shortest prompt has {min(lengths)} tokens); raise max_length above {min(lengths)} "
-            "(or set max_length: null, no truncation)"
-        )
+    dropped: dict[str, int] = {}
+    for split, before, after in (("train", data.train, trainer.train_dataset), ("eval", data.eval, trainer.eval_dataset)):
+        if before is None or after is None or not hasattr(after, "__len__"):
+            continue
+        loaded = len(before) * per_record
+        dropped[split] = loaded - len(after)
+        noun = unit if per_record == 1 else "examples"
+        source = getattr(cfg.data, f"{split}_file", None) and f"{split}_file" or f"the {split} data"
+        what = "training" if split == "train" else "eval"
+        if len(after) == 0:
+            raise ConfigError(
+                f"{source}: all {len(before)} {what} {unit} would be dropped: TRL drops one whose prompt alone has "
+                f"max_length={cfg.training.max_length} tokens or more (no response token is left); raise max_length "
+                "(or set max_length: null, no truncation)")
+        if dropped[split]:
+            say(f"dropped {dropped[split]} of {loaded} {split} {noun} whose prompt alone has max_length="
+                f"{cfg.training.max_length} tokens or more (no response token is left; TRL drops them)")
+    data.dropped.update(dropped)
     return dropped

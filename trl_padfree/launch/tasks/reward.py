@@ -1,6 +1,6 @@
 """``trl-padfree reward``: reward-model training with :class:`trl_padfree.RewardTrainer` (TRL's, padding-free).
 
-Its own parts: :class:`RewardArguments` (``prompt_once``) and this package's ``RewardConfig`` (TRL's plus
+Its own parts: this package's ``RewardConfig`` (``prompt_once``) (TRL's plus
 ``padding_free``); the model loaded as ``AutoModelForSequenceClassification`` with ``num_labels=1`` (a causal LM
 checkpoint gets a fresh ``score`` head, seeded, as ``trl reward`` does); the preference records of ``trl-padfree
 dpo`` (:func:`~.preference_data.check_preference_records`, one by one, plus an optional numeric ``margin``), tokenized by TRL's
@@ -19,37 +19,19 @@ import trl
 
 from trl_padfree.reward import RewardTrainer
 
-from ..config import ConfigError, DataArguments, LaunchArguments, with_fields
+from ..config import ConfigError, with_fields
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
-from .preference_data import check_one_kind_in_files, check_preference_records, tokenized_prompts, value_kind
-from .shared import check_prompt_once, pin_prompt_once, refuse_sft_settings, sft_only_fields
+from .preference_data import check_chat_renders, check_one_kind_in_files, check_preference_records, value_kind
+from .shared import check_prompt_once, pin_prompt_once
 
-__all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardArguments", "RewardTask", "reward_summary"]
-
-SFT_ONLY_MESSAGE = ("{name} is a setting of trl-padfree train (SFT); trl-padfree reward trains on prompt/chosen/rejected "
-                    "records and scores each whole sequence: remove it")
+__all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardTask", "reward_summary"]
 
 
-@dataclass
-class LaunchRewardConfig(trl.RewardConfig):
-    """TRL's ``RewardConfig`` plus ``padding_free``: the launch's training config (:class:`trl_padfree.RewardConfig` also has
-    ``prompt_once``, ``check_packing``, ..., which the launch still reads from its own argument classes)."""
-
-    padding_free: bool = field(default=False, metadata={"help": "Padding-free batches."})
 
 
-@dataclass
-class RewardArguments:
-    """Settings of the padding-free reward batch (``padding_free`` is ``RewardConfig``'s field)."""
 
-    prompt_once: bool = field(
-        default=False,
-        metadata={"help": "Compute each pair's common token prefix (its prompt) once: the chosen and the rejected "
-                  "sequence both attend to its keys. Needs padding_free: true and attn_implementation 'padfree' "
-                  "(auto picks it)."},
-    )
 
 
 def check_reward_records(dataset: Any, source: str) -> None:
@@ -65,19 +47,19 @@ def check_reward_records(dataset: Any, source: str) -> None:
 
 @dataclass
 class PreparedPairs:
-    train: Any  # tokenized by TRL's RewardTrainer preparation (chosen_ids, rejected_ids; the trainer skips it)
+    train: Any  # the records (preview: tokenized by TRL's RewardTrainer preparation, chosen_ids / rejected_ids)
     eval: Any | None
     text_format: str
     loaded: dict[str, int]  # pairs per split before TRL's max_length filter
     margin: bool = False
+    dropped: dict[str, int] = field(default_factory=dict)  # pairs TRL's trainer dropped, per split
 
 
-def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
-    """The training and eval pairs, checked record by record, then tokenized (and filtered by ``max_length``) by
-    TRL's own ``RewardTrainer._prepare_dataset``; a split left empty by the filter is a :class:`ConfigError`."""
+def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> PreparedPairs:
+    """The training and eval pairs, checked record by record; for ``preview`` (``tokenized``) also tokenized (and
+    filtered by ``max_length``) by TRL's own ``RewardTrainer._prepare_dataset``, a split left empty by the filter a
+    :class:`ConfigError`. A run's trainer prepares them itself (:meth:`RewardTask.check_trainer`)."""
     from types import SimpleNamespace
-
-    import trl
 
     from ..data import load_splits
 
@@ -99,17 +81,23 @@ def load_pairs(cfg: Any, tokenizer: Any) -> PreparedPairs:
             out[split] = None
             continue
         if conversational:  # a record the chat template cannot render: one line naming it (as trl-padfree dpo)
-            tokenized_prompts(dataset, tokenizer, sources[split], None)
+            check_chat_renders(dataset, tokenizer, sources[split])
         loaded[split] = len(dataset)
-        prepared = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
-        if len(prepared) == 0:
-            raise ConfigError(
-                f"{sources[split]}: all {len(dataset)} pairs would be dropped: TRL's RewardTrainer drops a pair whose "
-                f"chosen or rejected sequence has more than max_length={training.max_length} tokens; raise "
-                "max_length (or set max_length: null, no filter)")
-        out[split] = prepared
+        out[split] = dataset
+        if tokenized:
+            out[split] = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
+            refuse_empty(sources[split], len(dataset), len(out[split]), training.max_length)
     return PreparedPairs(out["train"], out["eval"], "conversational" if conversational else "prompt/chosen/rejected",
                          loaded, margin="margin" in train.column_names)
+
+
+def refuse_empty(source: str, loaded: int, kept: int, max_length: int | None) -> None:
+    """A split TRL's RewardTrainer leaves empty (every pair longer than ``max_length``) is a :class:`ConfigError`."""
+    if loaded and not kept:
+        raise ConfigError(
+            f"{source}: all {loaded} pairs would be dropped: TRL's RewardTrainer drops a pair whose chosen or "
+            f"rejected sequence has more than max_length={max_length} tokens; raise max_length (or set max_length: "
+            "null, no filter)")
 
 
 class SequenceClassifier:
@@ -140,42 +128,12 @@ class RewardTask(Task):
     command = "reward"
     trainer_name = "RewardTrainer"
 
-    def argument_classes(self) -> tuple[type, ...]:
-        from trl import ModelConfig
-
-        return (DataArguments, RewardArguments, LaunchArguments, LaunchRewardConfig, ModelConfig)
-
-    def configure_parser(self, parser: Any) -> None:
-        parser.help_groups = {
-            "collator": "reward batch (trl_padfree.RewardTrainer: padding-free rows, prompt_once)",
-            "training": "training (trl_padfree.RewardConfig: TRL's RewardConfig + padding_free / TrainingArguments)",
-        }
-        parser.help_texts = {
-            "padding_free": "Put the 2B sequences of each batch of B pairs in one row without padding "
-            "(trl_padfree.RewardTrainer; TRL itself pads). (default: true)",
-        }
-        parser.description = (
-            "Train a reward model (a sequence classifier with one output, loaded from any causal LM or classifier "
-            "checkpoint) with trl_padfree.RewardTrainer (TRL's RewardTrainer, padding-free). --config FILE: a YAML "
-            "mapping of any of the fields below (plus an optional `env` mapping of environment variables); "
-            "command-line values override the file. Exit code 2 on bad input."
-        )
-
-    def foreign_field(self, name: str) -> Exception | None:
-        if name == "scored_lm_head":
-            return ConfigError("scored_lm_head does not apply to trl-padfree reward: a reward model has a score head "
-                               "(one output per sequence), no LM head; remove it")
-        if name in sft_only_fields(self):
-            return ConfigError(SFT_ONLY_MESSAGE.format(name=name))
-        return None
-
     def numeric_ranges(self) -> dict[str, Any]:
         from ..validate import Range
 
         return {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
 
     def check(self, cfg: Any) -> None:
-        refuse_sft_settings(cfg, SFT_ONLY_MESSAGE)
         check_prompt_once(cfg)
         if cfg.padding_free:
             from trl_padfree.reward import reward_padding_free_unavailable
@@ -191,7 +149,7 @@ class RewardTask(Task):
         return changes
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once)}
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def model_class(self) -> Any:
         return SequenceClassifier
@@ -204,32 +162,40 @@ class RewardTask(Task):
         say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None
                                                           else "") + f" (format: {data.text_format}"
             + (", with margins" if data.margin else "") + ")")
-        for split, dataset in (("train", data.train), ("eval", data.eval)):
-            if dataset is not None and len(dataset) < data.loaded[split]:
-                say(f"dropped {data.loaded[split] - len(dataset)} of {data.loaded[split]} {split} pairs longer than "
-                    f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
         return data
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        """The pairs TRL's RewardTrainer dropped (longer than max_length), read from the trainer once built."""
+        for split, after in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
+            if split not in data.loaded or after is None or not hasattr(after, "__len__"):
+                continue
+            loaded = data.loaded[split]
+            source = f"{split}_file" if getattr(cfg.data, f"{split}_file") else f"the {split} data"
+            refuse_empty(source, loaded, len(after), cfg.training.max_length)
+            data.dropped[split] = loaded - len(after)
+            if data.dropped[split]:
+                say(f"dropped {data.dropped[split]} of {loaded} {split} pairs longer than "
+                    f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
 
     def probe_check(self, cfg: Any) -> Any:
         from functools import partial
 
         from trl_padfree.reward_probe import assert_reward_packing_safe
 
-        return partial(assert_reward_packing_safe, prompt_once=bool(cfg.collator.prompt_once))
+        return partial(assert_reward_packing_safe, prompt_once=bool(cfg.training.prompt_once))
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(LaunchRewardTrainer, cfg, tokenizer, model, data, callbacks,
-                                   prompt_once=bool(cfg.collator.prompt_once), **self.trainer_kwargs(cfg))
+        return make_launch_trainer(LaunchRewardTrainer, cfg, tokenizer, model, data, callbacks)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.collator.prompt_once)}
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return reward_summary(lines, history)
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return pair_layout(cfg, tokenizer, load_pairs(cfg, tokenizer), n, color)
+        return pair_layout(cfg, tokenizer, load_pairs(cfg, tokenizer, tokenized=True), n, color)
 
 
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
@@ -265,7 +231,7 @@ def pair_layout(cfg: Any, tokenizer: Any, data: PreparedPairs, n: int, color: bo
 
     from ..preview import marked_text
 
-    once = bool(cfg.collator.prompt_once)
+    once = bool(cfg.training.prompt_once)
     text = TokenText.from_tokenizer(tokenizer)
 
     def shown(ids: list[int]) -> str:

@@ -1,7 +1,7 @@
 """``trl-padfree train``: SFT with :class:`.sft_trainer.PadfreeSFTTrainer` and this package's
 completion-only collator (padding-free unless ``padding_free: false``).
 
-Its own parts: :class:`CollatorArguments` (``response_template``, ``instruction_template``) and TRL's
+Its own parts: this package's ``SFTConfig`` (``response_template``, ``instruction_template``) and
 ``SFTConfig``; the SFTConfig fields it cannot honour (:meth:`SFTTask.check`); the data tokenized and
 labelled once by :mod:`.sft_data`, with the one response-template check, and a training collator that only
 flattens those labels; the summary's ``max_tokens_per_batch``.
@@ -10,33 +10,18 @@ flattens those labels; the summary's ``max_tokens_per_batch``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
-from ..config import ConfigError, DataArguments, HeadLaunchArguments, with_fields
+from ..config import ConfigError, SFTArguments, with_fields
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .base import Task
 from .sft_trainer import PadfreeSFTTrainer
 
-__all__ = ["TASK", "CollatorArguments", "SFTTask", "LaunchSFTTrainer", "preview_lines"]
+__all__ = ["TASK", "SFTTask", "LaunchSFTTrainer", "preview_lines"]
 
 
-@dataclass
-class CollatorArguments:
-    """Settings of :class:`trl_padfree.DataCollatorForCompletionOnlyLM` (``padding_free`` is SFTConfig's field)."""
-
-    response_template: str | None = field(
-        default=None,
-        metadata={"help": "Text that precedes every completion, e.g. '### Answer:'. Tokens up to it are not trained."},
-    )
-    instruction_template: list[str] | None = field(
-        default=None,
-        metadata={
-            "help": "Multi-turn data: the text (or several) that starts every non-assistant turn, e.g. "
-            "'### Question:'. Every assistant turn is then trained."
-        },
-    )
 
 
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
@@ -90,27 +75,7 @@ class SFTTask(Task):
     name = "sft"
     command = "train"
     trainer_name = "SFTTrainer"
-
-    def argument_classes(self) -> tuple[type, ...]:
-        from trl import ModelConfig, SFTConfig
-
-        return (DataArguments, CollatorArguments, HeadLaunchArguments, SFTConfig, ModelConfig)
-
-    def parsed(self, own: CollatorArguments) -> CollatorArguments:
-        """``--response_template null`` / ``--instruction_template null`` unset them, as ``null`` does in YAML.
-
-        argparse hands the word through as text (a template "null", or ["null"]), which would then be searched for
-        in the data and silently never found.
-
-        >>> TASK.parsed(CollatorArguments(response_template="null", instruction_template=["~"]))
-        CollatorArguments(response_template=None, instruction_template=None)
-        """
-        changes: dict[str, Any] = {}
-        if own.response_template in _NULL_WORDS:
-            changes["response_template"] = None
-        if own.instruction_template is not None and all(t in _NULL_WORDS for t in own.instruction_template):
-            changes["instruction_template"] = None
-        return with_fields(own, **changes)
+    arguments = SFTArguments
 
     def check(self, cfg: Any) -> None:
         """The collator and template settings, and the SFTConfig fields trl-padfree train cannot honour."""
@@ -129,10 +94,12 @@ class SFTTask(Task):
     def resolve(self, cfg: Any) -> dict[str, Any]:
         training = cfg.training
         return {
-            # needed or not: told by the data's format (launch.tasks.sft_data)
-            "collator": with_fields(cfg.collator, response_template=cfg.collator.response_template or None),
             "training": with_fields(
-                training,
+                training,  # `--response_template null` on the command line arrives as the text "null"
+                response_template=None if training.response_template in _NULL_WORDS else training.response_template
+                or None,
+                instruction_template=None if all(t in _NULL_WORDS for t in training.instruction_template or [])
+                else training.instruction_template,
                 padding_free=False,  # the collator flattens by itself; TRL refuses a custom collator otherwise
                 dataset_kwargs={**(training.dataset_kwargs or {}), "skip_prepare_dataset": True},
             ),
@@ -148,7 +115,7 @@ class SFTTask(Task):
             + (f", {len(data.eval)} eval examples" if data.eval is not None else "") + f" (format: {data.text_format})")
         if data.template_missing_in_check:
             say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
-                f"template {cfg.collator.response_template!r}")
+                f"template {cfg.training.response_template!r}")
         for split, count in data.dropped.items():
             if count:
                 say(f"dropped {count} of {data.loaded[split]} {split} examples with no trained token left (response "
@@ -160,17 +127,18 @@ class SFTTask(Task):
         from .sft_data import training_collator
 
         collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
-        return make_launch_trainer(LaunchSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator,
-                                   max_tokens_per_batch=cfg.launch.max_tokens_per_batch, **self.trainer_kwargs(cfg))
+        # the templates labelled the data already (the trainer would build a collator from them)
+        cfg = replace(cfg, training=with_fields(cfg.training, response_template=None, instruction_template=None))
+        return make_launch_trainer(LaunchSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"max_tokens_per_batch": cfg.launch.max_tokens_per_batch}
+        return {"max_tokens_per_batch": cfg.training.max_tokens_per_batch}
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
         from .sft_data import prepare_data
 
         data = prepare_data(cfg, tokenizer)
-        return list(preview_lines(data, tokenizer, n, color, cfg.collator.response_template))
+        return list(preview_lines(data, tokenizer, n, color, cfg.training.response_template))
 
 
 TASK = SFTTask()

@@ -61,7 +61,7 @@ IGNORE_INDEX = -100
 def _collator(cfg: LaunchConfig, tokenizer: Any, response_template: str | None, padding_free: bool) -> Any:
     from trl_padfree.collator import DataCollatorForCompletionOnlyLM
 
-    instruction = cfg.collator.instruction_template if response_template is not None else None
+    instruction = cfg.training.instruction_template if response_template is not None else None
     if instruction is not None and len(instruction) == 1:
         instruction = instruction[0]
     kwargs: dict[str, Any] = {"tokenizer": tokenizer, "padding_free": padding_free, "on_template_not_found": "ignore"}
@@ -76,7 +76,7 @@ def _collator(cfg: LaunchConfig, tokenizer: Any, response_template: str | None, 
 def labelling_collator(cfg: LaunchConfig, tokenizer: Any) -> Any:
     """The run's collator with its templates: labels the records once, before training (a template it cannot use
     is a one-line :class:`~.config.ConfigError`)."""
-    return _collator(cfg, tokenizer, cfg.collator.response_template, padding_free=True)
+    return _collator(cfg, tokenizer, cfg.training.response_template, padding_free=True)
 
 
 def training_collator(cfg: LaunchConfig, tokenizer: Any) -> Any:
@@ -472,7 +472,7 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     raises :class:`ConfigError` on bad data."""
     training = cfg.training
     template = cfg.data.template
-    response = cfg.collator.response_template
+    response = cfg.training.response_template
     if template is not None:
         template_fields(template)  # a template that is not a format string: refused before any data is read
         if response is None:

@@ -1,4 +1,4 @@
-"""What several tasks share, and no task owns: SFT-only settings refused by the other trainers, ``prompt_once``'s
+"""What several tasks share, and no task owns: ``prompt_once``'s
 requirements, the reference model and the preference probe of ``dpo`` and ``kto`` (their records:
 :mod:`.preference_data`; the launch trainers' mixins and construction are in :mod:`..trainer_setup`). A task module
 imports this module, :mod:`.preference_data` and :mod:`.base`, never another task's module (except a variant of it:
@@ -7,46 +7,21 @@ imports this module, :mod:`.preference_data` and :mod:`.base`, never another tas
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from ..config import ConfigError
-from .base import Task
 
 __all__ = [
     "check_prompt_once",
     "pin_prompt_once",
-    "fields_of",
     "preference_probe",
     "reference_model",
-    "refuse_sft_settings",
-    "sft_only_fields",
 ]
-
-
-def fields_of(task: Task) -> set[str]:
-    """Every config field of ``task``."""
-    return {f.name for cls in task.argument_classes() for f in dataclasses.fields(cls)}
-
-
-def sft_only_fields(task: Task) -> set[str]:
-    """Fields of ``trl-padfree train``'s config that ``task``'s lacks."""
-    from .sft import TASK as SFT
-
-    return fields_of(SFT) - fields_of(task)
-
-
-def refuse_sft_settings(cfg: Any, message: str) -> None:
-    """SFT's own settings that every config has through the shared classes (``template``,
-    ``max_tokens_per_batch``), refused where they are set: ``message`` is formatted with the field's ``name``."""
-    for name, holder in (("template", cfg.data), ("max_tokens_per_batch", cfg.launch)):
-        if name in cfg.explicit and getattr(holder, name, None) not in (None, [], ""):
-            raise ConfigError(message.format(name=name))
 
 
 def check_prompt_once(cfg: Any) -> None:
     """``prompt_once`` needs the flat row and the ``"padfree"`` attention (pinned by :func:`pin_prompt_once`)."""
-    if not cfg.collator.prompt_once:
+    if not cfg.training.prompt_once:
         return
     if not cfg.padding_free:
         raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
@@ -58,7 +33,7 @@ def check_prompt_once(cfg: Any) -> None:
 
 def pin_prompt_once(cfg: Any) -> dict[str, Any]:
     """A task's resolution of ``prompt_once: true``: the ``"padfree"`` attention (:func:`check_prompt_once`)."""
-    return {"attn_implementation": "padfree"} if cfg.collator.prompt_once else {}
+    return {"attn_implementation": "padfree"} if cfg.training.prompt_once else {}
 
 
 def reference_model(cfg: Any) -> tuple[Any, str]:
@@ -77,4 +52,4 @@ def preference_probe(cfg: Any) -> Any:
 
     from trl_padfree.preference_probe import assert_preference_packing_safe
 
-    return partial(assert_preference_packing_safe, prompt_once=bool(cfg.collator.prompt_once))
+    return partial(assert_preference_packing_safe, prompt_once=bool(cfg.training.prompt_once))
