@@ -16,7 +16,6 @@ code 2. Nothing is written (no ``output_dir``) before stage 4.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import warnings
 from collections.abc import Sequence
@@ -24,7 +23,7 @@ from typing import Any
 
 from ..exception_text import one_line
 from ..threads import torch_threads
-from .config import ConfigError, LaunchConfig, with_fields
+from .config import ConfigError, LaunchConfig
 from .console import quiet_progress, say
 from .model import load_model
 from .probe_stage import probe_model
@@ -80,8 +79,6 @@ def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, c
         trainer_settings_checked,
     )
 
-    # the launch holds the thread count and probed the model (the trainer's keywords say so, make_launch_trainer)
-    cfg = dataclasses.replace(cfg, training=with_fields(cfg.training, torch_num_threads=None))
     training = cfg.training
     stop = GracefulStop(announce=say)
     # TRL's own checks at construction: exit 2, one line; peft reads transformers' deprecated

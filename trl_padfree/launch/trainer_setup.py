@@ -34,6 +34,9 @@ def make_launch_trainer(trainer_class: type, cfg: Any, tokenizer: Any, model: An
     trainer's own arguments."""
     from trl import get_peft_config
 
-    return trainer_class(model=model, args=cfg.training, train_dataset=data.train, eval_dataset=data.eval,
+    from .config import with_fields
+
+    args = with_fields(cfg.training, check_packing=False, torch_num_threads=None)
+    return trainer_class(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
                          processing_class=tokenizer, peft_config=get_peft_config(cfg.model), callbacks=list(callbacks),
-                         check_packing=False, torch_num_threads=None, **own)
+                         **own)

@@ -82,14 +82,12 @@ def _flat_counts_without_padding(inputs: dict[str, Any], cu: torch.Tensor, multi
 class PadfreeSFTTrainer(SFTTrainer):
     """``SFTTrainer`` + token throughput and padding metrics in the training logs (see the module docstring).
 
-    Throughput counts training time only: time spent in evaluation is left out. The launcher probes the model
-    itself before building the trainer (so that a leaking model stops the run before anything is written), hence
-    ``check_packing=False`` by default here; it also sets the thread count itself (``torch_num_threads=None``).
+    Throughput counts training time only: time spent in evaluation is left out. (The launch probes the model and
+    sets the thread count itself: :func:`~..trainer_setup.make_launch_trainer` turns both off in the config.)
     """
 
-    def __init__(self, *args: Any, check_packing: bool = False, **kwargs: Any) -> None:
-        kwargs.setdefault("torch_num_threads", None)  # the launch picks threads itself (launch.defaults)
-        super().__init__(*args, check_packing=check_packing, **kwargs)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._token_counts = torch.zeros(2, dtype=torch.float64)  # real, padded: this process, since last log
         self._token_totals = torch.zeros(2, dtype=torch.float64)  # all processes, whole run
         self._interval_start: float | None = None  # start of the current logging interval
