@@ -6,7 +6,6 @@ output captured (``run_launch``, ``run_preview``, ``run_bad``), as the command i
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
 import os
@@ -151,23 +150,6 @@ def write_short_demo_records(path: Path, name: str, n: int, shorter_than: int) -
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
-
-
-def unranged_numeric_fields(task_name: str) -> set[str]:
-    """The numeric fields of the task's arguments that validation neither range-checks nor lists with a reason."""
-    from trl_padfree.launch.config import argument_classes
-    from trl_padfree.launch.tasks import get_task
-    from trl_padfree.launch.validate import NUMERIC_RANGES, UNCHECKED_NUMERIC
-
-    task = get_task(task_name)
-    numeric = set()
-    for cls in argument_classes(task_name):
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            args = typing.get_args(hints[f.name]) or (hints[f.name],)
-            if any(a in (int, float) for a in args) and bool not in args:
-                numeric.add(f.name)
-    return numeric - set(NUMERIC_RANGES) - set(UNCHECKED_NUMERIC) - set(task.numeric_ranges())
 
 
 def assert_make_demo_runs_the_readme_command(task: str) -> None:

@@ -21,7 +21,6 @@ from launch_runs import (
     run_command,
     run_launch,
     run_preview,
-    unranged_numeric_fields,
     write_jsonl,
 )
 from paths import CONFIGS, DEMO_MODEL
@@ -242,7 +241,3 @@ def test_evaluation_logits_are_one_row_per_example_as_trls(tmp_path):
 
 def test_make_demo_kto_runs_the_command_the_readme_shows():
     assert_make_demo_runs_the_readme_command("kto")
-
-
-def test_every_numeric_field_has_a_range_or_a_reason():
-    assert unranged_numeric_fields("kto") == set()

@@ -1,7 +1,7 @@
 """Static checks of a parsed :class:`~trl_padfree.launch.config.LaunchConfig`, before anything is loaded.
 
 Each check raises :class:`~trl_padfree.launch.config.ConfigError` with one line that says what is wrong and how
-to fix it: the range of every numeric field (:data:`NUMERIC_RANGES`), data and collator settings, the model and
+to fix it: the ranges that nothing upstream checks before training (:data:`NUMERIC_RANGES`), data and collator settings, the model and
 LoRA settings (peft's own checks), ``model_init_kwargs``, ``output_dir`` (usable, and not holding another run),
 ``resume_from_checkpoint`` (a complete checkpoint, see :mod:`.resume`). The config's ``env:`` mapping is
 applied only after all of them passed. Checks that depend on this machine (CUDA, flash-attn, installed packages,
@@ -26,7 +26,6 @@ from .config import ConfigError, LaunchConfig, with_fields
 __all__ = [
     "DATA_EXTENSIONS",
     "NUMERIC_RANGES",
-    "UNCHECKED_NUMERIC",
     "Range",
     "data_builder",
     "resolve_attn_implementation",
@@ -89,9 +88,10 @@ class Range:
 
 
 _SEED = 2**32 - 1  # numpy's seeds are 32-bit
-#: The legal range of every numeric field of the config (null passes where the field allows it). The fields'
-#: own dataclasses (TrainingArguments, SFTConfig) check combinations at parsing; ranges they leave to the first
-#: training step (or to the optimizer, or the final evaluation) are checked here, before anything is loaded.
+#: The legal range of the numeric fields that nothing refuses before training (null passes where the field allows
+#: it): torch's optimizer and DataLoader refuse some at the first step with a traceback, others would run wrong.
+#: Fields that the config classes (``__post_init__``: ``max_tokens_per_batch``) or peft's
+#: ``LoraConfig`` (``lora_*``, one line when the trainer is built) refuse themselves are not listed.
 NUMERIC_RANGES: dict[str, Range] = {
     "per_device_train_batch_size": Range(1),
     "per_device_eval_batch_size": Range(1),
@@ -122,15 +122,11 @@ NUMERIC_RANGES: dict[str, Range] = {
     "dataset_num_proc": Range(1, hint="or null for one process"),
     "max_length": Range(2, hint="or null for no truncation"),
     "pad_to_multiple_of": Range(1, hint="or null"),
-    "lora_r": Range(1),
-    "lora_alpha": Range(0, low_open=True),
-    "lora_dropout": Range(0, high=1, high_open=True),
     "eval_fraction": Range(0, True, 1, True),
     "max_train_examples": Range(1),
     "max_eval_examples": Range(1),
     "template_check_examples": Range(1),
-    "torch_num_threads": Range(1, hint="or null for torch's default"),
-    "max_tokens_per_batch": Range(1, hint="or null for batches of per_device_train_batch_size examples"),
+    "torch_num_threads": Range(1, hint="or null for torch's default"),  # (SFTConfig takes "0" from a command line)
     # trl-padfree dpo (DPOConfig)
     "beta": Range(0, low_open=True),
     "ld_alpha": Range(0, high=1, hint="or null for plain sums"),
@@ -140,16 +136,6 @@ NUMERIC_RANGES: dict[str, Range] = {
     "ref_model_mixup_alpha": Range(0, high=1),
     "ref_model_sync_steps": Range(1),
 }
-#: Numeric fields without a range check here, and why (``tests/test_launch_validation.py`` checks that every
-#: numeric field is in one of the two tables).
-UNCHECKED_NUMERIC: dict[str, str] = {
-    "local_rank": "set by the distributed launcher, not by users",
-    "num_train_epochs": "checked with max_steps (see _check_steps)",
-    "max_steps": "checked with num_train_epochs (see _check_steps)",
-    "f_alpha_divergence_coef": "any real alpha of the alpha-divergence (TRL treats 1 as reverse KL)",
-}
-
-
 def _numeric_value(cfg: LaunchConfig, name: str) -> Any:
     for part in (cfg.training, cfg.model, cfg.launch):
         if hasattr(part, name):
