@@ -216,12 +216,6 @@ def test_the_stages_never_branch_on_a_task_name():
     assert found == []
 
 
-def test_the_grpo_task_imports_no_other_task():
-    tree = ast.parse((LAUNCH / "tasks" / "grpo.py").read_text(encoding="utf-8"))
-    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 1}
-    assert imported == {"base"}, imported
-
-
 @needs_rl
 def test_preview_shows_a_groups_layout(prompts, demo_tokenizer):
     code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-grpo.yaml"), "--train_file", str(prompts),

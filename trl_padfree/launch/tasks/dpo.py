@@ -21,10 +21,9 @@ from typing import Any
 
 from trl_padfree.dpo import DPOTrainer
 
-from ..config import ChatArguments, ConfigError
+from ..config import ConfigError
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
-from .base import Task
 from .preference_data import (
     check_chat_renders,
     check_one_kind_in_files,
@@ -32,13 +31,10 @@ from .preference_data import (
     dropped_by_trainer,
     value_kind,
 )
-from .shared import pin_prompt_once, preference_probe, reference_model
+from .shared import PreferenceTask
 
 __all__ = ["TASK", "DPOTask", "PreparedPreferences", "load_preference_data",
            "preference_summary", "preview_pairs"]
-
-
-
 
 
 @dataclass
@@ -185,11 +181,10 @@ def preview_pairs(cfg: Any, tokenizer: Any, data: PreparedPreferences, n: int, c
     return lines
 
 
-class DPOTask(Task):
+class DPOTask(PreferenceTask):
     name = "dpo"
     command = "dpo"
     trainer_name = "DPOTrainer"
-    arguments = ChatArguments
 
     def check(self, cfg: Any) -> None:
         """Refuse SFT-only settings and make ``attn_implementation`` fit the layout (before anything is loaded)."""
@@ -200,21 +195,7 @@ class DPOTask(Task):
             if problem is not None:
                 raise ConfigError(problem)
         _check_preference_losses(cfg.training)
-        once = bool(cfg.training.prompt_once)
-        if once and not cfg.training.padding_free:
-            raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
-        if once and cfg.attn_implementation not in ("auto", "padfree"):
-            raise ConfigError(
-                f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys; on a "
-                f"GPU it runs flash-attn or torch's varlen kernel), got {cfg.attn_implementation!r}: use auto or padfree"
-            )
-
-    def resolve(self, cfg: Any) -> dict[str, Any]:
-        """No SFT template; the ``"padfree"`` attention for ``prompt_once``."""
-        return pin_prompt_once(cfg)
-
-    def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once)}
+        super().check(cfg)
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
         """Checked preference records (TRL's DPOTrainer tokenizes them when built)."""
@@ -226,19 +207,10 @@ class DPOTask(Task):
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
         dropped_by_trainer(cfg, trainer, data)
 
-    def probe_check(self, cfg: Any) -> Any:
-        return preference_probe(cfg)
-
-    def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
-        return reference_model(cfg)
-
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
         """:class:`trl_padfree.DPOTrainer` with the launch's atomic checkpoints (the probe ran before it is built)."""
         return make_launch_trainer(LaunchDPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
-
-    def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return preference_summary(lines, history)

@@ -22,11 +22,9 @@ from trl_padfree.grpo import GRPOTrainer
 from ..config import ConfigError, RewardFunctionArguments, with_fields
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
-from .base import Task
+from .shared import PromptOnceTask
 
 __all__ = ["TASK", "LaunchGRPOTrainer", "GRPOTask", "resolve_reward", "trl_rewards"]
-
-
 
 
 def trl_rewards() -> dict[str, Callable[[], Any]]:
@@ -162,7 +160,7 @@ class LaunchGRPOTrainer(LaunchTrainer, GRPOTrainer):
     """The launch's ``GRPOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
 
 
-class GRPOTask(Task):
+class GRPOTask(PromptOnceTask):
     name = "grpo"
     command = "grpo"
     trainer_name = "GRPOTrainer"
@@ -182,21 +180,12 @@ class GRPOTask(Task):
                               "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
         for name in names:
             resolve_reward(name)
-        once = cfg.training.prompt_once
-        if once and not cfg.padding_free:
-            raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
-        if once and cfg.attn_implementation not in ("auto", "padfree"):
-            raise ConfigError(
-                f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
-                f"{cfg.attn_implementation!r}: use auto or padfree")
+        super().check(cfg)
         if cfg.padding_free:
             from trl_padfree._compat import rl_padding_free_unavailable
 
             if (problem := rl_padding_free_unavailable()) is not None:
                 raise ConfigError(problem)
-
-    def resolve(self, cfg: Any) -> dict[str, Any]:
-        return {"attn_implementation": "padfree"} if cfg.training.prompt_once else {}
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}

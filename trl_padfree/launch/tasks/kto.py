@@ -18,10 +18,9 @@ import trl
 
 from trl_padfree.kto import KTOTrainer
 
-from ..config import ChatArguments, ConfigError
+from ..config import ConfigError
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
-from .base import Task
 from .preference_data import (
     check_chat_renders,
     check_one_kind_in_files,
@@ -30,19 +29,9 @@ from .preference_data import (
     mixed_kinds_error,
     value_kind,
 )
-from .shared import (
-    check_prompt_once,
-    pin_prompt_once,
-    preference_probe,
-    reference_model,
-)
+from .shared import PreferenceTask
 
 __all__ = ["TASK", "LaunchKTOTrainer", "KTOTask", "kto_summary"]
-
-
-
-
-
 
 
 def kto_unavailable() -> str | None:
@@ -122,8 +111,6 @@ def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
                                                       else "prompt/completion/label"), paired)
 
 
-
-
 def count(dataset: Any, paired: bool) -> tuple[int, int]:
     """``(desirable, undesirable)`` examples once TRL has unpaired the records."""
     if paired:
@@ -136,11 +123,10 @@ class LaunchKTOTrainer(LaunchTrainer, KTOTrainer):
     """The launch's ``KTOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
 
 
-class KTOTask(Task):
+class KTOTask(PreferenceTask):
     name = "kto"
     command = "kto"
     trainer_name = "KTOTrainer"
-    arguments = ChatArguments
 
     def numeric_ranges(self) -> dict[str, Any]:
         from ..validate import Range
@@ -150,10 +136,7 @@ class KTOTask(Task):
     def check(self, cfg: Any) -> None:
         if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
             raise ConfigError(problem)
-        check_prompt_once(cfg)
-
-    def resolve(self, cfg: Any) -> dict[str, Any]:
-        return pin_prompt_once(cfg)
+        super().check(cfg)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
@@ -174,18 +157,9 @@ class KTOTask(Task):
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
         dropped_by_trainer(cfg, trainer, data, "pairs" if data.paired else "examples", 2 if data.paired else 1)
 
-    def probe_check(self, cfg: Any) -> Any:
-        return preference_probe(cfg)  # KTO's rows are the preference probe's segments
-
-    def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
-        return reference_model(cfg)
-
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
         return make_launch_trainer(LaunchKTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
-
-    def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return kto_summary(lines, history)

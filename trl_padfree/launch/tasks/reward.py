@@ -22,16 +22,10 @@ from trl_padfree.reward import RewardTrainer
 from ..config import ConfigError, with_fields
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
-from .base import Task
 from .preference_data import check_chat_renders, check_one_kind_in_files, check_preference_records, value_kind
-from .shared import check_prompt_once, pin_prompt_once
+from .shared import PromptOnceTask
 
 __all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardTask", "reward_summary"]
-
-
-
-
-
 
 
 def check_reward_records(dataset: Any, source: str) -> None:
@@ -123,7 +117,7 @@ class LaunchRewardTrainer(LaunchTrainer, RewardTrainer):
     """The launch's ``RewardTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
 
 
-class RewardTask(Task):
+class RewardTask(PromptOnceTask):
     name = "reward"
     command = "reward"
     trainer_name = "RewardTrainer"
@@ -134,7 +128,7 @@ class RewardTask(Task):
         return {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
 
     def check(self, cfg: Any) -> None:
-        check_prompt_once(cfg)
+        super().check(cfg)
         if cfg.padding_free:
             from trl_padfree.reward import reward_padding_free_unavailable
 
@@ -142,14 +136,11 @@ class RewardTask(Task):
                 raise ConfigError(problem)
 
     def resolve(self, cfg: Any) -> dict[str, Any]:
-        changes = pin_prompt_once(cfg)
+        changes = super().resolve(cfg)
         if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
             # peft then trains the fresh score head too (modules_to_save)
             changes["model"] = with_fields(cfg.model, lora_task_type="SEQ_CLS")
         return changes
-
-    def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def model_class(self) -> Any:
         return SequenceClassifier
@@ -187,9 +178,6 @@ class RewardTask(Task):
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
         return make_launch_trainer(LaunchRewardTrainer, cfg, tokenizer, model, data, callbacks)
-
-    def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once)}
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return reward_summary(lines, history)

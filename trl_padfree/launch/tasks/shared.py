@@ -1,5 +1,5 @@
 """What several tasks share, and no task owns: ``prompt_once``'s
-requirements, the reference model and the preference probe of ``dpo`` and ``kto`` (their records:
+requirements (:class:`PromptOnceTask`), the reference model and the preference probe of ``dpo`` and ``kto`` (their records:
 :mod:`.preference_data`; the launch trainers' mixins and construction are in :mod:`..trainer_setup`). A task module
 imports this module, :mod:`.preference_data` and :mod:`.base`, never another task's module (except a variant of it:
 :mod:`.rloo` is :mod:`.grpo` with TRL's other config).
@@ -9,31 +9,46 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import ConfigError
+from ..config import ChatArguments, ConfigError
+from .base import Task
 
-__all__ = [
-    "check_prompt_once",
-    "pin_prompt_once",
-    "preference_probe",
-    "reference_model",
-]
+__all__ = ["PreferenceTask", "PromptOnceTask", "preference_probe", "reference_model"]
 
 
-def check_prompt_once(cfg: Any) -> None:
-    """``prompt_once`` needs the flat row and the ``"padfree"`` attention (pinned by :func:`pin_prompt_once`)."""
-    if not cfg.training.prompt_once:
-        return
-    if not cfg.padding_free:
-        raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
-    if cfg.attn_implementation not in ("auto", "padfree"):
-        raise ConfigError(
-            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
-            f"{cfg.attn_implementation!r}: use auto or padfree")
+class PromptOnceTask(Task):
+    """A task whose trainer has ``prompt_once`` (DPO, KTO, reward, GRPO, RLOO): it needs the flat row and the
+    ``"padfree"`` attention, which the launch then pins; the run line and the summary name it."""
+
+    def check(self, cfg: Any) -> None:
+        if not cfg.training.prompt_once:
+            return
+        if not cfg.padding_free:
+            raise ConfigError("prompt_once: true needs padding_free: true (the prompt is shared inside the flat row)")
+        if cfg.attn_implementation not in ("auto", "padfree"):
+            raise ConfigError(
+                f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
+                f"{cfg.attn_implementation!r}: use auto or padfree")
+
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        return {"attn_implementation": "padfree"} if cfg.training.prompt_once else {}
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": bool(cfg.training.prompt_once)}
+
+    def summary_settings(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": bool(cfg.training.prompt_once)}
 
 
-def pin_prompt_once(cfg: Any) -> dict[str, Any]:
-    """A task's resolution of ``prompt_once: true``: the ``"padfree"`` attention (:func:`check_prompt_once`)."""
-    return {"attn_implementation": "padfree"} if cfg.training.prompt_once else {}
+class PreferenceTask(PromptOnceTask):
+    """DPO and KTO: chat records (``chat_template_path``), the preference probe and a reference model."""
+
+    arguments = ChatArguments
+
+    def probe_check(self, cfg: Any) -> Any:
+        return preference_probe(cfg)
+
+    def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
+        return reference_model(cfg)
 
 
 def reference_model(cfg: Any) -> tuple[Any, str]:
