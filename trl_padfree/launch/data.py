@@ -24,7 +24,8 @@ from .config import ConfigError, LaunchArguments
 from .console import one_line
 from .validate import data_builder
 
-__all__ = ["PerRecord", "RecordFailed", "check_data_files", "file_index", "load_splits", "map_records", "record_error", "stage"]
+__all__ = ["PerRecord", "RecordFailed", "check_data_files", "file_index", "load_splits", "map_records", "record_error",
+           "stage"]
 
 _MAP_BATCH = 256
 
@@ -178,12 +179,13 @@ def _offline() -> bool:
     return bool(constants.is_offline_mode())
 
 
-class _StageFailed(Exception):
-    """An exception raised at one stage of preparing records: ``format``, ``tokenize``, ``chat`` or ``label``."""
+class RecordFailed(Exception):
+    """An exception raised while preparing records, with its stage (``format``, ``tokenize``, ``chat`` or
+    ``label``) and, once :class:`PerRecord` found it, the position of the first record that fails."""
 
-    def __init__(self, stage: str, error: BaseException) -> None:
-        super().__init__(stage, error)
-        self.stage, self.error = stage, error
+    def __init__(self, stage: str, error: BaseException, position: int | None = None) -> None:
+        super().__init__(stage, error, position)
+        self.stage, self.error, self.position = stage, error, position
 
 
 @contextlib.contextmanager
@@ -191,47 +193,32 @@ def stage(name: str) -> Iterator[None]:
     """Tag any exception raised inside with the stage it was raised in (see :func:`record_error`)."""
     try:
         yield
-    except _StageFailed:
+    except RecordFailed:
         raise
     except Exception as exc:
-        raise _StageFailed(name, exc) from exc
-
-
-class RecordFailed(Exception):
-    """Raised out of ``datasets.map`` by :class:`PerRecord`: the first record that fails, and why."""
-
-    def __init__(self, position: int, stage: str, error: BaseException) -> None:
-        super().__init__(position, stage, error)
-        self.position, self.stage, self.error = position, stage, error
+        raise RecordFailed(name, exc) from exc
 
 
 class PerRecord:
-    """A batched ``datasets.map`` function (``with_indices=True``) that names the record it fails on.
-
-    When ``fn`` raises on a batch, the batch's records are tried one at a time and the first that fails is
-    reported by a :class:`RecordFailed` (its position in the split, the stage and the exception).
-    """
+    """A batched ``datasets.map`` function (``with_indices=True``) that names the record it fails on: when ``fn``
+    raises on a batch, its records are tried one at a time and the first that fails raises :class:`RecordFailed`."""
 
     def __init__(self, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str) -> None:
-        self.fn = fn
-        self.stage = stage
-
-    def _failure(self, exc: Exception) -> tuple[str, BaseException]:
-        return (exc.stage, exc.error) if isinstance(exc, _StageFailed) else (self.stage, exc)
+        self.fn, self.stage = fn, stage
 
     def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
         try:
             with stage(self.stage):
                 return self.fn(batch)
-        except _StageFailed as exc:
+        except RecordFailed as exc:
             first = exc
         for j, position in enumerate(indices):
             try:
                 with stage(self.stage):
                     self.fn({key: values[j : j + 1] for key, values in batch.items()})
-            except _StageFailed as exc:
-                raise RecordFailed(position, exc.stage, exc.error) from None
-        raise RecordFailed(indices[0], first.stage, first.error) from None  # only the whole batch fails
+            except RecordFailed as exc:
+                raise RecordFailed(exc.stage, exc.error, position) from None
+        raise RecordFailed(first.stage, first.error, indices[0]) from None  # only the whole batch fails
 
 
 def _raised_in_a_template(error: BaseException) -> bool:

@@ -9,15 +9,15 @@ flattens the labels made here, :func:`training_collator`):
 2. :func:`make_formatter`: each record becomes one text, from ``template`` (a format string over the record's
    fields) or the record's own ``text`` / ``prompt`` + ``completion`` / ``messages`` (chat template); the one
    check that a ``response_template`` is there where the format needs one.
-3. :func:`tokenize_split`: ``input_ids`` (EOS appended to plain text, like TRL) and ``labels`` (the prompt
+3. :class:`_Tokenize`: ``input_ids`` (EOS appended to plain text, like TRL) and ``labels`` (the prompt
    already masked for prompt/completion records). ``messages`` data without response/instruction templates:
-   :func:`tokenize_chat_split`, labels from the chat template itself (every assistant turn trained).
+   labels from the chat template itself (every assistant turn trained).
 4. :func:`check_template`: the response template must occur in at least one of the first N examples, otherwise
    the config is wrong (a typo, a missing newline...) and the run stops before loading the model.
 5. :func:`label_and_filter`: truncation to ``max_length`` and the labels of the run's one labelling collator
    (:func:`labelling_collator`), computed here once (only the untrained-turn check below labels a truncated record
-   of its sample again, untruncated); examples left without a single trained token are dropped and counted. For ``messages`` data, :func:`warn_untrained_turns` says in one line when the templates leave
-   assistant turns untrained.
+   of its sample again, untruncated); examples left without a single trained token are dropped and counted. For ``messages`` data,
+   :func:`warn_untrained_turns` says in one line when the templates leave assistant turns untrained.
 
 Every failure on a record in steps 2-5 is a one-line :class:`~..config.ConfigError` naming the split, the record's
 index and the fix (:func:`~..data.record_error`). A ``template`` that is not a valid format string is refused before
@@ -26,6 +26,7 @@ any data is loaded.
 
 from __future__ import annotations
 
+import os
 import string
 import warnings
 from collections.abc import Callable, Sequence
@@ -39,21 +40,7 @@ from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
 from ..data import PerRecord, RecordFailed, file_index, load_splits, map_records, record_error, stage
 
-__all__ = [
-    "PreparedData",
-    "check_chat_turns",
-    "check_records",
-    "check_template",
-    "check_template_values",
-    "label_and_filter",
-    "labelling_collator",
-    "make_formatter",
-    "prepare_data",
-    "required_fields",
-    "template_fields",
-    "tokenize_split",
-    "training_collator",
-]
+__all__ = ["PreparedData", "labelling_collator", "make_formatter", "prepare_data", "training_collator"]
 
 IGNORE_INDEX = -100
 
@@ -96,7 +83,6 @@ class PreparedData:
     loaded: dict[str, int] = field(default_factory=dict)
     template_missing_in_check: int = 0
     checked: int = 0
-
 
 
 def required_fields(columns: Sequence[str], template: str | None, text_field: str,
@@ -177,7 +163,6 @@ def check_records(dataset: Any, source: str, fields: Sequence[str], completion_f
                     f"{source} record {bad[0]} (counting from 0): {name!r} {what}{more}; fill it in or remove the "
                     "record"
                 )
-
 
 
 def check_chat_turns(dataset: Any, source: str) -> None:
@@ -286,16 +271,6 @@ def _require_chat_template(tokenizer: Any) -> None:
         )
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-
 class _Tokenize:
     """Batched ``datasets.map`` function: records -> ``input_ids`` + ``labels`` (prompt pre-masked).
 
@@ -335,34 +310,10 @@ class _Tokenize:
                 ids.append(self.eos)
             lab = list(ids)
             if i in prompt_of:
-                n = _common_prefix(prompt_of[i], ids)
+                n = len(os.path.commonprefix([prompt_of[i], ids]))
                 lab[:n] = [IGNORE_INDEX] * n
             labels.append(lab)
         return {"input_ids": input_ids, "labels": labels}
-
-
-def tokenize_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str, source: str | None = None,
-                   template: str | None = None) -> Any:
-    """Tokenize one split: every original column is replaced by ``input_ids`` and ``labels``.
-
-    A record that cannot be formatted or tokenized raises :func:`record_error` naming ``source`` (default
-    ``name``) and the record; ``template``: the format string of the records, if they have one.
-    """
-    return map_records(dataset, _Tokenize(tokenizer, formatter), "format", source or name, template,
-                        remove_columns=dataset.column_names, desc=f"Tokenizing {name} data")
-
-
-def tokenize_chat_split(dataset: Any, tokenizer: Any, formatter: Formatter, name: str, source: str | None = None,
-                        template: str | None = None) -> Any:
-    """``messages`` data without templates: ``input_ids`` and ``labels`` from the chat template itself.
-
-    Every assistant turn is trained (:mod:`trl_padfree.chat_masks`); ``formatter`` and ``template`` are not needed.
-    """
-    from ...chat_masks import label_chats
-
-    out = map_records(dataset, partial(label_chats, tokenizer=tokenizer), "chat", source or name,
-                       remove_columns=dataset.column_names, desc=f"Tokenizing {name} data")
-    return out.remove_columns("completion_mask")
 
 
 def warn_untrained_turns(raw: Any, tokenized: Any, labelled: Any, collator: Any, tokenizer: Any, n: int) -> int:
@@ -493,8 +444,17 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     text_format, formatter = make_formatter(train_raw.column_names, template, training.dataset_text_field, tokenizer)
     if response is None and text_format not in ("prompt+completion", "messages"):
         raise _missing_template(text_format)
-    # messages without templates: labels from the chat template itself, every assistant turn trained
-    tokenize = tokenize_chat_split if text_format == "messages" and response is None else tokenize_split
+    chat = text_format == "messages" and response is None  # labels from the chat template, every assistant turn
+
+    def tokenize(raw: Any, name: str, source: str) -> Any:
+        """One split's ``input_ids`` and ``labels`` (a record that fails: :func:`~..data.record_error`)."""
+        from ...chat_masks import label_chats
+
+        fn = partial(label_chats, tokenizer=tokenizer) if chat else _Tokenize(tokenizer, formatter)
+        out = map_records(raw, fn, "chat" if chat else "format", source, None if chat else template,
+                          remove_columns=raw.column_names, desc=f"Tokenizing {name} data")
+        return out.remove_columns("completion_mask") if chat else out
+
     if eval_raw is not None:
         missing = sorted(set(train_raw.column_names) - set(eval_raw.column_names))
         if text_format != "template" and missing:
@@ -503,9 +463,8 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     train_source, eval_source = sources[0], sources[-1]  # one source: eval_fraction holds records of train out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
-        train_tok = tokenize(train_raw, tokenizer, formatter, "train", train_source, template)
-        eval_tok = None if eval_raw is None else tokenize(eval_raw, tokenizer, formatter, "eval", eval_source,
-                                                           template)
+        train_tok = tokenize(train_raw, "train", train_source)
+        eval_tok = None if eval_raw is None else tokenize(eval_raw, "eval", eval_source)
     n_check = cfg.launch.template_check_examples
     missing_in_check, inspect = 0, None  # prompt/completion: the prompt is masked already, the collator flattens
     if response is not None:
@@ -530,12 +489,4 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
         loaded["eval"] = len(eval_raw)
         if len(eval_ds) == 0:
             raise ConfigError("no eval example has a trained token left; check the eval data and max_length")
-    return PreparedData(
-        train=train,
-        eval=eval_ds,
-        text_format=text_format,
-        dropped=dropped,
-        loaded=loaded,
-        template_missing_in_check=missing_in_check,
-        checked=min(n_check, len(train_tok)),
-    )
+    return PreparedData(train, eval_ds, text_format, dropped, loaded, missing_in_check, min(n_check, len(train_tok)))
