@@ -24,13 +24,7 @@ from trl_padfree.dpo import DPOTrainer
 from ..config import ConfigError
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
-from .preference_data import (
-    check_chat_renders,
-    check_one_kind_in_files,
-    check_preference_records,
-    dropped_by_trainer,
-    value_kind,
-)
+from .preference_data import check_preference_records, dropped_by_trainer, load_checked
 from .shared import PreferenceTask
 
 __all__ = ["TASK", "DPOTask", "PreparedPreferences", "load_preference_data",
@@ -47,24 +41,7 @@ class PreparedPreferences:
 
 def load_preference_data(cfg: Any, tokenizer: Any) -> PreparedPreferences:
     """The training and eval pairs, checked (TRL's ``DPOTrainer`` tokenizes them when it is built)."""
-    from ..data import load_splits
-
-    for key in ("train_file", "eval_file"):
-        if getattr(cfg.data, key, None):
-            check_one_kind_in_files(key, getattr(cfg.data, key))
-    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_preference_records)
-    first = train[0]
-    conversational = value_kind(first["chosen"]) == "messages"
-    if conversational and getattr(tokenizer, "chat_template", None) is None:
-        raise ConfigError(
-            f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has no chat "
-            "template; set chat_template_path to a .jinja file, or use text records"
-        )
-    sources = {"train": "train_file" if cfg.data.train_file else "the training data",
-               "eval": "eval_file" if cfg.data.eval_file else "the eval data"}
-    for split, dataset in (("train", train), ("eval", eval_ds)):
-        if dataset is not None and conversational:
-            check_chat_renders(dataset, tokenizer, sources[split])
+    train, eval_ds, conversational = load_checked(cfg, tokenizer, check_preference_records)
     return PreparedPreferences(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected")
 
 

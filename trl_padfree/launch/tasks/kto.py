@@ -22,10 +22,9 @@ from ..config import ConfigError
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
 from .preference_data import (
-    check_chat_renders,
-    check_one_kind_in_files,
     check_preference_records,
     dropped_by_trainer,
+    load_checked,
     mixed_kinds_error,
     value_kind,
 )
@@ -91,22 +90,9 @@ class PreparedKTO:
 
 def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
     """The training and eval records, checked (TRL's ``KTOTrainer`` unpairs and tokenizes them when it is built)."""
-    from ..data import load_splits
-
-    for key in ("train_file", "eval_file"):
-        if getattr(cfg.data, key, None):
-            check_one_kind_in_files(key, getattr(cfg.data, key))
-    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_kto_records)
+    train, eval_ds, conversational = load_checked(cfg, tokenizer, check_kto_records)
     paired = "chosen" in train.column_names
-    conversational = value_kind(train[0]["chosen" if paired else "completion"]) == "messages"
-    if conversational and getattr(tokenizer, "chat_template", None) is None:
-        raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "
-                          "no chat template; set chat_template_path to a .jinja file, or use text records")
     kind = "conversational" if conversational else "text"
-    for split, dataset in (("train", train), ("eval", eval_ds)):
-        if dataset is not None and conversational:
-            check_chat_renders(dataset, tokenizer, f"{split}_file" if getattr(cfg.data, f"{split}_file") else
-                               f"the {split} data")
     return PreparedKTO(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
                                                       else "prompt/completion/label"), paired)
 

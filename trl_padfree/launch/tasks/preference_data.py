@@ -6,6 +6,7 @@ loads, record by record and in the files; what TRL's trainer drops, read from th
   refused, naming the mix (``datasets`` would load such a column as whatever pandas makes of it: the text ``" 47"``
   as the number 47, messages as text, or fail inside TRL);
 - :func:`check_chat_renders`: a conversational record the chat template cannot render is one line naming it;
+- :func:`load_checked`: the splits of a run, loaded and checked with the above;
 - :func:`dropped_by_trainer`: the records TRL's trainer left out (``len(trainer.train_dataset)``), a split left
   empty refused with the setting to change.
 """
@@ -21,6 +22,8 @@ from ..config import ConfigError
 
 __all__ = [
     "check_chat_renders",
+    "load_checked",
+    "split_source",
     "check_one_kind_in_files",
     "check_preference_records",
     "dropped_by_trainer",
@@ -173,6 +176,31 @@ def check_chat_renders(dataset: Any, tokenizer: Any, source: str) -> None:
             raise record_error(source, file_index(dataset, position), "format", exc) from None
 
 
+def split_source(cfg: Any, split: str) -> str:
+    """How errors name a split: ``train_file`` / ``eval_file``, or ``the train data`` / ``the eval data``."""
+    return f"{split}_file" if getattr(cfg.data, f"{split}_file", None) else f"the {split} data"
+
+
+def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None, bool]:
+    """``(train, eval or None, conversational)``: the splits, each file of one kind of record
+    (:func:`check_one_kind_in_files`), ``check(dataset, source)`` on each split as loaded, and conversational
+    records rendered once by the chat template (:func:`check_chat_renders`)."""
+    from ..data import load_splits
+
+    for key in ("train_file", "eval_file"):
+        if getattr(cfg.data, key, None):
+            check_one_kind_in_files(key, getattr(cfg.data, key))
+    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check)
+    conversational = value_kind(train[0]["chosen" if "chosen" in train.column_names else "completion"]) == "messages"
+    if conversational and getattr(tokenizer, "chat_template", None) is None:
+        raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "
+                          "no chat template; set chat_template_path to a .jinja file, or use text records")
+    for split, dataset in (("train", train), ("eval", eval_ds)):
+        if dataset is not None and conversational:
+            check_chat_renders(dataset, tokenizer, split_source(cfg, split))
+    return train, eval_ds, conversational
+
+
 def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", per_record: int = 1) -> dict[str, int]:
     """How many records of each split TRL's trainer left out when it tokenized them (a prompt of ``max_length``
     tokens or more leaves no response token), read from the trainer once built, before anything is written; each
@@ -187,7 +215,7 @@ def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", p
         loaded = len(before) * per_record
         dropped[split] = loaded - len(after)
         noun = unit if per_record == 1 else "examples"
-        source = getattr(cfg.data, f"{split}_file", None) and f"{split}_file" or f"the {split} data"
+        source = split_source(cfg, split)
         what = "training" if split == "train" else "eval"
         if len(after) == 0:
             raise ConfigError(

@@ -22,7 +22,7 @@ from trl_padfree.reward import RewardTrainer
 from ..config import ConfigError, with_fields
 from ..console import say
 from ..trainer_setup import LaunchTrainer, make_launch_trainer
-from .preference_data import check_chat_renders, check_one_kind_in_files, check_preference_records, value_kind
+from .preference_data import check_preference_records, load_checked, split_source
 from .shared import PromptOnceTask
 
 __all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardTask", "reward_summary"]
@@ -55,32 +55,19 @@ def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> PreparedPai
     :class:`ConfigError`. A run's trainer prepares them itself (:meth:`RewardTask.check_trainer`)."""
     from types import SimpleNamespace
 
-    from ..data import load_splits
-
-    for key in ("train_file", "eval_file"):
-        if getattr(cfg.data, key, None):
-            check_one_kind_in_files(key, getattr(cfg.data, key))
-    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_reward_records)
-    conversational = value_kind(train[0]["chosen"]) == "messages"
-    if conversational and getattr(tokenizer, "chat_template", None) is None:
-        raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "
-                          "no chat template; set chat_template_path to a .jinja file, or use text records")
+    train, eval_ds, conversational = load_checked(cfg, tokenizer, check_reward_records)
     training = cfg.training
-    sources = {"train": "train_file" if cfg.data.train_file else "the training data",
-               "eval": "eval_file" if cfg.data.eval_file else "the eval data"}
     out: dict[str, Any] = {}
     loaded: dict[str, int] = {}
     for split, dataset in (("train", train), ("eval", eval_ds)):
         if dataset is None:
             out[split] = None
             continue
-        if conversational:  # a record the chat template cannot render: one line naming it (as trl-padfree dpo)
-            check_chat_renders(dataset, tokenizer, sources[split])
         loaded[split] = len(dataset)
         out[split] = dataset
         if tokenized:
             out[split] = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
-            refuse_empty(sources[split], len(dataset), len(out[split]), training.max_length)
+            refuse_empty(split_source(cfg, split), len(dataset), len(out[split]), training.max_length)
     return PreparedPairs(out["train"], out["eval"], "conversational" if conversational else "prompt/chosen/rejected",
                          loaded, margin="margin" in train.column_names)
 
@@ -161,8 +148,7 @@ class RewardTask(PromptOnceTask):
             if split not in data.loaded or after is None or not hasattr(after, "__len__"):
                 continue
             loaded = data.loaded[split]
-            source = f"{split}_file" if getattr(cfg.data, f"{split}_file") else f"the {split} data"
-            refuse_empty(source, loaded, len(after), cfg.training.max_length)
+            refuse_empty(split_source(cfg, split), loaded, len(after), cfg.training.max_length)
             data.dropped[split] = loaded - len(after)
             if data.dropped[split]:
                 say(f"dropped {data.dropped[split]} of {loaded} {split} pairs longer than "
