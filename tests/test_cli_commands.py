@@ -135,8 +135,8 @@ def test_an_sft_summary_keeps_max_tokens_per_batch_and_has_no_prompt_once(tmp_pa
 
 def test_ctrl_c_under_torchrun_is_documented_with_the_quiet_alternative():
     text = " ".join((ROOT / "docs" / "distributed.md").read_text(encoding="utf-8").split())
-    assert "**Ctrl-C** in the terminal that runs torchrun:" in text
-    assert "`SignalException` and prints its traceback (about 40 lines) and exits 1" in text
+    assert "**SIGTERM / Ctrl-C** on any rank: every rank saves the same `checkpoint-N`" in text
+    assert "Ctrl-C in torchrun's terminal also prints torchrun's own traceback and exits 1" in text
     assert "send SIGTERM to one worker (`kill -TERM <pid>`): every rank saves and torchrun exits 0." in text
 
 

@@ -103,11 +103,6 @@ class _PadfreeFields:
         metadata={"help": "Run the trainer's forwards on flat rows without padding (needs a varlen attention such "
                           "as attn_implementation='padfree'). (default: false)"},
     )
-    prompt_once: bool = field(
-        default=False,
-        metadata={"help": "With padding_free, forward each prompt (a pair's or group's shared prefix) once "
-                          "(needs attn_implementation='padfree'). (default: false)"},
-    )
     check_packing: bool = field(
         default=True,
         metadata={"help": "Probe the model once before the first step (trl_padfree.probe): stop the run if packed "
@@ -125,9 +120,8 @@ class _PadfreeFields:
         _validate(self)
 
 
-@dataclass
-class _ScoredHeadFields(_PadfreeFields):
-    scored_lm_head: bool = field(
+def _scored_lm_head() -> Any:
+    return field(
         default=True,
         metadata={"help": "Score the loss with the scored-positions LM head (trl_padfree.scored_head: only the "
                           "scored positions are projected, on every device); false: TRL's own LM head. "
@@ -136,7 +130,28 @@ class _ScoredHeadFields(_PadfreeFields):
 
 
 @dataclass
-class SFTConfig(_ScoredHeadFields, trl.SFTConfig):
+class _PromptOnceFields(_PadfreeFields):
+    """The trainers whose examples share a prompt (a pair's, a group's): ``prompt_once`` (not SFT's)."""
+
+    prompt_once: bool = field(
+        default=False,
+        metadata={"help": "With padding_free, forward each prompt (a pair's or group's shared prefix) once "
+                          "(needs attn_implementation='padfree'). (default: false)"},
+    )
+
+
+@dataclass
+class _ScoredHeadFields(_PromptOnceFields):
+    scored_lm_head: bool = _scored_lm_head()
+
+
+@dataclass
+class _SFTFields(_PadfreeFields):
+    scored_lm_head: bool = _scored_lm_head()
+
+
+@dataclass
+class SFTConfig(_SFTFields, trl.SFTConfig):
     """``trl.SFTConfig`` with the settings of :class:`trl_padfree.SFTTrainer` and its collator.
 
     ``padding_free`` here is this package's (see the module docstring).
@@ -208,7 +223,7 @@ class RLOOConfig(_ScoredHeadFields, trl.RLOOConfig):
 
 
 @dataclass
-class RewardConfig(_PadfreeFields, trl.RewardConfig):
+class RewardConfig(_PromptOnceFields, trl.RewardConfig):
     """``trl.RewardConfig`` with the settings of :class:`trl_padfree.RewardTrainer` (a sequence classifier: no
     LM head, so no ``scored_lm_head``)."""
 
