@@ -163,16 +163,11 @@ def test_packing_conflicts_with_the_collator(capsys, tmp_path, data_dir):
     assert message.startswith("invalid settings: SFTConfig(padding_free=True, packing=True): padding_free flattens")
 
 
-def test_prompt_once_is_refused_for_sft(capsys, tmp_path, data_dir):
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--prompt_once", "true"), tmp_path / "out")
-    assert message.startswith("prompt_once shares one prompt between the responses of a pair or group")
-
-
 @pytest.mark.parametrize(("task", "argv", "message"), [
     ("dpo", ["--template", "x"], "unknown option '--template' on the command line (a field of trl-padfree train, not "
                                  "of trl-padfree dpo)"),
-    ("sft", ["--beta", "0.1"], "unknown option '--beta' on the command line (a field of trl-padfree dpo, not of "
-                               "trl-padfree train)"),
+    ("sft", ["--prompt_once", "true"], "unknown option '--prompt_once' on the command line (a field of "
+                                       "trl-padfree dpo, not of trl-padfree train)"),
     ("grpo", ["--reward_func", "x"], "unknown option '--reward_func' on the command line; did you mean "
                                      "'reward_funcs'?"),
 ])
@@ -315,7 +310,7 @@ def test_env_mapping_sets_variables(tmp_path, data_dir, monkeypatch):
 
 
 @pytest.mark.parametrize(("task", "present", "absent"), [
-    ("sft", ("--response_template", "--padding_free", "--template", "--model_name_or_path"), ("--beta",)),
+    ("sft", ("--response_template", "--padding_free", "--template", "--model_name_or_path"), ("--prompt_once",)),
     ("dpo", ("--prompt_once", "--beta", "--chat_template_path"), ("--response_template",)),
     ("grpo", ("--reward_funcs", "--prompt_once", "--num_generations"), ("--response_template",)),
 ])

@@ -103,8 +103,7 @@ def guess_task(argv: Sequence[str]) -> str:
         keys |= set(config) if isinstance(config, dict) else set()
     fields = {name: {f.name for cls in argument_classes(name) for f in dataclasses.fields(cls)}
               for name in task_names()}
-    sft = fields["sft"] - {"prompt_once"}  # (every config class has it; no SFT run shares a prompt)
-    scores = {name: len(keys & (own - sft)) for name, own in fields.items() if name != "sft"}
+    scores = {name: len(keys & (own - fields["sft"])) for name, own in fields.items() if name != "sft"}
     best = max(scores, key=scores.__getitem__, default="sft")
     return best if scores.get(best) else "sft"
 

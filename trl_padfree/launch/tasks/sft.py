@@ -22,6 +22,8 @@ from .sft_trainer import PadfreeSFTTrainer
 __all__ = ["TASK", "SFTTask", "LaunchSFTTrainer", "preview_lines"]
 
 
+
+
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 
@@ -83,9 +85,6 @@ class SFTTask(Task):
                 "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "
                 "the number of optimizer steps; set packing: false"
             )
-        if training.prompt_once:  # (a field of every config class of the package)
-            raise ConfigError("prompt_once shares one prompt between the responses of a pair or group (trl-padfree "
-                              "dpo, kto, reward, grpo, rloo); an SFT record has one response: set prompt_once: false")
         if training.assistant_only_loss:
             raise ConfigError(
                 "assistant_only_loss does not apply here: the collator trains what follows response_template; for "
