@@ -52,6 +52,7 @@ def test_each_config_is_trls_with_the_packages_fields(name):
 @pytest.mark.parametrize("kwargs, message", [
     ({"prompt_once": True}, "DPOConfig(prompt_once=True) needs padding_free=True"),
     ({"torch_num_threads": 0}, "torch_num_threads must be 'auto', a positive integer or None, got 0"),
+    ({"torch_num_threads": "0"}, "torch_num_threads must be 'auto', a positive integer or None, got 0"),  # YAML/CLI
     ({"torch_num_threads": "many"}, "torch_num_threads must be 'auto', a positive integer or None, got 'many'"),
     ({"check_packing": "yes"}, "DPOConfig(check_packing='yes'): check_packing must be True or False"),
 ])

@@ -78,7 +78,7 @@ def _threads(value: Any) -> int | str | None:
         if text.lower() in _NULL_WORDS:
             return None
         if text.isdigit():
-            return int(text)
+            value = int(text)
     return checked_threads(value)
 
 

@@ -126,7 +126,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "max_train_examples": Range(1),
     "max_eval_examples": Range(1),
     "template_check_examples": Range(1),
-    "torch_num_threads": Range(1, hint="or null for torch's default"),  # (SFTConfig takes "0" from a command line)
+    "torch_num_threads": Range(1, hint="or null for torch's default"),
     # trl-padfree dpo (DPOConfig)
     "beta": Range(0, low_open=True),
     "ld_alpha": Range(0, high=1, hint="or null for plain sums"),
