@@ -4,7 +4,6 @@ end, a process per variant, and its report holds the measured figures, the FLOP 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 from pathlib import Path
@@ -17,7 +16,6 @@ from benchmarks.workloads import TASKS
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ["--steps", "1", "--warmup", "1", "--scale", "0.05", "--batch-size", "2", "--groups", "2", "--gens", "2",
         "--completion", "3"]
-SLOW = pytest.mark.skipif(not os.environ.get("TRL_PADFREE_SLOW"), reason="runs a worker per variant (TRL_PADFREE_SLOW=1)")
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -70,7 +68,7 @@ def test_sft_variants_train_the_same_batches_and_the_flop_ratio_is_computed(tmp_
     assert flan["ratios"]["token-budget"]["loss_diff"] is None  # other batches: not compared
 
 
-@SLOW
+@pytest.mark.slow  # a worker per variant, seven tasks: .ci/run runs it with the slow tests
 @pytest.mark.parametrize("argv", [["--task", "dpo"], ["--task", "reward"], ["--task", "kto"], ["--task", "grpo"],
                                   ["--task", "rloo"], ["--task", "hybrid", "--datasets", "orcamath"],
                                   ["--task", "grpo", "--whole-step", "--model-size", "tiny"]], ids=" ".join)
