@@ -155,7 +155,7 @@ def test_missing_checkpoint_to_resume(capsys, tmp_path, data_dir):
 
 def test_torch_num_threads_must_be_positive(capsys, tmp_path, data_dir):
     message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--torch_num_threads", "0"), tmp_path / "out")
-    assert message == "torch_num_threads must be at least 1 (or null for torch's default), got 0"
+    assert message == "invalid settings: torch_num_threads must be 'auto', a positive integer or None, got 0"
 
 
 def test_packing_conflicts_with_the_collator(capsys, tmp_path, data_dir):
