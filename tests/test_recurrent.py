@@ -14,7 +14,7 @@ import torch
 from trl_padfree.dpo import require_padfree_attention
 from trl_padfree.families import family_available, tiny_family_model
 from trl_padfree.probe import packed_batch
-from trl_padfree.recurrent import PackedRowError, prepare_packed_layers, torch_fallback_name
+from trl_padfree.recurrent import PackedRowError, hub_function, prepare_packed_layers, torch_fallback_name
 from trl_padfree.recurrent.conv import causal_conv1d_packed, varlen_causal_conv1d_fn
 from trl_padfree.recurrent.delta_rule import varlen_delta_rule
 from trl_padfree.testing import tiny_llama
@@ -28,8 +28,8 @@ def _modeling(name: str) -> types.ModuleType:
 
 
 def _torch_fallback(fn):
-    """transformers' own torch function behind a global (replaced or not)."""
-    return getattr(fn, "__trl_padfree_original__", fn)
+    """transformers' own torch function behind a global (replaced or not; under a `kernels` layer or not)."""
+    return hub_function(getattr(fn, "__trl_padfree_original__", fn))
 
 
 def _seq_idx() -> torch.Tensor:

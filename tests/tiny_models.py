@@ -1,6 +1,6 @@
 """Tiny models of the families the tests compare beside ``trl_padfree.testing``'s Llama: decoder configs with
 sliding windows (``decoder_config``), and Falcon / MPT checkpoints that cannot use ``"padfree"``
-(``save_tiny_model`` with ``FALCON`` / ``MPT`` sizes)."""
+(``save_tiny_model`` with ``GPT_NEO`` / ``MPT`` sizes)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from trl_padfree.testing import tiny_llama_config
 
 # transformers builds Falcon's attention from a table of its own, without "padfree" (a KeyError at load)
-FALCON = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=1)
+# GPT-Neo builds its attention from a table of its own (no "padfree" in it: a KeyError at load); its default
+# attention (eager) keeps packed examples apart
+GPT_NEO = dict(hidden_size=32, num_heads=2, num_layers=1, attention_types=[[["global"], 1]],
+               max_position_embeddings=2048)
 # MPT computes attention itself, never through transformers' AttentionInterface
 MPT = dict(d_model=32, n_heads=2, n_layers=1, max_seq_len=128)
 

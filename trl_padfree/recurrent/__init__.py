@@ -49,6 +49,8 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Any
 
+import torch
+
 from . import conv, delta_rule
 from .varlen import PackedRowError, note_mask
 
@@ -65,6 +67,7 @@ else:
 __all__ = [
     "KERNEL_MODULES",
     "PackedRowError",
+    "hub_function",
     "kernels",
     "note_mask",
     "prepare_packed_config",
@@ -86,8 +89,29 @@ def kernels() -> dict[str, Callable[[Callable], Callable]]:
     return merged
 
 
+def hub_function(fn: Any) -> Any:
+    """The function under a ``kernels`` layer, else ``fn`` itself.
+
+    Where the ``kernels`` package is installed (transformers 5.25 requires it), its ``use_kernel_forward_from_hub``
+    turns a decorated function into an instance of a one-off ``nn.Module`` class whose ``forward`` calls the
+    function (``kernels/_internals/layer/layer.py``, ``_create_func_module``); transformers' fallback wrapper is
+    then inside it. There is no public accessor, so the function is read from ``forward``'s closure.
+
+    >>> hub_function(len) is len
+    True
+    """
+    forward = getattr(type(fn), "forward", None)
+    if (not isinstance(fn, torch.nn.Module) or type(fn).__qualname__ != "_create_func_module.<locals>.Func"
+            or getattr(forward, "__closure__", None) is None):
+        return fn
+    cells = dict(zip(forward.__code__.co_freevars, forward.__closure__, strict=True))
+    inner = cells.get("func")
+    return inner.cell_contents if inner is not None and callable(inner.cell_contents) else fn
+
+
 def _fallback_closure(fn: Any) -> dict[str, Any] | None:
     """The closure of transformers' ``use_kernel_func_from_hub_with_fallback`` wrapper, or None for anything else."""
+    fn = hub_function(fn)
     code = getattr(fn, "__code__", None)
     if code is None or fn.__closure__ is None:
         return None
@@ -145,7 +169,7 @@ def _patch_module(module: ModuleType, factories: dict[str, Callable[[Callable], 
         if kernel is None:
             continue
         factory = factories.get(kernel) or factories[name]
-        replacement = factory(value)
+        replacement = factory(hub_function(value))
         setattr(replacement, _REPLACED, value)
         setattr(module, name, replacement)
         names.append(f"{short}.{name}")
@@ -213,9 +237,24 @@ def recurrent_layer_types(model: Any) -> list[str]:
         code = getattr(forward, "__code__", None)
         if module is None or code is None:
             continue
-        if any(_is_recurrent_kernel(module, n, getattr(module, n, None), factories) for n in code.co_names):
+        if _calls_recurrent_kernel(module, code, factories):
             found.append(cls.__name__)
     return found
+
+
+def _calls_recurrent_kernel(module: ModuleType, code: Any, factories: dict[str, Any], depth: int = 1) -> bool:
+    """Whether ``code`` calls a recurrent kernel of ``module``, directly or through ``depth`` levels of module
+    helpers under a ``kernels`` layer (transformers 5.25's ``causal_conv1d_forward`` calls ``causal_conv1d_fn``)."""
+    for name in code.co_names:
+        value = getattr(module, name, None)
+        if _is_recurrent_kernel(module, name, value, factories):
+            return True
+        inner = hub_function(value)
+        if (depth > 0 and inner is not value and getattr(inner, "__module__", None) == module.__name__
+                and hasattr(inner, "__code__")
+                and _calls_recurrent_kernel(module, inner.__code__, factories, depth - 1)):
+            return True
+    return False
 
 
 def refuse_shared_prompt(model: Any, what: str = "prompt_once=True") -> None:
