@@ -15,7 +15,7 @@ from typing import Any
 from .config import ConfigError, LaunchArguments
 from .console import one_line
 
-__all__ = ["DATA_EXTENSIONS", "PerRecord", "RecordFailed", "check_data_files", "data_builder", "file_index",
+__all__ = ["DATA_EXTENSIONS", "RecordFailed", "check_data_files", "data_builder", "file_index",
            "load_splits", "map_records", "record_error", "stage"]
 
 #: Local data formats and the ``datasets`` builder that reads each.
@@ -170,7 +170,7 @@ def load_splits(data: LaunchArguments, seed: int,
 
 class RecordFailed(Exception):
     """An exception raised while preparing records, with its stage (``format``, ``tokenize``, ``chat`` or
-    ``label``) and, once :class:`PerRecord` found it, the position of the first record that fails."""
+    ``label``) and, once :func:`map_records` found it, the position of the first record that fails."""
 
     def __init__(self, stage: str, error: BaseException, position: int | None = None) -> None:
         super().__init__(stage, error, position)
@@ -186,28 +186,6 @@ def stage(name: str) -> Iterator[None]:
         raise
     except Exception as exc:
         raise RecordFailed(name, exc) from exc
-
-
-class PerRecord:
-    """A batched ``datasets.map`` function (``with_indices=True``) that names the record it fails on: when ``fn``
-    raises on a batch, its records are tried one at a time and the first that fails raises :class:`RecordFailed`."""
-
-    def __init__(self, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str) -> None:
-        self.fn, self.stage = fn, stage
-
-    def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
-        try:
-            with stage(self.stage):
-                return self.fn(batch)
-        except RecordFailed as exc:
-            first = exc
-        for j, position in enumerate(indices):
-            try:
-                with stage(self.stage):
-                    self.fn({key: values[j : j + 1] for key, values in batch.items()})
-            except RecordFailed as exc:
-                raise RecordFailed(exc.stage, exc.error, position) from None
-        raise RecordFailed(first.stage, first.error, indices[0]) from None  # only the whole batch fails
 
 
 def _raised_in_a_template(error: BaseException) -> bool:
@@ -260,14 +238,28 @@ def file_index(dataset: Any, position: int) -> int:
         return position
 
 
-def map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str,
+def map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage_name: str,
                 source: str, template: str | None = None, origin: Any = None, **map_kwargs: Any) -> Any:
-    """``dataset.map(fn, batched=True)``; a record ``fn`` fails on becomes :func:`record_error` (one line).
+    """``dataset.map(fn, batched=True)``; a record ``fn`` fails on becomes :func:`record_error` (one line): when a
+    batch fails, its records are tried one at a time. ``origin``: the split as loaded, row for row the same records
+    as ``dataset`` (for their indices in file order)."""
 
-    ``origin``: the split as loaded, row for row the same records as ``dataset`` (for their indices in file order).
-    """
+    def per_record(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        try:
+            with stage(stage_name):
+                return fn(batch)
+        except RecordFailed as exc:
+            first = exc
+        for j, position in enumerate(indices):
+            try:
+                with stage(stage_name):
+                    fn({key: values[j : j + 1] for key, values in batch.items()})
+            except RecordFailed as exc:
+                raise RecordFailed(exc.stage, exc.error, position) from None
+        raise RecordFailed(first.stage, first.error, indices[0]) from None  # only the whole batch fails
+
     try:
-        return dataset.map(PerRecord(fn, stage), batched=True, batch_size=256, with_indices=True, **map_kwargs)
+        return dataset.map(per_record, batched=True, batch_size=256, with_indices=True, **map_kwargs)
     except RecordFailed as failed:
         index = file_index(dataset if origin is None else origin, failed.position)
         raise record_error(source, index, failed.stage, failed.error, template) from None

@@ -5,7 +5,7 @@ datasets handed to ``SFTTrainer`` are final (TRL's own preparation is skipped, t
    train, no list or mapping formatted as its Python text.
 2. :func:`make_formatter`: each record becomes one text, from ``template`` (a format string over its fields) or
    its own ``text`` / ``prompt`` + ``completion`` / ``messages`` (chat template).
-3. :class:`_Tokenize`: ``input_ids`` (EOS appended to plain text, as TRL does) and ``labels`` (prompt masked);
+3. :func:`_tokenize`: ``input_ids`` (EOS appended to plain text, as TRL does) and ``labels`` (prompt masked);
    ``messages`` without templates: labels from the chat template itself (every assistant turn trained).
 4. :func:`check_template`: the response template must occur in one of the first N examples (else the config is
    wrong and the run stops before loading the model).
@@ -30,9 +30,9 @@ import numpy as np
 
 from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
-from ..data import PerRecord, RecordFailed, file_index, load_splits, map_records, record_error, stage
+from ..data import load_splits, map_records, stage
 
-__all__ = ["PreparedData", "labelling_collator", "make_formatter", "prepare_data", "training_collator"]
+__all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"]
 
 IGNORE_INDEX = -100
 
@@ -50,11 +50,6 @@ def _collator(cfg: LaunchConfig, tokenizer: Any, response_template: str | None, 
         return DataCollatorForCompletionOnlyLM(response_template, instruction, **kwargs)
     except ValueError as exc:
         raise ConfigError(f"collator settings rejected: {one_line(exc)}") from None
-
-
-def labelling_collator(cfg: LaunchConfig, tokenizer: Any) -> Any:
-    """The run's collator with its templates, which labels the records once before training."""
-    return _collator(cfg, tokenizer, cfg.training.response_template, padding_free=True)
 
 
 def training_collator(cfg: LaunchConfig, tokenizer: Any) -> Any:
@@ -275,21 +270,18 @@ def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int, source: 
     """Fail unless the response template occurs in one of the first ``n`` examples (untruncated); returns how many
     of them lack it (they will be dropped). ``origin``: the split as loaded, for a failing record's index."""
     head = dataset.select(range(min(n, len(dataset))))
-    search = PerRecord(lambda batch: {"found": collator.templates_found([{"input_ids": i} for i in batch["input_ids"]])},
-                       "label")
-    missing = 0
-    for start in range(0, len(head), 64):
-        part = head[start : start + 64]["input_ids"]
-        try:
-            missing += int(np.count_nonzero(~search({"input_ids": part}, list(range(start, start + len(part))))["found"]))
-        except RecordFailed as failed:
-            raise record_error(source, file_index(origin, failed.position), failed.stage, failed.error) from None
-    if missing == len(head):
+
+    def find(batch: dict[str, list[Any]]) -> dict[str, list[bool]]:
+        return {"found": collator.templates_found([{"input_ids": ids} for ids in batch["input_ids"]]).tolist()}
+
+    found = map_records(head, find, "label", source, origin=origin, keep_in_memory=True,
+                        remove_columns=head.column_names)["found"]
+    if not any(found):
         raise ConfigError(
             f"response_template {collator.response_template!r} was found in none of the first {len(head)} examples "
             f"(the first one starts {tokenizer.decode(head[0]['input_ids'][:60])!r}); make it match the formatted text "
             "exactly (spaces, newlines, case)")
-    return missing
+    return len(found) - sum(found)
 
 
 def label_and_filter(dataset: Any, collator: Any, max_length: int | None, keep_end: bool, name: str, source: str,
@@ -327,7 +319,7 @@ def _missing_template(text_format: str) -> ConfigError:
 
 
 def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> PreparedData:
-    """Run the whole pipeline (see the module docstring) with ``collator`` (default: :func:`labelling_collator`);
+    """Run the whole pipeline (see the module docstring) with ``collator`` (default: the run's, with its templates);
     raises :class:`ConfigError` on bad data."""
     from ...chat_masks import label_chats
 
@@ -337,7 +329,8 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
         template_fields(template)  # a template that is not a format string: refused before any data is read
         if response is None:
             raise _missing_template("template")
-    collator = labelling_collator(cfg, tokenizer) if collator is None else collator
+    if collator is None:  # the run's collator with its templates labels the records once, here
+        collator = _collator(cfg, tokenizer, response, padding_free=True)
     sources: list[str] = []  # the split names as load_splits reports them: train first, then eval
 
     def check(dataset: Any, source: str) -> None:
