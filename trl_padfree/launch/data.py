@@ -93,20 +93,14 @@ def _load_files(key: str, pattern: str) -> Any:
         datasets.logging.set_verbosity(verbosity)
 
 
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    return bool(constants.is_offline_mode())
-
-
 def _load_dataset_name(data: LaunchArguments) -> Any:
     """``dataset_name``'s splits; an unreachable hub fails at once (``datasets`` would retry for ~30 s)."""
     from datasets import load_dataset
-    from huggingface_hub import HfApi
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-    name = data.dataset_name
-    if not os.path.exists(os.path.expanduser(name)) and not _offline():
+    name, offline = data.dataset_name, constants.is_offline_mode()
+    if not os.path.exists(os.path.expanduser(name)) and not offline:
         try:
             HfApi().dataset_info(name, timeout=10)
         except RepositoryNotFoundError:  # gated repositories included
@@ -122,9 +116,9 @@ def _load_dataset_name(data: LaunchArguments) -> Any:
     try:
         splits = load_dataset(name, data.dataset_config)
     except Exception as exc:
-        offline = (" (HF_HUB_OFFLINE is set and it is not in the local cache: unset it to download the dataset, or "
-                   "set dataset_name to a local dataset directory)") if _offline() else ""
-        raise ConfigError(f"could not load dataset_name={name!r}: {one_line(exc)}{offline}") from None
+        hint = (" (HF_HUB_OFFLINE is set and it is not in the local cache: unset it to download the dataset, or "
+                "set dataset_name to a local dataset directory)") if offline else ""
+        raise ConfigError(f"could not load dataset_name={name!r}: {one_line(exc)}{hint}") from None
     for key in ("dataset_train_split", "dataset_test_split"):
         split = getattr(data, key)
         if split is not None and split not in splits:

@@ -108,7 +108,8 @@ def _check_numbers(cfg: LaunchConfig) -> None:
     if steps == 0 or steps < -1:
         raise ConfigError(f"max_steps must be at least 1 (or -1 to train for num_train_epochs), got {steps}")
     if steps == -1 and not (math.isfinite(epochs) and epochs > 0):
-        raise ConfigError(f"num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got {epochs}")
+        raise ConfigError(f"num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got "
+                          f"{epochs}")
 
 
 #: ``model_init_kwargs`` keys that the launcher sets from fields of its own (the field to use instead).
@@ -126,7 +127,8 @@ def _check_model_init_kwargs(cfg: LaunchConfig) -> LaunchConfig:
     if not isinstance(kwargs, dict):
         raise ConfigError(f"model_init_kwargs must be a mapping of from_pretrained arguments, got {kwargs!r}")
     for key in kwargs.keys() & _OWN_FIELDS.keys():
-        raise ConfigError(f"model_init_kwargs may not set {key!r}: it has its own field; set {_OWN_FIELDS[key]} instead")
+        raise ConfigError(f"model_init_kwargs may not set {key!r}: it has its own field; set {_OWN_FIELDS[key]} "
+                          "instead")
     return replace(cfg, model_init_kwargs=dict(kwargs), training=with_fields(cfg.training, model_init_kwargs=None))
 
 
