@@ -9,8 +9,8 @@ datasets handed to ``SFTTrainer`` are final (TRL's own preparation is skipped, t
    ``messages`` without templates: labels from the chat template itself (every assistant turn trained).
 4. :func:`check_template`: the response template must occur in one of the first N examples (else the config is
    wrong and the run stops before loading the model).
-5. :func:`label_and_filter`: truncation to ``max_length``, labels of the run's collator, examples without a trained
-   token dropped and counted; :func:`warn_untrained_turns` for assistant turns the templates leave untrained.
+5. :func:`_labeller`: truncation to ``max_length``, labels of the run's collator; examples without a trained token
+   are dropped and counted; :func:`warn_untrained_turns` for assistant turns the templates leave untrained.
 
 Every failure on a record is one :class:`~..config.ConfigError` line naming the split, the record's index and the
 fix (:func:`~..data.record_error`).
@@ -284,11 +284,9 @@ def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int, source: 
     return len(found) - sum(found)
 
 
-def label_and_filter(dataset: Any, collator: Any, max_length: int | None, keep_end: bool, name: str, source: str,
-                     origin: Any, inspect: Callable[[Any], None] | None = None) -> tuple[Any, int]:
-    """Truncate, label with ``collator`` (the only time labels are made) and drop examples with no trained token;
-    returns ``(dataset, dropped)``. ``origin``: the split as loaded, row for row the records of ``dataset``;
-    ``inspect(labelled)`` is called before anything is dropped."""
+def _labeller(collator: Any, max_length: int | None, keep_end: bool) -> Callable[[dict[str, list[Any]]], dict]:
+    """Batched ``datasets.map`` function: truncate, label with ``collator`` (the only time labels are made) and
+    flag the examples left with a trained token (``trained``)."""
 
     def cut(seq: list[int]) -> list[int]:
         if max_length is None or len(seq) <= max_length:
@@ -303,11 +301,7 @@ def label_and_filter(dataset: Any, collator: Any, max_length: int | None, keep_e
         return {"input_ids": ids, "labels": [lab.tolist() for lab in new],
                 "trained": [bool(np.any(lab != IGNORE_INDEX)) for lab in new]}
 
-    labelled = map_records(dataset, label, "label", source, origin=origin, desc=f"Labelling {name} data")
-    if inspect is not None:
-        inspect(labelled)
-    kept = labelled.filter(lambda flags: flags, input_columns="trained", batched=True, desc=f"Filtering {name} data")
-    return kept.remove_columns("trained"), len(labelled) - len(kept)
+    return label
 
 
 def _missing_template(text_format: str) -> ConfigError:
@@ -357,19 +351,20 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
                 out = map_records(raw, fn, "chat" if chat else "format", source, None if chat else template,
                                   remove_columns=raw.column_names, desc=f"Tokenizing {name} data")
                 tokenized[name] = out.remove_columns("completion_mask") if chat else out
-    n_check, missing_in_check, inspect = cfg.launch.template_check_examples, 0, None
+    n_check, missing_in_check = cfg.launch.template_check_examples, 0
     if response is not None:  # (prompt/completion without it: the prompt is masked already)
         missing_in_check = check_template(tokenized["train"], collator, tokenizer, n_check, sources[0], train_raw)
-        if text_format == "messages":
-            inspect = partial(warn_untrained_turns, train_raw, tokenized["train"], collator=collator,
-                              tokenizer=tokenizer, n=n_check)
     data = PreparedData(None, None, text_format, template_missing_in_check=missing_in_check,
                         checked=min(n_check, len(tokenized["train"])))
+    label = _labeller(collator, training.max_length, training.truncation_mode == "keep_end")
     for name, tok in tokenized.items():
         raw, source = splits[name]
-        kept, data.dropped[name] = label_and_filter(tok, collator, training.max_length,
-                                                    training.truncation_mode == "keep_end", name, source, raw,
-                                                    inspect if name == "train" else None)
+        labelled = map_records(tok, label, "label", source, origin=raw, desc=f"Labelling {name} data")
+        if name == "train" and response is not None and text_format == "messages":
+            warn_untrained_turns(train_raw, tok, labelled, collator, tokenizer, n_check)
+        kept = labelled.filter(lambda flags: flags, input_columns="trained", batched=True,
+                               desc=f"Filtering {name} data").remove_columns("trained")
+        data.dropped[name] = len(labelled) - len(kept)
         data.loaded[name] = len(raw)
         setattr(data, name, kept)
         if len(kept) == 0 and name == "train":
