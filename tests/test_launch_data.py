@@ -38,20 +38,16 @@ def test_template_format_labels_only_the_answer(demo_tokenizer, tmp_path):
     assert trained_text(demo_tokenizer, example) == f" cat {number}{demo_tokenizer.eos_token}"
 
 
-def test_prompt_completion_format(demo_tokenizer, tmp_path):
-    rows = [{"prompt": f"### Question: {r['instruction']}\n### Answer:", "completion": " " + r["output"]} for r in QA]
-    train = write_jsonl(tmp_path / "train.jsonl", rows)
+@pytest.mark.parametrize(("text_format", "row"), [
+    ("prompt+completion",
+     lambda r: {"prompt": f"### Question: {r['instruction']}\n### Answer:", "completion": " " + r["output"]}),
+    ("text", lambda r: {"text": f"### Question: {r['instruction']}\n### Answer: {r['output']}"}),
+])
+def test_prompt_completion_and_text_formats(demo_tokenizer, tmp_path, text_format, row):
+    train = write_jsonl(tmp_path / "train.jsonl", [row(r) for r in QA])
     _, data = prepare(demo_tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
-    assert data.text_format == "prompt+completion"
+    assert data.text_format == text_format
     assert trained_text(demo_tokenizer, data.train[3]) == f" cat 3{demo_tokenizer.eos_token}"
-
-
-def test_text_format(demo_tokenizer, tmp_path):
-    rows = [{"text": f"### Question: {r['instruction']}\n### Answer: {r['output']}"} for r in QA]
-    train = write_jsonl(tmp_path / "train.jsonl", rows)
-    _, data = prepare(demo_tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
-    assert data.text_format == "text"
-    assert trained_text(demo_tokenizer, data.train[5]) == f" cat 5{demo_tokenizer.eos_token}"
 
 
 def test_messages_format_trains_every_assistant_turn(demo_tokenizer, tmp_path):

@@ -1,15 +1,7 @@
-"""Records of every launch task: load the splits, and name the record that cannot be prepared.
-
-- :func:`load_splits`: local JSON/JSONL/CSV/Parquet files (``train_file``/``eval_file``, checked first by
-  :func:`check_data_files`) or ``dataset_name`` (hub id or local directory) with its splits; an ``eval_fraction``
-  is held out with the run's seed.
-- :func:`map_records`: ``datasets.map`` whose failure on a record (a chat template that refuses it, a format string
-  that cannot format it, a tokenizer or the collator raising on it) is a :class:`~.config.ConfigError` naming the
-  split, the record's index in file order and the fix (:func:`record_error`): one line and exit code 2, never a
-  traceback.
-
-What each task does with the records is its own (SFT: :mod:`.tasks.sft_data`; the preference records of DPO, reward and
-KTO: :mod:`.tasks.preference_data`).
+"""The records of every launch task: :func:`load_splits` (local files or ``dataset_name``, an ``eval_fraction`` held
+out with the run's seed) and :func:`map_records`, a ``datasets.map`` whose failure on a record is one
+:class:`~.config.ConfigError` line naming the split, the record's index in file order and the fix
+(:func:`record_error`). What each task does with the records: :mod:`.tasks.sft_data`, :mod:`.tasks.preference_data`.
 """
 
 from __future__ import annotations
@@ -22,15 +14,26 @@ from typing import Any
 
 from .config import ConfigError, LaunchArguments
 from .console import one_line
-from .validate import data_builder
 
-__all__ = ["PerRecord", "RecordFailed", "check_data_files", "file_index", "load_splits", "map_records", "record_error",
-           "stage"]
+__all__ = ["DATA_EXTENSIONS", "RecordFailed", "check_data_files", "data_builder", "file_index",
+           "load_splits", "map_records", "record_error", "stage"]
 
-_MAP_BATCH = 256
-
-
+#: Local data formats and the ``datasets`` builder that reads each.
+DATA_EXTENSIONS: dict[str, str] = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 _FORMAT_WORDS = {".jsonl": "JSON Lines (one JSON object per line)", ".json": "JSON", ".csv": "CSV"}
+
+
+def data_builder(path: str) -> str:
+    """The ``datasets`` builder name for a local data file (by extension).
+
+    >>> data_builder("data/train.jsonl"), data_builder("x.parquet")
+    ('json', 'parquet')
+    """
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in DATA_EXTENSIONS:
+        raise ConfigError(f"unsupported data file {path!r}: use one of {', '.join(DATA_EXTENSIONS)} (or dataset_name "
+                          "for a hub dataset or a local dataset directory)")
+    return DATA_EXTENSIONS[ext]
 
 
 def check_data_files(key: str, pattern: str) -> None:
@@ -50,12 +53,10 @@ def check_data_files(key: str, pattern: str) -> None:
         if os.path.isdir(path):
             raise ConfigError(
                 f"{key}={pattern!r} matches the directory {path!r}: point it at data files (e.g. a glob such as "
-                f"{os.path.join(path, '*' + ext)!r}), or use dataset_name for a saved dataset directory"
-            )
+                f"{os.path.join(path, '*' + ext)!r}), or use dataset_name for a saved dataset directory")
         try:
             with open(path, "rb") as handle:
-                head = handle.read(1 << 16)
-                more = bool(handle.read(1))
+                head, more = handle.read(1 << 16), bool(handle.read(1))
         except OSError as exc:
             raise ConfigError(f"cannot read {key} file {path!r}: {exc.strerror or exc}") from None
         if not head:
@@ -65,98 +66,86 @@ def check_data_files(key: str, pattern: str) -> None:
                 raise ConfigError(f"{key} file {path!r} is not a Parquet file; give its real extension")
             continue
         bad = head.find(b"\x00")
-        if bad < 0:
-            try:
+        try:
+            if bad < 0:
                 codecs.getincrementaldecoder("utf-8")().decode(head, final=not more)
-            except UnicodeDecodeError as exc:
-                bad = exc.start
+        except UnicodeDecodeError as exc:
+            bad = exc.start
         if bad >= 0:
-            raise ConfigError(
-                f"{key} file {path!r} is not text (byte 0x{head[bad]:02x} at offset {bad}): expected "
-                f"{_FORMAT_WORDS.get(ext, 'text')} in UTF-8"
-            )
+            raise ConfigError(f"{key} file {path!r} is not text (byte 0x{head[bad]:02x} at offset {bad}): expected "
+                              f"{_FORMAT_WORDS.get(ext, 'text')} in UTF-8")
         if not more and not head.strip():
             raise ConfigError(f"{key} file {path!r} holds only whitespace: it has no records")
 
 
 def _load_files(key: str, pattern: str) -> Any:
     import datasets
-    from datasets import load_dataset
 
     check_data_files(key, pattern)
-    verbosity = datasets.logging.get_verbosity()
+    builder, verbosity = data_builder(pattern), datasets.logging.get_verbosity()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own error line would precede ours
     try:
-        return load_dataset(data_builder(pattern), data_files={"data": pattern}, split="data")
-    except ConfigError:
-        raise
+        return datasets.load_dataset(builder, data_files={"data": pattern}, split="data")
     except Exception as exc:  # datasets raises many types for unreadable files; the cause says what was wrong
         cause = exc.__cause__ or exc.__context__ or exc
-        reason = one_line(cause) or type(cause).__name__
-        raise ConfigError(f"could not read {key}={pattern!r}: {reason}") from None
+        raise ConfigError(f"could not read {key}={pattern!r}: {one_line(cause)}") from None
     finally:
         datasets.logging.set_verbosity(verbosity)
 
 
-def _check_hub_dataset(name: str) -> None:
-    """Fail fast when ``dataset_name`` is a hub id that cannot be reached (``datasets`` retries for ~30 s)."""
-    from huggingface_hub import HfApi
+def _load_dataset_name(data: LaunchArguments) -> Any:
+    """``dataset_name``'s splits; an unreachable hub fails at once (``datasets`` would retry for ~30 s)."""
+    from datasets import load_dataset
+    from huggingface_hub import HfApi, constants
     from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 
-    if _offline():
-        return  # datasets then uses the local cache or fails at once
+    name, offline = data.dataset_name, constants.is_offline_mode()
+    if not os.path.exists(os.path.expanduser(name)) and not offline:
+        try:
+            HfApi().dataset_info(name, timeout=10)
+        except RepositoryNotFoundError:  # gated repositories included
+            raise ConfigError(f"dataset_name={name!r} is not on the Hugging Face Hub, or is private or gated (log in "
+                              "with `hf auth login`); check the id or set dataset_name to a local dataset directory"
+                              ) from None
+        except HfHubHTTPError:
+            pass  # the hub answered: datasets reports what it says
+        except Exception as exc:  # no answer: connection refused, DNS, timeout
+            raise ConfigError(f"cannot reach the Hugging Face Hub to load dataset_name={name!r} ({one_line(exc)[:120]}"
+                              "); set HF_HUB_OFFLINE=1 to use a cached copy, or set dataset_name to a local dataset "
+                              "directory") from None
     try:
-        HfApi().dataset_info(name, timeout=10)
-    except RepositoryNotFoundError:  # gated repositories included
-        raise ConfigError(
-            f"dataset_name={name!r} is not on the Hugging Face Hub, or is private or gated (log in with `hf auth "
-            "login`); check the id or set dataset_name to a local dataset directory"
-        ) from None
-    except HfHubHTTPError:
-        return  # the hub answered: datasets reports what it says
-    except Exception as exc:  # no answer: connection refused, DNS, timeout
-        raise ConfigError(
-            f"cannot reach the Hugging Face Hub to load dataset_name={name!r} ({one_line(exc)[:120]}); set "
-            "HF_HUB_OFFLINE=1 to use a cached copy, or set dataset_name to a local dataset directory"
-        ) from None
+        splits = load_dataset(name, data.dataset_config)
+    except Exception as exc:
+        hint = (" (HF_HUB_OFFLINE is set and it is not in the local cache: unset it to download the dataset, or "
+                "set dataset_name to a local dataset directory)") if offline else ""
+        raise ConfigError(f"could not load dataset_name={name!r}: {one_line(exc)}{hint}") from None
+    for key in ("dataset_train_split", "dataset_test_split"):
+        split = getattr(data, key)
+        if split is not None and split not in splits:
+            raise ConfigError(f"{key}={split!r} is not a split of {name!r}; it has: {', '.join(sorted(splits))}")
+    return splits
 
 
 def load_splits(data: LaunchArguments, seed: int,
                 check: Callable[[Any, str], None] | None = None) -> tuple[Any, Any | None]:
-    """Load the training split and the eval split (or None) described by ``data``.
+    """The training split and the eval split (or None) of ``data``; ``check(dataset, source)`` runs on each split as
+    loaded (before ``eval_fraction`` shuffles it, so that record indices are those of the files)."""
+    loaded: list[Any] = []
 
-    ``check(dataset, source)`` is called on each split as loaded (before ``eval_fraction`` shuffles it, so that
-    record indices are those of the files).
-    """
-    from datasets import load_dataset
+    def add(dataset: Any, source: str) -> None:
+        (check or (lambda *_: None))(dataset, source)
+        loaded.append(dataset)
 
-    check = check or (lambda dataset, source: None)
-    eval_ds = None
     if data.train_file:
-        train = _load_files("train_file", data.train_file)
-        check(train, "train_file")
+        add(_load_files("train_file", data.train_file), "train_file")
     else:
-        if not os.path.exists(os.path.expanduser(data.dataset_name)):
-            _check_hub_dataset(data.dataset_name)
-        try:
-            splits = load_dataset(data.dataset_name, data.dataset_config)
-        except Exception as exc:
-            offline = " (HF_HUB_OFFLINE is set and it is not in the local cache: unset it to download the dataset, " \
-                "or set dataset_name to a local dataset directory)" if _offline() else ""
-            raise ConfigError(f"could not load dataset_name={data.dataset_name!r}: {one_line(exc)}{offline}") from None
-        names = sorted(splits)
-        for key in ("dataset_train_split", "dataset_test_split"):
-            split = getattr(data, key)
-            if split is not None and split not in splits:
-                raise ConfigError(f"{key}={split!r} is not a split of {data.dataset_name!r}; it has: {', '.join(names)}")
-        train = splits[data.dataset_train_split]
-        check(train, f"dataset_name split {data.dataset_train_split!r}")
-        if data.dataset_test_split is not None:
-            eval_ds = splits[data.dataset_test_split]
-            check(eval_ds, f"dataset_name split {data.dataset_test_split!r}")
+        splits = _load_dataset_name(data)
+        for split in (data.dataset_train_split, data.dataset_test_split):
+            if split is not None:
+                add(splits[split], f"dataset_name split {split!r}")
     if data.eval_file:
-        eval_ds = _load_files("eval_file", data.eval_file)
-        check(eval_ds, "eval_file")
+        add(_load_files("eval_file", data.eval_file), "eval_file")
+    train, eval_ds = loaded[0], loaded[-1] if len(loaded) > 1 else None
     if data.eval_fraction is not None:
         if len(train) < 2:
             raise ConfigError(f"eval_fraction needs at least 2 training records, the data has {len(train)}")
@@ -173,15 +162,9 @@ def load_splits(data: LaunchArguments, seed: int,
     return train, eval_ds
 
 
-def _offline() -> bool:
-    from huggingface_hub import constants
-
-    return bool(constants.is_offline_mode())
-
-
 class RecordFailed(Exception):
     """An exception raised while preparing records, with its stage (``format``, ``tokenize``, ``chat`` or
-    ``label``) and, once :class:`PerRecord` found it, the position of the first record that fails."""
+    ``label``) and, once :func:`map_records` found it, the position of the first record that fails."""
 
     def __init__(self, stage: str, error: BaseException, position: int | None = None) -> None:
         super().__init__(stage, error, position)
@@ -199,42 +182,14 @@ def stage(name: str) -> Iterator[None]:
         raise RecordFailed(name, exc) from exc
 
 
-class PerRecord:
-    """A batched ``datasets.map`` function (``with_indices=True``) that names the record it fails on: when ``fn``
-    raises on a batch, its records are tried one at a time and the first that fails raises :class:`RecordFailed`."""
-
-    def __init__(self, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str) -> None:
-        self.fn, self.stage = fn, stage
-
-    def __call__(self, batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
-        try:
-            with stage(self.stage):
-                return self.fn(batch)
-        except RecordFailed as exc:
-            first = exc
-        for j, position in enumerate(indices):
-            try:
-                with stage(self.stage):
-                    self.fn({key: values[j : j + 1] for key, values in batch.items()})
-            except RecordFailed as exc:
-                raise RecordFailed(exc.stage, exc.error, position) from None
-        raise RecordFailed(first.stage, first.error, indices[0]) from None  # only the whole batch fails
-
-
 def _raised_in_a_template(error: BaseException) -> bool:
     """Whether ``error`` comes from a chat template: a jinja error, or any exception raised by template code."""
-    try:
-        from jinja2.exceptions import TemplateError
-    except ImportError:  # pragma: no cover  (transformers needs jinja2 for chat templates)
-        TemplateError = ()  # type: ignore[assignment]  # noqa: N806
-    if isinstance(error, TemplateError):
-        return True
+    from jinja2.exceptions import TemplateError
+
     tb = error.__traceback__
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename == "<template>":  # jinja's compiled template code
-            return True
+    while tb is not None and tb.tb_frame.f_code.co_filename != "<template>":  # jinja's compiled template code
         tb = tb.tb_next
-    return False
+    return isinstance(error, TemplateError) or tb is not None
 
 
 def record_error(source: str, index: int, stage: str, error: BaseException, template: str | None = None) -> ConfigError:
@@ -270,27 +225,35 @@ def record_error(source: str, index: int, stage: str, error: BaseException, temp
 
 def file_index(dataset: Any, position: int) -> int:
     """The index, in file order, of the record at ``position`` of ``dataset`` (a shuffled or selected split keeps
-    a mapping to the rows of the files it was loaded from)."""
-    indices = getattr(dataset, "_indices", None)
-    if indices is None:
-        return position
+    a mapping to the rows of the files it was loaded from; ``datasets`` has no public accessor for it)."""
     try:
-        return int(indices.column(0)[position].as_py())
-    except Exception:  # noqa: BLE001  (a layout this does not know: the position is the best there is)
+        return int(dataset._indices.column(0)[position].as_py())
+    except Exception:  # noqa: BLE001  (no mapping, or a layout this does not know: the position is the best there is)
         return position
 
 
-def map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage: str,
-                 source: str, template: str | None = None, origin: Any = None, **map_kwargs: Any) -> Any:
-    """``dataset.map(fn, batched=True)``; a record ``fn`` fails on becomes :func:`record_error` (one line).
+def map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage_name: str,
+                source: str, template: str | None = None, origin: Any = None, **map_kwargs: Any) -> Any:
+    """``dataset.map(fn, batched=True)``; a record ``fn`` fails on becomes :func:`record_error` (one line): when a
+    batch fails, its records are tried one at a time. ``origin``: the split as loaded, row for row the same records
+    as ``dataset`` (for their indices in file order)."""
 
-    ``origin``: the split as loaded, row for row the same records as ``dataset`` (for their indices in file order).
-    """
+    def per_record(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
+        try:
+            with stage(stage_name):
+                return fn(batch)
+        except RecordFailed as exc:
+            first = exc
+        for j, position in enumerate(indices):
+            try:
+                with stage(stage_name):
+                    fn({key: values[j : j + 1] for key, values in batch.items()})
+            except RecordFailed as exc:
+                raise RecordFailed(exc.stage, exc.error, position) from None
+        raise RecordFailed(first.stage, first.error, indices[0]) from None  # only the whole batch fails
+
     try:
-        return dataset.map(PerRecord(fn, stage), batched=True, batch_size=_MAP_BATCH, with_indices=True,
-                           **map_kwargs)
+        return dataset.map(per_record, batched=True, batch_size=256, with_indices=True, **map_kwargs)
     except RecordFailed as failed:
         index = file_index(dataset if origin is None else origin, failed.position)
         raise record_error(source, index, failed.stage, failed.error, template) from None
-
-

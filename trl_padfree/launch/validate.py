@@ -1,12 +1,8 @@
-"""Static checks of a parsed :class:`~trl_padfree.launch.config.LaunchConfig`, before anything is loaded.
-
-Each check raises :class:`~trl_padfree.launch.config.ConfigError` with one line that says what is wrong and how
-to fix it: the ranges that nothing upstream checks before training (:data:`NUMERIC_RANGES`), data and collator settings, the model and
-LoRA settings (peft's own checks), ``model_init_kwargs``, ``output_dir`` (usable, and not holding another run),
-``resume_from_checkpoint`` (a complete checkpoint, see :mod:`.resume`). The config's ``env:`` mapping is
-applied only after all of them passed. Checks that depend on this machine (CUDA, flash-attn, installed packages,
-the filesystem) can be skipped with ``check_environment=False``, which is how the shipped real-model configs are
-tested on a CPU-only machine. The full list, with what happens on faults during a run: ``docs/faults.md``.
+"""Checks of a parsed :class:`~.config.LaunchConfig` before anything is loaded, each a one-line
+:class:`~.config.ConfigError` naming the fix: the ranges nothing upstream checks before training
+(:data:`NUMERIC_RANGES`), the data, model and LoRA settings, ``model_init_kwargs``, ``output_dir`` and
+``resume_from_checkpoint``. ``check_environment=False`` skips what depends on this machine (CUDA, flash-attn,
+packages, the filesystem). The full list, with the faults during a run: ``docs/faults.md``.
 """
 
 from __future__ import annotations
@@ -22,35 +18,9 @@ from typing import Any
 
 from ..exception_text import one_line
 from .config import ConfigError, LaunchConfig, with_fields
+from .data import data_builder
 
-__all__ = [
-    "DATA_EXTENSIONS",
-    "NUMERIC_RANGES",
-    "Range",
-    "data_builder",
-    "resolve_attn_implementation",
-    "validate_config",
-]
-
-#: Local data formats and the ``datasets`` builder that reads each.
-DATA_EXTENSIONS: dict[str, str] = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
-
-_FLASH = "flash_attention_2"
-
-
-def data_builder(path: str) -> str:
-    """The ``datasets`` builder name for a local data file (by extension).
-
-    >>> data_builder("data/train.jsonl"), data_builder("x.parquet")
-    ('json', 'parquet')
-    """
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in DATA_EXTENSIONS:
-        raise ConfigError(
-            f"unsupported data file {path!r}: use one of {', '.join(DATA_EXTENSIONS)} (or dataset_name for a hub "
-            "dataset or a local dataset directory)"
-        )
-    return DATA_EXTENSIONS[ext]
+__all__ = ["NUMERIC_RANGES", "Range", "describe", "resolve_attn_implementation", "validate_config"]
 
 
 @dataclass(frozen=True)
@@ -59,8 +29,8 @@ class Range:
 
     >>> Range(1).text(), Range(0, low_open=True).text(), Range(0, high=1, high_open=True).text()
     ('at least 1', 'greater than 0', 'at least 0 and less than 1')
-    >>> Range(0, True, 1, True).admits(1.0), Range(1).admits(float("nan"))
-    (False, False)
+    >>> Range(0, True, 1, True).admits(1.0), Range(1).admits(float("nan")), Range(0, True, 1, True).text()
+    (False, False, 'between 0 and 1 (exclusive)')
     """
 
     low: float | None = None
@@ -72,176 +42,113 @@ class Range:
     def admits(self, value: float) -> bool:
         if isinstance(value, float) and not math.isfinite(value):
             return False
-        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
-            return False
-        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+        above = self.low is None or value > self.low or (value == self.low and not self.low_open)
+        return above and (self.high is None or value < self.high or (value == self.high and not self.high_open))
 
     def text(self) -> str:
-        def num(x: float | None) -> str:
-            return str(int(x)) if x is not None and float(x).is_integer() else f"{x:g}"
+        def num(x: float) -> str:
+            return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
 
         if self.low_open and self.high_open:
             return f"between {num(self.low)} and {num(self.high)} (exclusive)"
-        low = None if self.low is None else ("greater than " if self.low_open else "at least ") + num(self.low)
-        high = None if self.high is None else ("less than " if self.high_open else "at most ") + num(self.high)
-        return " and ".join(part for part in (low, high) if part) or "a finite number"
+        low = "" if self.low is None else f"{'greater than' if self.low_open else 'at least'} {num(self.low)}"
+        high = "" if self.high is None else f"{'less than' if self.high_open else 'at most'} {num(self.high)}"
+        return " and ".join(part for part in (low, high) if part)
 
 
-_SEED = 2**32 - 1  # numpy's seeds are 32-bit
-#: The legal range of the numeric fields that nothing refuses before training (null passes where the field allows
-#: it): torch's optimizer and DataLoader refuse some at the first step with a traceback, others would run wrong.
-#: Fields that the config classes (``__post_init__``: ``max_tokens_per_batch``) or peft's
-#: ``LoraConfig`` (``lora_*``, one line when the trainer is built) refuse themselves are not listed.
+_SEED, _STEPS = 2**32 - 1, "a number of steps, or a fraction of the run below 1"  # numpy's seeds are 32-bit
+#: The legal range of the numeric fields that nothing upstream refuses before training (null passes where the field
+#: allows it): torch's optimizer and DataLoader refuse some at the first step with a traceback, others would run
+#: wrong (save_total_limit 0 keeps no checkpoint). Fields that transformers', TRL's or this package's config classes
+#: (``torch_empty_cache_steps``, ``torch_num_threads``, ``max_tokens_per_batch``) or peft's ``LoraConfig``
+#: (``lora_*``) refuse themselves are not listed. A task adds its own (``Task.numeric_ranges``).
 NUMERIC_RANGES: dict[str, Range] = {
-    "per_device_train_batch_size": Range(1),
-    "per_device_eval_batch_size": Range(1),
-    "gradient_accumulation_steps": Range(1),
+    **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                     "ddp_timeout", "max_train_examples", "max_eval_examples", "template_check_examples",
+                     "ref_model_sync_steps"), Range(1)),
+    **dict.fromkeys(("learning_rate", "weight_decay", "adam_epsilon", "eval_delay", "dataloader_num_workers"),
+                    Range(0)),
+    **dict.fromkeys(("adam_beta1", "adam_beta2", "label_smoothing_factor"), Range(0, high=1, high_open=True)),
+    **dict.fromkeys(("logging_steps", "save_steps"), Range(0, low_open=True, hint=_STEPS)),
+    **dict.fromkeys(("beta", "discopop_tau"), Range(0, low_open=True)),  # (DPO)
+    **dict.fromkeys(("dataloader_prefetch_factor", "ddp_bucket_cap_mb"), Range(1, hint="or null for torch's default")),
     "eval_accumulation_steps": Range(1, hint="or null to gather eval outputs once at the end"),
-    "learning_rate": Range(0),
-    "warmup_steps": Range(0, hint="a number of steps, or a fraction of the run below 1"),
-    "weight_decay": Range(0),
-    "adam_beta1": Range(0, high=1, high_open=True),
-    "adam_beta2": Range(0, high=1, high_open=True),
-    "adam_epsilon": Range(0),
+    "warmup_steps": Range(0, hint=_STEPS),
     "max_grad_norm": Range(0, hint="0 turns gradient clipping off"),
-    "label_smoothing_factor": Range(0, high=1, high_open=True),
     "neftune_noise_alpha": Range(0, low_open=True, hint="or null for no NEFTune noise"),
-    "logging_steps": Range(0, low_open=True, hint="a number of steps, or a fraction of the run below 1"),
     "eval_steps": Range(0, low_open=True, hint="or null to evaluate every logging_steps"),
-    "eval_delay": Range(0),
-    "save_steps": Range(0, low_open=True, hint="a number of steps, or a fraction of the run below 1"),
     "save_total_limit": Range(1, hint="or null to keep every checkpoint"),
     "seed": Range(0, high=_SEED),
     "data_seed": Range(0, high=_SEED, hint="or null to use seed"),
-    "dataloader_num_workers": Range(0),
-    "dataloader_prefetch_factor": Range(1, hint="or null for torch's default"),
-    "ddp_bucket_cap_mb": Range(1, hint="or null for torch's default"),
-    "ddp_timeout": Range(1),
-    "torch_empty_cache_steps": Range(1, hint="or null to never empty the cache"),
     "router_aux_loss_coef": Range(0, hint="or null"),
     "dataset_num_proc": Range(1, hint="or null for one process"),
     "max_length": Range(2, hint="or null for no truncation"),
     "pad_to_multiple_of": Range(1, hint="or null"),
     "eval_fraction": Range(0, True, 1, True),
-    "max_train_examples": Range(1),
-    "max_eval_examples": Range(1),
-    "template_check_examples": Range(1),
-    "torch_num_threads": Range(1, hint="or null for torch's default"),
-    # trl-padfree dpo (DPOConfig)
-    "beta": Range(0, low_open=True),
     "ld_alpha": Range(0, high=1, hint="or null for plain sums"),
     "label_smoothing": Range(0, high=0.5, high_open=True),
     "precompute_ref_batch_size": Range(1, hint="or null for per_device_train/eval_batch_size"),
-    "discopop_tau": Range(0, low_open=True),
     "ref_model_mixup_alpha": Range(0, high=1),
-    "ref_model_sync_steps": Range(1),
 }
-def _numeric_value(cfg: LaunchConfig, name: str) -> Any:
-    for part in (cfg.training, cfg.model, cfg.launch):
-        if hasattr(part, name):
-            return getattr(part, name)
-    return None
-
-
 #: Step intervals that matter only under their strategy ("steps").
 _INTERVAL_STRATEGY = {"logging_steps": "logging_strategy", "eval_steps": "eval_strategy", "save_steps": "save_strategy"}
 
 
 def _check_numbers(cfg: LaunchConfig) -> None:
-    """Every field of :data:`NUMERIC_RANGES` (with the task's own ranges) in its range; ``max_steps`` /
-    ``num_train_epochs`` train something."""
+    """The fields of :data:`NUMERIC_RANGES` and the task's own ranges; ``max_steps`` / ``num_train_epochs``."""
     from .tasks import get_task
 
     for name, legal in {**NUMERIC_RANGES, **get_task(cfg.task).numeric_ranges()}.items():
-        value = _numeric_value(cfg, name)
-        if value is None or isinstance(value, (bool, str)) or not isinstance(value, (int, float)):
-            continue
-        strategy = getattr(cfg.training, _INTERVAL_STRATEGY.get(name, ""), None)
-        if strategy is not None and getattr(strategy, "value", strategy) != "steps":
-            continue
-        if not legal.admits(value):
-            hint = f" ({legal.hint})" if legal.hint else ""
-            raise ConfigError(f"{name} must be {legal.text()}{hint}, got {value}")
-    _check_steps(cfg.training)
-
-
-def _check_steps(training: Any) -> None:
-    steps, epochs = training.max_steps, training.num_train_epochs
+        value = next((getattr(p, name) for p in (cfg.training, cfg.model, cfg.launch) if hasattr(p, name)), None)
+        strategy = getattr(cfg.training, _INTERVAL_STRATEGY.get(name, ""), "steps")
+        if (isinstance(value, (int, float)) and not isinstance(value, bool) and not legal.admits(value)
+                and getattr(strategy, "value", strategy) == "steps"):
+            raise ConfigError(f"{name} must be {legal.text()}{f' ({legal.hint})' if legal.hint else ''}, got {value}")
+    steps, epochs = cfg.training.max_steps, cfg.training.num_train_epochs
     if steps == 0 or steps < -1:
         raise ConfigError(f"max_steps must be at least 1 (or -1 to train for num_train_epochs), got {steps}")
     if steps == -1 and not (math.isfinite(epochs) and epochs > 0):
-        raise ConfigError(
-            f"num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got {epochs}"
-        )
+        raise ConfigError(f"num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got "
+                          f"{epochs}")
 
 
 #: ``model_init_kwargs`` keys that the launcher sets from fields of its own (the field to use instead).
-_OWN_FIELDS = {
-    "trust_remote_code": "trust_remote_code: true",
-    "attn_implementation": "attn_implementation",
-    "dtype": "dtype",
-    "torch_dtype": "dtype",
-    "revision": "model_revision",
-    "quantization_config": "load_in_4bit / load_in_8bit",
-}
+_OWN_FIELDS = {"trust_remote_code": "trust_remote_code: true", "attn_implementation": "attn_implementation",
+               "dtype": "dtype", "torch_dtype": "dtype", "revision": "model_revision",
+               "quantization_config": "load_in_4bit / load_in_8bit"}
 
 
 def _check_model_init_kwargs(cfg: LaunchConfig) -> LaunchConfig:
-    """Refuse keys that have their own field (the launcher applies ``model_init_kwargs`` itself, not TRL)."""
+    """Refuse keys that have their own field; the launcher loads the model and applies the rest (TRL would only
+    warn that it ignores them)."""
     kwargs = cfg.training.model_init_kwargs
     if kwargs is None:
         return cfg
     if not isinstance(kwargs, dict):
         raise ConfigError(f"model_init_kwargs must be a mapping of from_pretrained arguments, got {kwargs!r}")
-    for key in kwargs:
-        if key in _OWN_FIELDS:
-            raise ConfigError(
-                f"model_init_kwargs may not set {key!r}: it has its own field; set {_OWN_FIELDS[key]} instead"
-            )
-    # (TRL would only warn that it ignores them: the model is loaded here)
+    for key in kwargs.keys() & _OWN_FIELDS.keys():
+        raise ConfigError(f"model_init_kwargs may not set {key!r}: it has its own field; set {_OWN_FIELDS[key]} "
+                          "instead")
     return replace(cfg, model_init_kwargs=dict(kwargs), training=with_fields(cfg.training, model_init_kwargs=None))
 
 
-def _writable(directory: str) -> str | None:
-    """None if a file can be created in ``directory`` (tried, then removed), else the reason."""
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".trl-padfree-write-test-", dir=directory)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    os.close(fd)
-    os.unlink(probe)
-    return None
-
-
-def _check_output_dir(cfg: LaunchConfig) -> None:
-    """output_dir: a directory that exists and is writable, or one that can be created (nothing is created)."""
-    out = cfg.training.output_dir
-    path = os.path.abspath(os.path.expanduser(out))
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise ConfigError(f"output_dir {out!r} is a file, not a directory; choose another output_dir")
-        reason = _writable(path)
-        if reason:
-            raise ConfigError(f"output_dir {out!r} is not writable ({reason}); choose a directory you can write to")
-        return
-    parent = os.path.dirname(path)
+def _check_output_dir(out: str) -> None:
+    """A writable directory, or one that can be created in a writable one (nothing is created)."""
+    path = parent = os.path.abspath(os.path.expanduser(out))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
+    if parent == path and not os.path.isdir(path):
+        raise ConfigError(f"output_dir {out!r} is a file, not a directory; choose another output_dir")
     if not os.path.isdir(parent):
         raise ConfigError(f"output_dir {out!r} cannot be created: {parent!r} is a file; choose another output_dir")
-    reason = _writable(parent)
-    if reason:
-        raise ConfigError(
-            f"output_dir {out!r} cannot be created in {parent!r} ({reason}); choose a directory you can write to"
-        )
-
-
-def _check_data_file(key: str, pattern: str) -> None:
-    data_builder(pattern)
-    if not glob.glob(os.path.expanduser(pattern)):
-        raise ConfigError(
-            f"data file not found: {key}={pattern!r} (relative paths start at the current directory {os.getcwd()})"
-        )
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".trl-padfree-write-test-", dir=parent)
+    except OSError as exc:
+        where = "is not writable" if parent == path else f"cannot be created in {parent!r}"
+        raise ConfigError(f"output_dir {out!r} {where} ({exc.strerror or exc}); choose a directory you can write to"
+                          ) from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def _looks_local(name: str) -> bool:
@@ -257,12 +164,13 @@ def _check_data(cfg: LaunchConfig) -> LaunchConfig:
         raise ConfigError("set either train_file (local files) or dataset_name (hub or local dataset), not both")
     if not data.train_file and not data.dataset_name:
         raise ConfigError("no training data: set train_file (a local .jsonl/.json/.csv/.parquet) or dataset_name")
-    if data.train_file:
-        _check_data_file("train_file", data.train_file)
     if data.dataset_name and _looks_local(data.dataset_name) and not os.path.exists(data.dataset_name):
         raise ConfigError(f"dataset not found: dataset_name={data.dataset_name!r} is not an existing local path")
-    if data.eval_file:
-        _check_data_file("eval_file", data.eval_file)
+    for key in ("train_file", "eval_file"):
+        pattern = getattr(data, key)
+        if pattern and data_builder(pattern) and not glob.glob(os.path.expanduser(pattern)):  # (builder: the extension)
+            raise ConfigError(f"data file not found: {key}={pattern!r} (relative paths start at the current "
+                              f"directory {os.getcwd()})")
     sources = [k for k in ("eval_file", "eval_fraction", "dataset_test_split") if getattr(data, k) is not None]
     if len(sources) > 1:
         raise ConfigError(f"set only one source of eval data, got {' and '.join(sources)}")
@@ -270,40 +178,35 @@ def _check_data(cfg: LaunchConfig) -> LaunchConfig:
         raise ConfigError("dataset_test_split needs dataset_name; for local files use eval_file or eval_fraction")
     strategy = getattr(cfg.training.eval_strategy, "value", cfg.training.eval_strategy)
     if strategy != "no" and not sources:
-        raise ConfigError(
-            f"eval_strategy is {strategy!r} but there is no eval data: set eval_file, "
-            "eval_fraction or dataset_test_split (or eval_strategy: 'no')"
-        )
+        raise ConfigError(f"eval_strategy is {strategy!r} but there is no eval data: set eval_file, eval_fraction or "
+                          "dataset_test_split (or eval_strategy: 'no')")
     if cfg.training.eval_on_start and not sources:
-        raise ConfigError(
-            "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
-            "(or eval_on_start: false)"
-        )
+        raise ConfigError("eval_on_start is true but there is no eval data: set eval_file, eval_fraction or "
+                          "dataset_test_split (or eval_on_start: false)")
     return replace(cfg, launch=data)
 
 
 def _check_model(cfg: LaunchConfig, check_environment: bool) -> LaunchConfig:
-    name = cfg.model.model_name_or_path
+    name, model = cfg.model.model_name_or_path, cfg.model
     if not name:
         raise ConfigError("model_name_or_path is missing: set a local model directory or a hub model id")
     if not os.path.exists(os.path.expanduser(name)) and _looks_local(name):
-        raise ConfigError(
-            f"model not found: model_name_or_path={name!r} is not an existing directory "
-            f"(relative paths start at {os.getcwd()})"
-        )
-    if check_environment and cfg.model.use_peft and importlib.util.find_spec("peft") is None:
+        raise ConfigError(f"model not found: model_name_or_path={name!r} is not an existing directory (relative paths "
+                          f"start at {os.getcwd()})")
+    has_peft = importlib.util.find_spec("peft") is not None
+    if check_environment and model.use_peft and not has_peft:
         raise ConfigError("use_peft: true needs the peft package: pip install peft")
-    quantized = cfg.model.load_in_4bit or cfg.model.load_in_8bit
-    if quantized and not cfg.model.use_peft:
+    quantized = model.load_in_4bit or model.load_in_8bit
+    if quantized and not model.use_peft:
         raise ConfigError("load_in_4bit/load_in_8bit train only LoRA adapters: also set use_peft: true")
     if check_environment and quantized and importlib.util.find_spec("bitsandbytes") is None:
         raise ConfigError("load_in_4bit/load_in_8bit need the bitsandbytes package and a CUDA GPU")
-    targets = cfg.model.lora_target_modules
+    targets = model.lora_target_modules
     if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
         # TRL turns a list of one name into a string, which peft reads as a regular expression over full module
         # names ("q_proj" then matches nothing); one name means what a list of names means: a module-name suffix
-        cfg = replace(cfg, model=with_fields(cfg.model, lora_target_modules=[targets]))
-    if cfg.model.use_peft and importlib.util.find_spec("peft") is not None:
+        cfg = replace(cfg, model=with_fields(model, lora_target_modules=[targets]))
+    if cfg.model.use_peft and has_peft:
         from trl import get_peft_config
 
         try:  # peft's own checks of the LoRA settings, now rather than when the trainer is built
@@ -323,111 +226,81 @@ def training_device(cfg: LaunchConfig) -> str:
 def resolve_attn_implementation(requested: str, device: str) -> str:
     """``"auto"`` -> the best implementation for ``device``; ``"flash_attention_2"`` only where it can run.
 
-    >>> resolve_attn_implementation("auto", "cpu")
-    'padfree'
-    >>> resolve_attn_implementation("sdpa", "cpu")
-    'sdpa'
+    >>> resolve_attn_implementation("auto", "cpu"), resolve_attn_implementation("sdpa", "cpu")
+    ('padfree', 'sdpa')
     """
-    from trl_padfree.attention import pick_attn_implementation
+    from trl_padfree.attention import flash_attn_available, pick_attn_implementation
 
     if requested == "auto":
         return pick_attn_implementation(device)
-    if requested == _FLASH:
-        from trl_padfree.attention import flash_attn_available
-
-        if device != "cuda":
-            raise ConfigError(
-                "attn_implementation 'flash_attention_2' needs a CUDA GPU and this run has none (no GPU, or "
-                "use_cpu: true); use attn_implementation: auto (picks 'padfree' here) or 'padfree'"
-            )
-        if not flash_attn_available():
-            raise ConfigError(
-                "attn_implementation 'flash_attention_2' needs the flash-attn package, which is not usable here "
-                "(pip install flash-attn --no-build-isolation); or use attn_implementation: auto / 'padfree'"
-            )
+    if requested == "flash_attention_2" and device != "cuda":
+        raise ConfigError("attn_implementation 'flash_attention_2' needs a CUDA GPU and this run has none (no GPU, or "
+                          "use_cpu: true); use attn_implementation: auto (picks 'padfree' here) or 'padfree'")
+    if requested == "flash_attention_2" and not flash_attn_available():
+        raise ConfigError("attn_implementation 'flash_attention_2' needs the flash-attn package, which is not usable "
+                          "here (pip install flash-attn --no-build-isolation); or use attn_implementation: auto / "
+                          "'padfree'")
     return requested
 
 
 def _check_resume(cfg: LaunchConfig) -> LaunchConfig:
     """Resolve ``resume_from_checkpoint`` to a complete checkpoint and decide the run id; refuse an output_dir
     that holds another run unless ``overwrite_output_dir`` is set (see docs/faults.md)."""
+    from . import resume
     from .distributed import restart_attempt
-    from .resume import (
-        CHECKPOINT_MARKER,
-        checkpoint_problem,
-        choose_resume,
-        new_run_id,
-        read_json,
-        resolve_auto_resume,
-        run_contents,
-    )
 
-    auto = resolve_auto_resume(cfg, restart_attempt())  # auto, or a worker restarted by torchrun (launch.resume)
+    auto = resume.resolve_auto_resume(cfg, restart_attempt())  # auto, or a worker restarted by torchrun
     if auto is not None:
         return replace(cfg, **auto)
-    value = cfg.resume_from_checkpoint
-    output_dir = cfg.training.output_dir
+    value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
     if value is None or value is False or str(value).lower() in {"false", "none", "null", ""}:
-        found = run_contents(output_dir)
+        found = resume.run_contents(output_dir)
         if found and not getattr(cfg.launch, "overwrite_output_dir", False):
             shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-            raise ConfigError(
-                f"output_dir {output_dir!r} already holds a run ({shown}); continue it with resume_from_checkpoint: "
-                "true, start over in it with overwrite_output_dir: true, or choose another output_dir"
-            )
-        return replace(cfg, resume_from_checkpoint=None, run_id=new_run_id())
+            raise ConfigError(f"output_dir {output_dir!r} already holds a run ({shown}); continue it with "
+                              "resume_from_checkpoint: true, start over in it with overwrite_output_dir: true, or "
+                              "choose another output_dir")
+        return replace(cfg, resume_from_checkpoint=None, run_id=resume.new_run_id())
     if isinstance(value, bool) or str(value).lower() in {"true", "last", "latest"}:
-        choice = choose_resume(output_dir)
+        choice = resume.choose_resume(output_dir)
         return replace(cfg, resume_from_checkpoint=choice.path, run_id=choice.run_id, notes=[*cfg.notes, choice.note()])
     if not os.path.isdir(value):
         raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
-    problem = checkpoint_problem(value)
+    problem = resume.checkpoint_problem(value)
     if problem is not None:
-        raise ConfigError(
-            f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a checkpoint-N directory "
-            "(or true for the newest complete one of the run in output_dir)"
-        )
-    marker = read_json(os.path.join(value, CHECKPOINT_MARKER)) or {}
-    return replace(cfg, resume_from_checkpoint=str(value), run_id=marker.get("run_id") or new_run_id(),
+        raise ConfigError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a "
+                          "checkpoint-N directory (or true for the newest complete one of the run in output_dir)")
+    marker = resume.read_json(os.path.join(value, resume.CHECKPOINT_MARKER)) or {}
+    return replace(cfg, resume_from_checkpoint=str(value), run_id=marker.get("run_id") or resume.new_run_id(),
                    notes=[*cfg.notes, f"resuming from {value}"])
 
 
 def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> LaunchConfig:
-    """Check ``cfg`` without loading anything; returns the config the run will use, resolved (``cfg`` unchanged).
-
-    Resolves ``attn_implementation`` (``"auto"`` -> ``"flash_attention_2"`` where usable, else ``"padfree"``),
-    ``padding_free`` from TRL's config (or the task's own field), the task's own settings (its ``resolve``: e.g.
-    SFT tells ``SFTTrainer`` to take the already-tokenized datasets as they are and turns TRL's ``padding_free``
-    off, the collator flattens), ``model_init_kwargs`` moved to the launcher, ``resume_from_checkpoint: true``/
-    ``last`` into the newest complete checkpoint of the run in ``output_dir``, the run id, and finally sets the
-    config's ``env:`` variables. With ``check_environment=False`` the checks that depend on this machine (CUDA,
-    flash-attn, optional packages, ``output_dir`` and its checkpoints) are skipped, ``"auto"`` is left unresolved
-    and ``env:`` is not applied.
-    """
-    _check_numbers(cfg)
-    cfg = _check_data(cfg)
+    """Check ``cfg`` without loading anything; returns the resolved config the run will use (``cfg`` unchanged):
+    ``padding_free``, the task's own settings (its ``resolve``), ``model_init_kwargs`` moved to the launcher,
+    ``attn_implementation: auto`` resolved for this machine, ``resume_from_checkpoint`` and the run id. With
+    ``check_environment=False`` the last two and the checks that depend on this machine are skipped."""
     from .tasks import get_task
 
+    _check_numbers(cfg)
+    cfg = _check_data(cfg)
     task = get_task(cfg.task)
     cfg = replace(cfg, padding_free=bool(getattr(cfg.training, "padding_free", cfg.padding_free)))  # (RL: the task's)
     task.check(cfg)  # the trainer's own settings (launch.tasks)
-    cfg = _check_model(cfg, check_environment)
-    cfg = _check_model_init_kwargs(cfg)
+    cfg = _check_model_init_kwargs(_check_model(cfg, check_environment))
     if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():
         raise ConfigError("output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1")
-    training = cfg.training
-    if training.ddp_find_unused_parameters is None:
+    if cfg.training.ddp_find_unused_parameters is None:
         # transformers turns it on for every model without activation checkpointing (and every PEFT model): an
         # extra autograd traversal per step and a warning. The models trained here (LoRA included) use every
-        # trainable parameter in each forward; a model that does not fails in DDP with torch's error naming the fix
-        # (set ddp_find_unused_parameters: true).
-        cfg = replace(cfg, training=with_fields(training, ddp_find_unused_parameters=False))
+        # trainable parameter in each forward; one that does not fails in DDP with torch's error naming the fix.
+        cfg = replace(cfg, training=with_fields(cfg.training, ddp_find_unused_parameters=False))
     cfg = replace(cfg, **task.resolve(cfg))  # e.g. SFT: the collator flattens (TRL's padding_free off)
     if check_environment:
         attn = resolve_attn_implementation(cfg.attn_implementation, training_device(cfg))
         cfg = replace(cfg, attn_auto=cfg.attn_implementation == "auto", attn_implementation=attn,
                       model=with_fields(cfg.model, attn_implementation=attn))
-        _check_output_dir(cfg)
+        _check_output_dir(cfg.training.output_dir)
         cfg = _check_resume(cfg)
     return cfg
 
