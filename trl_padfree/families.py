@@ -291,14 +291,12 @@ def packed_vs_alone(
     ...
     ValueError: packed_vs_alone: the batch needs input_ids (1, T) and labels (1, T); got keys [].
     """
-    from .probe import alone_batch, deterministic_train_mode, model_vocab_size, packed_batch, random_sequences
+    from .probe import _on, alone_batch, deterministic_train_mode, model_sequences, packed_batch
 
     lengths = tuple(int(n) for n in lengths)
     if len(lengths) < 2 or min(lengths) < 2:
         raise ValueError(f"packed_vs_alone needs at least 2 examples of length >= 2; got lengths={list(lengths)}.")
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    sequences = random_sequences(lengths, model_vocab_size(model), getattr(text_config, "pad_token_id", None), seed)
+    sequences = model_sequences(model, lengths, seed)
     packed = dict(packed_batch(sequences) if batch is None else batch)
     if "input_ids" not in packed or "labels" not in packed:
         raise ValueError(
@@ -308,7 +306,7 @@ def packed_vs_alone(
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
     def run(inputs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+        inputs = _on(inputs, device)
         labels = inputs.pop("labels")
         out = model(**inputs)
         logits = out.logits if hasattr(out, "logits") else out[0]
