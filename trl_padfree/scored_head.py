@@ -55,6 +55,8 @@ from typing import Any
 
 import torch
 
+from ._compat import MIN_TRL_SCORED_HEAD, scored_head_unavailable
+
 __all__ = [
     "CHUNK_ELEMENTS",
     "MIN_TRL_SCORED_HEAD",
@@ -79,26 +81,8 @@ OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 CHUNK_ELEMENTS = 1 << 24
 """Logits elements per chunk by default (64 MiB in fp32): ``chunk_rows(V)`` rows of a ``V``-word vocabulary."""
 
-MIN_TRL_SCORED_HEAD = "1.16"
-""":func:`add_scored_head` returns TRL 1.16's ``FusedCausalLMOutput`` (``shift_labels``, entropy, mean logits,
-top-1) and falls back to TRL 1.16's fused head; :func:`score_tokens` and :func:`score_row` need no TRL."""
-
 _ATTR = "_trl_padfree_scored_head"
 _PREVIOUS = "_trl_padfree_trl_forward"
-
-
-def scored_head_unavailable() -> str | None:
-    """Why :func:`add_scored_head` cannot be used with the installed TRL (one line naming the fix), else None.
-
-    >>> scored_head_unavailable() is None or "trl >=" in scored_head_unavailable()
-    True
-    """
-    from ._compat import TRL_VERSION, trl_at_least
-
-    if trl_at_least(MIN_TRL_SCORED_HEAD):
-        return None
-    return (f"the scored LM head needs trl >= {MIN_TRL_SCORED_HEAD} (its fused LM head's outputs), and trl "
-            f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_SCORED_HEAD}')")
 
 
 @dataclass
