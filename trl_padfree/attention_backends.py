@@ -285,14 +285,8 @@ def _loop(query, key, value, cu_q, cu_k, *, scale, causal, sliding_window, dropo
 
 
 def scores_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    mask: torch.Tensor | None,
-    *,
-    scale: float | None = None,
-    softcap: float | None = None,
-    sinks: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, *,
+    scale: float | None = None, softcap: float | None = None, sinks: torch.Tensor | None = None,
     dropout: float = 0.0,
 ) -> torch.Tensor:
     """Attention with the scores computed explicitly, as transformers' eager code does (Gemma-2, GPT-OSS).

@@ -216,10 +216,7 @@ def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def packed_vs_alone(
-    model: nn.Module,
-    lengths: Sequence[int] = EXACTNESS_LENGTHS,
-    *,
-    seed: int = 0,
+    model: nn.Module, lengths: Sequence[int] = EXACTNESS_LENGTHS, *, seed: int = 0,
     batch: Mapping[str, Any] | None = None,
 ) -> Exactness:
     """Loss and every gradient of examples packed in one row vs the same examples run one by one.

@@ -423,15 +423,8 @@ def _refused_feature(error: str | None) -> str | None:
 
 
 def _advice(
-    status: str,
-    model_type: str,
-    attn: str,
-    noise: float,
-    cache_off: bool = True,
-    model_class: str = "the model",
-    *,
-    kinds: Sequence[str] = (),
-    error: str | None = None,
+    status: str, model_type: str, attn: str, noise: float, cache_off: bool = True,
+    model_class: str = "the model", *, kinds: Sequence[str] = (), error: str | None = None,
     alternative: str | None = None,
 ) -> str:
     """One line: what to do. It recommends an attention implementation only when the probe ran it on this model and
@@ -539,18 +532,9 @@ def error_line(exc: BaseException) -> str:
 
 
 def layout_report(
-    model: nn.Module,
-    *,
-    expected: Sequence[torch.Tensor],
-    got: Sequence[torch.Tensor] | None,
-    error: str | None,
-    setting: tuple[torch.device, torch.dtype, float],
-    lengths: Sequence[int],
-    start: float,
-    batch: str,
-    values: str,
-    prompt_once: bool,
-    fix: str,
+    model: nn.Module, *, expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor] | None,
+    error: str | None, setting: tuple[torch.device, torch.dtype, float], lengths: Sequence[int], start: float,
+    batch: str, values: str, prompt_once: bool, fix: str,
 ) -> PackingReport:
     """The report of a layout probe (preference pairs, RL groups, reward pairs): ``got[i]`` is what the packed row
     gives for the sequence whose values alone are ``expected[i]`` (``got`` None where the packed forward failed
