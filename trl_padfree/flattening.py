@@ -97,16 +97,11 @@ def packed_batch(
     position_ids = np.arange(n, dtype=np.int64) - cu[seq_idx]
     cu_t = torch.from_numpy(cu.astype(np.int32))
     max_len = int((cu[1:] - cu[:-1]).max()) if cu.size > 1 else 0
-    return {
-        "input_ids": torch.from_numpy(ids.reshape(1, n)),
-        "labels": torch.from_numpy(labels.reshape(1, n)),
-        "position_ids": torch.from_numpy(position_ids.reshape(1, n)),
-        "cu_seq_lens_q": cu_t,
-        "cu_seq_lens_k": cu_t,  # the same boundaries for queries and keys (read-only)
-        "max_length_q": max_len,
-        "max_length_k": max_len,
-        "seq_idx": torch.from_numpy(seq_idx.astype(np.int32, copy=False).reshape(1, n)),
-    }
+    # cu_seq_lens_k: the same boundaries (read-only) as cu_seq_lens_q
+    return {"input_ids": torch.from_numpy(ids.reshape(1, n)), "labels": torch.from_numpy(labels.reshape(1, n)),
+            "position_ids": torch.from_numpy(position_ids.reshape(1, n)), "cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t,
+            "max_length_q": max_len, "max_length_k": max_len,
+            "seq_idx": torch.from_numpy(seq_idx.astype(np.int32, copy=False).reshape(1, n))}
 
 
 def padded_length(lengths: np.ndarray, pad_to_multiple_of: int | None = None) -> int:

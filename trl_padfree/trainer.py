@@ -123,30 +123,20 @@ def token_budget_dataloader(trainer: Any, max_tokens: int) -> Any:
     batches, so step arithmetic, resumed epochs and gradient accumulation stay exact."""
     from transformers.trainer_utils import seed_worker
 
-    args = trainer.args
-    dataset = trainer.train_dataset
+    args, dataset = trainer.args, trainer.train_dataset
     sampler = TokenBudgetBatchSampler(
-        example_lengths(dataset),
-        max_tokens,
-        shuffle=True,
-        seed=args.data_seed if args.data_seed is not None else args.seed,
-        num_replicas=trainer.accelerator.num_processes,
-        rank=trainer.accelerator.process_index,
-        drop_last=args.dataloader_drop_last,
-    )
+        example_lengths(dataset), max_tokens, shuffle=True, seed=args.data_seed if args.data_seed is not None
+        else args.seed, num_replicas=trainer.accelerator.num_processes, rank=trainer.accelerator.process_index,
+        drop_last=args.dataloader_drop_last)
     collator = trainer.data_collator
     if hasattr(dataset, "column_names"):
         dataset = trainer._remove_unused_columns(dataset, description="Training")
     else:
         collator = trainer._get_collator_with_removed_columns(collator, description="Training")
-    params: dict[str, Any] = {
-        "batch_sampler": sampler,
-        "collate_fn": collator,
-        "num_workers": args.dataloader_num_workers,
-        "pin_memory": args.dataloader_pin_memory,
-        "persistent_workers": args.dataloader_persistent_workers,
-        "worker_init_fn": partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index),
-    }
+    params: dict[str, Any] = dict(
+        batch_sampler=sampler, collate_fn=collator, num_workers=args.dataloader_num_workers,
+        pin_memory=args.dataloader_pin_memory, persistent_workers=args.dataloader_persistent_workers,
+        worker_init_fn=partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index))
     if args.dataloader_num_workers > 0:
         params["prefetch_factor"] = args.dataloader_prefetch_factor
     loader = trainer.accelerator.prepare(torch.utils.data.DataLoader(dataset, **params))
