@@ -44,33 +44,26 @@ def load_trl_0191_collator(wheel: Path | None):
             found = sorted(CACHE.glob("trl-0.19.1-*.whl"))
         wheel = found[0]
     source = zipfile.ZipFile(wheel).read("trl/trainer/utils.py").decode()
-    node = next(
-        n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "DataCollatorForCompletionOnlyLM"
-    )
-    namespace = {
-        "DataCollatorForLanguageModeling": DataCollatorForLanguageModeling,
-        "np": np,
-        "torch": torch,
-        "warnings": warnings,
-        "Any": typing.Any,
-        "Optional": typing.Optional,
-        "Union": typing.Union,
-    }
+    node = next(n for n in ast.parse(source).body
+                if isinstance(n, ast.ClassDef) and n.name == "DataCollatorForCompletionOnlyLM")
+    namespace = {"DataCollatorForLanguageModeling": DataCollatorForLanguageModeling, "np": np, "torch": torch,
+                 "warnings": warnings, "Any": typing.Any, "Optional": typing.Optional, "Union": typing.Union}
     exec(compile(ast.Module([node], []), f"{wheel.name}:trl/trainer/utils.py", "exec"), namespace)
     return namespace["DataCollatorForCompletionOnlyLM"], wheel
 
 
 def make_features(tok, n: int, mean_tokens: int, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
-    sample = " ".join(rng.choice(WORDS) for _ in range(1000))
-    tokens_per_word = len(tok(sample, add_special_tokens=False)["input_ids"]) / 1000
+
+    def text(words: int) -> str:
+        return " ".join(rng.choice(WORDS) for _ in range(words))
+
+    tokens_per_word = len(tok(text(1000), add_special_tokens=False)["input_ids"]) / 1000
     features = []
     for _ in range(n):
         words = max(20, int(rng.gauss(mean_tokens, mean_tokens * 0.3) / tokens_per_word))
-        q = " ".join(rng.choice(WORDS) for _ in range(int(words * 0.6)))
-        a = " ".join(rng.choice(WORDS) for _ in range(int(words * 0.4)))
-        ids = tok(f"### Question: {q}\n### Answer: {a}")["input_ids"]
-        features.append({"input_ids": ids})
+        features.append({"input_ids": tok(f"### Question: {text(int(words * 0.6))}\n### Answer: "
+                                          f"{text(int(words * 0.4))}")["input_ids"]})
     return features
 
 
@@ -98,16 +91,14 @@ def main(argv: list[str] | None = None) -> int:
     features = make_features(tok, args.batches * args.batch_size, args.tokens)
     batches = [features[i : i + args.batch_size] for i in range(0, len(features), args.batch_size)]
     mean_len = np.mean([len(f["input_ids"]) for f in features])
+    template_ids = tok.encode("### Answer:", add_special_tokens=False)
     ours = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
-    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
-    rows = [("trl-padfree (text templates, padding-free)", timed(ours, batches))]
-    ours_ids = DataCollatorForCompletionOnlyLM(
-        tok.encode("### Answer:", add_special_tokens=False), tokenizer=tok, padding_free=True
-    )
-    rows.append(("trl-padfree (token-id template, padding-free)", timed(ours_ids, batches)))
+    ours_ids = DataCollatorForCompletionOnlyLM(template_ids, tokenizer=tok, padding_free=True)
+    rows = [("trl-padfree (text templates, padding-free)", timed(ours, batches)),
+            ("trl-padfree (token-id template, padding-free)", timed(ours_ids, batches))]
     try:
         Old, wheel = load_trl_0191_collator(args.trl_wheel)
-        old = Old(tok.encode("### Answer:", add_special_tokens=False), tokenizer=tok, padding_free=True)
+        old = Old(template_ids, tokenizer=tok, padding_free=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             # same labels on this data (the template's ids are found in context here), so the race is fair
@@ -116,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"TRL 0.19.1 ({wheel.name})", timed(old, batches)))
     except (subprocess.CalledProcessError, OSError, StopIteration, KeyError) as exc:
         print(f"[bench_collator] TRL 0.19.1 unavailable ({exc}); pass --trl-wheel PATH to compare", file=sys.stderr)
+    flat = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
     rows.append(("transformers DataCollatorWithFlattening (no masking)", timed(flat, batches)))
 
     print(f"{len(batches)} batches x {args.batch_size} examples, mean {mean_len:.0f} tokens/example, 1 thread")

@@ -154,8 +154,7 @@ def _example_tokens(instruction: str, output: str) -> int:
 
 def _fit(task: Task) -> tuple[float, float]:
     """Approximate tokens per unit of ``n`` and fixed overhead of a task (linear fit at n=4 and n=24)."""
-    lo = _example_tokens(*task(random.Random(0), 4))
-    hi = _example_tokens(*task(random.Random(0), 24))
+    lo, hi = (_example_tokens(*task(random.Random(0), n)) for n in (4, 24))
     per_unit = max((hi - lo) / 20, 0.05)
     return per_unit, lo - 4 * per_unit
 
@@ -171,8 +170,7 @@ def sample_length(rng: random.Random) -> int:
 
 def sized_example(rng: random.Random, name: str, target: int) -> tuple[str, str]:
     """An example of task ``name`` about ``target`` tokens long (never over ``LENGTH_MAX``)."""
-    task = TASKS[name]
-    per_unit, overhead = _FITS[name]
+    task, (per_unit, overhead) = TASKS[name], _FITS[name]
     n = max(1, round((target - overhead) / per_unit))
     instruction, output = task(rng, n)
     while n > 1 and _example_tokens(instruction, output) > LENGTH_MAX:
@@ -190,11 +188,9 @@ def make_record(rng: random.Random) -> dict[str, str]:
 
 def make_records(seed: int, count: int, exclude: frozenset[str] = frozenset()) -> list[dict[str, str]]:
     """``count`` single-turn records from a generator seeded with ``seed``, none with an instruction in ``exclude``."""
-    rng = random.Random(seed)
-    records: list[dict[str, str]] = []
+    rng, records = random.Random(seed), []
     while len(records) < count:
-        record = make_record(rng)
-        if record["instruction"] not in exclude:
+        if (record := make_record(rng))["instruction"] not in exclude:
             records.append(record)
     return records
 
@@ -241,11 +237,8 @@ def write_data(out: Path, seed: int = SEED) -> dict[str, list]:
 
 
 def _corpus(data: dict[str, list]) -> Iterator[str]:
-    for row in data["train"]:
-        yield format_example(row)
-    for conv in data["chat_train"]:
-        for message in conv["messages"]:
-            yield message["content"]
+    yield from map(format_example, data["train"])
+    yield from (message["content"] for conv in data["chat_train"] for message in conv["messages"])
 
 
 def build_tokenizer(data: dict[str, list], out_dir: Path):
@@ -272,11 +265,9 @@ def build_model(tokenizer, out_dir: Path, seed: int = SEED) -> None:
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-    special = dict(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                   pad_token_id=tokenizer.pad_token_id)
-    config = LlamaConfig(vocab_size=len(tokenizer), **special, **MODEL_CONFIG)
+    special = {f"{k}_token_id": getattr(tokenizer, f"{k}_token_id") for k in ("bos", "eos", "pad")}
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tokenizer), **special, **MODEL_CONFIG)).to(torch.float32)
     model.generation_config = GenerationConfig(**special)
     model.save_pretrained(out_dir, safe_serialization=True)
 

@@ -21,14 +21,7 @@ import torch
 import transformers
 from transformers.utils import logging as hf_logging
 
-from trl_padfree.families import (  # importing trl_padfree registers attn_implementation="padfree"
-    FAMILIES,
-    FAMILY_GROUPS,
-    OLDER_FAMILIES,
-    family_available,
-    packed_vs_alone,
-    tiny_family_model,
-)
+from trl_padfree.families import FAMILIES, FAMILY_GROUPS, OLDER_FAMILIES, packed_vs_alone, tiny_family_model
 from trl_padfree.probe import check_packing, layer_kinds
 
 HEADER = ('| model type | layers | exact under "padfree": loss / grad diff | probe, "padfree" | probe, sdpa '
@@ -98,14 +91,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs/probe-families.md")
     args = parser.parse_args(argv)
     types = [t.strip() for t in args.types.split(",") if t.strip()] if args.types else [*FAMILIES, *OLDER_FAMILIES]
-    unknown = [t for t in types if t not in transformers.models.auto.configuration_auto.CONFIG_MAPPING]
-    if unknown:
+    known = transformers.models.auto.configuration_auto.CONFIG_MAPPING
+    if unknown := [t for t in types if t not in known and (args.types or t not in (*FAMILIES, *OLDER_FAMILIES))]:
         parser.error(f"unknown model type(s) {', '.join(unknown)}; use names like llama, opt, mistral")
     start = time.perf_counter()
-    absent = [t for t in types if not family_available(t)]
-    rows: list[str] = []
-    old_rows: list[str] = []
-    verdicts: dict[str, list[str]] = {}
+    absent = [t for t in types if t not in known]
+    rows, old_rows, verdicts = [], [], {}
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # tiny configs trigger config warnings that say nothing about packing
     try:

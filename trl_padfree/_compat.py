@@ -9,12 +9,13 @@ first with ``activation_checkpointing`` (the name the configs, the example and t
 - transformers 5.23's falcon builds its mask without ``position_ids``: packed examples leak under sdpa/eager
   (``trl-padfree check`` says so; 5.24 keeps them apart).
 
-The ``MIN_TRL_*`` floors below and their ``*_unavailable`` checks date from the older floor (trl 1.8); within this
-window they always pass.
+The ``MIN_TRL_*`` floors below and their ``*_unavailable`` checks (:func:`needs_trl`) date from the older floor
+(trl 1.8); within this window they always pass.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from importlib.metadata import version
 
 from packaging.version import Version
@@ -44,50 +45,33 @@ def transformers_at_least(v: str) -> bool:
     return TRANSFORMERS_VERSION >= Version(v)
 
 
-MIN_TRL_DPO = "1.16"
-"""Padding-free DPO (:class:`trl_padfree.DPOTrainer`) builds on TRL 1.16's ``DPOTrainer``: its fused LM head with
-``shift_labels`` and per-token entropy / mean logits / top-1 outputs, and its list of loss types. Older TRL releases
-train DPO only padded (``padding_free=False``: TRL's trainer unchanged)."""
+def needs_trl(floor: str, what: str, fix: str = " or set padding_free=False") -> str | None:
+    """One line naming the fix where the installed TRL is older than ``floor``, which ``what`` needs; else None.
 
-
-def dpo_padding_free_unavailable() -> str | None:
-    """One line naming the fix where the installed TRL cannot run padding-free DPO, else None.
-
-    >>> dpo_padding_free_unavailable() is None or "upgrade trl" in dpo_padding_free_unavailable()
+    >>> needs_trl(MIN_TRL, "padding-free DPO") is None
+    True
+    >>> needs_trl("99", "padding-free DPO (its fused LM head)").startswith("padding-free DPO (its fused LM head) needs "
+    ...                                                                    "trl >= 99, and trl ")
     True
     """
-    if trl_at_least(MIN_TRL_DPO):
+    if trl_at_least(floor):
         return None
-    return (f"padding-free DPO needs trl >= {MIN_TRL_DPO} (its DPOTrainer's fused LM head and loss types), and trl "
-            f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_DPO}') or set padding_free=False")
+    return f"{what} needs trl >= {floor}, and trl {TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={floor}'){fix}"
 
 
+# Padding-free DPO builds on TRL 1.16's DPOTrainer (its fused LM head with shift_labels and per-token outputs, its
+# loss types); KTO on 1.16's KTOTrainer; GRPO/RLOO replace 1.16's single log-prob method and call its fused head;
+# the reward trainer restates RewardTrainer.compute_loss, the same from trl 1.8 to 1.16 (but 1.16's division of the
+# token count by the tensor-parallel size); the scored LM head returns 1.16's FusedCausalLMOutput.
+MIN_TRL_DPO = MIN_TRL_KTO = MIN_TRL_RL = MIN_TRL_SCORED_HEAD = "1.16"
 MIN_TRL_REWARD = "1.8"
-"""Padding-free reward training (:class:`trl_padfree.RewardTrainer`) restates ``RewardTrainer.compute_loss`` (loss,
-``margin``, ``center_rewards_coefficient``, metrics), the same from trl 1.8 to 1.16 except 1.16's division of the
-token count by the tensor-parallel size; its tests pass on 1.8.0 and on the newest release."""
 
-
-MIN_TRL_KTO = "1.16"
-"""Padding-free KTO (:class:`trl_padfree.KTOTrainer`) builds on TRL 1.16's ``KTOTrainer`` (mainline there, with its
-fused LM head taking ``shift_labels`` and returning per-token entropy and mean logits), checked exact against that
-release only."""
-
-
-MIN_TRL_RL = "1.16"
-"""Padding-free GRPO/RLOO (:class:`trl_padfree.GRPOTrainer`, :class:`trl_padfree.RLOOTrainer`) replace TRL 1.16's
-single log-prob method (``_get_per_token_logps_and_entropies``) and call its fused LM head with ``shift_labels``;
-older TRL releases train GRPO/RLOO only padded (``padding_free=False``: TRL's trainers unchanged)."""
-
-
-def rl_padding_free_unavailable() -> str | None:
-    """One line naming the fix where the installed TRL cannot run padding-free GRPO/RLOO, else None.
-
-    >>> rl_padding_free_unavailable() is None or "upgrade trl" in rl_padding_free_unavailable()
-    True
-    """
-    if trl_at_least(MIN_TRL_RL):
-        return None
-    return (f"padding-free GRPO/RLOO needs trl >= {MIN_TRL_RL} (its trainers' single log-prob method and fused LM "
-            f"head), and trl {TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_RL}') or set "
-            "padding_free=False")
+dpo_padding_free_unavailable = partial(needs_trl, MIN_TRL_DPO, "padding-free DPO (its DPOTrainer's fused LM head and "
+                                       "loss types)")
+rl_padding_free_unavailable = partial(needs_trl, MIN_TRL_RL, "padding-free GRPO/RLOO (its trainers' single log-prob "
+                                      "method and fused LM head)")
+kto_padding_free_unavailable = partial(needs_trl, MIN_TRL_KTO, "padding-free KTO (its KTOTrainer's fused LM head)")
+reward_padding_free_unavailable = partial(needs_trl, MIN_TRL_REWARD, "padding-free reward training (checked against "
+                                          "its RewardTrainer)")
+scored_head_unavailable = partial(needs_trl, MIN_TRL_SCORED_HEAD, "the scored LM head (its fused LM head's "
+                                  "outputs)", "")

@@ -1,59 +1,29 @@
 """The ``"padfree"`` attention implementation: varlen attention for padding-free batches on every device.
 
-Importing this module registers ``"padfree"`` with transformers, both as an attention function
-(``AttentionInterface``) and as a mask builder (``AttentionMaskInterface``), so that
-``AutoModelForCausalLM.from_config(cfg, attn_implementation="padfree")``, ``from_pretrained(...,
-attn_implementation="padfree")`` and ``config._attn_implementation = "padfree"`` all work.
+Importing this module registers ``"padfree"`` with transformers' ``AttentionInterface`` and
+``AttentionMaskInterface``, so ``from_pretrained(..., attn_implementation="padfree")`` works. A padding-free batch is
+one row of concatenated examples with ``position_ids`` restarting at 0 (and, from this package's collator,
+``cu_seq_lens_q/k`` + ``max_length_q/k``); transformers' ``sdpa`` builds a dense ``(1, 1, T, T)`` block mask for it,
+``flash_attention_2`` needs flash-attn and a GPU; ``"padfree"`` runs varlen attention, each example to itself.
 
-Design
-======
-A padding-free batch is one row of concatenated examples (``input_ids`` ``(1, T)``), with ``position_ids``
-restarting at 0 for every example and, from this project's collator, ``cu_seq_lens_q/k`` + ``max_length_q/k``.
-transformers' own ``sdpa`` handles such a batch by materialising a dense ``(1, 1, T, T)`` block-diagonal mask
-(quadratic in the *batch* length, and no fast causal kernel); ``flash_attention_2`` needs the flash-attn package
-and a GPU. ``"padfree"`` runs true varlen attention instead, each example attending only to itself.
+**Mask builder** (:func:`padfree_mask`): with no padding mask, cache offset or overlay it probes the mask pattern on
+the two diagonals next to the main one (``O(T)``) and returns None (plain causal) or, when examples are packed, a
+1-D int32 ``cu_seq_lens`` over the ``B*T`` tokens; otherwise exactly ``sdpa``'s mask (``sdpa_mask``).
 
-**Mask builder** (:func:`padfree_mask`). transformers calls it once per forward with the mask *pattern*
-(``mask_function``). When there is no padding mask, no cache offset and no custom overlay, it returns no dense mask:
-it probes the pattern on the two diagonals next to the main one (``O(T)``, not ``O(T^2)``) and returns ``None``
-(plain causal) or, when examples are packed (``position_ids`` restart), a 1-D int32 ``cu_seq_lens`` tensor over the
-flattened ``B*T`` tokens. In every other case (a padded batch, generation with a cache, a non-causal overlay,
-tracing) it returns exactly what ``sdpa`` would get (``transformers.masking_utils.sdpa_mask``).
+**Attention function** (:func:`padfree_attention_forward`): boundaries from the ``cu_seq_lens_q/k`` keywords, else
+the mask builder's ``cu_seq_lens``, else restarting ``position_ids`` (batch 1, no cache; transformers 5.x decoder
+layers pass them on). With boundaries the fastest correct kernel runs
+(:func:`~trl_padfree.attention_backends.decide_backend`: flash-attn, torch's ``varlen_attn``, or an exact
+per-sequence SDPA loop, warned once on CUDA); without them (padded batch, decode step) transformers'
+``sdpa_attention_forward`` with the same arguments, or, for a mask-free batch whose sliding window is shorter than
+its rows, each row as one sequence.
 
-**Attention function** (:func:`padfree_attention_forward`). Sequence boundaries are taken from, in order:
-
-1. the ``cu_seq_lens_q/k`` + ``max_length_q/k`` keyword arguments (the collator's; no device sync);
-2. the 1-D ``cu_seq_lens`` tensor produced by :func:`padfree_mask` (packing seen in ``position_ids``);
-3. ``position_ids`` among the keyword arguments (batch size 1, no cache) when they restart; transformers 5.x
-   decoder layers forward ``position_ids`` to the attention function (verified for llama, mistral and qwen2 in
-   transformers 5.24), so this also covers models whose mask builder never sees ``position_ids``.
-
-With boundaries it runs the fastest correct varlen kernel (:func:`~trl_padfree.attention_backends.select_backend`):
-flash-attn's ``flash_attn_varlen_func`` (CUDA, flash-attn installed), else PyTorch's ``varlen_attn`` (CUDA sm80+,
-fp16/bf16, no dropout), else a per-sequence ``scaled_dot_product_attention`` loop (CPU and everything else) that
-uses ``enable_gqa`` and reads the boundaries once per call. Without boundaries (a dense
-mask from a padded batch, a decode step with a cache) it calls transformers' ``sdpa_attention_forward`` with the
-same arguments, so the result is the ``sdpa`` result. The only case handled by ``padfree`` itself without
-boundaries is a mask-free batch whose sliding window is shorter than the rows: each row is then one sequence.
-
-Supported: GQA/MQA, Mistral/Qwen2-style ``sliding_window`` (per example), dropout (``dropout`` argument of the
-call, i.e. only in training), non-causal modules, and, exact on packed rows (loss and every gradient equal to each
-example run alone with ``eager``):
-
-* attention logit soft-capping (``softcap``, Gemma-2's ``attn_logit_softcapping``) and attention sinks (``s_aux``,
-  the ``sinks`` parameter of GPT-OSS, Granite-SWA and DeepSeek-V4), with sliding windows and GQA. The CPU path
-  computes each sequence's scores explicitly, as transformers' eager code does
-  (:func:`~trl_padfree.attention_backends.scores_attention`); on CUDA flash-attn takes ``softcap`` (2.6+) and sinks
-  where its ``flash_attn_varlen_func`` has ``s_aux``/``learnable_sink``, else the same exact loop runs (with a
-  one-time warning naming why; :func:`~trl_padfree.attention_backends.decide_backend`);
-* Llama-4's chunked attention (``attention_chunk_size``: chunks restart with every example's positions, also
-  with shared prompt keys, :data:`KV_INDEX`) and its attention-temperature scale (from ``position_ids``, not the
-  row's positions);
-* Gemma-4's KV sharing (``num_kv_shared_layers``) and DeepSeek-V4's compressed (CSA/HCA) attention layers.
-
-The last two items and the temperature scale need small per-family wrappers of transformers' modeling code,
-applied by the mask builder when such a model first runs with ``"padfree"`` (:mod:`trl_padfree.attention_patches`);
-they change nothing for other attention implementations or with a cache.
+Exact on packed rows (loss and every gradient equal to each example alone with ``eager``): GQA/MQA, sliding windows,
+dropout, non-causal modules, soft-capping (``softcap``) and sinks (``s_aux``: GPT-OSS, Granite-SWA, DeepSeek-V4;
+their scores computed explicitly, :func:`~trl_padfree.attention_backends.scores_attention`), Llama-4's chunked
+attention (also with shared prompt keys, :data:`KV_INDEX`) and temperature scale, Gemma-4's KV sharing and
+DeepSeek-V4's compressed layers (the last three through per-family wrappers applied by the mask builder,
+:mod:`trl_padfree.attention_patches`).
 """
 
 from __future__ import annotations
@@ -88,22 +58,11 @@ from .exception_text import one_line
 from .recurrent import note_mask, prepare_packed_config
 
 __all__ = [
-    "ATTN_IMPLEMENTATION",
-    "KV_INDEX",
-    "BACKENDS",
-    "PadfreeAttentionError",
-    "counting_calls",
-    "cu_seq_lens_from_position_ids",
-    "flash_attn_available",
-    "load_error_reason",
-    "padfree_attention_forward",
-    "padfree_mask",
-    "pick_attn_implementation",
-    "register",
-    "select_backend",
-    "slow_cuda_reason",
+    "ATTN_IMPLEMENTATION", "KV_INDEX", "BACKENDS", "PadfreeAttentionError", "counting_calls",
+    "cu_seq_lens_from_position_ids", "flash_attn_available", "load_error_reason", "padfree_attention_forward",
+    "padfree_mask", "pick_attn_implementation", "register", "select_backend", "slow_cuda_reason",
     "torch_varlen_available",
-]
+]  # fmt: skip
 
 ATTN_IMPLEMENTATION = "padfree"
 
@@ -166,17 +125,9 @@ def _is_tracing() -> bool:
 
 
 def padfree_mask(
-    batch_size: int,
-    q_length: int,
-    kv_length: int,
-    q_offset: int | torch.Tensor = 0,
-    kv_offset: int = 0,
-    mask_function=causal_mask_function,
-    attention_mask: torch.Tensor | None = None,
-    use_vmap: bool = False,
-    device: torch.device | str = "cpu",
-    config: Any = None,
-    **kwargs: Any,
+    batch_size: int, q_length: int, kv_length: int, q_offset: int | torch.Tensor = 0, kv_offset: int = 0,
+    mask_function=causal_mask_function, attention_mask: torch.Tensor | None = None, use_vmap: bool = False,
+    device: torch.device | str = "cpu", config: Any = None, **kwargs: Any,
 ) -> torch.Tensor | None:
     """Mask builder registered for ``"padfree"`` in ``AttentionMaskInterface`` (see the module docstring).
 
@@ -192,33 +143,17 @@ def padfree_mask(
     # Recurrent layers of the model (short convolutions, linear attention): varlen kernels from this forward on
     prepare_packed_config(config)
     note_mask(None)
-    sdpa_kwargs = dict(
-        batch_size=batch_size,
-        q_length=q_length,
-        kv_length=kv_length,
-        q_offset=q_offset,
-        kv_offset=kv_offset,
-        mask_function=mask_function,
-        attention_mask=attention_mask,
-        use_vmap=use_vmap,
-        device=device,
-        **kwargs,
-    )
+    sdpa_kwargs = dict(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                       kv_offset=kv_offset, mask_function=mask_function, attention_mask=attention_mask,
+                       use_vmap=use_vmap, device=device, **kwargs)
     if config is not None:
         sdpa_kwargs["config"] = config
     # Qwen4-Exp's token indexer reads the dense mask itself (modeling_qwen4_exp.py: "the mask is never None here")
     dense = "indexed_attention" in (getattr(config, "layer_types", None) or ())
     if dense:
         sdpa_kwargs["allow_is_causal_skip"] = False
-    plain = (
-        attention_mask is None
-        and not use_vmap
-        and isinstance(q_offset, int)
-        and q_offset == 0
-        and kv_offset == 0
-        and kv_length == q_length
-        and not _is_tracing()
-    )
+    plain = (attention_mask is None and not use_vmap and isinstance(q_offset, int) and q_offset == 0
+             and kv_offset == 0 and kv_length == q_length and not _is_tracing())
     if config is not None:
         apply_patches(config)  # before any decoder layer of this forward runs (see attention_patches)
     if not plain:
@@ -296,19 +231,12 @@ def _boundaries(
             max_length = int((attention_mask[1:] - attention_mask[:-1]).max())
         return attention_mask, attention_mask, max_length, max_length
     position_ids = kwargs.get("position_ids")
-    if (
-        attention_mask is None
-        and position_ids is not None
-        and batch == 1
-        and q_length == k_length > 1
-        and position_ids.shape[-1] == q_length
-        and not _is_tracing()
-    ):
+    if (attention_mask is None and position_ids is not None and batch == 1 and q_length == k_length > 1
+            and position_ids.shape[-1] == q_length and not _is_tracing()):
         position_ids = position_ids.reshape(1, -1)
         if bool((position_ids[:, 1:] - position_ids[:, :-1] != 1).any()):
             cu = cu_seq_lens_from_position_ids(position_ids)
-            cu_list = cu.tolist()
-            max_length = max(b - a for a, b in pairwise(cu_list))
+            max_length = max(b - a for a, b in pairwise(cu.tolist()))
             return cu, cu, max_length, max_length
     return None
 
@@ -339,34 +267,19 @@ def counting_calls() -> Iterator[list[int]]:
 @functools.cache
 def _warn_slow_cuda(reason: str) -> None:
     """Say once per reason that a CUDA call runs the exact but slower per-sequence loop, and what to change."""
-    warnings.warn(
-        f'attn_implementation="padfree" runs a per-sequence sdpa loop on this GPU (exact, but slower than a '
-        f"varlen kernel): {reason}.",
-        stacklevel=4,
-    )
+    warnings.warn(f'attn_implementation="padfree" runs a per-sequence sdpa loop on this GPU (exact, but slower '
+                  f"than a varlen kernel): {reason}.", stacklevel=4)
 
 
 def _as_int(value: Any, cu: torch.Tensor) -> int:
-    if value is None:
-        return int((cu[1:] - cu[:-1]).max())
-    if isinstance(value, torch.Tensor):
-        return int(value.max())
-    return int(value)
+    return int((cu[1:] - cu[:-1]).max() if value is None else value.max() if isinstance(value, torch.Tensor) else value)
 
 
 def padfree_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    sliding_window: int | None = None,
-    softcap: float | None = None,
-    is_causal: bool | None = None,
-    s_aux: torch.Tensor | None = None,
-    **kwargs: Any,
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+    sliding_window: int | None = None, softcap: float | None = None, is_causal: bool | None = None,
+    s_aux: torch.Tensor | None = None, **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """Attention function registered as ``"padfree"`` (see the module docstring).
 
@@ -414,17 +327,8 @@ def padfree_attention_forward(
             )
             return out.transpose(1, 2), None
         else:
-            return sdpa_attention_forward(
-                module,
-                query,
-                key,
-                value,
-                attention_mask,
-                dropout=dropout,
-                scaling=scaling,
-                is_causal=is_causal,
-                **kwargs,
-            )
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, is_causal=is_causal, **kwargs)
     cu_q, cu_k, max_q, max_k = bounds
     cu_q = cu_q.to(device=query.device, dtype=torch.int32)
     cu_k = cu_q if cu_k is bounds[0] else cu_k.to(device=query.device, dtype=torch.int32)
@@ -450,22 +354,8 @@ def padfree_attention_forward(
     if kv_index is not None and cu_q is not cu_k:  # keys shared by several query segments (see KV_INDEX)
         kv_index = kv_index.to(k.device)
         k, v = k.index_select(0, kv_index), v.index_select(0, kv_index)
-    out = run_varlen_attention(
-        backend,
-        q,
-        k,
-        v,
-        cu_q,
-        cu_k,
-        max_q,
-        max_k,
-        scale=scaling,
-        causal=causal,
-        sliding_window=sliding_window,
-        dropout=dropout,
-        softcap=softcap,
-        sinks=s_aux,
-    )
+    out = run_varlen_attention(backend, q, k, v, cu_q, cu_k, max_q, max_k, scale=scaling, causal=causal,
+                               sliding_window=sliding_window, dropout=dropout, softcap=softcap, sinks=s_aux)
     return out.reshape(batch, q_length, heads, value.shape[-1]), None
 
 
@@ -495,14 +385,8 @@ def _attention_chunk(module: torch.nn.Module) -> int | None:
     return int(chunk) if layer_types[layer_idx] == "chunked_attention" else None
 
 
-def _chunked(
-    bounds: tuple[torch.Tensor, torch.Tensor, int, int] | None,
-    chunk: int,
-    position_ids: torch.Tensor | None,
-    batch: int,
-    length: int,
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
+def _chunked(bounds: tuple | None, chunk: int, position_ids: torch.Tensor | None, batch: int, length: int,
+             device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
     """Sequence boundaries cut into attention chunks that restart with every sequence's positions.
 
     From ``position_ids`` where the Llama-4 patch forwards them (a new piece where the position does not follow
@@ -552,11 +436,9 @@ def _chunked_shared(
             new_k.append(new_k[-1] + end - start)
             keep.extend(range(k0 + start, k0 + end))
     device = bounds[0].device
-    cu_q_t = torch.tensor(new_q, dtype=torch.int32, device=device)
-    cu_k_t = torch.tensor(new_k, dtype=torch.int32, device=device)
-    longest_q = max(b - a for a, b in pairwise(new_q))
-    longest_k = max(b - a for a, b in pairwise(new_k))
-    return cu_q_t, cu_k_t, longest_q, longest_k, torch.tensor(keep, dtype=torch.long, device=device)
+    return (*(torch.tensor(cu, dtype=torch.int32, device=device) for cu in (new_q, new_k)),
+            *(max(b - a for a, b in pairwise(cu)) for cu in (new_q, new_k)),
+            torch.tensor(keep, dtype=torch.long, device=device))
 
 
 def register() -> None:

@@ -31,12 +31,8 @@ def _load(load: Callable[[str | None], Model], attn_implementation: str | None) 
 
 
 def load_with_fallback(
-    load: Callable[[str | None], Model],
-    attn_implementation: str | None,
-    *,
-    auto: bool,
-    on_fallback: Callable[[str], Any],
-    inspect: Callable[[Model], bool] = lambda model: True,
+    load: Callable[[str | None], Model], attn_implementation: str | None, *, auto: bool,
+    on_fallback: Callable[[str], Any], inspect: Callable[[Model], bool] = lambda model: True,
 ) -> Model:
     """``load(attn_implementation)``; when ``auto`` picked ``"padfree"`` and the model cannot use it, ``load(None)``.
 

@@ -86,15 +86,8 @@ class TokenBudgetBatchSampler(Sampler[list[int]]):
     """
 
     def __init__(
-        self,
-        lengths: Sequence[int],
-        max_tokens: int,
-        *,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_replicas: int = 1,
-        rank: int = 0,
-        drop_last: bool = False,
+        self, lengths: Sequence[int], max_tokens: int, *, shuffle: bool = True, seed: int = 0,
+        num_replicas: int = 1, rank: int = 0, drop_last: bool = False,
     ) -> None:
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be a positive integer (tokens per mini-batch), got {max_tokens!r}")

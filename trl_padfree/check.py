@@ -34,23 +34,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--model", required=True, help="local model directory or hub name")
     parser.add_argument(
-        "--attn-implementation",
-        "--attn_implementation",
-        dest="attn_implementation",
-        default="auto",
-        help="auto, padfree, sdpa, eager, flash_attention_2, ... (default: auto, what `trl-padfree train` picks on "
+        "--attn-implementation", "--attn_implementation", dest="attn_implementation", default="auto", help="auto, padfree, sdpa, eager, flash_attention_2, ... (default: auto, what `trl-padfree train` picks on "
         "this device: flash_attention_2 where usable, else padfree; a model that cannot use padfree is checked "
         "with its own default attention, as train falls back to it); 'default' checks the model's own choice",
     )
-    parser.add_argument(
-        "--dtype", choices=sorted(_DTYPES), default="auto", help="default: the checkpoint's dtype"
-    )
-    parser.add_argument(
-        "--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)"
-    )
-    parser.add_argument(
-        "--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="comma-separated lengths"
-    )
+    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="auto", help="default: the checkpoint's dtype")
+    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    parser.add_argument("--lengths", default=",".join(map(str, DEFAULT_LENGTHS)), help="comma-separated lengths")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -106,13 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     args.model = package_path(args.model)  # trl_padfree/demo/model from any directory: the installed package's
     model_path = os.path.expanduser(args.model)
     if _looks_like_path(args.model) and not os.path.exists(model_path):
-        return bad(
-            f"model path {args.model!r} does not exist; pass a model directory (config.json + weights)."
-        )
-    if args.device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    else:
-        device = args.device
+        return bad(f"model path {args.model!r} does not exist; pass a model directory (config.json + weights).")
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     try:
         torch.device(device)
     except RuntimeError:
@@ -137,9 +122,8 @@ def main(argv: list[str] | None = None) -> int:
              "would")
 
     try:
-        model = load_with_fallback(
-            lambda name: _load(model_path, name, args, device), attn, auto=auto, on_fallback=fall_back
-        )
+        model = load_with_fallback(lambda name: _load(model_path, name, args, device), attn, auto=auto,
+                                   on_fallback=fall_back)
     except ModelLoadError as exc:
         return bad(f"cannot load {args.model!r}: {exc}")
     try:

@@ -97,54 +97,33 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
     """
 
     def __init__(
-        self,
-        response_template: TemplateLike | None,
-        instruction_template: TemplateLike | Sequence[TemplateLike] | None = None,
-        *args: Any,
-        mlm: bool = False,
-        ignore_index: int = -100,
-        padding_free: bool = False,
-        tokenizer: Any = None,
-        pad_to_multiple_of: int | None = None,
-        return_tensors: str = "pt",
-        on_template_not_found: Literal["warn", "raise", "ignore"] = "warn",
-        disable_cache: bool = True,
+        self, response_template: TemplateLike | None,
+        instruction_template: TemplateLike | Sequence[TemplateLike] | None = None, *args: Any, mlm: bool = False,
+        ignore_index: int = -100, padding_free: bool = False, tokenizer: Any = None,
+        pad_to_multiple_of: int | None = None, return_tensors: str = "pt",
+        on_template_not_found: Literal["warn", "raise", "ignore"] = "warn", disable_cache: bool = True,
     ):
         if args:  # TRL 0.19.1 forwarded extra positionals to DataCollatorForLanguageModeling(tokenizer, ...)
             if len(args) > 1 or tokenizer is not None:
-                raise TypeError(
-                    "DataCollatorForCompletionOnlyLM takes at most one extra positional argument (the tokenizer); "
-                    "pass the others by keyword (mlm=..., pad_to_multiple_of=..., return_tensors=...)."
-                )
+                raise TypeError("DataCollatorForCompletionOnlyLM takes at most one extra positional argument (the "
+                                "tokenizer); pass the others by keyword (mlm=..., pad_to_multiple_of=..., "
+                                "return_tensors=...).")
             tokenizer = args[0]
         if mlm:
             raise ValueError("mlm=True is not supported: completion-only training is causal language modelling.")
         if return_tensors != "pt":
             raise ValueError(f"return_tensors={return_tensors!r} is not supported; use 'pt' (PyTorch tensors).")
-        if pad_to_multiple_of is not None and not (
-            isinstance(pad_to_multiple_of, int) and not isinstance(pad_to_multiple_of, bool) and pad_to_multiple_of > 0
-        ):
-            raise ValueError(
-                f"pad_to_multiple_of must be a positive int (or None), got {pad_to_multiple_of!r}; for example "
-                "pad_to_multiple_of=64."
-            )
+        if pad_to_multiple_of is not None and (isinstance(pad_to_multiple_of, bool) or not isinstance(
+                pad_to_multiple_of, int) or pad_to_multiple_of < 1):
+            raise ValueError(f"pad_to_multiple_of must be a positive int (or None), got {pad_to_multiple_of!r}; for "
+                             "example pad_to_multiple_of=64.")
         if on_template_not_found not in ("warn", "raise", "ignore"):
-            raise ValueError(
-                f"on_template_not_found must be 'warn', 'raise' or 'ignore', got {on_template_not_found!r}"
-            )
-        self.tokenizer = tokenizer
-        self.mlm = False
-        self.ignore_index = ignore_index
-        self.padding_free = padding_free
-        self.pad_to_multiple_of = pad_to_multiple_of
-        self.return_tensors = return_tensors
-        self.on_template_not_found = on_template_not_found
-        self.disable_cache = disable_cache
-        self.response_template = response_template
-        self.instruction_template = instruction_template
-        self.stats = CollatorStats()
-        self._warned_second_eos = False
-        self._vocab_size = vocabulary_size(tokenizer)
+            raise ValueError(f"on_template_not_found must be 'warn', 'raise' or 'ignore', got {on_template_not_found!r}")
+        self.tokenizer, self.mlm, self.ignore_index, self.padding_free = tokenizer, False, ignore_index, padding_free
+        self.pad_to_multiple_of, self.return_tensors = pad_to_multiple_of, return_tensors
+        self.on_template_not_found, self.disable_cache = on_template_not_found, disable_cache
+        self.response_template, self.instruction_template = response_template, instruction_template
+        self.stats, self._warned_second_eos, self._vocab_size = CollatorStats(), False, vocabulary_size(tokenizer)
 
         self._response = None if response_template is None else Template.from_user(response_template)
         if instruction_template is None:
@@ -163,10 +142,8 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         self._text: TokenText | None = None
         if any(t.text is not None for t in templates):
             if tokenizer is None:
-                raise ValueError(
-                    "String templates need the tokenizer that tokenized the dataset: "
-                    "DataCollatorForCompletionOnlyLM(response_template, tokenizer=tokenizer, ...)."
-                )
+                raise ValueError("String templates need the tokenizer that tokenized the dataset: "
+                                 "DataCollatorForCompletionOnlyLM(response_template, tokenizer=tokenizer, ...).")
             self._text = TokenText.from_tokenizer(tokenizer)
             for t in templates:
                 if t.text is not None:
@@ -185,27 +162,14 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         self.stats.padded_tokens += int(lengths.size) * padded_length(lengths, self.pad_to_multiple_of)
         self.stats.trained_tokens += int(np.count_nonzero(labels != self.ignore_index))
         if self.padding_free:
-            batch = packed_batch(
-                ids,
-                labels,
-                cu,
-                seq_idx,
-                pad_to_multiple_of=self.pad_to_multiple_of,
-                pad_id=self._pad_id() if self.pad_to_multiple_of else 0,
-                ignore_index=self.ignore_index,
-            )
+            batch = packed_batch(ids, labels, cu, seq_idx, pad_to_multiple_of=self.pad_to_multiple_of,
+                                 pad_id=self._pad_id() if self.pad_to_multiple_of else 0, ignore_index=self.ignore_index)
             if self.disable_cache:
                 batch["use_cache"] = False
             return batch
-        return padded_batch(
-            ids,
-            labels,
-            cu,
-            pad_id=self._pad_id(),
-            ignore_index=self.ignore_index,
-            padding_side=getattr(self.tokenizer, "padding_side", "right") or "right",
-            pad_to_multiple_of=self.pad_to_multiple_of,
-        )
+        return padded_batch(ids, labels, cu, pad_id=self._pad_id(), ignore_index=self.ignore_index,
+                            padding_side=getattr(self.tokenizer, "padding_side", "right") or "right",
+                            pad_to_multiple_of=self.pad_to_multiple_of)
 
     def templates_found(self, features: Sequence[Any]) -> np.ndarray:
         """Per example, whether the response template occurs in it (all True without one); no labels are made.
@@ -232,9 +196,8 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
                 self._text = TokenText.from_tokenizer(self.tokenizer)
             return flatten_features(features, vocab_size=fresh, ignore_index=self.ignore_index)
 
-    def _labels(
-        self, ids: np.ndarray, existing: np.ndarray | None, cu: np.ndarray, seq_idx: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def _labels(self, ids: np.ndarray, existing: np.ndarray | None, cu: np.ndarray, seq_idx: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
         if self._response is None:  # no template: the labels the dataset brought (or every token) are trained
             mask, found = np.ones(ids.size, dtype=bool), np.ones(cu.size - 1, dtype=bool)
         else:
@@ -273,13 +236,10 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         if found and not self._warned_second_eos:
             self._warned_second_eos = True
             token = self.tokenizer.eos_token
-            warnings.warn(
-                f"{found} example(s) end in {token!r}, whitespace and {token!r} again (a chat template's text, to "
-                f"which TRL's SFTTrainer appended its EOS): the second {token!r} is not trained, the template's own "
-                "end of turn is; strip the trailing whitespace of the text (text.rstrip()) so that TRL appends "
-                "nothing",
-                stacklevel=2,
-            )
+            warnings.warn(f"{found} example(s) end in {token!r}, whitespace and {token!r} again (a chat template's "
+                          f"text, to which TRL's SFTTrainer appended its EOS): the second {token!r} is not trained, the "
+                          "template's own end of turn is; strip the trailing whitespace of the text (text.rstrip()) so "
+                          "that TRL appends nothing", stacklevel=2)
 
     def _pad_id(self) -> int:
         tok = self.tokenizer
@@ -307,14 +267,10 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
         where = f"example {first} of this batch, which begins {self._head(ids, cu, first)}"
         if self.on_template_not_found == "raise":
             raise TemplateNotFoundError(
-                f"The response template {self._response} was not found in {where}. Check that the "
-                "formatted text contains the template exactly (spaces and newlines included), or pass "
-                "on_template_not_found='warn' to train without such examples."
-            )
-        warnings.warn(
-            f"{missing.size} of {found.size} examples in this batch contain no response template "
-            f"{self._response} and are ignored in the loss (first: {where}). "
-            f"{self.stats.templates_not_found} so far. Pass on_template_not_found='raise' to stop instead.",
-            UserWarning,
-            stacklevel=3,
-        )
+                f"The response template {self._response} was not found in {where}. Check that the formatted text "
+                "contains the template exactly (spaces and newlines included), or pass on_template_not_found='warn' "
+                "to train without such examples.")
+        warnings.warn(f"{missing.size} of {found.size} examples in this batch contain no response template "
+                      f"{self._response} and are ignored in the loss (first: {where}). "
+                      f"{self.stats.templates_not_found} so far. Pass on_template_not_found='raise' to stop instead.",
+                      UserWarning, stacklevel=3)

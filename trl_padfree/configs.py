@@ -39,17 +39,9 @@ import trl
 from .threads import checked_threads
 
 __all__ = [
-    "DPOConfig",
-    "GRPOConfig",
-    "KTOConfig",
-    "PADFREE_CONFIGS",
-    "RLOOConfig",
-    "RewardConfig",
-    "SFTConfig",
-    "UNSET",
-    "is_padfree_config",
-    "trainer_settings",
-]
+    "DPOConfig", "GRPOConfig", "KTOConfig", "PADFREE_CONFIGS", "RLOOConfig", "RewardConfig", "SFTConfig", "UNSET",
+    "is_padfree_config", "trainer_settings",
+]  # fmt: skip
 
 
 class _Unset:
@@ -235,13 +227,8 @@ class KTOConfig(_ScoredHeadFields, trl.KTOConfig):
 
 #: This package's config class of each of its trainers, by trainer name.
 PADFREE_CONFIGS: dict[str, type] = {
-    "SFTTrainer": SFTConfig,
-    "DPOTrainer": DPOConfig,
-    "GRPOTrainer": GRPOConfig,
-    "RLOOTrainer": RLOOConfig,
-    "RewardTrainer": RewardConfig,
-    "KTOTrainer": KTOConfig,
-}
+    c.__name__.replace("Config", "Trainer"): c for c in (SFTConfig, DPOConfig, GRPOConfig, RLOOConfig, RewardConfig,
+                                                         KTOConfig)}
 
 
 def is_padfree_config(args: Any) -> bool:

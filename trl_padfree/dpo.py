@@ -24,12 +24,7 @@ from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_sc
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
 from .trainer import PadfreeTrainerMixin, refuse_shared_prompt_aux_loss, require_padfree_attention
 
-__all__ = [
-    "DPOTrainer",
-    "check_dpo_arguments",
-    "refuse_shared_prompt_aux_loss",
-    "require_padfree_attention",
-]
+__all__ = ["DPOTrainer", "check_dpo_arguments", "refuse_shared_prompt_aux_loss", "require_padfree_attention"]
 
 def _tokenizer(processing_class: Any, model: Any) -> Any:
     if processing_class is None:

@@ -79,11 +79,7 @@ def f_divergence_scores(
 
 
 def pair_loss(
-    loss_type: str,
-    stats: PairStats,
-    *,
-    beta: float,
-    label_smoothing: float = 0.0,
+    loss_type: str, stats: PairStats, *, beta: float, label_smoothing: float = 0.0,
     discopop_tau: float = 0.05,
 ) -> torch.Tensor:
     """Per-pair loss ``(B,)`` of one TRL loss type (the trainer takes its mean times the type's weight)."""

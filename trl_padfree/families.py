@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -27,17 +28,9 @@ import torch
 from torch import nn
 
 __all__ = [
-    "EXACTNESS_LENGTHS",
-    "FAMILIES",
-    "FAMILY_GROUPS",
-    "OLDER_FAMILIES",
-    "Exactness",
-    "family_available",
-    "packed_vs_alone",
-    "prepare_for_training",
-    "tiny_family_config",
-    "tiny_family_model",
-]
+    "EXACTNESS_LENGTHS", "FAMILIES", "FAMILY_GROUPS", "OLDER_FAMILIES", "Exactness", "family_available",
+    "packed_vs_alone", "prepare_for_training", "tiny_family_config", "tiny_family_model",
+]  # fmt: skip
 
 # Shared by every family unless its entry says otherwise.
 _BASE: dict[str, Any] = dict(
@@ -52,116 +45,84 @@ _GDN_LAYERS = ["linear_attention", "full_attention", "linear_attention", "linear
 _MAMBA2 = dict(mamba_n_heads=8, mamba_d_head=16, mamba_n_groups=1, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
                mamba_chunk_size=8)  # fmt: skip
 
-FAMILIES: dict[str, dict[str, Any]] = {
-    # attention only
-    "llama": {},
-    "qwen3": {},
-    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
-    "gemma3_text": dict(
-        sliding_window=_WINDOW,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-    ),
-    "deepseek_v3": dict(
-        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
-        first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8,
-        v_head_dim=16, head_dim=8, num_key_value_heads=4,
-    ),  # fmt: skip
-    "glm4_moe": dict(
-        n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
-        first_k_dense_replace=1,
-    ),  # fmt: skip
-    "olmo3": dict(
-        sliding_window=_WINDOW,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-    ),
-    "smollm3": dict(no_rope_layer_interval=2),
-    "ministral3": {},
-    "minimax_m2": dict(num_local_experts=4, num_experts_per_tok=2),
-    "phi3": {},
-    "cohere2": dict(
-        sliding_window=_WINDOW,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-    ),
-    "exaone4": dict(
-        sliding_window=_WINDOW,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-    ),
-    "seed_oss": {},
-    # gated delta rule / convolution hybrids
-    "qwen3_5_text": dict(**_LINEAR, layer_types=_GDN_LAYERS),
-    "qwen3_5_moe_text": dict(
-        **_LINEAR, layer_types=_GDN_LAYERS, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-    ),  # fmt: skip
-    "qwen3_next": dict(
-        **_LINEAR, layer_types=_GDN_LAYERS, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32,
-    ),  # fmt: skip
-    "qwen4_exp_text": dict(
-        **_LINEAR, layer_types=_GDN_LAYERS, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        shared_expert_intermediate_size=32, hc_lowrank=8, indexer_n_heads=2, indexer_kv_heads=1,
-        indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
-    ),  # fmt: skip
-    "olmo_hybrid": dict(**_LINEAR, layer_types=_GDN_LAYERS),
-    "lfm2": dict(layer_types=["conv", "full_attention", "conv", "conv"]),
-    "lfm3": dict(sliding_window=_WINDOW, layer_types=["conv", "full_attention", "conv", "sliding_attention"]),
-    "kimi_linear": dict(
-        layer_types=_GDN_LAYERS, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
-        num_key_value_heads=4,
-        linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4,
-    ),  # fmt: skip
-    # Mamba-2 hybrids
-    "granitemoehybrid": dict(
-        **_MAMBA2, layer_types=["mamba", "attention", "mamba", "mamba"], num_local_experts=4, num_experts_per_tok=2,
-        shared_intermediate_size=64,
-    ),  # fmt: skip
-    "nemotron_h": dict(
-        layers_block_type=["mamba", "attention", "mamba", "moe"], ssm_state_size=16, mamba_num_heads=8,
-        mamba_head_dim=16, n_groups=1, conv_kernel=4, chunk_size=8, n_routed_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=32, moe_shared_expert_intermediate_size=32,
-    ),  # fmt: skip
-    "falcon_h1": dict(**_MAMBA2, mamba_d_ssm=128),
-    "bamba": dict(**_MAMBA2, attn_layer_indices=[1]),
-    "zamba2": dict(
-        layers_block_type=["mamba", "hybrid", "mamba", "mamba"], mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
-        mamba_ngroups=1, n_mamba_heads=8, chunk_size=8, attention_head_dim=32, num_attention_heads=4,
-        num_key_value_heads=4, use_mamba_kernels=False, adapter_rank=8,
-    ),  # fmt: skip
-    # attention features "padfree" refuses (soft-capping, sinks)
-    "gemma2": dict(sliding_window=_WINDOW),
-    "gpt_oss": dict(
-        num_local_experts=4, num_experts_per_tok=2, sliding_window=_WINDOW,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-    ),  # fmt: skip
-    "deepseek_v4": dict(
-        num_key_value_heads=1, head_dim=16, q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=32, sliding_window=_WINDOW, o_groups=2, o_lora_rank=16, index_n_heads=2,
-        index_head_dim=16, index_topk=4, hc_mult=2,
-        layer_types=["sliding_attention", "compressed_sparse_attention", "sliding_attention",
-                     "heavily_compressed_attention"],
-        mlp_layer_types=["moe"] * 4, compress_rates={"compressed_sparse_attention": 4,
-                                                      "heavily_compressed_attention": 8},
-    ),  # fmt: skip
-    "granite_swa": dict(sliding_window=_WINDOW),
-    # position-dependent attention, state spaces, KV sharing
-    "llama4_text": dict(
-        num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, intermediate_size_mlp=128,
-        attention_chunk_size=_WINDOW, attn_temperature_tuning=True, floor_scale=4, no_rope_layer_interval=4,
-    ),  # fmt: skip
-    "jamba": dict(
-        num_experts=4, num_experts_per_tok=2, attn_layer_period=4, attn_layer_offset=1, expert_layer_period=2,
-        expert_layer_offset=1, mamba_d_state=16, mamba_dt_rank=8, use_mamba_kernels=False,
-    ),  # fmt: skip
-    "mamba2": dict(num_heads=8, head_dim=16, state_size=16, expand=2, n_groups=1, chunk_size=8, conv_kernel=4),
-    "gemma4_text": dict(
-        sliding_window=_WINDOW, num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128,
-        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-        global_head_dim=16,
-    ),  # fmt: skip
-}
+_ALTERNATING = dict(sliding_window=_WINDOW,
+                   layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
+_QWEN_MOE = dict(**_LINEAR, layer_types=_GDN_LAYERS, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                 shared_expert_intermediate_size=32)  # fmt: skip
+_GLM_MOE = dict(n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1, moe_intermediate_size=32,
+                first_k_dense_replace=1)  # fmt: skip
+
+_GROUPS: dict[str, dict[str, dict[str, Any]]] = {
+    "attention": {
+        "llama": {}, "qwen3": {}, "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32),
+        "gemma3_text": _ALTERNATING,
+        "deepseek_v3": dict(
+            **_GLM_MOE, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+            head_dim=8, num_key_value_heads=4),
+        "glm4_moe": _GLM_MOE, "olmo3": _ALTERNATING, "smollm3": dict(no_rope_layer_interval=2), "ministral3": {},
+        "minimax_m2": dict(num_local_experts=4, num_experts_per_tok=2), "phi3": {}, "cohere2": _ALTERNATING,
+        "exaone4": _ALTERNATING, "seed_oss": {},
+    },
+    "linear attention / convolution": {
+        "qwen3_5_text": dict(**_LINEAR, layer_types=_GDN_LAYERS), "qwen3_5_moe_text": _QWEN_MOE, "qwen3_next": _QWEN_MOE,
+        "qwen4_exp_text": dict(
+            **_QWEN_MOE, hc_lowrank=8, indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8,
+            indexer_compress_ratio=4),
+        "olmo_hybrid": dict(**_LINEAR, layer_types=_GDN_LAYERS),
+        "lfm2": dict(layer_types=["conv", "full_attention", "conv", "conv"]),
+        "lfm3": dict(sliding_window=_WINDOW, layer_types=["conv", "full_attention", "conv", "sliding_attention"]),
+        "kimi_linear": dict(
+            layer_types=_GDN_LAYERS, num_local_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+            kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, head_dim=8,
+            num_key_value_heads=4, linear_head_dim=16, linear_num_heads=4, linear_conv_kernel_dim=4),
+    },
+    "mamba-2 hybrid": {
+        "granitemoehybrid": dict(
+            **_MAMBA2, layer_types=["mamba", "attention", "mamba", "mamba"], num_local_experts=4,
+            num_experts_per_tok=2, shared_intermediate_size=64),
+        "nemotron_h": dict(
+            layers_block_type=["mamba", "attention", "mamba", "moe"], ssm_state_size=16, mamba_num_heads=8,
+            mamba_head_dim=16, n_groups=1, conv_kernel=4, chunk_size=8, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, moe_shared_expert_intermediate_size=32),
+        "falcon_h1": dict(**_MAMBA2, mamba_d_ssm=128), "bamba": dict(**_MAMBA2, attn_layer_indices=[1]),
+        "zamba2": dict(
+            layers_block_type=["mamba", "hybrid", "mamba", "mamba"], mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+            mamba_ngroups=1, n_mamba_heads=8, chunk_size=8, attention_head_dim=32, num_attention_heads=4,
+            num_key_value_heads=4, use_mamba_kernels=False, adapter_rank=8),
+    },
+    "soft-capping / sinks": {  # attention features "padfree" refuses
+        "gemma2": dict(sliding_window=_WINDOW),
+        "gpt_oss": dict(num_local_experts=4, num_experts_per_tok=2, **_ALTERNATING),
+        "deepseek_v4": dict(
+            num_key_value_heads=1, head_dim=16, q_lora_rank=32, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=32, sliding_window=_WINDOW, o_groups=2, o_lora_rank=16, index_n_heads=2,
+            index_head_dim=16, index_topk=4, hc_mult=2,
+            layer_types=["sliding_attention", "compressed_sparse_attention", "sliding_attention",
+                         "heavily_compressed_attention"],
+            mlp_layer_types=["moe"] * 4, compress_rates={"compressed_sparse_attention": 4,
+                                                          "heavily_compressed_attention": 8}),
+        "granite_swa": dict(sliding_window=_WINDOW),
+    },
+    "other": {  # position-dependent attention, state spaces, KV sharing
+        "llama4_text": dict(
+            num_local_experts=4, num_experts_per_tok=1, interleave_moe_layer_step=2, intermediate_size_mlp=128,
+            attention_chunk_size=_WINDOW, attn_temperature_tuning=True, floor_scale=4, no_rope_layer_interval=4),
+        "jamba": dict(
+            num_experts=4, num_experts_per_tok=2, attn_layer_period=4, attn_layer_offset=1, expert_layer_period=2,
+            expert_layer_offset=1, mamba_d_state=16, mamba_dt_rank=8, use_mamba_kernels=False),
+        "mamba2": dict(num_heads=8, head_dim=16, state_size=16, expand=2, n_groups=1, chunk_size=8, conv_kernel=4),
+        "gemma4_text": dict(
+            **_ALTERNATING, num_kv_shared_layers=2, hidden_size_per_layer_input=8, vocab_size_per_layer_input=128,
+            global_head_dim=16),
+    },
+}  # fmt: skip
+
+FAMILIES: dict[str, dict[str, Any]] = {t: fields for group in _GROUPS.values() for t, fields in group.items()}
 """``model_type`` -> the fields (beside the shared small sizes) of its tiny config: the 35 decoder families of
 transformers 5.24 that this package measures."""
+
+FAMILY_GROUPS: dict[str, tuple[str, ...]] = {name: tuple(group) for name, group in _GROUPS.items()}
+"""The families of :data:`FAMILIES` by what sets them apart (the order of docs/probe-families.md)."""
 
 OLDER_FAMILIES: dict[str, dict[str, Any]] = {
     "mistral": {}, "mixtral": dict(num_local_experts=4, num_experts_per_tok=2), "qwen2": {},
@@ -174,17 +135,6 @@ OLDER_FAMILIES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 """Older families (the first table of docs/probe-families.md): the shared small sizes are enough (``None``: a field
 left out)."""
-
-FAMILY_GROUPS: dict[str, tuple[str, ...]] = {
-    "attention": ("llama", "qwen3", "qwen3_moe", "gemma3_text", "deepseek_v3", "glm4_moe", "olmo3", "smollm3",
-                  "ministral3", "minimax_m2", "phi3", "cohere2", "exaone4", "seed_oss"),
-    "linear attention / convolution": ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen4_exp_text",
-                                       "olmo_hybrid", "lfm2", "lfm3", "kimi_linear"),
-    "mamba-2 hybrid": ("granitemoehybrid", "nemotron_h", "falcon_h1", "bamba", "zamba2"),
-    "soft-capping / sinks": ("gemma2", "gpt_oss", "deepseek_v4", "granite_swa"),
-    "other": ("llama4_text", "jamba", "mamba2", "gemma4_text"),
-}  # fmt: skip
-"""The families of :data:`FAMILIES` by what sets them apart (the order of docs/probe-families.md)."""
 
 EXACTNESS_LENGTHS: tuple[int, ...] = (11, 5, 14, 9)
 """Lengths of :func:`packed_vs_alone`'s examples: all different, three cross an 8-token window or chunk."""
@@ -204,7 +154,7 @@ def tiny_family_config(model_type: str, **overrides: Any) -> Any:
         return None
     from transformers import AutoConfig
 
-    fields = {**_BASE, **FAMILIES.get(model_type, OLDER_FAMILIES.get(model_type, {})), **overrides}
+    fields = copy.deepcopy({**_BASE, **FAMILIES.get(model_type, OLDER_FAMILIES.get(model_type, {})), **overrides})
     return AutoConfig.for_model(model_type, **{k: v for k, v in fields.items() if v is not None})
 
 
@@ -266,10 +216,7 @@ def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def packed_vs_alone(
-    model: nn.Module,
-    lengths: Sequence[int] = EXACTNESS_LENGTHS,
-    *,
-    seed: int = 0,
+    model: nn.Module, lengths: Sequence[int] = EXACTNESS_LENGTHS, *, seed: int = 0,
     batch: Mapping[str, Any] | None = None,
 ) -> Exactness:
     """Loss and every gradient of examples packed in one row vs the same examples run one by one.
@@ -291,14 +238,12 @@ def packed_vs_alone(
     ...
     ValueError: packed_vs_alone: the batch needs input_ids (1, T) and labels (1, T); got keys [].
     """
-    from .probe import alone_batch, deterministic_train_mode, model_vocab_size, packed_batch, random_sequences
+    from .probe import _on, alone_batch, deterministic_train_mode, model_sequences, packed_batch
 
     lengths = tuple(int(n) for n in lengths)
     if len(lengths) < 2 or min(lengths) < 2:
         raise ValueError(f"packed_vs_alone needs at least 2 examples of length >= 2; got lengths={list(lengths)}.")
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    sequences = random_sequences(lengths, model_vocab_size(model), getattr(text_config, "pad_token_id", None), seed)
+    sequences = model_sequences(model, lengths, seed)
     packed = dict(packed_batch(sequences) if batch is None else batch)
     if "input_ids" not in packed or "labels" not in packed:
         raise ValueError(
@@ -308,7 +253,7 @@ def packed_vs_alone(
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
 
     def run(inputs: Mapping[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        inputs = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+        inputs = _on(inputs, device)
         labels = inputs.pop("labels")
         out = model(**inputs)
         logits = out.logits if hasattr(out, "logits") else out[0]

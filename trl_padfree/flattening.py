@@ -30,10 +30,7 @@ from .inputs import read_examples
 
 
 def flatten_features(
-    features: Sequence[Any],
-    *,
-    vocab_size: int | None = None,
-    ignore_index: int = -100,
+    features: Sequence[Any], *, vocab_size: int | None = None, ignore_index: int = -100,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """Concatenate ``input_ids`` (and ``labels`` when any example has them) of all examples.
 
@@ -71,14 +68,8 @@ def example_index(cu: np.ndarray) -> np.ndarray:
 
 
 def packed_batch(
-    ids: np.ndarray,
-    labels: np.ndarray,
-    cu: np.ndarray,
-    seq_idx: np.ndarray | None = None,
-    *,
-    pad_to_multiple_of: int | None = None,
-    pad_id: int = 0,
-    ignore_index: int = -100,
+    ids: np.ndarray, labels: np.ndarray, cu: np.ndarray, seq_idx: np.ndarray | None = None, *,
+    pad_to_multiple_of: int | None = None, pad_id: int = 0, ignore_index: int = -100,
 ) -> dict[str, Any]:
     """One row of all examples, with the sequence boundaries varlen attention needs (no attention mask).
 
@@ -106,16 +97,11 @@ def packed_batch(
     position_ids = np.arange(n, dtype=np.int64) - cu[seq_idx]
     cu_t = torch.from_numpy(cu.astype(np.int32))
     max_len = int((cu[1:] - cu[:-1]).max()) if cu.size > 1 else 0
-    return {
-        "input_ids": torch.from_numpy(ids.reshape(1, n)),
-        "labels": torch.from_numpy(labels.reshape(1, n)),
-        "position_ids": torch.from_numpy(position_ids.reshape(1, n)),
-        "cu_seq_lens_q": cu_t,
-        "cu_seq_lens_k": cu_t,  # the same boundaries for queries and keys (read-only)
-        "max_length_q": max_len,
-        "max_length_k": max_len,
-        "seq_idx": torch.from_numpy(seq_idx.astype(np.int32, copy=False).reshape(1, n)),
-    }
+    # cu_seq_lens_k: the same boundaries (read-only) as cu_seq_lens_q
+    return {"input_ids": torch.from_numpy(ids.reshape(1, n)), "labels": torch.from_numpy(labels.reshape(1, n)),
+            "position_ids": torch.from_numpy(position_ids.reshape(1, n)), "cu_seq_lens_q": cu_t, "cu_seq_lens_k": cu_t,
+            "max_length_q": max_len, "max_length_k": max_len,
+            "seq_idx": torch.from_numpy(seq_idx.astype(np.int32, copy=False).reshape(1, n))}
 
 
 def padded_length(lengths: np.ndarray, pad_to_multiple_of: int | None = None) -> int:
@@ -127,14 +113,8 @@ def padded_length(lengths: np.ndarray, pad_to_multiple_of: int | None = None) ->
 
 
 def padded_batch(
-    ids: np.ndarray,
-    labels: np.ndarray,
-    cu: np.ndarray,
-    *,
-    pad_id: int,
-    ignore_index: int,
-    padding_side: str = "right",
-    pad_to_multiple_of: int | None = None,
+    ids: np.ndarray, labels: np.ndarray, cu: np.ndarray, *, pad_id: int, ignore_index: int,
+    padding_side: str = "right", pad_to_multiple_of: int | None = None,
 ) -> dict[str, torch.Tensor]:
     """The ordinary rectangular batch: padding is masked by *position* (attention_mask 0, label ignore_index)."""
     lengths = np.diff(cu)

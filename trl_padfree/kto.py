@@ -17,26 +17,13 @@ import torch
 import torch.nn.functional as F
 import trl
 
+from ._compat import kto_padding_free_unavailable
 from .configs import UNSET, KTOConfig
 from .dpo import flat_forward, log_entropy_and_tokens, reference_forward
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
 from .trainer import PadfreeTrainerMixin
 
 __all__ = ["DataCollatorForUnpairedFlat", "KTOConfig", "KTOTrainer", "kto_padding_free_unavailable"]
-
-
-def kto_padding_free_unavailable() -> str | None:
-    """One line naming the fix where the installed TRL cannot run padding-free KTO, else None.
-
-    >>> kto_padding_free_unavailable() is None or "upgrade trl" in kto_padding_free_unavailable()
-    True
-    """
-    from ._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
-
-    if trl_at_least(MIN_TRL_KTO):
-        return None
-    return (f"padding-free KTO needs trl >= {MIN_TRL_KTO} (its KTOTrainer's fused LM head), and trl {TRL_VERSION} "
-            f"is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_KTO}') or set padding_free=False")
 
 
 @dataclass

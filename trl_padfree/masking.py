@@ -76,10 +76,7 @@ def _multi_turn(n: int, cu: np.ndarray, resp: Matches, instr: Matches) -> tuple[
 
 
 def trained_mask(
-    n_tokens: int,
-    cu: np.ndarray,
-    responses: Matches,
-    instructions: Matches | None = None,
+    n_tokens: int, cu: np.ndarray, responses: Matches, instructions: Matches | None = None,
     seq_idx: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Tokens to train in a flat row of ``n_tokens`` whose examples start at ``cu[:-1]``.

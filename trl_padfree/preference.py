@@ -49,13 +49,7 @@ import torch
 from .attention import KV_INDEX
 from .flattening import packed_batch
 
-__all__ = [
-    "MODEL_KEYS",
-    "DataCollatorForPreference",
-    "PreferenceLayout",
-    "segment_sum",
-    "truncate_pair",
-]
+__all__ = ["MODEL_KEYS", "DataCollatorForPreference", "PreferenceLayout", "segment_sum", "truncate_pair"]
 
 IGNORE = -100
 #: The keys of the collator's batch that go to the model (the rest drive the loss).

@@ -1,17 +1,13 @@
 """Probe whether a model keeps padding-free packed examples apart (docs/probe.md).
 
-Whether it does depends on the modeling code *and* the attention implementation, and nothing in a config says so
-(OPT under ``sdpa`` lets every packed example attend to the ones before it, Llama does not), so the probe runs the
-model: :func:`check_packing` feeds a few random sequences packed into one row (the collator's batch, ``seq_idx``
-and ``cu_seq_lens_*`` included, so attention and recurrent layers see training's boundaries) and each alone, and
-compares the logits; :func:`check_layout_packing` does the same for the trainers' layouts (preference pairs, RL
-groups, reward pairs). The model runs in train mode with every source of randomness neutralised and restored
-after; gradients are off. A model that rejects the packed batch gets the verdict ``"error"``; the advice recommends
-only what the probe ran and found safe.
-
-Tolerance: ``rtol * max|logits alone|`` with ``rtol`` from :data:`DEFAULT_RTOL` by compute dtype. On tiny random
-Llama/OPT models rounding noise is relative 3e-7 (fp32) / 3e-3 (bf16), a leak 0.3-0.5: margins of more than an
-order of magnitude.
+That depends on the modeling code *and* the attention implementation (OPT under ``sdpa`` lets every packed example
+attend to the ones before it, Llama does not), so the probe runs the model: :func:`check_packing` feeds a few random
+sequences packed into one row (the collator's batch: ``seq_idx`` and ``cu_seq_lens_*`` included) and each alone,
+and compares the logits; :func:`check_layout_packing` does the same for the trainers' layouts (preference pairs, RL
+groups, reward pairs). The model runs in train mode with every source of randomness neutralised and restored after,
+gradients off. A model that rejects the packed batch gets the verdict ``"error"``; the advice recommends only what
+the probe ran and found safe. Tolerance: ``rtol * max|logits alone|`` (:data:`DEFAULT_RTOL` by compute dtype; on
+tiny Llama/OPT models rounding noise is relative 3e-7 in fp32 / 3e-3 in bf16, a leak 0.3-0.5).
 """
 
 from __future__ import annotations
@@ -33,40 +29,22 @@ from .attention import ATTN_IMPLEMENTATION, PadfreeAttentionError, counting_call
 from .recurrent import prepare_packed_layers
 
 __all__ = [
-    "ALTERNATIVES",
-    "DEFAULT_LENGTHS",
-    "DEFAULT_RTOL",
-    "PackingLeakError",
-    "PackingReport",
-    "LAYOUTS",
-    "assert_layout_packing_safe",
-    "assert_packing_safe",
-    "check_layout_packing",
-    "check_packing",
-    "first_leaking_module",
-    "layer_kinds",
-    "packed_batch",
-    "training_rtol",
-    "uses_padfree_attention",
-]
+    "ALTERNATIVES", "DEFAULT_LENGTHS", "DEFAULT_RTOL", "PackingLeakError", "PackingReport", "LAYOUTS",
+    "assert_layout_packing_safe", "assert_packing_safe", "check_layout_packing", "check_packing",
+    "first_leaking_module", "layer_kinds", "packed_batch", "training_rtol", "uses_padfree_attention",
+]  # fmt: skip
 
 DEFAULT_LENGTHS: tuple[int, ...] = (7, 12, 4, 9)
 """Lengths of the probe's sequences: different, so ``max_length`` and the boundaries matter; 32 tokens."""
 
-DEFAULT_RTOL: dict[torch.dtype, float] = {
-    torch.float64: 1e-4,
-    torch.float32: 1e-4,
-    torch.float16: 1e-2,
-    torch.bfloat16: 5e-2,
-}
+DEFAULT_RTOL: dict[torch.dtype, float] = {torch.float64: 1e-4, torch.float32: 1e-4, torch.float16: 1e-2,
+                                         torch.bfloat16: 5e-2}
 """Tolerance relative to ``max|logits|``, by compute dtype (see the module docstring for the measurements)."""
 
 
 def training_rtol(args: Any) -> float | None:
-    """The tolerance for a model trained with these ``TrainingArguments``, or None to judge by its weights.
-
-    accelerate runs the forward under bf16/fp16 autocast for mixed-precision training (on CPU too), so a probe run
-    on such a model computes in that dtype although its weights are float32.
+    """The tolerance for a model trained with these ``TrainingArguments`` (accelerate's bf16/fp16 autocast, on CPU
+    too, computes in that dtype although the weights are float32), or None to judge by its weights.
 
     >>> from types import SimpleNamespace
     >>> training_rtol(SimpleNamespace(bf16=True, fp16=False)), training_rtol(SimpleNamespace(bf16=False, fp16=False))
@@ -78,26 +56,23 @@ def training_rtol(args: Any) -> float | None:
         return DEFAULT_RTOL[torch.float16]
     return None
 
+
 # Attention implementations that take the packed boundaries from cu_seq_lens / position_ids themselves.
 _VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "padfree", "paged|", "kernels-community/")
 
-# Model types whose sdpa/eager/flex mask is built without position_ids (their modeling files never pass position_ids to transformers' masking_utils).
-_MASK_IGNORES_POSITION_IDS = frozenset(
-    {"opt", "bloom", "mpt", "biogpt", "xglm", "gpt_oss", "granitemoehybrid"}
-)
+# Model types whose sdpa/eager/flex mask is built without position_ids (their modeling files never pass
+# position_ids to transformers' masking_utils).
+_MASK_IGNORES_POSITION_IDS = frozenset({"opt", "bloom", "mpt", "biogpt", "xglm", "gpt_oss", "granitemoehybrid"})
 
 # Model types whose attention code does not go through transformers' AttentionInterface (so "padfree" and
 # flash_attention_2 cannot separate their packed examples either); measured by scripts/probe_families.py.
 _OWN_ATTENTION_CODE = frozenset({"bloom", "mpt", "xglm"})
 
 # Model types with state-space / linear-attention / convolution layers that carry state across tokens.
-_STATEFUL_LAYERS = frozenset(
-    {
-        "mamba", "mamba2", "falcon_mamba", "bamba", "jamba", "zamba", "zamba2", "falcon_h1", "nemotron_h",
-        "granitemoehybrid", "qwen3_next", "lfm2", "lfm2_moe", "minimax", "kimi_linear", "olmo_hybrid",
-        "recurrent_gemma", "rwkv",
-    }
-)  # fmt: skip
+_STATEFUL_LAYERS = frozenset({
+    "mamba", "mamba2", "falcon_mamba", "bamba", "jamba", "zamba", "zamba2", "falcon_h1", "nemotron_h",
+    "granitemoehybrid", "qwen3_next", "lfm2", "lfm2_moe", "minimax", "kimi_linear", "olmo_hybrid", "recurrent_gemma",
+    "rwkv"})  # fmt: skip
 
 # Attribute names of numbers that make a forward pass random in train mode.
 _RANDOM_KNOB = re.compile(r"drop|jitter", re.IGNORECASE)
@@ -110,21 +85,15 @@ ALTERNATIVES: tuple[str, ...] = ("padfree", "sdpa")
 # packed examples apart in them: their modeling files call these kernels with seq_idx / cu_seqlens, and the torch
 # fall-backs raise "can't keep packed sequences apart without <package>" instead (transformers'
 # integrations/hub_kernels.py, use_kernel_func_from_hub_with_fallback).
+# ("MambaLayer": GraniteMoeHybridMambaLayer; "Mixer": BambaMixer, FalconH1Mixer)
 _RECURRENT_KINDS: tuple[tuple[str, str], ...] = (
-    ("GatedDeltaNet", "gated delta rule"),
-    ("DeltaAttention", "kimi delta attention"),
-    ("ShortConv", "short convolution"),
-    ("MambaMixer", "mamba"),
-    ("Mamba2Mixer", "mamba"),
-    ("MambaLayer", "mamba"),  # GraniteMoeHybridMambaLayer
-    ("Mixer", "mamba"),  # BambaMixer, FalconH1Mixer
-)
+    ("GatedDeltaNet", "gated delta rule"), ("DeltaAttention", "kimi delta attention"),
+    ("ShortConv", "short convolution"), ("MambaMixer", "mamba"), ("Mamba2Mixer", "mamba"), ("MambaLayer", "mamba"),
+    ("Mixer", "mamba"))  # fmt: skip
 _KERNELS: dict[str, str] = {
     "gated delta rule": "causal-conv1d and flash-linear-attention",
     "kimi delta attention": "causal-conv1d and flash-linear-attention",
-    "short convolution": "causal-conv1d",
-    "mamba": "mamba-ssm and causal-conv1d",
-}
+    "short convolution": "causal-conv1d", "mamba": "mamba-ssm and causal-conv1d"}  # fmt: skip
 _ATTENTION_KINDS = {
     "full_attention": "full attention", "sliding_attention": "sliding-window attention",
     "chunked_attention": "chunked attention", "indexed_attention": "indexed sparse attention",
@@ -132,6 +101,20 @@ _ATTENTION_KINDS = {
     "heavily_compressed_attention": "compressed attention",
 }  # fmt: skip
 _ATTENTION_NAMES = frozenset({*_ATTENTION_KINDS.values(), "sliding-window attention", "full attention"})
+
+
+def _text_config(model: nn.Module) -> Any:
+    config = getattr(model, "config", None)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _on(batch: Mapping[str, Any], device: torch.device | str | None) -> dict[str, Any]:
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) and device is not None else v) for k, v in batch.items()}
+
+
+def model_sequences(model: nn.Module, lengths: Sequence[int], seed: int) -> list[list[int]]:
+    """:func:`random_sequences` in ``model``'s vocabulary, avoiding its pad id."""
+    return random_sequences(lengths, model_vocab_size(model), getattr(_text_config(model), "pad_token_id", None), seed)
 
 
 def layer_kinds(model: nn.Module) -> tuple[str, ...]:
@@ -142,8 +125,7 @@ def layer_kinds(model: nn.Module) -> tuple[str, ...]:
     >>> layer_kinds(tiny_llama())
     ('full attention',)
     """
-    config = getattr(model, "config", None)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    text = _text_config(model)
     recurrent: list[str] = []
     attention = False
     for module in model.modules():
@@ -197,30 +179,16 @@ class PackingLeakError(ValueError):
 class PackingReport:
     """Outcome of :func:`check_packing`.
 
-    Attributes:
-        ok: True when every packed example's logits match the example run alone (within ``tolerance``).
-        status: ``"safe"``, ``"leaks"``, ``"error"`` (the model rejected the packed batch),
-            ``"inconclusive"`` (two identical runs differed, so randomness is left that the probe cannot remove) or
-            ``"unsupported"`` (``attn_implementation="padfree"`` is set but the model's own attention code never
-            calls it).
-        max_abs_diff: Largest absolute logit difference, packed vs alone, over all examples and positions
-            (``inf`` when the packed forward raised).
-        tolerance: The threshold ``max_abs_diff`` was compared with (``rtol * max|logits alone|``).
-        model_type: ``model.config.model_type``.
-        attn_implementation: ``model.config._attn_implementation``.
-        advice: One line: what to do.
-        dtype: Compute dtype the tolerance was chosen for.
-        device: Device the inputs were put on.
-        lengths: Lengths of the probe's sequences.
-        example_diffs: ``max_abs_diff`` per example (the first example has nothing before it to leak from).
-        noise: Largest logit difference between two identical runs of the last example alone.
-        seconds: Wall time of the probe.
-        error: ``"ExceptionType: message"`` when the packed forward raised, else None.
-        layer_kinds: The token-mixing layer kinds the model has (:func:`layer_kinds`), all run by the probe.
-        alternatives: ``attn_implementation -> status`` of the other implementations the probe tried because this
-            one was not safe (:data:`ALTERNATIVES`); the advice recommends one only when its status is ``"safe"``.
-        first_leak: When the model leaks, the first module (in the order modules finish) whose input is the same
-            packed as alone but whose output is not, ``"name (ClassName)"`` (:func:`first_leaking_module`).
+    ``ok``: every packed example's logits match the example alone within ``tolerance``
+    (``rtol * max|logits alone|``). ``status``: ``"safe"``, ``"leaks"``, ``"error"`` (the model rejected the packed
+    batch; ``error`` is ``"ExceptionType: message"``), ``"inconclusive"`` (two identical runs differed by ``noise``:
+    randomness the probe cannot remove) or ``"unsupported"`` (``"padfree"`` is set but the model's attention code
+    never calls it). ``max_abs_diff``: the largest logit difference packed vs alone (``inf`` when the packed forward
+    raised), per example in ``example_diffs``. ``model_type``, ``attn_implementation``, ``dtype`` (the compute dtype
+    the tolerance was chosen for), ``device``, ``lengths`` (of the random sequences), ``seconds``. ``advice``: one
+    line, what to do. ``layer_kinds``: :func:`layer_kinds`. ``alternatives``: ``attn_implementation -> status`` of
+    the :data:`ALTERNATIVES` tried because this one was not safe (the advice recommends one only if ``"safe"``).
+    ``first_leak``: the first module whose output mixes examples (:func:`first_leaking_module`).
     """
 
     ok: bool
@@ -254,10 +222,8 @@ class PackingReport:
         lines = [headline]
         if self.status not in ("error", "unsupported"):
             per_example = ", ".join(f"{d:.2g}" for d in self.example_diffs)
-            lines.append(
-                f"  max |logit diff| packed vs alone: {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}; "
-                f"per example: {per_example}; two identical runs differ by {self.noise:.3g})"
-            )
+            lines.append(f"  max |logit diff| packed vs alone: {self.max_abs_diff:.3g} (tolerance {self.tolerance:.3g}; "
+                         f"per example: {per_example}; two identical runs differ by {self.noise:.3g})")
         if self.layer_kinds:
             lines.append(f"  layers: {', '.join(self.layer_kinds)}")
         if self.first_leak:
@@ -279,9 +245,7 @@ class PackingReport:
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
-def packed_batch(
-    sequences: Sequence[Sequence[int]], device: torch.device | str | None = None
-) -> dict[str, Any]:
+def packed_batch(sequences: Sequence[Sequence[int]], device: torch.device | str | None = None) -> dict[str, Any]:
     """Build the padding-free batch for ``sequences``, in the project collator's format.
 
     ``input_ids``/``labels``/``position_ids`` (1, T) int64 (first label of every example -100, positions
@@ -300,14 +264,17 @@ def packed_batch(
     from .collator import DataCollatorForCompletionOnlyLM  # the real collator: the probe tests what trains
 
     batch = DataCollatorForCompletionOnlyLM(None, padding_free=True)([{"input_ids": list(s)} for s in sequences])
-    return {k: (v.to(device) if isinstance(v, torch.Tensor) and device is not None else v) for k, v in batch.items()}
+    return _on(batch, device)
+
+
+def _input_embeddings(model: nn.Module) -> Any:
+    get = getattr(model, "get_input_embeddings", None)
+    return get() if callable(get) else None
 
 
 def _model_device(model: nn.Module) -> torch.device:
     """Device the inputs must go to: the input embeddings' (first shard under a device map), else a parameter's."""
-    get = getattr(model, "get_input_embeddings", None)
-    emb = get() if callable(get) else None
-    weight = getattr(emb, "weight", None)
+    weight = getattr(_input_embeddings(model), "weight", None)
     if isinstance(weight, torch.Tensor):
         return weight.device
     for p in model.parameters():
@@ -330,29 +297,18 @@ def probe_setting(model: nn.Module, rtol: float | None) -> tuple[torch.device, t
     """``(device, compute dtype, tolerance)`` of a probe of ``model``: ``rtol``, or the dtype's default."""
     device = _model_device(model)
     dtype = _compute_dtype(model, device)
-    return device, dtype, DEFAULT_RTOL.get(dtype, DEFAULT_RTOL[torch.float32]) if rtol is None else rtol
+    return device, dtype, DEFAULT_RTOL.get(dtype, 1e-4) if rtol is None else rtol
 
 
 def model_vocab_size(model: nn.Module) -> int:
-    sizes = []
-    get = getattr(model, "get_input_embeddings", None)
-    emb = get() if callable(get) else None
-    if isinstance(getattr(emb, "num_embeddings", None), int):
-        sizes.append(emb.num_embeddings)
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    if isinstance(getattr(text_config, "vocab_size", None), int):
-        sizes.append(text_config.vocab_size)
+    sizes = [getattr(_input_embeddings(model), "num_embeddings", None), getattr(_text_config(model), "vocab_size", None)]
+    sizes = [n for n in sizes if isinstance(n, int)]
     if not sizes or min(sizes) < 2:
-        raise ValueError(
-            "check_packing: cannot tell the model's vocabulary size (no input embeddings, no vocab_size)."
-        )
+        raise ValueError("check_packing: cannot tell the model's vocabulary size (no input embeddings, no vocab_size).")
     return min(sizes)
 
 
-def random_sequences(
-    lengths: Sequence[int], vocab_size: int, pad_id: int | None, seed: int
-) -> list[list[int]]:
+def random_sequences(lengths: Sequence[int], vocab_size: int, pad_id: int | None, seed: int) -> list[list[int]]:
     """Seeded random token ids in ``[0, vocab_size)``, never the pad id (some models treat it specially)."""
     gen = torch.Generator().manual_seed(seed)
     avoid = pad_id if isinstance(pad_id, int) and 0 <= pad_id < vocab_size else None
@@ -467,15 +423,8 @@ def _refused_feature(error: str | None) -> str | None:
 
 
 def _advice(
-    status: str,
-    model_type: str,
-    attn: str,
-    noise: float,
-    cache_off: bool = True,
-    model_class: str = "the model",
-    *,
-    kinds: Sequence[str] = (),
-    error: str | None = None,
+    status: str, model_type: str, attn: str, noise: float, cache_off: bool = True,
+    model_class: str = "the model", *, kinds: Sequence[str] = (), error: str | None = None,
     alternative: str | None = None,
 ) -> str:
     """One line: what to do. It recommends an attention implementation only when the probe ran it on this model and
@@ -583,18 +532,9 @@ def error_line(exc: BaseException) -> str:
 
 
 def layout_report(
-    model: nn.Module,
-    *,
-    expected: Sequence[torch.Tensor],
-    got: Sequence[torch.Tensor] | None,
-    error: str | None,
-    setting: tuple[torch.device, torch.dtype, float],
-    lengths: Sequence[int],
-    start: float,
-    batch: str,
-    values: str,
-    prompt_once: bool,
-    fix: str,
+    model: nn.Module, *, expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor] | None,
+    error: str | None, setting: tuple[torch.device, torch.dtype, float], lengths: Sequence[int], start: float,
+    batch: str, values: str, prompt_once: bool, fix: str,
 ) -> PackingReport:
     """The report of a layout probe (preference pairs, RL groups, reward pairs): ``got[i]`` is what the packed row
     gives for the sequence whose values alone are ``expected[i]`` (``got`` None where the packed forward failed
@@ -737,16 +677,11 @@ def check_layout_packing(model: nn.Module, layout: str, *, prompt_once: bool = F
     build, default, batch_name, values, fix = LAYOUTS[layout]
     start = time.perf_counter()
     setting = device, _, _ = probe_setting(model, rtol)
-    config = getattr(model, "config", None)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    pad = getattr(text_config, "pad_token_id", None)
+    pad = getattr(_text_config(model), "pad_token_id", None)
     from .preference import MODEL_KEYS
 
     batch, alone, rows, lengths = build(default if shapes is None else shapes, model_vocab_size(model), pad, seed,
                                         prompt_once)
-
-    def on_device(b: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in b.items()}
 
     def run(inputs: dict[str, Any]) -> torch.Tensor:
         if values == "logits":
@@ -760,10 +695,10 @@ def check_layout_packing(model: nn.Module, layout: str, *, prompt_once: bool = F
         expected = []
         for seq, skip in alone:
             ids = torch.tensor([seq], dtype=torch.int64)
-            expected.append(run(on_device({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                                           "use_cache": False}))[skip:])
+            expected.append(run(_on({"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False},
+                                    device))[skip:])
         try:
-            packed = run({**on_device({k: v for k, v in batch.items() if k in MODEL_KEYS}), "use_cache": False})
+            packed = run({**_on({k: v for k, v in batch.items() if k in MODEL_KEYS}, device), "use_cache": False})
             got = [packed[torch.as_tensor(list(r), device=packed.device)] for r in rows]
         except Exception as exc:  # the Trainer would hit the same error: report it
             error = error_line(exc)
@@ -859,13 +794,8 @@ def first_leaking_module(
 
 
 def check_packing(
-    model: nn.Module,
-    *,
-    lengths: Sequence[int] = DEFAULT_LENGTHS,
-    seed: int = 0,
-    rtol: float | None = None,
-    collate_fn: Callable[[list[dict[str, list[int]]]], Mapping[str, Any]] | None = None,
-    try_alternatives: bool = True,
+    model: nn.Module, *, lengths: Sequence[int] = DEFAULT_LENGTHS, seed: int = 0, rtol: float | None = None,
+    collate_fn: Callable[[list[dict[str, list[int]]]], Mapping[str, Any]] | None = None, try_alternatives: bool = True,
 ) -> PackingReport:
     """Run random sequences packed into one row and each alone, and report whether the packed ones stay apart.
 
@@ -903,28 +833,17 @@ def check_packing(
     start = time.perf_counter()
     prepare_packed_layers(model)  # what the trainers do when training starts: recurrent layers reset at boundaries
     device, dtype, rtol = probe_setting(model, rtol)
-    config = getattr(model, "config", None)
-    model_type = str(getattr(config, "model_type", None) or type(model).__name__)
+    model_type = str(getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__)
     attn = _attn_name(model)
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    sequences = random_sequences(
-        lengths, model_vocab_size(model), getattr(text_config, "pad_token_id", None), seed
-    )
-
-    def to_device(batch: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
-
+    sequences = model_sequences(model, lengths, seed)
     features = [{"input_ids": list(seq)} for seq in sequences]
-    packed_inputs = to_device(collate_fn(features) if collate_fn is not None else packed_batch(sequences))
-    error: str | None = None
-    failure: Exception | None = None
-    alone: list[torch.Tensor] = []
-    noise = math.nan
+    packed_inputs = _on(collate_fn(features) if collate_fn is not None else packed_batch(sequences), device)
+    error, failure, alone, noise = None, None, [], math.nan
     with deterministic_train_mode(model), counting_calls() as calls:
         try:
             for seq in sequences:
-                alone.append(probe_logits(model, to_device(alone_batch(seq))))
-            noise = (probe_logits(model, to_device(alone_batch(sequences[-1]))) - alone[-1]).abs().max().item()
+                alone.append(probe_logits(model, _on(alone_batch(seq), device)))
+            noise = (probe_logits(model, _on(alone_batch(sequences[-1]), device)) - alone[-1]).abs().max().item()
             packed = probe_logits(model, packed_inputs)
         except Exception as exc:  # the Trainer would hit the same error: report it instead of crashing
             failure = exc
@@ -938,15 +857,12 @@ def check_packing(
         refused = isinstance(failure, PadfreeAttentionError)
         if len(alone) < len(sequences) and not bypassed and not refused:
             raise failure  # the model fails on an ordinary batch: not a packing question
-        text = str(failure).strip()
-        error = f"{type(failure).__name__}: {text.splitlines()[0] if text else ''}"
+        error = error_line(failure)
     tolerance = rtol * max(a.abs().max().item() for a in alone) + 1e-12 if alone else math.nan
     if error is not None:
         diffs = tuple(math.inf for _ in sequences)
     else:
-        bounds = [0]
-        for n in lengths:
-            bounds.append(bounds[-1] + n)
+        bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
         if packed.shape[0] != bounds[-1]:
             raise ValueError(
                 f"check_packing: packed logits have {packed.shape[0]} positions, expected {bounds[-1]}."
@@ -966,7 +882,7 @@ def check_packing(
     first_leak = None
     if status == "leaks":
         with deterministic_train_mode(model):
-            first_leak = first_leaking_module(model, [to_device(alone_batch(q)) for q in sequences], packed_inputs,
+            first_leak = first_leaking_module(model, [_on(alone_batch(q), device) for q in sequences], packed_inputs,
                                               rtol=rtol)
     tried: dict[str, str] = {}
     if try_alternatives and status in ("leaks", "error", "unsupported") and packed_inputs.get("use_cache") is False:
@@ -974,28 +890,14 @@ def check_packing(
             if other != attn:
                 tried[other] = _probe_with(model, other, lengths=lengths, seed=seed, rtol=rtol, collate_fn=collate_fn)
     alternative = next((name for name, verdict in tried.items() if verdict == "safe"), None)
+    advice = (f"the first module that mixes packed examples is {first_leak}; " if first_leak else "") + _advice(
+        status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False,
+        model_class=type(model).__name__, kinds=kinds, error=error, alternative=alternative)
     return PackingReport(
-        ok=status == "safe",
-        status=status,
-        max_abs_diff=max_diff,
-        tolerance=tolerance,
-        model_type=model_type,
-        attn_implementation=attn,
-        advice=(f"the first module that mixes packed examples is {first_leak}; " if first_leak else "") + _advice(
-            status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False,
-            model_class=type(model).__name__, kinds=kinds, error=error, alternative=alternative,
-        ),
-        dtype=str(dtype).removeprefix("torch."),
-        device=str(device),
-        lengths=lengths,
-        example_diffs=diffs,
-        noise=noise,
-        seconds=time.perf_counter() - start,
-        error=error,
-        layer_kinds=kinds,
-        alternatives=tried,
-        first_leak=first_leak,
-    )
+        ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance, model_type=model_type,
+        attn_implementation=attn, advice=advice, dtype=str(dtype).removeprefix("torch."), device=str(device),
+        lengths=lengths, example_diffs=diffs, noise=noise, seconds=time.perf_counter() - start, error=error,
+        layer_kinds=kinds, alternatives=tried, first_leak=first_leak)
 
 
 def _probe_with(model: nn.Module, attn: str, **kwargs: Any) -> str:

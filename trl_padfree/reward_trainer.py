@@ -16,6 +16,7 @@ import trl
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
+from ._compat import reward_padding_free_unavailable
 from .configs import UNSET, RewardConfig
 from .preference import MODEL_KEYS
 from .reward_layout import DataCollatorForRewardPairs, position_scores, score_head, scores_of  # noqa: F401
@@ -23,21 +24,6 @@ from .trainer import PadfreeTrainerMixin
 
 __all__ = ["RewardConfig", "RewardTrainer", "position_scores", "reward_padding_free_unavailable", "score_head",
            "scores_of"]
-
-
-def reward_padding_free_unavailable() -> str | None:
-    """One line naming the fix where the installed TRL cannot run padding-free reward training, else None.
-
-    >>> reward_padding_free_unavailable() is None or "upgrade trl" in reward_padding_free_unavailable()
-    True
-    """
-    from ._compat import MIN_TRL_REWARD, TRL_VERSION, trl_at_least
-
-    if trl_at_least(MIN_TRL_REWARD):
-        return None
-    return (f"padding-free reward training is checked against trl >= {MIN_TRL_REWARD}'s RewardTrainer, and trl "
-            f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_REWARD}') or set "
-            "padding_free=False")
 
 
 class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):

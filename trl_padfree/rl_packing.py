@@ -90,13 +90,8 @@ def real_spans(attention_mask: torch.Tensor, logits_to_keep: int) -> list[tuple[
 
 
 def pack_completion_rows(
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    logits_to_keep: int,
-    *,
-    prompt_once: bool = False,
-    pad_token_id: int = 0,
-    pad_to_multiple_of: int | None = None,
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int, *, prompt_once: bool = False,
+    pad_token_id: int = 0, pad_to_multiple_of: int | None = None,
 ) -> dict[str, Any]:
     """One flat row of TRL's ``prompt + completion`` rows (see the module docstring).
 

@@ -1,36 +1,15 @@
-"""An LM head that projects only the scored positions, in bounded chunks, on every device.
+"""An LM head that projects only the scored positions, in bounded chunks, on every device (docs/head.md).
 
-TRL 1.16's fused LM head (``add_fused_lm_head``; ``model(..., labels=..., fused_lm_head=True)``) projects only the
-positions whose label is not ``-100`` on CUDA/XPU with Triton; everywhere else (a CPU) it projects **every** position
-of the row and masks afterwards, and computes entropy and top-1 on all of them. In completion-only training most
-positions are prompts, never scored. This module scores only what counts, on any device:
-
-- :func:`score_tokens`: the core, a pure function over plain tensors. Given the hidden states of the scored positions
-  ``[N, H]``, their target ids ``[N]`` and the head's ``weight`` ``[V, H]`` (and ``bias``), it returns each target's
-  log-probability and, on request, TRL's per-token metrics (entropy, ``log(sum p^2)``, mean logit, top-1). Logits
-  exist only for ``chunk_tokens`` rows at a time (no ``[N, V]`` tensor); the backward recomputes each chunk's logits
-  instead of keeping them, so peak memory is bounded by the chunk (:class:`ScoredLogProbs`).
-- :func:`score_row`: the same for a (packed) row ``[B, T, H]`` with its shifted labels ``[B, T]``: it gathers the
-  positions whose label is not ``-100``, scores them, and puts the results back at their positions (zero elsewhere),
-  the layout of TRL's ``FusedCausalLMOutput``.
-- :func:`add_scored_head`: installs it on a model **through the model's own forward**, so DDP (gradient sync),
-  PEFT and accelerate's unwrapping keep working: ``model(..., labels|shift_labels, fused_lm_head=True)`` (TRL's call,
-  unchanged) returns TRL's ``FusedCausalLMOutput`` computed by this head. Where this head is not exact for the model
-  (logit softcapping, logit scaling, a head that is not a ``torch.nn.Linear``, MoE router logits, a head sharded by
-  FSDP2 or DeepSpeed ZeRO-3), the call goes to TRL's fused head instead, and :func:`head_fallback_reason` names
-  why. On CUDA/XPU with Triton the calls go to TRL's head by default too: there it already projects only the
-  labelled positions.
-
-Why not ``logits_to_keep``: a transformers CausalLM given ``logits_to_keep`` as a tensor of indices projects only
-those positions, but it still builds their full ``[N, V]`` logits (and the model's loss over them) at once; the
-chunking and the recomputation in backward would be lost. Going through the model's forward the way TRL's fused head
-does (the backbone called inside it) keeps the wrapper chain intact and needs no logits at all.
-
-Exactness: the same statistics as TRL's kernel (``trl/kernels/chunked_logprob.py``), from the same logits: the
-target logit minus the log-sum-exp, entropy ``log Z - sum(e z) / sum(e)``, ``log sum e^2 - 2 log sum e``, the mean
-logit, and top-1 as "the first arg-max is the target"; the backward is TRL's
-(``d log p_t / dz = 1[t] - p``, ``d H / dz = -p (log p + H)``). ``tests/test_scored_head.py`` asserts the loss, the
-metrics and every gradient equal to TRL's head through the trainers (fp32, relative 1e-5).
+TRL 1.16's fused LM head projects only the labelled positions on CUDA/XPU with Triton, and every position of the
+row elsewhere (a CPU). :func:`score_tokens` (plain tensors: hidden states ``[N, H]`` of the scored positions,
+targets ``[N]``, the head's ``weight`` ``[V, H]``) returns each target's log-probability and on request TRL's
+per-token metrics, with logits for ``chunk_tokens`` rows at a time, recomputed in the backward
+(:class:`ScoredLogProbs`); :func:`score_row` does it for a packed row ``[B, T, H]`` and its shifted labels, in
+TRL's ``FusedCausalLMOutput`` layout; :func:`add_scored_head` installs it through the model's own forward (so DDP,
+PEFT and accelerate's unwrapping keep working) for TRL's ``model(..., fused_lm_head=True)`` call, and leaves to
+TRL's head what it is not exact for (:func:`head_fallback_reason`). ``logits_to_keep`` would still build all the
+scored positions' ``[N, V]`` logits at once. The statistics and the backward are those of TRL's kernel
+(``trl/kernels/chunked_logprob.py``); ``tests/test_scored_head.py`` asserts loss, metrics and gradients equal to it.
 
     >>> import torch
     >>> torch.manual_seed(0) and None
@@ -55,22 +34,13 @@ from typing import Any
 
 import torch
 
+from ._compat import MIN_TRL_SCORED_HEAD, scored_head_unavailable
+
 __all__ = [
-    "CHUNK_ELEMENTS",
-    "MIN_TRL_SCORED_HEAD",
-    "OUTPUTS",
-    "ScoredLogProbs",
-    "ScoredTokens",
-    "add_scored_head",
-    "trl_head_is_compact",
-    "remove_scored_head",
-    "chunk_rows",
-    "head_fallback_reason",
-    "scored_head_state",
-    "score_row",
-    "score_tokens",
-    "scored_head_unavailable",
-]
+    "CHUNK_ELEMENTS", "MIN_TRL_SCORED_HEAD", "OUTPUTS", "ScoredLogProbs", "ScoredTokens", "add_scored_head",
+    "trl_head_is_compact", "remove_scored_head", "chunk_rows", "head_fallback_reason", "scored_head_state",
+    "score_row", "score_tokens", "scored_head_unavailable",
+]  # fmt: skip
 
 IGNORE_INDEX = -100
 OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
@@ -79,26 +49,8 @@ OUTPUTS = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 CHUNK_ELEMENTS = 1 << 24
 """Logits elements per chunk by default (64 MiB in fp32): ``chunk_rows(V)`` rows of a ``V``-word vocabulary."""
 
-MIN_TRL_SCORED_HEAD = "1.16"
-""":func:`add_scored_head` returns TRL 1.16's ``FusedCausalLMOutput`` (``shift_labels``, entropy, mean logits,
-top-1) and falls back to TRL 1.16's fused head; :func:`score_tokens` and :func:`score_row` need no TRL."""
-
 _ATTR = "_trl_padfree_scored_head"
 _PREVIOUS = "_trl_padfree_trl_forward"
-
-
-def scored_head_unavailable() -> str | None:
-    """Why :func:`add_scored_head` cannot be used with the installed TRL (one line naming the fix), else None.
-
-    >>> scored_head_unavailable() is None or "trl >=" in scored_head_unavailable()
-    True
-    """
-    from ._compat import TRL_VERSION, trl_at_least
-
-    if trl_at_least(MIN_TRL_SCORED_HEAD):
-        return None
-    return (f"the scored LM head needs trl >= {MIN_TRL_SCORED_HEAD} (its fused LM head's outputs), and trl "
-            f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_SCORED_HEAD}')")
 
 
 @dataclass
@@ -374,25 +326,16 @@ def add_scored_head(
     model: Any, *, temperature: float = 1.0, outputs: tuple[str, ...] = ("log_probs",),
     cast_lm_head_to_fp32: bool = False, chunk_tokens: int | None = None, use_trl_on_triton: bool = True,
 ) -> str | None:
-    """Make ``model(..., labels=..., fused_lm_head=True)`` score only the labelled positions with this head.
+    """Make ``model(..., labels|shift_labels, fused_lm_head=True)`` (TRL's call, returning TRL's
+    ``FusedCausalLMOutput``) score only the labelled positions with this head; None, or why TRL's head scores.
 
-    The call stays TRL's (``labels`` shifted inside, or ``shift_labels`` as they are; ``num_items_in_batch``
-    divides the loss) and returns TRL's ``FusedCausalLMOutput`` (``loss``, ``log_probs``, the requested per-token
-    fields, ``label_mask``). ``model.forward`` is replaced on the instance, so a call through DDP, PEFT or
-    accelerate's wrappers reaches it; the backbone is called inside it (:func:`backbone`, looked up on each call
-    as TRL does). Without ``fused_lm_head=True`` the forward is the model's own. Add it to the model TRL gives its
-    fused head to (``model.get_base_model()`` under PEFT); TRL's fused head is added first when it is missing, and
-    takes the calls this head is not exact for.
-
-    Args: as TRL's ``add_fused_lm_head`` (``temperature``, ``cast_lm_head_to_fp32``, ``outputs``), plus
-    ``chunk_tokens`` (:func:`score_tokens`) and ``use_trl_on_triton``: on CUDA/XPU with Triton, TRL's head already
-    projects only the labelled positions, with its Triton kernels; by default (True) those calls go to it (this head
-    has not been measured against it on a GPU). False: this head on every device.
-
-    Returns:
-        None when this head scores the model; else why TRL's head does (:func:`head_fallback_reason`). Calls with
-        ``output_router_logits`` (MoE), an FSDP2-sharded head or under DeepSpeed ZeRO-3 (TRL's head gathers the
-        sharded weight) also go to TRL's head.
+    ``model.forward`` is replaced on the instance (a call through DDP, PEFT or accelerate's wrappers reaches it);
+    the backbone (:func:`backbone`) is called inside it. Add it to the model TRL gives its fused head to
+    (``model.get_base_model()`` under PEFT); TRL's fused head, added first when missing, takes the calls this head
+    is not exact for (:func:`head_fallback_reason`; per call: ``output_router_logits``, an FSDP2-sharded head,
+    DeepSpeed ZeRO-3). Arguments as TRL's ``add_fused_lm_head``, plus ``chunk_tokens`` (:func:`score_tokens`) and
+    ``use_trl_on_triton``: on CUDA/XPU with Triton TRL's head already projects only the labelled positions, so by
+    default those calls go to it (not measured against this head on a GPU); False: this head on every device.
     """
     if (problem := scored_head_unavailable()) is not None:
         raise RuntimeError(problem)

@@ -42,13 +42,8 @@ def demo_corpus(n: int = 400, seed: int = 0) -> list[str]:
 
 
 def _wrap(raw: Tokenizer) -> PreTrainedTokenizerFast:
-    return PreTrainedTokenizerFast(
-        tokenizer_object=raw,
-        eos_token="<eos>",
-        bos_token="<bos>",
-        pad_token="<pad>",
-        additional_special_tokens=SPECIAL_TOKENS[3:],
-    )
+    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", bos_token="<bos>", pad_token="<pad>",
+                                   additional_special_tokens=SPECIAL_TOKENS[3:])
 
 
 def tiny_byte_level_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
@@ -56,12 +51,8 @@ def tiny_byte_level_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     raw.train_from_iterator(demo_corpus(), trainer)
     return _wrap(raw)
 
@@ -70,15 +61,11 @@ def tiny_metaspace_tokenizer(vocab_size: int = 400) -> PreTrainedTokenizerFast:
     """A sentencepiece-style BPE tokenizer (Llama-2 / Mistral family): metaspace and byte fallback."""
     raw = Tokenizer(models.BPE(byte_fallback=True))
     raw.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
-    raw.decoder = decoders.Sequence(
-        [decoders.Metaspace(replacement="▁", prepend_scheme="first"), decoders.ByteFallback(), decoders.Fuse()]
-    )
+    raw.decoder = decoders.Sequence([decoders.Metaspace(replacement="▁", prepend_scheme="first"),
+                                     decoders.ByteFallback(), decoders.Fuse()])
     byte_tokens = [f"<0x{b:02X}>" for b in range(256)]
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size + 256,
-        special_tokens=SPECIAL_TOKENS + byte_tokens,
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size + 256, special_tokens=SPECIAL_TOKENS + byte_tokens,
+                                  show_progress=False)
     raw.train_from_iterator(demo_corpus(), trainer)
     return _wrap(raw)
 
@@ -91,17 +78,9 @@ def tiny_llama_config(vocab_size: int = 400, **overrides) -> LlamaConfig:
     >>> c.vocab_size, c.hidden_size, c.num_key_value_heads, c.max_position_embeddings, c.num_labels
     (128, 64, 2, 512, 1)
     """
-    cfg = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
-    cfg.update(overrides)
-    return LlamaConfig(**cfg)
+    return LlamaConfig(**{**dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
+                          **overrides})
 
 
 def tiny_llama(vocab_size: int = 400, seed: int = 0, **overrides) -> LlamaForCausalLM:

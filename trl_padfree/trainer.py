@@ -117,40 +117,26 @@ def example_lengths(dataset: Any, column: str = "input_ids") -> list[int]:
 
 
 def token_budget_dataloader(trainer: Any, max_tokens: int) -> Any:
-    """The training ``DataLoader`` of ``trainer`` with token-budget mini-batches, prepared by its accelerator.
-
-    Every rank builds its own :class:`~trl_padfree.batching.TokenBudgetBatchSampler` (seeded by ``data_seed``,
-    else ``seed``); accelerate's per-process sharding is made a pass-through, since the sampler already deals the
-    batches out to the ranks. Epochs have a constant number of batches, so the Trainer's step arithmetic, the
-    skipped batches of a resumed epoch and gradient accumulation (``num_items_in_batch`` counts the trained tokens
-    of all the accumulated batches) stay exact.
-    """
+    """The training ``DataLoader`` of ``trainer`` with token-budget mini-batches, prepared by its accelerator: a
+    :class:`~trl_padfree.batching.TokenBudgetBatchSampler` per rank (seeded by ``data_seed``, else ``seed``), which
+    deals the batches out itself (accelerate's sharding made a pass-through). Epochs have a constant number of
+    batches, so step arithmetic, resumed epochs and gradient accumulation stay exact."""
     from transformers.trainer_utils import seed_worker
 
-    args = trainer.args
-    dataset = trainer.train_dataset
+    args, dataset = trainer.args, trainer.train_dataset
     sampler = TokenBudgetBatchSampler(
-        example_lengths(dataset),
-        max_tokens,
-        shuffle=True,
-        seed=args.data_seed if args.data_seed is not None else args.seed,
-        num_replicas=trainer.accelerator.num_processes,
-        rank=trainer.accelerator.process_index,
-        drop_last=args.dataloader_drop_last,
-    )
+        example_lengths(dataset), max_tokens, shuffle=True, seed=args.data_seed if args.data_seed is not None
+        else args.seed, num_replicas=trainer.accelerator.num_processes, rank=trainer.accelerator.process_index,
+        drop_last=args.dataloader_drop_last)
     collator = trainer.data_collator
     if hasattr(dataset, "column_names"):
         dataset = trainer._remove_unused_columns(dataset, description="Training")
     else:
         collator = trainer._get_collator_with_removed_columns(collator, description="Training")
-    params: dict[str, Any] = {
-        "batch_sampler": sampler,
-        "collate_fn": collator,
-        "num_workers": args.dataloader_num_workers,
-        "pin_memory": args.dataloader_pin_memory,
-        "persistent_workers": args.dataloader_persistent_workers,
-        "worker_init_fn": partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index),
-    }
+    params: dict[str, Any] = dict(
+        batch_sampler=sampler, collate_fn=collator, num_workers=args.dataloader_num_workers,
+        pin_memory=args.dataloader_pin_memory, persistent_workers=args.dataloader_persistent_workers,
+        worker_init_fn=partial(seed_worker, num_workers=args.dataloader_num_workers, rank=args.process_index))
     if args.dataloader_num_workers > 0:
         params["prefetch_factor"] = args.dataloader_prefetch_factor
     loader = trainer.accelerator.prepare(torch.utils.data.DataLoader(dataset, **params))
@@ -160,12 +146,8 @@ def token_budget_dataloader(trainer: Any, max_tokens: int) -> Any:
 
 
 def keep_rank_batches(loader: Any, sampler: TokenBudgetBatchSampler) -> None:
-    """Make accelerate's per-process ``BatchSamplerShard`` around ``sampler`` (if any) a pass-through.
-
-    ``sampler`` already yields only this rank's batches; sharding them again would drop batches. The wrapper also
-    forwards ``set_epoch``: once accelerate's ``skip_first_batches`` (resuming mid-epoch) wraps it again, the
-    Trainer's ``set_epoch`` reaches the wrapper, not the sampler.
-    """
+    """Make accelerate's ``BatchSamplerShard`` around ``sampler`` (which yields only this rank's batches) a
+    pass-through that forwards ``set_epoch`` (which reaches the wrapper once ``skip_first_batches`` wraps it)."""
     shard = getattr(loader, "batch_sampler", None)
     if shard is not sampler and getattr(shard, "batch_sampler", None) is sampler:
         shard.num_processes, shard.process_index = 1, 0
@@ -308,11 +290,7 @@ class PadfreeTrainerMixin(RealTokensLog):
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train`` with the CPU threads of ``torch_num_threads``; a run that fails (e.g. the packing probe
-        stops it) closes its progress bar.
-
-        Otherwise the bar, opened before the probe raised, is printed when the interpreter exits (a stray
-        ``0%| | 0/N`` after everything else).
-        """
+        stops it) closes its progress bar (else a stray ``0%| | 0/N`` is printed at exit)."""
         threads = self.torch_num_threads
         if threads == "auto":
             threads, why = training_threads(self.model, self.args.device.type)
@@ -343,12 +321,8 @@ class PadfreeTrainerMixin(RealTokensLog):
             torch.set_num_threads(previous)
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
-        """transformers' check, without calling a tied weight missing (``lm_head.weight`` of a tied model).
-
-        ``Trainer`` warns "There were missing keys in the checkpoint model loaded: ['lm_head.weight']" on every
-        resume of a model with tied embeddings (it only knows ``_keys_to_ignore_on_save``); such a key is saved
-        once, under the name it is tied to, and is loaded through it.
-        """
+        """transformers' check, without calling a tied weight (saved once, under the name it is tied to) missing:
+        ``Trainer`` warned "missing keys ... ['lm_head.weight']" on every resume of a model with tied embeddings."""
         tied = loaded_through_a_tie(self.model, list(load_result.missing_keys))
         missing = [k for k in load_result.missing_keys if k not in tied]
         if len(missing) != len(load_result.missing_keys):
@@ -372,14 +346,9 @@ class PadfreeTrainerMixin(RealTokensLog):
                   flush=True)
 
     def create_model_card(self, *args: Any, **kwargs: Any) -> None:
-        """TRL's model card (``output_dir/README.md``, written with every checkpoint and at the end of training),
-        true for a local base model.
-
-        TRL links the base model only when it is a Hub id and loads the model from ``hub_model_id`` in its
-        quick-start code; for a local base model and no Hub repository its card said "a fine-tuned version of
-        [None](https://huggingface.co/None)" and ``model="None"``. Here it names the base model's path and, without
-        a Hub repository, loads the model from ``output_dir``.
-        """
+        """TRL's model card (``output_dir/README.md``), true for a local base model: TRL's said "a fine-tuned version
+        of [None](https://huggingface.co/None)" and ``model="None"``; this one names the base model's path and,
+        without a Hub repository, loads the model from ``output_dir``."""
         hub_model_id = self.hub_model_id
         if hub_model_id is None:
             self.hub_model_id = self.args.output_dir
@@ -400,11 +369,8 @@ class PadfreeTrainerMixin(RealTokensLog):
                 handle.write(fixed)
 
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
-        """Save as ``Trainer`` does, with ``use_cache: true`` in the saved ``config.json``.
-
-        Training runs without a KV cache (the Trainer sets ``model.config.use_cache = args.use_cache``, False);
-        whoever loads the saved model for generation expects the cache on. The model in memory keeps False.
-        """
+        """Save as ``Trainer`` does, with ``use_cache: true`` in the saved ``config.json`` (training runs without a
+        KV cache; generation from the saved model expects it on). The model in memory keeps False."""
         config = getattr(self.accelerator.unwrap_model(self.model), "config", None)
         if config is None or getattr(config, "use_cache", None) is not False:
             return super().save_model(output_dir, _internal_call)
@@ -430,10 +396,7 @@ def with_formatting_func_told(
     dataset_kwargs = getattr(bound.get("args"), "dataset_kwargs", None) or {}
     if record is not None and "input_ids" not in record and not dataset_kwargs.get("skip_prepare_dataset"):
         wrapped.tell(record)  # (TRL ignores formatting_func on a tokenized dataset: then it is never called)
-    if "formatting_func" in kwargs:
-        return args, {**kwargs, "formatting_func": wrapped}
-    index = list(inspect.signature(trl.SFTTrainer.__init__).parameters).index("formatting_func") - 1  # no self
-    return (*args[:index], wrapped, *args[index + 1:]), kwargs
+    return with_argument(args, kwargs, "formatting_func", wrapped)
 
 
 def with_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
@@ -546,14 +509,9 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
                                     num_items_in_batch=num_items_in_batch)
 
     def use_scored_lm_head(self) -> str:
-        """Give the model :mod:`trl_padfree.scored_head` (once), unless ``scored_lm_head=False``; return the state.
-
-        TRL's ``compute_loss`` calls ``model(**inputs, fused_lm_head=True)``; with the scored head that call projects
-        only the positions whose label is not -100, on every device, and returns TRL's outputs (the loss, entropy and
-        top-1 of TRL's metrics computed by TRL from them). ``"scored"``, or ``"trl: <why>"`` where TRL's fused head
-        scores instead (switched off, a model this head is not exact for, trl < 1.16), also in
-        ``self.lm_head_state``; a fallback for the model is said in one line.
-        """
+        """Give the model :mod:`trl_padfree.scored_head` (once) for TRL's ``model(**inputs, fused_lm_head=True)``,
+        unless ``scored_lm_head=False``; return ``self.lm_head_state``: ``"scored"``, or ``"trl: <why>"`` where TRL's
+        fused head scores (a fallback for the model is said in one line)."""
         state = getattr(self, "lm_head_state", None)
         if state is None:
             state = self.lm_head_state = install_scored_head(
