@@ -3,6 +3,7 @@ TRL 0.19.1, TRL 1.x and transformers' collators accept) and refuses, with the ex
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -25,18 +26,10 @@ def tok(request):
 
 
 def trained_spans(tokenizer, ids, labels) -> list[str]:
-    """Decoded runs of consecutive trained tokens."""
-    spans, run = [], []
-    for t, lab in zip(ids, labels, strict=True):
-        if lab != IGNORE:
-            assert lab == t
-            run.append(int(t))
-        elif run:
-            spans.append(tokenizer.decode(run))
-            run = []
-    if run:
-        spans.append(tokenizer.decode(run))
-    return spans
+    """Decoded runs of consecutive trained tokens (a trained token's label is the token)."""
+    assert all(lab in (IGNORE, t) for t, lab in zip(ids, labels, strict=True))
+    runs = itertools.groupby(zip(ids, labels, strict=True), key=lambda pair: pair[1] != IGNORE)
+    return [tokenizer.decode([int(t) for t, _ in run]) for trained, run in runs if trained]
 
 
 def oracle_labels(tokenizer, text: str, template: str) -> list[int]:
@@ -60,13 +53,13 @@ TEXTS = [
 @pytest.mark.parametrize("template", ["### Answer:", "\n### Answer:", " Answer:"])
 def test_single_turn_labels_match_offset_oracle(tok, template):
     collator = DataCollatorForCompletionOnlyLM(template, tokenizer=tok, padding_free=True)
-    features = [tok(t) for t in TEXTS]
-    batch = collator(features)
-    expected = sum((oracle_labels(tok, t, template) for t in TEXTS), [])
+    texts = [*TEXTS, "### Question: café ☕ naïve?\n### Answer: déjà vu ✓"]  # non-ASCII last
+    batch = collator([tok(t) for t in texts])
+    expected = sum((oracle_labels(tok, t, template) for t in texts), [])
     assert batch["labels"][0].tolist() == expected
     # the last occurrence wins (example 3 mentions the template inside its question)
     spans = trained_spans(tok, batch["input_ids"][0].tolist(), batch["labels"][0].tolist())
-    assert [s.strip() for s in spans] == ["paris.", "sit mat cat.", "because it is true.", "yes."]
+    assert [s.strip() for s in spans] == ["paris.", "sit mat cat.", "because it is true.", "yes.", "déjà vu ✓"]
 
 
 def test_metaspace_newline_template_differs_in_context_but_is_found():
@@ -105,6 +98,10 @@ def test_packed_layout_exact(tok):
     assert batch["seq_idx"].dtype == torch.int32
     assert batch["seq_idx"][0].tolist() == sum(([i] * n for i, n in enumerate(lengths)), [])
     assert all(batch["labels"][0, c].item() == IGNORE for c in cu[:-1])
+    s = collator.stats
+    assert (s.batches, s.examples, s.tokens, s.padded_tokens) == (1, 3, total, 3 * max(lengths))
+    assert s.trained_tokens == int((batch["labels"] != IGNORE).sum())
+    assert s.padding_share == pytest.approx(1 - total / (3 * max(lengths)))
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -235,19 +232,6 @@ def test_seq_lengths_split_a_prepacked_row():
         assert prepacked[key].tolist() == separate[key].tolist()
 
 
-def test_stats_count_tokens_and_padding_share():
-    tok = tiny_byte_level_tokenizer()
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
-    features = [tok(t) for t in TEXTS]
-    batch = collator(features)
-    lengths = [len(f["input_ids"]) for f in features]
-    s = collator.stats
-    assert (s.batches, s.examples, s.tokens) == (1, 4, sum(lengths))
-    assert s.padded_tokens == 4 * max(lengths)
-    assert s.trained_tokens == int((batch["labels"] != IGNORE).sum())
-    assert s.padding_share == pytest.approx(1 - sum(lengths) / (4 * max(lengths)))
-
-
 def test_bad_arguments_have_clear_errors():
     tok = tiny_byte_level_tokenizer()
     with pytest.raises(ValueError, match="String templates need the tokenizer"):
@@ -275,16 +259,6 @@ def test_positional_tokenizer_like_trl_0_19():
     assert collator([tok(TEXTS[0])])["attention_mask"].shape[0] == 1
 
 
-def test_non_ascii_text_is_handled(tok):
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
-    text = "### Question: café ☕ naïve?\n### Answer: déjà vu ✓"
-    ids = tok(text)["input_ids"]
-    labels = collator([{"input_ids": ids}])["labels"][0].tolist()
-    assert labels == oracle_labels(tok, text, "### Answer:")
-    assert "".join(trained_spans(tok, ids, labels)).strip() == "déjà vu ✓"
-
-
-# ------------------------------------------------------------- pad_to_multiple_of with padding_free (issue 8 #6)
 def test_padding_free_pad_to_multiple_of_is_its_own_segment():
     tok = tiny_byte_level_tokenizer()
     features = [tok(t) for t in TEXTS[:3]]
@@ -347,7 +321,6 @@ def test_a_chat_texts_end_of_turn_is_trained_once_when_trl_appends_the_eos(demo_
     assert trained == [" yo<|eos|>\n", " b<|eos|>"]  # one end of turn each; plain text keeps TRL's EOS trained
 
 
-# ------------------------------------------------------------------------ the inputs it accepts (defects 3-5)
 def as_lists(batch) -> dict:
     return {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
@@ -449,7 +422,6 @@ def test_given_labels_are_kept_under_the_template_mask(byte_tok, ids):
     assert collator([{"input_ids": b}, {"input_ids": a, "labels": a_labels}])["labels"][0].tolist() == expected_b + expected_a
 
 
-# ---------------------------------------------------- what it refuses (issue 12: bad token ids, wrong forms)
 @pytest.mark.parametrize(("features", "error", "message"), [
     (["### Question: hi"], TypeError, r"example 0 of this batch is of type str; .*tokenize"),
     ([[1, 2], None], TypeError, r"example 1 of this batch is of type NoneType; pass a dict with 'input_ids'"),
