@@ -1,11 +1,5 @@
-"""Padding-free KTO (and its reference prompt-once row) trains the same model as TRL's padded KTOTrainer (CPU, fp32).
-
-Through the real Trainer: per-step loss and every logged metric (KL term, rewards, log-probs, entropy, logits,
-token count), every parameter's gradient before every optimizer step (SGD) and the final weights, over 3 optimizer
-steps with gradient accumulation 2, with desirable and undesirable weights, for the ``kto`` loss (with the KL term)
-and ``apo_zero_unpaired``, a separate reference, a PEFT reference (adapters off) and precomputed reference
-log-probs.
-"""
+"""Padding-free KTO (and its prompt-once reference row) trains TRL's padded KTOTrainer's model (CPU, fp32): every
+metric (KL term included), gradient and final weight over 3 SGD steps (tests/layout_runs.py)."""
 
 from __future__ import annotations
 
@@ -53,13 +47,16 @@ def assert_same_training(runs: dict[str, tuple[KTOTrainer, GradRecorder]], metri
     assert_training_moved(runs)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [{}, {"precompute_ref_log_probs": True}, {"loss_type": "apo_zero_unpaired"}],
-    ids=["kto-kl", "kto-precomputed-ref", "apo_zero_unpaired"],
-)
+@pytest.mark.parametrize("case", [{}, {"precompute_ref_log_probs": True}, {"loss_type": "apo_zero_unpaired"}, "peft"],
+                         ids=["kto-kl", "kto-precomputed-ref", "apo_zero_unpaired", "peft-reference-adapters-off"])
 def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
+    if case == "peft":
+        from peft import LoraConfig
+
+        case = dict(ref=False, peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                               lora_dropout=0.0))
     runs = run_layouts(tmp_path, **case)
+    assert all((trainer.ref_model is None) == ("peft" in case) for trainer, _ in runs.values())
     metrics = METRICS
     if case.get("loss_type") == "apo_zero_unpaired":
         metrics = tuple(m for m in METRICS if m != "kl")
@@ -68,16 +65,6 @@ def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
         kl = [e["kl"] for e in step_logs(runs["padded"][0])]
         assert any(k > 0 for k in kl), kl  # the KL term is in the comparison (not clamped to 0 everywhere)
     assert_same_training(runs, metrics)
-
-
-def test_peft_reference_adapters_off(tmp_path):
-    from peft import LoraConfig
-
-    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
-    runs = run_layouts(tmp_path, ref=False, peft=peft)
-    for trainer, _ in runs.values():
-        assert trainer.ref_model is None
-    assert_same_training(runs)
 
 
 def test_weights_enter_the_loss(tmp_path):
