@@ -1,11 +1,6 @@
-"""Padding-free and prompt-once reward-model training give TRL's padded RewardTrainer's model (CPU, fp32).
-
-Through the real Trainer: per-step loss and every logged metric, every parameter's gradient before every optimizer
-step (SGD, so the weights stay comparable step after step) and the final weights, over 3 optimizer steps with
-gradient accumulation 2; with and without ``margin``, with ``center_rewards_coefficient``, an explicit and an
-implicit prompt, and a pad token equal to EOS. A pair packed with others gets the rewards it has alone, and a
-deliberately leaking attention is refused before the first step.
-"""
+"""Padding-free and prompt-once reward-model training give TRL's padded RewardTrainer's model (CPU, fp32): every
+metric, gradient and final weight over 3 SGD steps (tests/layout_runs.py), with margin, centering, implicit prompts,
+pad == EOS; a pair packed with others gets its rewards alone."""
 
 from __future__ import annotations
 
@@ -32,9 +27,7 @@ from trl_padfree.reward_layout import DataCollatorForRewardPairs
 from trl_padfree.reward_trainer import reward_padding_free_unavailable
 
 RTOL = 1e-5
-# prompt-once gradients: 1.08e-5 measured in fp32 (padding-free: 0.98e-5, same data): the shared prefix's gradient is
-# summed before (not after) the backward of Llama's RMSNorm, which computes in fp32 even in an fp64 model; with an
-# fp64 RMSNorm prompt-once is exact to 1e-15 (test_float64_gradients_on_one_batch)
+# prompt-once gradients: 1.08e-5 in fp32 (Llama's RMSNorm backward in fp32; exact in fp64: test_float64_gradients...)
 ONCE_GRAD_RTOL = 2e-5
 pytestmark = pytest.mark.skipif(reward_padding_free_unavailable() is not None,
                                 reason=str(reward_padding_free_unavailable()))
@@ -62,16 +55,10 @@ def assert_same_training(runs: dict[str, tuple[RewardTrainer, GradRecorder]]) ->
     assert batch["input_ids"].shape[1] < batch["num_tokens"]
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        {},
-        {"margin": True, "center_rewards_coefficient": 0.01},
-        {"explicit_prompt": False, "pad_is_eos": True},
-        {"gradient_checkpointing": True, "pad_to_multiple_of": 8},
-    ],
-    ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos", "checkpointing-pad-to-multiple"],
-)
+@pytest.mark.parametrize("case", [{}, {"margin": True, "center_rewards_coefficient": 0.01},
+                                  {"explicit_prompt": False, "pad_is_eos": True},
+                                  {"gradient_checkpointing": True, "pad_to_multiple_of": 8}],
+                         ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos", "checkpointing-pad-to-multiple"])
 def test_three_layouts_train_the_same_model(tmp_path, case):
     case = dict(case)
     tok = T.tokenizer(pad_is_eos=case.pop("pad_is_eos", False))
@@ -190,9 +177,7 @@ def test_peft_lora_trains_the_same_adapters(tmp_path):
 
 
 def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
-    """In float64 every layout gives the same loss and gradients to rounding (1e-12): what prompt-once changes is only
-    the order of sums. Llama's RMSNorm computes in float32 even in a float64 model; with it, prompt-once's gradients
-    below the last layer differ by ~6.5e-8 (the prefix's gradient summed before the norm's float32 backward)."""
+    """In float64 (RMSNorm too: Llama's computes in float32) every layout gives the same loss and gradients to 1e-12."""
     from transformers.models.llama import modeling_llama
 
     def rms_norm_in_input_dtype(self, hidden_states):
