@@ -1,7 +1,5 @@
-"""The scored-positions LM head (:mod:`trl_padfree.scored_head`) against TRL 1.16's fused head: the kernel's outputs
-and gradients, a model call (labels and shift_labels), SFT and DPO through the trainers (loss, logged metrics and
-every gradient over 3 optimizer steps with gradient accumulation 2, fp32, relative 1e-5), and the fallback to TRL's
-head for a model whose logits are softcapped."""
+"""The scored-positions LM head (:mod:`trl_padfree.scored_head`) against TRL 1.16's fused head: the kernel, a model
+call, SFT and DPO through the trainers (relative 1e-5), and the fallback for softcapped logits."""
 
 from __future__ import annotations
 
@@ -174,8 +172,7 @@ def _sft_run(tmp_path, scored: bool):
 
 
 def test_sft_trainer_equals_trls_head(tmp_path):
-    """Through trl_padfree.SFTTrainer (padding-free, grad accumulation 2, 3 steps): the loss, entropy and
-    mean_token_accuracy logged, every gradient before each optimizer step, and the weights: equal to TRL's head."""
+    """SFT (accumulation 2, 3 steps): logs, every gradient and the weights equal TRL's head."""
     (trl_head, trl_grads), (scored, scored_grads) = (_sft_run(tmp_path, s) for s in (False, True))
     assert trl_head.lm_head_state == "trl: scored_lm_head=False" and scored.lm_head_state == "scored"
     assert scored_head_state(scored.model) == "scored" and scored_head_state(trl_head.model) is None
@@ -257,15 +254,6 @@ def test_softcapped_logits_fall_back_to_trls_head(tmp_path, capsys):
     got = model(**batch, fused_lm_head=True)
     assert torch.equal(got.log_probs, want.log_probs) and torch.equal(got.entropy, want.entropy)
     # through the trainer: the state and one printed line
-    from trl import SFTConfig
-
-    from trl_padfree import SFTTrainer
-
-    trainer = SFTTrainer(
-        model=_tiny_gemma2(len(tok)), processing_class=tok, train_dataset=tokenized_dataset(tok, 4),
-        data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True),
-        args=SFTConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, max_length=256,
-                       dataset_kwargs={"skip_prepare_dataset": True}, activation_checkpointing=False),
-        check_packing=False)
+    trainer = make_trainer(True, tokenized_dataset(tok, 4), tok, str(tmp_path), model=_tiny_gemma2(len(tok)))
     assert trainer.use_scored_lm_head() == f"trl: {why}"
     assert f"LM head: TRL's fused head, not the scored-positions head ({why})" in capsys.readouterr().out
