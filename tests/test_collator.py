@@ -33,8 +33,7 @@ def trained_spans(tokenizer, ids, labels) -> list[str]:
 
 
 def oracle_labels(tokenizer, text: str, template: str) -> list[int]:
-    """Independent oracle from the tokenizer's own character offsets: a token is trained iff it starts at or
-    after the end of the last template occurrence; the first token is never a target."""
+    """Oracle from character offsets: tokens starting after the last template; never the first."""
     enc = tokenizer(text, return_offsets_mapping=True)
     end = text.rindex(template) + len(template)
     labels = [t if start >= end else IGNORE for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=True)]
@@ -62,19 +61,23 @@ def test_single_turn_labels_match_offset_oracle(tok, template):
     assert [s.strip() for s in spans] == ["paris.", "sit mat cat.", "because it is true.", "yes.", "déjà vu ✓"]
 
 
-def test_metaspace_newline_template_differs_in_context_but_is_found():
-    tok = tiny_metaspace_tokenizer()
+@pytest.mark.parametrize("make", [tiny_byte_level_tokenizer, tiny_metaspace_tokenizer])
+def test_token_id_template_is_matched_exactly_and_a_string_one_in_context(make):
+    tok = make()
     alone = tok.encode("\n### Answer:", add_special_tokens=False)
     ids = tok("### Question: why?\n### Answer: because")["input_ids"]
+    by_ids = DataCollatorForCompletionOnlyLM(alone, tokenizer=tok, padding_free=True)  # the seed's call
+    by_text = DataCollatorForCompletionOnlyLM("\n### Answer:", tokenizer=tok, padding_free=True)
+    byte_level = make is tiny_byte_level_tokenizer
+    answer = " because" if byte_level else "because"
+    assert trained_spans(tok, ids, by_text([{"input_ids": ids}])["labels"][0].tolist()) == [answer]
+    if byte_level:  # the ids occur as such: TRL 0.19.1's token-id template finds them
+        assert trained_spans(tok, ids, by_ids([{"input_ids": ids}])["labels"][0].tolist()) == [answer]
+        return
+    # metaspace tokenizes the template differently in context: the token-id template is never found, reported
     assert not any(ids[i : i + len(alone)] == alone for i in range(len(ids))), "the tokenizer no longer shows the bug"
-    # the token-id template (TRL 0.19.1 semantics) is never found: the example is masked and reported
-    by_ids = DataCollatorForCompletionOnlyLM(alone, tokenizer=tok, padding_free=True)
     with pytest.warns(UserWarning, match="1 of 1 examples in this batch contain no response template"):
         assert (by_ids([{"input_ids": ids}])["labels"] == IGNORE).all()
-    # the string template is found
-    by_text = DataCollatorForCompletionOnlyLM("\n### Answer:", tokenizer=tok, padding_free=True)
-    batch = by_text([{"input_ids": ids}])
-    assert trained_spans(tok, ids, batch["labels"][0].tolist()) == ["because"]
 
 
 def test_packed_layout_exact(tok):
@@ -171,8 +174,7 @@ def test_multi_turn_with_plain_text_headers(tok):
 
 
 def _hand_tokenizer() -> PreTrainedTokenizerFast:
-    """Metaspace vocabulary with a token (':P') that straddles the template's end and one ('.\\n') that straddles
-    an instruction template's start."""
+    """Metaspace vocabulary whose ':P' straddles the template's end, '.\\n' an instruction's start."""
     vocab = {"<eos>": 0, "▁###": 1, "▁Answer": 2, ":P": 3, "aris": 4, ".\n": 5, "###": 6, "▁Q": 7, ":": 8}
     vocab.update({f"<0x{b:02X}>": 9 + b for b in range(256)})
     vocab.update({c: 265 + i for i, c in enumerate("▁" + "".join(map(chr, range(33, 127)))) if c not in vocab})
@@ -192,17 +194,6 @@ def test_token_straddling_template_end_is_masked_and_instruction_start_is_traine
     # ':P' starts inside the template -> masked; '.\n' starts in the answer -> trained; '###' starts inside the
     # instruction template -> masked
     assert labels == [IGNORE, IGNORE, IGNORE, 4, 5, IGNORE, IGNORE, IGNORE, IGNORE]
-
-
-def test_token_id_template_exact_match_seed_call():
-    tok = tiny_byte_level_tokenizer()
-    text = "### Question: why?\n### Answer: because"
-    ids = tok(text)["input_ids"]
-    template_ids = tok.encode("\n### Answer:", add_special_tokens=False)
-    assert any(ids[i : i + len(template_ids)] == template_ids for i in range(len(ids)))
-    collator = DataCollatorForCompletionOnlyLM(template_ids, tokenizer=tok, padding_free=True)  # the seed's call
-    labels = collator([{"input_ids": ids}])["labels"][0].tolist()
-    assert trained_spans(tok, ids, labels) == [" because"]
 
 
 def test_template_not_found_one_aggregated_warning_per_batch_or_an_error():
@@ -374,8 +365,7 @@ def test_bare_lists_without_template_match_trl_language_modelling_collator():
 
 
 def test_given_label_values_are_kept_and_match_trl_and_transformers(ids):
-    """Labels that differ from input_ids (a distillation target, a shifted layout) are passed through as given;
-    TRL 1.16's and transformers' flattening collators do the same."""
+    """Labels other than input_ids are kept as given, as TRL's and transformers' collators do."""
     rng = np.random.default_rng(0)
     features = []
     for x in ids:
