@@ -7,16 +7,6 @@ import layout_runs
 import pytest
 import tiny_dpo as T
 import torch
-from layout_runs import (
-    LAYOUTS,
-    GradRecorder,
-    assert_training_moved,
-    ddp_runs,
-    finished,
-    max_rel_diff,
-    register_leaky_attention,
-    train_layouts,
-)
 
 from trl_padfree import DataCollatorForPreference, DPOTrainer
 from trl_padfree._compat import dpo_padding_free_unavailable
@@ -35,8 +25,8 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-8)
 
 
-def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[DPOTrainer, GradRecorder]]:
-    return train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **kwargs)
+def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[DPOTrainer, layout_runs.GradRecorder]]:
+    return layout_runs.train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **kwargs)
 
 
 def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
@@ -48,9 +38,9 @@ def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> Non
         assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
 
 
-def assert_same_training(runs: dict[str, tuple[DPOTrainer, GradRecorder]]) -> None:
-    layout_runs.assert_same_training(finished(runs), same_step)
-    assert_training_moved(runs)
+def assert_same_training(runs: dict[str, tuple[DPOTrainer, layout_runs.GradRecorder]]) -> None:
+    layout_runs.assert_same_training(layout_runs.finished(runs), same_step)
+    layout_runs.assert_training_moved(runs)
 
 
 @pytest.mark.parametrize("case", [
@@ -80,7 +70,7 @@ def first_batch(trainer: DPOTrainer, n: int = 6) -> dict:
 def one_batch_trainers(tmp_path_factory):
     tok, data = T.tokenizer(), T.pairs(12)
     out = {}
-    for layout in LAYOUTS:
+    for layout in layout_runs.LAYOUTS:
         trainer = T.trainer(layout, data, tok, str(tmp_path_factory.mktemp(layout)), label_smoothing=0.1)
         out[layout] = (trainer, first_batch(trainer))
     return out
@@ -111,7 +101,7 @@ def test_every_trl_loss_type_and_f_divergence_on_one_batch(one_batch_trainers, v
                                        {"max_length": 40, "truncation_mode": "keep_end"}])
 def test_use_weighting_and_truncation_as_trl(tmp_path, overrides):
     trainers = {}
-    for layout in LAYOUTS:
+    for layout in layout_runs.LAYOUTS:
         trainer = T.trainer(layout, T.pairs(8), T.tokenizer(), str(tmp_path / layout), **overrides)
         if "max_length" in overrides:
             assert any(len(r["prompt_ids"]) + max(len(r["chosen_ids"]), len(r["rejected_ids"])) > 40
@@ -143,7 +133,7 @@ def padded_vs_padfree_loss_and_grads(tmp_path, attn: str, flash: bool = False) -
         loss.backward()
         results[layout] = (loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
     assert rel(results["padfree"][0], results["padded"][0]) <= RTOL
-    assert max_rel_diff(results["padfree"][1], results["padded"][1]) <= RTOL
+    assert layout_runs.max_rel_diff(results["padfree"][1], results["padded"][1]) <= RTOL
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -166,7 +156,7 @@ def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
 
 
 def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    leaky = register_leaky_attention()
+    leaky = layout_runs.register_leaky_attention()
     tok, data = T.tokenizer(), T.pairs(8)
     trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
     with pytest.raises(PackingLeakError, match="LEAKS"):
@@ -211,12 +201,11 @@ def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flas
 @pytest.mark.slow
 def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
     """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    layout_runs.assert_same_training(ddp_runs("dpo", tmp_path), same_step)
+    layout_runs.assert_same_training(layout_runs.ddp_runs("dpo", tmp_path), same_step)
 
 
 def test_shared_prompt_keys_never_take_torch_varlen(monkeypatch):
-    """Where torch's varlen_attn would be picked (CUDA without flash-attn), prompt-once batches run the exact loop:
-    its causal alignment for query segments shorter than their keys is unverified (trl_padfree/attention.py)."""
+    """Prompt-once batches never take torch's varlen_attn (causal alignment unverified there)."""
     import warnings
 
     import trl_padfree.attention as attention
