@@ -7,13 +7,7 @@ import pytest
 import real_cases as rc
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
-from trl_padfree.chat_masks import (
-    ChatMaskError,
-    assistant_spans,
-    chat_labels,
-    label_chats,
-    untrained_assistant_turns,
-)
+from trl_padfree import chat_masks as cm
 
 NEXT_TURN = {"llama-2": ("<s>[INST]",)}  # the <s> before a user turn belongs to that turn
 # the generation prompt of DeepSeek-Coder's template is "### Response:": the model generates the "\n" after it
@@ -43,22 +37,22 @@ def test_chat_template_masks_equal_character_span_truth(family):
         truth_spans = rc.trained_spans(text, RESPONSE.get(family, layout.response),
                                      NEXT_TURN.get(family, layout.instructions))
         ids, truth = rc.labels_from_spans(tok, text, truth_spans, add_special_tokens=False)
-        got = chat_labels(tok, messages)
+        got = cm.chat_labels(tok, messages)
         assert got["input_ids"] == ids
         assert got["completion_mask"] == [int(lab != rc.IGNORE) for lab in got["labels"]]
         if got["labels"] != truth:
-            wrong.append((text, [text[a:b] for a, b in assistant_spans(tok, messages)[1]], truth_spans))
+            wrong.append((text, [text[a:b] for a, b in cm.assistant_spans(tok, messages)[1]], truth_spans))
         n_assistant = sum(m["role"] == "assistant" for m in messages)
-        assert len(assistant_spans(tok, messages)[1]) == n_assistant
+        assert len(cm.assistant_spans(tok, messages)[1]) == n_assistant
     assert not wrong, f"{len(wrong)} of {len(convs)} conversations differ; first: {wrong[0]}"
 
 
 def test_spans_are_exactly_what_each_assistant_message_adds():
     tok = rc.load("phi-3")  # its template appends <|endoftext|> at the very end only, and its headers strip right
-    text, spans = assistant_spans(tok, rc.HI_BYE)
+    text, spans = cm.assistant_spans(tok, rc.HI_BYE)
     assert text == "<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n<|user|>\nBye<|end|>\n<|assistant|>\nCiao<|end|>\n<|endoftext|>"
     assert [text[a:b] for a, b in spans] == ["Hello<|end|>\n", "Ciao<|end|>\n<|endoftext|>"]
-    ex = chat_labels(tok, rc.HI_BYE)
+    ex = cm.chat_labels(tok, rc.HI_BYE)
     assert [t for t, lab in zip(tok.convert_ids_to_tokens(ex["input_ids"]), ex["labels"], strict=True) if lab != rc.IGNORE] \
         == ["▁Hello", "<|end|>", "▁C", "iao", "<|end|>", "<|endoftext|>"]
 
@@ -66,7 +60,7 @@ def test_spans_are_exactly_what_each_assistant_message_adds():
 def test_collator_without_templates_keeps_chat_labels():
     tok = rc.load("qwen2")
     convs = rc.conversations(rc.CHAT["qwen2"])[:6]
-    examples = [chat_labels(tok, c) for c in convs]
+    examples = [cm.chat_labels(tok, c) for c in convs]
     batch = DataCollatorForCompletionOnlyLM(None, tokenizer=tok, padding_free=True)(
         [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples])
     assert batch["labels"][0].tolist() == [lab for e in examples for lab in e["labels"]]
@@ -77,8 +71,8 @@ def test_label_chats_for_datasets_map():
 
     tok = rc.load("llama-3")
     convs = rc.conversations(rc.CHAT["llama-3"])[:4]
-    ds = Dataset.from_dict({"messages": convs}).map(label_chats, batched=True, fn_kwargs={"tokenizer": tok})
-    assert ds["labels"] == [chat_labels(tok, c)["labels"] for c in convs]
+    ds = Dataset.from_dict({"messages": convs}).map(cm.label_chats, batched=True, fn_kwargs={"tokenizer": tok})
+    assert ds["labels"] == [cm.chat_labels(tok, c)["labels"] for c in convs]
 
 
 def test_generation_blocks_are_used_where_the_template_has_them():
@@ -87,7 +81,7 @@ def test_generation_blocks_are_used_where_the_template_has_them():
                 "{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
                 "{% else %}{{ m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    text, spans = assistant_spans(tok, rc.HI_BYE, chat_template=template)
+    text, spans = cm.assistant_spans(tok, rc.HI_BYE, chat_template=template)
     assert [text[a:b] for a, b in spans] == ["Hello<|im_end|>", "Ciao<|im_end|>"]  # the mask leaves "\n" out
 
 
@@ -97,19 +91,19 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
     template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
                 "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    with pytest.raises(ChatMaskError, match="renders assistant message 1 differently when later messages follow.*"
+    with pytest.raises(cm.ChatMaskError, match="renders assistant message 1 differently when later messages follow.*"
                                             "response_template/instruction_template"):
-        chat_labels(tok, rc.HI_BYE, chat_template=template)
+        cm.chat_labels(tok, rc.HI_BYE, chat_template=template)
 
 
 def test_untrained_assistant_turns_counts_turns_a_collator_left_out():
     tok = rc.load("qwen2")
     messages = rc.conversations(rc.CHAT["qwen2"])[1]  # three exchanges, no system turn
-    ex = chat_labels(tok, messages)
+    ex = cm.chat_labels(tok, messages)
     single = DataCollatorForCompletionOnlyLM("<|im_start|>assistant\n", tokenizer=tok, padding_free=True)
     labels = single([{"input_ids": ex["input_ids"]}])["labels"][0].tolist()
-    assert untrained_assistant_turns(tok, messages, ex["input_ids"], labels) == 2  # only the last turn trained
-    assert untrained_assistant_turns(tok, messages, ex["input_ids"], ex["labels"]) == 0
+    assert cm.untrained_assistant_turns(tok, messages, ex["input_ids"], labels) == 2  # only the last turn trained
+    assert cm.untrained_assistant_turns(tok, messages, ex["input_ids"], ex["labels"]) == 0
 
 
 def test_qwen35_turns_are_exact_where_located_and_refused_where_the_template_rewrites_them():
@@ -118,22 +112,20 @@ def test_qwen35_turns_are_exact_where_located_and_refused_where_the_template_rew
     for messages in rc.conversations(layout):
         text = tok.apply_chat_template(messages, tokenize=False)
         if sum(m["role"] == "user" for m in messages) > 1:  # earlier turns lose their thinking block
-            with pytest.raises(ChatMaskError, match=r"renders assistant message [12] differently when later messages"):
-                chat_labels(tok, messages)
+            with pytest.raises(cm.ChatMaskError, match=r"renders assistant message [12] differently when later messages"):
+                cm.chat_labels(tok, messages)
             refused += 1
             continue
         # the generation prompt opens the thinking block: the model generates from after "<think>\n"
         truth_spans = rc.trained_spans(text, "<|im_start|>assistant\n<think>\n", layout.instructions)
         _, truth = rc.labels_from_spans(tok, text, truth_spans, add_special_tokens=False)
-        assert chat_labels(tok, messages)["labels"] == truth
+        assert cm.chat_labels(tok, messages)["labels"] == truth
         located += 1
     assert (located, refused) == (16, 16)
 
 
 def test_common_prefix_is_the_longest_common_prefix():
     import random
-
-    from trl_padfree.chat_masks import _common_prefix
 
     def naive(a: str, b: str) -> int:
         i = 0
@@ -145,4 +137,4 @@ def test_common_prefix_is_the_longest_common_prefix():
     for _ in range(2000):
         a = "".join(rng.choice("ab✓") for _ in range(rng.randrange(0, 40)))
         b = a[: rng.randrange(0, len(a) + 1)] + "".join(rng.choice("ab✓") for _ in range(rng.randrange(0, 5)))
-        assert _common_prefix(a, b) == _common_prefix(b, a) == naive(a, b), (a, b)
+        assert cm._common_prefix(a, b) == cm._common_prefix(b, a) == naive(a, b), (a, b)

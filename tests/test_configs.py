@@ -19,20 +19,12 @@ from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_llama
 CPU = {"output_dir": "unused", "report_to": "none", "bf16": False, "use_cpu": True}
 
 #: every config of the package: its fields and their defaults
-FIELDS = {
-    "SFTConfig": {"padding_free": False, "response_template": None, "instruction_template": None,
-                  "max_tokens_per_batch": None, "check_packing": True, "torch_num_threads": "auto",
-                  "scored_lm_head": True},
-    "DPOConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto",
-                  "scored_lm_head": True},
-    "GRPOConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto",
-                   "scored_lm_head": True},
-    "RLOOConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto",
-                   "scored_lm_head": True},
-    "RewardConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto"},
-    "KTOConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto",
-                  "scored_lm_head": True},
-}
+SHARED = {"padding_free": False, "check_packing": True, "torch_num_threads": "auto"}
+FIELDS = {"SFTConfig": SHARED | {"response_template": None, "instruction_template": None, "max_tokens_per_batch": None,
+                                 "scored_lm_head": True},
+          **{name: SHARED | {"prompt_once": False, "scored_lm_head": True}
+             for name in ("DPOConfig", "GRPOConfig", "RLOOConfig", "KTOConfig")},
+          "RewardConfig": SHARED | {"prompt_once": False}}
 
 
 @pytest.mark.parametrize("name", sorted(FIELDS))

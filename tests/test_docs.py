@@ -16,12 +16,7 @@ import pytest
 import yaml
 from paths import ROOT
 
-from trl_padfree._compat import (
-    MIN_TRL_KTO,
-    dpo_padding_free_unavailable,
-    rl_padding_free_unavailable,
-    trl_at_least,
-)
+from trl_padfree import _compat
 
 LINKED_PAGES = sorted([ROOT / "README.md", ROOT / "trl_padfree/demo/README.md", *ROOT.glob("docs/**/*.md")])
 # Pages whose shown commands are kept true here (usage, distributed, benchmark test their own commands).
@@ -33,9 +28,9 @@ COMMAND_STARTS = ("trl-padfree", "python", "accelerate", "bash")
 # A few training steps instead of a run to the end: later command-line values win over earlier ones.
 FEW_STEPS = ("--max_steps 2 --max_train_examples 32 --max_eval_examples 8 --eval_strategy no --eval_on_start false "
              "--save_strategy no --output_dir {tmp}/out")
-DPO_OK = dpo_padding_free_unavailable() is None
-RL_OK = rl_padding_free_unavailable() is None
-KTO_OK = trl_at_least(MIN_TRL_KTO)
+DPO_OK = _compat.dpo_padding_free_unavailable() is None
+RL_OK = _compat.rl_padding_free_unavailable() is None
+KTO_OK = _compat.trl_at_least(_compat.MIN_TRL_KTO)
 # shown command -> (what the test appends, expected exit code)
 RUN: dict[str, tuple[str, int]] = {
     "trl-padfree train --config configs/demo.yaml": (FEW_STEPS, 0),
