@@ -56,8 +56,7 @@ def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.mark.skipif(scored_head_unavailable() is not None, reason=str(scored_head_unavailable()))
 def test_two_ddp_ranks_scored_head_trains_as_trls_head(ddp_results):
-    """The scored-positions LM head is called through DDP's forward: both ranks end with the same weights, and
-    they are those TRL's fused head trains (2 ranks, grad accumulation 2, 3 AdamW steps)."""
+    """Scored head through DDP's forward: ranks in sync, weights TRL's fused head's."""
     runs, w = ddp_results["runs"], ddp_results["weights"]
     scored, trl_head = runs["padding_free=True,average_tokens=True"], runs["trl_head"]
     assert (scored["lm_head_state"], trl_head["lm_head_state"]) == ("scored", "trl: scored_lm_head=False")
@@ -90,8 +89,7 @@ def test_two_ddp_ranks_padded_and_padding_free_train_the_same_model(ddp_results,
 
 
 def test_two_ddp_ranks_with_token_budget_batches(ddp_results):
-    """Through the Trainer on 2 ranks: each rank trains its own share of the sampler's batches (accelerate does
-    not re-shard them), the same number per step, and the loss normaliser counts both ranks' trained tokens."""
+    """2 ranks: each its own sampler batches, same count per step, normaliser counts both."""
     from trl_padfree import TokenBudgetBatchSampler
 
     tok = tokenizer()
