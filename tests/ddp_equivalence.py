@@ -1,8 +1,5 @@
-"""Test-only torchrun script for tests/test_trainer_equivalence.py: padded vs padding-free training on 2 DDP ranks
-with ``average_tokens_across_devices`` on and off, and a token-budget run (5 short runs in one process group). Writes, from rank 0,
-``results.json`` (losses, and per rank the micro-batches' examples, trained tokens and ``num_items_in_batch``)
-and the final weights of every run to the directory given as the only argument.
-"""
+"""Test-only torchrun script for tests/test_trainer_equivalence.py: padded vs padding-free on 2 DDP ranks
+(``average_tokens_across_devices`` on and off, a token budget); rank 0 writes ``results.json`` and the weights."""
 
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
-"""Test-only torchrun script for tests/test_dpo.py, test_kto.py and test_reward.py (``layout_runs.ddp_runs``): one
-trainer in every layout of tests/layout_runs.py on 2 DDP ranks (3 optimizer steps, gradient accumulation 2, SGD).
-``ddp_layouts.py TRAINER OUT``, TRAINER one of:
-
-- ``dpo``: padded, padding-free and prompt-once DPO;
-- ``kto``: the kto loss with its KL term, desirable/undesirable weights;
-- ``reward``: reward-model training with margins and centering.
-
-Writes, from rank 0, ``OUT/results.json`` (world size, ranks, per-step logs and epoch of each layout) and
-``OUT/LAYOUT.pt`` (the gradients before every optimizer step and the final weights), and ``rankN.done`` from each
-rank.
-"""
+"""Test-only torchrun script (``layout_runs.ddp_runs``): ``ddp_layouts.py dpo|kto|reward OUT`` trains every layout on
+2 DDP ranks; rank 0 writes ``OUT/results.json`` and ``OUT/LAYOUT.pt`` (gradients, final weights), each rank
+``rankN.done``."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -20,19 +12,10 @@ from pathlib import Path
 
 def setup(trainer: str) -> tuple:
     """The trainer's set-up module (tests/tiny_*.py), its 32 training records and its own settings."""
-    if trainer == "dpo":
-        import tiny_dpo as T
-
-        return T, T.pairs(32), {}
-    if trainer == "kto":
-        import tiny_kto as T
-
-        return T, T.examples(32), {}
+    T = importlib.import_module(f"tiny_{trainer}")
     if trainer == "reward":
-        import tiny_reward as T
-
         return T, T.pairs(32, margin=True), {"center_rewards_coefficient": 0.01}
-    raise ValueError(trainer)
+    return T, T.pairs(32) if trainer == "dpo" else T.examples(32), {}
 
 
 def run(trainer: str, out: Path) -> None:

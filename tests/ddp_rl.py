@@ -1,9 +1,5 @@
-"""Test-only torchrun script for tests/test_grpo.py: padded, padding-free and prompt-once GRPO (``bnpo``, the loss
-that depends on the micro-batch) and RLOO on 2 DDP ranks (3 SGD steps, gradient accumulation 2, num_iterations 2,
-a reference model). Writes, from rank 0, ``KIND-LAYOUT.pt`` (per-step logs, world size, the gradients before every
-optimizer step, rank 0's recorded log-probs/entropies) to the directory given as the only argument, and
-``rankN.done`` from each rank.
-"""
+"""Test-only torchrun script for tests/test_grpo.py: padded, padding-free and prompt-once GRPO (``bnpo``) and RLOO on 2
+DDP ranks; rank 0 writes ``KIND-LAYOUT.pt`` into the directory given, each rank ``rankN.done``."""
 
 from __future__ import annotations
 

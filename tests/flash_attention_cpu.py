@@ -4,13 +4,13 @@ plain-PyTorch reference that records every call (the ``flash_attention_2_on_cpu`
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import transformers.modeling_flash_attention_utils as fa_utils
 
 
 def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                      softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False):
-    """flash-attn's ``flash_attn_varlen_func`` contract in plain PyTorch (flash-attn cannot be installed here):
-    q/k/v ``(T, H, D)``, int32 ``cu_seqlens`` of N+1 entries, Python-int maxima. Records each call."""
+    """flash-attn's ``flash_attn_varlen_func`` contract in plain PyTorch, checked; records each call."""
     reference_varlen.calls.append((cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k))
     assert cu_seqlens_q.dtype == cu_seqlens_k.dtype == torch.int32
     assert type(max_seqlen_q) is int and type(max_seqlen_k) is int
@@ -21,9 +21,7 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     for a, b in zip(bounds[:-1], bounds[1:], strict=True):
         qs, ks, vs = (x[a:b].transpose(0, 1) for x in (q, k, v))
         ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
-        out[a:b] = torch.nn.functional.scaled_dot_product_attention(
-            qs, ks, vs, is_causal=causal, scale=softmax_scale
-        ).transpose(0, 1)
+        out[a:b] = F.scaled_dot_product_attention(qs, ks, vs, is_causal=causal, scale=softmax_scale).transpose(0, 1)
     return out
 
 
@@ -32,12 +30,7 @@ def _no_other_path(*args, **kwargs):
 
 
 def use_reference_varlen(monkeypatch) -> list:
-    """transformers' real flash_attention_2 dispatch (integrations.flash_attention -> _flash_attention_forward),
-    with the kernel functions it would import from flash-attn replaced by :func:`reference_varlen`; returns the list of its
-    calls.
-
-    This sets the module globals that ``lazy_import_flash_attention`` fills on first use; if a transformers release
-    renames them, ``monkeypatch.setattr`` fails here with the name, and this function needs the new names."""
+    """transformers' flash_attention_2 dispatch on :func:`reference_varlen`; returns its calls."""
     reference_varlen.calls = []
     monkeypatch.setattr(fa_utils, "_loaded_implementation", "flash_attention_2")
     monkeypatch.setattr(fa_utils, "_flash_fn", _no_other_path)

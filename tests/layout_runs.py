@@ -1,12 +1,6 @@
-"""Training one tiny model in the three layouts and comparing the runs: what the DPO, KTO and reward tests share
-(their set-ups: tests/tiny_dpo.py, tiny_kto.py, tiny_reward.py; their runs on 2 DDP ranks: tests/ddp_layouts.py).
-
-The layouts: TRL's padded batch (``"padded"``), this package's padding-free row (``"padfree"``) and the row that
-holds each prompt once (``"once"``). A run is compared with the padded one on every logged metric, every
-parameter's gradient before every optimizer step (SGD keeps the weights comparable step after step) and the final
-weights; one forward and backward pass (``loss_and_grads``) is compared the same way. Also here: a deliberately
-leaking attention, which the packing checks must refuse.
-"""
+"""Training one tiny model in the three layouts (``"padded"``: TRL's batch, ``"padfree"``, ``"once"``: each prompt
+once) and comparing the runs on every metric, every gradient before each optimizer step (SGD) and the final weights:
+what the DPO, KTO and reward tests share; also a deliberately leaking attention."""
 
 from __future__ import annotations
 
@@ -44,8 +38,7 @@ def model(layout: str, seed: int = 0, **overrides: Any) -> Any:
 
 
 def training_args(layout: str, out: str, **overrides: Any) -> dict[str, Any]:
-    """The Trainer settings every compared run shares: 3 optimizer steps of 2 accumulated micro-batches of 4, fp32
-    on the CPU, no dropout, nothing saved; padding-free unless ``layout`` is ``"padded"``."""
+    """Shared settings: 3 steps of 2 x 4, fp32 CPU, no dropout, no saves; padding-free but ``padded``."""
     return dict(output_dir=out, per_device_train_batch_size=4, gradient_accumulation_steps=2, max_steps=STEPS,
                 logging_steps=1, report_to="none", save_strategy="no", bf16=False, use_cpu=True, seed=0,
                 disable_dropout=True, dataloader_num_workers=0, max_length=None, padding_free=layout != "padded",
@@ -94,8 +87,7 @@ class Run(NamedTuple):
 
 def train_layouts(setup: Any, data: Any, tok: Any, out: Path, layouts: tuple[str, ...] = LAYOUTS,
                   **kwargs: Any) -> dict[str, tuple[Any, GradRecorder]]:
-    """``setup.trainer`` (a tiny_*.py module's) of each of ``layouts`` (every layout by default) trained with SGD on
-    ``data`` in ``out / layout``; its gradients recorded, and its weights before training as ``recorder.initial``."""
+    """``setup.trainer`` of each layout trained with SGD; gradients and ``recorder.initial`` kept."""
     runs = {}
     for layout in layouts:
         trainer = setup.trainer(layout, data, tok, str(out / layout), optim="sgd", **kwargs)
@@ -137,8 +129,7 @@ def assert_training_moved(runs: dict[str, tuple[Any, GradRecorder]]) -> None:
 
 
 def ddp_runs(trainer: str, out: Path) -> dict[str, Run]:
-    """tests/ddp_layouts.py ``trainer`` on 2 CPU ranks (gloo): every layout ran to the end on both ranks over 24 of
-    the 32 records (3 steps x 2 micro-batches x 2 records x 2 ranks); rank 0's runs."""
+    """tests/ddp_layouts.py on 2 CPU ranks: every layout ran over 24 of 32 records; rank 0's runs."""
     run_on_two_ranks("ddp_layouts.py", out, trainer)
     assert (out / "rank0.done").exists() and (out / "rank1.done").exists()  # both ranks ran to the end
     results = json.loads((out / "results.json").read_text())

@@ -1,17 +1,11 @@
-"""Real tokenizers (built by ``make real-tokenizers``) and labelling cases with ground truth from character spans.
-
-The ground truth never looks at the collator's code: a text is rendered, the character spans that are trained are
-found with plain string search on that text (the rule of docs/templates.md: training switches on at the end of a response template
-and off at the start of an instruction template or of another response template; single-turn: everything after the
-last response template), and the tokenizer's own ``offset_mapping`` says where each token starts. A token is
-trained iff its first character lies in a trained span; the first token of an example never is.
-
-Run as a script to print the exact-match counts per family: ``python tests/real_cases.py``.
-"""
+"""Real tokenizers (``make real-tokenizers``) and labelling cases with a ground truth from character spans found by
+plain string search (the rule of docs/templates.md) and the tokenizer's ``offset_mapping``: a token is trained iff
+its first character lies in a trained span. ``python tests/real_cases.py`` prints the exact-match counts."""
 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from dataclasses import dataclass
 from functools import cache
@@ -46,7 +40,6 @@ def load(family: str):
         return AutoTokenizer.from_pretrained(str(CACHE / family))
 
 
-# --------------------------------------------------------------------------- chat layouts of the families
 @dataclass(frozen=True)
 class ChatLayout:
     """The headers a family's chat template writes (for the template-string collator) and what it supports."""
@@ -104,16 +97,11 @@ def conversations(layout: ChatLayout) -> list[list[dict]]:
     return out
 
 
-# --------------------------------------------------------------------------- ground truth
 def trained_spans(text: str, response: str, instructions: tuple[str, ...] = ()) -> list[tuple[int, int]]:
     """Character spans trained under the rule of docs/templates.md, by plain string search."""
 
-    def all_starts(pattern: str) -> list[int]:
-        found, i = [], text.find(pattern)
-        while i >= 0:
-            found.append(i)
-            i = text.find(pattern, i + 1)
-        return found
+    def all_starts(pattern: str) -> list[int]:  # overlapping occurrences too
+        return [m.start() for m in re.finditer(f"(?={re.escape(pattern)})", text)]
 
     responses = all_starts(response)
     if not instructions:
@@ -200,10 +188,8 @@ def collator_labels(cases: list[Case]) -> list[list[int]]:
         groups.setdefault((c.response, c.instructions), []).append(i)
     for (response, instructions), index in groups.items():
         tok = load(cases[index[0]].family)
-        collator = DataCollatorForCompletionOnlyLM(
-            response, list(instructions) if instructions else None, tokenizer=tok, padding_free=True,
-            on_template_not_found="ignore",
-        )
+        collator = DataCollatorForCompletionOnlyLM(response, list(instructions) if instructions else None, tokenizer=tok,
+                                                   padding_free=True, on_template_not_found="ignore")
         batch = collator([{"input_ids": cases[i].input_ids} for i in index])
         flat = batch["labels"][0].tolist()
         cu = batch["cu_seq_lens_q"].tolist()

@@ -1,6 +1,5 @@
-"""Tests of the "padfree" attention implementation (CPU, fp32, tiny models built from configs): packed == padded
-sdpa for loss, logits and every gradient; exactly sdpa without boundaries and in generation; the mask builder; the
-attention function against a textbook per sequence; the kernel choice; CUDA kernels (skipped without a GPU)."""
+"""The "padfree" attention (CPU, fp32, tiny models): packed == padded sdpa (loss, logits, every gradient), exactly sdpa
+without boundaries and in generation, the mask builder, the function vs a textbook, the kernel choice."""
 
 from __future__ import annotations
 
@@ -13,24 +12,9 @@ import torch
 import torch.nn.functional as F
 from tiny_models import decoder_config
 from transformers import AttentionInterface, AutoModelForCausalLM, DataCollatorWithFlattening
-from transformers.masking_utils import (
-    ALL_MASK_ATTENTION_FUNCTIONS,
-    and_masks,
-    causal_mask_function,
-    or_masks,
-    packed_sequence_mask_function,
-    sdpa_mask,
-)
+from transformers import masking_utils as mu
 
 import trl_padfree.attention as attention
-from trl_padfree.attention import (
-    cu_seq_lens_from_position_ids,
-    padfree_attention_forward,
-    padfree_mask,
-    pick_attn_implementation,
-    select_backend,
-    slow_cuda_reason,
-)
 from trl_padfree.attention_backends import decide_backend, run_varlen_attention, scores_attention
 
 VOCAB = 101
@@ -94,10 +78,10 @@ def assert_rows_equal(packed_logits: torch.Tensor, padded_logits: torch.Tensor) 
 
 
 def test_registered_with_transformers_and_selectable_four_ways(tmp_path):
-    assert AttentionInterface._global_mapping["padfree"] is padfree_attention_forward
-    assert ALL_MASK_ATTENTION_FUNCTIONS["padfree"] is padfree_mask
+    assert AttentionInterface._global_mapping["padfree"] is attention.padfree_attention_forward
+    assert mu.ALL_MASK_ATTENTION_FUNCTIONS["padfree"] is attention.padfree_mask
     attention.register()  # idempotent
-    assert AttentionInterface._global_mapping["padfree"] is padfree_attention_forward
+    assert AttentionInterface._global_mapping["padfree"] is attention.padfree_attention_forward
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="padfree")
     assert model.config._attn_implementation == "padfree"
@@ -115,7 +99,6 @@ def test_registered_with_transformers_and_selectable_four_ways(tmp_path):
     torch.testing.assert_close(loaded(**batch).logits, expected, rtol=0, atol=0)
 
 
-# ------------------------------------------------------------------------------- packed == padded sdpa (train)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("with_cu_seq_lens", [True, False], ids=["cu_seq_lens", "position_ids_only"])
 def test_packed_padfree_equals_padded_sdpa(kind, with_cu_seq_lens):
@@ -156,7 +139,6 @@ def test_padfree_fixes_the_cache_trap():
     assert (reference(**packed).logits - got).abs().max() > 1e-3
 
 
-# ------------------------------------------------------------------------- without boundaries: exactly sdpa
 @pytest.mark.parametrize("kind", KINDS)
 def test_padded_batch_through_padfree_equals_sdpa(kind):
     reference, padfree = make_models(kind)
@@ -190,33 +172,29 @@ def test_generation_with_cache_equals_sdpa(kind):
                                torch.stack(reference.generate(**single).scores), rtol=1e-5, atol=1e-5)
 
 
-# ------------------------------------------------------------------------------------ mask builder
 def test_mask_builder():
-    assert padfree_mask(batch_size=2, q_length=9, kv_length=9) is None  # plain causal: no mask
+    assert attention.padfree_mask(batch_size=2, q_length=9, kv_length=9) is None  # plain causal: no mask
     # a packed pattern: cu_seq_lens, also from position_ids
     sequence_ids = torch.tensor([[0, 0, 0, 1, 1, 2, 2, 2, 2]])
-    pattern = and_masks(causal_mask_function, packed_sequence_mask_function(sequence_ids))
-    cu = padfree_mask(batch_size=1, q_length=9, kv_length=9, mask_function=pattern)
+    pattern = mu.and_masks(mu.causal_mask_function, mu.packed_sequence_mask_function(sequence_ids))
+    cu = attention.padfree_mask(batch_size=1, q_length=9, kv_length=9, mask_function=pattern)
     assert cu.dtype == torch.int32 and cu.tolist() == [0, 3, 5, 9] and cu.padfree_max_length == 4
-    assert cu_seq_lens_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])).tolist() == [0, 3, 5, 9]
+    assert attention.cu_seq_lens_from_position_ids(torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3]])).tolist() == [0, 3, 5, 9]
     # padding: sdpa's mask
     padding = torch.tensor([[True, True, True, False], [True, True, True, True]])
-    got = padfree_mask(batch_size=2, q_length=4, kv_length=4, attention_mask=padding)
-    assert torch.equal(got, sdpa_mask(batch_size=2, q_length=4, kv_length=4, attention_mask=padding))
+    got = attention.padfree_mask(batch_size=2, q_length=4, kv_length=4, attention_mask=padding)
+    assert torch.equal(got, mu.sdpa_mask(batch_size=2, q_length=4, kv_length=4, attention_mask=padding))
 
     def bidirectional_first_two(batch_idx, head_idx, q_idx, kv_idx):
         return (q_idx < 2) & (kv_idx < 2)
 
     # an overlay (transformers passes allow_is_causal_skip=False with it): a dense mask, sdpa's business
-    got = padfree_mask(batch_size=1, q_length=4, kv_length=4, allow_is_causal_skip=False,
-                       mask_function=or_masks(causal_mask_function, bidirectional_first_two))
+    got = attention.padfree_mask(batch_size=1, q_length=4, kv_length=4, allow_is_causal_skip=False,
+                       mask_function=mu.or_masks(mu.causal_mask_function, bidirectional_first_two))
     assert got.shape == (1, 1, 4, 4) and bool(got[0, 0, 0, 1])
     # with a cache offset (decoding) the sdpa mask is used as well
-    got = padfree_mask(batch_size=1, q_length=1, kv_length=5, q_offset=4, attention_mask=torch.ones(1, 5).bool())
+    got = attention.padfree_mask(batch_size=1, q_length=1, kv_length=5, q_offset=4, attention_mask=torch.ones(1, 5).bool())
     assert got is None or got.shape[-1] == 5
-
-
-# ------------------------------------------------------------------------- the attention function and its kernel
 
 
 class _Attention(torch.nn.Module):
@@ -227,8 +205,7 @@ class _Attention(torch.nn.Module):
 
 
 def textbook(q, k, v, lengths, scale=None, causal=True, window=None, softcap=None, sinks=None) -> torch.Tensor:
-    """Attention per sequence in float64 with an explicit softmax: q ``(T, H, D)``, k/v ``(T, H_kv, D)`` in,
-    ``(T, H, D)`` out."""
+    """Attention per sequence in float64: q ``(T, H, D)``, k/v ``(T, H_kv, D)`` in, ``(T, H, D)`` out."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     groups, out, start = q.shape[1] // k.shape[1], [], 0
     for n in lengths:
@@ -265,7 +242,7 @@ def test_attention_function_matches_the_textbook_per_sequence(window, causal, so
     lengths = [5, 17, 16, 1, 9, 17, 30]
     q, k, v = random_qkv(lengths)
     s_aux = torch.randn(4, requires_grad=True) if sinks else None
-    out, weights = padfree_attention_forward(
+    out, weights = attention.padfree_attention_forward(
         _Attention(is_causal=causal), q, k, v, None, scaling=0.4, sliding_window=window, softcap=softcap, s_aux=s_aux,
         cu_seq_lens_q=cu_of(lengths), cu_seq_lens_k=cu_of(lengths), max_length_q=30, max_length_k=30)
     assert weights is None and out.shape == (1, sum(lengths), 4, 8)
@@ -299,10 +276,10 @@ def test_boundaries_from_position_ids_kwarg():
     q, k, v = random_qkv(lengths)
     qkv = [x[0].transpose(0, 1) for x in (q, k, v)]
     position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
-    out, _ = padfree_attention_forward(_Attention(), q, k, v, None, position_ids=position_ids)
+    out, _ = attention.padfree_attention_forward(_Attention(), q, k, v, None, position_ids=position_ids)
     assert_rel_close(out[0].double(), textbook(*qkv, lengths), 1e-5, "output")
     # Consecutive position_ids: one sequence, delegated to sdpa.
-    plain, _ = padfree_attention_forward(_Attention(), q, k, v, None, position_ids=torch.arange(19)[None])
+    plain, _ = attention.padfree_attention_forward(_Attention(), q, k, v, None, position_ids=torch.arange(19)[None])
     assert_rel_close(plain[0].double(), textbook(*qkv, [19]), 1e-5, "output")
 
 
@@ -310,11 +287,11 @@ def test_dropout_is_applied_only_when_requested_and_by_the_model_in_training_onl
     lengths = [6, 11]
     q, k, v = random_qkv(lengths)
     kwargs = dict(cu_seq_lens_q=cu_of(lengths), cu_seq_lens_k=cu_of(lengths), max_length_q=11, max_length_k=11)
-    plain, _ = padfree_attention_forward(_Attention(), q, k, v, None, dropout=0.0, **kwargs)
+    plain, _ = attention.padfree_attention_forward(_Attention(), q, k, v, None, dropout=0.0, **kwargs)
     dropped = []
     for _ in range(2):
         torch.manual_seed(0)
-        dropped.append(padfree_attention_forward(_Attention(), q, k, v, None, dropout=0.5, **kwargs)[0])
+        dropped.append(attention.padfree_attention_forward(_Attention(), q, k, v, None, dropout=0.5, **kwargs)[0])
     assert (dropped[0] - plain).abs().max() > 1e-2
     torch.testing.assert_close(dropped[0], dropped[1], rtol=0, atol=0)  # seeded: reproducible
 
@@ -331,10 +308,10 @@ def test_dropout_is_applied_only_when_requested_and_by_the_model_in_training_onl
 def test_bad_input_is_reported():
     q, k, v = random_qkv([4, 5])
     with pytest.raises(ValueError, match="cover 8/8 tokens but the batch has 1x9"):
-        padfree_attention_forward(_Attention(), q, k, v, None, cu_seq_lens_q=cu_of([4, 4]),
+        attention.padfree_attention_forward(_Attention(), q, k, v, None, cu_seq_lens_q=cu_of([4, 4]),
                                   cu_seq_lens_k=cu_of([4, 4]), max_length_q=4)
     with pytest.raises(ValueError, match="must be 1-D"):
-        padfree_attention_forward(_Attention(), q, k, v, None, cu_seq_lens_q=cu_of([4, 5])[None], max_length_q=5,
+        attention.padfree_attention_forward(_Attention(), q, k, v, None, cu_seq_lens_q=cu_of([4, 5])[None], max_length_q=5,
                                   max_length_k=5)
     q, cu = torch.zeros(3, 1, 4), cu_of([3])
     with pytest.raises(ValueError, match="Unknown varlen attention backend 'triton'"):
@@ -345,7 +322,6 @@ def test_bad_input_is_reported():
         run_varlen_attention("torch_varlen", q, q, q, cu, cu, 3, 3, softcap=1.0)
 
 
-# ---------------------------------------------------------------------------------------- backend selection
 BF16, F16, F32 = torch.bfloat16, torch.float16, torch.float32
 H100 = {"flash_attn_installed": False, "torch_varlen_installed": True, "cuda_capability": (9, 0)}
 BOTH = {**H100, "flash_attn_installed": True}
@@ -378,15 +354,15 @@ BOTH = {**H100, "flash_attn_installed": True}
     ("cuda", BF16, {**H100, "softcap": True}, "sdpa_loop", "^attention logit soft-capping: torch's varlen_attn has none"),
 ])  # fmt: skip
 def test_backend_choice_and_why_a_cuda_call_takes_the_loop(device, dtype, options, backend, reason):
-    assert select_backend(device, dtype, **options) == decide_backend(device, dtype, **options)[0] == backend
-    why = slow_cuda_reason(device, dtype, **options)
+    assert attention.select_backend(device, dtype, **options) == decide_backend(device, dtype, **options)[0] == backend
+    why = attention.slow_cuda_reason(device, dtype, **options)
     assert why is None if reason is None else re.search(reason, why), why
 
 
 def test_pick_attn_implementation_on_this_machine():
-    assert pick_attn_implementation("cpu") == pick_attn_implementation(torch.device("cpu")) == "padfree"
+    assert attention.pick_attn_implementation("cpu") == attention.pick_attn_implementation(torch.device("cpu")) == "padfree"
     cuda_flash = torch.cuda.is_available() and attention.flash_attn_available()
-    assert pick_attn_implementation() == ("flash_attention_2" if cuda_flash else "padfree")
+    assert attention.pick_attn_implementation() == ("flash_attention_2" if cuda_flash else "padfree")
 
 
 def test_the_slow_cuda_warning_is_given_once_per_reason():
@@ -398,7 +374,6 @@ def test_the_slow_cuda_warning_is_given_once_per_reason():
         attention._warn_slow_cuda(reason)  # the second time: silent
 
 
-# ------------------------------------------------------------------------ CUDA kernels (skipped without a GPU)
 def _cuda_backends(feature: str | None) -> list[str]:
     if feature is not None:  # whichever kernel decide_backend picks on this GPU (flash-attn or the loop)
         backend = decide_backend("cuda", torch.bfloat16, softcap=feature == "softcap", sinks=feature == "sinks")[0]

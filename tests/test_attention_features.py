@@ -1,13 +1,6 @@
-"""``attn_implementation="padfree"`` on the attention features beyond plain causal/sliding attention: attention
-sinks (GPT-OSS, DeepSeek-V4, Granite-SWA), logit soft-capping (Gemma-2), Llama-4's chunked attention and
-attention-temperature scale, Gemma-4's KV sharing.
-
-Each family: a tiny random model (4 layers), several examples packed into one row under ``"padfree"`` against each
-example alone under ``"eager"`` (the modeling file's own definition): the loss within 1e-5 and every parameter's
-gradient within 1e-4 relative. The losses are sums over the batch's label tokens divided by their count
-(``num_items_in_batch``), so the packed loss is the sum of the examples' losses and its gradients the sum of theirs.
-The kernel with soft-capping and sinks, and its CUDA choice: tests/test_attention.py.
-"""
+"""``attn_implementation="padfree"`` on sinks (GPT-OSS, DeepSeek-V4, Granite-SWA), soft-capping (Gemma-2), Llama-4's
+chunks and temperature, Gemma-4's KV sharing: packed under "padfree" vs each example alone under "eager", loss
+within 1e-5, every gradient within 1e-4 relative."""
 
 from __future__ import annotations
 
@@ -43,8 +36,7 @@ def grads(model) -> dict[str, torch.Tensor]:
 
 def assert_packed_equals_alone(config, seqs: list[list[int]] | None = None, init=None,
                                grad_rtol: float = GRAD_RTOL) -> tuple[float, dict]:
-    """Packed under "padfree" vs each example alone under "eager": loss and every gradient (``init(model)``
-    first, when given)."""
+    """Packed under "padfree" vs each example alone under "eager" (after ``init(model)``): loss, every gradient."""
     seqs = examples() if seqs is None else seqs
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
@@ -78,7 +70,6 @@ SIZES = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_
              num_key_value_heads=2, head_dim=16, max_position_embeddings=256, pad_token_id=0)
 
 
-# ---------------------------------------------------------------------------------------------- model families
 def gpt_oss_config():
     family("gpt_oss")
     config = AutoConfig.for_model("gpt_oss", **SIZES, num_local_experts=4, num_experts_per_tok=2, sliding_window=6)
@@ -95,16 +86,13 @@ def deepseek_v4_config():
         o_lora_rank=16, index_n_heads=2, index_head_dim=16, index_topk=4, num_nextn_predict_layers=0,
         layer_types=["sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",
                      "compressed_sparse_attention"],
-        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-    )
+        compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 8})
 
 
 def llama4_config():
     family("llama4_text")
-    config = AutoConfig.for_model(
-        "llama4_text", **SIZES, attention_chunk_size=8, attn_temperature_tuning=True, floor_scale=4,
-        num_local_experts=4, intermediate_size_mlp=64, no_rope_layer_interval=2,
-    )
+    config = AutoConfig.for_model("llama4_text", **SIZES, attention_chunk_size=8, attn_temperature_tuning=True,
+                                  floor_scale=4, num_local_experts=4, intermediate_size_mlp=64, no_rope_layer_interval=2)
     # chunked RoPE layers and full NoPE layers with the temperature scale (which changes every 4 positions)
     assert config.layer_types == ["chunked_attention", "full_attention"] * 2 and config.no_rope_layers == [1, 0, 1, 0]
     return config
@@ -126,16 +114,13 @@ def granite_swa_config():
 
 def gemma4_config():
     family("gemma4_text")
-    return AutoConfig.for_model(
-        "gemma4_text", **SIZES, sliding_window=6, num_kv_shared_layers=2, global_head_dim=16,
-        layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=16,
-        vocab_size_per_layer_input=VOCAB,
-    )
+    return AutoConfig.for_model("gemma4_text", **SIZES, sliding_window=6, num_kv_shared_layers=2, global_head_dim=16,
+                                layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=16,
+                                vocab_size_per_layer_input=VOCAB)
 
 
 def distinct_hash_experts(model):
-    """DeepSeek-V4's token -> experts table starts all zeros: both picks expert 0 at a fixed weight 1/2, no gate
-    gradient; distinct random experts instead."""
+    """Distinct random experts in DeepSeek-V4's token -> experts table (all zeros: no gate gradient)."""
     for name, buffer in model.named_buffers():
         if name.endswith("tid2eid"):
             buffer.copy_(torch.stack([torch.randperm(4)[:2] for _ in range(buffer.shape[0])]))
@@ -169,9 +154,8 @@ def _eager_then_padfree(config, **inputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 @pytest.mark.parametrize("config", [gpt_oss_config, deepseek_v4_config], ids=["gpt_oss", "deepseek_v4"])
 def test_padded_batch_under_padfree_equals_eager(config):
-    """A padded batch (right and left padding): without sequence boundaries the sinks run through the scores path
-    too; DeepSeek-V4's module would extend sdpa's boolean mask with its additive block bias cast to bool (inverted),
-    which the patch makes additive first."""
+    """Right and left padding: sinks through the scores path too; DeepSeek-V4's block bias added to sdpa's mask
+    after it is made additive (cast to bool, it would be inverted)."""
     ids = torch.tensor(np.stack(examples((13, 13), seed=4)))
     for mask in (torch.tensor([[1] * 13, [1] * 9 + [0] * 4]), torch.tensor([[1] * 13, [0] * 5 + [1] * 8])):
         want, got = _eager_then_padfree(config(), input_ids=ids, attention_mask=mask)
@@ -183,8 +167,7 @@ def test_padded_batch_under_padfree_equals_eager(config):
     (llama4_config, [LENGTHS]),  # one row of four
 ], ids=["deepseek_v4", "llama4"])  # fmt: skip
 def test_rows_with_only_position_ids_are_per_example(config, rows):
-    """Only input_ids and position_ids, no collator boundaries (they come from the mask builder): each example as
-    if alone under eager."""
+    """Only input_ids and position_ids (boundaries from the mask builder): each example as alone under eager."""
     config = config()
     rows = [examples(row, seed=i + 1) for i, row in enumerate(rows)]
     torch.manual_seed(0)
@@ -198,9 +181,8 @@ def test_rows_with_only_position_ids_are_per_example(config, rows):
 
 
 def test_deepseek_v4_one_sequence_is_causal_over_compressed_windows():
-    """One unpacked sequence crossing the CSA (4) and HCA (8) windows: under "padfree" the compressed keys get the
-    compressor's block bias as under eager (query t sees window w only once t + 1 >= (w + 1) * rate), so appending
-    tokens leaves the earlier logits unchanged and the logits equal eager's."""
+    """One sequence across the CSA (4) and HCA (8) windows: the compressed keys' block bias as under eager (query t
+    sees window w once t + 1 >= (w + 1) * rate): eager's logits, unchanged by appended tokens."""
     config = deepseek_v4_config()
     ids = torch.tensor(examples((17,), seed=3)[0])[None]
     want, full = _eager_then_padfree(config, input_ids=ids)

@@ -59,17 +59,13 @@ def test_a_failing_second_load_is_a_model_load_error_with_its_own_reason() -> No
     assert calls == ["padfree", None] and whys[0].startswith("it fails to load with it (its modeling code has no")
 
 
-def test_check_auto_falls_back_for_a_model_that_cannot_be_built_with_padfree(tmp_path, capsys) -> None:  # noqa: ANN001
-    neo = str(save_tiny_model(tmp_path / "gpt_neo", "gpt_neo", GPT_NEO))
-    assert check_main(["--model", neo, *CPU32]) == 0
+@pytest.mark.parametrize(("model_type", "sizes", "code", "why", "verdict"), [
+    ("gpt_neo", GPT_NEO, 0, "it fails to load with it (its modeling code has no attention", "SAFE"),
+    ("mpt", MPT, 1, "its attention code does not go through transformers' ", "LEAKS"),  # eager mixes examples
+])
+def test_check_auto_falls_back_for_a_model_that_cannot_use_padfree(tmp_path, capsys, model_type, sizes, code, why,
+                                                                  verdict) -> None:  # noqa: ANN001
+    path = str(save_tiny_model(tmp_path / model_type, model_type, sizes))
+    assert check_main(["--model", path, *CPU32]) == code
     out = capsys.readouterr().out
-    assert f"note: {neo} cannot use 'padfree' (it fails to load with it (its modeling code has no attention" in out
-    assert "SAFE: gpt_neo (attn_implementation='eager'" in out
-
-
-def test_check_auto_falls_back_for_a_model_that_never_calls_padfree(tmp_path, capsys) -> None:  # noqa: ANN001
-    mpt = str(save_tiny_model(tmp_path / "mpt", "mpt", MPT))
-    assert check_main(["--model", mpt, *CPU32]) == 1  # its default attention (eager) lets packed examples mix
-    out = capsys.readouterr().out
-    assert f"note: {mpt} cannot use 'padfree' (its attention code does not go through transformers' " in out
-    assert "LEAKS: mpt (attn_implementation='eager'" in out
+    assert f"note: {path} cannot use 'padfree' ({why}" in out and f"{verdict}: {model_type} (attn_implementation='eager'" in out

@@ -69,26 +69,17 @@ def test_ranks_get_the_same_number_of_disjoint_batches_with_balanced_tokens():
         seen = [i for step in steps for b in step for i in b]
         if epoch == 0:
             assert set(seen) == set(range(len(lengths)))
-            assert len(seen) - len(set(seen)) == sum(len(b) for b in seen_extra(single, world))
+            # the next pass's batches that complete epoch 0's last step (drop_last=False) repeat examples
+            extra = pack_next_fit(lengths, single._order(1), budget)[: -len(single) % world]
+            assert len(seen) - len(set(seen)) == sum(len(b) for b in extra)
         # stated tolerance: within a step, real tokens differ by less than the longest example, except in a step
         # holding the last (under-filled) batch of a data pass
-        ends = pass_last_batches(samplers[0], 3)
+        ends = [pack_next_fit(lengths, samplers[0]._order(p), budget)[-1] for p in range(3)]
         for step in steps:
             if any(b in ends for b in step):
                 continue
             tokens = [sum(lengths[i] for i in b) for b in step]
             assert max(tokens) - min(tokens) < max(lengths), (epoch, tokens)
-
-
-def seen_extra(single: TokenBudgetBatchSampler, world: int) -> list[list[int]]:
-    """The next pass's batches that complete the last step of epoch 0 (drop_last=False)."""
-    k = len(single)
-    extra = -k % world
-    return pack_next_fit(single.lengths, single._order(1), single.max_tokens)[:extra]
-
-
-def pass_last_batches(sampler: TokenBudgetBatchSampler, passes: int) -> list[list[int]]:
-    return [pack_next_fit(sampler.lengths, sampler._order(p), sampler.max_tokens)[-1] for p in range(passes)]
 
 
 def test_drop_last_leaves_out_the_incomplete_step():
@@ -99,26 +90,21 @@ def test_drop_last_leaves_out_the_incomplete_step():
     assert list(completed) == [[2, 3], [6, 7], [0, 1]] and len(completed) == 3  # next pass completes the step
 
 
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"lengths": [1, 2], "max_tokens": 0}, "max_tokens must be a positive integer"),
-        ({"lengths": [], "max_tokens": 8}, "needs at least one example"),
-        ({"lengths": [3, 0], "max_tokens": 8}, "example 1 has length 0"),
-        ({"lengths": [3], "max_tokens": 8, "num_replicas": 2, "rank": 2}, "rank must be in [0, num_replicas=2)"),
-        ({"lengths": [3], "max_tokens": 8, "num_replicas": 2, "drop_last": True}, "lower max_tokens or set drop_last"),
-    ],
-)
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"lengths": [1, 2], "max_tokens": 0}, "max_tokens must be a positive integer"),
+    ({"lengths": [], "max_tokens": 8}, "needs at least one example"),
+    ({"lengths": [3, 0], "max_tokens": 8}, "example 1 has length 0"),
+    ({"lengths": [3], "max_tokens": 8, "num_replicas": 2, "rank": 2}, "rank must be in [0, num_replicas=2)"),
+    ({"lengths": [3], "max_tokens": 8, "num_replicas": 2, "drop_last": True}, "lower max_tokens or set drop_last"),
+])
 def test_bad_arguments_say_what_is_wrong(kwargs, message):
     with pytest.raises(ValueError) as excinfo:
         TokenBudgetBatchSampler(**kwargs)
     assert message in str(excinfo.value)
 
 
-# ---------------------------------------------------------------------------------------------- through the Trainer
 def test_accelerate_sharding_is_a_pass_through_and_set_epoch_reaches_the_sampler_after_a_skip():
-    """What the Trainer does on rank 1 of 2 when resuming mid-epoch: accelerate wraps the loader's batch sampler
-    (BatchSamplerShard), then skip_first_batches wraps it again, then set_epoch is called on the wrapper."""
+    """Resuming rank 1 of 2 mid-epoch: accelerate's shard, skip_first_batches, then set_epoch."""
     from accelerate.data_loader import prepare_data_loader, skip_first_batches
 
     from trl_padfree.trainer import keep_rank_batches
@@ -140,8 +126,7 @@ def test_accelerate_sharding_is_a_pass_through_and_set_epoch_reaches_the_sampler
 
 
 def test_trainer_token_budget_batches_and_exact_loss_normalisation(tmp_path):
-    """One optimizer step over 2 token-budget micro-batches (SGD) moves the weights by exactly lr x the gradient of
-    the token-mean loss over all the step's examples, whatever their split into micro-batches."""
+    """One SGD step over 2 token-budget micro-batches = lr x grad of the step's token-mean loss."""
     import torch
     from tiny_sft import make_trainer, tokenized_dataset, tokenizer, weights
 
@@ -176,8 +161,7 @@ def test_trainer_token_budget_batches_and_exact_loss_normalisation(tmp_path):
 
 
 def test_trainer_resume_from_a_checkpoint_gives_the_same_batches(tmp_path):
-    """An uninterrupted run over 2 epochs vs a run resumed from the checkpoint saved after the first batch of
-    epoch 1: the resumed run trains exactly the batches (and losses) the uninterrupted one trained after it."""
+    """Resumed after epoch 1's first batch: exactly the batches and losses of the uninterrupted run."""
     from tiny_sft import losses, make_trainer, tokenized_dataset, tokenizer
 
     tok = tokenizer()
@@ -197,8 +181,7 @@ def test_trainer_resume_from_a_checkpoint_gives_the_same_batches(tmp_path):
 
 
 def test_launch_max_tokens_per_batch(tmp_path):
-    """trl-padfree train --max_tokens_per_batch N: every optimizer step trains at most N real tokens (one batch
-    per step here), the run records the setting."""
+    """``--max_tokens_per_batch N``: every step trains at most N real tokens; the run records it."""
     import json
 
     from paths import CONFIGS, DEMO, DEMO_MODEL

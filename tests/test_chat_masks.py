@@ -1,32 +1,13 @@
-"""Masks from the chat template itself (trl_padfree.chat_masks) on the real families' chat templates.
-
-Ground truth from character spans, by plain string search on the rendered text: an assistant turn is trained from
-the end of the header the family's template writes before it to the start of the next turn's header (for Llama-2
-the next turn starts at its ``<s>``). Built from ``make real-tokenizers`` (see tests/real_cases.py).
-"""
+"""Masks from the chat template itself (trl_padfree.chat_masks) on the real families' templates (``make
+real-tokenizers``), against character-span truth: an assistant turn is trained from its header's end to the next."""
 
 from __future__ import annotations
 
 import pytest
-from real_cases import (
-    CHAT,
-    HI_BYE,
-    IGNORE,
-    cache_problem,
-    conversations,
-    labels_from_spans,
-    load,
-    trained_spans,
-)
+import real_cases as rc
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
-from trl_padfree.chat_masks import (
-    ChatMaskError,
-    assistant_spans,
-    chat_labels,
-    label_chats,
-    untrained_assistant_turns,
-)
+from trl_padfree import chat_masks as cm
 
 NEXT_TURN = {"llama-2": ("<s>[INST]",)}  # the <s> before a user turn belongs to that turn
 # the generation prompt of DeepSeek-Coder's template is "### Response:": the model generates the "\n" after it
@@ -35,8 +16,8 @@ RESPONSE = {"deepseek-coder": "### Response:"}
 
 @pytest.fixture(scope="session", autouse=True)
 def real_tokenizers_built():
-    if cache_problem():
-        pytest.fail(cache_problem(), pytrace=False)
+    if rc.cache_problem():
+        pytest.fail(rc.cache_problem(), pytrace=False)
 
 
 # Qwen3.5's template renders an assistant turn without its (empty) thinking block once a later user message
@@ -44,42 +25,42 @@ def real_tokenizers_built():
 REWRITES_EARLIER_TURNS = {"qwen3.5"}
 
 
-@pytest.mark.parametrize("family", [f for f in CHAT if f not in REWRITES_EARLIER_TURNS])
+@pytest.mark.parametrize("family", [f for f in rc.CHAT if f not in REWRITES_EARLIER_TURNS])
 def test_chat_template_masks_equal_character_span_truth(family):
-    tok, layout = load(family), CHAT[family]
-    convs = conversations(layout)
+    tok, layout = rc.load(family), rc.CHAT[family]
+    convs = rc.conversations(layout)
     assert any(m["role"] == "system" for c in convs for m in c) == layout.system
     assert any(m["role"] == "tool" for c in convs for m in c) == layout.tool
     wrong = []
     for messages in convs:
         text = tok.apply_chat_template(messages, tokenize=False)
-        truth_spans = trained_spans(text, RESPONSE.get(family, layout.response),
+        truth_spans = rc.trained_spans(text, RESPONSE.get(family, layout.response),
                                      NEXT_TURN.get(family, layout.instructions))
-        ids, truth = labels_from_spans(tok, text, truth_spans, add_special_tokens=False)
-        got = chat_labels(tok, messages)
+        ids, truth = rc.labels_from_spans(tok, text, truth_spans, add_special_tokens=False)
+        got = cm.chat_labels(tok, messages)
         assert got["input_ids"] == ids
-        assert got["completion_mask"] == [int(lab != IGNORE) for lab in got["labels"]]
+        assert got["completion_mask"] == [int(lab != rc.IGNORE) for lab in got["labels"]]
         if got["labels"] != truth:
-            wrong.append((text, [text[a:b] for a, b in assistant_spans(tok, messages)[1]], truth_spans))
+            wrong.append((text, [text[a:b] for a, b in cm.assistant_spans(tok, messages)[1]], truth_spans))
         n_assistant = sum(m["role"] == "assistant" for m in messages)
-        assert len(assistant_spans(tok, messages)[1]) == n_assistant
+        assert len(cm.assistant_spans(tok, messages)[1]) == n_assistant
     assert not wrong, f"{len(wrong)} of {len(convs)} conversations differ; first: {wrong[0]}"
 
 
 def test_spans_are_exactly_what_each_assistant_message_adds():
-    tok = load("phi-3")  # its template appends <|endoftext|> at the very end only, and its headers strip right
-    text, spans = assistant_spans(tok, HI_BYE)
+    tok = rc.load("phi-3")  # its template appends <|endoftext|> at the very end only, and its headers strip right
+    text, spans = cm.assistant_spans(tok, rc.HI_BYE)
     assert text == "<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n<|user|>\nBye<|end|>\n<|assistant|>\nCiao<|end|>\n<|endoftext|>"
     assert [text[a:b] for a, b in spans] == ["Hello<|end|>\n", "Ciao<|end|>\n<|endoftext|>"]
-    ex = chat_labels(tok, HI_BYE)
-    assert [t for t, lab in zip(tok.convert_ids_to_tokens(ex["input_ids"]), ex["labels"], strict=True) if lab != IGNORE] \
+    ex = cm.chat_labels(tok, rc.HI_BYE)
+    assert [t for t, lab in zip(tok.convert_ids_to_tokens(ex["input_ids"]), ex["labels"], strict=True) if lab != rc.IGNORE] \
         == ["▁Hello", "<|end|>", "▁C", "iao", "<|end|>", "<|endoftext|>"]
 
 
 def test_collator_without_templates_keeps_chat_labels():
-    tok = load("qwen2")
-    convs = conversations(CHAT["qwen2"])[:6]
-    examples = [chat_labels(tok, c) for c in convs]
+    tok = rc.load("qwen2")
+    convs = rc.conversations(rc.CHAT["qwen2"])[:6]
+    examples = [cm.chat_labels(tok, c) for c in convs]
     batch = DataCollatorForCompletionOnlyLM(None, tokenizer=tok, padding_free=True)(
         [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples])
     assert batch["labels"][0].tolist() == [lab for e in examples for lab in e["labels"]]
@@ -88,65 +69,63 @@ def test_collator_without_templates_keeps_chat_labels():
 def test_label_chats_for_datasets_map():
     from datasets import Dataset
 
-    tok = load("llama-3")
-    convs = conversations(CHAT["llama-3"])[:4]
-    ds = Dataset.from_dict({"messages": convs}).map(label_chats, batched=True, fn_kwargs={"tokenizer": tok})
-    assert ds["labels"] == [chat_labels(tok, c)["labels"] for c in convs]
+    tok = rc.load("llama-3")
+    convs = rc.conversations(rc.CHAT["llama-3"])[:4]
+    ds = Dataset.from_dict({"messages": convs}).map(cm.label_chats, batched=True, fn_kwargs={"tokenizer": tok})
+    assert ds["labels"] == [cm.chat_labels(tok, c)["labels"] for c in convs]
 
 
 def test_generation_blocks_are_used_where_the_template_has_them():
-    tok = load("qwen2")
+    tok = rc.load("qwen2")
     template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}{% if m['role'] == 'assistant' %}"
                 "{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
                 "{% else %}{{ m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    text, spans = assistant_spans(tok, HI_BYE, chat_template=template)
+    text, spans = cm.assistant_spans(tok, rc.HI_BYE, chat_template=template)
     assert [text[a:b] for a, b in spans] == ["Hello<|im_end|>", "Ciao<|im_end|>"]  # the mask leaves "\n" out
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused():
-    tok = load("qwen2")
+    tok = rc.load("qwen2")
     # drops every assistant turn but the last one (as templates that strip earlier reasoning do)
     template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
                 "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
-    with pytest.raises(ChatMaskError, match="renders assistant message 1 differently when later messages follow.*"
+    with pytest.raises(cm.ChatMaskError, match="renders assistant message 1 differently when later messages follow.*"
                                             "response_template/instruction_template"):
-        chat_labels(tok, HI_BYE, chat_template=template)
+        cm.chat_labels(tok, rc.HI_BYE, chat_template=template)
 
 
 def test_untrained_assistant_turns_counts_turns_a_collator_left_out():
-    tok = load("qwen2")
-    messages = conversations(CHAT["qwen2"])[1]  # three exchanges, no system turn
-    ex = chat_labels(tok, messages)
+    tok = rc.load("qwen2")
+    messages = rc.conversations(rc.CHAT["qwen2"])[1]  # three exchanges, no system turn
+    ex = cm.chat_labels(tok, messages)
     single = DataCollatorForCompletionOnlyLM("<|im_start|>assistant\n", tokenizer=tok, padding_free=True)
     labels = single([{"input_ids": ex["input_ids"]}])["labels"][0].tolist()
-    assert untrained_assistant_turns(tok, messages, ex["input_ids"], labels) == 2  # only the last turn trained
-    assert untrained_assistant_turns(tok, messages, ex["input_ids"], ex["labels"]) == 0
+    assert cm.untrained_assistant_turns(tok, messages, ex["input_ids"], labels) == 2  # only the last turn trained
+    assert cm.untrained_assistant_turns(tok, messages, ex["input_ids"], ex["labels"]) == 0
 
 
 def test_qwen35_turns_are_exact_where_located_and_refused_where_the_template_rewrites_them():
-    tok, layout = load("qwen3.5"), CHAT["qwen3.5"]
+    tok, layout = rc.load("qwen3.5"), rc.CHAT["qwen3.5"]
     located = refused = 0
-    for messages in conversations(layout):
+    for messages in rc.conversations(layout):
         text = tok.apply_chat_template(messages, tokenize=False)
         if sum(m["role"] == "user" for m in messages) > 1:  # earlier turns lose their thinking block
-            with pytest.raises(ChatMaskError, match=r"renders assistant message [12] differently when later messages"):
-                chat_labels(tok, messages)
+            with pytest.raises(cm.ChatMaskError, match=r"renders assistant message [12] differently when later messages"):
+                cm.chat_labels(tok, messages)
             refused += 1
             continue
         # the generation prompt opens the thinking block: the model generates from after "<think>\n"
-        truth_spans = trained_spans(text, "<|im_start|>assistant\n<think>\n", layout.instructions)
-        _, truth = labels_from_spans(tok, text, truth_spans, add_special_tokens=False)
-        assert chat_labels(tok, messages)["labels"] == truth
+        truth_spans = rc.trained_spans(text, "<|im_start|>assistant\n<think>\n", layout.instructions)
+        _, truth = rc.labels_from_spans(tok, text, truth_spans, add_special_tokens=False)
+        assert cm.chat_labels(tok, messages)["labels"] == truth
         located += 1
     assert (located, refused) == (16, 16)
 
 
 def test_common_prefix_is_the_longest_common_prefix():
     import random
-
-    from trl_padfree.chat_masks import _common_prefix
 
     def naive(a: str, b: str) -> int:
         i = 0
@@ -158,4 +137,4 @@ def test_common_prefix_is_the_longest_common_prefix():
     for _ in range(2000):
         a = "".join(rng.choice("ab✓") for _ in range(rng.randrange(0, 40)))
         b = a[: rng.randrange(0, len(a) + 1)] + "".join(rng.choice("ab✓") for _ in range(rng.randrange(0, 5)))
-        assert _common_prefix(a, b) == _common_prefix(b, a) == naive(a, b), (a, b)
+        assert cm._common_prefix(a, b) == cm._common_prefix(b, a) == naive(a, b), (a, b)

@@ -3,6 +3,7 @@ TRL 0.19.1, TRL 1.x and transformers' collators accept) and refuses, with the ex
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import numpy as np
@@ -25,23 +26,14 @@ def tok(request):
 
 
 def trained_spans(tokenizer, ids, labels) -> list[str]:
-    """Decoded runs of consecutive trained tokens."""
-    spans, run = [], []
-    for t, lab in zip(ids, labels, strict=True):
-        if lab != IGNORE:
-            assert lab == t
-            run.append(int(t))
-        elif run:
-            spans.append(tokenizer.decode(run))
-            run = []
-    if run:
-        spans.append(tokenizer.decode(run))
-    return spans
+    """Decoded runs of consecutive trained tokens (a trained token's label is the token)."""
+    assert all(lab in (IGNORE, t) for t, lab in zip(ids, labels, strict=True))
+    runs = itertools.groupby(zip(ids, labels, strict=True), key=lambda pair: pair[1] != IGNORE)
+    return [tokenizer.decode([int(t) for t, _ in run]) for trained, run in runs if trained]
 
 
 def oracle_labels(tokenizer, text: str, template: str) -> list[int]:
-    """Independent oracle from the tokenizer's own character offsets: a token is trained iff it starts at or
-    after the end of the last template occurrence; the first token is never a target."""
+    """Oracle from character offsets: tokens starting after the last template; never the first."""
     enc = tokenizer(text, return_offsets_mapping=True)
     end = text.rindex(template) + len(template)
     labels = [t if start >= end else IGNORE for t, (start, _) in zip(enc["input_ids"], enc["offset_mapping"], strict=True)]
@@ -60,28 +52,32 @@ TEXTS = [
 @pytest.mark.parametrize("template", ["### Answer:", "\n### Answer:", " Answer:"])
 def test_single_turn_labels_match_offset_oracle(tok, template):
     collator = DataCollatorForCompletionOnlyLM(template, tokenizer=tok, padding_free=True)
-    features = [tok(t) for t in TEXTS]
-    batch = collator(features)
-    expected = sum((oracle_labels(tok, t, template) for t in TEXTS), [])
+    texts = [*TEXTS, "### Question: café ☕ naïve?\n### Answer: déjà vu ✓"]  # non-ASCII last
+    batch = collator([tok(t) for t in texts])
+    expected = sum((oracle_labels(tok, t, template) for t in texts), [])
     assert batch["labels"][0].tolist() == expected
     # the last occurrence wins (example 3 mentions the template inside its question)
     spans = trained_spans(tok, batch["input_ids"][0].tolist(), batch["labels"][0].tolist())
-    assert [s.strip() for s in spans] == ["paris.", "sit mat cat.", "because it is true.", "yes."]
+    assert [s.strip() for s in spans] == ["paris.", "sit mat cat.", "because it is true.", "yes.", "déjà vu ✓"]
 
 
-def test_metaspace_newline_template_differs_in_context_but_is_found():
-    tok = tiny_metaspace_tokenizer()
+@pytest.mark.parametrize("make", [tiny_byte_level_tokenizer, tiny_metaspace_tokenizer])
+def test_token_id_template_is_matched_exactly_and_a_string_one_in_context(make):
+    tok = make()
     alone = tok.encode("\n### Answer:", add_special_tokens=False)
     ids = tok("### Question: why?\n### Answer: because")["input_ids"]
+    by_ids = DataCollatorForCompletionOnlyLM(alone, tokenizer=tok, padding_free=True)  # the seed's call
+    by_text = DataCollatorForCompletionOnlyLM("\n### Answer:", tokenizer=tok, padding_free=True)
+    byte_level = make is tiny_byte_level_tokenizer
+    answer = " because" if byte_level else "because"
+    assert trained_spans(tok, ids, by_text([{"input_ids": ids}])["labels"][0].tolist()) == [answer]
+    if byte_level:  # the ids occur as such: TRL 0.19.1's token-id template finds them
+        assert trained_spans(tok, ids, by_ids([{"input_ids": ids}])["labels"][0].tolist()) == [answer]
+        return
+    # metaspace tokenizes the template differently in context: the token-id template is never found, reported
     assert not any(ids[i : i + len(alone)] == alone for i in range(len(ids))), "the tokenizer no longer shows the bug"
-    # the token-id template (TRL 0.19.1 semantics) is never found: the example is masked and reported
-    by_ids = DataCollatorForCompletionOnlyLM(alone, tokenizer=tok, padding_free=True)
     with pytest.warns(UserWarning, match="1 of 1 examples in this batch contain no response template"):
         assert (by_ids([{"input_ids": ids}])["labels"] == IGNORE).all()
-    # the string template is found
-    by_text = DataCollatorForCompletionOnlyLM("\n### Answer:", tokenizer=tok, padding_free=True)
-    batch = by_text([{"input_ids": ids}])
-    assert trained_spans(tok, ids, batch["labels"][0].tolist()) == ["because"]
 
 
 def test_packed_layout_exact(tok):
@@ -105,6 +101,10 @@ def test_packed_layout_exact(tok):
     assert batch["seq_idx"].dtype == torch.int32
     assert batch["seq_idx"][0].tolist() == sum(([i] * n for i, n in enumerate(lengths)), [])
     assert all(batch["labels"][0, c].item() == IGNORE for c in cu[:-1])
+    s = collator.stats
+    assert (s.batches, s.examples, s.tokens, s.padded_tokens) == (1, 3, total, 3 * max(lengths))
+    assert s.trained_tokens == int((batch["labels"] != IGNORE).sum())
+    assert s.padding_share == pytest.approx(1 - total / (3 * max(lengths)))
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
@@ -174,8 +174,7 @@ def test_multi_turn_with_plain_text_headers(tok):
 
 
 def _hand_tokenizer() -> PreTrainedTokenizerFast:
-    """Metaspace vocabulary with a token (':P') that straddles the template's end and one ('.\\n') that straddles
-    an instruction template's start."""
+    """Metaspace vocabulary whose ':P' straddles the template's end, '.\\n' an instruction's start."""
     vocab = {"<eos>": 0, "▁###": 1, "▁Answer": 2, ":P": 3, "aris": 4, ".\n": 5, "###": 6, "▁Q": 7, ":": 8}
     vocab.update({f"<0x{b:02X}>": 9 + b for b in range(256)})
     vocab.update({c: 265 + i for i, c in enumerate("▁" + "".join(map(chr, range(33, 127)))) if c not in vocab})
@@ -195,17 +194,6 @@ def test_token_straddling_template_end_is_masked_and_instruction_start_is_traine
     # ':P' starts inside the template -> masked; '.\n' starts in the answer -> trained; '###' starts inside the
     # instruction template -> masked
     assert labels == [IGNORE, IGNORE, IGNORE, 4, 5, IGNORE, IGNORE, IGNORE, IGNORE]
-
-
-def test_token_id_template_exact_match_seed_call():
-    tok = tiny_byte_level_tokenizer()
-    text = "### Question: why?\n### Answer: because"
-    ids = tok(text)["input_ids"]
-    template_ids = tok.encode("\n### Answer:", add_special_tokens=False)
-    assert any(ids[i : i + len(template_ids)] == template_ids for i in range(len(ids)))
-    collator = DataCollatorForCompletionOnlyLM(template_ids, tokenizer=tok, padding_free=True)  # the seed's call
-    labels = collator([{"input_ids": ids}])["labels"][0].tolist()
-    assert trained_spans(tok, ids, labels) == [" because"]
 
 
 def test_template_not_found_one_aggregated_warning_per_batch_or_an_error():
@@ -235,19 +223,6 @@ def test_seq_lengths_split_a_prepacked_row():
         assert prepacked[key].tolist() == separate[key].tolist()
 
 
-def test_stats_count_tokens_and_padding_share():
-    tok = tiny_byte_level_tokenizer()
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
-    features = [tok(t) for t in TEXTS]
-    batch = collator(features)
-    lengths = [len(f["input_ids"]) for f in features]
-    s = collator.stats
-    assert (s.batches, s.examples, s.tokens) == (1, 4, sum(lengths))
-    assert s.padded_tokens == 4 * max(lengths)
-    assert s.trained_tokens == int((batch["labels"] != IGNORE).sum())
-    assert s.padding_share == pytest.approx(1 - sum(lengths) / (4 * max(lengths)))
-
-
 def test_bad_arguments_have_clear_errors():
     tok = tiny_byte_level_tokenizer()
     with pytest.raises(ValueError, match="String templates need the tokenizer"):
@@ -275,16 +250,6 @@ def test_positional_tokenizer_like_trl_0_19():
     assert collator([tok(TEXTS[0])])["attention_mask"].shape[0] == 1
 
 
-def test_non_ascii_text_is_handled(tok):
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
-    text = "### Question: café ☕ naïve?\n### Answer: déjà vu ✓"
-    ids = tok(text)["input_ids"]
-    labels = collator([{"input_ids": ids}])["labels"][0].tolist()
-    assert labels == oracle_labels(tok, text, "### Answer:")
-    assert "".join(trained_spans(tok, ids, labels)).strip() == "déjà vu ✓"
-
-
-# ------------------------------------------------------------- pad_to_multiple_of with padding_free (issue 8 #6)
 def test_padding_free_pad_to_multiple_of_is_its_own_segment():
     tok = tiny_byte_level_tokenizer()
     features = [tok(t) for t in TEXTS[:3]]
@@ -347,7 +312,6 @@ def test_a_chat_texts_end_of_turn_is_trained_once_when_trl_appends_the_eos(demo_
     assert trained == [" yo<|eos|>\n", " b<|eos|>"]  # one end of turn each; plain text keeps TRL's EOS trained
 
 
-# ------------------------------------------------------------------------ the inputs it accepts (defects 3-5)
 def as_lists(batch) -> dict:
     return {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
 
@@ -401,8 +365,7 @@ def test_bare_lists_without_template_match_trl_language_modelling_collator():
 
 
 def test_given_label_values_are_kept_and_match_trl_and_transformers(ids):
-    """Labels that differ from input_ids (a distillation target, a shifted layout) are passed through as given;
-    TRL 1.16's and transformers' flattening collators do the same."""
+    """Labels other than input_ids are kept as given, as TRL's and transformers' collators do."""
     rng = np.random.default_rng(0)
     features = []
     for x in ids:
@@ -449,7 +412,6 @@ def test_given_labels_are_kept_under_the_template_mask(byte_tok, ids):
     assert collator([{"input_ids": b}, {"input_ids": a, "labels": a_labels}])["labels"][0].tolist() == expected_b + expected_a
 
 
-# ---------------------------------------------------- what it refuses (issue 12: bad token ids, wrong forms)
 @pytest.mark.parametrize(("features", "error", "message"), [
     (["### Question: hi"], TypeError, r"example 0 of this batch is of type str; .*tokenize"),
     ([[1, 2], None], TypeError, r"example 1 of this batch is of type NoneType; pass a dict with 'input_ids'"),

@@ -19,24 +19,16 @@ from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_llama
 CPU = {"output_dir": "unused", "report_to": "none", "bf16": False, "use_cpu": True}
 
 #: every config of the package: its fields and their defaults
-FIELDS = {
-    "SFTConfig": {"padding_free": False, "response_template": None, "instruction_template": None,
-                  "max_tokens_per_batch": None, "check_packing": True, "torch_num_threads": "auto",
-                  "scored_lm_head": True},
-    "DPOConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto",
-                  "scored_lm_head": True},
-    "GRPOConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto",
-                   "scored_lm_head": True},
-    "RLOOConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto",
-                   "scored_lm_head": True},
-    "RewardConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto"},
-    "KTOConfig": {"padding_free": False, "prompt_once": False, "check_packing": True, "torch_num_threads": "auto",
-                  "scored_lm_head": True},
-}
+SHARED = {"padding_free": False, "check_packing": True, "torch_num_threads": "auto"}
+FIELDS = {"SFTConfig": SHARED | {"response_template": None, "instruction_template": None, "max_tokens_per_batch": None,
+                                 "scored_lm_head": True},
+          **{name: SHARED | {"prompt_once": False, "scored_lm_head": True}
+             for name in ("DPOConfig", "GRPOConfig", "RLOOConfig", "KTOConfig")},
+          "RewardConfig": SHARED | {"prompt_once": False}}
 
 
 @pytest.mark.parametrize("name", sorted(FIELDS))
-def test_each_config_is_trls_with_the_packages_fields(name):
+def test_each_config_is_trls_with_the_packages_fields_and_trl_parser_reads_them(name):
     cls = getattr(trl_padfree, name)
     assert issubclass(cls, getattr(trl, name)) and cls.__name__ == name
     config = cls(**CPU)
@@ -47,6 +39,14 @@ def test_each_config_is_trls_with_the_packages_fields(name):
     assert "scored_lm_head" in fields or name == "RewardConfig"
     trl_fields = {f.name for f in dataclasses.fields(getattr(trl, name))}
     assert trl_fields <= set(fields)  # nothing of TRL's lost
+    if name == "SFTConfig":  # (its fields: test_trl_parser_reads_every_field_from_yaml_and_the_command_line)
+        return
+    (config,) = trl.TrlParser((cls,)).parse_args_and_config(
+        ["--output_dir", "out", "--report_to", "none", "--bf16", "false", "--padding_free", "true",
+         "--prompt_once", "true", "--check_packing", "false", "--torch_num_threads", "none"])
+    assert type(config) is cls
+    assert (config.padding_free, config.prompt_once, config.check_packing, config.torch_num_threads) == (
+        True, True, False, None)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -79,8 +79,7 @@ def test_trl_parser_reads_every_field_from_yaml_and_the_command_line(tmp_path):
     yaml_file.write_text(
         "output_dir: out\nreport_to: none\nbf16: false\nuse_cpu: true\nlearning_rate: 0.0003\nmax_length: 512\n"
         "padding_free: true\nresponse_template: '### Answer:'\ninstruction_template: ['### Question:', '### System:']\n"
-        "max_tokens_per_batch: 4096\ntorch_num_threads: 2\ncheck_packing: false\nscored_lm_head: false\n"
-    )
+        "max_tokens_per_batch: 4096\ntorch_num_threads: 2\ncheck_packing: false\nscored_lm_head: false\n")
     (config,) = trl.TrlParser((trl_padfree.SFTConfig,)).parse_args_and_config(["--config", str(yaml_file)])
     assert type(config) is trl_padfree.SFTConfig
     assert (config.padding_free, config.response_template, config.instruction_template) == (
@@ -95,19 +94,6 @@ def test_trl_parser_reads_every_field_from_yaml_and_the_command_line(tmp_path):
     assert (config.torch_num_threads, config.max_tokens_per_batch, config.check_packing) == (4, 1024, True)
     assert config.response_template == "### Reply:" and config.padding_free is True
 
-
-@pytest.mark.parametrize("name", ["DPOConfig", "GRPOConfig", "RLOOConfig", "RewardConfig", "KTOConfig"])
-def test_trl_parser_reads_the_shared_fields_of_every_config(name):
-    cls = getattr(trl_padfree, name)
-    (config,) = trl.TrlParser((cls,)).parse_args_and_config(
-        ["--output_dir", "out", "--report_to", "none", "--bf16", "false", "--padding_free", "true",
-         "--prompt_once", "true", "--check_packing", "false", "--torch_num_threads", "none"])
-    assert type(config) is cls
-    assert (config.padding_free, config.prompt_once, config.check_packing, config.torch_num_threads) == (
-        True, True, False, None)
-
-
-# ---- SFTTrainer reads them -------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def sft_setup():
@@ -204,8 +190,6 @@ def test_sft_conflicts_name_both(sft_setup, tmp_path):
                              train_dataset=data, processing_class=tok, scored_lm_head=False)
     assert trainer.scored_lm_head is False and trainer.data_collator.padding_free is False
 
-
-# ---- the other trainers ----------------------------------------------------------------------------------------
 
 def test_trainer_settings_of_every_trainer():
     for trainer, config_name in (("DPOTrainer", "DPOConfig"), ("GRPOTrainer", "GRPOConfig"),

@@ -1,9 +1,5 @@
-"""CUDA bf16 checks of the "padfree" attention on whole models (skipped without a GPU; run by scripts/gpu_check.sh).
-
-bf16 results cannot equal each other bit for bit, so each check follows flash-attn's own test rule: the padding-free
-bf16 computation must be about as close to an fp32 reference as the padded bf16 computation is (within 2x its error,
-plus a small floor), for the loss and for every parameter's gradient.
-"""
+"""CUDA bf16 checks of "padfree" on whole models (skipped without a GPU; scripts/gpu_check.sh): padding-free bf16 is
+about as close to an fp32 reference as padded bf16 is (flash-attn's test rule), loss and every gradient."""
 
 from __future__ import annotations
 

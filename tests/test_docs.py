@@ -1,14 +1,5 @@
-"""The README and the docs pages stay true: links resolve, shown commands run, shown output is what they print.
-
-- Every relative link (and image) in ``README.md``, ``docs/**/*.md`` and ``trl_padfree/demo/README.md`` points at
-  a file that exists, and a ``#fragment`` into a Markdown file names one of its headings.
-- Every command in a fenced block of ``COMMAND_PAGES`` that starts ``trl-padfree``, ``python``, ``accelerate`` or
-  ``bash`` is run here (``RUN``: a cheap variant) or listed in ``NOT_RUN`` with the reason; after ``$ command`` in
-  a block, the output shown must be what it prints (``...`` stands for any text, as in doctest).
-- A ``yaml`` block headed ``# configs/NAME.yaml`` shows keys with the values that file really has.
-- The README's headline figures are those of the bench reports and ``docs/real-tokenizers.md``.
-- A ``python`` block headed ``# examples/NAME.py`` is an excerpt of that script, line for line.
-"""
+"""The README and docs stay true: relative links resolve, shown commands run (``RUN``) or are listed with a reason
+(``NOT_RUN``) and print what is shown, config and example excerpts match their files, headline figures their sources."""
 
 from __future__ import annotations
 
@@ -25,12 +16,7 @@ import pytest
 import yaml
 from paths import ROOT
 
-from trl_padfree._compat import (
-    MIN_TRL_KTO,
-    dpo_padding_free_unavailable,
-    rl_padding_free_unavailable,
-    trl_at_least,
-)
+from trl_padfree import _compat
 
 LINKED_PAGES = sorted([ROOT / "README.md", ROOT / "trl_padfree/demo/README.md", *ROOT.glob("docs/**/*.md")])
 # Pages whose shown commands are kept true here (usage, distributed, benchmark test their own commands).
@@ -42,9 +28,9 @@ COMMAND_STARTS = ("trl-padfree", "python", "accelerate", "bash")
 # A few training steps instead of a run to the end: later command-line values win over earlier ones.
 FEW_STEPS = ("--max_steps 2 --max_train_examples 32 --max_eval_examples 8 --eval_strategy no --eval_on_start false "
              "--save_strategy no --output_dir {tmp}/out")
-DPO_OK = dpo_padding_free_unavailable() is None
-RL_OK = rl_padding_free_unavailable() is None
-KTO_OK = trl_at_least(MIN_TRL_KTO)
+DPO_OK = _compat.dpo_padding_free_unavailable() is None
+RL_OK = _compat.rl_padding_free_unavailable() is None
+KTO_OK = _compat.trl_at_least(_compat.MIN_TRL_KTO)
 # shown command -> (what the test appends, expected exit code)
 RUN: dict[str, tuple[str, int]] = {
     "trl-padfree train --config configs/demo.yaml": (FEW_STEPS, 0),
@@ -89,22 +75,12 @@ FENCE = re.compile(r"^(?P<fence>```+)(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^(?P=f
 
 
 def fenced_blocks(text: str) -> list[tuple[str, str, int]]:
-    """``(language, body, line number of the body's first line)`` of each fenced block.
-
-    >>> fenced_blocks("a\\n```bash\\nls -l\\n```\\nb\\n")
-    [('bash', 'ls -l\\n', 3)]
-    """
+    """``(language, body, line number of the body's first line)`` of each fenced block."""
     return [(m["lang"], m["body"], text.count("\n", 0, m.start("body")) + 1) for m in FENCE.finditer(text)]
 
 
 def strip_comment(line: str) -> str:
-    """A shell line without its trailing ``# comment`` (quotes respected).
-
-    >>> strip_comment('trl-padfree train --config x.yaml   # installed command')
-    'trl-padfree train --config x.yaml'
-    >>> strip_comment('echo "a # b"')
-    'echo "a # b"'
-    """
+    """A shell line without its trailing ``# comment`` (quotes respected)."""
     for cut in (i for i, char in enumerate(line) if char == "#"):
         before = line[:cut]
         if (cut == 0 or before[-1].isspace()) and before.count('"') % 2 == 0 and before.count("'") % 2 == 0:
@@ -137,11 +113,7 @@ ALL_SHOWN = [shown for page in COMMAND_PAGES for shown in shown_commands(page)]
 
 
 def _slug(heading: str) -> str:
-    """GitHub's anchor for a Markdown heading.
-
-    >>> _slug("Collation speed: `python scripts/bench_collator.py`")
-    'collation-speed-python-scriptsbench_collatorpy'
-    """
+    """GitHub's anchor for a Markdown heading."""
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
@@ -191,8 +163,7 @@ def test_readme_test_command_is_what_ci_runs():
 
 
 def run_shown(command: str, extra: str, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:
-    """Run a shown command (plus ``extra``) from the repository root: ``trl-padfree`` in this process through its
-    entry point, ``python ...`` as a subprocess of this interpreter. Returns (exit code, stdout + stderr)."""
+    """(exit code, output) of a shown command run from the root (``trl-padfree`` in-process)."""
     argv = shlex.split(command) + shlex.split(extra.format(tmp=tmp_path))
     if argv[0] == "trl-padfree":
         from trl_padfree.cli import main
@@ -213,11 +184,7 @@ def run_shown(command: str, extra: str, tmp_path: Path, capfd: pytest.CaptureFix
 
 
 def output_matches(want: str, got: str) -> bool:
-    """doctest's comparison: ``...`` matches any text, runs of whitespace compare equal.
-
-    >>> output_matches("SAFE: ... apart.", "SAFE: llama (sdpa) keeps them apart."), output_matches("LEAKS", "SAFE")
-    (True, False)
-    """
+    """doctest's comparison: ``...`` matches any text, runs of whitespace compare equal."""
     flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
     return doctest.OutputChecker().check_output(want.strip() + "\n", got.strip() + "\n", flags)
 

@@ -1,11 +1,5 @@
-"""Padding-free and prompt-once DPO train the same model as TRL's padded DPOTrainer (CPU, fp32).
-
-Through the real Trainer: per-step loss, log-probs and rewards, every parameter's gradient at every optimizer step
-(SGD, so that the weights stay comparable step after step) and the final weights, over 3 optimizer steps with
-gradient accumulation 2, for several loss types, a separate reference model, a PEFT reference (adapters off) and
-precomputed reference log-probs. Every TRL loss type on one batch. A pair packed with others gives the log-probs
-it has alone, and a deliberately leaking attention is refused before the first step.
-"""
+"""Padding-free and prompt-once DPO train the same model as TRL's padded DPOTrainer (CPU, fp32): per-step metrics,
+every gradient and the final weights (tests/layout_runs.py), every TRL loss type on one batch, leaks refused."""
 
 from __future__ import annotations
 
@@ -13,16 +7,6 @@ import layout_runs
 import pytest
 import tiny_dpo as T
 import torch
-from layout_runs import (
-    LAYOUTS,
-    GradRecorder,
-    assert_training_moved,
-    ddp_runs,
-    finished,
-    max_rel_diff,
-    register_leaky_attention,
-    train_layouts,
-)
 
 from trl_padfree import DataCollatorForPreference, DPOTrainer
 from trl_padfree._compat import dpo_padding_free_unavailable
@@ -41,8 +25,8 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-8)
 
 
-def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[DPOTrainer, GradRecorder]]:
-    return train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **kwargs)
+def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[DPOTrainer, layout_runs.GradRecorder]]:
+    return layout_runs.train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **kwargs)
 
 
 def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
@@ -54,31 +38,25 @@ def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> Non
         assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
 
 
-def assert_same_training(runs: dict[str, tuple[DPOTrainer, GradRecorder]]) -> None:
-    layout_runs.assert_same_training(finished(runs), same_step)
-    assert_training_moved(runs)
+def assert_same_training(runs: dict[str, tuple[DPOTrainer, layout_runs.GradRecorder]]) -> None:
+    layout_runs.assert_same_training(layout_runs.finished(runs), same_step)
+    layout_runs.assert_training_moved(runs)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        {"loss_type": ["sigmoid"]},
-        {"loss_type": ["ipo"], "precompute_ref_log_probs": True},
-        {"loss_type": ["sigmoid", "bco_pair", "sft"], "loss_weights": [1.0, 0.5, 0.2], "ld_alpha": 0.5},
-    ],
-    ids=["sigmoid", "ipo-precomputed-ref", "weighted-list-ld_alpha"],
-)
+@pytest.mark.parametrize("case", [
+    {"loss_type": ["sigmoid"]},
+    {"loss_type": ["ipo"], "precompute_ref_log_probs": True},
+    {"loss_type": ["sigmoid", "bco_pair", "sft"], "loss_weights": [1.0, 0.5, 0.2], "ld_alpha": 0.5},
+    "peft",
+], ids=["sigmoid", "ipo-precomputed-ref", "weighted-list-ld_alpha", "peft-reference-adapters-off"])
 def test_three_layouts_train_the_same_model(tmp_path, case):
-    assert_same_training(run_layouts(tmp_path, **case))
+    if case == "peft":
+        from peft import LoraConfig
 
-
-def test_peft_reference_adapters_off(tmp_path):
-    from peft import LoraConfig
-
-    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
-    runs = run_layouts(tmp_path, ref=False, peft=peft)
-    for trainer, _ in runs.values():
-        assert trainer.ref_model is None  # the reference is the base model with the adapters off
+        case = dict(ref=False, peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                               lora_dropout=0.0))
+    runs = run_layouts(tmp_path, **case)
+    assert all((trainer.ref_model is None) == ("peft" in case) for trainer, _ in runs.values())
     assert_same_training(runs)
 
 
@@ -92,61 +70,44 @@ def first_batch(trainer: DPOTrainer, n: int = 6) -> dict:
 def one_batch_trainers(tmp_path_factory):
     tok, data = T.tokenizer(), T.pairs(12)
     out = {}
-    for layout in LAYOUTS:
+    for layout in layout_runs.LAYOUTS:
         trainer = T.trainer(layout, data, tok, str(tmp_path_factory.mktemp(layout)), label_smoothing=0.1)
         out[layout] = (trainer, first_batch(trainer))
     return out
 
 
-@pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_every_trl_loss_type_on_one_batch(one_batch_trainers, loss_type):
+def same_loss(trainers: dict, **attrs) -> None:
+    """Each layout's loss on its first batch with the trainer's ``attrs`` set (then restored): the padded one's."""
     losses = {}
-    for layout, (trainer, batch) in one_batch_trainers.items():
-        trainer.loss_types, trainer.loss_weights = [loss_type], [1.0]
-        with torch.no_grad():
-            losses[layout] = trainer.compute_loss(trainer.model, dict(batch)).item()
-    assert rel(losses["padfree"], losses["padded"]) <= RTOL, losses
-    assert rel(losses["once"], losses["padded"]) <= RTOL, losses
-
-
-@pytest.mark.parametrize("variant", [{"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.5},
-                                     {"f_divergence_type": "js_divergence"}, {"f_divergence_type": "forward_kl"}])
-def test_f_divergences_on_one_batch(one_batch_trainers, variant):
-    losses = {}
-    for layout, (trainer, batch) in one_batch_trainers.items():
-        trainer.loss_types, trainer.loss_weights = ["sigmoid"], [1.0]
-        saved = {k: getattr(trainer, k) for k in variant}
-        for k, v in variant.items():
+    for layout, (trainer, batch) in trainers.items():
+        saved = {k: getattr(trainer, k) for k in attrs}
+        for k, v in attrs.items():
             setattr(trainer, k, v)
         with torch.no_grad():
             losses[layout] = trainer.compute_loss(trainer.model, dict(batch)).item()
         for k, v in saved.items():
             setattr(trainer, k, v)
-    assert rel(losses["padfree"], losses["padded"]) <= RTOL, losses
-    assert rel(losses["once"], losses["padded"]) <= RTOL, losses
+    assert rel(losses["padfree"], losses["padded"]) <= RTOL and rel(losses["once"], losses["padded"]) <= RTOL, losses
 
 
-def test_use_weighting(tmp_path):
-    tok, data = T.tokenizer(), T.pairs(8)
-    losses = {}
-    for layout in LAYOUTS:
-        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), use_weighting=True)
-        with torch.no_grad():
-            losses[layout] = trainer.compute_loss(trainer.model, first_batch(trainer)).item()
-    assert rel(losses["padfree"], losses["padded"]) <= RTOL and rel(losses["once"], losses["padded"]) <= RTOL
+@pytest.mark.parametrize("variant", [*({"loss_types": [t]} for t in LOSS_TYPES),
+                                     {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.5},
+                                     {"f_divergence_type": "js_divergence"}, {"f_divergence_type": "forward_kl"}])
+def test_every_trl_loss_type_and_f_divergence_on_one_batch(one_batch_trainers, variant):
+    same_loss(one_batch_trainers, **{"loss_types": ["sigmoid"], "loss_weights": [1.0]} | variant)
 
 
-@pytest.mark.parametrize("mode", ["keep_start", "keep_end"])
-def test_truncation_as_trl(tmp_path, mode):
-    tok, data = T.tokenizer(), T.pairs(8)
-    losses = {}
-    for layout in LAYOUTS:
-        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), max_length=40, truncation_mode=mode)
-        rows = trainer.train_dataset
-        assert any(len(r["prompt_ids"]) + max(len(r["chosen_ids"]), len(r["rejected_ids"])) > 40 for r in rows)
-        with torch.no_grad():
-            losses[layout] = trainer.compute_loss(trainer.model, first_batch(trainer)).item()
-    assert rel(losses["padfree"], losses["padded"]) <= RTOL and rel(losses["once"], losses["padded"]) <= RTOL
+@pytest.mark.parametrize("overrides", [{"use_weighting": True}, {"max_length": 40, "truncation_mode": "keep_start"},
+                                       {"max_length": 40, "truncation_mode": "keep_end"}])
+def test_use_weighting_and_truncation_as_trl(tmp_path, overrides):
+    trainers = {}
+    for layout in layout_runs.LAYOUTS:
+        trainer = T.trainer(layout, T.pairs(8), T.tokenizer(), str(tmp_path / layout), **overrides)
+        if "max_length" in overrides:
+            assert any(len(r["prompt_ids"]) + max(len(r["chosen_ids"]), len(r["rejected_ids"])) > 40
+                       for r in trainer.train_dataset)
+        trainers[layout] = (trainer, first_batch(trainer))
+    same_loss(trainers)
 
 
 def test_keep_end_cutting_into_the_prompt_gives_separate_segments():
@@ -159,19 +120,26 @@ def test_keep_end_cutting_into_the_prompt_gives_separate_segments():
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]]
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_padding_free_under_sdpa_and_eager(tmp_path, attn):
-    """transformers' own block-diagonal mask from position_ids: loss and every gradient as the padded batch."""
-    tok, data = T.tokenizer(), T.pairs(8)
+def padded_vs_padfree_loss_and_grads(tmp_path, attn: str, flash: bool = False) -> None:
     results = {}
     for layout in ("padded", "padfree"):
-        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), model_kwargs={"attn_implementation": attn})
+        trainer = T.trainer(layout, T.pairs(8), T.tokenizer(), str(tmp_path / layout), check_packing=not flash,
+                            model_kwargs={"attn_implementation": attn})
+        if flash and layout == "padfree":
+            for m in (trainer.model, trainer.ref_model):
+                m.config._attn_implementation = "flash_attention_2"
         trainer.model.zero_grad()
         loss = trainer.compute_loss(trainer.model, first_batch(trainer))
         loss.backward()
         results[layout] = (loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
     assert rel(results["padfree"][0], results["padded"][0]) <= RTOL
-    assert max_rel_diff(results["padfree"][1], results["padded"][1]) <= RTOL
+    assert layout_runs.max_rel_diff(results["padfree"][1], results["padded"][1]) <= RTOL
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_padding_free_under_sdpa_and_eager(tmp_path, attn):
+    """transformers' own block-diagonal mask from position_ids: loss and every gradient as the padded batch."""
+    padded_vs_padfree_loss_and_grads(tmp_path, attn)
 
 
 def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
@@ -188,7 +156,7 @@ def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
 
 
 def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    leaky = register_leaky_attention()
+    leaky = layout_runs.register_leaky_attention()
     tok, data = T.tokenizer(), T.pairs(8)
     trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
     with pytest.raises(PackingLeakError, match="LEAKS"):
@@ -223,35 +191,21 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
 
 
 def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flash_attention_2_on_cpu):
-    """transformers' own flash_attention_2 dispatch (kernel replaced by the reference varlen of tests/flash_attention_cpu.py)
-    consumes the preference row's boundaries: loss and every gradient as TRL's padded batch under sdpa."""
-    tok, data = T.tokenizer(), T.pairs(8)
-    results = {}
-    for layout in ("padded", "padfree"):
-        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), check_packing=False,
-                            model_kwargs={"attn_implementation": "sdpa"})
-        if layout == "padfree":
-            for m in (trainer.model, trainer.ref_model):
-                m.config._attn_implementation = "flash_attention_2"
-        trainer.model.zero_grad()
-        loss = trainer.compute_loss(trainer.model, first_batch(trainer))
-        loss.backward()
-        results[layout] = (loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
-    layers = T.model("padfree").config.num_hidden_layers
-    assert len(flash_attention_2_on_cpu) == 2 * layers  # policy and reference, every layer took the varlen path
-    assert rel(results["padfree"][0], results["padded"][0]) <= RTOL
-    assert max_rel_diff(results["padfree"][1], results["padded"][1]) <= RTOL
+    """transformers' flash_attention_2 dispatch (reference varlen kernel, tests/flash_attention_cpu.py) reads the
+    preference row's boundaries: loss and every gradient as TRL's padded batch under sdpa."""
+    padded_vs_padfree_loss_and_grads(tmp_path, "sdpa", flash=True)
+    # policy and reference: every layer took the varlen path
+    assert len(flash_attention_2_on_cpu) == 2 * T.model("padfree").config.num_hidden_layers
 
 
 @pytest.mark.slow
 def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
     """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    layout_runs.assert_same_training(ddp_runs("dpo", tmp_path), same_step)
+    layout_runs.assert_same_training(layout_runs.ddp_runs("dpo", tmp_path), same_step)
 
 
 def test_shared_prompt_keys_never_take_torch_varlen(monkeypatch):
-    """Where torch's varlen_attn would be picked (CUDA without flash-attn), prompt-once batches run the exact loop:
-    its causal alignment for query segments shorter than their keys is unverified (trl_padfree/attention.py)."""
+    """Prompt-once batches never take torch's varlen_attn (causal alignment unverified there)."""
     import warnings
 
     import trl_padfree.attention as attention

@@ -48,8 +48,7 @@ def test_loss_every_gradient_and_each_examples_logits_equal(tok, attn, case):
 
 @pytest.mark.parametrize("attn", ["padfree", "sdpa", "eager"])
 def test_pad_to_multiple_of_changes_neither_loss_nor_any_gradient(tok, attn):
-    """issue 8 #6: the padding that ``pad_to_multiple_of`` adds to the padding-free row is a segment of its own with
-    labels -100, so the loss and every gradient are those of the row without padding (and of the padded batch)."""
+    """issue 8 #6: ``pad_to_multiple_of``'s padding changes neither the loss nor any gradient."""
     model = tiny_llama(vocab_size=len(tok), attn_implementation=attn).train()
     plain, rounded, padded = collate(tok, SINGLE, True), collate(tok, SINGLE, True, 48), collate(tok, SINGLE, False)
     n, total = plain["input_ids"].shape[1], rounded["input_ids"].shape[1]

@@ -1,10 +1,5 @@
-"""Tests for trl_padfree.families (tiny configs of today's decoder families, packed_vs_alone) and for what the
-packing probe says about those families: the layer kinds it finds and advice that never recommends a choice that
-fails the same way.
-
-Every model is a tiny random model built from a config (no hub access); a forward takes well under a second.
-Families absent from the installed transformers (5.23 lacks some) are skipped.
-"""
+"""trl_padfree.families (tiny configs of today's decoder families, packed_vs_alone) and what the packing probe says
+about them: their layer kinds, and advice that never recommends a choice that fails the same way."""
 
 from __future__ import annotations
 
@@ -14,18 +9,8 @@ import pytest
 import torch
 from transformers import DataCollatorWithFlattening
 
-from trl_padfree.families import (
-    EXACTNESS_LENGTHS,
-    FAMILIES,
-    FAMILY_GROUPS,
-    OLDER_FAMILIES,
-    family_available,
-    packed_vs_alone,
-    prepare_for_training,
-    tiny_family_config,
-    tiny_family_model,
-)
-from trl_padfree.probe import _advice, check_packing, layer_kinds, packed_batch, random_sequences
+from trl_padfree import families as fam
+from trl_padfree.probe import _advice, check_packing, layer_kinds, random_sequences
 from trl_padfree.recurrent import recurrent_layer_types
 
 RECURRENT = {
@@ -38,31 +23,27 @@ RECURRENT = {
 
 
 def model_of(model_type: str, attn: str = "padfree") -> torch.nn.Module:
-    if not family_available(model_type):
+    if not fam.family_available(model_type):
         pytest.skip(f"{model_type} is not in this transformers")
-    model = tiny_family_model(model_type, attn)
-    assert model is not None
-    return model
+    return fam.tiny_family_model(model_type, attn)
 
 
 def test_the_table_of_35_families_and_its_overrides() -> None:
-    grouped = [t for members in FAMILY_GROUPS.values() for t in members]
-    assert len(FAMILIES) == 35 and sorted(grouped) == sorted(FAMILIES)
-    assert not set(FAMILIES) & set(OLDER_FAMILIES)
-    assert tiny_family_config("no_such_family") is None
-    config = tiny_family_config("llama4_text", attention_chunk_size=4)
+    grouped = [t for members in fam.FAMILY_GROUPS.values() for t in members]
+    assert len(fam.FAMILIES) == 35 and sorted(grouped) == sorted(fam.FAMILIES)
+    assert not set(fam.FAMILIES) & set(fam.OLDER_FAMILIES)
+    assert fam.tiny_family_config("no_such_family") is None
+    config = fam.tiny_family_config("llama4_text", attention_chunk_size=4)
     assert config is None or (config.attention_chunk_size == 4 and config.attn_temperature_tuning)
-    assert sorted(EXACTNESS_LENGTHS)[-3] > FAMILIES["gemma3_text"]["sliding_window"]  # windows are crossed
-    assert len(set(EXACTNESS_LENGTHS)) == len(EXACTNESS_LENGTHS)
-    gemma4 = tiny_family_config("gemma4_text")
+    assert sorted(fam.EXACTNESS_LENGTHS)[-3] > fam.FAMILIES["gemma3_text"]["sliding_window"]  # windows are crossed
+    assert len(set(fam.EXACTNESS_LENGTHS)) == len(fam.EXACTNESS_LENGTHS)
+    gemma4 = fam.tiny_family_config("gemma4_text")
     assert gemma4 is None or gemma4.num_kv_shared_layers > 0
 
 
-@pytest.mark.parametrize("model_type", sorted(FAMILIES))
+@pytest.mark.parametrize("model_type", sorted(fam.FAMILIES))
 def test_every_family_is_small_has_its_layer_kinds_and_trains_exactly_packed(model_type: str) -> None:
-    """A tiny model with every layer kind of its family; the loss and every gradient of the packed row equal each
-    example's alone, the model prepared as the trainers prepare it (recurrent layers restart at every boundary);
-    those recurrent layers are the ones prompt_once refuses."""
+    """Every layer kind; packed == alone (loss, gradients) once prepared; recurrent ones found."""
     model = model_of(model_type)
     config = model.config.get_text_config()
     assert (config.model_type, config.vocab_size, config.hidden_size, config.num_hidden_layers) == (model_type, 128, 64, 4)
@@ -71,50 +52,34 @@ def test_every_family_is_small_has_its_layer_kinds_and_trains_exactly_packed(mod
     if model_type != "mamba2":  # the one pure state-space family
         assert [k for k in kinds if "attention" in k and k != "kimi delta attention"], kinds
     assert set(kinds) & set(RECURRENT.values()) == ({RECURRENT[model_type]} if model_type in RECURRENT else set())
-    prepare_for_training(model)
-    result = packed_vs_alone(model)
+    fam.prepare_for_training(model)
+    result = fam.packed_vs_alone(model)
     assert result.exact(), result
     assert bool(recurrent_layer_types(model)) == (model_type in RECURRENT)
 
 
-def test_the_exactness_check_sees_a_mask_that_ignores_position_ids() -> None:
-    result = packed_vs_alone(model_of("opt", "sdpa"))  # OPT's sdpa mask never sees position_ids
+def test_the_exactness_check_sees_masks_that_let_examples_mix() -> None:
+    result = fam.packed_vs_alone(model_of("opt", "sdpa"))  # OPT's sdpa mask never sees position_ids
     assert not result.exact() and result.loss_diff > 1e-3 and result.grad_diff > 1e-2
-    assert packed_vs_alone(model_of("opt", "padfree")).exact()
-
-
-def test_the_exactness_check_sees_gpt_oss_eager_attending_across_examples() -> None:
-    result = packed_vs_alone(model_of("gpt_oss", "eager"))
+    assert fam.packed_vs_alone(model_of("opt", "padfree")).exact()
+    result = fam.packed_vs_alone(model_of("gpt_oss", "eager"))  # GPT-OSS's eager attends across examples
     assert not result.exact() and result.loss_diff > 1e-3
-
-
-def test_the_exactness_check_sees_the_cache_trap_of_a_batch_without_use_cache_false() -> None:
+    # the cache trap: without use_cache=False a KV cache skips the packed mask
     model = model_of("llama", "sdpa")
-    sequences = random_sequences(EXACTNESS_LENGTHS, 128, 0, seed=0)
     flattened = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(
-        [{"input_ids": s} for s in sequences], return_tensors="pt"
-    )
-    assert not packed_vs_alone(model, batch=flattened).exact()  # a KV cache skips the packed mask
-    assert packed_vs_alone(model, batch={**flattened, "use_cache": False}).exact()
-    assert packed_vs_alone(model).exact()
+        [{"input_ids": s} for s in random_sequences(fam.EXACTNESS_LENGTHS, 128, 0, seed=0)], return_tensors="pt")
+    assert not fam.packed_vs_alone(model, batch=flattened).exact()
+    assert fam.packed_vs_alone(model, batch={**flattened, "use_cache": False}).exact() and fam.packed_vs_alone(model).exact()
 
 
 def test_packed_vs_alone_measures_every_gradient_and_restores_the_model() -> None:
     model = model_of("qwen3_moe")
     model.eval()
-    result = packed_vs_alone(model)
+    result = fam.packed_vs_alone(model)
     assert result.worst_param in dict(model.named_parameters())
     assert not model.training and all(p.grad is None for p in model.parameters())
     with pytest.raises(ValueError, match=r"at least 2 examples of length >= 2; got lengths=\[5\]"):
-        packed_vs_alone(model, lengths=[5])
-
-
-# ------------------------------------------------------------------------------------------ the probe
-
-
-def test_the_probe_batch_carries_the_boundaries_recurrent_layers_read() -> None:
-    batch = packed_batch([[5, 6, 7], [8, 9]])
-    assert batch["seq_idx"].tolist() == [[0, 0, 0, 1, 1]] and batch["cu_seq_lens_q"].tolist() == [0, 3, 5]
+        fam.packed_vs_alone(model, lengths=[5])
 
 
 def recommended(advice: str) -> set[str]:
@@ -160,17 +125,13 @@ def test_probe_verdict_names_the_layers_and_recommends_only_what_it_found_safe(m
 
 
 def test_a_recurrent_layer_gets_the_boundaries_from_the_probe_batch() -> None:
-    """The torch fall-back of a convolution raises only when it is called with seq_idx / cu_seqlens: either the
-    layer keeps the examples apart (safe) or that error is the verdict, never a silent leak."""
+    """A convolution given boundaries keeps examples apart or errs; never a silent leak."""
     report = check_packing(model_of("qwen3_5_text", "padfree"))
     assert report.status in ("safe", "error")
     if report.status == "error":
         assert "can't keep packed sequences apart" in (report.error or "")
         assert "causal-conv1d and flash-linear-attention" in report.advice
         assert "padfree" not in recommended(report.advice) and "sdpa" not in recommended(report.advice)
-
-
-# ------------------------------------------------------------------------------------------ the advice
 
 
 SINKS = "PadfreeAttentionError: attn_implementation='padfree' does not support attention sinks (s_aux, GPT-OSS style)"

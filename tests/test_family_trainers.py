@@ -1,20 +1,7 @@
-"""Through the trainers, on today's model families: padding-free (and prompt-once) SFT, DPO and GRPO train the same
-model as padding (issue 30, item 6).
-
-Three tiny families (tests/tiny_models.py ``FAMILIES``): a Qwen3.5-like hybrid (gated delta nets around one attention
-layer), GPT-OSS (attention sinks, alternating sliding windows, MoE) and Llama-4 (chunks of 8 crossed by the examples,
-attention temperature, MoE). Each trainer reuses the Llama tests' set-ups and comparisons (tests/tiny_sft.py,
-tiny_dpo.py + layout_runs.py, tiny_rl.py) with the family's model: per-step losses (and every logged metric, DPO and
-GRPO) within 1e-5 relative, every gradient before each optimizer step (DPO, GRPO; 1e-4) or the final weights (SFT;
-1e-4), and the weights moved. prompt_once runs too (exact) for GPT-OSS and Llama-4; for the hybrid its one-line
-refusal is checked and only padding-free runs.
-
-The padded truth is itself checked first (:func:`test_padded_rows_are_the_examples_alone`): right-padded rows (SFT,
-DPO) are each example alone for the three families; LEFT-padded ones (GRPO's prompts) are not for Llama-4 (its chunks
-and attention temperature count from the row's first slot: transformers/models/llama4/modeling_llama4.py) nor for
-the hybrid's gate gradients. Their GRPO runs therefore use prompts of one token length (no left padding). TRL 1.16's
-own traps on these families, worked around here, are at :func:`no_aux_loss` and :func:`trl_head_backbone`.
-"""
+"""Padding-free (and prompt-once) SFT, DPO and GRPO train today's families (tests/tiny_models.py ``FAMILIES``: a
+Qwen3.5-like hybrid, GPT-OSS, Llama-4) as padding does: losses, metrics, gradients, weights (issue 30, item 6).
+The hybrid refuses prompt_once; left padding is not exact for Llama-4 and the hybrid, so their GRPO prompts have
+one length."""
 
 from __future__ import annotations
 
@@ -49,32 +36,19 @@ def attn(model_type: str, layout: str) -> str:
 
 
 def no_aux_loss(model_type: str, prompt_once: bool = False) -> dict[str, float]:
-    """TRL's MoE load-balancing loss off (``router_aux_loss_coef=0.0``) where it cannot be compared:
-
-    - Llama-4, always: TRL adds one from its config's ``router_aux_loss_coef`` (0.001 in the config) and reads
-      ``text_config.num_experts`` for it (trl/trainer/utils.py, ``add_fused_lm_head``), which ``Llama4TextConfig``
-      does not have (``num_local_experts``): every TRL 1.16 trainer crashes on it. Llama-4's own CausalLM adds no
-      such loss (transformers/models/llama4/modeling_llama4.py).
-    - GPT-OSS with prompt_once: the loss averages the router's statistics over the tokens forwarded, and prompt_once
-      forwards a prompt once instead of once per response: refused (:func:`test_prompt_once_with_the_moe_aux_loss_is_refused`).
-    """
+    """TRL's MoE load-balancing loss off: TRL 1.16 crashes on Llama-4's (it reads ``num_experts``, which
+    Llama4TextConfig lacks), and prompt_once with it is refused (forwarded once, a prompt counts once)."""
     return {"router_aux_loss_coef": 0.0} if model_type == "llama4_text" or prompt_once else {}
 
 
 def trl_head_backbone(trainer) -> None:
-    """Work around TRL 1.16's fused LM head on Llama-4: it calls ``model.base_model`` for ``last_hidden_state``
-    (trl/trainer/utils.py, ``add_fused_lm_head``), but ``Llama4ForCausalLM.base_model_prefix`` is
-    ``"language_model"``, which it has no attribute of (transformers/models/llama4/modeling_llama4.py), so
-    ``base_model`` is the CausalLM itself and TRL's padded trainers crash. Pointing the prefix at its decoder
-    (``.model``) on the instance makes TRL's padded run usable as the truth. Only the padded runs (TRL's GRPO, the
-    package's DPO with padding_free=False, which is TRL's) get it: the package's scored head finds the decoder
-    itself (:func:`trl_padfree.scored_head.backbone`)."""
+    """TRL 1.16's fused head reads ``model.base_model``, which Llama-4's prefix ("language_model") misses: point
+    it at the decoder on TRL's padded runs (the package's scored head finds the decoder itself)."""
     for model in (trainer.model, getattr(trainer, "ref_model", None)):
         if model is not None and type(model).__name__ == "Llama4ForCausalLM":
             model.base_model_prefix = "model"
 
 
-# ---- the padded truth ------------------------------------------------------------------------------------------
 def _grads(model) -> dict[str, torch.Tensor]:
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad(set_to_none=True)
@@ -83,11 +57,8 @@ def _grads(model) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_padded_rows_are_the_examples_alone(model_type):
-    """A padded batch (the padded trainers' attention, attention mask) against each example alone: logits and every
-    gradient of a weighted sum of them. Right padding is exact for the three families; left padding (GRPO's
-    prompts) is not for Llama-4 (logits: chunks and temperature count from the row's first slot) nor for the hybrid
-    (Qwen3.5's gated delta net: the logits are, but the A_log / dt_bias gradients differ by ~25%: the pad slots'
-    gates, computed from zeroed inputs, still get gradient)."""
+    """A padded batch vs each example alone, logits and every gradient: right padding exact; left padding not for
+    Llama-4 (chunks, temperature count from the row's first slot) nor the hybrid's gate gradients (~25%)."""
     model = family_model(family(model_type), PADDED_ATTN[model_type])
     gen = torch.Generator().manual_seed(0)
     seqs = [torch.randint(3, 400, (n,), generator=gen) for n in (21, 9, 14)]  # beyond a chunk (8) and window (6)
@@ -121,8 +92,7 @@ def test_padded_rows_are_the_examples_alone(model_type):
 
 
 def test_llama4_chunks_with_shared_prompt_keys():
-    """prompt_once's rows on Llama-4 (prompts and responses across chunk boundaries, a response longer than a chunk):
-    each sequence's logits as alone, through the preference and group probes' layouts."""
+    """prompt_once's rows on Llama-4 across chunk boundaries: each sequence's logits as alone (probe layouts)."""
     from trl_padfree.probe import check_layout_packing
 
     model = family_model(family("llama4_text"), "padfree")
@@ -132,11 +102,9 @@ def test_llama4_chunks_with_shared_prompt_keys():
         assert report.status == "safe" and report.max_abs_diff <= 1e-5, report
 
 
-# ---- SFT -------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_sft(tmp_path, model_type):
-    """The package's SFTTrainer with the padding-free collator vs the padded collator (right padding): the same
-    per-step losses and final weights (AdamW, 2 steps of 2 accumulated micro-batches)."""
+    """Padding-free vs padded collator: the same per-step losses and final weights (AdamW, 2 steps x 2 micro)."""
     family(model_type)
     tok = tiny_sft.tokenizer()
     data = tiny_sft.tokenized_dataset(tok, 16)
@@ -153,14 +121,11 @@ def test_sft(tmp_path, model_type):
     loss_flat, loss_padded = tiny_sft.losses(flat), tiny_sft.losses(padded)
     assert len(loss_flat) == 2
     rel = max(abs(a - b) / abs(b) for a, b in zip(loss_flat, loss_padded, strict=True))
-    w_rel = tiny_sft.max_rel_diff(tiny_sft.weights(flat), tiny_sft.weights(padded))
-    print(f"SFT {model_type}: max rel loss diff {rel:.2e}, max rel weight diff {w_rel:.2e}")
     assert rel <= LOSS_RTOL, (loss_flat, loss_padded)
-    assert w_rel <= WEIGHT_RTOL
+    assert tiny_sft.max_rel_diff(tiny_sft.weights(flat), tiny_sft.weights(padded)) <= WEIGHT_RTOL
     assert tiny_sft.max_rel_diff(tiny_sft.weights(padded), initial) > 1e-4  # training moved the weights
 
 
-# ---- DPO -------------------------------------------------------------------------------------------------------
 def dpo_model(model_type: str):
     def make(layout: str, seed: int = 0):
         return family_model(model_type, attn(model_type, layout), seed)
@@ -181,8 +146,7 @@ class _DPOSetup:
 
 
 def same_dpo_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
-    """tests/test_dpo.py's ``same_step``; the mean logits (``logits/chosen``, ``logits/rejected``: means of logits
-    of either sign, ~1e-5 here, whose rounding is that of the logits, ~1e-1 in size) within 1e-7."""
+    """tests/test_dpo.py's ``same_step``; the mean logits (~1e-5, means of ~1e-1 logits of either sign) within 1e-7."""
     from test_dpo import same_step
 
     keys = ("logits/chosen", "logits/rejected")
@@ -191,20 +155,15 @@ def same_dpo_step(layout: str, got: dict[str, float], want: dict[str, float]) ->
     same_step(layout, {**got, **{k: want[k] for k in keys}}, want)
 
 
-# The hybrid's gate parameters (A_log, dt_bias, in_proj_a of the gated delta nets) get gradients ~1e-5..1e-7 of the
-# largest, made of fp32 cumulative sums of the decays (transformers/models/qwen3_5/modeling_qwen3_5.py,
-# torch_chunk_gated_delta_rule casts to float32 whatever the model's dtype), which padded rows and packed sequences
-# chunk differently: relative to their own size they differ by up to 2e-3 (the same with a float64 model), ~1e-8 of
-# the step's largest gradient. They are judged against 1e-3 of the step's largest gradient.
+# the hybrid's gate gradients (~1e-7 of the largest; fp32 cumulative decays chunked differently padded vs packed)
+# are judged against 1e-3 of the step's largest gradient
 GRAD_FLOOR = {HYBRID: 1e-3}
 
 
 @pytest.mark.skipif(dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_dpo(tmp_path, model_type):
-    """The package's DPOTrainer padded (TRL's batch, right-padded) vs padding-free and prompt-once (the hybrid:
-    prompt_once refused in one line, padding-free only): every logged metric, every gradient, the final weights
-    (3 SGD steps)."""
+    """Padded vs padding-free and prompt-once (hybrid: refused): every metric, gradient, final weight (3 SGD steps)."""
     family(model_type)
     tok, data = tiny_dpo.tokenizer(), tiny_dpo.pairs(8)
     layouts = LAYOUTS
@@ -220,11 +179,6 @@ def test_dpo(tmp_path, model_type):
 
 def assert_same_dpo(runs: dict, model_type: str) -> None:
     done = finished(runs)
-    for layout in done.keys() - {"padded"}:
-        got, want = done[layout], done["padded"]
-        loss = max(abs(g["loss"] - w["loss"]) / abs(w["loss"]) for g, w in zip(got.logs, want.logs, strict=True))
-        grads = max(layout_runs.max_rel_diff(g, w) for g, w in zip(got.grads, want.grads, strict=True))
-        print(f"DPO {model_type} {layout}: max rel loss diff {loss:.2e}, max rel gradient diff {grads:.2e}")
     layout_runs.assert_same_training(done, same_dpo_step, grad_rtol=lambda layout: GRAD_RTOL,
                                      grad_floor=GRAD_FLOOR.get(model_type, 0.0))
     assert_training_moved(runs)
@@ -232,11 +186,8 @@ def assert_same_dpo(runs: dict, model_type: str) -> None:
 
 @pytest.mark.skipif(dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))
 def test_prompt_once_with_the_moe_aux_loss_is_refused(tmp_path):
-    """prompt_once forwards each prompt once, so the MoE load-balancing loss (router statistics averaged over the
-    forwarded tokens: transformers' load_balancing_loss_func) would count prompt tokens once instead of once per
-    response: measured on GPT-OSS (coef 0.9), DPO gradients 1.8e-3 to 2.5e-3 relative off, GRPO 5.9e-3. The
-    trainer refuses it in one line before any work; with the loss off (router_aux_loss_coef=0.0) it is exact
-    (test_dpo, test_grpo above)."""
+    """prompt_once with the MoE load-balancing loss (prompt tokens counted once, not once per response: gradients
+    ~2e-3 off on GPT-OSS) is refused in one line before any work."""
     family("gpt_oss")
     tok, data = tiny_dpo.tokenizer(), tiny_dpo.pairs(8)
     with pytest.raises(ValueError, match=r"^prompt_once=True with the MoE router load-balancing loss "
@@ -244,10 +195,8 @@ def test_prompt_once_with_the_moe_aux_loss_is_refused(tmp_path):
         _DPOSetup("gpt_oss").trainer("once", data, tok, str(tmp_path), router_aux_loss_coef=0.9)
 
 
-# ---- GRPO ------------------------------------------------------------------------------------------------------
 def grpo_prompts(model_type: str):
-    """tiny_rl's prompts; for Llama-4 and the hybrid of one token length: no left padding, under which their padded
-    run is not the examples alone (:func:`test_padded_rows_are_the_examples_alone`)."""
+    """tiny_rl's prompts; for Llama-4 and the hybrid of one length (no left padding, which is not exact for them)."""
     if model_type == "gpt_oss":
         return tiny_rl.prompts(8)
     tok = tiny_rl.tokenizer()
@@ -261,8 +210,7 @@ def grpo_prompts(model_type: str):
 @pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_grpo(tmp_path, model_type):
-    """TRL's padded GRPOTrainer vs the package's padding-free and prompt-once GRPOTrainer (the hybrid: prompt_once
-    refused in one line): every log-prob / entropy TRL's loss code gets, every metric, every gradient (SGD)."""
+    """TRL's padded GRPO vs padding-free and prompt-once (hybrid: refused): log-probs, entropies, metrics, grads."""
     family(model_type)
     path = tiny_rl.model_path(build=lambda: family_model(model_type, "eager"), key=model_type)
     data = grpo_prompts(model_type)
@@ -287,7 +235,6 @@ def test_grpo(tmp_path, model_type):
     assert moved > 1e-4, moved
     for layout in layouts[1:]:
         diffs = tiny_rl.compare(runs[layout], runs["padded"])
-        print(f"GRPO {model_type} {layout}: {diffs}")
         assert diffs["logps"] <= tiny_rl.RTOL and diffs["entropy"] <= tiny_rl.RTOL, (layout, diffs)
         assert diffs["grads"] <= GRAD_RTOL and diffs["metrics"] <= tiny_rl.METRIC_RTOL, (layout, diffs)
 

@@ -1,11 +1,5 @@
-"""The collator's padding-free batch against what the installed transformers' flash-attention path consumes.
-
-The sequence-boundary keyword names of transformers' flash-attention path have changed between releases before
-(transformers #45034, #47525). A batch whose names no longer match is not an error there: the kwargs are ignored
-and attention silently falls back to inferring boundaries from ``position_ids`` (a device sync per layer) or, with
-a cache, to attending across examples. These tests take the names and types from the installed transformers and
-run its flash-attention path, so a rename fails CI here instead.
-"""
+"""The collator's padding-free batch against the installed transformers' flash-attention path: its boundary keyword
+names have changed before (transformers #45034, #47525), and a renamed one is silently ignored there."""
 
 from __future__ import annotations
 
@@ -46,8 +40,7 @@ def batch_of(tok, features, name: str) -> dict:
 
 
 def test_transformers_takes_the_four_boundary_names_by_name_and_forwards_them():
-    """If this fails, transformers renamed or added flash-attention kwargs: update the collator (flattening.py),
-    the "padfree" attention (attention.py) and the expectations here together."""
+    """On failure: transformers renamed its flash-attention kwargs; update collator and attention."""
     assert set(FA_HINTS) == FA_KEYS and FA_KEYS <= set(MODEL_KWARGS)
     params = inspect.signature(_flash_attention_forward).parameters
     for key in FA_KEYS:  # optional keyword parameters: a missing key is silently a different code path
@@ -85,7 +78,6 @@ def test_same_batch_as_transformers_flattening_collator(tok, features):
             assert type(ours[key]) is type(value) and ours[key] == value, key
 
 
-# --------------------------------------------------- through transformers' flash-attention path, end to end
 @pytest.mark.parametrize("name", ["plain", "pad_to_multiple_of"])
 def test_flash_attention_2_path_consumes_the_batch(tok, features, flash_attention_2_on_cpu, name):
     calls = flash_attention_2_on_cpu
@@ -110,8 +102,7 @@ def test_flash_attention_2_path_consumes_the_batch(tok, features, flash_attentio
 
 
 def test_padfree_attention_uses_the_batch_kwargs(tok, features):
-    """Given only the batch's FlashAttentionKwargs (no mask, no position_ids), "padfree" attends per segment;
-    without them it attends across the whole row."""
+    """Given only the batch's FlashAttentionKwargs "padfree" attends per segment."""
     batch = batch_of(tok, features, "pad_to_multiple_of")
     total = batch["input_ids"].shape[1]
     torch.manual_seed(0)

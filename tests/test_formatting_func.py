@@ -1,9 +1,5 @@
-"""``SFTTrainer(formatting_func=...)`` written per example (TRL 1.x) or for batches (TRL 0.10, the blog post).
-
-The blog post's "For TRL users" snippet is ``examples/blog_snippet.py`` (only the import changed to ``trl_padfree``,
-plus what a CPU and no Hub need); it runs here on a local copy of demo records, and its labels are checked token by
-token against a character-span truth. The same snippet with a per-example function trains identically.
-"""
+"""``SFTTrainer(formatting_func=...)`` per example (TRL 1.x) or for batches (TRL 0.10): the blog post's snippet
+(``examples/blog_snippet.py``) runs on demo records, labels checked against character-span truth."""
 
 from __future__ import annotations
 
@@ -14,9 +10,12 @@ import json
 
 import pytest
 import torch
+from datasets import Dataset, load_dataset
 from paths import DEMO, DEMO_MODEL, ROOT
-from transformers import AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import SFTConfig
 
+from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
 from trl_padfree.formatting import BATCHED_LINE, FormattingFunc, formatting_convention
 
 N_RECORDS = 48
@@ -44,13 +43,7 @@ def run_example(data_file: str, output_dir: str):
 
 
 def run_per_example(batched, data_file: str, output_dir: str):
-    """The snippet's trainer again with today's per-example ``formatting_func`` (TRL >= 0.13): same model, data,
-    collator and arguments."""
-    from datasets import load_dataset
-    from transformers import AutoModelForCausalLM
-
-    from trl_padfree import SFTTrainer
-
+    """The snippet's trainer with a per-example ``formatting_func`` (TRL >= 0.13), all else the same."""
     def formatting_prompts_func_per_example(example):
         return f"### Question: {example['instruction']}\n ### Answer: {example['output']}"
 
@@ -134,17 +127,14 @@ def test_conventions_are_told_apart_on_one_record():
 BOTH = ("TRL >= 0.13 (1.x) calls formatting_func with one example", "TRL 0.10 called it with a batch")
 
 
-@pytest.mark.parametrize(
-    "func, error, shown",
-    [
-        (lambda ex: None, TypeError, "returned None when called with one example, and returned None when called"),
-        (lambda ex: {"text": "x"}, TypeError, "returned {'text': 'x'} when called with one example"),
-        (lambda ex: ["one text"], TypeError, "returned ['one text'] when called with one example, and returned "
-                                             "['one text'] when called with a batch"),
-        (lambda ex: ex["missing"], ValueError, "raised KeyError: 'missing' when called with one example, and "
-                                               "raised KeyError: 'missing' when called with a batch"),
-    ],
-)
+@pytest.mark.parametrize("func, error, shown", [
+    (lambda ex: None, TypeError, "returned None when called with one example, and returned None when called"),
+    (lambda ex: {"text": "x"}, TypeError, "returned {'text': 'x'} when called with one example"),
+    (lambda ex: ["one text"], TypeError, "returned ['one text'] when called with one example, and returned "
+                                         "['one text'] when called with a batch"),
+    (lambda ex: ex["missing"], ValueError, "raised KeyError: 'missing' when called with one example, and "
+                                           "raised KeyError: 'missing' when called with a batch"),
+])
 def test_what_cannot_be_told_is_refused_naming_both_conventions(func, error, shown):
     with pytest.raises(error) as info:
         formatting_convention(func, RECORD)
@@ -167,39 +157,22 @@ def test_a_later_record_returning_something_else_is_refused():
 
 
 def test_trainer_refuses_a_formatting_func_it_cannot_tell_before_any_work(data_file, tmp_path):
-    from datasets import load_dataset
-    from transformers import AutoModelForCausalLM
-    from trl import SFTConfig
-
-    from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
-
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
     model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32)
     with pytest.raises(TypeError, match=r"^formatting_func: cannot tell how it is written \(TRL >= 0.13"):
-        SFTTrainer(
-            model, train_dataset=load_dataset("json", data_files=data_file, split="train"),
-            args=SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[]),
-            processing_class=tokenizer, formatting_func=lambda ex: 0,
-            data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tokenizer, padding_free=True),
-        )
+        SFTTrainer(model, train_dataset=load_dataset("json", data_files=data_file, split="train"),
+                   args=SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[]),
+                   processing_class=tokenizer, formatting_func=lambda ex: 0,
+                   data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tokenizer, padding_free=True))
     assert not (tmp_path / "out").exists()
 
 
 def test_a_tokenized_dataset_does_not_call_the_formatting_func(tmp_path):
-    """TRL ignores ``formatting_func`` (with a warning) when the dataset has ``input_ids``: nothing is told or
-    refused then."""
-    from datasets import Dataset
-    from transformers import AutoModelForCausalLM
-    from trl import SFTConfig
-
-    from trl_padfree import SFTTrainer
-
+    """TRL ignores ``formatting_func`` (with a warning) for a dataset with ``input_ids``: nothing told or refused."""
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
     calls = []
     dataset = Dataset.from_dict({"input_ids": [[5, 6, 7, 8]] * 4})
-    SFTTrainer(
-        AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32), train_dataset=dataset,
-        args=SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[]),
-        processing_class=tokenizer, formatting_func=lambda ex: calls.append(ex) or 0,
-    )
+    SFTTrainer(AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32), train_dataset=dataset,
+               args=SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[]),
+               processing_class=tokenizer, formatting_func=lambda ex: calls.append(ex) or 0)
     assert calls == []

@@ -1,12 +1,7 @@
-"""trl_padfree.GRPOTrainer: padding-free and prompt-once GRPO equal TRL's padded GRPOTrainer.
-
-Every test runs the real trainers on a tiny fp32 Llama with TRL's own seeded generation (transformers ``generate``
-on the CPU), 3 optimizer steps, gradient accumulation 2, ``num_iterations=2`` (old log-probs), ``beta=0.1`` (a
-reference model), and compares with TRL's padded trainer: every log-prob / entropy tensor TRL's loss code receives,
-every logged metric, every parameter's gradient before each optimizer step. Plain SGD: Adam's first update is
-``lr * sign(g)`` where a gradient is ~0, which turns rounding-level gradient differences into ``lr``-sized weight
-differences and would hide (or fake) a real difference from the second step on.
-"""
+"""trl_padfree.GRPOTrainer and RLOOTrainer: padding-free and prompt-once equal TRL's padded trainers (tiny fp32 Llama,
+TRL's seeded generation, 3 SGD steps, accumulation 2, ``num_iterations=2``, a reference model): every log-prob and
+entropy TRL's loss gets, every logged metric, every gradient before each optimizer step. SGD, not Adam: Adam's
+``lr * sign(g)`` first step would turn rounding-level gradient differences into ``lr``-sized weight differences."""
 
 from __future__ import annotations
 
@@ -20,7 +15,7 @@ if rl_padding_free_unavailable():
     pytest.skip(rl_padding_free_unavailable(), allow_module_level=True)
 
 from layout_runs import LAYOUTS, register_leaky_attention, step_logs
-from tiny_rl import METRIC_RTOL, RTOL, compare, grpo_loss_types, tokenizer, trainer
+from tiny_rl import assert_exact, grpo_loss_types, tokenizer, trainer
 
 import trl_padfree
 from trl_padfree import PackingLeakError
@@ -28,28 +23,33 @@ from trl_padfree.rl_packing import pack_completion_rows, scatter_scores
 from trl_padfree.testing import tiny_llama
 
 
-def _assert_exact(diffs: dict) -> None:
-    assert diffs["logps"] <= RTOL and diffs["entropy"] <= RTOL and diffs["grads"] <= RTOL, diffs
-    assert diffs["metrics"] <= METRIC_RTOL, diffs
+def lora():
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
 
 
-def _run_all(tmp_path, kind: str = "grpo", **overrides) -> dict:
+CASES = {**{f"grpo-{t}": ("grpo", dict(loss_type=t)) for t in grpo_loss_types()},
+         "grpo-sequence-importance-sampling": ("grpo", dict(loss_type="grpo", importance_sampling_level="sequence")),
+         "grpo-peft": ("grpo", "peft"), "rloo": ("rloo", {}), "rloo-peft": ("rloo", "peft")}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_every_loss_type_peft_and_rloo_match_trl(tmp_path, case):
+    """PEFT: the reference is the base model with the adapters off; RLOO has beta=0.05 by default."""
+    kind, overrides = CASES[case]
     runs = {}
     for layout in LAYOUTS:
-        t = trainer(kind, layout, str(tmp_path / layout), **overrides)
+        kwargs = dict(peft=lora(), learning_rate=0.5) if overrides == "peft" else overrides  # a LoraConfig each
+        t = trainer(kind, layout, str(tmp_path / layout), **kwargs)
+        assert isinstance(t, trl.GRPOTrainer if kind == "grpo" else trl.RLOOTrainer)
+        assert (layout == "padded") != isinstance(t, trl_padfree.GRPOTrainer | trl_padfree.RLOOTrainer)
+        assert (t.ref_model is None) == (overrides == "peft")
         t.train()
         runs[layout] = t
-    return runs
-
-
-GRPO_DEFAULT = trl.GRPOConfig.__dataclass_fields__["loss_type"].default
-
-
-@pytest.mark.parametrize("loss_type", grpo_loss_types())
-def test_every_loss_type_matches_trl(tmp_path, loss_type):
-    runs = _run_all(tmp_path, loss_type=loss_type)
-    padded = runs["padded"]
-    assert any(r[0].abs().sum() > 0 for r in padded.recorded)
+    assert any(r[0].abs().sum() > 0 for r in runs["padded"].recorded)
+    if overrides == "peft" or kind == "rloo":
+        assert any(e.get("kl", 0) > 0 for e in step_logs(runs["padded"]))  # the reference forward mattered
     # the batches really are padded, and prompt_once really shares prompt tokens
     totals = runs["padfree"].pack_totals
     assert totals["train"]["real_tokens"] < totals["train"]["padded_tokens"]
@@ -57,30 +57,7 @@ def test_every_loss_type_matches_trl(tmp_path, loss_type):
     assert runs["once"].pack_totals["train"]["shared_tokens"] > 0
     assert runs["once"].pack_totals["no_grad"]["shared_tokens"] > 0
     for layout in ("padfree", "once"):
-        _assert_exact(compare(runs[layout], padded))
-
-
-def test_sequence_importance_sampling_matches_trl(tmp_path):
-    runs = _run_all(tmp_path, loss_type="grpo", importance_sampling_level="sequence")
-    for layout in ("padfree", "once"):
-        _assert_exact(compare(runs[layout], runs["padded"]))
-
-
-def test_peft_with_adapters_off_reference_matches_trl(tmp_path):
-    from peft import LoraConfig
-
-    def lora():
-        return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
-
-    runs = {}
-    for layout in LAYOUTS:
-        t = trainer("grpo", layout, str(tmp_path / layout), peft=lora(), learning_rate=0.5)
-        assert t.ref_model is None  # the reference is the base model, adapters off
-        t.train()
-        runs[layout] = t
-    assert any(e.get("kl", 0) > 0 for e in step_logs(runs["padded"]))  # the reference forward mattered
-    for layout in ("padfree", "once"):
-        _assert_exact(compare(runs[layout], runs["padded"]))
+        assert_exact(runs[layout], runs["padded"])
 
 
 def test_padding_free_false_is_trls_trainer(tmp_path):
@@ -124,17 +101,14 @@ def test_packed_groups_give_each_sequence_alone():
                     "padfree_kv_index")
             out = model(**{k: packed[k] for k in keys if k in packed}, shift_labels=packed["shift_labels"],
                         fused_lm_head=True)
-            logps = scatter_scores(out.log_probs, packed, cw)
-            entropy = scatter_scores(out.entropy, packed, cw)
             for i, (p, c) in enumerate(rows):
                 seq = torch.tensor([p + c])
                 alone = model(input_ids=seq, labels=seq, fused_lm_head=True)
-                want = torch.zeros(cw)
-                want[: len(c)] = alone.log_probs[0, len(p) - 1 :]
-                torch.testing.assert_close(logps[i], want, rtol=1e-5, atol=1e-5)
-                want_e = torch.zeros(cw)
-                want_e[: len(c)] = alone.entropy[0, len(p) - 1 :]
-                torch.testing.assert_close(entropy[i], want_e, rtol=1e-5, atol=1e-5)
+                for name in ("log_probs", "entropy"):
+                    want = torch.zeros(cw)
+                    want[: len(c)] = getattr(alone, name)[0, len(p) - 1 :]
+                    got = scatter_scores(getattr(out, name), packed, cw)[i]
+                    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
             stats = packed["stats"]
             real = sum(len(p) + len(c) for p, c in rows)
             assert stats.real_tokens == real
@@ -171,8 +145,7 @@ def test_bad_settings_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_two_ddp_ranks_match_trl(tmp_path):
-    """GRPO (bnpo) and RLOO on 2 CPU DDP ranks (gloo, torchrun): padding-free and prompt-once equal TRL's padded run
-    on every logged metric, every all-reduced gradient and rank 0's log-probs and entropies."""
+    """GRPO (bnpo) and RLOO on 2 CPU DDP ranks (gloo, torchrun): as above, with all-reduced gradients."""
     from types import SimpleNamespace
 
     from two_ranks import run_on_two_ranks
@@ -189,15 +162,13 @@ def test_two_ddp_ranks_match_trl(tmp_path):
                 args=SimpleNamespace(max_steps=3), state=SimpleNamespace(log_history=saved["logs"]))
         assert saved["pack_totals"]["train"]["shared_tokens"] > 0
         for layout in ("padfree", "once"):
-            _assert_exact(compare(runs[layout], runs["padded"]))
+            assert_exact(runs[layout], runs["padded"])
 
 
 def test_flash_attention_2_path_matches_trl(tmp_path, flash_attention_2_on_cpu):
-    """The packed forwards through transformers' real flash_attention_2 dispatch (flash-attn's varlen kernel replaced
-    by tests/flash_attention_cpu.py's reference, which records every call): TRL's padded run on sdpa is matched, and
-    every attention call got the packed row's cu_seq_lens (no inference from position_ids, no padded path).
-    Generation stays on "padfree" (flash-attn's padded path is not available on a CPU); no activation checkpointing
-    (its recomputation in the backward would run outside the switch to flash_attention_2)."""
+    """Through transformers' flash_attention_2 dispatch (reference kernel, tests/flash_attention_cpu.py): TRL's padded
+    run matched, every attention call got the row's cu_seq_lens. Generation stays on "padfree"; no activation
+    checkpointing (its recomputation would run outside the switch to flash_attention_2)."""
     calls = flash_attention_2_on_cpu
     padded = trainer("grpo", "padded", str(tmp_path / "padded"), loss_type="bnpo", activation_checkpointing=False)
     padded.train()
@@ -223,12 +194,11 @@ def test_flash_attention_2_path_matches_trl(tmp_path, flash_attention_2_on_cpu):
     assert seen and calls
     for cu, got in seen:
         assert got == [cu] * fa2.model.config.num_hidden_layers
-    _assert_exact(compare(fa2, padded))
+    assert_exact(fa2, padded)
 
 
 def test_library_trainer_logs_real_tokens_and_generation_time(tmp_path):
-    """trl_padfree.GRPOTrainer used directly (not through the launch) logs real tokens/s and the time and share of
-    each logging interval spent generating, and the run's totals."""
+    """The library trainer logs real tokens/s, generation time and share per interval, and the run's totals."""
     t = trainer("grpo", "once", str(tmp_path), max_steps=2, logging_steps=1)
     t.train()
     train = [e for e in t.state.log_history if "loss" in e]

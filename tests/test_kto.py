@@ -1,11 +1,5 @@
-"""Padding-free KTO (and its reference prompt-once row) trains the same model as TRL's padded KTOTrainer (CPU, fp32).
-
-Through the real Trainer: per-step loss and every logged metric (KL term, rewards, log-probs, entropy, logits,
-token count), every parameter's gradient before every optimizer step (SGD) and the final weights, over 3 optimizer
-steps with gradient accumulation 2, with desirable and undesirable weights, for the ``kto`` loss (with the KL term)
-and ``apo_zero_unpaired``, a separate reference, a PEFT reference (adapters off) and precomputed reference
-log-probs.
-"""
+"""Padding-free KTO (and its prompt-once reference row) trains TRL's padded KTOTrainer's model (CPU, fp32): every
+metric (KL term included), gradient and final weight over 3 SGD steps (tests/layout_runs.py)."""
 
 from __future__ import annotations
 
@@ -15,16 +9,6 @@ import layout_runs
 import pytest
 import tiny_kto as T
 import torch
-from layout_runs import (
-    LAYOUTS,
-    GradRecorder,
-    assert_training_moved,
-    ddp_runs,
-    finished,
-    register_leaky_attention,
-    step_logs,
-    train_layouts,
-)
 
 from trl_padfree import KTOTrainer
 from trl_padfree.kto import DataCollatorForUnpairedFlat, kto_padding_free_unavailable
@@ -36,8 +20,8 @@ METRICS = ("loss", "kl", "logps/chosen", "logps/rejected", "rewards/chosen", "re
            "entropy", "logits/chosen", "logits/rejected", "num_tokens")
 
 
-def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[KTOTrainer, GradRecorder]]:
-    return train_layouts(T, T.examples(24), T.tokenizer(), tmp_path, **kwargs)
+def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[KTOTrainer, layout_runs.GradRecorder]]:
+    return layout_runs.train_layouts(T, T.examples(24), T.tokenizer(), tmp_path, **kwargs)
 
 
 def same_step(layout: str, got: dict[str, float], want: dict[str, float], metrics=METRICS) -> None:
@@ -48,36 +32,30 @@ def same_step(layout: str, got: dict[str, float], want: dict[str, float], metric
         assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
 
 
-def assert_same_training(runs: dict[str, tuple[KTOTrainer, GradRecorder]], metrics=METRICS) -> None:
-    layout_runs.assert_same_training(finished(runs), lambda *steps: same_step(*steps, metrics=metrics))
-    assert_training_moved(runs)
+def assert_same_training(runs: dict[str, tuple[KTOTrainer, layout_runs.GradRecorder]], metrics=METRICS) -> None:
+    layout_runs.assert_same_training(layout_runs.finished(runs),
+                                     lambda *steps: same_step(*steps, metrics=metrics))
+    layout_runs.assert_training_moved(runs)
 
 
-@pytest.mark.parametrize(
-    "case",
-    [{}, {"precompute_ref_log_probs": True}, {"loss_type": "apo_zero_unpaired"}],
-    ids=["kto-kl", "kto-precomputed-ref", "apo_zero_unpaired"],
-)
+@pytest.mark.parametrize("case", [{}, {"precompute_ref_log_probs": True}, {"loss_type": "apo_zero_unpaired"}, "peft"],
+                         ids=["kto-kl", "kto-precomputed-ref", "apo_zero_unpaired", "peft-reference-adapters-off"])
 def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
+    if case == "peft":
+        from peft import LoraConfig
+
+        case = dict(ref=False, peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+                                               lora_dropout=0.0))
     runs = run_layouts(tmp_path, **case)
+    assert all((trainer.ref_model is None) == ("peft" in case) for trainer, _ in runs.values())
     metrics = METRICS
     if case.get("loss_type") == "apo_zero_unpaired":
         metrics = tuple(m for m in METRICS if m != "kl")
-        assert all(e["kl"] == 0.0 for e in step_logs(runs["padfree"][0]))
+        assert all(e["kl"] == 0.0 for e in layout_runs.step_logs(runs["padfree"][0]))
     else:
-        kl = [e["kl"] for e in step_logs(runs["padded"][0])]
+        kl = [e["kl"] for e in layout_runs.step_logs(runs["padded"][0])]
         assert any(k > 0 for k in kl), kl  # the KL term is in the comparison (not clamped to 0 everywhere)
     assert_same_training(runs, metrics)
-
-
-def test_peft_reference_adapters_off(tmp_path):
-    from peft import LoraConfig
-
-    peft = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
-    runs = run_layouts(tmp_path, ref=False, peft=peft)
-    for trainer, _ in runs.values():
-        assert trainer.ref_model is None
-    assert_same_training(runs)
 
 
 def test_weights_enter_the_loss(tmp_path):
@@ -124,9 +102,8 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
 
 @pytest.mark.slow
 def test_two_ddp_ranks_train_the_same_model(tmp_path):
-    """torchrun, 2 CPU ranks (gloo): padded and padding-free KTO give the same per-step logs (the KL term gathered
-    across ranks), gradients and weights."""
-    runs = ddp_runs("kto", tmp_path)
+    """torchrun, 2 CPU ranks: same per-step logs (KL gathered across ranks), gradients, weights."""
+    runs = layout_runs.ddp_runs("kto", tmp_path)
     assert any(e["kl"] > 0 for e in runs["padded"].logs)
     layout_runs.assert_same_training(runs, same_step)
 
@@ -134,7 +111,7 @@ def test_two_ddp_ranks_train_the_same_model(tmp_path):
 def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
     from trl_padfree.probe import PackingLeakError
 
-    leaky = register_leaky_attention()
+    leaky = layout_runs.register_leaky_attention()
     tok, data = T.tokenizer(), T.examples(8)
     trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
     with pytest.raises(PackingLeakError, match="LEAKS"):
@@ -145,7 +122,7 @@ def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
 def test_evaluation_gives_trls_metrics(tmp_path):
     tok, data = T.tokenizer(), T.examples(12)
     results = {}
-    for layout in LAYOUTS:
+    for layout in layout_runs.LAYOUTS:
         policy, ref = T.model(layout), T.model(layout, seed=1)
         with torch.no_grad():
             ref.lm_head.weight.mul_(4.0)
@@ -156,7 +133,7 @@ def test_evaluation_gives_trls_metrics(tmp_path):
     want = results["padded"]
     assert {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"} <= set(want)
     scale = 0.1 * max(abs(want["eval_logps/chosen"]), abs(want["eval_logps/rejected"]))
-    for layout in LAYOUTS[1:]:
+    for layout in layout_runs.LAYOUTS[1:]:
         got = results[layout]
         for key in want:
             if key.startswith("eval_") and not key.endswith(("runtime", "per_second", "preparation_time")):

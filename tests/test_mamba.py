@@ -1,10 +1,6 @@
-"""Mamba and Mamba-2 layers on a packed row (trl_padfree/recurrent/mamba.py): each sequence as if alone.
-
-Kernel level: transformers' torch scans (the fallbacks of ``integrations/hub_kernels.py``) wrapped by ``KERNELS``,
-on a packed row vs each sequence alone, values and gradients. Model level (every family's plain case is in
-tests/test_families.py): the batch with fewer boundary keys, other lengths, gradient checkpointing, what happens
-unpatched, and a cache refused.
-"""
+"""Mamba and Mamba-2 layers on a packed row (trl_padfree/recurrent/mamba.py): transformers' torch scans wrapped by
+``KERNELS`` vs each sequence alone (values, gradients); tiny models with fewer boundary keys, other lengths,
+checkpointing, unpatched, a cache refused."""
 
 from __future__ import annotations
 
@@ -176,7 +172,6 @@ def test_fused_forms_fall_back_to_the_unfused_path_when_packed() -> None:
     assert fused(torch.zeros(1, 3, 8), None, None, None, None, None, 4, seq_idx=_seq_idx([2, 1])) is None
 
 
-# ------------------------------------------------------------------------ tiny models (trl_padfree.families)
 def _tiny(family: str, checkpointing: bool = False, prepare: bool = True) -> torch.nn.Module:
     _modeling(family)
     model = tiny_family_model(family)
@@ -199,36 +194,27 @@ def _assert_exact(model: torch.nn.Module, keys: tuple[str, ...] | None = None,
 
 
 NO_SEQ_IDX = ("position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+MODEL_CASES = {  # family, the batch's keys, lengths, gradient checkpointing
+    **{f"{f}-cu_seq_lens": (f, NO_SEQ_IDX, EXACTNESS_LENGTHS, False) for f in ("bamba", "jamba", "mamba2")},
+    **{f"{f}-position_ids": (f, ("position_ids",), EXACTNESS_LENGTHS, False) for f in ("jamba", "mamba2", "zamba2")},
+    # equal lengths (one padding slot more: never the row's token count) and skewed ones (two batches of sequences)
+    **{f"{f}-{n}": (f, None, lengths, False) for f in ("bamba", "jamba")
+       for n, lengths in (("equal", (6, 6, 6)), ("skewed", (19, 2, 3, 2)))},
+    # a checkpointed layer recomputes with the same boundaries (arguments, not state)
+    **{f"{f}-checkpointing": (f, None, EXACTNESS_LENGTHS, True) for f in ("jamba", "mamba2")},
+}
 
 
-@pytest.mark.parametrize(("family", "keys"), [
-    ("bamba", NO_SEQ_IDX), ("jamba", NO_SEQ_IDX), ("mamba2", NO_SEQ_IDX),  # boundaries from cu_seq_lens_q
-    ("jamba", ("position_ids",)), ("mamba2", ("position_ids",)), ("zamba2", ("position_ids",)),  # from positions
-])  # fmt: skip
-def test_tiny_model_with_fewer_boundary_keys(family: str, keys: tuple[str, ...]) -> None:
-    _assert_exact(_tiny(family), keys)
-
-
-@pytest.mark.parametrize("family", ["bamba", "jamba"])
-@pytest.mark.parametrize("lengths", [(6, 6, 6), (19, 2, 3, 2)], ids=["equal", "skewed"])
-def test_tiny_model_other_lengths(family: str, lengths: tuple[int, ...]) -> None:
-    """Equal lengths (the batch of sequences gets one padding slot more, so it never has the packed row's token
-    count) and skewed ones (two batches of sequences)."""
-    _assert_exact(_tiny(family), lengths=lengths)
-
-
-@pytest.mark.parametrize("family", ["jamba", "mamba2"])
-def test_tiny_model_gradient_checkpointing(family: str) -> None:
-    """A checkpointed layer recomputes with the same boundaries (they travel as arguments, not as state)."""
-    _assert_exact(_tiny(family, checkpointing=True))
+@pytest.mark.parametrize("case", list(MODEL_CASES))
+def test_tiny_model_packed_equals_each_example_alone(case: str) -> None:
+    family, keys, lengths, checkpointing = MODEL_CASES[case]
+    _assert_exact(_tiny(family, checkpointing=checkpointing), keys, lengths)
 
 
 @pytest.mark.parametrize("family", ["jamba", "mamba2"])
 def test_unpatched_jamba_and_mamba2_are_not_exact(family: str) -> None:
-    """Why patch_model exists: without it these models scan across the examples of a row (or, where "padfree"'s
-    mask builder has made the convolution check packed rows, refuse them). From transformers 5.25 on,
-    Mamba2ForCausalLM hands its call's keyword arguments (the collator's ``seq_idx``) down to the mixers, so the
-    kernels alone keep its examples apart."""
+    """Without patch_model these scan across a row's examples (or refuse the row); from transformers 5.25 on,
+    Mamba2ForCausalLM passes the collator's ``seq_idx`` down to its mixers, so its kernels alone suffice."""
     try:
         result = packed_vs_alone(_tiny(family, prepare=False))
     except ValueError as refused:

@@ -119,9 +119,8 @@ sys.exit(code)
 
 
 def test_the_package_imports_and_trains_without_matplotlib(tmp_path):
-    """matplotlib is the ``bench`` extra's: every module of the core (none of which loads the command line, the
-    launch or the bench) and two SFT steps on the demo model run with every ``import matplotlib`` refused (a
-    meta-path blocker, checked to block)."""
+    """matplotlib is the ``bench`` extra's: every core module (loading no layer on top) and two SFT steps run with
+    ``import matplotlib`` refused by a meta-path blocker (checked to block)."""
     run = subprocess.run([sys.executable, "-c", NO_MATPLOTLIB, "train", "--config", "demo", "--max_steps", "2",
                           "--max_train_examples", "16", "--max_eval_examples", "4", "--eval_steps", "2",
                           "--eval_on_start", "false", "--logging_steps", "1", "--output_dir", str(tmp_path / "run")],

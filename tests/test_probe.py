@@ -1,8 +1,4 @@
-"""Tests for trl_padfree.probe: the packing probe, assert_packing_safe and `trl-padfree check`.
-
-Every model here is a tiny random model built from a config (no hub access); each probe takes well under a
-second on CPU.
-"""
+"""trl_padfree.probe: the packing probe, assert_packing_safe and ``trl-padfree check`` (tiny random models)."""
 
 from __future__ import annotations
 
@@ -15,25 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers as tf
 from layout_runs import register_leaky_attention
 from paths import ROOT
 from torch import nn
-from transformers import (
-    AutoModelForCausalLM,
-    BloomConfig,
-    DataCollatorWithFlattening,
-    LlamaConfig,
-    LlamaForCausalLM,
-    LlamaForSequenceClassification,
-    Mamba2Config,
-    Mamba2ForCausalLM,
-    MambaConfig,
-    MambaForCausalLM,
-    MptConfig,
-    OPTConfig,
-    OPTForCausalLM,
-    XGLMConfig,
-)
 
 from trl_padfree import cli
 from trl_padfree.check import main
@@ -50,27 +31,22 @@ from trl_padfree.probe import (
 from trl_padfree.testing import tiny_llama_config
 
 
-def llama(attn: str = "sdpa", dtype: torch.dtype = torch.float32, **overrides: object) -> LlamaForCausalLM:
+def llama(attn: str = "sdpa", dtype: torch.dtype = torch.float32, **overrides: object) -> tf.LlamaForCausalLM:
     """Tiny random Llama; a fresh config each time (``_from_config`` writes the dtype into the config)."""
     torch.manual_seed(0)
     config = tiny_llama_config(vocab_size=128, max_position_embeddings=128, **overrides)
-    return LlamaForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype)
+    return tf.LlamaForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype)
 
 
-def opt(attn: str = "sdpa", dtype: torch.dtype = torch.float32, **overrides: object) -> OPTForCausalLM:
+def opt(attn: str = "sdpa", dtype: torch.dtype = torch.float32, **overrides: object) -> tf.OPTForCausalLM:
     """Tiny random OPT: its sdpa/eager mask never sees position_ids, so packed examples leak."""
     torch.manual_seed(0)
-    config = OPTConfig(
-        vocab_size=128, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-        word_embed_proj_dim=64, max_position_embeddings=128, **overrides,
-    )  # fmt: skip
-    return OPTForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype)
+    config = tf.OPTConfig(vocab_size=128, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                          word_embed_proj_dim=64, max_position_embeddings=128, **overrides)
+    return tf.OPTForCausalLM._from_config(config, attn_implementation=attn, dtype=dtype)
 
 
-FLATTENING = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
-
-
-# ------------------------------------------------------------------------------------------ batch format
+FLATTENING = tf.DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)
 
 
 def test_packed_batch_is_transformers_flattening_collators_plus_use_cache_false() -> None:
@@ -121,15 +97,14 @@ def test_tolerance_follows_dtype_and_arguments() -> None:
 
 
 def test_state_space_models_mamba2_is_prepared_safe_and_mamba_leaks_with_specific_advice() -> None:
-    """The probe prepares the model as the trainers do: Mamba-2's scans restart at every boundary; Mamba-1's own
-    torch scan still carries state across examples, and the advice does not recommend an attention."""
+    """Mamba-2 prepared as the trainers do is safe; Mamba-1 leaks, advice without an attention."""
     torch.manual_seed(0)
-    config = Mamba2Config(vocab_size=128, hidden_size=64, num_hidden_layers=1, state_size=16, expand=2, n_groups=1,
-                          head_dim=16, num_heads=8, chunk_size=8)
-    report = check_packing(Mamba2ForCausalLM(config))
+    config = tf.Mamba2Config(vocab_size=128, hidden_size=64, num_hidden_layers=1, state_size=16, expand=2,
+                             n_groups=1, head_dim=16, num_heads=8, chunk_size=8)
+    report = check_packing(tf.Mamba2ForCausalLM(config))
     assert report.status == "safe" and report.layer_kinds == ("mamba",)
-    report = check_packing(MambaForCausalLM(MambaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1,
-                                                        state_size=8, expand=2)))
+    config = tf.MambaConfig(vocab_size=128, hidden_size=32, num_hidden_layers=1, state_size=8, expand=2)
+    report = check_packing(tf.MambaForCausalLM(config))
     assert report.status == "leaks" and "mamba layers carry state across packed examples" in report.advice
     assert report.advice.endswith("set padding_free=False.") and "attn_implementation=" not in report.advice
 
@@ -192,13 +167,12 @@ def test_a_rejected_batch_is_an_error_and_leftover_randomness_inconclusive() -> 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 def test_each_trainer_layout_is_safe_under_padfree_and_leaks_are_caught(layout: str) -> None:
-    """The preference, RL-group and reward layouts, packed and prompt-once, give each sequence's logits (reward:
-    every token's score) alone under "padfree"; a leaking attention, and sdpa with prompt-once (it cannot read the
-    shared prompt keys), are caught with the fix in the advice."""
+    """Preference, group and reward layouts (packed, prompt-once) are each sequence alone under "padfree"; a leaking
+    attention, and sdpa with prompt-once (blind to shared prompt keys), are caught with the fix in the advice."""
     def model(attn: str) -> nn.Module:
         torch.manual_seed(0)
         config = tiny_llama_config(vocab_size=64, num_labels=1, pad_token_id=0)
-        cls = LlamaForSequenceClassification if layout == "reward" else LlamaForCausalLM
+        cls = tf.LlamaForSequenceClassification if layout == "reward" else tf.LlamaForCausalLM
         return cls._from_config(config, attn_implementation=attn)
 
     for prompt_once in (False, True):
@@ -213,13 +187,12 @@ def test_each_trainer_layout_is_safe_under_padfree_and_leaks_are_caught(layout: 
         assert_layout_packing_safe(model("sdpa"), layout, prompt_once=True)
 
 
-# transformers accepts attn_implementation="padfree" for any model, but models whose attention code does not go
-# through its AttentionInterface never call it: MPT then crashes on the mask built for "padfree", Bloom and XGLM
-# run their own attention over it. The probe says so instead of crashing or calling it a leak.
+# models whose attention bypasses transformers' AttentionInterface never call "padfree" (MPT crashes on its mask,
+# Bloom and XGLM run their own attention): the probe says so instead of crashing or calling it a leak
 UNSUPPORTED = {
-    "mpt": (MptConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=128, max_seq_len=128), "AttributeError"),
-    "bloom": (BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=128), None),
-    "xglm": (XGLMConfig(num_layers=2, d_model=64, attention_heads=4, ffn_dim=128, vocab_size=128), None),
+    "mpt": (tf.MptConfig(n_layers=2, d_model=64, n_heads=4, vocab_size=128, max_seq_len=128), "AttributeError"),
+    "bloom": (tf.BloomConfig(n_layer=2, hidden_size=64, n_head=4, vocab_size=128), None),
+    "xglm": (tf.XGLMConfig(num_layers=2, d_model=64, attention_heads=4, ffn_dim=128, vocab_size=128), None),
 }
 
 
@@ -227,7 +200,7 @@ UNSUPPORTED = {
 def test_padfree_on_a_model_that_never_calls_it_is_unsupported(model_type: str) -> None:
     config, error = UNSUPPORTED[model_type]
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="padfree")
+    model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="padfree")
     report = check_packing(model)
     assert (report.ok, report.status, report.model_type) == (False, "unsupported", model_type)
     assert (report.error or "").startswith(error or "") and (report.error is None) == (error is None)
@@ -241,16 +214,13 @@ def test_padfree_on_a_model_that_never_calls_it_is_unsupported(model_type: str) 
 
 def test_a_model_that_fails_on_an_ordinary_batch_still_raises() -> None:
     class Broken(nn.Module):
-        config = LlamaConfig(vocab_size=16)
+        config = tf.LlamaConfig(vocab_size=16)
 
         def forward(self, **batch):  # noqa: ANN003, ANN202
             raise RuntimeError("broken model")
 
     with pytest.raises(RuntimeError, match="broken model"):
         check_packing(Broken())
-
-
-# ------------------------------------------------------------------------------------------ CLI
 
 
 @pytest.fixture(scope="module")
@@ -265,52 +235,32 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 CPU32 = ["--dtype", "float32", "--device", "cpu"]
 
 
-def test_cli_safe_model_exits_0(saved: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_exit_codes_text_and_json(saved: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--model", str(saved["llama"]), "--attn-implementation", "sdpa", *CPU32]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(
-        "SAFE: llama (attn_implementation='sdpa', float32 on cpu) keeps packed examples apart."
-    )
+    assert out.startswith("SAFE: llama (attn_implementation='sdpa', float32 on cpu) keeps packed examples apart.")
     assert "advice: padding_free=True is safe" in out
-
-
-def test_cli_leaking_model_exits_1_with_type_and_advice(saved: dict[str, Path], capsys) -> None:  # noqa: ANN001
     assert cli.main(["check", "--model", str(saved["opt"]), "--attn-implementation", "eager", *CPU32]) == 1
     out = capsys.readouterr().out
     assert out.startswith("LEAKS: opt (attn_implementation='eager', float32 on cpu)")
     assert 'attn_implementation="padfree"' in out and "padding_free=False" in out
-
-
-def test_cli_follows_the_advice_padfree_makes_opt_exit_0(saved: dict[str, Path], capsys) -> None:  # noqa: ANN001
+    # following the advice: padfree makes OPT exit 0
     assert main(["--model", str(saved["opt"]), "--attn-implementation", "padfree", *CPU32]) == 0
     assert capsys.readouterr().out.startswith("SAFE: opt (attn_implementation='padfree', float32 on cpu)")
-
-
-def test_cli_json_output(saved: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--model", str(saved["opt"]), "--attn_implementation", "default", "--json", "--lengths", "4,6,3",
                  *CPU32]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert (data["ok"], data["status"], data["model_type"], data["lengths"]) == (
-        False,
-        "leaks",
-        "opt",
-        [4, 6, 3],
-    )
+    assert (data["ok"], data["status"], data["model_type"], data["lengths"]) == (False, "leaks", "opt", [4, 6, 3])
     assert data["attn_implementation"] == "sdpa"  # the checkpoint's default
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--model", "{missing}"], "model path '{missing}' does not exist"),
-        (["--model", "{llama}", "--lengths", "4,x"], "--lengths must be comma-separated integers"),
-        (["--model", "{llama}", "--lengths", "4"], "--lengths needs at least 2 lengths >= 1"),
-        (["--model", "{llama}", "--attn-implementation", "nonsense"], "cannot load '{llama}'"),
-    ],
-)
-def test_cli_bad_input_exits_2_with_one_line(
-    saved: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
-) -> None:
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "{missing}"], "model path '{missing}' does not exist"),
+    (["--model", "{llama}", "--lengths", "4,x"], "--lengths must be comma-separated integers"),
+    (["--model", "{llama}", "--lengths", "4"], "--lengths needs at least 2 lengths >= 1"),
+    (["--model", "{llama}", "--attn-implementation", "nonsense"], "cannot load '{llama}'"),
+])
+def test_cli_bad_input_exits_2_with_one_line(saved, tmp_path, capsys, args, message) -> None:  # noqa: ANN001
     names = {"missing": str(tmp_path / "missing"), "llama": str(saved["llama"])}
     assert main([a.format(**names) for a in args] + CPU32) == 2
     err = capsys.readouterr().err
@@ -320,18 +270,12 @@ def test_cli_bad_input_exits_2_with_one_line(
 
 def test_cli_missing_path_in_a_real_process_prints_no_traceback(tmp_path: Path) -> None:
     missing = tmp_path / "nope"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trl_padfree.cli", "check", "--model", str(missing)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert proc.stderr.strip() == (
+    proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "check", "--model", str(missing)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
         f"trl-padfree check: model path '{missing}' does not exist; pass a model directory (config.json + weights)."
     )
     assert "Traceback" not in proc.stderr and proc.stdout == ""
-
-
-# ------------------------------------------------------------------------------------------ CUDA (when present)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -362,9 +306,6 @@ def test_probe_families_script_writes_the_table(tmp_path: Path, capsys: pytest.C
     assert "unknown model type(s) lama; use names like llama" in capsys.readouterr().err
 
 
-# ------------------------------------------------------------------------------------------ a layer it does not know
-
-
 class RunningMean(torch.nn.Module):
     """A remote-code-style recurrent layer: a running mean over the row, which crosses example boundaries."""
 
@@ -377,8 +318,8 @@ class RunningMean(torch.nn.Module):
 
 
 def test_an_unknown_recurrent_layer_is_named_in_the_refusal() -> None:
-    """A layer the package has no varlen path for is refused before training, and the one-line advice names it
-    (the first module whose input agrees packed vs alone and whose output does not) and what to do."""
+    """A layer without a varlen path is refused before training; the advice names the first module whose input
+    agrees packed vs alone and whose output does not, and what to do."""
     model = llama("padfree")
     model.model.layers[1].mlp = RunningMean(model.model.layers[1].mlp)
     report = check_packing(model)
@@ -391,8 +332,7 @@ def test_an_unknown_recurrent_layer_is_named_in_the_refusal() -> None:
 
 
 def test_a_leaking_model_whose_layers_hold_length_shaped_tensors_is_reported_not_crashed() -> None:
-    """DeepSeek-V4 under eager leaks; its compressed layers hold tensors whose other dimensions follow the length,
-    which the search for the first leaking module must pass over (it raised a torch.cat size error)."""
+    """DeepSeek-V4 under eager leaks, reported (length-shaped tensors once crashed the search)."""
     from trl_padfree.families import tiny_family_model
 
     report = check_packing(tiny_family_model("deepseek_v4", "eager", prepare=True), try_alternatives=False)

@@ -1,6 +1,5 @@
 """trl_padfree.recurrent: short convolutions and gated-delta-rule / KDA layers restart at every boundary of a packed
-row (kernels against each sequence alone, values and gradients; tiny hybrid models without seq_idx or with a cache;
-prompt_once refused; a trainer)."""
+row (kernels vs each sequence alone; tiny hybrids; prompt_once refused; a trainer)."""
 
 from __future__ import annotations
 
@@ -41,7 +40,6 @@ def _grads(tensors, out) -> list[torch.Tensor]:
     return list(torch.autograd.grad((out * weights).sum(), tensors))
 
 
-# ---- short convolution ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("activation", [None, "silu"])
 def test_conv_packed_equals_each_sequence_alone(activation):
     reference = _torch_fallback(_modeling("qwen3_5").causal_conv1d_fn)
@@ -80,7 +78,6 @@ def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through_and_two_row
     torch.testing.assert_close(out[:1, :, 3:], original(x[:1, :, 3:], weight), rtol=0, atol=1e-6)
 
 
-# ---- gated delta rule and KDA ----------------------------------------------------------------------------------
 DELTA_RULES = [
     ("qwen3_5", "torch_chunk_gated_delta_rule", False),
     ("qwen3_5", "torch_recurrent_gated_delta_rule", False),
@@ -140,7 +137,6 @@ def test_delta_rule_chunks_of_a_long_sequence():
         torch.testing.assert_close(packed[:, a:b], alone, rtol=0, atol=1e-6)
 
 
-# ---- which globals are replaced ---------------------------------------------------------------------------------
 def test_prepare_replaces_only_torch_fallbacks_and_is_idempotent():
     from transformers.integrations.hub_kernels import use_kernel_func_from_hub_with_fallback
 
@@ -179,7 +175,6 @@ def test_prepare_replaces_only_torch_fallbacks_and_is_idempotent():
         del sys.modules[module.__name__]
 
 
-# ---- whole tiny models under "padfree" (each family packed vs alone: tests/test_families.py) ----------------------
 def _tiny(model_type: str, attn: str = "padfree", **overrides):
     if not family_available(model_type):
         pytest.skip(f"{model_type} is not in this transformers")
@@ -196,8 +191,7 @@ def _logits_alone(model, sequences) -> torch.Tensor:
 
 
 def test_qwen4_exp_with_a_cache_is_refused():
-    """Qwen4-Exp's token indexer needs a dense mask, which transformers does not split by position_ids when a cache
-    is passed: refused, not run across sequences."""
+    """Qwen4-Exp's indexer with a cache (mask not split by position_ids): refused."""
     model = _tiny("qwen4_exp_text").eval()
     batch = {k: v for k, v in packed_batch(_sequences()).items() if k != "use_cache"}
     with torch.no_grad(), pytest.raises(PackedRowError, match="spans all its 3 sequences.*use_cache=False"):
@@ -232,7 +226,6 @@ def test_padfree_prepares_a_model_called_by_hand_and_check_packing_passes():
     assert report.max_abs_diff <= report.tolerance
 
 
-# ---- prompt_once ----------------------------------------------------------------------------------------------
 def test_prompt_once_refused_for_recurrent_layers():
     model = _tiny("qwen3_5_text")
     with pytest.raises(ValueError, match=r"^prompt_once=True cannot share a prompt with Qwen3_5GatedDeltaNet layers "
@@ -270,30 +263,19 @@ def test_launch_turns_an_unset_prompt_once_off_for_recurrent_layers():
     assert _shared_prompt_default(unset, llama) is unset  # attention only: the task decides
 
 
-# ---- a trainer ---------------------------------------------------------------------------------------------------
 def test_sft_trainer_prepares_recurrent_layers_under_sdpa(tmp_path):
-    """The trainer prepares the model whatever its attention (sdpa here: "padfree"'s mask builder never runs), and
-    its padding-free first step has the padded step's loss."""
-    from tiny_sft import tokenized_dataset, tokenizer
-    from trl import SFTConfig
-
-    from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
+    """Recurrent layers prepared under sdpa too: padding-free's first loss is padded's."""
+    from tiny_sft import losses, make_trainer, tokenized_dataset, tokenizer
 
     modeling = _modeling("lfm2")
     modeling.causal_conv1d_fn = _torch_fallback(modeling.causal_conv1d_fn)  # as transformers left it
     tok = tokenizer()
-    dataset = tokenized_dataset(tok, 8)
     first_losses = []
     for padding_free in (True, False):
-        model = _tiny("lfm2", attn="sdpa", vocab_size=len(tok))
-        config = SFTConfig(output_dir=str(tmp_path / str(padding_free)), per_device_train_batch_size=4, max_steps=1,
-                           learning_rate=1e-3, logging_steps=1, save_strategy="no", report_to="none", use_cpu=True,
-                           bf16=False, padding_free=False, dataset_kwargs={"skip_prepare_dataset": True},
-                           disable_tqdm=True, activation_checkpointing=False, seed=0)
-        collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=padding_free)
-        trainer = SFTTrainer(model=model, args=config, train_dataset=dataset, processing_class=tok,
-                             data_collator=collator, check_packing=padding_free)
+        trainer = make_trainer(padding_free, tokenized_dataset(tok, 8), tok, str(tmp_path / str(padding_free)),
+                               model=_tiny("lfm2", attn="sdpa", vocab_size=len(tok)), check_packing=padding_free,
+                               max_steps=1)
         trainer.train()
-        first_losses.append(next(e["loss"] for e in trainer.state.log_history if "loss" in e))
+        first_losses.append(losses(trainer)[0])
     assert hasattr(modeling.causal_conv1d_fn, "__trl_padfree_original__")
     assert first_losses[0] == pytest.approx(first_losses[1], rel=1e-5)

@@ -1,11 +1,6 @@
-"""Padding-free and prompt-once reward-model training give TRL's padded RewardTrainer's model (CPU, fp32).
-
-Through the real Trainer: per-step loss and every logged metric, every parameter's gradient before every optimizer
-step (SGD, so the weights stay comparable step after step) and the final weights, over 3 optimizer steps with
-gradient accumulation 2; with and without ``margin``, with ``center_rewards_coefficient``, an explicit and an
-implicit prompt, and a pad token equal to EOS. A pair packed with others gets the rewards it has alone, and a
-deliberately leaking attention is refused before the first step.
-"""
+"""Padding-free and prompt-once reward-model training give TRL's padded RewardTrainer's model (CPU, fp32): every
+metric, gradient and final weight over 3 SGD steps (tests/layout_runs.py), with margin, centering, implicit prompts,
+pad == EOS; a pair packed with others gets its rewards alone."""
 
 from __future__ import annotations
 
@@ -13,18 +8,6 @@ import layout_runs
 import pytest
 import tiny_reward as T
 import torch
-from layout_runs import (
-    LAYOUTS,
-    GradRecorder,
-    assert_training_moved,
-    ddp_runs,
-    finished,
-    max_rel_diff,
-    register_leaky_attention,
-    step_logs,
-    train_layouts,
-    weights,
-)
 
 from trl_padfree import RewardConfig, RewardTrainer
 from trl_padfree.probe import PackingLeakError
@@ -32,9 +15,7 @@ from trl_padfree.reward_layout import DataCollatorForRewardPairs
 from trl_padfree.reward_trainer import reward_padding_free_unavailable
 
 RTOL = 1e-5
-# prompt-once gradients: 1.08e-5 measured in fp32 (padding-free: 0.98e-5, same data): the shared prefix's gradient is
-# summed before (not after) the backward of Llama's RMSNorm, which computes in fp32 even in an fp64 model; with an
-# fp64 RMSNorm prompt-once is exact to 1e-15 (test_float64_gradients_on_one_batch)
+# prompt-once gradients: 1.08e-5 in fp32 (Llama's RMSNorm backward in fp32; exact in fp64: test_float64_gradients...)
 ONCE_GRAD_RTOL = 2e-5
 pytestmark = pytest.mark.skipif(reward_padding_free_unavailable() is not None,
                                 reason=str(reward_padding_free_unavailable()))
@@ -53,30 +34,24 @@ def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> Non
         assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
 
 
-def assert_same_training(runs: dict[str, tuple[RewardTrainer, GradRecorder]]) -> None:
-    layout_runs.assert_same_training(finished(runs), same_step, grad_rtol)
-    assert_training_moved(runs)
+def assert_same_training(runs: dict[str, tuple[RewardTrainer, layout_runs.GradRecorder]]) -> None:
+    layout_runs.assert_same_training(layout_runs.finished(runs), same_step, grad_rtol)
+    layout_runs.assert_training_moved(runs)
     # prompt-once forwarded fewer tokens than it counted (the shared prefixes once), the counts agree
     once = runs["once"][0]
     batch = once.data_collator([once.train_dataset[i] for i in range(4)])
     assert batch["input_ids"].shape[1] < batch["num_tokens"]
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        {},
-        {"margin": True, "center_rewards_coefficient": 0.01},
-        {"explicit_prompt": False, "pad_is_eos": True},
-        {"gradient_checkpointing": True, "pad_to_multiple_of": 8},
-    ],
-    ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos", "checkpointing-pad-to-multiple"],
-)
+@pytest.mark.parametrize("case", [{}, {"margin": True, "center_rewards_coefficient": 0.01},
+                                  {"explicit_prompt": False, "pad_is_eos": True},
+                                  {"gradient_checkpointing": True, "pad_to_multiple_of": 8}],
+                         ids=["plain", "margin-centered", "implicit-prompt-pad-is-eos", "checkpointing-pad-to-multiple"])
 def test_three_layouts_train_the_same_model(tmp_path, case):
     case = dict(case)
     tok = T.tokenizer(pad_is_eos=case.pop("pad_is_eos", False))
     data = T.pairs(24, explicit_prompt=case.pop("explicit_prompt", True), margin=case.pop("margin", False))
-    runs = train_layouts(T, data, tok, tmp_path, **case)
+    runs = layout_runs.train_layouts(T, data, tok, tmp_path, **case)
     assert_same_training(runs)
     if "center_rewards_coefficient" in case:
         assert "margin" in runs["padfree"][0].train_dataset.column_names
@@ -135,7 +110,7 @@ def test_scores_are_read_where_trl_pools():
 
 
 def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    leaky = register_leaky_attention()
+    leaky = layout_runs.register_leaky_attention()
     tok, data = T.tokenizer(), T.pairs(8)
     trainer = T.trainer("padfree", data, tok, str(tmp_path), attn_implementation=leaky)
     with pytest.raises(PackingLeakError, match="LEAKS"):
@@ -184,15 +159,14 @@ def test_peft_lora_trains_the_same_adapters(tmp_path):
         runs[layout] = trainer
     trained = {k for k, v in runs["padded"].model.named_parameters() if v.requires_grad}
     assert any("lora" in k for k in trained) and any("score" in k for k in trained)
-    assert max_rel_diff(weights(runs["padfree"]), weights(runs["padded"])) <= RTOL
-    for a, b in zip(step_logs(runs["padfree"]), step_logs(runs["padded"]), strict=True):
+    padfree, padded = runs["padfree"], runs["padded"]
+    assert layout_runs.max_rel_diff(layout_runs.weights(padfree), layout_runs.weights(padded)) <= RTOL
+    for a, b in zip(layout_runs.step_logs(padfree), layout_runs.step_logs(padded), strict=True):
         assert abs(a["loss"] - b["loss"]) <= RTOL * abs(b["loss"])
 
 
 def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
-    """In float64 every layout gives the same loss and gradients to rounding (1e-12): what prompt-once changes is only
-    the order of sums. Llama's RMSNorm computes in float32 even in a float64 model; with it, prompt-once's gradients
-    below the last layer differ by ~6.5e-8 (the prefix's gradient summed before the norm's float32 backward)."""
+    """In float64 (RMSNorm too: Llama's computes in float32) every layout gives the same loss and gradients to 1e-12."""
     from transformers.models.llama import modeling_llama
 
     def rms_norm_in_input_dtype(self, hidden_states):
@@ -202,7 +176,7 @@ def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
     monkeypatch.setattr(modeling_llama.LlamaRMSNorm, "forward", rms_norm_in_input_dtype)
     tok, data = T.tokenizer(), T.pairs(8)
     grads, losses = {}, {}
-    for layout in LAYOUTS:
+    for layout in layout_runs.LAYOUTS:
         trainer = T.trainer(layout, data, tok, str(tmp_path / layout))
         trainer.model.double()
         batch = trainer.data_collator([trainer.train_dataset[i] for i in range(4)])
@@ -213,19 +187,19 @@ def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
         grads[layout] = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     for layout in ("padfree", "once"):
         assert abs(losses[layout] - losses["padded"]) <= 1e-12 * abs(losses["padded"])
-        assert max_rel_diff(grads[layout], grads["padded"]) <= 1e-12, layout
+        assert layout_runs.max_rel_diff(grads[layout], grads["padded"]) <= 1e-12, layout
 
 
 @pytest.mark.slow
 def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
     """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    layout_runs.assert_same_training(ddp_runs("reward", tmp_path), same_step, grad_rtol)
+    layout_runs.assert_same_training(layout_runs.ddp_runs("reward", tmp_path), same_step, grad_rtol)
 
 
 def test_evaluation_gives_trls_metrics(tmp_path):
     tok, data = T.tokenizer(), T.pairs(12)
     results = {}
-    for layout in LAYOUTS:
+    for layout in layout_runs.LAYOUTS:
         trainer = RewardTrainer(T.model(layout, tok), args=T.config(layout, str(tmp_path / layout),
                                                                      per_device_eval_batch_size=4),
                                 train_dataset=data, eval_dataset=T.pairs(8, seed=1), processing_class=tok,

@@ -1,7 +1,5 @@
-"""The scored-positions LM head (:mod:`trl_padfree.scored_head`) against TRL 1.16's fused head: the kernel's outputs
-and gradients, a model call (labels and shift_labels), SFT and DPO through the trainers (loss, logged metrics and
-every gradient over 3 optimizer steps with gradient accumulation 2, fp32, relative 1e-5), and the fallback to TRL's
-head for a model whose logits are softcapped."""
+"""The scored-positions LM head (:mod:`trl_padfree.scored_head`) against TRL 1.16's fused head: the kernel, a model
+call, SFT and DPO through the trainers (relative 1e-5), and the fallback for softcapped logits."""
 
 from __future__ import annotations
 
@@ -12,19 +10,11 @@ from layout_runs import GradRecorder, max_rel_diff, step_logs, weights
 from tiny_sft import make_trainer, tokenized_dataset, tokenizer
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
-from trl_padfree.scored_head import (
-    add_scored_head,
-    head_fallback_reason,
-    remove_scored_head,
-    score_row,
-    score_tokens,
-    scored_head_state,
-    scored_head_unavailable,
-)
+from trl_padfree import scored_head as sh
 from trl_padfree.testing import tiny_llama
 
 RTOL = 1e-5
-pytestmark = pytest.mark.skipif(scored_head_unavailable() is not None, reason=str(scored_head_unavailable()))
+pytestmark = pytest.mark.skipif(sh.scored_head_unavailable() is not None, reason=str(sh.scored_head_unavailable()))
 ALL = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 
 
@@ -57,7 +47,7 @@ def test_score_tokens_equals_trls_kernel_and_its_gradients(temperature):
     hidden, weight, bias = (torch.randn(*s, requires_grad=True) for s in ((n, h), (v, h), (v,)))
     targets = torch.randint(0, v, (n,))
     want = ChunkedLogProbFunction.apply(hidden, weight, bias, targets, temperature, 32768, None, 1.0, ALL)
-    got = score_tokens(hidden, weight, targets, bias, temperature=temperature, outputs=ALL, chunk_tokens=5)
+    got = sh.score_tokens(hidden, weight, targets, bias, temperature=temperature, outputs=ALL, chunk_tokens=5)
     assert_outputs_equal(got, dict(zip(ALL, want, strict=True)))
     g_lp, g_h = torch.randn(n), torch.randn(n)
     for use_entropy in (False, True):
@@ -81,7 +71,7 @@ def test_score_tokens_keeps_no_logits_of_the_whole_set_for_backward():
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = score_tokens(hidden, weight, torch.randint(0, v, (n,)), outputs=("entropy",), chunk_tokens=64)
+        out = sh.score_tokens(hidden, weight, torch.randint(0, v, (n,)), outputs=("entropy",), chunk_tokens=64)
     assert (n, h) in saved and (v, h) in saved
     assert max(torch.Size(s).numel() for s in saved) == v * h  # the weight; nothing [N, V]
     out.log_probs.sum().backward()
@@ -91,19 +81,19 @@ def test_score_tokens_keeps_no_logits_of_the_whole_set_for_backward():
 def test_score_tokens_refuses_bad_input():
     h, w = torch.zeros(2, 4), torch.zeros(8, 4)
     with pytest.raises(ValueError, match=r"targets must be token ids in \[0, 8\).*got ids from -100 to 3; gather only"):
-        score_tokens(h, w, torch.tensor([-100, 3]))
+        sh.score_tokens(h, w, torch.tensor([-100, 3]))
     with pytest.raises(ValueError, match=r"hidden must be \[N, H\] and weight \[V, H\] with the same H"):
-        score_tokens(torch.zeros(2, 5), w, torch.tensor([0, 1]))
+        sh.score_tokens(torch.zeros(2, 5), w, torch.tensor([0, 1]))
     with pytest.raises(ValueError, match=r"unknown output\(s\) \['logits'\]"):
-        score_tokens(h, w, torch.tensor([0, 1]), outputs=("logits",))
+        sh.score_tokens(h, w, torch.tensor([0, 1]), outputs=("logits",))
     with pytest.raises(ValueError, match="chunk_tokens must be a positive integer"):
-        score_tokens(h, w, torch.tensor([0, 1]), chunk_tokens=0)
+        sh.score_tokens(h, w, torch.tensor([0, 1]), chunk_tokens=0)
 
 
 def test_a_row_with_nothing_scored_gives_a_differentiable_zero():
     hidden = torch.randn(1, 5, 4, requires_grad=True)
     weight = torch.randn(8, 4, requires_grad=True)
-    out, mask = score_row(hidden, torch.full((1, 5), -100), weight, outputs=("entropy", "is_top1"))
+    out, mask = sh.score_row(hidden, torch.full((1, 5), -100), weight, outputs=("entropy", "is_top1"))
     assert not mask.any() and out.log_probs.abs().sum() == 0 and not out.is_top1.any()
     out.log_probs.sum().backward()
     assert hidden.grad.abs().sum() == 0 and weight.grad.abs().sum() == 0
@@ -147,7 +137,7 @@ def test_model_call_equals_trls_fused_head(shifted):
         _favour_the_commonest_target(model, {**batch, "labels": labels})
         add_fused_lm_head(model, outputs=ALL)
         if scored:
-            assert add_scored_head(model, outputs=ALL) is None and scored_head_state(model) == "scored"
+            assert sh.add_scored_head(model, outputs=ALL) is None and sh.scored_head_state(model) == "scored"
         out = model(**batch, **call, fused_lm_head=True, num_items_in_batch=torch.tensor(40))
         out.loss.backward()
         results.append((out, {k: p.grad.clone() for k, p in model.named_parameters()}))
@@ -174,11 +164,10 @@ def _sft_run(tmp_path, scored: bool):
 
 
 def test_sft_trainer_equals_trls_head(tmp_path):
-    """Through trl_padfree.SFTTrainer (padding-free, grad accumulation 2, 3 steps): the loss, entropy and
-    mean_token_accuracy logged, every gradient before each optimizer step, and the weights: equal to TRL's head."""
+    """SFT (accumulation 2, 3 steps): logs, every gradient and the weights equal TRL's head."""
     (trl_head, trl_grads), (scored, scored_grads) = (_sft_run(tmp_path, s) for s in (False, True))
     assert trl_head.lm_head_state == "trl: scored_lm_head=False" and scored.lm_head_state == "scored"
-    assert scored_head_state(scored.model) == "scored" and scored_head_state(trl_head.model) is None
+    assert sh.scored_head_state(scored.model) == "scored" and sh.scored_head_state(trl_head.model) is None
     assert_logs_equal(step_logs(scored), step_logs(trl_head), ("loss", "entropy", "mean_token_accuracy", "num_tokens"))
     assert len(scored_grads.steps) == len(trl_grads.steps) == 3
     for g, w in zip(scored_grads.steps, trl_grads.steps, strict=True):
@@ -195,8 +184,8 @@ def test_sft_switch_is_checked_and_removes_an_earlier_head(tmp_path):
         make_trainer(True, data, tok, str(tmp_path / "a"), scored_lm_head="no")
     trainer = make_trainer(True, data, tok, str(tmp_path / "b"))
     assert trainer.use_scored_lm_head() == "scored"
-    assert remove_scored_head(trainer.model) and scored_head_state(trainer.model) is None
-    assert not remove_scored_head(trainer.model)
+    assert sh.remove_scored_head(trainer.model) and sh.scored_head_state(trainer.model) is None
+    assert not sh.remove_scored_head(trainer.model)
 
 
 @pytest.mark.parametrize("once", [False, True], ids=["padfree", "prompt-once"])
@@ -249,23 +238,14 @@ def test_softcapped_logits_fall_back_to_trls_head(tmp_path, capsys):
     tok = tokenizer()
     model = _tiny_gemma2(len(tok))
     why = "final_logit_softcapping=30.0 (gemma2): logits softcapped before the loss"
-    assert head_fallback_reason(model) == why
+    assert sh.head_fallback_reason(model) == why
     batch = _packed_batch(tok)
     add_fused_lm_head(model, outputs=ALL)
     want = model(**batch, fused_lm_head=True)
-    assert add_scored_head(model, outputs=ALL) == why and scored_head_state(model) == f"trl: {why}"
+    assert sh.add_scored_head(model, outputs=ALL) == why and sh.scored_head_state(model) == f"trl: {why}"
     got = model(**batch, fused_lm_head=True)
     assert torch.equal(got.log_probs, want.log_probs) and torch.equal(got.entropy, want.entropy)
     # through the trainer: the state and one printed line
-    from trl import SFTConfig
-
-    from trl_padfree import SFTTrainer
-
-    trainer = SFTTrainer(
-        model=_tiny_gemma2(len(tok)), processing_class=tok, train_dataset=tokenized_dataset(tok, 4),
-        data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True),
-        args=SFTConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True, bf16=False, max_length=256,
-                       dataset_kwargs={"skip_prepare_dataset": True}, activation_checkpointing=False),
-        check_packing=False)
+    trainer = make_trainer(True, tokenized_dataset(tok, 4), tok, str(tmp_path), model=_tiny_gemma2(len(tok)))
     assert trainer.use_scored_lm_head() == f"trl: {why}"
     assert f"LM head: TRL's fused head, not the scored-positions head ({why})" in capsys.readouterr().out

@@ -1,8 +1,5 @@
-"""``trl_padfree.SFTTrainer`` trains with the thread count the launch picks, unless the user chose one.
-
-On a busy 2-core machine the demo model trained 10-17x slower on torch's default 2 threads than on 1
-(``python examples/sft_padfree.py --max_steps 20``: 279 s of training against 17 s with one core busy).
-"""
+"""``trl_padfree.SFTTrainer`` trains with the thread count the launch picks, unless the user chose one (torch's
+default 2 threads on a busy 2-core machine trained the demo 10-17x slower than 1)."""
 
 from __future__ import annotations
 
@@ -93,8 +90,7 @@ def test_torch_num_threads_sets_or_leaves_the_count(default_threads, tmp_path, c
 @pytest.mark.parametrize("idle", [8.0, 1.2])
 def test_the_count_is_said_also_when_it_is_torchs_and_a_busy_machine_gets_fewer(default_threads, tmp_path, capsys,
                                                                                 monkeypatch, idle):
-    # hidden size 512: 2 threads by the hidden-size rule, torch's own count on a 2-core machine: no line was printed;
-    # with one core busy (SmolLM2-135M: 23-25 s a step on 2 threads, 8.8 s on 1) the idle cores bound the count
+    # hidden size 512: 2 threads (torch's own count on 2 cores, said too); a busy core (idle 1.2) bounds it to 1
     import trl_padfree.threads as threads_module
 
     if default_threads != 2:

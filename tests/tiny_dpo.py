@@ -36,8 +36,7 @@ def config(layout: str, out: str, **overrides: Any) -> DPOConfig:
 def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True, peft: Any = None,
             model_kwargs: dict | None = None, check_packing: bool = True,
             make_model: Callable[..., Any] = model, **overrides: Any) -> DPOTrainer:
-    """A DPO trainer of ``layout``: ``make_model(layout, seed=..., **model_kwargs)`` builds the policy (seed 0) and
-    the reference (seed 1; none without ``ref``), tests/layout_runs.py's tiny Llama by default."""
+    """DPO trainer of ``layout``: ``make_model`` policy (seed 0), reference (seed 1, unless not ``ref``)."""
     policy = make_model(layout, **(model_kwargs or {}))
     ref_model = make_model(layout, seed=1, **(model_kwargs or {})) if ref else None
     return DPOTrainer(policy, ref_model, args=config(layout, out, **overrides), train_dataset=data,

@@ -1,6 +1,5 @@
-"""Shared set-up of the KTO tests: a tiny tokenizer and Llama, unpaired (prompt, completion, label) examples of
-uneven lengths with more desirable than undesirable ones, and trainers for the layouts of tests/layout_runs.py (TRL's
-padded batches, this package's padding-free rows, without and with the reference's prompt computed once)."""
+"""Shared set-up of the KTO tests: a tiny Llama, unpaired uneven examples (more desirable than undesirable), and
+trainers of tests/layout_runs.py's layouts."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Tiny models of the families the tests compare beside ``trl_padfree.testing``'s Llama: decoder configs with
-sliding windows (``decoder_config``), and Falcon / MPT checkpoints that cannot use ``"padfree"``
-(``save_tiny_model`` with ``GPT_NEO`` / ``MPT`` sizes)."""
+"""Tiny models beside ``trl_padfree.testing``'s Llama: sliding-window decoder configs, GPT-Neo / MPT checkpoints that
+cannot use ``"padfree"`` (``save_tiny_model``), and today's families for the trainer tests (``family_model``)."""
 
 from __future__ import annotations
 
@@ -12,7 +11,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
 from trl_padfree.testing import tiny_llama_config
 
-# transformers builds Falcon's attention from a table of its own, without "padfree" (a KeyError at load)
 # GPT-Neo builds its attention from a table of its own (no "padfree" in it: a KeyError at load); its default
 # attention (eager) keeps packed examples apart
 GPT_NEO = dict(hidden_size=32, num_heads=2, num_layers=1, attention_types=[[["global"], 1]],
@@ -22,8 +20,7 @@ MPT = dict(d_model=32, n_heads=2, n_layers=1, max_seq_len=128)
 
 
 def decoder_config(kind: str, *, sliding_window: int, **sizes: Any) -> PretrainedConfig:
-    """A ``"llama"`` (full attention), ``"mistral"`` (every layer windowed) or ``"qwen2"`` (first layer full, the
-    others windowed: both mask kinds in one model) config of ``sizes``."""
+    """``llama`` (full), ``mistral`` (all windowed) or ``qwen2`` (first full, others windowed) config."""
     if kind == "llama":
         return tiny_llama_config(**sizes)
     if kind == "mistral":
@@ -35,8 +32,7 @@ def decoder_config(kind: str, *, sliding_window: int, **sizes: Any) -> Pretraine
 
 
 def save_tiny_model(out: Path, model_type: str, sizes: dict[str, int], tokenizer: Any = None) -> Path:
-    """A random ``model_type`` model of ``sizes`` (seed 0) saved like a checkpoint in ``out``: vocabulary 64, or
-    ``tokenizer``'s (then with its special tokens, and saved beside it)."""
+    """A random seeded ``model_type`` checkpoint in ``out`` (vocabulary 64, or ``tokenizer``'s beside it)."""
     ids: dict[str, int] = {"vocab_size": 64}
     if tokenizer is not None:
         ids = dict(vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
@@ -48,8 +44,7 @@ def save_tiny_model(out: Path, model_type: str, sizes: dict[str, int], tokenizer
     return out
 
 
-# Today's families through the trainers (tests/test_family_trainers.py): 4 layers, hidden 32, the tiny tokenizer's
-# vocabulary (400: pad 0, eos 1, bos 2).
+# today's families through the trainers (tests/test_family_trainers.py): 4 layers, hidden 32, the tiny vocabulary
 FAMILY_TOKENS = dict(vocab_size=400, pad_token_id=0, eos_token_id=1, bos_token_id=2, tie_word_embeddings=False,
                      max_position_embeddings=256)
 FAMILIES: dict[str, dict[str, Any]] = {

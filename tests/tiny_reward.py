@@ -1,6 +1,5 @@
-"""Shared set-up of the reward-model tests: a tiny tokenizer and sequence-classification Llama, preference pairs of
-uneven lengths, and trainers for the three layouts of tests/layout_runs.py (TRL's padded batch, this package's
-padding-free row, prompt-once)."""
+"""Shared set-up of the reward tests: a tiny sequence-classification Llama, uneven preference pairs, and trainers of
+tests/layout_runs.py's layouts."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Shared set-up of the GRPO/RLOO tests: a tiny tokenizer and Llama, prompts of uneven lengths, a reward, and trainers
-for TRL's padded layout and this package's padding-free and prompt-once layouts, recording what the loss code gets.
-
-Generation is TRL's own (transformers ``generate`` on the CPU, seeded by the Trainer's seed). The model stops at any
-of :data:`STOP_TOKENS` so that completions have uneven lengths and padding.
-"""
+"""Shared set-up of the GRPO/RLOO tests: a tiny Llama that stops at every 9th token id (uneven completions), prompts,
+a reward, and recording trainers of TRL's padded and this package's padding-free and prompt-once layouts."""
 
 from __future__ import annotations
 
@@ -57,8 +53,7 @@ _SAVED: dict[Any, str] = {}
 
 
 def model_path(seed: int = 0, build: Callable[[], Any] | None = None, key: str = "llama") -> str:
-    """A saved tiny Llama (TRL builds the reference model from the policy's path when ``beta > 0``), or the model
-    ``build()`` returns (saved once per ``key``), stopping at :data:`STOP_EVERY`'s tokens."""
+    """A saved tiny Llama, or ``build()``'s model (once per ``key``), stopping at :data:`STOP_EVERY`."""
     if (key, seed) not in _SAVED:
         m = tiny_llama(seed=seed) if build is None else build()
         tok = tokenizer()
@@ -116,9 +111,7 @@ def _classes(kind: str, layout: str) -> type:
 def trainer(kind: str, layout: str, out: str, *, data: Dataset | None = None, peft: Any = None,
             check_packing: bool = True, scored_lm_head: bool | None = None, model: str | None = None,
             **overrides: Any) -> Any:
-    """A recording GRPO/RLOO trainer of ``layout`` on the saved model ``model`` (default :func:`model_path`'s
-    Llama; TRL loads the reference model from the same path where ``beta > 0``, or switches the adapters off under
-    PEFT)."""
+    """A recording GRPO/RLOO trainer of ``layout`` on the saved ``model`` (TRL loads its reference)."""
     tok = tokenizer()
     config = (grpo_config if kind == "grpo" else rloo_config)(out, layout, **overrides)
     kwargs: dict[str, Any] = {}
@@ -142,8 +135,7 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / scale).item() if b.numel() else 0.0
 
 
-# not compared between runs: wall-clock figures (trl_padfree/throughput.py's tokens/s and generation time) and the
-# schedule's bookkeeping
+# not compared between runs: wall-clock figures and the schedule's bookkeeping
 TIMED = ("step_time", "real_tokens_per_second", "generation_seconds", "generation_share", "learning_rate", "epoch",
          "step")
 
@@ -177,3 +169,10 @@ def compare(got: Any, want: Any) -> dict[str, float]:
         assert set(g) == set(w)
         out["grads"] = max(out["grads"], max(rel(g[k], w[k]) for k in w))
     return out
+
+
+def assert_exact(got: Any, want: Any) -> None:
+    """:func:`compare`'s differences within :data:`RTOL` (log-probs, entropies, gradients) and :data:`METRIC_RTOL`."""
+    diffs = compare(got, want)
+    assert diffs["logps"] <= RTOL and diffs["entropy"] <= RTOL and diffs["grads"] <= RTOL, diffs
+    assert diffs["metrics"] <= METRIC_RTOL, diffs

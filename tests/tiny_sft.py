@@ -64,10 +64,10 @@ def make_trainer(
     *,
     model_seed: int = 0,
     model: Any = None,
+    check_packing: bool = False,
     **config: Any,
 ) -> RecordingTrainer:
-    """A ``RecordingTrainer`` on ``model`` or a fresh tiny Llama: padding-free (``"padfree"`` attention) or padded
-    (sdpa)."""
+    """A ``RecordingTrainer`` on ``model`` or a tiny Llama (``padfree`` if padding-free, else sdpa)."""
     if model is None:
         model = tiny_llama(vocab_size=len(tokenizer), seed=model_seed,
                            attn_implementation="padfree" if padding_free else "sdpa")
@@ -84,7 +84,7 @@ def make_trainer(
     collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tokenizer, padding_free=padding_free)
     return RecordingTrainer(
         model=model, args=SFTConfig(**defaults), train_dataset=dataset, processing_class=tokenizer,
-        data_collator=collator, check_packing=False, max_tokens_per_batch=max_tokens, **trainer_kwargs,
+        data_collator=collator, check_packing=check_packing, max_tokens_per_batch=max_tokens, **trainer_kwargs,
     )  # fmt: skip
 
 
