@@ -16,9 +16,6 @@ from trl_padfree.probe import PackingLeakError
 RTOL = 1e-5
 pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
                                 reason=str(dpo_padding_free_unavailable()))  # tests/test_dpo_version.py
-BETA = 0.1  # DPOConfig default
-METRICS = ("loss", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
-           "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
 
 
 def rel(a: float, b: float) -> float:
@@ -29,17 +26,8 @@ def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[DPOTrainer, layout_runs.G
     return layout_runs.train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **kwargs)
 
 
-def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
-    # rewards are beta * (logps - ref logps): a difference of two sums of ~-200, so their error is judged
-    # against the log-probs they come from (relative 1e-5 of beta * |logps|)
-    scale = BETA * max(abs(want["logps/chosen"]), abs(want["logps/rejected"]))
-    for key in METRICS:
-        tol = RTOL * max(abs(want[key]), scale if key.startswith("rewards/") else 0.0, 1e-7)
-        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
-
-
 def assert_same_training(runs: dict[str, tuple[DPOTrainer, layout_runs.GradRecorder]]) -> None:
-    layout_runs.assert_same_training(layout_runs.finished(runs), same_step)
+    layout_runs.assert_same_training(layout_runs.finished(runs), T.same_step)
     layout_runs.assert_training_moved(runs)
 
 
@@ -201,7 +189,7 @@ def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flas
 @pytest.mark.slow
 def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
     """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    layout_runs.assert_same_training(layout_runs.ddp_runs("dpo", tmp_path), same_step)
+    layout_runs.assert_same_training(layout_runs.ddp_runs("dpo", tmp_path), T.same_step)
 
 
 def test_shared_prompt_keys_never_take_torch_varlen(monkeypatch):

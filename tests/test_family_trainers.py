@@ -146,13 +146,11 @@ class _DPOSetup:
 
 
 def same_dpo_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
-    """tests/test_dpo.py's ``same_step``; the mean logits (~1e-5, means of ~1e-1 logits of either sign) within 1e-7."""
-    from test_dpo import same_step
-
+    """``tiny_dpo.same_step``; the mean logits (~1e-5, means of ~1e-1 logits of either sign) within 1e-7."""
     keys = ("logits/chosen", "logits/rejected")
     for key in keys:
         assert abs(got[key] - want[key]) <= LOSS_RTOL * max(abs(want[key]), 1e-2), (layout, key, got[key], want[key])
-    same_step(layout, {**got, **{k: want[k] for k in keys}}, want)
+    tiny_dpo.same_step(layout, {**got, **{k: want[k] for k in keys}}, want)
 
 
 # the hybrid's gate gradients (~1e-7 of the largest; fp32 cumulative decays chunked differently padded vs packed)
