@@ -24,35 +24,33 @@ from two_ranks import free_port
 from trl_padfree.launch import main
 
 
-def run_launch(argv: list[str], task: str, callbacks: typing.Sequence[TrainerCallback] = ()) -> tuple[int, str, str]:
-    """``trl-padfree TASK ARGV`` in this process: (exit code, stdout, stderr)."""
+def _captured(function: typing.Callable[..., int], *args: Any, **kwargs: Any) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv, callbacks, task=task)
+        code = function(*args, **kwargs)
     return code, out.getvalue(), err.getvalue()
 
 
-def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str) -> None:
-    """``trl-padfree TASK ARGV`` exits 2 with one line, ``trl-padfree TASK: error: ...`` naming ``message``, and
-    writes nothing to ``out``."""
+def run_launch(argv: list[str], task: str, callbacks: typing.Sequence[TrainerCallback] = ()) -> tuple[int, str, str]:
+    """``trl-padfree TASK ARGV`` in this process: (exit code, stdout, stderr)."""
+    return _captured(main, argv, callbacks, task=task)
+
+
+def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str = "") -> str:
+    """``trl-padfree TASK ARGV`` exits 2 with one line, ``trl-padfree TASK: error: ...`` naming ``message``, no
+    traceback, and writes nothing to ``out``; returns the line without that prefix."""
     code, stdout, stderr = run_launch(argv, task)
-    assert code == 2, stdout + stderr
+    prefix = f"trl-padfree {'train' if task == 'sft' else task}: error: "
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"trl-padfree {task}: error: ") and message in lines[0], stderr
+    assert code == 2 and len(lines) == 1, stdout[-2000:] + stderr[-2000:]
+    assert lines[0].startswith(prefix) and message in lines[0] and "Traceback" not in stdout, stderr
     assert not out.exists()  # nothing written
+    return lines[0].removeprefix(prefix)
 
 
 def run_bad(capsys: pytest.CaptureFixture[str], argv: list[str], output_dir: Path) -> str:
-    """``trl-padfree train ARGV`` in this process exits 2 with exactly one stderr line and no ``output_dir``; returns
-    that line without its ``trl-padfree train: error: `` prefix."""
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("trl-padfree train: error: ")
-    assert not output_dir.exists()
-    return lines[0].removeprefix("trl-padfree train: error: ")
+    """``assert_refused_in_one_line`` of ``trl-padfree train ARGV``."""
+    return assert_refused_in_one_line("sft", argv, output_dir)
 
 
 def assert_config_typo_named(task: str, argv: list[str], out: Path, key: str, typo: str) -> None:
@@ -84,10 +82,7 @@ def run_preview(argv: list[str]) -> tuple[int, str, str]:
     """``trl-padfree preview ARGV`` in this process: (exit code, stdout, stderr)."""
     from trl_padfree.launch.preview import main as preview_main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = preview_main(argv)
-    return code, out.getvalue(), err.getvalue()
+    return _captured(preview_main, argv)
 
 
 def run_command(task: str, argv: list[str], *, ranks: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
