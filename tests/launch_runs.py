@@ -1,7 +1,5 @@
-"""Running the launch (``trl-padfree train``, ``dpo``, ``grpo``, ...) from the tests: in this process with its
-output captured (``run_launch``, ``run_preview``, ``run_bad``), as the command in a subprocess, alone or on 2 ranks
-(``run_command``), what a run leaves (``log_history``, ``losses``), and the demo's records (``demo_records``,
-``write_short_demo_records``, ``write_jsonl``). Faults a run can be given (SIGTERM at a step, ...) are in tests/launch_hooks.py."""
+"""Running the launch (``trl-padfree train``, ``dpo``, ...) from the tests, in this process (``run_launch``) or as the
+command (``run_command``), what a run leaves, and the demo's records; faults a run can be given: tests/launch_hooks.py."""
 
 from __future__ import annotations
 
@@ -9,7 +7,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import typing
@@ -85,16 +82,17 @@ def run_preview(argv: list[str]) -> tuple[int, str, str]:
     return _captured(preview_main, argv)
 
 
-def run_command(task: str, argv: list[str], *, ranks: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
-    """``trl-padfree TASK ARGV`` in a subprocess (under torchrun, on a free port, with ``ranks`` > 1), in the
-    repository root, one CPU thread per process, offline."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def run_command(task: str, argv: list[str], *, ranks: int = 1, timeout: int = 240,
+                cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``trl-padfree TASK ARGV`` in a subprocess (under torchrun, on a free port, with ``ranks`` > 1), in ``cwd``,
+    output into pipes, one CPU thread per process, offline, this checkout's code."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     launcher = [sys.executable]
     if ranks > 1:
         env["PYTHONUNBUFFERED"] = "1"
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
                     free_port()]
-    return subprocess.run([*launcher, "-m", "trl_padfree.cli", task, *argv], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([*launcher, "-m", "trl_padfree.cli", task, *argv], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -145,17 +143,6 @@ def write_short_demo_records(path: Path, name: str, n: int, shorter_than: int) -
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
-
-
-def assert_make_demo_runs_the_readme_command(task: str) -> None:
-    """``make demo-TASK`` runs ``trl-padfree TASK --config configs/demo-TASK.yaml``, the command the README names
-    and shows in its command block (run by test_docs)."""
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    recipe = re.search(rf"^demo-{task}: install\n\t(.+)$", makefile, re.M)
-    assert recipe and recipe.group(1) == f"$(VENV)/bin/trl-padfree {task} --config configs/demo-{task}.yaml"
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"`make demo-{task}`" in readme
-    assert re.search(rf"^trl-padfree {task} --config configs/demo-{task}\.yaml +# ", readme, re.M)
 
 
 class HeadSeen(TrainerCallback):
