@@ -145,6 +145,7 @@ def test_auto_falls_back_when_the_model_cannot_load_with_padfree_and_explicit_pa
     """GPT-Neo builds its attention from its own table, without "padfree" (KeyError at load): auto loads it with its
     default (eager), which the probe finds safe, and trains; padfree set explicitly is refused naming the fix."""
     model = save_tiny_model(tmp_path / "gpt_neo", "gpt_neo", GPT_NEO, demo_tokenizer)
+    capsys.readouterr()
     out = tmp_path / "out"
     assert main(train_argv(data_dir, out, "--model_name_or_path", str(model), "--attn_implementation", "padfree")) == 2
     assert capsys.readouterr().err.strip() == (
