@@ -201,15 +201,17 @@ def test_real_model_config_fails_clearly_on_this_machine():
         load_config(["--config", str(CONFIGS / "llama3-8b-flash.yaml")])
 
 
-@pytest.mark.parametrize(
-    ("name", "kind"),
-    [("ddp", DistributedType.MULTI_GPU), ("fsdp", DistributedType.FSDP), ("deepspeed-zero3", DistributedType.DEEPSPEED)],
-)
+@pytest.mark.parametrize(("name", "kind"), [("ddp", DistributedType.MULTI_GPU), ("fsdp", DistributedType.FSDP),
+                                           ("deepspeed-zero3", DistributedType.DEEPSPEED),
+                                           ("cpu-ddp", DistributedType.MULTI_GPU)])
 def test_accelerate_configs_load_with_accelerate(name, kind):
     config = load_config_from_file(str(CONFIGS / "accelerate" / f"{name}.yaml"))
     assert isinstance(config, ClusterConfig)
-    assert config.distributed_type == kind
-    assert config.num_machines == 1 and config.mixed_precision == "bf16"
+    assert config.distributed_type == kind and config.num_machines == 1
+    if name == "cpu-ddp":  # --cpu and MULTI_CPU would make accelerate start ONE process: this picks torchrun's launcher
+        assert config.num_processes == 2 and config.mixed_precision == "no" and not config.use_cpu
+        return
+    assert config.mixed_precision == "bf16"
     if kind == DistributedType.FSDP:
         assert config.fsdp_config["fsdp_version"] == 2
         assert config.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
@@ -218,7 +220,7 @@ def test_accelerate_configs_load_with_accelerate(name, kind):
 
 
 def test_every_shipped_config_is_checked():
-    """demo-dpo, -grpo, -reward, -kto run in test_launch_TASK.py; cpu-ddp in test_distributed.py; the rest here."""
+    """demo-dpo, -grpo, -reward, -kto run in test_launch_TASK.py; accelerate/cpu-ddp in test_distributed.py."""
     shipped = {p.name for p in CONFIGS.glob("*.yaml")} | {f"accelerate/{p.name}" for p in (CONFIGS / "accelerate").glob("*.yaml")}
     assert shipped == {
         "demo.yaml", "demo-chat.yaml", "llama3-8b-flash.yaml", "mistral-7b-lora.yaml", "demo-dpo.yaml", "demo-grpo.yaml",
