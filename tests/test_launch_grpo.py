@@ -34,18 +34,9 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def grpo_argv(prompts: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(CONFIGS / "demo-grpo.yaml"),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(prompts),
-        "--output_dir", str(out),
-        "--max_steps", str(STEPS),
-        "--per_device_train_batch_size", "8",
-        "--num_generations", "4",
-        "--max_completion_length", "8",
-        "--logging_steps", "1",
-        *extra,
-    ]  # fmt: skip
+    return ["--config", str(CONFIGS / "demo-grpo.yaml"), "--model_name_or_path", str(DEMO_MODEL), "--train_file",
+            str(prompts), "--output_dir", str(out), "--max_steps", str(STEPS), "--per_device_train_batch_size", "8",
+            "--num_generations", "4", "--max_completion_length", "8", "--logging_steps", "1", *extra]
 
 
 def run(argv: list[str], task: str = "grpo", callbacks=()) -> tuple[int, str, str]:
@@ -177,8 +168,7 @@ def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
 
     register(ToyTask())
     assert get_task("toy").prog == "trl-padfree toy"
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}"}) + "\n" for i in range(8)))
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"Q{i}?", "completion": f" A{i}"} for i in range(8)])
     argv = ["--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--output_dir",
             str(tmp_path / "out"), "--max_steps", "2", "--per_device_train_batch_size", "4", "--use_cpu", "true",
             "--report_to", "none", "--save_strategy", "no", "--torch_num_threads", "1"]
