@@ -1,7 +1,5 @@
-"""What the launch tests run on, where more than one test module runs it: the command lines (``demo_argv``,
-``train_argv``, ``ddp_train_argv``, ``dpo_argv``) and the small data they read (``write_demo_data``,
-``write_ddp_data``, ``write_preference_data``), all on the shipped demo model. Running them is in
-tests/launch_runs.py."""
+"""The command lines launch tests share (``demo_argv``, ``train_argv``, ``ddp_train_argv``, ``dpo_argv``) and the
+small data they read, all on the shipped demo model; running them is in tests/launch_runs.py."""
 
 from __future__ import annotations
 
@@ -24,15 +22,9 @@ def write_demo_data(out: Path) -> Path:
 
 def demo_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
     """The demo config on tiny local data, with absolute paths (independent of the current directory)."""
-    return [
-        "--config", str(DEMO_YAML),
-        "--model_name_or_path", str(DEMO / "model"),
-        "--train_file", str(data_dir / "train.jsonl"),
-        "--eval_file", str(data_dir / "eval.jsonl"),
-        "--output_dir", str(output_dir),
-        "--max_steps", "2",
-        *extra,
-    ]  # fmt: skip
+    return ["--config", str(DEMO_YAML), "--model_name_or_path", str(DEMO_MODEL), "--train_file",
+            str(data_dir / "train.jsonl"), "--eval_file", str(data_dir / "eval.jsonl"), "--output_dir",
+            str(output_dir), "--max_steps", "2", *extra]
 
 
 def write_yaml(path: Path, **changes: object) -> Path:
@@ -49,23 +41,10 @@ TRAIN_MAX_LENGTH = 96
 
 
 def train_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(DEMO_YAML),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(data_dir / "train.jsonl"),
-        "--eval_file", str(data_dir / "eval.jsonl"),
-        "--output_dir", str(output_dir),
-        "--max_steps", str(TRAIN_STEPS),
-        "--max_length", str(TRAIN_MAX_LENGTH),
-        "--per_device_train_batch_size", "4",
-        "--per_device_eval_batch_size", "8",
-        "--learning_rate", "2e-3",
-        "--warmup_steps", "0",
-        "--logging_steps", "1",
-        "--eval_steps", "3",
-        "--eval_on_start", "false",
-        *extra,
-    ]  # fmt: skip
+    return demo_argv(data_dir, output_dir, "--max_steps", str(TRAIN_STEPS), "--max_length", str(TRAIN_MAX_LENGTH),
+                     "--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "8", "--learning_rate",
+                     "2e-3", "--warmup_steps", "0", "--logging_steps", "1", "--eval_steps", "3", "--eval_on_start",
+                     "false", *extra)
 
 
 # ------------------------------------------------------------------------------------------- runs on several ranks
@@ -85,15 +64,10 @@ def write_ddp_data(out: Path) -> Path:
 
 def ddp_train_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
     """``write_ddp_data``'s config and records, one CPU thread per process."""
-    return [
-        "--config", str(data_dir / "config.yaml"),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(data_dir / "train.jsonl"),
-        "--output_dir", str(out), "--max_steps", str(DDP_STEPS), "--max_length", "96",
-        "--per_device_train_batch_size", str(DDP_BATCH), "--logging_steps", "1", "--warmup_steps", "0",
-        "--torch_num_threads", "1",
-        *extra,
-    ]  # fmt: skip
+    return ["--config", str(data_dir / "config.yaml"), "--model_name_or_path", str(DEMO_MODEL), "--train_file",
+            str(data_dir / "train.jsonl"), "--output_dir", str(out), "--max_steps", str(DDP_STEPS), "--max_length",
+            "96", "--per_device_train_batch_size", str(DDP_BATCH), "--logging_steps", "1", "--warmup_steps", "0",
+            "--torch_num_threads", "1", *extra]
 
 
 # ------------------------------------------------------------------------------------------- DPO
@@ -110,17 +84,9 @@ def write_preference_data(out: Path) -> Path:
 
 def dpo_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "--config", str(CONFIGS / "demo-dpo.yaml"),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(data_dir / "train.jsonl"),
-        "--eval_file", str(data_dir / "eval.jsonl"),
-        "--output_dir", str(out),
-        "--max_steps", str(DPO_STEPS),
-        "--per_device_train_batch_size", "4",
-        "--per_device_eval_batch_size", "8",
-        "--warmup_steps", "0",
-        "--logging_steps", "1",
-        "--eval_steps", "3",
-        "--eval_on_start", "false",
-        *extra,
+        "--config", str(CONFIGS / "demo-dpo.yaml"), "--model_name_or_path", str(DEMO_MODEL),
+        "--train_file", str(data_dir / "train.jsonl"), "--eval_file", str(data_dir / "eval.jsonl"),
+        "--output_dir", str(out), "--max_steps", str(DPO_STEPS), "--per_device_train_batch_size", "4",
+        "--per_device_eval_batch_size", "8", "--warmup_steps", "0", "--logging_steps", "1", "--eval_steps", "3",
+        "--eval_on_start", "false", *extra,
     ]  # fmt: skip

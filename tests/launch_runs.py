@@ -1,7 +1,5 @@
-"""Running the launch (``trl-padfree train``, ``dpo``, ``grpo``, ...) from the tests: in this process with its
-output captured (``run_launch``, ``run_preview``, ``run_bad``), as the command in a subprocess, alone or on 2 ranks
-(``run_command``), what a run leaves (``log_history``, ``losses``), and the demo's records (``demo_records``,
-``write_short_demo_records``, ``write_jsonl``). Faults a run can be given (SIGTERM at a step, ...) are in tests/launch_hooks.py."""
+"""Running the launch (``trl-padfree train``, ``dpo``, ...) from the tests, in this process (``run_launch``) or as the
+command (``run_command``), what a run leaves, and the demo's records; faults a run can be given: tests/launch_hooks.py."""
 
 from __future__ import annotations
 
@@ -9,7 +7,6 @@ import contextlib
 import io
 import json
 import os
-import re
 import subprocess
 import sys
 import typing
@@ -24,35 +21,33 @@ from two_ranks import free_port
 from trl_padfree.launch import main
 
 
-def run_launch(argv: list[str], task: str, callbacks: typing.Sequence[TrainerCallback] = ()) -> tuple[int, str, str]:
-    """``trl-padfree TASK ARGV`` in this process: (exit code, stdout, stderr)."""
+def _captured(function: typing.Callable[..., int], *args: Any, **kwargs: Any) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(argv, callbacks, task=task)
+        code = function(*args, **kwargs)
     return code, out.getvalue(), err.getvalue()
 
 
-def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str) -> None:
-    """``trl-padfree TASK ARGV`` exits 2 with one line, ``trl-padfree TASK: error: ...`` naming ``message``, and
-    writes nothing to ``out``."""
+def run_launch(argv: list[str], task: str, callbacks: typing.Sequence[TrainerCallback] = ()) -> tuple[int, str, str]:
+    """``trl-padfree TASK ARGV`` in this process: (exit code, stdout, stderr)."""
+    return _captured(main, argv, callbacks, task=task)
+
+
+def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str = "") -> str:
+    """``trl-padfree TASK ARGV`` exits 2 with one line, ``trl-padfree TASK: error: ...`` naming ``message``, no
+    traceback, and writes nothing to ``out``; returns the line without that prefix."""
     code, stdout, stderr = run_launch(argv, task)
-    assert code == 2, stdout + stderr
+    prefix = f"trl-padfree {'train' if task == 'sft' else task}: error: "
     lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith(f"trl-padfree {task}: error: ") and message in lines[0], stderr
+    assert code == 2 and len(lines) == 1, stdout[-2000:] + stderr[-2000:]
+    assert lines[0].startswith(prefix) and message in lines[0] and "Traceback" not in stdout, stderr
     assert not out.exists()  # nothing written
+    return lines[0].removeprefix(prefix)
 
 
 def run_bad(capsys: pytest.CaptureFixture[str], argv: list[str], output_dir: Path) -> str:
-    """``trl-padfree train ARGV`` in this process exits 2 with exactly one stderr line and no ``output_dir``; returns
-    that line without its ``trl-padfree train: error: `` prefix."""
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2
-    lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("trl-padfree train: error: ")
-    assert not output_dir.exists()
-    return lines[0].removeprefix("trl-padfree train: error: ")
+    """``assert_refused_in_one_line`` of ``trl-padfree train ARGV``."""
+    return assert_refused_in_one_line("sft", argv, output_dir)
 
 
 def assert_config_typo_named(task: str, argv: list[str], out: Path, key: str, typo: str) -> None:
@@ -84,22 +79,20 @@ def run_preview(argv: list[str]) -> tuple[int, str, str]:
     """``trl-padfree preview ARGV`` in this process: (exit code, stdout, stderr)."""
     from trl_padfree.launch.preview import main as preview_main
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = preview_main(argv)
-    return code, out.getvalue(), err.getvalue()
+    return _captured(preview_main, argv)
 
 
-def run_command(task: str, argv: list[str], *, ranks: int = 1, timeout: int = 240) -> subprocess.CompletedProcess:
-    """``trl-padfree TASK ARGV`` in a subprocess (under torchrun, on a free port, with ``ranks`` > 1), in the
-    repository root, one CPU thread per process, offline."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def run_command(task: str, argv: list[str], *, ranks: int = 1, timeout: int = 240,
+                cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """``trl-padfree TASK ARGV`` in a subprocess (under torchrun, on a free port, with ``ranks`` > 1), in ``cwd``,
+    output into pipes, one CPU thread per process, offline, this checkout's code."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     launcher = [sys.executable]
     if ranks > 1:
         env["PYTHONUNBUFFERED"] = "1"
         launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
                     free_port()]
-    return subprocess.run([*launcher, "-m", "trl_padfree.cli", task, *argv], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([*launcher, "-m", "trl_padfree.cli", task, *argv], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -150,17 +143,6 @@ def write_short_demo_records(path: Path, name: str, n: int, shorter_than: int) -
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
-
-
-def assert_make_demo_runs_the_readme_command(task: str) -> None:
-    """``make demo-TASK`` runs ``trl-padfree TASK --config configs/demo-TASK.yaml``, the command the README names
-    and shows in its command block (run by test_docs)."""
-    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
-    recipe = re.search(rf"^demo-{task}: install\n\t(.+)$", makefile, re.M)
-    assert recipe and recipe.group(1) == f"$(VENV)/bin/trl-padfree {task} --config configs/demo-{task}.yaml"
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"`make demo-{task}`" in readme
-    assert re.search(rf"^trl-padfree {task} --config configs/demo-{task}\.yaml +# ", readme, re.M)
 
 
 class HeadSeen(TrainerCallback):

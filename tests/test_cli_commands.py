@@ -8,10 +8,10 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import tomllib
+from launch_runs import run_command
 from paths import DEMO, ROOT
 
 from trl_padfree._compat import dpo_padding_free_unavailable
@@ -19,13 +19,6 @@ from trl_padfree._compat import dpo_padding_free_unavailable
 FLASH_INSTALL = 'pip install packaging ninja setuptools wheel && pip install --no-build-isolation -e ".[flash]"'
 INDEXING_WARNING = "Token indices sequence length is longer than the specified maximum"
 DPO_OK = dpo_padding_free_unavailable() is None
-
-
-def trl_padfree(*args: str, cwd: Path, timeout: int = 300, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    """``trl-padfree ARGS`` in its own process, output into pipes (as in CI or ``| tee``), this checkout's code."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **(extra_env or {})}
-    return subprocess.run([sys.executable, "-m", "trl_padfree.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
 
 
 def test_no_sub_command_exits_2_with_the_usage(capsys):
@@ -51,9 +44,8 @@ def test_preview_takes_the_built_in_config_names_and_prints_no_indexing_warning(
 @pytest.mark.parametrize("config", ["demo", pytest.param("demo-dpo", marks=pytest.mark.skipif(
     not DPO_OK, reason=str(dpo_padding_free_unavailable())))])
 def test_the_launch_tokenizer_does_not_warn_about_indexing_errors_where_max_length_cuts(config):
-    """transformers warns once per tokenizer about a text longer than ``model_max_length`` ("... will result in
-    indexing errors"); the launch cuts every sequence to ``max_length`` (and counts what it drops), so its
-    tokenizer does not. Without ``max_length`` the warning is true and stays."""
+    """The launch cuts every sequence to ``max_length``, so its tokenizer does not warn of indexing errors for a text
+    longer than ``model_max_length``; without ``max_length`` the warning is true and stays."""
     import logging
 
     from trl_padfree.launch import load_config
@@ -96,19 +88,17 @@ def test_the_flash_extra_is_documented_with_the_install_that_builds_it():
 
 @pytest.mark.skipif(not DPO_OK, reason=str(dpo_padding_free_unavailable()))
 def test_a_dpo_run_into_a_pipe_is_quiet_and_reports_prompt_once(tmp_path):
-    """LoRA and precomputed reference log-probs into a pipe: no FutureWarning, no progress bar, no indexing
-    warning; ``prompt_once`` in the run line and in launch_summary.json, which has no SFT-only setting."""
+    """LoRA, precomputed reference log-probs, into a pipe: no warning, no bar; the run line and summary say prompt_once."""
     lines = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()
     long = [json.loads(line) for line in lines if len(line) > 1400][:4]
     assert long  # pairs longer than the demo model's 512 tokens: transformers would warn about indexing errors
     data = tmp_path / "pairs.jsonl"
     data.write_text("\n".join(lines[:20]) + "\n" + "".join(json.dumps(r) + "\n" for r in long), encoding="utf-8")
     out = tmp_path / "out"
-    proc = trl_padfree(
-        "dpo", "--config", "demo-dpo", "--train_file", str(data), "--eval_file", "", "--eval_strategy", "no",
+    proc = run_command("dpo", [
+        "--config", "demo-dpo", "--train_file", str(data), "--eval_file", "", "--eval_strategy", "no",
         "--eval_on_start", "false", "--max_steps", "2", "--per_device_train_batch_size", "4",
-        "--use_peft", "true", "--precompute_ref_log_probs", "true", "--output_dir", str(out), cwd=tmp_path,
-    )  # fmt: skip
+        "--use_peft", "true", "--precompute_ref_log_probs", "true", "--output_dir", str(out)], cwd=tmp_path, timeout=300)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     text = proc.stdout + proc.stderr
     assert "Warning" not in text and "Computing reference log probs" not in text and "it/s]" not in text

@@ -1,9 +1,5 @@
-"""The shipped demo assets (``trl_padfree/demo``): they load through the ordinary APIs and are what the generator makes.
-
-Everything is loaded from the shipped paths with ``AutoTokenizer`` / ``AutoModelForCausalLM`` / ``load_dataset``,
-exactly as the demo config does; the last test re-runs ``scripts/make_demo_assets.py`` into a temporary folder
-and compares bytes.
-"""
+"""The shipped demo assets (``trl_padfree/demo``) load through the ordinary APIs, as the demo config loads them, and
+are what ``scripts/make_demo_assets.py`` makes."""
 
 from __future__ import annotations
 
@@ -46,7 +42,7 @@ def train_lengths(demo_tokenizer, demo_data) -> np.ndarray:
     return np.array([len(x) + 1 for x in ids])
 
 
-def test_tokenizer_special_tokens(demo_tokenizer) -> None:
+def test_tokenizer_special_tokens_and_round_trip(demo_tokenizer, demo_data) -> None:
     assert isinstance(demo_tokenizer, PreTrainedTokenizerFast)
     assert len(demo_tokenizer) == gen.VOCAB_SIZE
     assert (demo_tokenizer.pad_token, demo_tokenizer.bos_token, demo_tokenizer.eos_token) == (gen.PAD, gen.BOS, gen.EOS)
@@ -55,17 +51,12 @@ def test_tokenizer_special_tokens(demo_tokenizer) -> None:
     # no special token is added implicitly: the trainer appends EOS itself, and templates match in context
     assert demo_tokenizer("cat dog")["input_ids"] == demo_tokenizer("cat dog", add_special_tokens=False)["input_ids"]
     assert demo_tokenizer.convert_ids_to_tokens(demo_tokenizer("### Answer:")["input_ids"]) == ["###", "ĠAnswer", ":"]
-
-
-def test_tokenizer_round_trips_demo_text(demo_tokenizer, demo_data) -> None:
     texts = [gen.format_example(row) for split in ("train", "eval") for row in demo_data[split]]
     texts += ["Ünïcode and émoji 🙂 are byte-level: nothing is unknown.\n\ttabs too"]
     encoded = demo_tokenizer(texts)["input_ids"]
     assert [demo_tokenizer.decode(ids) for ids in encoded] == texts
     eos = demo_tokenizer.decode(demo_tokenizer(texts[0] + gen.EOS)["input_ids"])
     assert eos == texts[0] + gen.EOS
-
-
 
 
 def _answer(instruction: str) -> tuple[str, str]:
@@ -133,7 +124,7 @@ def test_length_spread_is_flan_like(train_lengths) -> None:
     assert (train_lengths > 300).sum() >= 30  # the tail is populated, not a single outlier
 
 
-def test_model_loads_and_is_tiny(demo_tokenizer, train_lengths) -> None:
+def test_model_loads_is_tiny_and_starts_at_a_uniform_loss(demo_tokenizer, demo_data, train_lengths) -> None:
     model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL)
     cfg = model.config
     assert isinstance(model, LlamaForCausalLM) and model.dtype == torch.float32
@@ -146,11 +137,8 @@ def test_model_loads_and_is_tiny(demo_tokenizer, train_lengths) -> None:
     assert (DEMO_MODEL / "model.safetensors").is_file()
     total_bytes = sum(p.stat().st_size for p in DEMO.rglob("*") if p.is_file())
     assert total_bytes < 6 * 1024 * 1024, total_bytes  # 5.4 MB with the preference demo pairs (0.6 MB)
-
-
-def test_random_init_loss_is_uniform(demo_tokenizer, demo_data) -> None:
-    """A fresh random init predicts close to uniformly: its loss is about ln(vocab), the demo's starting point."""
-    model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL).eval()
+    # a fresh random init predicts close to uniformly: its loss is about ln(vocab), the demo's starting point
+    model.eval()
     text = gen.format_example(demo_data["eval"][0]) + demo_tokenizer.eos_token
     ids = demo_tokenizer(text, return_tensors="pt")["input_ids"]
     with torch.no_grad():
@@ -187,11 +175,8 @@ def test_chat_data_and_template(demo_tokenizer) -> None:
 
 
 def test_generator_is_deterministic(tmp_path: Path) -> None:
-    """Re-running the script reproduces the shipped assets.
-
-    Data files, tokenizer and model config must be identical; the weights too, unless the installed transformers
-    differs from the one that made them (its random init may change between versions).
-    """
+    """Re-running the script reproduces the shipped data, tokenizer and model config; the weights too, unless the
+    installed transformers differs from the one that made them (its random init may change between versions)."""
     subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path)], check=True, capture_output=True)
     for name in DATA_FILES:
         assert (tmp_path / "data" / name).read_bytes() == (DATA_DIR / name).read_bytes(), name

@@ -1,7 +1,5 @@
-"""Two real ranks on CPU (DDP over gloo), started by accelerate (configs/accelerate/cpu-ddp.yaml) or torchrun: one
-model trained and logged once, every process gone at the end; a failing rank ending the other; SIGTERM on one rank
-(both checkpoint, exit 0); processes that form no group, and FSDP on CPU, refused; DeepSpeed ZeRO-3 on CPU where
-deepspeed is installed. Each run is a few steps of the demo model; ``two_ranks.launch`` fails on a hang."""
+"""Two real ranks on CPU (DDP over gloo) by accelerate or torchrun: training, a failing rank, SIGTERM, refusals,
+DeepSpeed ZeRO-3; each run a few steps of the demo model, every process gone at the end (``two_ranks.launch``)."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ from paths import DEMO_MODEL, ROOT
 from two_ranks import free_port, launch
 
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-TRAIN = str(ROOT / "scripts" / "train.py")
+TRAIN, HOOKS = str(ROOT / "scripts" / "train.py"), str(ROOT / "tests" / "launch_hooks.py")
 
 
 @pytest.fixture(scope="module")
@@ -26,17 +24,6 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def accelerate_launch(config: Path = ROOT / "configs" / "accelerate" / "cpu-ddp.yaml") -> list[str]:
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
             "--main_process_port", free_port()]
-
-
-def test_the_cpu_ddp_accelerate_config_uses_the_torchrun_launcher():
-    """--cpu and distributed_type MULTI_CPU make accelerate start ONE process; this config selects its
-    torchrun-based launcher instead."""
-    from accelerate.commands.config.config_args import load_config_from_file
-    from accelerate.utils import DistributedType
-
-    config = load_config_from_file(str(ROOT / "configs" / "accelerate" / "cpu-ddp.yaml"))
-    assert config.distributed_type == DistributedType.MULTI_GPU and config.num_processes == 2
-    assert config.num_machines == 1 and config.mixed_precision == "no" and not config.use_cpu
 
 
 def test_two_ranks_train_one_model_log_once_and_every_rank_exits(data_dir, tmp_path):
@@ -55,7 +42,7 @@ def test_two_ranks_train_one_model_log_once_and_every_rank_exits(data_dir, tmp_p
 
 def test_a_failing_rank_makes_the_other_exit_non_zero(data_dir, tmp_path):
     out = tmp_path / "out"
-    (node,) = launch([[*TORCHRUN, str(ROOT / "tests" / "launch_hooks.py"), "--rank", "1", "--fail-in-step", "2",
+    (node,) = launch([[*TORCHRUN, HOOKS, "--rank", "1", "--fail-in-step", "2",
                        "--", *ddp_train_argv(data_dir, out, "--max_steps", "50")]])
     assert node.proc.returncode != 0
     assert "injected failure on rank 1 at step 2" in node.text, node.text[-4000:]
@@ -75,7 +62,7 @@ def test_processes_that_form_no_process_group_are_refused(data_dir, tmp_path):
 
 def test_sigterm_on_one_rank_checkpoints_both_at_the_same_step_and_both_exit_0(data_dir, tmp_path):
     out = tmp_path / "out"
-    (node,) = launch([[*TORCHRUN, str(ROOT / "tests" / "launch_hooks.py"), "--rank", "1", "--sigterm-at-step", "2",
+    (node,) = launch([[*TORCHRUN, HOOKS, "--rank", "1", "--sigterm-at-step", "2",
                        "--", *ddp_train_argv(data_dir, out, "--max_steps", "50")]])
     assert node.proc.returncode == 0, node.text[-4000:]
     assert "[trl-padfree] steps: 2/50 in " in node.text and "(stopped by SIGTERM on rank 1)" in node.text

@@ -1,9 +1,5 @@
-"""Faults during ``trl-padfree train`` lose no work: kills mid-save, a full disk, resume, a failed evaluation.
-
-One finished 6-step run (checkpoints every 2 steps) is shared. Faults are real: SIGKILL of a process while it
-writes a checkpoint, ENOSPC from a full tmpfs (or EFBIG from RLIMIT_FSIZE where no tmpfs can be mounted); the
-test-only hooks are in ``tests/launch_hooks.py``.
-"""
+"""Real faults during ``trl-padfree train`` lose no work: SIGKILL mid-save, a full disk (ENOSPC on a tmpfs, or EFBIG
+from RLIMIT_FSIZE), resume, a failed evaluation; one finished 6-step run (a checkpoint every 2 steps) is shared."""
 
 from __future__ import annotations
 
@@ -18,6 +14,7 @@ import pytest
 import torch
 from launch_hooks import FailAtStep, FailEvaluation, FullDiskAtEnd
 from launch_inputs import TRAIN_STEPS, train_argv, write_demo_data
+from launch_runs import losses
 from paths import ROOT
 from safetensors.torch import load_file
 
@@ -42,11 +39,6 @@ def run(argv: list[str], capsys, **kwargs) -> tuple[int, str, str]:
     code = main(argv, **kwargs)
     captured = capsys.readouterr()
     return code, captured.out, captured.err
-
-
-def losses(output_dir: Path) -> dict[int, float]:
-    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
-    return {entry["step"]: entry["loss"] for entry in history if "loss" in entry}
 
 
 def assert_same_weights(a: Path, b: Path) -> None:
@@ -98,8 +90,7 @@ def test_a_finished_run_trains_further_from_a_checkpoint_path_with_more_steps(fi
 
 
 def test_sigkill_while_saving_then_resume_takes_the_last_complete_checkpoint(finished_run, data_dir, tmp_path, capsys):
-    """SIGKILL a real run while it writes checkpoint-4: it has no marker; resume true takes checkpoint-2, says so,
-    and ends with the uninterrupted run's losses and byte-identical weights."""
+    """Killed while writing checkpoint-4 (no marker): resume takes checkpoint-2, ends as the uninterrupted run."""
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "launch_hooks.py"), "--sigkill-in-save-at-step", "4",
                            "--", *fault_argv(data_dir, out)], capture_output=True, text=True, cwd=ROOT, timeout=300)

@@ -42,7 +42,7 @@ def test_messages_without_templates_train_every_assistant_turn(qwen, capsys):
     assert "warning" not in capsys.readouterr().out
 
 
-def test_response_template_alone_on_multi_turn_chat_says_how_many_examples_lose_turns(qwen, capsys):
+def test_response_template_alone_on_multi_turn_chat_says_how_many_examples_lose_turns_and_both_are_silent(qwen, capsys):
     tok, convs, path = qwen
     prepare(tok, ["--train_file", str(path), "--response_template", QWEN.response])
     lines = [line for line in capsys.readouterr().out.splitlines() if "warning" in line]
@@ -53,10 +53,6 @@ def test_response_template_alone_on_multi_turn_chat_says_how_many_examples_lose_
         "trained token from response_template/instruction_template (without instruction_template only the last "
         "assistant turn is trained); leave both unset to train every assistant turn from the chat template"
     ]
-
-
-def test_both_templates_on_chat_are_silent(qwen, capsys):
-    tok, _, path = qwen
     prepare(tok, ["--train_file", str(path), "--response_template", QWEN.response,
                   "--instruction_template", QWEN.instructions[0], "--instruction_template", QWEN.instructions[1]])
     assert "warning" not in capsys.readouterr().out

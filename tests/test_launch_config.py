@@ -1,8 +1,4 @@
-"""``trl-padfree train``: config parsing, validation and every bad-input case (exit 2, one line, nothing written).
-
-Runs ``main(argv)`` in-process (one import of torch/transformers for the whole file) plus one real subprocess
-of the ``trl-padfree`` command, so the "one line, no traceback" promise is checked end to end too.
-"""
+"""``trl-padfree train``: config parsing and resolution, and bad input (exit 2, one line, nothing written)."""
 
 from __future__ import annotations
 
@@ -22,86 +18,62 @@ from paths import CONFIGS, DEMO, ROOT
 from trl_padfree.attention import flash_attn_available
 from trl_padfree.launch import ConfigError, load_config, main
 
+NO_FLASH_GPU = not torch.cuda.is_available() or flash_attn_available()
+
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A few demo records as local JSONL (train + eval)."""
     return write_demo_data(tmp_path_factory.mktemp("launch-data"))
 
 
-# ------------------------------------------------------------------------------------------- bad input
+# (changes to the demo config, extra arguments, the error line: exact, or its start where it ends in "..."; {tmp} is
+# the test's tmp_path, {config} the changed config)
+BAD_INPUT = [
+    ({"learning_rat": 1e-3}, [], "unknown key 'learning_rat' in {config}; did you mean 'learning_rate'?"),
+    (None, ["--response_templat", "x"],
+     "unknown option '--response_templat' on the command line; did you mean 'response_template'?"),
+    ({"per_device_train_batch_size": "four"}, [],
+     "wrong type for 'per_device_train_batch_size' in {config}: expected an integer, got 'four' (a string)"),
+    (None, ["--learning_rate", "fast"],
+     "command line: argument --learning_rate/--learning-rate: invalid float value: 'fast'"),
+    (None, ["--lr_scheduler_type", "cosin"], "command line: argument --lr_scheduler_type..."),
+    ({"dtype": "bf16"}, [], "invalid value for 'dtype' in {config}: 'bf16' is not one of 'auto', 'bfloat16', "
+                            "'float16', 'float32'; did you mean 'bfloat16'?"),
+    (None, ["--train_file", "{tmp}/nope.jsonl"], "data file not found: train_file='{tmp}/nope.jsonl'..."),
+    (None, ["--eval_file", ""], "eval_strategy is 'steps' but there is no eval data: set eval_file, eval_fraction or "
+                                "dataset_test_split (or eval_strategy: 'no')"),
+    (None, ["--response_template", "### Reply:"],
+     "response_template '### Reply:' was found in none of the first 24 examples..."),
+    (None, ["--template", "Q: {question}\n### Answer: {output}"],
+     "template uses field(s) 'question' that the data does not have; its fields are: instruction, output"),
+    # the demo config trains on the CPU (use_cpu: true), so this holds on a GPU machine too
+    (None, ["--attn_implementation", "flash_attention_2"],
+     "attn_implementation 'flash_attention_2' needs a CUDA GPU and this run has none..."),
+    pytest.param(None, ["--attn_implementation", "flash_attention_2", "--use_cpu", "false"],
+                 "attn_implementation 'flash_attention_2' needs the flash-attn package...",
+                 marks=pytest.mark.skipif(NO_FLASH_GPU, reason="needs a CUDA GPU without the flash-attn package")),
+    (None, ["--resume_from_checkpoint", "{tmp}/ckpt"],
+     "checkpoint not found: resume_from_checkpoint='{tmp}/ckpt' is not a directory"),
+    (None, ["--torch_num_threads", "0"],
+     "invalid settings: torch_num_threads must be 'auto', a positive integer or None, got 0"),
+    (None, ["--packing", "true"],
+     "invalid settings: SFTConfig(padding_free=True, packing=True): padding_free flattens..."),
+]
 
 
-def test_unknown_key_in_yaml_names_the_closest(capsys, tmp_path, data_dir):
-    config = write_yaml(tmp_path / "c.yaml", learning_rat=1e-3)
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    message = run_bad(capsys, argv, tmp_path / "out")
-    assert message == f"unknown key 'learning_rat' in {config}; did you mean 'learning_rate'?"
-
-
-def test_unknown_option_on_the_command_line(capsys, tmp_path, data_dir):
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--response_templat", "x"), tmp_path / "out")
-    assert message == "unknown option '--response_templat' on the command line; did you mean 'response_template'?"
-
-
-def test_wrong_type_in_yaml(capsys, tmp_path, data_dir):
-    config = write_yaml(tmp_path / "c.yaml", per_device_train_batch_size="four")
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    message = run_bad(capsys, argv, tmp_path / "out")
-    assert message == (
-        f"wrong type for 'per_device_train_batch_size' in {config}: expected an integer, got 'four' (a string)"
-    )
-
-
-def test_wrong_type_on_the_command_line(capsys, tmp_path, data_dir):
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--learning_rate", "fast"), tmp_path / "out")
-    assert message == "command line: argument --learning_rate/--learning-rate: invalid float value: 'fast'"
-
-
-def test_invalid_choice_suggests_the_closest(capsys, tmp_path, data_dir):
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--lr_scheduler_type", "cosin"), tmp_path / "out")
-    assert message.startswith("command line: argument --lr_scheduler_type")
-    config = write_yaml(tmp_path / "c.yaml", dtype="bf16")
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    message = run_bad(capsys, argv, tmp_path / "out")
-    assert message == (
-        f"invalid value for 'dtype' in {config}: 'bf16' is not one of 'auto', 'bfloat16', 'float16', 'float32'; "
-        "did you mean 'bfloat16'?"
-    )
-
-
-def test_missing_data_file(capsys, tmp_path, data_dir):
-    missing = tmp_path / "nope.jsonl"
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(missing)), tmp_path / "out")
-    assert message.startswith(f"data file not found: train_file={str(missing)!r}")
-
-
-def test_evaluation_without_eval_data(capsys, tmp_path, data_dir):
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--eval_file", ""), tmp_path / "out")
-    assert message == (
-        "eval_strategy is 'steps' but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
-        "(or eval_strategy: 'no')"
-    )
+@pytest.mark.parametrize(("changes", "extra", "message"), BAD_INPUT)
+def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, data_dir, changes, extra, message):
+    argv = demo_argv(data_dir, tmp_path / "out", *(a.replace("{tmp}", str(tmp_path)) for a in extra))
+    if changes is not None:
+        argv[1] = str(write_yaml(tmp_path / "c.yaml", **changes))
+    message = message.replace("{tmp}", str(tmp_path)).replace("{config}", argv[1])
+    line = run_bad(capsys, argv, tmp_path / "out")
+    assert line.startswith(message[:-3]) if message.endswith("...") else line == message
 
 
 def test_missing_config_file(capsys, tmp_path):
     message = run_bad(capsys, ["--config", str(tmp_path / "none.yaml")], tmp_path / "out")
     assert message.startswith(f"config file not found: {str(tmp_path / 'none.yaml')!r}")
-
-
-def test_template_found_in_no_example(capsys, tmp_path, data_dir):
-    argv = demo_argv(data_dir, tmp_path / "out", "--response_template", "### Reply:")
-    message = run_bad(capsys, argv, tmp_path / "out")
-    assert message.startswith("response_template '### Reply:' was found in none of the first 24 examples")
-
-
-def test_template_field_missing_from_data(capsys, tmp_path, data_dir):
-    argv = demo_argv(data_dir, tmp_path / "out", "--template", "Q: {question}\n### Answer: {output}")
-    message = run_bad(capsys, argv, tmp_path / "out")
-    assert message == "template uses field(s) 'question' that the data does not have; its fields are: instruction, output"
 
 
 @pytest.fixture(scope="module")
@@ -127,40 +99,6 @@ def test_model_that_leaks_under_padding_free(capsys, tmp_path, data_dir, leaky_m
     message = run_bad(capsys, argv, tmp_path / "out")
     assert message.startswith("padding-free training is unsafe for this model: LEAKS: opt (attn_implementation='sdpa'")
     assert "padfree" in message  # the advice names the fix
-
-
-def test_flash_attention_where_it_cannot_run(capsys, tmp_path, data_dir):
-    # The demo config trains on the CPU (use_cpu: true), so this holds on a GPU machine too.
-    message = run_bad(
-        capsys, demo_argv(data_dir, tmp_path / "out", "--attn_implementation", "flash_attention_2"), tmp_path / "out"
-    )
-    assert message.startswith("attn_implementation 'flash_attention_2' needs a CUDA GPU and this run has none")
-
-
-@pytest.mark.skipif(
-    not torch.cuda.is_available() or flash_attn_available(), reason="needs a CUDA GPU without the flash-attn package"
-)
-def test_flash_attention_on_a_gpu_without_flash_attn(capsys, tmp_path, data_dir):
-    argv = demo_argv(data_dir, tmp_path / "out", "--attn_implementation", "flash_attention_2", "--use_cpu", "false")
-    message = run_bad(capsys, argv, tmp_path / "out")
-    assert message.startswith("attn_implementation 'flash_attention_2' needs the flash-attn package")
-
-
-def test_missing_checkpoint_to_resume(capsys, tmp_path, data_dir):
-    missing = tmp_path / "ckpt"
-    argv = demo_argv(data_dir, tmp_path / "out", "--resume_from_checkpoint", str(missing))
-    message = run_bad(capsys, argv, tmp_path / "out")
-    assert message == f"checkpoint not found: resume_from_checkpoint={str(missing)!r} is not a directory"
-
-
-def test_torch_num_threads_must_be_positive(capsys, tmp_path, data_dir):
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--torch_num_threads", "0"), tmp_path / "out")
-    assert message == "invalid settings: torch_num_threads must be 'auto', a positive integer or None, got 0"
-
-
-def test_packing_conflicts_with_the_collator(capsys, tmp_path, data_dir):
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--packing", "true"), tmp_path / "out")
-    assert message.startswith("invalid settings: SFTConfig(padding_free=True, packing=True): padding_free flattens")
 
 
 @pytest.mark.parametrize(("task", "argv", "message"), [
@@ -193,7 +131,6 @@ def test_every_field_of_the_config_class_is_a_key(task, tmp_path):
 
 
 def test_bad_input_through_the_real_command(tmp_path, data_dir):
-    """The installed-command path: a subprocess prints one line on stderr, no traceback, exit code 2."""
     argv = demo_argv(data_dir, tmp_path / "out", "--max_step", "3")
     proc = subprocess.run(
         [sys.executable, "-m", "trl_padfree.cli", "train", *argv],
@@ -219,6 +156,8 @@ def test_demo_config_resolves(data_dir, tmp_path):
     assert cfg.training.response_template == "### Answer:"
     assert cfg.data.template == "### Question: {instruction}\n### Answer: {output}"
     assert not (tmp_path / "out").exists()
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--padding_free", "false"))
+    assert cfg.padding_free is False and cfg.training.padding_free is False
 
 
 def test_chat_demo_config_resolves(tmp_path, monkeypatch):
@@ -229,11 +168,6 @@ def test_chat_demo_config_resolves(tmp_path, monkeypatch):
     assert cfg.training.torch_num_threads == 1
 
 
-def test_padding_free_false_reaches_the_collator(data_dir, tmp_path):
-    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--padding_free", "false"))
-    assert cfg.padding_free is False and cfg.training.padding_free is False
-
-
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
@@ -242,10 +176,7 @@ def test_padding_free_false_reaches_the_collator(data_dir, tmp_path):
     ],
 )
 def test_real_model_configs_parse_and_resolve(name, expected):
-    """Every key and type goes through the same path as a run; nothing is downloaded or loaded.
-
-    ``use_cpu`` is overridden because ``SFTConfig`` itself refuses bf16 without a GPU at construction.
-    """
+    """Every key and type as in a run, nothing loaded; ``use_cpu`` as SFTConfig refuses bf16 without a GPU."""
     cfg = load_config(["--config", str(CONFIGS / name), "--use_cpu", "true"], check_environment=False)
     assert cfg.attn_implementation == expected["attn"]
     assert cfg.model.dtype == "bfloat16" and cfg.training.bf16 is True
@@ -270,15 +201,17 @@ def test_real_model_config_fails_clearly_on_this_machine():
         load_config(["--config", str(CONFIGS / "llama3-8b-flash.yaml")])
 
 
-@pytest.mark.parametrize(
-    ("name", "kind"),
-    [("ddp", DistributedType.MULTI_GPU), ("fsdp", DistributedType.FSDP), ("deepspeed-zero3", DistributedType.DEEPSPEED)],
-)
+@pytest.mark.parametrize(("name", "kind"), [("ddp", DistributedType.MULTI_GPU), ("fsdp", DistributedType.FSDP),
+                                           ("deepspeed-zero3", DistributedType.DEEPSPEED),
+                                           ("cpu-ddp", DistributedType.MULTI_GPU)])
 def test_accelerate_configs_load_with_accelerate(name, kind):
     config = load_config_from_file(str(CONFIGS / "accelerate" / f"{name}.yaml"))
     assert isinstance(config, ClusterConfig)
-    assert config.distributed_type == kind
-    assert config.num_machines == 1 and config.mixed_precision == "bf16"
+    assert config.distributed_type == kind and config.num_machines == 1
+    if name == "cpu-ddp":  # --cpu and MULTI_CPU would make accelerate start ONE process: this picks torchrun's launcher
+        assert config.num_processes == 2 and config.mixed_precision == "no" and not config.use_cpu
+        return
+    assert config.mixed_precision == "bf16"
     if kind == DistributedType.FSDP:
         assert config.fsdp_config["fsdp_version"] == 2
         assert config.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
@@ -287,16 +220,12 @@ def test_accelerate_configs_load_with_accelerate(name, kind):
 
 
 def test_every_shipped_config_is_checked():
+    """demo-dpo, -grpo, -reward, -kto run in test_launch_TASK.py; accelerate/cpu-ddp in test_distributed.py."""
     shipped = {p.name for p in CONFIGS.glob("*.yaml")} | {f"accelerate/{p.name}" for p in (CONFIGS / "accelerate").glob("*.yaml")}
     assert shipped == {
-        "demo.yaml", "demo-chat.yaml", "llama3-8b-flash.yaml", "mistral-7b-lora.yaml",
-        "demo-dpo.yaml",  # run (trl-padfree dpo) in test_launch_dpo.py
-        "demo-grpo.yaml",  # run (trl-padfree grpo) in test_launch_grpo.py
-        "demo-reward.yaml",  # run (trl-padfree reward) in test_launch_reward.py
-        "demo-kto.yaml",  # run (trl-padfree kto) in test_launch_kto.py
-        "demo-real.yaml",  # resolved below; run by make demo-real (the real model is downloaded there)
-        "accelerate/ddp.yaml", "accelerate/fsdp.yaml", "accelerate/deepspeed-zero3.yaml",
-        "accelerate/cpu-ddp.yaml",  # checked (and run with 2 ranks) in test_distributed.py
+        "demo.yaml", "demo-chat.yaml", "llama3-8b-flash.yaml", "mistral-7b-lora.yaml", "demo-dpo.yaml", "demo-grpo.yaml",
+        "demo-reward.yaml", "demo-kto.yaml", "demo-real.yaml", "accelerate/ddp.yaml", "accelerate/fsdp.yaml",
+        "accelerate/deepspeed-zero3.yaml", "accelerate/cpu-ddp.yaml",
     }  # fmt: skip
 
 
@@ -345,8 +274,7 @@ def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, 
 
 
 def test_a_validated_config_is_frozen_and_validation_leaves_the_parsed_one_as_it_was(data_dir, tmp_path):
-    """``validate_config`` returns the resolved config, a new one (the parsed config and its TRL objects are as
-    parsed); no field of it can be assigned."""
+    """``validate_config`` returns a new, frozen config; the parsed one and its TRL objects stay as parsed."""
     import dataclasses
 
     from trl_padfree.launch.config import parse_arguments
@@ -364,8 +292,7 @@ def test_a_validated_config_is_frozen_and_validation_leaves_the_parsed_one_as_it
 
 
 def test_real_model_demo_config_resolves():
-    """make demo-real's config (SmolLM2-135M, downloaded by scripts/real_model.py): every key and type goes through
-    the same path as a run, with its shipped chat data; nothing is downloaded or loaded."""
+    """make demo-real's config (SmolLM2-135M, fetched by scripts/real_model.py) resolves; nothing is loaded."""
     import yaml
 
     assert yaml.safe_load((CONFIGS / "demo-real.yaml").read_text())["model_name_or_path"] == ".cache/smollm2-135m"

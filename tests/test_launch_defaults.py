@@ -1,9 +1,5 @@
 """A practitioner's first hour (issue 10): the launch's defaults, quiet runs, prompt/completion data without a
-response template, ``check``'s options, saved configs with ``use_cache: true``.
-
-One real ``trl-padfree train`` process (a minimal own config: no tuning keys, 3 steps) is shared by the tests
-that need a run's stdout, stderr and output directory.
-"""
+response template, ``check``'s options, saved configs with ``use_cache: true``."""
 
 from __future__ import annotations
 
@@ -17,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from datasets import Dataset
+from launch_runs import write_jsonl
 from paths import DEMO, ROOT
 from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
 from trl import SFTConfig
@@ -34,69 +31,27 @@ from trl_padfree.testing import tiny_llama
 PROMPT_COMPLETION = [{"prompt": "Q: red?\nA:", "completion": " RED"}, {"prompt": "Q: cat dog?\nA:", "completion": " CAT DOG"}]
 
 
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-# ---------------------------------------------------------------------------------------------- a real run
-
-
-@pytest.fixture(scope="module")
-def own_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, Path]:
-    """``trl-padfree train`` in its own process, stdout and stderr to pipes (not terminals), no OMP_NUM_THREADS."""
-    root = tmp_path_factory.mktemp("own-run")
-    write_jsonl(root / "train.jsonl", PROMPT_COMPLETION * 8)
-    config = root / "own.yaml"
+def test_a_run_of_an_own_minimal_config_is_quiet_and_picks_defaults_for_this_machine(tmp_path):
+    """``trl-padfree train`` in its own process (no tuning keys, 3 steps), output into pipes, no OMP_NUM_THREADS."""
+    write_jsonl(tmp_path / "train.jsonl", PROMPT_COMPLETION * 8)
+    config = tmp_path / "own.yaml"
     config.write_text(
-        f"model_name_or_path: {DEMO / 'model'}\ntrain_file: {root / 'train.jsonl'}\noutput_dir: {root / 'out'}\n"
+        f"model_name_or_path: {DEMO / 'model'}\ntrain_file: {tmp_path / 'train.jsonl'}\noutput_dir: {tmp_path / 'out'}\n"
         "max_steps: 3\nper_device_train_batch_size: 4\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\n",
         encoding="utf-8",
     )
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    env["HF_HUB_OFFLINE"] = "1"
-    proc = subprocess.run(
-        [sys.executable, "-m", "trl_padfree.cli", "train", "--config", str(config)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "train", "--config", str(config)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return proc, root / "out"
-
-
-def test_own_config_run_line_shows_the_defaults_chosen_for_this_machine(own_run):
-    proc, _ = own_run
-    run_line = next(line for line in proc.stdout.splitlines() if line.startswith("[trl-padfree] run: "))
-    if torch.cuda.is_available():
-        pytest.skip("the CPU defaults are checked on a CPU-only machine")
-    # CPU: no activation checkpointing, no bf16, one thread for a model of hidden size 128
-    assert "device=cpu, bf16=False, activation_checkpointing=False, torch_num_threads=1," in run_line
-
-
-def test_own_config_run_is_quiet_on_stderr(own_run):
-    """No pin_memory UserWarning, no gradient_checkpointing FutureWarning, no progress bars in a pipe."""
-    proc, _ = own_run
-    assert proc.stderr == ""
-
-
-def test_own_config_run_logs_one_line_per_step_without_bars(own_run):
-    proc, _ = own_run
+    assert proc.stderr == ""  # no pin_memory UserWarning, no gradient_checkpointing FutureWarning, no progress bars
     assert "\r" not in proc.stdout and "it/s]" not in proc.stdout
-    logged = [line for line in proc.stdout.splitlines() if line.startswith("{'loss'")]
-    assert len(logged) == 3  # logging_steps: 1, max_steps: 3
-
-
-def test_prompt_completion_run_trains_without_response_template(own_run):
-    proc, out = own_run
-    assert "(format: prompt+completion)" in proc.stdout
-    assert "[trl-padfree] steps: 3/3" in proc.stdout
-
-
-def test_saved_config_of_a_launch_run_has_use_cache_true(own_run):
-    _, out = own_run
-    assert json.loads((out / "config.json").read_text())["use_cache"] is True
-
-
-# ---------------------------------------------------------------------------------------------- prompt/completion
+    assert len([line for line in proc.stdout.splitlines() if line.startswith("{'loss'")]) == 3  # one line a step
+    assert "(format: prompt+completion)" in proc.stdout and "[trl-padfree] steps: 3/3" in proc.stdout
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["use_cache"] is True
+    if not torch.cuda.is_available():  # CPU: no activation checkpointing, no bf16, one thread for hidden size 128
+        run_line = next(line for line in proc.stdout.splitlines() if line.startswith("[trl-padfree] run: "))
+        assert "device=cpu, bf16=False, activation_checkpointing=False, torch_num_threads=1," in run_line
 
 
 def test_prompt_completion_labels_without_response_template(demo_tokenizer, tmp_path):
@@ -133,9 +88,6 @@ def test_response_template_still_required_for_other_formats(demo_tokenizer, tmp_
         cfg = load_config(argv)
         prepare_data(cfg, demo_tokenizer)
     assert str(err.value) == message
-
-
-# ---------------------------------------------------------------------------------------------- defaults
 
 
 def _own_cfg(tmp_path: Path, *extra: str):
@@ -200,9 +152,6 @@ def test_omp_num_threads_is_respected(tmp_path, monkeypatch):
     assert cfg.training.torch_num_threads is None
 
 
-# ---------------------------------------------------------------------------------------------- check
-
-
 @pytest.mark.parametrize("spelling", ["--attn-implementation", "--attn_implementation"])
 def test_check_takes_both_spellings(spelling, capsys):
     assert check_main(["--model", str(DEMO / "model"), spelling, "sdpa", "--device", "cpu"]) == 0
@@ -216,9 +165,6 @@ def test_check_defaults_to_what_train_picks(capsys):
     assert out[1].startswith("SAFE: llama (attn_implementation='padfree', float32 on cpu)")
 
 
-# ---------------------------------------------------------------------------------------------- library trainer
-
-
 def _tiny_sft(tmp_path: Path, model, **kw) -> SFTTrainer:
     tok = AutoTokenizer.from_pretrained(DEMO / "model")
     ds = Dataset.from_dict({"text": [f"### Question: q{i}\n### Answer: a{i}" for i in range(8)]})
@@ -228,7 +174,7 @@ def _tiny_sft(tmp_path: Path, model, **kw) -> SFTTrainer:
     return SFTTrainer(model, args=args, train_dataset=ds, processing_class=tok, data_collator=collator)
 
 
-def test_sft_trainer_logs_the_probe_pass_once_and_saves_use_cache_true(tmp_path, capsys):
+def test_sft_trainer_logs_the_probe_pass_once_writes_its_card_and_saves_use_cache_true(tmp_path, capsys):
     torch.manual_seed(0)
     model = tiny_llama(vocab_size=768, attn_implementation="padfree")
     trainer = _tiny_sft(tmp_path, model)
@@ -236,20 +182,14 @@ def test_sft_trainer_logs_the_probe_pass_once_and_saves_use_cache_true(tmp_path,
     probe_lines = [line for line in capsys.readouterr().out.splitlines() if "packing probe" in line]
     assert len(probe_lines) == 1
     assert probe_lines[0].startswith("[trl-padfree] packing probe: llama with 'padfree' keeps packed examples apart")
-    trainer.save_model(str(tmp_path / "saved"))
-    assert json.loads((tmp_path / "saved" / "config.json").read_text())["use_cache"] is True
-    assert model.config.use_cache is False  # training itself still runs without a cache
-
-
-def test_the_model_card_is_written_without_a_checkpoint(tmp_path):
     # save_strategy="no": TRL writes its card only with a checkpoint; the package writes it at the end of training
-    torch.manual_seed(0)
-    trainer = _tiny_sft(tmp_path, tiny_llama(vocab_size=768, attn_implementation="padfree"))
-    trainer.train()
     assert not any(p.name.startswith("checkpoint-") for p in tmp_path.iterdir())
     card = (tmp_path / "README.md").read_text(encoding="utf-8")
     assert "This model is a fine-tuned version of a local model." in card and "[None]" not in card
     assert f'model="{tmp_path}"' in card
+    trainer.save_model(str(tmp_path / "saved"))
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["use_cache"] is True
+    assert model.config.use_cache is False  # training itself still runs without a cache
 
 
 def test_a_run_stopped_by_the_probe_leaves_no_progress_bar_open(tmp_path):

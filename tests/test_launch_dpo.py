@@ -1,6 +1,4 @@
-"""``trl-padfree dpo`` end to end on CPU: the demo config trains and raises the eval reward accuracy, SIGTERM saves
-a checkpoint and resuming reproduces the uninterrupted run, bad input exits 2 with one line, two ranks train and
-exit. Small runs: 48 demo pairs, batches of 4."""
+"""``trl-padfree dpo`` end to end on CPU (48 demo pairs, batches of 4): a run, SIGTERM + resume, bad input, 2 ranks."""
 
 from __future__ import annotations
 
@@ -94,10 +92,9 @@ def test_bad_input_exits_2_with_one_line(data_dir, tmp_path, extra, message):
 
 
 def test_records_without_rejected_are_refused(tmp_path, data_dir):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"prompt": "hi", "chosen": " there"}) + "\n", encoding="utf-8")
-    code, _, stderr = run_dpo(dpo_argv(data_dir, tmp_path / "out", "--train_file", str(bad)))
-    assert code == 2 and "preference records need 'chosen' and 'rejected'" in stderr and "'rejected'" in stderr
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "hi", "chosen": " there"}])
+    assert_refused_in_one_line("dpo", dpo_argv(data_dir, tmp_path / "out", "--train_file", str(bad)), tmp_path / "out",
+                               "preference records need 'chosen' and 'rejected'")
 
 
 @pytest.mark.slow
@@ -114,9 +111,8 @@ def test_two_ranks_train_and_exit(data_dir, tmp_path):
 
 
 def test_preview_shows_what_is_scored_in_chosen_and_rejected(tmp_path, data_dir):
-    pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text(json.dumps({"prompt": "### Question: What is 2 + 3?\n### Answer:", "chosen": " 5",
-                                 "rejected": " I do not know."}) + "\n", encoding="utf-8")
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "### Question: What is 2 + 3?\n### Answer:",
+                                                    "chosen": " 5", "rejected": " I do not know."}])
     code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-dpo.yaml"), "--train_file", str(pairs),
                                         "--model_name_or_path", str(DEMO_MODEL), "-n", "1"])
     assert code == 0, stderr
@@ -132,8 +128,7 @@ def test_conversational_pairs_train(tmp_path, data_dir):
     rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
              "chosen": [{"role": "assistant", "content": str(i + 1)}],
              "rejected": [{"role": "assistant", "content": "I do not know."}]} for i in range(16)]
-    pairs = tmp_path / "chat.jsonl"
-    write_jsonl(pairs, rows)
+    pairs = write_jsonl(tmp_path / "chat.jsonl", rows)
     out = tmp_path / "out"
     code, stdout, stderr = run_dpo(dpo_argv(data_dir, out, "--train_file", str(pairs), "--eval_strategy", "no",
                                             "--max_steps", "2"))

@@ -1,25 +1,20 @@
-"""``trl-padfree dpo`` on bad preference data, templates and settings: exit 2, one line naming the cause and the
-fix, no traceback, nothing written (no ``output_dir``), refused before the model loads where the data tells; the
-Python API's ``DPOTrainer`` raises a ``ValueError`` / ``TypeError`` naming the fix (issue 25, item 2).
-
-By class, as the SFT data errors are tested (tests/test_record_errors.py, tests/test_launch_validation.py).
-"""
+"""``trl-padfree dpo`` on bad preference data, templates and settings: exit 2, one line naming the cause and fix,
+nothing written; the Python API's ``DPOTrainer`` raises naming the fix (issue 25, item 2)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
+from launch_runs import run_launch, write_jsonl
 from paths import DEMO, DEMO_MODEL, ROOT
 
 from trl_padfree._compat import dpo_padding_free_unavailable
-from trl_padfree.launch import main
 
 pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
                                 reason=str(dpo_padding_free_unavailable()))
+PREFIX = "trl-padfree dpo: error: "
 SFT_LINE = "(a field of trl-padfree train, not of trl-padfree dpo)"
 
 
@@ -31,47 +26,34 @@ def pairs() -> list[dict]:
 
 def chat(pair: dict, system: bool = False) -> dict:
     turns = [{"role": "system", "content": "Answer briefly."}] if system else []
-    return {
-        "prompt": [*turns, {"role": "user", "content": pair["prompt"]}],
-        "chosen": [{"role": "assistant", "content": pair["chosen"]}],
-        "rejected": [{"role": "assistant", "content": pair["rejected"]}],
-    }
+    return {"prompt": [*turns, {"role": "user", "content": pair["prompt"]}],
+            "chosen": [{"role": "assistant", "content": pair["chosen"]}],
+            "rejected": [{"role": "assistant", "content": pair["rejected"]}]}
 
 
 def write(path: Path, records: list[dict]) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
-    return str(path)
+    return str(write_jsonl(path, records))
 
 
-def run(tmp_path: Path, train_file: str, *extra: str, eval_file: str = "",
-        config: str = str(ROOT / "configs" / "demo-dpo.yaml")) -> tuple[int, str, str, Path]:
-    out = tmp_path / "out"
-    argv = [
-        "--config", config, "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", train_file, "--eval_file", eval_file, "--eval_strategy", "no", "--eval_on_start", "false",
-        "--max_steps", "2", "--per_device_train_batch_size", "4", "--logging_steps", "1", "--output_dir", str(out),
-        *extra,
-    ]  # fmt: skip
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        code = main(argv, (), task="dpo")
-    return code, stdout.getvalue(), stderr.getvalue(), out
+def dpo_argv(tmp_path: Path, train_file: str, *extra: str, eval_file: str = "",
+             config: str = str(ROOT / "configs" / "demo-dpo.yaml")) -> list[str]:
+    return ["--config", config, "--model_name_or_path", str(DEMO_MODEL), "--train_file", train_file, "--eval_file",
+            eval_file, "--eval_strategy", "no", "--eval_on_start", "false", "--max_steps", "2",
+            "--per_device_train_batch_size", "4", "--logging_steps", "1", "--output_dir", str(tmp_path / "out"), *extra]
+
+
+def run(tmp_path: Path, train_file: str, *extra: str, **kw: str) -> tuple[int, str, str, Path]:
+    return (*run_launch(dpo_argv(tmp_path, train_file, *extra, **kw), "dpo"), tmp_path / "out")
 
 
 def refused(tmp_path: Path, train_file: str, *extra: str, before_model: bool = True, **kw: str) -> str:
-    """Run, assert exit 2 with one line and nothing written; return the line (without the program's prefix)."""
+    """Exit 2 with one line, nothing written (and, ``before_model``, before the model loads); returns the line."""
     code, stdout, stderr, out = run(tmp_path, train_file, *extra, **kw)
     lines = stderr.strip().splitlines()
-    assert code == 2 and len(lines) == 1, (code, stderr[-2000:])
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(PREFIX), (code, stderr[-2000:])
     assert "Traceback" not in stderr + stdout and not out.exists()
-    if before_model:
-        assert "loading model" not in stdout
-    prefix = "trl-padfree dpo: error: "
-    assert lines[0].startswith(prefix)
-    return lines[0][len(prefix):]
-
-
-# ---------------------------------------------------------------------------------------------- truncation
+    assert not before_model or "loading model" not in stdout
+    return lines[0].removeprefix(PREFIX)
 
 
 def test_every_pair_dropped_by_truncation_is_refused_before_anything_is_written(tmp_path, pairs):
@@ -96,9 +78,6 @@ def test_a_partial_drop_is_said_in_one_line_and_the_run_trains(tmp_path, pairs):
     assert "Token indices sequence length is longer" not in stdout + stderr
 
 
-# ------------------------------------------------------------------------------------------------ settings
-
-
 @pytest.mark.parametrize("flag, value, expected", [
     ("f_divergence_type", "hellinger", "f_divergence_type: 'hellinger' is not one TRL knows; use one of reverse_kl, "
                                        "forward_kl, js_divergence, alpha_divergence (reverse_kl, the default, is "
@@ -115,8 +94,6 @@ def test_a_bad_or_sft_only_setting_is_one_line(tmp_path, pairs, flag, value, exp
     config.write_text((ROOT / "configs" / "demo-dpo.yaml").read_text() + f"\n{flag}: {value!r}\n")
     assert expected in refused(tmp_path, data, config=str(config))
 
-
-# ----------------------------------------------------------------------------------------------- templates
 
 SYSTEM_TEMPLATE = (DEMO_MODEL / "chat_template.jinja").read_text(encoding="utf-8").replace(
     "{% else %}", "{% elif message['role'] == 'system' %}### System: {{ message['content'] }}\n{% else %}")
@@ -143,17 +120,11 @@ def test_chat_template_path_replaces_the_template_in_a_dpo_run(tmp_path, pairs):
     assert (out / "chat_template.jinja").read_text(encoding="utf-8") == SYSTEM_TEMPLATE
 
 
-# --------------------------------------------------------------------------------------------------- mixes
-
-
-def test_plain_records_then_conversational_ones_are_refused_naming_the_mix(tmp_path, pairs):
+def test_plain_and_conversational_records_mixed_are_refused_naming_the_mix(tmp_path, pairs):
     line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs[:8] + [chat(p) for p in pairs[8:]]))
     assert line.startswith("train_file record 8 (counting from 0): 'prompt' is chat messages (conversational), but "
                            "in record 0 it is plain text: the data mixes plain-text and conversational pairs")
     assert line.endswith("use one kind: convert the records of one kind, or put them in separate files and runs")
-
-
-def test_conversational_records_then_plain_ones_are_refused_naming_the_mix(tmp_path, pairs):
     line = refused(tmp_path, write(tmp_path / "t.jsonl", [chat(p) for p in pairs[:3]] + pairs[3:]))
     assert line.startswith("train_file record 3 (counting from 0): 'prompt' is plain text, but in record 0 it is "
                            "chat messages (conversational): the data mixes plain-text and conversational pairs")
@@ -177,9 +148,6 @@ def test_a_record_of_another_type_counts_from_0(tmp_path, pairs):
     line = refused(tmp_path, write(tmp_path / "t.jsonl", [*pairs[:2], {**pairs[2], "rejected": 47}]))
     assert line.startswith("train_file record 2 (counting from 0): 'rejected' must be a string or a list of chat "
                            "messages ({'role', 'content'}), got a number")
-
-
-# ---------------------------------------------------------------------------------------------- Python API
 
 
 @pytest.fixture(scope="module")

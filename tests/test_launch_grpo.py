@@ -1,14 +1,9 @@
-"""``trl-padfree grpo`` / ``rloo`` end to end on CPU, and the launch's task structure: a short GRPO run trains,
-probes and summarises; SIGTERM saves a checkpoint and resuming reproduces the uninterrupted run (losses, rewards
-and entropies of every step); bad input exits 2 with one line and nothing written; RLOO runs; a trainer added at
-run time plugs into every stage; the stages never branch on a task's name. Small runs: 32 demo prompts, 2 prompts
-x 4 completions of 8 tokens per step."""
+"""``trl-padfree grpo`` / ``rloo`` end to end on CPU (32 demo prompts, 2 prompts x 4 completions of 8 tokens a
+step), and a trainer added to the launch at run time."""
 
 from __future__ import annotations
 
-import ast
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -20,13 +15,13 @@ from launch_runs import (
     run_command,
     run_launch,
     run_preview,
+    write_jsonl,
     write_short_demo_records,
 )
-from paths import CONFIGS, DEMO_MODEL, PACKAGE
+from paths import CONFIGS, DEMO_MODEL
 
 from trl_padfree._compat import rl_padding_free_unavailable
 
-LAUNCH = PACKAGE / "launch"
 STEPS = 4
 needs_rl = pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
 
@@ -39,18 +34,9 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def grpo_argv(prompts: Path, out: Path, *extra: str) -> list[str]:
-    return [
-        "--config", str(CONFIGS / "demo-grpo.yaml"),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(prompts),
-        "--output_dir", str(out),
-        "--max_steps", str(STEPS),
-        "--per_device_train_batch_size", "8",
-        "--num_generations", "4",
-        "--max_completion_length", "8",
-        "--logging_steps", "1",
-        *extra,
-    ]  # fmt: skip
+    return ["--config", str(CONFIGS / "demo-grpo.yaml"), "--model_name_or_path", str(DEMO_MODEL), "--train_file",
+            str(prompts), "--output_dir", str(out), "--max_steps", str(STEPS), "--per_device_train_batch_size", "8",
+            "--num_generations", "4", "--max_completion_length", "8", "--logging_steps", "1", *extra]
 
 
 def run(argv: list[str], task: str = "grpo", callbacks=()) -> tuple[int, str, str]:
@@ -128,43 +114,37 @@ def test_bad_input_exits_2_with_one_line(prompts, tmp_path, extra, message):
 
 
 @needs_rl
-def test_records_without_prompt_and_a_config_without_rewards_are_refused(tmp_path, prompts):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text(json.dumps({"question": "hi", "answer": "there"}) + "\n", encoding="utf-8")
-    code, _, stderr = run(grpo_argv(prompts, tmp_path / "out", "--train_file", str(bad)))
-    assert code == 2 and "train_file: RL records need a 'prompt'" in stderr and not (tmp_path / "out").exists()
+@pytest.mark.parametrize(("record", "message"), [
+    ({"question": "hi", "answer": "there"}, "train_file: RL records need a 'prompt'"),
+    # the demo's rewards read the known answer: records with a prompt only fail at validation, not at step 1
+    ({"prompt": "### Question: Count to three.\n### Answer:"}, "reward_funcs answer_chars score a completion against "
+     "its known answer ... no 'answer' or 'chosen' column (columns: prompt)"),
+])
+def test_records_the_rewards_cannot_score_are_refused(tmp_path, prompts, record, message):
+    bad = write_jsonl(tmp_path / "bad.jsonl", [record])
+    line = assert_refused_in_one_line("grpo", grpo_argv(prompts, tmp_path / "out", "--train_file", str(bad)),
+                                      tmp_path / "out")
+    assert all(part in line for part in message.split(" ... ")), line
+
+
+@needs_rl
+def test_a_config_without_rewards_is_refused(tmp_path, prompts):
     config = tmp_path / "no-rewards.yaml"
     text = (CONFIGS / "demo-grpo.yaml").read_text(encoding="utf-8")
     config.write_text("\n".join(line for line in text.splitlines() if not line.startswith("reward_funcs")) + "\n")
     argv = grpo_argv(prompts, tmp_path / "out")
     argv[1] = str(config)
-    code, _, stderr = run(argv)
-    assert code == 2 and "reward_funcs is empty: name at least one reward" in stderr
+    assert_refused_in_one_line("grpo", argv, tmp_path / "out", "reward_funcs is empty: name at least one reward")
 
 
 @needs_rl
-def test_a_packaged_reward_without_an_answer_column_is_refused_before_any_work(tmp_path, prompts):
-    """The demo's rewards read the known answer; records with a prompt only fail at validation, not at step 1."""
-    bare = tmp_path / "prompts-only.jsonl"
-    bare.write_text(json.dumps({"prompt": "### Question: Count to three.\n### Answer:"}) + "\n", encoding="utf-8")
-    code, _, stderr = run(grpo_argv(prompts, tmp_path / "out", "--train_file", str(bare)))
-    assert code == 2 and not (tmp_path / "out").exists(), stderr
-    assert "reward_funcs answer_chars score a completion against its known answer" in stderr
-    assert "no 'answer' or 'chosen' column (columns: prompt)" in stderr and "Traceback" not in stderr
-
-
-@needs_rl
-def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path):
+def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path, monkeypatch):
     module = tmp_path / "my_rewards.py"
     module.write_text("def short(completions, **kwargs):\n    return [-len(c) / 100 for c in completions]\n")
     out = tmp_path / "out"
-    cwd = os.getcwd()
-    os.chdir(tmp_path)  # as trl grpo: a reward module beside the config, imported from the working directory
-    try:
-        code, stdout, stderr = run(grpo_argv(prompts, out, "--reward_funcs", "my_rewards:short", "--max_steps", "2"),
-                                   task="rloo")
-    finally:
-        os.chdir(cwd)
+    monkeypatch.chdir(tmp_path)  # as trl grpo: a reward module beside the config, imported from the working directory
+    code, stdout, stderr = run(grpo_argv(prompts, out, "--reward_funcs", "my_rewards:short", "--max_steps", "2"),
+                               task="rloo")
     assert code == 0, (stdout + stderr)[-3000:]
     assert "reward_funcs=my_rewards:short" in stdout and "[trl-padfree] steps: 2/2" in stdout
     assert all("rewards/short/mean" in e for e in steps(out).values())
@@ -188,8 +168,7 @@ def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
 
     register(ToyTask())
     assert get_task("toy").prog == "trl-padfree toy"
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "completion": f" A{i}"}) + "\n" for i in range(8)))
+    data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"Q{i}?", "completion": f" A{i}"} for i in range(8)])
     argv = ["--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--output_dir",
             str(tmp_path / "out"), "--max_steps", "2", "--per_device_train_batch_size", "4", "--use_cpu", "true",
             "--report_to", "none", "--save_strategy", "no", "--torch_num_threads", "1"]
@@ -200,31 +179,19 @@ def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
     assert code == 2 and stderr.startswith("trl-padfree toy: error: unknown option '--no_such_field'")
 
 
-def test_the_stages_never_branch_on_a_task_name():
-    """Nothing in launch/ (but launch/tasks/) compares ``task`` or ``cfg.task`` with a string."""
-    found = []
-    for path in sorted(LAUNCH.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Compare):
-                names = [n for n in (node.left, *node.comparators)
-                         if (isinstance(n, ast.Name) and n.id == "task") or (isinstance(n, ast.Attribute)
-                                                                             and n.attr == "task")]
-                strings = [n for n in (node.left, *node.comparators) if isinstance(n, ast.Constant)
-                           and isinstance(n.value, str)]
-                if names and strings:
-                    found.append(f"{path.name}:{node.lineno}")
-    assert found == []
-
-
 @needs_rl
-def test_preview_shows_a_groups_layout(prompts, demo_tokenizer):
-    code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-grpo.yaml"), "--train_file", str(prompts),
-                                        "--model_name_or_path", str(DEMO_MODEL), "--max_completion_length", "8",
-                                        "-n", "1"])
-    assert code == 0, stderr
-    first = json.loads(prompts.read_text(encoding="utf-8").splitlines()[0])["prompt"]
+def test_preview_shows_a_groups_layout_and_counts_a_chat_prompts_tokens(prompts, demo_tokenizer, tmp_path):
+    def preview(train_file: Path) -> list[str]:
+        code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-grpo.yaml"), "--train_file",
+                                            str(train_file), "--model_name_or_path", str(DEMO_MODEL),
+                                            "--max_completion_length", "8", "-n", "1"])
+        assert code == 0, stderr
+        return stdout.splitlines()
+
+    records = [json.loads(line) for line in prompts.read_text(encoding="utf-8").splitlines()[:2]]
+    first = records[0]["prompt"]
     p = len(demo_tokenizer(first, add_special_tokens=False)["input_ids"])
-    assert stdout.splitlines() == [
+    assert preview(prompts) == [
         "32 training prompts; each group: 1 prompt, 4 completions of up to 8 tokens (padding_free=True, "
         "prompt_once=True)",
         f"--- prompt 0 ({p} tokens): {first!r}",
@@ -232,26 +199,15 @@ def test_preview_shows_a_groups_layout(prompts, demo_tokenizer):
         "    scored: each completion's tokens (4 x up to 8), attending to the prompt and to itself only",
         f"    forwarded tokens at most: {p + 4 * 8} (padded TRL layout: {4 * (p + 8)})",
     ]
-
-
-@needs_rl
-def test_preview_counts_a_chat_prompts_tokens(prompts, demo_tokenizer, tmp_path):
-    # transformers 5's apply_chat_template(tokenize=True) returns a BatchEncoding, not a dict nor a list: its length
-    # is its number of keys (2), not the prompt's tokens
-    records = [json.loads(line) for line in prompts.read_text(encoding="utf-8").splitlines()[:2]]
-    chat = tmp_path / "chat.jsonl"
-    chat.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": r["prompt"]}], "chosen": r["chosen"]})
-                            + "\n" for r in records), encoding="utf-8")
-    code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-grpo.yaml"), "--train_file", str(chat),
-                                        "--model_name_or_path", str(DEMO_MODEL), "--max_completion_length", "8",
-                                        "-n", "1"])
-    assert code == 0, stderr
-    messages = [{"role": "user", "content": records[0]["prompt"]}]
-    p = len(demo_tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                               return_dict=True)["input_ids"])  # as TRL's GRPOTrainer tokenizes it
+    # a chat prompt counts its tokens as TRL's GRPOTrainer tokenizes it (transformers 5's apply_chat_template
+    # returns a BatchEncoding, whose length is its number of keys, not the prompt's tokens)
+    chat = write_jsonl(tmp_path / "chat.jsonl", [{"prompt": [{"role": "user", "content": r["prompt"]}],
+                                                  "chosen": r["chosen"]} for r in records])
+    p = len(demo_tokenizer.apply_chat_template([{"role": "user", "content": first}], add_generation_prompt=True,
+                                               tokenize=True, return_dict=True)["input_ids"])
     assert p > 10
-    lines = stdout.splitlines()
-    assert lines[1] == f"--- prompt 0 ({p} tokens): {records[0]['prompt']!r}"
+    lines = preview(chat)
+    assert lines[1] == f"--- prompt 0 ({p} tokens): {first!r}"
     assert lines[4] == f"    forwarded tokens at most: {p + 4 * 8} (padded TRL layout: {4 * (p + 8)})"
 
 

@@ -1,5 +1,4 @@
-"""The launch's ``scored_lm_head`` key reaches the trainer of every task whose trainer has an LM head (SFT, DPO,
-GRPO; KTO in ``tests/test_launch_kto.py``), and the run line and ``launch_summary.json`` say which head ran."""
+"""The launch's ``scored_lm_head`` reaches the trainer of every task with an LM head; the run line and summary say it."""
 
 from __future__ import annotations
 
@@ -10,7 +9,12 @@ import pytest
 from launch_runs import HeadSeen, run_launch, write_short_demo_records
 from paths import CONFIGS, DEMO, DEMO_MODEL
 
-from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
+from trl_padfree._compat import (
+    MIN_TRL_KTO,
+    dpo_padding_free_unavailable,
+    rl_padding_free_unavailable,
+    trl_at_least,
+)
 from trl_padfree.scored_head import scored_head_unavailable
 
 ONE_STEP = ["--max_steps", "1", "--max_train_examples", "8", "--eval_strategy", "no", "--eval_on_start", "false",
@@ -22,8 +26,9 @@ def argv(task: str, data: Path, out: Path) -> list[str]:
         "sft": ("demo.yaml", DEMO / "data" / "train.jsonl"),
         "dpo": ("demo-dpo.yaml", DEMO / "data" / "pref_train.jsonl"),
         "grpo": ("demo-grpo.yaml", data),
+        "kto": ("demo-kto.yaml", DEMO / "data" / "pref_train.jsonl"),
     }[task]
-    extra = {"sft": [], "dpo": ["--per_device_train_batch_size", "4"],
+    extra = {"sft": [], "dpo": ["--per_device_train_batch_size", "4"], "kto": ["--per_device_train_batch_size", "4"],
              "grpo": ["--per_device_train_batch_size", "4", "--num_generations", "4", "--max_completion_length", "4"]}
     return ["--config", str(CONFIGS / config), "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(train),
             "--output_dir", str(out), *ONE_STEP, *extra[task]]
@@ -35,10 +40,11 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                     shorter_than=300)
 
 
-UNAVAILABLE = {"sft": None, "dpo": dpo_padding_free_unavailable(), "grpo": rl_padding_free_unavailable()}
+UNAVAILABLE = {"sft": None, "dpo": dpo_padding_free_unavailable(), "grpo": rl_padding_free_unavailable(),
+               "kto": None if trl_at_least(MIN_TRL_KTO) else f"trl-padfree kto needs trl >= {MIN_TRL_KTO}"}
 
 
-@pytest.mark.parametrize("task", ["sft", "dpo", "grpo"])
+@pytest.mark.parametrize("task", ["sft", "dpo", "grpo", "kto"])
 @pytest.mark.parametrize("value", ["true", "false"])
 def test_scored_lm_head_reaches_the_trainer(task, value, prompts, tmp_path):
     if UNAVAILABLE[task] is not None:

@@ -1,7 +1,5 @@
-"""``trl-padfree kto`` end to end on CPU: the demo config through the real command (a few steps, on the DPO demo's
-pairs, which TRL unpairs), unpaired prompt/completion/label records, bad input exits 2 with one line and nothing
-written, ``scored_lm_head`` reaches the trainer, the preview, evaluation's per-example logits, and the refusal below
-trl 1.16 (``make test-lowest``)."""
+"""``trl-padfree kto`` end to end on CPU (on the DPO demo's pairs, which TRL unpairs, or unpaired records), its bad
+input, preview and evaluation logits, and its refusal below trl 1.16 (``make test-lowest``)."""
 
 from __future__ import annotations
 
@@ -10,9 +8,7 @@ from pathlib import Path
 
 import pytest
 from launch_runs import (
-    HeadSeen,
     assert_config_typo_named,
-    assert_make_demo_runs_the_readme_command,
     assert_real_tokens_logged,
     assert_refused_in_one_line,
     demo_pairs_argv,
@@ -77,35 +73,12 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
 
 
 @needs_kto
-@pytest.mark.parametrize(("value", "state"), [("true", "scored"), ("false", None)])
-def test_scored_lm_head_reaches_the_trainer(tmp_path, value, state):
-    seen = HeadSeen()
-    code, stdout, stderr = run(quick(tmp_path / "out", "--scored_lm_head", value), [seen])
-    assert code == 0, (stdout + stderr)[-3000:]
-    assert seen.states == [state] and f"scored_lm_head={value.capitalize()}" in stdout
-    summary = json.loads((tmp_path / "out" / "launch_summary.json").read_text())
-    assert summary["scored_lm_head"] is (value == "true")
-
-
-@needs_kto
-def test_unpaired_records_train(tmp_path):
-    path = write_jsonl(tmp_path / "unpaired.jsonl", [
-        {"prompt": r["prompt"], "completion": r["chosen" if i % 3 else "rejected"], "label": bool(i % 3)}
-        for i, r in enumerate(demo_records("pref_train.jsonl", 8))])
-    code, stdout, stderr = run(quick(tmp_path / "out", "--train_file", str(path)))
-    assert code == 0, (stdout + stderr)[-3000:]
-    assert ("[trl-padfree] data: 8 training examples, 8 eval pairs (format: text, prompt/completion/label; training "
-            "examples: 5 desirable, 3 undesirable)") in stdout
-    assert "[trl-padfree] steps: 1/1 in " in stdout
-
-
-@needs_kto
-def test_an_evaluation_without_a_margin_prints_no_nan(tmp_path):
+def test_unpaired_records_train_and_an_evaluation_without_a_margin_prints_no_nan(tmp_path):
     # eval records of one kind only: TRL logs no eval_rewards/margins (nor rewards/rejected); the summary leaves
     # them out instead of printing "margin nan -> nan"
     records = demo_records("pref_train.jsonl", 8)
     train = write_jsonl(tmp_path / "train.jsonl", [
-        {"prompt": r["prompt"], "completion": r["chosen" if i % 2 else "rejected"], "label": bool(i % 2)}
+        {"prompt": r["prompt"], "completion": r["chosen" if i % 3 else "rejected"], "label": bool(i % 3)}
         for i, r in enumerate(records)])
     evals = write_jsonl(tmp_path / "eval.jsonl", [
         {"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in records[:4]])
@@ -113,6 +86,9 @@ def test_an_evaluation_without_a_margin_prints_no_nan(tmp_path):
                                         "--eval_file", str(evals), "--eval_strategy", "no", "--eval_on_start",
                                         "true"))
     assert code == 0, (stdout + stderr)[-3000:]
+    assert ("[trl-padfree] data: 8 training examples, 4 eval examples (format: text, prompt/completion/label; training "
+            "examples: 5 desirable, 3 undesirable)") in stdout
+    assert "[trl-padfree] steps: 1/1 in " in stdout
     history = [e for e in log_history(tmp_path / "out") if "eval_rewards/chosen" in e]
     assert len(history) == 2 and not any("eval_rewards/margins" in e for e in history)
     line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval rewards: "))
@@ -125,20 +101,17 @@ def test_an_evaluation_without_a_margin_prints_no_nan(tmp_path):
 def test_bad_records_are_named(tmp_path):
     rows = demo_records("pref_train.jsonl", 6)
     unpaired = [{"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in rows]
-    cases = [
-        ("no-chosen", [*rows[:3], {"prompt": rows[3]["prompt"], "rejected": rows[3]["rejected"]}, *rows[4:]],
+    for records, message in [
+        ([*rows[:3], {"prompt": rows[3]["prompt"], "rejected": rows[3]["rejected"]}, *rows[4:]],
          "train_file record 3 (counting from 0): 'chosen' must be a string or a list of chat messages"),
-        ("label", [*unpaired[:2], {**unpaired[2], "label": "yes"}, *unpaired[3:]],
+        ([*unpaired[:2], {**unpaired[2], "label": "yes"}, *unpaired[3:]],
          "train_file record 2 (counting from 0): 'label' must be true (desirable) or false (undesirable), got 'yes'"),
-        ("columns", [{"prompt": r["prompt"], "completion": r["chosen"]} for r in rows],
+        ([{"prompt": r["prompt"], "completion": r["chosen"]} for r in rows],
          "train_file: KTO records need 'prompt', 'completion' and 'label' (true: desirable), or preference pairs "
          "'prompt', 'chosen', 'rejected'; missing 'label' (columns: prompt, completion)"),
-    ]
-    for name, records, message in cases:
-        path = write_jsonl(tmp_path / f"{name}.jsonl", records)
-        code, _, stderr = run(quick(tmp_path / "out", "--train_file", str(path)))
-        assert code == 2 and not (tmp_path / "out").exists(), stderr
-        assert stderr.startswith(PREFIX) and message in stderr and len(stderr.strip().splitlines()) == 1, stderr
+    ]:
+        path = write_jsonl(tmp_path / "bad.jsonl", records)
+        assert_refused_in_one_line("kto", quick(tmp_path / "out", "--train_file", str(path)), tmp_path / "out", message)
 
 
 @needs_kto
@@ -237,7 +210,3 @@ def test_evaluation_logits_are_one_row_per_example_as_trls(tmp_path):
     real = got[..., 0] != -100
     assert all(row[: row.sum()].all() for row in real)  # each row: its sequence, then padding
     assert np.abs(got[real] - want[real]).max() < 1e-4
-
-
-def test_make_demo_kto_runs_the_command_the_readme_shows():
-    assert_make_demo_runs_the_readme_command("kto")

@@ -1,16 +1,14 @@
-"""``trl-padfree reward`` end to end on CPU: the demo config through the real command (a few steps), bad input exits 2
-with one line and nothing written, the model is a one-output sequence classifier, the preview shows the pair
-layout, and ``make demo-reward`` is the command the README shows. Runs on the whole supported window (trl >= 1.8)."""
+"""``trl-padfree reward`` end to end on CPU: the demo config, bad input, the one-output classifier, margins, preview."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 from launch_runs import (
     assert_config_typo_named,
-    assert_make_demo_runs_the_readme_command,
     assert_real_tokens_logged,
     assert_refused_in_one_line,
     demo_pairs_argv,
@@ -22,11 +20,10 @@ from launch_runs import (
     run_preview,
     write_jsonl,
 )
-from paths import CONFIGS, DEMO_MODEL
+from paths import CONFIGS, DEMO_MODEL, ROOT
 from transformers import TrainerCallback
 
 CONFIG = CONFIGS / "demo-reward.yaml"
-PREFIX = "trl-padfree reward: error: "
 
 
 def reward_argv(out: Path, *extra: str) -> list[str]:
@@ -62,26 +59,14 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
     assert config["architectures"] == ["LlamaForSequenceClassification"] and config["id2label"] == {"0": "LABEL_0"}
 
 
-class ModelSeen(TrainerCallback):
+class ScoreHeadSeen(TrainerCallback):
+    """The model's class, labels and score head as each training begins."""
+
     def __init__(self) -> None:
-        self.models = []
+        self.heads = []
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.models.append(model)
-
-
-def test_the_model_is_a_seeded_one_output_classifier(tmp_path):
-    """A causal LM checkpoint gets a fresh score head, the same for the same seed (as TRL's RewardTrainer seeds)."""
-    heads = []
-    for name in ("a", "b"):
-        seen = ModelSeen()
-        code, stdout, stderr = run(reward_argv(tmp_path / name, "--max_steps", "1", "--eval_strategy", "no",
-                                               "--eval_on_start", "false", "--learning_rate", "0"), [seen])
-        assert code == 0, (stdout + stderr)[-3000:]
-        (model,) = seen.models
-        assert type(model).__name__ == "LlamaForSequenceClassification" and model.config.num_labels == 1
-        heads.append(model.score.weight.detach().clone())
-    assert heads[0].shape == (1, heads[0].shape[1]) and bool((heads[0] == heads[1]).all())
+        self.heads.append((type(model).__name__, model.config.num_labels, model.score.weight.detach().clone()))
 
 
 @pytest.mark.parametrize(
@@ -109,31 +94,34 @@ def test_a_typo_in_the_config_file_names_the_key(tmp_path):
 
 def test_bad_records_are_named(tmp_path):
     rows = demo_records("pref_train.jsonl", 6)
-    for name, records, message in [
-        ("no-chosen", [*rows[:3], {"prompt": rows[3]["prompt"], "rejected": rows[3]["rejected"]}, *rows[4:]],
+    for records, message in [
+        ([*rows[:3], {"prompt": rows[3]["prompt"], "rejected": rows[3]["rejected"]}, *rows[4:]],
          "train_file record 3 (counting from 0): 'chosen' must be a string or a list of chat messages"),
-        ("bad-margin", [{**r, "margin": 1.0 if i != 2 else "big"} for i, r in enumerate(rows)],
+        ([{**r, "margin": 1.0 if i != 2 else "big"} for i, r in enumerate(rows)],
          "train_file record 2 (counting from 0): 'margin' must be a number"),
     ]:
-        path = write_jsonl(tmp_path / f"{name}.jsonl", records)
-        code, _, stderr = run(reward_argv(tmp_path / "out", "--train_file", str(path)))
-        assert code == 2 and not (tmp_path / "out").exists(), stderr
-        assert stderr.startswith(PREFIX) and message in stderr and len(stderr.strip().splitlines()) == 1, stderr
+        path = write_jsonl(tmp_path / "bad.jsonl", records)
+        assert_refused_in_one_line("reward", reward_argv(tmp_path / "out", "--train_file", str(path)), tmp_path / "out",
+                                   message)
 
 
-def test_margins_reach_the_loss(tmp_path):
+def test_margins_reach_the_loss_and_the_model_is_a_seeded_one_output_classifier(tmp_path):
+    """A causal LM checkpoint gets a fresh score head, the same for the same seed (as TRL's RewardTrainer)."""
     rows = demo_records("pref_train.jsonl", 16)
     plain = write_jsonl(tmp_path / "plain.jsonl", rows)
     margins = write_jsonl(tmp_path / "margins.jsonl", [{**r, "margin": 3.0} for r in rows])
-    first_losses = {}
+    first_losses, seen = {}, ScoreHeadSeen()
     for name, train in (("plain", plain), ("margin", margins)):
         out = tmp_path / name
         code, stdout, stderr = run(reward_argv(out, "--train_file", str(train), "--max_steps", "1", "--eval_strategy",
-                                               "no", "--eval_on_start", "false", "--logging_steps", "1"))
+                                               "no", "--eval_on_start", "false", "--logging_steps", "1"), [seen])
         assert code == 0, (stdout + stderr)[-2000:]
         assert ("with margins" in stdout) == (name == "margin")
         first_losses[name] = losses(out)[1]
     assert first_losses["margin"] > first_losses["plain"] + 1.0  # -logsigmoid(d - 3) against -logsigmoid(d), d near 0
+    (kind, labels, head), (_, _, again) = seen.heads
+    assert kind == "LlamaForSequenceClassification" and labels == 1 and head.shape == (1, head.shape[1])
+    assert bool((head == again).all())
 
 
 def test_preview_shows_the_pair_layout(demo_tokenizer):
@@ -153,12 +141,17 @@ def test_preview_shows_the_pair_layout(demo_tokenizer):
     assert lines[2].startswith("chosen:   " + first["prompt"].split("\n")[0]) and lines[3].endswith("[[<|eos|>]]")
 
 
-def test_make_demo_reward_runs_the_command_the_readme_shows():
-    assert_make_demo_runs_the_readme_command("reward")
+@pytest.mark.parametrize("task", ["reward", "kto"])
+def test_make_demo_runs_the_command_the_readme_shows(task):
+    recipe = re.search(rf"^demo-{task}: install\n\t(.+)$", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
+    assert recipe and recipe.group(1) == f"$(VENV)/bin/trl-padfree {task} --config configs/demo-{task}.yaml"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert f"`make demo-{task}`" in readme
+    assert re.search(rf"^trl-padfree {task} --config configs/demo-{task}\.yaml +# ", readme, re.M)
 
 
 def test_lora_trains_the_new_score_head_too(tmp_path):
-    """With use_peft the LoRA task type is SEQ_CLS (unless set): peft then saves the fresh score head with the adapters."""
+    """use_peft: LoRA's task type is SEQ_CLS, so peft saves the fresh score head with the adapters."""
     out = tmp_path / "out"
     code, stdout, stderr = run(reward_argv(out, "--max_steps", "1", "--eval_strategy", "no", "--eval_on_start", "false",
                                            "--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"))

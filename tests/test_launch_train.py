@@ -1,8 +1,4 @@
-"""``trl-padfree train`` end to end on CPU: a run, SIGTERM + resume (same losses); 2-rank runs: test_distributed.py.
-
-Runs share a module-scoped tiny setup (the demo model, 40 demo records + one that truncation empties, 6 steps),
-so the whole file stays within a few tens of seconds on 2 cores.
-"""
+"""``trl-padfree train`` end to end on CPU: a run, SIGTERM + resume (same losses), LoRA, attention fallbacks."""
 
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from launch_inputs import TRAIN_STEPS, train_argv
-from launch_runs import log_history, losses, write_jsonl
+from launch_runs import log_history, losses, run_launch, write_jsonl
 from paths import DEMO, ROOT
 from tiny_models import GPT_NEO, MPT, save_tiny_model
 
@@ -37,20 +33,14 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def full_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """One uninterrupted in-process run; returns (output_dir, stdout)."""
-    import contextlib
-    import io
-
     import torch
 
     out = tmp_path_factory.mktemp("full") / "out"
-    buffer = io.StringIO()
     threads = torch.get_num_threads()
-    with contextlib.redirect_stdout(buffer):
-        code = main(train_argv(data_dir, out))
-    assert code == 0, buffer.getvalue()[-3000:]
+    code, stdout, stderr = run_launch(train_argv(data_dir, out), "sft")
+    assert code == 0, (stdout + stderr)[-3000:]
     assert torch.get_num_threads() == threads  # the demo's torch_num_threads: 1 holds only during the run
-    return out, buffer.getvalue()
+    return out, stdout
 
 
 def test_run_trains_saves_and_summarises(full_run):
@@ -64,29 +54,21 @@ def test_run_trains_saves_and_summarises(full_run):
     assert f"[trl-padfree] model saved to {out}" in stdout
     assert "[trl-padfree] padding avoided: " in stdout and "[trl-padfree] real tokens/s: " in stdout
     # evaluated at steps 3 and 6: each figure says which evaluation it is (the first is not "before training")
-    evals = [e for e in log_history(out) if "eval_loss" in e]
+    history = log_history(out)
+    evals = [e for e in history if "eval_loss" in e]
     assert [e["step"] for e in evals] == [3, 6]
     assert (f"[trl-padfree] eval loss: {evals[0]['eval_loss']:.4f} (step 3) -> {evals[-1]['eval_loss']:.4f} (step 6)"
             in stdout.splitlines())
-
-
-def test_logs_have_loss_tokens_per_second_and_padding_share(full_run):
-    out, _ = full_run
-    history = log_history(out)
     train_logs = [e for e in history if "loss" in e]
     assert [e["step"] for e in train_logs] == list(range(1, TRAIN_STEPS + 1))
-    for entry in train_logs:
-        assert entry["real_tokens_per_second"] > 0
-        assert 0.0 <= entry["padding_share"] < 1.0
-    assert [e["step"] for e in history if "eval_loss" in e] == [3, 6]
+    assert all(e["real_tokens_per_second"] > 0 and 0.0 <= e["padding_share"] < 1.0 for e in train_logs)
     final = history[-1]
     assert final["train_real_tokens"] > 0 and final["train_padded_tokens"] >= final["train_real_tokens"]
     assert final["train_padding_share"] == pytest.approx(1 - final["train_real_tokens"] / final["train_padded_tokens"], abs=1e-4)
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_matches(full_run, data_dir, tmp_path):
-    """A subprocess run gets SIGTERM after step 3 (tests/launch_hooks.py), exits 0 with checkpoint-3; resuming
-    reproduces the losses of the uninterrupted run step for step."""
+    """A subprocess run gets SIGTERM after step 3, exits 0 with checkpoint-3; resuming reproduces the losses."""
     out = tmp_path / "out"
     no_eval = ("--eval_strategy", "no")  # evaluation does not change training losses
     hooks = [str(ROOT / "tests" / "launch_hooks.py"), "--sigterm-at-step", "3", "--"]
@@ -158,11 +140,19 @@ def test_ctrl_c_asks_for_a_checkpoint_then_aborts_on_the_second():
     assert signal.getsignal(signal.SIGINT) is before  # handlers restored
 
 
-def test_auto_falls_back_when_the_model_cannot_load_with_padfree(data_dir, tmp_path, capsys, demo_tokenizer):
-    """transformers builds GPT-Neo's attention from its own table, which has no "padfree" (KeyError at load):
-    auto loads it with its default attention (eager), the probe finds that safe, and training runs."""
+def test_auto_falls_back_when_the_model_cannot_load_with_padfree_and_explicit_padfree_names_the_fix(
+        data_dir, tmp_path, capsys, demo_tokenizer):
+    """GPT-Neo builds its attention from its own table, without "padfree" (KeyError at load): auto loads it with its
+    default (eager), which the probe finds safe, and trains; padfree set explicitly is refused naming the fix."""
     model = save_tiny_model(tmp_path / "gpt_neo", "gpt_neo", GPT_NEO, demo_tokenizer)
+    capsys.readouterr()
     out = tmp_path / "out"
+    assert main(train_argv(data_dir, out, "--model_name_or_path", str(model), "--attn_implementation", "padfree")) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"trl-padfree train: error: could not load model {str(model)!r}: its modeling code has no attention class "
+        "for attn_implementation='padfree' (it keeps a table of its own); use 'sdpa' or 'eager' for this model"
+    )
+    assert not out.exists()
     argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2", "--eval_strategy", "no")
     assert main(argv) == 0
     stdout = capsys.readouterr().out
@@ -185,19 +175,4 @@ def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stop
         "(attn_implementation='eager'"
     )
     assert captured.err.rstrip().endswith("no attn_implementation can keep packed examples apart; set padding_free=False.")
-    assert not out.exists()
-
-
-def test_explicit_padfree_on_a_model_that_cannot_be_built_with_it_names_the_fix(data_dir, tmp_path, capsys,
-                                                                               demo_tokenizer):
-    model = save_tiny_model(tmp_path / "gpt_neo", "gpt_neo", GPT_NEO, demo_tokenizer)
-    capsys.readouterr()
-    out = tmp_path / "out"
-    argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--attn_implementation", "padfree")
-    assert main(argv) == 2
-    err = capsys.readouterr().err.strip()
-    assert err == (
-        f"trl-padfree train: error: could not load model {str(model)!r}: its modeling code has no attention class "
-        "for attn_implementation='padfree' (it keeps a table of its own); use 'sdpa' or 'eager' for this model"
-    )
     assert not out.exists()

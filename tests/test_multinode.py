@@ -1,10 +1,5 @@
-"""Several nodes, elastic restarts and a killed rank, with real processes, configured as docs/distributed.md says.
-
-Two torchrun "nodes" on this machine (``--nnodes 2 --nproc_per_node 1 --rdzv_backend c10d``), each with its own
-``output_dir`` standing for its own disk (``save_on_each_node: true``); a ``--max_restarts 1`` run whose worker is
-SIGKILLed (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``); a rank SIGKILLed without restarts. Faults are real
-(``tests/launch_hooks.py``); every launch checks that no process of the run is left (``two_ranks.launch``).
-"""
+"""Two torchrun "nodes" with their own disks (save_on_each_node), an elastic restart, a killed rank, configured as
+docs/distributed.md says; every launch checks that no process of the run is left (``two_ranks.launch``)."""
 
 from __future__ import annotations
 
@@ -14,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from launch_inputs import DDP_BATCH, DDP_RECORDS, ddp_train_argv, write_ddp_data
+from launch_runs import losses
 from paths import ROOT
 from safetensors.torch import load_file
 from two_ranks import free_port, launch
@@ -49,11 +45,6 @@ def run_layout(layout: str, data_dir: Path, outs: list[Path], hooks: list[str], 
 def same_weights(a: Path, b: Path) -> bool:
     wa, wb = load_file(a), load_file(b)
     return wa.keys() == wb.keys() and all(wa[k].equal(wb[k]) for k in wa)
-
-
-def losses(out: Path) -> dict[int, float]:
-    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    return {e["step"]: e["loss"] for e in history if "loss" in e}
 
 
 def test_two_nodes_with_their_own_disks_stop_on_sigterm_and_resume_on_every_node(data_dir, tmp_path):

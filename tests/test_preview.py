@@ -25,13 +25,15 @@ examples without the response template among the first 8: 0
 """
 
 
-def test_preview_of_the_demo_config_is_exact(in_root, capsys, tmp_path):
+def test_preview_of_the_demo_config_is_exact_and_in_the_docs(in_root, capsys, tmp_path):
     argv = ["preview", "--config", "configs/demo.yaml", "-n", "2", "--max_train_examples", "8",
             "--output_dir", str(tmp_path / "out")]  # fmt: skip
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
     assert captured.out == EXPECTED
     assert not (tmp_path / "out").exists()  # nothing written
+    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")  # docs/usage.md shows this command and output
+    assert "$ trl-padfree preview --config configs/demo.yaml -n 2 --max_train_examples 8\n" + EXPECTED + "```" in text
 
 
 def test_preview_counts_examples_without_the_template(in_root, capsys, tmp_path):
@@ -69,12 +71,6 @@ def test_preview_bad_input_exits_2_with_one_line(in_root, capsys, tmp_path, extr
 def test_colour_marks_trained_and_masked_runs():
     text = marked_text(b"Q: hi A: yes", [0, 2, 5, 8, 12], [-100, -100, -100, 7], color=True)
     assert text == "\033[2mQ: hi A:\033[0m\033[1;32m yes\033[0m"
-
-
-def test_docs_show_the_same_preview():
-    """docs/usage.md shows this command and exactly this output."""
-    text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")
-    assert "$ trl-padfree preview --config configs/demo.yaml -n 2 --max_train_examples 8\n" + EXPECTED + "```" in text
 
 
 def test_preview_of_chat_data_without_templates(in_root, capsys, tmp_path):

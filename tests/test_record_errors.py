@@ -1,9 +1,5 @@
-"""Any error raised while a record is formatted or tokenized before the first step is one line and exit code 2.
-
-The rule is structural (``launch.data``: every per-record stage runs under one guard that names the failing
-record), so it is tested by class: chat templates, format strings, record shapes and tokenizers that raise, each
-must end as ``<split> record <index> (counting from 0): <cause>; <fix>`` on one line, never as a traceback.
-"""
+"""An error raised while a record is formatted or tokenized (chat templates, format strings, record shapes,
+tokenizers) is one line, ``<split> record <index> (counting from 0): <cause>; <fix>``, and exit code 2."""
 
 from __future__ import annotations
 
@@ -16,7 +12,20 @@ from paths import DEMO_MODEL
 
 from trl_padfree import cli
 
-QUESTION = "### Question: {instruction}\n### Answer: {output}"
+BAD_INDEX = ["--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template", "### Answer:"]
+
+
+def refused(capsys: pytest.CaptureFixture[str], command: str, tmp_path: Path, rows: list[dict], *extra: str) -> str:
+    """``trl-padfree COMMAND`` on the demo model with ``rows`` as train_file exits 2 with one line, writing nothing;
+    returns that line."""
+    argv = [command, "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(write_jsonl(tmp_path / "train.jsonl",
+            rows)), "--output_dir", str(tmp_path / "out"), *extra]  # fmt: skip
+    if command == "train":
+        argv += ["--max_steps", "1", "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and not (tmp_path / "out").exists(), err
+    return err
 
 
 def chat(*turns: tuple[str, str], **extra) -> dict:
@@ -67,7 +76,7 @@ CASES = {
     "format string: index out of range": (
         [{"instruction": "a long question", "output": "b"}, {"instruction": "a long one", "output": "b"},
          {"instruction": "short", "output": "b"}],
-        ["--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template", "### Answer:"],
+        BAD_INDEX,
         "train_file record 2",
         "template '### Question: {instruction[8]}\\n### Answer: {output}' cannot format it (IndexError: string index "
         "out of range); fix the template (fields as {name}, literal braces as {{ and }}) or the record",
@@ -118,62 +127,35 @@ def resolve(args: list[str], tmp_path: Path) -> list[str]:
 @pytest.mark.parametrize("case", list(CASES))
 def test_a_record_that_cannot_be_prepared_is_one_line_naming_it(case, tmp_path, capsys):
     rows, extra, record, message = CASES[case]
-    data = write_jsonl(tmp_path / "train.jsonl", rows)
-    argv = ["preview", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data),
-            "--output_dir", str(tmp_path / "out"), *resolve(extra, tmp_path)]  # fmt: skip
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"trl-padfree preview: error: {record} (counting from 0): ")
-    assert message in err
-    assert err.count("\n") == 1 and "Traceback" not in err
+    err = refused(capsys, "preview", tmp_path, rows, *resolve(extra, tmp_path))
+    assert err.startswith(f"trl-padfree preview: error: {record} (counting from 0): ") and message in err
 
 
 def test_the_eval_split_is_named(tmp_path, capsys):
-    train = write_jsonl(tmp_path / "train.jsonl", QA)
     evals = write_jsonl(tmp_path / "eval.jsonl", [{"instruction": "a long question", "output": "b"},
                                                   {"instruction": "short", "output": "b"}])
-    argv = ["preview", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(train), "--eval_file",
-            str(evals), "--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template",
-            "### Answer:", "--output_dir", str(tmp_path / "out")]  # fmt: skip
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
+    err = refused(capsys, "preview", tmp_path, QA, "--eval_file", str(evals), *BAD_INDEX)
     assert err.startswith("trl-padfree preview: error: eval_file record 1 (counting from 0): template ")
 
 
 def test_after_eval_fraction_the_record_is_named_in_file_order(tmp_path, capsys):
     rows = [{"instruction": f"a long question {i}", "output": "b"} for i in range(20)]
     rows[13] = {"instruction": "short", "output": "b"}
-    data = write_jsonl(tmp_path / "train.jsonl", rows)
-    argv = ["preview", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--eval_fraction",
-            "0.5", "--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template",
-            "### Answer:", "--output_dir", str(tmp_path / "out")]  # fmt: skip
-    assert cli.main(argv) == 2
-    assert capsys.readouterr().err.startswith("trl-padfree preview: error: train_file record 13 (counting from 0): ")
+    err = refused(capsys, "preview", tmp_path, rows, "--eval_fraction", "0.5", *BAD_INDEX)
+    assert err.startswith("trl-padfree preview: error: train_file record 13 (counting from 0): ")
 
 
 @pytest.mark.parametrize("template", ["### Question: {instruction\n### Answer: {output}", "### Question: }{output}"])
 def test_a_template_that_is_no_format_string_is_refused_before_the_data(template, tmp_path, capsys):
-    data = write_jsonl(tmp_path / "train.jsonl", QA)
-    argv = ["preview", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--template",
-            template, "--response_template", "### Answer:", "--output_dir", str(tmp_path / "out")]  # fmt: skip
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
+    err = refused(capsys, "preview", tmp_path, QA, "--template", template, "--response_template", "### Answer:")
     assert err.startswith(f"trl-padfree preview: error: template {template!r} is not a valid format string (")
     assert err.endswith("); write each field as {name} with its closing brace, and literal braces as {{ and }}\n")
-    assert err.count("\n") == 1
 
 
 def test_train_refuses_the_record_the_same_way_and_writes_nothing(tmp_path, capsys):
-    data = write_jsonl(tmp_path / "train.jsonl", CASES["chat template raises (labels from the chat template)"][0])
-    out = tmp_path / "out"
-    argv = ["train", "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--output_dir",
-            str(out), "--max_steps", "1", "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]  # fmt: skip
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
+    err = refused(capsys, "train", tmp_path, CASES["chat template raises (labels from the chat template)"][0])
     assert err.startswith("trl-padfree train: error: train_file record 1 (counting from 0): the chat template "
                           "cannot render it (TemplateError: ")
-    assert err.count("\n") == 1
-    assert not out.exists()
 
 
 @pytest.mark.parametrize(("turns", "split", "message"), [
@@ -192,14 +174,8 @@ def test_a_chat_record_without_a_reply_to_train_is_refused_by_name(turns, split,
     good = chat(("user", "hi"), ("assistant", "yo"))
     files = {"train_file": [good, good], "eval_file": [good, good]}
     files[split] = [good, chat(*turns)]
-    out = tmp_path / "out"
-    argv = ["train", "--model_name_or_path", str(DEMO_MODEL), "--output_dir", str(out), "--max_steps", "1",
-            "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]  # fmt: skip
-    for name, rows in files.items():
-        argv += [f"--{name}", str(write_jsonl(tmp_path / f"{name}.jsonl", rows))]
+    extra = ["--eval_file", str(write_jsonl(tmp_path / "eval.jsonl", files["eval_file"]))]
     if response_template:
-        argv += ["--response_template", response_template]
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
+        extra += ["--response_template", response_template]
+    err = refused(capsys, "train", tmp_path, files["train_file"], *extra)
     assert err == f"trl-padfree train: error: {split} record 1 (counting from 0): {message}\n"
-    assert not out.exists()

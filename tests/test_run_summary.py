@@ -1,23 +1,17 @@
-"""What a ``trl-padfree train`` run reports about itself: the summary (also after a resume), the token counts
-with ``pad_to_multiple_of``, and the model card written into ``output_dir``.
-
-One uninterrupted run and one run stopped by SIGTERM after step 5 and resumed, with the same settings: logging
-every 3 steps (so the last step and the checkpoints fall between logs), a checkpoint every 4 steps, and the
-padding-free row padded to a multiple of 64 (a padding segment of its own).
-"""
+"""What a ``trl-padfree train`` run reports: the summary (also after a resume), the token counts with
+``pad_to_multiple_of``, the model card. Logs every 3 steps and checkpoints every 4, so both fall between logs."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
 
 import pytest
 from launch_hooks import SigtermAtStep
+from launch_runs import log_history, run_launch
 from paths import CONFIGS, DEMO, DEMO_MODEL
 
-from trl_padfree.launch import load_config, main
+from trl_padfree.launch import load_config
 from trl_padfree.launch.tasks.sft_data import prepare_data
 
 STEPS, BATCH, EXAMPLES, MULTIPLE = 7, 4, 28, 64  # one epoch: every example is trained exactly once
@@ -25,26 +19,18 @@ STEPS, BATCH, EXAMPLES, MULTIPLE = 7, 4, 28, 64  # one epoch: every example is t
 
 def run_argv(output_dir: Path, *extra: str) -> list[str]:
     return [
-        "--config", str(CONFIGS / "demo.yaml"),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(DEMO / "data" / "train.jsonl"),
-        "--eval_file", "", "--eval_strategy", "no", "--eval_on_start", "false",
-        "--max_train_examples", str(EXAMPLES),
-        "--per_device_train_batch_size", str(BATCH),
-        "--max_steps", str(STEPS), "--warmup_steps", "0", "--learning_rate", "2e-3",
-        "--logging_steps", "3",
-        "--save_strategy", "steps", "--save_steps", "4",
-        "--pad_to_multiple_of", str(MULTIPLE),
-        "--output_dir", str(output_dir),
-        *extra,
+        "--config", str(CONFIGS / "demo.yaml"), "--model_name_or_path", str(DEMO_MODEL),
+        "--train_file", str(DEMO / "data" / "train.jsonl"), "--eval_file", "", "--eval_strategy", "no",
+        "--eval_on_start", "false", "--max_train_examples", str(EXAMPLES), "--per_device_train_batch_size", str(BATCH),
+        "--max_steps", str(STEPS), "--warmup_steps", "0", "--learning_rate", "2e-3", "--logging_steps", "3",
+        "--save_strategy", "steps", "--save_steps", "4", "--pad_to_multiple_of", str(MULTIPLE),
+        "--output_dir", str(output_dir), *extra,
     ]  # fmt: skip
 
 
 def run(argv: list[str], callbacks=()) -> tuple[int, str]:
-    buffer = io.StringIO()
-    with contextlib.redirect_stdout(buffer):
-        code = main(argv, callbacks=callbacks)
-    return code, buffer.getvalue()
+    code, stdout, stderr = run_launch(argv, "sft", callbacks)
+    return code, stdout + stderr
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +55,7 @@ def test_the_summary_train_loss_is_transformers_mean_over_every_step(whole_run):
     assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
     assert f"[trl-padfree] train loss: {result['train_loss']:.4f} (mean over the run's {STEPS} steps), last logged " \
         in stdout
-    history = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
+    history = log_history(out)
     assert [e["step"] for e in history if "loss" in e] == [3, 4, 6, 7]  # every 3 steps, the checkpoint, the end
 
 
@@ -90,7 +76,7 @@ def test_a_resumed_run_reports_the_whole_run_and_the_steps_it_ran(whole_run, tmp
     assert "train_loss" not in resumed["metrics"]
     # transformers' figure for this process: the mean of steps 6-7 (the log at step 7 covers steps 7 only after
     # the checkpoint's log at step 5 and the log at 6)
-    history = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
+    history = log_history(out)
     logged = {e["step"]: e["loss"] for e in history if "loss" in e}
     assert resumed["train_loss_this_process"] == pytest.approx((logged[6] + logged[7]) / 2, rel=1e-4)
     assert f"[trl-padfree] steps: {STEPS}/{STEPS}, {STEPS - 5} of them in this process (resumed at step 5), in " \
@@ -109,7 +95,7 @@ def test_the_padding_segment_of_pad_to_multiple_of_is_no_real_token(whole_run, d
     # a padded batch of 4 examples, padded to the longest and rounded up to the multiple, as the collator counts it
     assert metrics["train_padded_tokens"] % (BATCH * MULTIPLE) == 0
     assert metrics["train_padded_tokens"] >= BATCH * MULTIPLE * STEPS
-    history = json.loads((out / "trainer_state.json").read_text(encoding="utf-8"))["log_history"]
+    history = log_history(out)
     assert all(0.0 < e["padding_share"] < 1.0 for e in history if "loss" in e)
 
 

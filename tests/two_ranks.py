@@ -1,5 +1,4 @@
-"""Running several processes from the tests: a test-only script (tests/ddp_*.py) on 2 ranks (``run_on_two_ranks``),
-launcher commands whose every process must be gone when they end (``launch``), and a free port (``free_port``)."""
+"""Several processes from the tests: a tests/ddp_*.py script on 2 ranks, launches that leave no process, free ports."""
 
 from __future__ import annotations
 
@@ -39,8 +38,7 @@ def free_port() -> str:
 
 
 def tagged(tag: str) -> list[int]:
-    """The live (not zombie) processes whose environment carries ``TRL_PADFREE_TEST_RUN=tag`` (every process a
-    launch started inherits it)."""
+    """The live (not zombie) processes whose environment carries ``TRL_PADFREE_TEST_RUN=tag`` (set by ``launch``)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -79,8 +77,7 @@ class Node:
 
 
 def launch(commands: list[list[str]], **env: str) -> list[Node]:
-    """Start every command (one per node) with ``env`` added, wait for all, and check that no process they started
-    is left (a hang fails the test after :data:`TIMEOUT` s, with every process killed)."""
+    """Run every command (a node each) with ``env`` added; fails if one hangs past TIMEOUT or leaves a process."""
     tag = uuid.uuid4().hex
     full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
             "TRL_PADFREE_TEST_RUN": tag, **env}
