@@ -7,7 +7,7 @@ installed package's function when there is one (``causal-conv1d``, ``flash-linea
 read ``seq_idx`` / ``cu_seqlens`` and keep packed sequences apart), else a torch reference that cannot, and raises
 when it gets ``seq_idx`` or ``cu_seqlens``. :func:`prepare_packed_layers` replaces, in the modeling modules of a
 model's submodules, exactly those torch references with varlen-aware torch versions (built by the ``KERNELS``
-factories of :mod:`.conv`, :mod:`.delta_rule` and, once it exists, ``.mamba``), which fall through to the original
+factories of :mod:`.conv`, :mod:`.delta_rule` and :mod:`.mamba`), which fall through to the original
 when a call carries no boundaries. A real package's function is never replaced.
 
 When it applies (each is idempotent and cheap after the first time):
@@ -51,18 +51,10 @@ from typing import Any
 
 import torch
 
-from . import conv, delta_rule
+from . import conv, delta_rule, mamba
 from .varlen import PackedRowError, note_mask
 
-# ---- kernel modules ------------------------------------------------------------------------------------------
-# Each contributes KERNELS (and optionally patch_model); the Mamba / Mamba-2 scans plug in here once mamba.py lands.
-KERNEL_MODULES: list[ModuleType] = [conv, delta_rule]
-try:  # >>> mamba: trl_padfree/recurrent/mamba.py (Mamba / Mamba-2 scans) <<<
-    from . import mamba  # type: ignore[attr-defined]
-except ImportError:
-    mamba = None
-else:
-    KERNEL_MODULES.append(mamba)
+KERNEL_MODULES: list[ModuleType] = [conv, delta_rule, mamba]  # each contributes KERNELS (and maybe patch_model)
 
 __all__ = [
     "KERNEL_MODULES",
