@@ -10,6 +10,7 @@ and metrics stay TRL's. See docs/rl.md.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections import Counter
 from typing import Any
@@ -19,7 +20,7 @@ import trl
 
 from .configs import UNSET, is_padfree_config
 from .preference import MODEL_KEYS
-from .rl_packing import PackStats, pack_completion_rows, scatter_scores
+from .rl_packing import pack_completion_rows, scatter_scores
 from .trainer import PadfreeTrainerMixin
 
 __all__ = ["GRPOTrainer", "PaddingFreeRLMixin", "RLOOTrainer", "resolve_padding_free"]
@@ -135,7 +136,7 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
             end = min(start + batch_size, input_ids.size(0))
             packed = pack_completion_rows(input_ids[start:end], attention_mask[start:end], logits_to_keep,
                                           prompt_once=self.prompt_once)
-            self._count(kind, packed["stats"])
+            self.pack_totals[kind].update(dataclasses.asdict(packed["stats"]))
             out = self.packed_scores(model, packed, compute_aux_loss)
             logps.append(scatter_scores(out.log_probs, packed, logits_to_keep))
             if compute_entropy:
@@ -144,12 +145,6 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
                 aux.append(out.aux_loss)
         return (torch.cat(logps, dim=0), torch.cat(entropies, dim=0) if compute_entropy else None,
                 torch.stack(aux).mean() if compute_aux_loss else None)
-
-    def _count(self, kind: str, stats: PackStats) -> None:
-        totals = self.pack_totals[kind]
-        for name in ("rows", "padded_tokens", "real_tokens", "forwarded_tokens", "shared_tokens"):
-            totals[name] += getattr(stats, name)
-
 
 
 class GRPOTrainer(PaddingFreeRLMixin, trl.GRPOTrainer):

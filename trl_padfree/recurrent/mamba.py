@@ -254,18 +254,14 @@ _packed_causal_conv1d = _packed(
 )
 
 
-def _wrapper(original: Callable, packed: Callable) -> Callable:
-    """``original`` unchanged for a call without packing arguments, else ``packed(original, *args, **kwargs)``."""
-
-    @functools.wraps(original)
-    def replacement(*args: Any, **kwargs: Any) -> Any:
-        return packed(original, *args, **kwargs) if _packing_given(kwargs) else original(*args, **kwargs)
-
-    return replacement
-
-
 def _replacement(packed: Callable) -> Callable[[Callable], Callable]:
-    return lambda original: _wrapper(original, packed)
+    """The factory: ``original`` unchanged for a call without packing arguments, else ``packed(original, ...)``."""
+
+    def factory(original: Callable) -> Callable:
+        return functools.wraps(original)(lambda *args, **kwargs: (
+            packed(original, *args, **kwargs) if _packing_given(kwargs) else original(*args, **kwargs)))
+
+    return factory
 
 
 KERNELS: dict[str, Callable[[Callable], Callable]] = {
