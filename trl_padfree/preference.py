@@ -197,19 +197,14 @@ class DataCollatorForPreference:
 
     def _tensors(self, layout: PreferenceLayout) -> dict[str, Any]:
         ids = np.asarray(layout.ids, dtype=np.int64)
-        cu = np.asarray(layout.q_bounds, dtype=np.int64)
-        scoring = {
-            "shift_labels": np.asarray(layout.shift_labels, dtype=np.int64),
-            "score_index": np.asarray(layout.score_index, dtype=np.int64),
-            "score_rank": np.asarray(layout.score_rank, dtype=np.int64),
-        }
-        batch = packed_batch(ids, scoring["shift_labels"], cu, pad_to_multiple_of=self.pad_to_multiple_of,
+        batch = packed_batch(ids, np.asarray(layout.shift_labels, dtype=np.int64),
+                             np.asarray(layout.q_bounds, dtype=np.int64), pad_to_multiple_of=self.pad_to_multiple_of,
                              pad_id=self.pad_token_id, ignore_index=IGNORE)
         extra = batch["input_ids"].shape[1] - ids.size
         batch["shift_labels"] = batch.pop("labels")
-        for key in ("score_index", "score_rank"):
-            fill = -1 if key == "score_index" else 0
-            batch[key] = torch.from_numpy(np.concatenate([scoring[key], np.full(extra, fill, dtype=np.int64)]))[None]
+        for key, fill in (("score_index", -1), ("score_rank", 0)):
+            values = np.concatenate([np.asarray(getattr(layout, key), dtype=np.int64), np.full(extra, fill, np.int64)])
+            batch[key] = torch.from_numpy(values)[None]
         # positions follow the layout (prompt-once segments continue the prompt's positions); padding restarts at 0
         positions = np.concatenate([np.asarray(layout.positions, dtype=np.int64), np.arange(extra, dtype=np.int64)])
         batch["position_ids"] = torch.from_numpy(positions)[None]
