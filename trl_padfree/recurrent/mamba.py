@@ -49,27 +49,16 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "KERNELS",
-    "PackedLayout",
-    "packed_chunk_scan",
-    "packed_selective_scan",
-    "packed_layout",
-    "patch_model",
-]
+__all__ = ["KERNELS", "PackedLayout", "packed_chunk_scan", "packed_selective_scan", "packed_layout", "patch_model"]
 
 # Arguments that describe a packed row; they are removed before transformers' torch function runs per sequence.
 _PACKING_KEYS = ("seq_idx", "cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 _DROP_KEYS = (*_PACKING_KEYS, "position_ids")
 
 # The ``seq_idx`` (B, T) of the model call being run, set by patch_model's hook on a model that wraps the base model.
-_CALL_SEQ_IDX: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
-    "padfree_call_seq_idx", default=None
-)
+_CALL_SEQ_IDX: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("padfree_call_seq_idx", default=None)
 
-_CACHE_ADVICE = (
-    "a packed row cannot continue or keep a recurrent cache; pass use_cache=False for packed batches."
-)
+_CACHE_ADVICE = "a packed row cannot continue or keep a recurrent cache; pass use_cache=False for packed batches."
 
 
 @dataclass(frozen=True)
@@ -100,14 +89,10 @@ class PackedLayout:
         tokens = torch.cat([y.movedim(dim, 1)[valid] for y, (_, valid) in zip(ys, self.groups, strict=True)])
         return tokens[self.inverse].reshape(self.batch, self.length, *tokens.shape[1:]).movedim(1, dim)
 
-    def run(
-        self, function: Callable[..., torch.Tensor], inputs: dict[str, Any], dims: dict[str, int], out: int
-    ):
+    def run(self, function: Callable[..., torch.Tensor], inputs: dict[str, Any], dims: dict[str, int], out: int):
         """``function(**inputs)`` once per group, the ``dims`` entries of ``inputs`` unpacked along their dim; the
         outputs (time at dim ``out``) repacked into the row."""
-        unpacked = {
-            key: self.unpack(inputs[key], dim) for key, dim in dims.items() if inputs.get(key) is not None
-        }
+        unpacked = {key: self.unpack(inputs[key], dim) for key, dim in dims.items() if inputs.get(key) is not None}
         outputs = [
             function(**(inputs | {key: parts[g] for key, parts in unpacked.items()}))
             for g in range(len(self.groups))
@@ -151,9 +136,7 @@ def _starts_to_layout(starts: torch.Tensor, batch: int, length: int) -> PackedLa
         size = torch.tensor([lengths[i] for i in members], device=starts.device)
         offsets = torch.arange(width, device=starts.device)
         valid = offsets[None, :] < size[:, None]
-        index = torch.where(
-            valid, first[:, None] + offsets[None, :], torch.full_like(offsets, total)[None, :]
-        )
+        index = torch.where(valid, first[:, None] + offsets[None, :], torch.full_like(offsets, total)[None, :])
         groups.append((index, valid))
     order = torch.cat([index[valid] for index, valid in groups])
     inverse = torch.empty_like(order)
@@ -341,9 +324,7 @@ def _leave_call(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], ou
         _CALL_SEQ_IDX.reset(module._padfree_call_tokens.pop())
 
 
-def _give_seq_idx(
-    module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
-) -> tuple[tuple, dict[str, Any]]:
+def _give_seq_idx(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """The base model passes its ``**kwargs`` to every layer (and so to every mixer and kernel): give it the row's
     ``seq_idx`` when the call has none. Inside the model's call, so that checkpointed layers recompute with it."""
     if kwargs.get("seq_idx") is None:
