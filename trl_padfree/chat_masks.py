@@ -55,7 +55,8 @@ class ChatMaskError(ValueError):
 
 
 def _render(tokenizer: Any, messages: Sequence[dict], generation_prompt: bool, **kwargs: Any) -> str:
-    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt,
+                                         **kwargs)
 
 
 def _common_prefix(a: str, b: str) -> int:

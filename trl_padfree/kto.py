@@ -55,12 +55,9 @@ class DataCollatorForUnpairedFlat:
     return_tensors: str = "pt"
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        if not examples:
-            raise ValueError("DataCollatorForUnpairedFlat got an empty batch")
-        missing = [k for k in ("prompt_ids", "completion_ids", "label") if k not in examples[0]]
-        if missing:
-            raise ValueError(f"KTO examples need 'prompt_ids', 'completion_ids' and 'label'; missing {missing}. "
-                             "Tokenize the dataset as TRL's KTOTrainer does (it does so for prompt/completion data).")
+        DataCollatorForPreference.check_batch(examples, "DataCollatorForUnpairedFlat", "KTO examples",
+                                              ("prompt_ids", "completion_ids", "label"), "KTOTrainer",
+                                              "prompt/completion")
         out: dict[str, Any] = {}
         rows = DataCollatorForPreference(pad_token_id=self.pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of)
         for prefix, key in (("", "completion_ids"), ("KL_", "KL_completion_ids")):

@@ -159,15 +159,21 @@ class DataCollatorForPreference:
                 f"Unsupported truncation mode: {self.truncation_mode}, expected 'keep_end' or 'keep_start'"
             )
 
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+    @staticmethod
+    def check_batch(examples: list[dict[str, Any]], collator: str, what: str, keys: tuple[str, ...], trainer: str,
+                    data: str) -> None:
+        """Refuse an empty batch, or examples without ``keys`` (the fix: tokenize them as TRL's ``trainer`` does)."""
         if not examples:
-            raise ValueError("DataCollatorForPreference got an empty batch")
-        missing = [k for k in ("prompt_ids", "chosen_ids", "rejected_ids") if k not in examples[0]]
+            raise ValueError(f"{collator} got an empty batch")
+        missing = [k for k in keys if k not in examples[0]]
         if missing:
-            raise ValueError(
-                f"preference examples need 'prompt_ids', 'chosen_ids' and 'rejected_ids'; missing {missing}. "
-                "Tokenize the dataset as TRL's DPOTrainer does (it does so for prompt/chosen/rejected data)."
-            )
+            names = ", ".join(map(repr, keys[:-1])) + f" and {keys[-1]!r}"
+            raise ValueError(f"{what} need {names}; missing {missing}. Tokenize the dataset as TRL's {trainer} does "
+                             f"(it does so for {data} data).")
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        self.check_batch(examples, "DataCollatorForPreference", "preference examples",
+                       ("prompt_ids", "chosen_ids", "rejected_ids"), "DPOTrainer", "prompt/chosen/rejected")
         pairs = len(examples)
         layout = PreferenceLayout.empty()
         completion_lens = [0] * (2 * pairs)

@@ -128,12 +128,8 @@ class DataCollatorForRewardPairs:
     return_tensors: str = "pt"
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        if not examples:
-            raise ValueError("DataCollatorForRewardPairs got an empty batch")
-        missing = [k for k in ("chosen_ids", "rejected_ids") if k not in examples[0]]
-        if missing:
-            raise ValueError(f"reward pairs need 'chosen_ids' and 'rejected_ids'; missing {missing}. Tokenize the "
-                             "dataset as TRL's RewardTrainer does (it does so for chosen/rejected data).")
+        DataCollatorForPreference.check_batch(examples, "DataCollatorForRewardPairs", "reward pairs",
+                                              ("chosen_ids", "rejected_ids"), "RewardTrainer", "chosen/rejected")
         layout, rows = reward_layout(examples, prompt_once=self.prompt_once)
         pairs = len(examples)
         seqs = [ex["chosen_ids"] for ex in examples] + [ex["rejected_ids"] for ex in examples]

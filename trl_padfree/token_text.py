@@ -253,7 +253,8 @@ class TokenText:
             )
 
     def layout(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
-        """:meth:`starts` and :meth:`skips` of ``ids``, for callers that pass both on to :meth:`find`."""
+        """The byte offset where each token of ``ids`` starts in the decoded text (plus the total length), and
+        :meth:`skips` of ``ids``, for callers that pass both on to :meth:`find`."""
         try:
             lengths = self.lengths[ids]
         except IndexError:
@@ -263,10 +264,6 @@ class TokenText:
         starts = np.zeros(ids.size + 1, dtype=np.int64)
         np.cumsum(lengths - skips, out=starts[1:])
         return starts, skips
-
-    def starts(self, ids: np.ndarray) -> np.ndarray:
-        """Byte offset where each token of ``ids`` starts in the decoded text, plus the total length."""
-        return self.layout(ids)[0]
 
     def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
         """Concatenated bytes of ``ids`` and the byte offset where each token starts (length ``len(ids) + 1``)."""

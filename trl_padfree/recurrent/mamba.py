@@ -56,7 +56,8 @@ _PACKING_KEYS = ("seq_idx", "cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "max
 _DROP_KEYS = (*_PACKING_KEYS, "position_ids")
 
 # The ``seq_idx`` (B, T) of the model call being run, set by patch_model's hook on a model that wraps the base model.
-_CALL_SEQ_IDX: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar("padfree_call_seq_idx", default=None)
+_CALL_SEQ_IDX: contextvars.ContextVar[torch.Tensor | None]
+_CALL_SEQ_IDX = contextvars.ContextVar("padfree_call_seq_idx", default=None)
 
 _CACHE_ADVICE = "a packed row cannot continue or keep a recurrent cache; pass use_cache=False for packed batches."
 
