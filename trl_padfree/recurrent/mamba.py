@@ -49,6 +49,8 @@ from typing import Any
 
 import torch
 
+from .varlen import sequence_starts
+
 __all__ = ["KERNELS", "PackedLayout", "packed_chunk_scan", "packed_selective_scan", "packed_layout", "patch_model"]
 
 # Arguments that describe a packed row; they are removed before transformers' torch function runs per sequence.
@@ -182,14 +184,7 @@ def packed_layout(kwargs: dict[str, Any], batch: int, length: int) -> PackedLayo
             f"seq_idx has shape {tuple(seq_idx.shape)} but the layer runs a ({batch}, {length}) batch; pass the "
             "seq_idx of this batch (one sequence index per token)."
         )
-    return _starts_to_layout(_starts(seq_idx), batch, length)
-
-
-def _starts(seq_idx: torch.Tensor) -> torch.Tensor:
-    """Where a sequence begins in ``seq_idx`` ``(B, T)``: bool, every row's first token included."""
-    starts = torch.ones(seq_idx.shape, dtype=torch.bool, device=seq_idx.device)
-    starts[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
-    return starts
+    return _starts_to_layout(sequence_starts(seq_idx), batch, length)
 
 
 def _packing_given(kwargs: dict[str, Any]) -> bool:
@@ -342,7 +337,7 @@ def _give_seq_idx(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) 
 
 def _cu_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
     """Where the sequences of ``seq_idx`` ``(B, T)`` start in its flattened tokens, plus the total: 1-D int32."""
-    flat = _starts(seq_idx).reshape(-1).nonzero().reshape(-1)
+    flat = sequence_starts(seq_idx).reshape(-1).nonzero().reshape(-1)
     return torch.cat([flat, flat.new_tensor([seq_idx.numel()])]).to(torch.int32)
 
 
