@@ -113,9 +113,7 @@ def _patch_gemma4(module: Any) -> None:
     def make(original: Callable) -> Callable:
         def slice_inputs(self, hidden_states, per_layer_inputs, position_embeddings, causal_mask_mapping, *args,
                          **kwargs):
-            packed = any(
-                isinstance(mask, torch.Tensor) and mask.ndim == 1 for mask in causal_mask_mapping.values()
-            )
+            packed = any(isinstance(mask, torch.Tensor) and mask.ndim == 1 for mask in causal_mask_mapping.values())
             if packed and self.config._attn_implementation == ATTN_IMPLEMENTATION:
                 return hidden_states, per_layer_inputs, position_embeddings, causal_mask_mapping
             return original(self, hidden_states, per_layer_inputs, position_embeddings, causal_mask_mapping, *args,
@@ -175,12 +173,12 @@ def _patch_deepseek_v4(module: Any) -> None:
         def forward(self, hidden_states, position_embeddings, position_ids, attention_mask, *args, **kwargs):
             cache = _cache_argument(args, kwargs, 0)
             starts = None
+            packed_mask = isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 1
             if self.compressor is not None and padfree_active(self.config, cache):
                 compiling = torch.compiler.is_compiling()
                 if not compiling:
                     # compressing layers run once per sequence (see the module docstring)
                     starts = _sequence_starts(position_ids, hidden_states.shape[0])
-                packed_mask = isinstance(attention_mask, torch.Tensor) and attention_mask.ndim == 1
                 if compiling or (packed_mask and starts is None):
                     # Under torch.compile the row cannot be split on the host (and the mask does not say whether
                     # it packs several sequences): refuse rather than pool windows across sequences.
@@ -196,11 +194,7 @@ def _patch_deepseek_v4(module: Any) -> None:
                     mask = _additive_mask(attention_mask, hidden_states, self.sliding_window)
                     return original(self, hidden_states, position_embeddings, position_ids, mask, *args, **call)
             if starts is None:
-                if (
-                    isinstance(attention_mask, torch.Tensor)
-                    and attention_mask.ndim == 1
-                    and padfree_active(self.config, cache)
-                ):
+                if packed_mask and padfree_active(self.config, cache):
                     # The module zero-pads a tensor mask shorter than the keys, which would corrupt "padfree"'s 1-D
                     # cu_seq_lens: hand the boundaries over as keyword arguments instead.
                     if kwargs.get("cu_seq_lens_q") is None:

@@ -55,9 +55,8 @@ class ChatMaskError(ValueError):
 
 
 def _render(tokenizer: Any, messages: Sequence[dict], generation_prompt: bool, **kwargs: Any) -> str:
-    return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=generation_prompt, **kwargs
-    )
+    return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=generation_prompt,
+                                         **kwargs)
 
 
 def _common_prefix(a: str, b: str) -> int:
@@ -75,16 +74,6 @@ def _common_prefix(a: str, b: str) -> int:
     return lo
 
 
-def _encode(tokenizer: Any, text: str) -> tuple[list[int], np.ndarray]:
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
-    return list(enc["input_ids"]), offsets
-
-
-def _added_ids(tokenizer: Any) -> set[int]:
-    return {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
-
-
 def _inside_added(offsets: np.ndarray, ids: list[int], added: set[int], point: int) -> int | None:
     """Start of the added token of the text that holds ``point`` strictly inside it, if any."""
     inside = np.flatnonzero((offsets[:, 0] < point) & (offsets[:, 1] > point))
@@ -95,7 +84,7 @@ def _inside_added(offsets: np.ndarray, ids: list[int], added: set[int], point: i
 
 def _spans_by_rendering(tokenizer: Any, messages: Sequence[dict], full: str, offsets: np.ndarray, ids: list[int],
                         **kwargs: Any) -> list[tuple[int, int]]:
-    added = _added_ids(tokenizer)
+    added = {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
     spans = []
     for i, message in enumerate(messages):
         if message.get("role") != "assistant":
@@ -169,7 +158,8 @@ def _analyse(tokenizer: Any, messages: Sequence[dict], **kwargs: Any):
         )
     messages = [dict(m) for m in messages]
     full = _render(tokenizer, messages, False, **kwargs)
-    ids, offsets = _encode(tokenizer, full)
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
     template = kwargs.get("chat_template") or tokenizer.chat_template or ""
     if isinstance(template, str) and _GENERATION.search(template):
         spans = _spans_from_generation_blocks(tokenizer, messages, full, offsets, **kwargs)

@@ -163,8 +163,6 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
                                 "is_top1") + (("log_sum_sq_probs",) if self.use_weighting else ()))
 
     # ---- forward ----------------------------------------------------------------------------------------------
-    _flat_forward = staticmethod(flat_forward)
-
     def _sequence_logps(self, per_token: torch.Tensor, inputs: dict[str, Any],
                         scored: torch.Tensor | None = None) -> torch.Tensor:
         """``(2B,)`` log-probability sums (TRL's ``ld_alpha`` weighting of the tails when it is set); ``scored``:
@@ -254,12 +252,9 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
         top1 = segment_sum(outputs.is_top1.detach().to(scored.dtype), index, n)[:pairs].sum()
         correct, total = gather(top1).sum(), gather(scored[:pairs].sum()).sum()
         self._metrics[mode]["mean_token_accuracy"].append((correct / total).item() if total > 0 else 0.0)
-        chosen_rewards = self.beta * stats.chosen_logratios.detach()
-        rejected_rewards = self.beta * stats.rejected_logratios.detach()
-        agg = self.accelerator.gather
-        self._metrics[mode]["rewards/chosen"].append(agg(chosen_rewards).mean().item())
-        self._metrics[mode]["rewards/rejected"].append(agg(rejected_rewards).mean().item())
-        self._metrics[mode]["rewards/accuracies"].append(agg((chosen_rewards > rejected_rewards).float()).mean().item())
-        self._metrics[mode]["rewards/margins"].append(agg(chosen_rewards - rejected_rewards).mean().item())
-        self._metrics[mode]["logps/chosen"].append(agg(stats.chosen_logps.detach()).mean().item())
-        self._metrics[mode]["logps/rejected"].append(agg(stats.rejected_logps.detach()).mean().item())
+        chosen, rejected = self.beta * stats.chosen_logratios.detach(), self.beta * stats.rejected_logratios.detach()
+        for name, value in (("rewards/chosen", chosen), ("rewards/rejected", rejected),
+                            ("rewards/accuracies", (chosen > rejected).float()), ("rewards/margins", chosen - rejected),
+                            ("logps/chosen", stats.chosen_logps.detach()),
+                            ("logps/rejected", stats.rejected_logps.detach())):
+            self._metrics[mode][name].append(self.accelerator.gather(value).mean().item())

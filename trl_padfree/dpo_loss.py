@@ -59,23 +59,21 @@ def f_divergence_scores(
     chosen_logratios: torch.Tensor, rejected_logratios: torch.Tensor, f_divergence_type: str, alpha: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The scores DPO compares, for TRL's ``f_divergence_type`` (``"reverse_kl"`` is standard DPO)."""
-    if f_divergence_type == "reverse_kl":
-        return chosen_logratios, rejected_logratios
-    if f_divergence_type == "forward_kl":
-        return 1 - torch.exp(-chosen_logratios), 1 - torch.exp(-rejected_logratios)
-    if f_divergence_type == "js_divergence":
-        return math.log(2) + F.logsigmoid(chosen_logratios), math.log(2) + F.logsigmoid(rejected_logratios)
-    if f_divergence_type == "alpha_divergence":
-        if abs(alpha - 1.0) < 1e-6:
-            return chosen_logratios, rejected_logratios
-        coef = 1.0 / (alpha - 1.0)
-        t_chosen, t_rejected = (alpha - 1.0) * chosen_logratios, (alpha - 1.0) * rejected_logratios
-        dtype = t_chosen.dtype
-        clamp_max = {torch.float16: 11.0, torch.bfloat16: 80.0, torch.float32: 80.0}.get(dtype, 80.0)
-        chosen = (torch.exp(torch.clamp(t_chosen.float(), max=clamp_max)) - 1.0).to(dtype) * coef
-        rejected = (torch.exp(torch.clamp(t_rejected.float(), max=clamp_max)) - 1.0).to(dtype) * coef
-        return chosen, rejected
-    raise ValueError(f"Unknown f_divergence_type: {f_divergence_type}")
+    if f_divergence_type not in F_DIVERGENCE_TYPES:
+        raise ValueError(f"Unknown f_divergence_type: {f_divergence_type}")
+
+    def score(logratios: torch.Tensor) -> torch.Tensor:
+        if f_divergence_type == "forward_kl":
+            return 1 - torch.exp(-logratios)
+        if f_divergence_type == "js_divergence":
+            return math.log(2) + F.logsigmoid(logratios)
+        if f_divergence_type == "alpha_divergence" and abs(alpha - 1.0) >= 1e-6:
+            clamp_max = 11.0 if logratios.dtype == torch.float16 else 80.0
+            t = torch.clamp(((alpha - 1.0) * logratios).float(), max=clamp_max)
+            return (torch.exp(t) - 1.0).to(logratios.dtype) * (1.0 / (alpha - 1.0))
+        return logratios
+
+    return score(chosen_logratios), score(rejected_logratios)
 
 
 def pair_loss(

@@ -223,9 +223,7 @@ def _check_labels(labels: np.ndarray, sizes: list[int], vocab_size: int | None, 
     )
 
 
-def read_examples(
-    features: Sequence[Any], *, vocab_size: int | None = None, ignore_index: int = -100
-) -> Examples:
+def read_examples(features: Sequence[Any], *, vocab_size: int | None = None, ignore_index: int = -100) -> Examples:
     """Read and check a batch of examples (see the module docstring for the forms accepted).
 
     An example without ``labels`` in a batch where others have them gets its ``input_ids`` as labels, as TRL's

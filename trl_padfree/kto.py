@@ -55,12 +55,9 @@ class DataCollatorForUnpairedFlat:
     return_tensors: str = "pt"
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        if not examples:
-            raise ValueError("DataCollatorForUnpairedFlat got an empty batch")
-        missing = [k for k in ("prompt_ids", "completion_ids", "label") if k not in examples[0]]
-        if missing:
-            raise ValueError(f"KTO examples need 'prompt_ids', 'completion_ids' and 'label'; missing {missing}. "
-                             "Tokenize the dataset as TRL's KTOTrainer does (it does so for prompt/completion data).")
+        DataCollatorForPreference.check_batch(examples, "DataCollatorForUnpairedFlat", "KTO examples",
+                                              ("prompt_ids", "completion_ids", "label"), "KTOTrainer",
+                                              "prompt/completion")
         out: dict[str, Any] = {}
         rows = DataCollatorForPreference(pad_token_id=self.pad_token_id, pad_to_multiple_of=self.pad_to_multiple_of)
         for prefix, key in (("", "completion_ids"), ("KL_", "KL_completion_ids")):
@@ -191,26 +188,19 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
             kl = self.accelerator.gather_for_metrics(kl).mean().clamp(min=0)
         else:
             kl = torch.zeros(1).to(chosen_logps.device)
-        if chosen_logps.shape[0] != 0 or ref_chosen_logps.shape[0] != 0:
-            chosen_logratios = chosen_logps - ref_chosen_logps
-            if self.loss_type == "kto":
-                chosen_losses = 1 - F.sigmoid(self.beta * (chosen_logratios - kl))
-            elif self.loss_type == "apo_zero_unpaired":
-                chosen_losses = 1 - F.sigmoid(self.beta * chosen_logratios)
-            chosen_rewards = self.beta * chosen_logratios.detach()
-        else:
-            chosen_losses = torch.Tensor([]).to(device)
-            chosen_rewards = torch.Tensor([]).to(device)
-        if rejected_logps.shape[0] != 0 or ref_rejected_logps.shape[0] != 0:
-            rejected_logratios = rejected_logps - ref_rejected_logps
-            if self.loss_type == "kto":
-                rejected_losses = 1 - F.sigmoid(self.beta * (kl - rejected_logratios))
-            elif self.loss_type == "apo_zero_unpaired":
-                rejected_losses = F.sigmoid(self.beta * rejected_logratios)
-            rejected_rewards = self.beta * rejected_logratios.detach()
-        else:
-            rejected_losses = torch.Tensor([]).to(device)
-            rejected_rewards = torch.Tensor([]).to(device)
+
+        def side(logps: torch.Tensor, ref: torch.Tensor, chosen: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            if logps.shape[0] == 0 and ref.shape[0] == 0:
+                return torch.Tensor([]).to(device), torch.Tensor([]).to(device)
+            ratios = logps - ref
+            if self.loss_type == "kto":  # else TRL's other unpaired loss, "apo_zero_unpaired"
+                losses = 1 - F.sigmoid(self.beta * ((ratios - kl) if chosen else (kl - ratios)))
+            else:
+                losses = 1 - F.sigmoid(self.beta * ratios) if chosen else F.sigmoid(self.beta * ratios)
+            return losses, self.beta * ratios.detach()
+
+        chosen_losses, chosen_rewards = side(chosen_logps, ref_chosen_logps, True)
+        rejected_losses, rejected_rewards = side(rejected_logps, ref_rejected_logps, False)
         losses = torch.cat((self.desirable_weight * chosen_losses, self.undesirable_weight * rejected_losses), 0)
         self._metrics[mode]["kl"].append(kl.item())
         self._log_metrics(mode, batch, outputs, scored, (chosen_idx, rejected_idx), (num_chosen, num_rejected),

@@ -55,7 +55,8 @@ def _multi_turn(n: int, cu: np.ndarray, resp: Matches, instr: Matches) -> tuple[
     begins: list[int] = []
     ends: list[int] = []
     current_ex, training, begin = -1, False, 0
-    for e, p, o in zip(ex[order].tolist(), pos[order].tolist(), on[order].tolist(), strict=True):
+    events = zip(ex[order].tolist(), pos[order].tolist(), on[order].tolist(), strict=True)
+    for e, p, o in [*events, (-1, 0, False)]:  # the last event closes the last example's turn
         if e != current_ex:
             if training:
                 begins.append(begin)
@@ -67,9 +68,6 @@ def _multi_turn(n: int, cu: np.ndarray, resp: Matches, instr: Matches) -> tuple[
             training = False
             begins.append(begin)
             ends.append(p)
-    if training:
-        begins.append(begin)
-        ends.append(int(cu[current_ex + 1]))
     found = np.zeros(num, dtype=bool)
     found[resp.example] = True
     return _fill(n, np.array(begins, dtype=np.int64), np.array(ends, dtype=np.int64)), found

@@ -159,15 +159,21 @@ class DataCollatorForPreference:
                 f"Unsupported truncation mode: {self.truncation_mode}, expected 'keep_end' or 'keep_start'"
             )
 
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+    @staticmethod
+    def check_batch(examples: list[dict[str, Any]], collator: str, what: str, keys: tuple[str, ...], trainer: str,
+                    data: str) -> None:
+        """Refuse an empty batch, or examples without ``keys`` (the fix: tokenize them as TRL's ``trainer`` does)."""
         if not examples:
-            raise ValueError("DataCollatorForPreference got an empty batch")
-        missing = [k for k in ("prompt_ids", "chosen_ids", "rejected_ids") if k not in examples[0]]
+            raise ValueError(f"{collator} got an empty batch")
+        missing = [k for k in keys if k not in examples[0]]
         if missing:
-            raise ValueError(
-                f"preference examples need 'prompt_ids', 'chosen_ids' and 'rejected_ids'; missing {missing}. "
-                "Tokenize the dataset as TRL's DPOTrainer does (it does so for prompt/chosen/rejected data)."
-            )
+            names = ", ".join(map(repr, keys[:-1])) + f" and {keys[-1]!r}"
+            raise ValueError(f"{what} need {names}; missing {missing}. Tokenize the dataset as TRL's {trainer} does "
+                             f"(it does so for {data} data).")
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
+        self.check_batch(examples, "DataCollatorForPreference", "preference examples",
+                       ("prompt_ids", "chosen_ids", "rejected_ids"), "DPOTrainer", "prompt/chosen/rejected")
         pairs = len(examples)
         layout = PreferenceLayout.empty()
         completion_lens = [0] * (2 * pairs)
@@ -197,19 +203,14 @@ class DataCollatorForPreference:
 
     def _tensors(self, layout: PreferenceLayout) -> dict[str, Any]:
         ids = np.asarray(layout.ids, dtype=np.int64)
-        cu = np.asarray(layout.q_bounds, dtype=np.int64)
-        scoring = {
-            "shift_labels": np.asarray(layout.shift_labels, dtype=np.int64),
-            "score_index": np.asarray(layout.score_index, dtype=np.int64),
-            "score_rank": np.asarray(layout.score_rank, dtype=np.int64),
-        }
-        batch = packed_batch(ids, scoring["shift_labels"], cu, pad_to_multiple_of=self.pad_to_multiple_of,
+        batch = packed_batch(ids, np.asarray(layout.shift_labels, dtype=np.int64),
+                             np.asarray(layout.q_bounds, dtype=np.int64), pad_to_multiple_of=self.pad_to_multiple_of,
                              pad_id=self.pad_token_id, ignore_index=IGNORE)
         extra = batch["input_ids"].shape[1] - ids.size
         batch["shift_labels"] = batch.pop("labels")
-        for key in ("score_index", "score_rank"):
-            fill = -1 if key == "score_index" else 0
-            batch[key] = torch.from_numpy(np.concatenate([scoring[key], np.full(extra, fill, dtype=np.int64)]))[None]
+        for key, fill in (("score_index", -1), ("score_rank", 0)):
+            values = np.concatenate([np.asarray(getattr(layout, key), dtype=np.int64), np.full(extra, fill, np.int64)])
+            batch[key] = torch.from_numpy(values)[None]
         # positions follow the layout (prompt-once segments continue the prompt's positions); padding restarts at 0
         positions = np.concatenate([np.asarray(layout.positions, dtype=np.int64), np.arange(extra, dtype=np.int64)])
         batch["position_ids"] = torch.from_numpy(positions)[None]

@@ -94,22 +94,15 @@ def reward_layout(
                 raise ValueError(f"pair {j} has empty {name}: drop such pairs from the dataset (a reward model needs "
                                  "at least one token to score)")
         first = len(layout.ids)
-        shared = shared_prefix(chosen, rejected) if prompt_once else 0
-        if shared:
-            layout.segment(chosen[:shared], chosen[shared:], j)
-            second = len(layout.ids)
-            keys = list(range(first, first + shared - 1))
-            layout.segment(rejected[shared - 1 : shared], rejected[shared:], pairs + j, start_position=shared - 1,
-                           shared_keys=keys)
-            rows[j] = np.arange(first, first + len(chosen))
-            rows[pairs + j] = np.concatenate([np.arange(first, first + shared - 1),
-                                              np.arange(second, second + len(rejected) - shared + 1)])
-        else:
-            layout.segment(chosen, [], j)
-            second = len(layout.ids)
-            layout.segment(rejected, [], pairs + j)
-            rows[j] = np.arange(first, first + len(chosen))
-            rows[pairs + j] = np.arange(second, second + len(rejected))
+        layout.segment(chosen, [], j)
+        second = len(layout.ids)
+        rows[j] = np.arange(first, second)
+        # with a shared prefix P: the rejected segment is P[-1] + its tail, its keys P[:-1] (the chosen's) + its own
+        shared = max(shared_prefix(chosen, rejected) - 1, 0) if prompt_once else 0
+        layout.segment(rejected[shared:], [], pairs + j, start_position=shared,
+                       shared_keys=list(range(first, first + shared)))
+        rows[pairs + j] = np.concatenate([np.arange(first, first + shared),
+                                          np.arange(second, second + len(rejected) - shared)])
     return layout, rows
 
 
@@ -135,12 +128,8 @@ class DataCollatorForRewardPairs:
     return_tensors: str = "pt"
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, Any]:
-        if not examples:
-            raise ValueError("DataCollatorForRewardPairs got an empty batch")
-        missing = [k for k in ("chosen_ids", "rejected_ids") if k not in examples[0]]
-        if missing:
-            raise ValueError(f"reward pairs need 'chosen_ids' and 'rejected_ids'; missing {missing}. Tokenize the "
-                             "dataset as TRL's RewardTrainer does (it does so for chosen/rejected data).")
+        DataCollatorForPreference.check_batch(examples, "DataCollatorForRewardPairs", "reward pairs",
+                                              ("chosen_ids", "rejected_ids"), "RewardTrainer", "chosen/rejected")
         layout, rows = reward_layout(examples, prompt_once=self.prompt_once)
         pairs = len(examples)
         seqs = [ex["chosen_ids"] for ex in examples] + [ex["rejected_ids"] for ex in examples]

@@ -76,10 +76,8 @@ def real_spans(attention_mask: torch.Tensor, logits_to_keep: int) -> list[tuple[
     mask = attention_mask.detach().to("cpu", torch.bool)
     prompt, completion = mask[:, : width - logits_to_keep], mask[:, width - logits_to_keep :]
     p_len, c_len = prompt.sum(1), completion.sum(1)
-    cols_p = torch.arange(prompt.shape[1])
-    cols_c = torch.arange(completion.shape[1])
-    left = prompt == (cols_p[None] >= (prompt.shape[1] - p_len)[:, None])
-    right = completion == (cols_c[None] < c_len[:, None])
+    left = prompt == (torch.arange(prompt.shape[1])[None] >= (prompt.shape[1] - p_len)[:, None])
+    right = completion == (torch.arange(completion.shape[1])[None] < c_len[:, None])
     bad = (~(left.all(1) & right.all(1))).nonzero().flatten().tolist()
     if bad:
         raise ValueError(
@@ -147,6 +145,4 @@ def scatter_scores(values: torch.Tensor, packed: dict[str, Any], logits_to_keep:
     if flat.numel() != index.numel():
         raise ValueError(f"{flat.numel()} values for a packed row of {index.numel()} positions")
     keep = index >= 0
-    rows = packed["stats"].rows
-    out = flat.new_zeros(rows, logits_to_keep)
-    return out.index_put((index[keep], rank[keep] - 1), flat[keep])
+    return flat.new_zeros(packed["stats"].rows, logits_to_keep).index_put((index[keep], rank[keep] - 1), flat[keep])

@@ -10,6 +10,7 @@ and metrics stay TRL's. See docs/rl.md.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections import Counter
 from typing import Any
@@ -19,7 +20,7 @@ import trl
 
 from .configs import UNSET, is_padfree_config
 from .preference import MODEL_KEYS
-from .rl_packing import PackStats, pack_completion_rows, scatter_scores
+from .rl_packing import pack_completion_rows, scatter_scores
 from .trainer import PadfreeTrainerMixin
 
 __all__ = ["GRPOTrainer", "PaddingFreeRLMixin", "RLOOTrainer", "resolve_padding_free"]
@@ -52,18 +53,11 @@ def resolve_padding_free(padding_free: bool | None, args: Any) -> bool:
 class PaddingFreeRLMixin(PadfreeTrainerMixin):
     """The packed ``_get_per_token_logps_and_entropies`` of TRL's GRPO/RLOO trainers (see the module docstring).
 
-    Its settings are fields of :class:`trl_padfree.GRPOConfig` / ``RLOOConfig`` (``args``; with TRL's config, the
-    defaults below); the trainer keywords still work for one release (a ``DeprecationWarning``; one that
-    contradicts a value set in the config is an error):
-        padding_free: run the policy, old-policy and reference forwards on one flat row per micro-batch (default
-            False; with another config, its ``padding_free`` attribute if it has one).
-        prompt_once: with ``padding_free``, rows of the same prompt in a micro-batch share one forwarded copy of it
-            (needs ``attn_implementation="padfree"``).
-        check_packing: probe the model(s) before the first step (default True).
-        torch_num_threads: the CPU thread policy of :class:`trl_padfree.SFTTrainer`.
-        scored_lm_head: with ``padding_free``, score policy, old policy and reference with
-            :mod:`trl_padfree.scored_head` (default True); False: TRL's fused head. ``self.lm_head_state`` /
-            ``self.ref_lm_head_state``: ``"scored"`` or ``"trl: <why>"``.
+    Its settings (``padding_free``, ``prompt_once``, ``check_packing``, ``torch_num_threads``, ``scored_lm_head``)
+    are fields of :class:`trl_padfree.GRPOConfig` / ``RLOOConfig``, described there (``args``; with TRL's config,
+    their defaults, and ``padding_free`` its attribute if it has one); the trainer keywords still work for one
+    release (a ``DeprecationWarning``; one that contradicts a value set in the config is an error).
+    ``self.lm_head_state`` / ``self.ref_lm_head_state``: ``"scored"`` or ``"trl: <why>"``.
 
     ``pack_totals`` counts, over every packed forward of this trainer, rows and tokens (padded, real, forwarded,
     shared: :class:`~trl_padfree.rl_packing.PackStats` fields) by kind (``"train"`` with grad, ``"no_grad"``).
@@ -135,7 +129,7 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
             end = min(start + batch_size, input_ids.size(0))
             packed = pack_completion_rows(input_ids[start:end], attention_mask[start:end], logits_to_keep,
                                           prompt_once=self.prompt_once)
-            self._count(kind, packed["stats"])
+            self.pack_totals[kind].update(dataclasses.asdict(packed["stats"]))
             out = self.packed_scores(model, packed, compute_aux_loss)
             logps.append(scatter_scores(out.log_probs, packed, logits_to_keep))
             if compute_entropy:
@@ -144,12 +138,6 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
                 aux.append(out.aux_loss)
         return (torch.cat(logps, dim=0), torch.cat(entropies, dim=0) if compute_entropy else None,
                 torch.stack(aux).mean() if compute_aux_loss else None)
-
-    def _count(self, kind: str, stats: PackStats) -> None:
-        totals = self.pack_totals[kind]
-        for name in ("rows", "padded_tokens", "real_tokens", "forwarded_tokens", "shared_tokens"):
-            totals[name] += getattr(stats, name)
-
 
 
 class GRPOTrainer(PaddingFreeRLMixin, trl.GRPOTrainer):

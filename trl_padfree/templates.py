@@ -23,13 +23,12 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from .token_text import TokenText, decoder_kinds
+from .token_text import TokenText, decoder_kinds, tokenizer_steps
 
 
 @dataclass(frozen=True)
@@ -139,22 +138,8 @@ def concat_matches(parts: Sequence[Matches]) -> Matches:
 
 def _normalizer_steps(tokenizer) -> list[str]:
     """Names of the normalizer steps of a fast tokenizer that rewrite text (lower-casing, unicode forms ...)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return []
-    found: list[str] = []
-
-    def walk(node: dict | None) -> None:
-        if not node:
-            return
-        kind = node.get("type", "")
-        if kind in ("Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "BertNormalizer", "Precompiled"):
-            found.append(kind)
-        for child in node.get("normalizers", []) or []:
-            walk(child)
-
-    walk(json.loads(backend.to_str()).get("normalizer"))
-    return found
+    rewriting = ("Lowercase", "NFC", "NFD", "NFKC", "NFKD", "StripAccents", "BertNormalizer", "Precompiled")
+    return [s["type"] for s in tokenizer_steps(tokenizer, "normalizer") if s.get("type") in rewriting]
 
 
 def verify_text_matching(template: Template, tokenizer, text: TokenText) -> None:

@@ -68,23 +68,21 @@ def _gpt2_unicode_to_byte() -> dict[str, int]:
     return table
 
 
+def tokenizer_steps(tokenizer, part: str) -> list[dict]:
+    """The steps of a fast tokenizer's ``part`` (``"decoder"``, ``"normalizer"``), nested sequences flattened."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+
+    def walk(node: dict) -> list[dict]:
+        return [node, *(step for child in node.get(part + "s") or [] for step in walk(child))]
+
+    return walk(json.loads(backend.to_str()).get(part) or {}) if backend is not None else []
+
+
 def decoder_kinds(tokenizer) -> set[str]:
     """Names of the decoder steps of a fast tokenizer (``{"ByteLevel"}``, ``{"Metaspace", "ByteFallback"}`` ...)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        return set()
-    decoder = json.loads(backend.to_str()).get("decoder") or {}
-    kinds: set[str] = set()
-
-    def walk(node: dict) -> None:
-        kinds.add(node.get("type", ""))
-        if node.get("type") == "Replace" and node.get("pattern", {}).get("String") == "▁":
-            kinds.add("Metaspace")
-        for child in node.get("decoders", []) or []:
-            walk(child)
-
-    walk(decoder)
-    return kinds
+    steps = tokenizer_steps(tokenizer, "decoder")
+    metaspace = any(s.get("type") == "Replace" and s.get("pattern", {}).get("String") == "▁" for s in steps)
+    return {s.get("type", "") for s in steps} | ({"Metaspace"} if metaspace else set())
 
 
 def token_bytes(tokenizer) -> list[bytes]:
@@ -255,7 +253,8 @@ class TokenText:
             )
 
     def layout(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
-        """:meth:`starts` and :meth:`skips` of ``ids``, for callers that pass both on to :meth:`find`."""
+        """The byte offset where each token of ``ids`` starts in the decoded text (plus the total length), and
+        :meth:`skips` of ``ids``, for callers that pass both on to :meth:`find`."""
         try:
             lengths = self.lengths[ids]
         except IndexError:
@@ -265,10 +264,6 @@ class TokenText:
         starts = np.zeros(ids.size + 1, dtype=np.int64)
         np.cumsum(lengths - skips, out=starts[1:])
         return starts, skips
-
-    def starts(self, ids: np.ndarray) -> np.ndarray:
-        """Byte offset where each token of ``ids`` starts in the decoded text, plus the total length."""
-        return self.layout(ids)[0]
 
     def decode(self, ids: np.ndarray) -> tuple[bytes, np.ndarray]:
         """Concatenated bytes of ``ids`` and the byte offset where each token starts (length ``len(ids) + 1``)."""

@@ -7,7 +7,7 @@ installed package's function when there is one (``causal-conv1d``, ``flash-linea
 read ``seq_idx`` / ``cu_seqlens`` and keep packed sequences apart), else a torch reference that cannot, and raises
 when it gets ``seq_idx`` or ``cu_seqlens``. :func:`prepare_packed_layers` replaces, in the modeling modules of a
 model's submodules, exactly those torch references with varlen-aware torch versions (built by the ``KERNELS``
-factories of :mod:`.conv`, :mod:`.delta_rule` and, once it exists, ``.mamba``), which fall through to the original
+factories of :mod:`.conv`, :mod:`.delta_rule` and :mod:`.mamba`), which fall through to the original
 when a call carries no boundaries. A real package's function is never replaced.
 
 When it applies (each is idempotent and cheap after the first time):
@@ -51,18 +51,10 @@ from typing import Any
 
 import torch
 
-from . import conv, delta_rule
+from . import conv, delta_rule, mamba
 from .varlen import PackedRowError, note_mask
 
-# ---- kernel modules ------------------------------------------------------------------------------------------
-# Each contributes KERNELS (and optionally patch_model); the Mamba / Mamba-2 scans plug in here once mamba.py lands.
-KERNEL_MODULES: list[ModuleType] = [conv, delta_rule]
-try:  # >>> mamba: trl_padfree/recurrent/mamba.py (Mamba / Mamba-2 scans) <<<
-    from . import mamba  # type: ignore[attr-defined]
-except ImportError:
-    mamba = None
-else:
-    KERNEL_MODULES.append(mamba)
+KERNEL_MODULES: list[ModuleType] = [conv, delta_rule, mamba]  # each contributes KERNELS (and maybe patch_model)
 
 __all__ = [
     "KERNEL_MODULES",
@@ -152,11 +144,6 @@ def _own_torch_kernel(module: ModuleType, name: str, value: Any, factories: dict
     return None
 
 
-def _is_recurrent_kernel(module: ModuleType, name: str, fn: Any, factories: dict[str, Any]) -> bool:
-    return hasattr(fn, _REPLACED) or _fallback_closure(fn) is not None or (
-        _own_torch_kernel(module, name, fn, factories) is not None)
-
-
 def _patch_module(module: ModuleType, factories: dict[str, Callable[[Callable], Callable]]) -> list[str]:
     """Replace the torch fallbacks among ``module``'s globals that a factory covers; names of those now replaced."""
     short = module.__name__.rsplit(".", 1)[-1].removeprefix("modeling_")
@@ -177,13 +164,8 @@ def _patch_module(module: ModuleType, factories: dict[str, Callable[[Callable], 
 
 
 def _modeling_modules(model: Any) -> list[ModuleType]:
-    seen: dict[str, ModuleType] = {}
-    modules = model.modules() if hasattr(model, "modules") else [model]
-    for sub in modules:
-        name = type(sub).__module__
-        if name not in seen and name in sys.modules:
-            seen[name] = sys.modules[name]
-    return list(seen.values())
+    names = dict.fromkeys(type(sub).__module__ for sub in (model.modules() if hasattr(model, "modules") else [model]))
+    return [sys.modules[name] for name in names if name in sys.modules]
 
 
 def prepare_packed_layers(model: Any) -> list[str]:
@@ -247,7 +229,8 @@ def _calls_recurrent_kernel(module: ModuleType, code: Any, factories: dict[str, 
     helpers under a ``kernels`` layer (transformers 5.25's ``causal_conv1d_forward`` calls ``causal_conv1d_fn``)."""
     for name in code.co_names:
         value = getattr(module, name, None)
-        if _is_recurrent_kernel(module, name, value, factories):
+        if (hasattr(value, _REPLACED) or _fallback_closure(value) is not None
+                or _own_torch_kernel(module, name, value, factories) is not None):
             return True
         inner = hub_function(value)
         if (depth > 0 and inner is not value and getattr(inner, "__module__", None) == module.__name__

@@ -49,27 +49,19 @@ from typing import Any
 
 import torch
 
-__all__ = [
-    "KERNELS",
-    "PackedLayout",
-    "packed_chunk_scan",
-    "packed_selective_scan",
-    "packed_layout",
-    "patch_model",
-]
+from .varlen import sequence_starts
+
+__all__ = ["KERNELS", "PackedLayout", "packed_chunk_scan", "packed_selective_scan", "packed_layout", "patch_model"]
 
 # Arguments that describe a packed row; they are removed before transformers' torch function runs per sequence.
 _PACKING_KEYS = ("seq_idx", "cu_seqlens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 _DROP_KEYS = (*_PACKING_KEYS, "position_ids")
 
 # The ``seq_idx`` (B, T) of the model call being run, set by patch_model's hook on a model that wraps the base model.
-_CALL_SEQ_IDX: contextvars.ContextVar[torch.Tensor | None] = contextvars.ContextVar(
-    "padfree_call_seq_idx", default=None
-)
+_CALL_SEQ_IDX: contextvars.ContextVar[torch.Tensor | None]
+_CALL_SEQ_IDX = contextvars.ContextVar("padfree_call_seq_idx", default=None)
 
-_CACHE_ADVICE = (
-    "a packed row cannot continue or keep a recurrent cache; pass use_cache=False for packed batches."
-)
+_CACHE_ADVICE = "a packed row cannot continue or keep a recurrent cache; pass use_cache=False for packed batches."
 
 
 @dataclass(frozen=True)
@@ -100,14 +92,10 @@ class PackedLayout:
         tokens = torch.cat([y.movedim(dim, 1)[valid] for y, (_, valid) in zip(ys, self.groups, strict=True)])
         return tokens[self.inverse].reshape(self.batch, self.length, *tokens.shape[1:]).movedim(1, dim)
 
-    def run(
-        self, function: Callable[..., torch.Tensor], inputs: dict[str, Any], dims: dict[str, int], out: int
-    ):
+    def run(self, function: Callable[..., torch.Tensor], inputs: dict[str, Any], dims: dict[str, int], out: int):
         """``function(**inputs)`` once per group, the ``dims`` entries of ``inputs`` unpacked along their dim; the
         outputs (time at dim ``out``) repacked into the row."""
-        unpacked = {
-            key: self.unpack(inputs[key], dim) for key, dim in dims.items() if inputs.get(key) is not None
-        }
+        unpacked = {key: self.unpack(inputs[key], dim) for key, dim in dims.items() if inputs.get(key) is not None}
         outputs = [
             function(**(inputs | {key: parts[g] for key, parts in unpacked.items()}))
             for g in range(len(self.groups))
@@ -133,8 +121,6 @@ def _groups(lengths: list[int]) -> list[list[int]]:
 
 def _starts_to_layout(starts: torch.Tensor, batch: int, length: int) -> PackedLayout | None:
     """``starts`` (B, T) bool: where a sequence begins. ``None`` when every row is one sequence."""
-    starts = starts.clone()
-    starts[:, 0] = True
     flat_starts = starts.reshape(-1).nonzero().reshape(-1)
     if flat_starts.numel() == batch:
         return None
@@ -153,9 +139,7 @@ def _starts_to_layout(starts: torch.Tensor, batch: int, length: int) -> PackedLa
         size = torch.tensor([lengths[i] for i in members], device=starts.device)
         offsets = torch.arange(width, device=starts.device)
         valid = offsets[None, :] < size[:, None]
-        index = torch.where(
-            valid, first[:, None] + offsets[None, :], torch.full_like(offsets, total)[None, :]
-        )
+        index = torch.where(valid, first[:, None] + offsets[None, :], torch.full_like(offsets, total)[None, :])
         groups.append((index, valid))
     order = torch.cat([index[valid] for index, valid in groups])
     inverse = torch.empty_like(order)
@@ -200,9 +184,7 @@ def packed_layout(kwargs: dict[str, Any], batch: int, length: int) -> PackedLayo
             f"seq_idx has shape {tuple(seq_idx.shape)} but the layer runs a ({batch}, {length}) batch; pass the "
             "seq_idx of this batch (one sequence index per token)."
         )
-    starts = torch.zeros(batch, length, dtype=torch.bool, device=seq_idx.device)
-    starts[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
-    return _starts_to_layout(starts, batch, length)
+    return _starts_to_layout(sequence_starts(seq_idx), batch, length)
 
 
 def _packing_given(kwargs: dict[str, Any]) -> bool:
@@ -213,113 +195,64 @@ def _plain(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in kwargs.items() if key not in _DROP_KEYS}
 
 
-def packed_chunk_scan(original: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Mamba-2's chunked scan (``mamba2_chunk_scan`` of transformers' Mamba-2 modeling files, the torch form of
-    ``mamba_ssm``'s ``mamba_chunk_scan_combined``) over a packed ``(B, T, H, P)`` row, each sequence alone.
+def _packed(name: str, params: tuple[str, ...], time: int, dims: tuple[str, ...], cache: tuple[str, ...]):
+    """The packed form of transformers' torch function ``name``: its arguments (``params`` in order, plus
+    ``seq_idx`` or ``cu_seqlens``) bound by name; the ``dims`` inputs (time at dim ``time``) run each sequence alone
+    through the original; a truthy ``cache`` argument is refused."""
 
-    ``original`` is transformers' function; the arguments are its own plus ``seq_idx`` or ``cu_seqlens``.
-    """
-    params = ("hidden_states", "dt", "A", "B", "C", "chunk_size")
-    bound = dict(zip(params, args, strict=False)) | kwargs
-    hidden_states = bound["hidden_states"]
-    layout = packed_layout(bound, hidden_states.shape[0], hidden_states.shape[1])
-    plain = _plain(bound)
-    if layout is None:
-        return original(**plain)
-    if plain.get("initial_states") is not None or plain.get("return_final_states"):
-        raise ValueError(f"mamba2_chunk_scan: {_CACHE_ADVICE}")
-    return layout.run(original, plain, {"hidden_states": 1, "dt": 1, "B": 1, "C": 1}, out=1)
+    def packed(original: Callable, *args: Any, **kwargs: Any) -> Any:
+        bound = dict(zip(params, args, strict=False)) | kwargs
+        shape = bound["hidden_states"].shape
+        layout = packed_layout(bound, shape[0], shape[time])
+        plain = _plain(bound)
+        if layout is None:
+            return original(**plain)
+        if any(plain.get(key) is not None and plain.get(key) is not False for key in cache):
+            raise ValueError(f"{name}: {_CACHE_ADVICE}")
+        return layout.run(original, plain, dict.fromkeys(dims, time), out=time)
 
-
-def packed_selective_scan(original: Callable, *args: Any, **kwargs: Any) -> Any:
-    """Mamba-1's selective scan (``mamba_selective_scan``, the torch form of ``mamba_ssm``'s ``selective_scan_fn``)
-    over a packed row (channels first, time last: ``(B, D, T)``), each sequence alone."""
-    params = (
-        "hidden_states",
-        "dt",
-        "A",
-        "B",
-        "C",
-        "D",
-        "z",
-        "delta_bias",
-        "delta_softplus",
-        "return_last_state",
-    )
-    bound = dict(zip(params, args, strict=False)) | kwargs
-    hidden_states = bound["hidden_states"]
-    layout = packed_layout(bound, hidden_states.shape[0], hidden_states.shape[2])
-    plain = _plain(bound)
-    if layout is None:
-        return original(**plain)
-    if plain.get("return_last_state"):
-        raise ValueError(f"mamba_selective_scan: {_CACHE_ADVICE}")
-    return layout.run(original, plain, {"hidden_states": 2, "dt": 2, "B": 2, "C": 2, "z": 2}, out=2)
+    packed.__doc__ = f"``{name}`` over a packed row, each sequence alone (``original`` is transformers' function)."
+    return packed
 
 
-def _packed_causal_conv1d(original: Callable, *args: Any, **kwargs: Any) -> Any:
-    """A depthwise causal convolution ``(B, C, T)`` (``causal_conv1d_fn``) over a packed row, each sequence alone.
-
-    Private, for this module's tests where ``trl_padfree.recurrent.conv`` (the package's convolution, same
-    results) is not importable.
-    """
-    params = ("hidden_states", "weight", "bias", "activation")
-    bound = dict(zip(params, args, strict=False)) | kwargs
-    hidden_states = bound["hidden_states"]
-    layout = packed_layout(bound, hidden_states.shape[0], hidden_states.shape[2])
-    plain = _plain(bound)
-    if layout is None:
-        return original(**plain)
-    return layout.run(original, plain, {"hidden_states": 2}, out=2)
+# Mamba-2's chunked scan, the torch form of mamba_ssm's mamba_chunk_scan_combined: (B, T, H, P).
+packed_chunk_scan = _packed(
+    "mamba2_chunk_scan", ("hidden_states", "dt", "A", "B", "C", "chunk_size"), 1,
+    ("hidden_states", "dt", "B", "C"), ("initial_states", "return_final_states"),
+)
+# Mamba-1's selective scan, the torch form of mamba_ssm's selective_scan_fn: channels first, time last (B, D, T).
+packed_selective_scan = _packed(
+    "mamba_selective_scan",
+    ("hidden_states", "dt", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus", "return_last_state"), 2,
+    ("hidden_states", "dt", "B", "C", "z"), ("return_last_state",),
+)
+# A depthwise causal convolution (B, C, T) (causal_conv1d_fn), for this module's tests where
+# trl_padfree.recurrent.conv (the package's convolution, same results) is not importable.
+_packed_causal_conv1d = _packed(
+    "causal_conv1d_fn", ("hidden_states", "weight", "bias", "activation"), 2, ("hidden_states",), ()
+)
 
 
 def _replacement(packed: Callable) -> Callable[[Callable], Callable]:
-    def factory(original: Callable) -> Callable:
-        @functools.wraps(original)
-        def replacement(*args: Any, **kwargs: Any) -> Any:
-            if not _packing_given(kwargs):
-                return original(*args, **kwargs)
-            return packed(original, *args, **kwargs)
+    """The factory: ``original`` unchanged for a call without packing arguments, else ``packed(original, ...)``."""
 
-        replacement.padfree_original = original  # type: ignore[attr-defined]
-        return replacement
+    def factory(original: Callable) -> Callable:
+        return functools.wraps(original)(lambda *args, **kwargs: (
+            packed(original, *args, **kwargs) if _packing_given(kwargs) else original(*args, **kwargs)))
 
     return factory
-
-
-def _fused_unavailable(original: Callable) -> Callable:
-    """The fused forms (``mamba2_split_conv1d_scan_combined``, ``mamba_inner_fn``) have no torch version in
-    transformers: their fallback returns ``None`` and the mixer runs its unfused path (convolution, then scan), whose
-    functions are the packed ones above. With packing arguments this returns ``None`` too, instead of raising."""
-
-    @functools.wraps(original)
-    def replacement(*args: Any, **kwargs: Any) -> Any:
-        if not _packing_given(kwargs):
-            return original(*args, **kwargs)
-        return None
-
-    replacement.padfree_original = original  # type: ignore[attr-defined]
-    return replacement
-
-
-def _single_step(original: Callable) -> Callable:
-    """``selective_state_update`` advances one token per row (decoding): there is no boundary inside a step."""
-
-    @functools.wraps(original)
-    def replacement(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **_plain(kwargs))
-
-    replacement.padfree_original = original  # type: ignore[attr-defined]
-    return replacement
 
 
 KERNELS: dict[str, Callable[[Callable], Callable]] = {
     "mamba2_chunk_scan": _replacement(packed_chunk_scan),
     "mamba_selective_scan": _replacement(packed_selective_scan),
-    "mamba2_split_conv1d_scan_combined": _fused_unavailable,
-    "mamba_inner_fn": _fused_unavailable,
-    "mamba2_selective_state_update": _single_step,
-    "mamba_selective_state_update": _single_step,
+    # The fused forms have no torch version in transformers: their fallback returns None and the mixer runs its
+    # unfused path (convolution, then scan: the packed functions above). With packing arguments: None too.
+    "mamba2_split_conv1d_scan_combined": _replacement(lambda original, *args, **kwargs: None),
+    "mamba_inner_fn": _replacement(lambda original, *args, **kwargs: None),
+    # selective_state_update advances one token per row (decoding): there is no boundary inside a step.
+    "mamba2_selective_state_update": _replacement(lambda original, *args, **kwargs: original(*args, **_plain(kwargs))),
+    "mamba_selective_state_update": _replacement(lambda original, *args, **kwargs: original(*args, **_plain(kwargs))),
 }
 """transformers' global name of a kernel function -> the factory of its packed torch replacement."""
 
@@ -387,9 +320,7 @@ def _leave_call(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any], ou
         _CALL_SEQ_IDX.reset(module._padfree_call_tokens.pop())
 
 
-def _give_seq_idx(
-    module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]
-) -> tuple[tuple, dict[str, Any]]:
+def _give_seq_idx(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """The base model passes its ``**kwargs`` to every layer (and so to every mixer and kernel): give it the row's
     ``seq_idx`` when the call has none. Inside the model's call, so that checkpointed layers recompute with it."""
     if kwargs.get("seq_idx") is None:
@@ -406,11 +337,8 @@ def _give_seq_idx(
 
 def _cu_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
     """Where the sequences of ``seq_idx`` ``(B, T)`` start in its flattened tokens, plus the total: 1-D int32."""
-    batch, length = seq_idx.shape
-    starts = torch.ones(batch, length, dtype=torch.bool, device=seq_idx.device)
-    starts[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
-    flat = starts.reshape(-1).nonzero().reshape(-1)
-    return torch.cat([flat, flat.new_tensor([batch * length])]).to(torch.int32)
+    flat = sequence_starts(seq_idx).reshape(-1).nonzero().reshape(-1)
+    return torch.cat([flat, flat.new_tensor([seq_idx.numel()])]).to(torch.int32)
 
 
 def _layer_hands_boundaries(forward: Callable) -> Callable:
@@ -467,16 +395,8 @@ def _run_each_sequence(forward: Callable) -> Callable:
 def _mixer_kind(module: torch.nn.Module) -> str | None:
     if not (hasattr(module, "A_log") and hasattr(module, "conv1d")):
         return None
-    names = _module_globals(module)
-    if "mamba2_chunk_scan" in names:
-        return "mamba2"
-    if "mamba_selective_scan" in names:
-        return "mamba1"
-    return None
-
-
-def _module_globals(module: torch.nn.Module) -> dict[str, Any]:
-    return vars(sys.modules.get(type(module).__module__, object()))
+    names = vars(sys.modules.get(type(module).__module__, object()))
+    return "mamba2" if "mamba2_chunk_scan" in names else "mamba1" if "mamba_selective_scan" in names else None
 
 
 def patch_model(model: torch.nn.Module) -> list[str]:

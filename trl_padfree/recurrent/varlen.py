@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 __all__ = ["PACKING_KWARGS", "PackedRowError", "note_mask", "packed_bounds", "packed_seq_idx",
-           "refuse_unmarked_packing", "refuse_unpacked_dense_mask"]
+           "refuse_unmarked_packing", "refuse_unpacked_dense_mask", "sequence_starts"]
 
 # The keyword arguments that carry a packed row's boundaries to a kernel; never passed on to the original.
 PACKING_KWARGS = frozenset({"seq_idx", "cu_seqlens"})
@@ -38,11 +38,14 @@ class PackedRowError(ValueError):
 
 
 def _cu(kwargs: dict[str, Any]) -> torch.Tensor | None:
-    for name in ("cu_seqlens", "cu_seq_lens_q"):
-        cu = kwargs.get(name)
-        if cu is not None:
-            return cu
-    return None
+    return next((kwargs[name] for name in ("cu_seqlens", "cu_seq_lens_q") if kwargs.get(name) is not None), None)
+
+
+def sequence_starts(seq_idx: torch.Tensor) -> torch.Tensor:
+    """Where a sequence begins in ``seq_idx`` ``(B, T)``: bool, every row's first token included."""
+    starts = torch.ones(seq_idx.shape, dtype=torch.bool, device=seq_idx.device)
+    starts[:, 1:] = seq_idx[:, 1:] != seq_idx[:, :-1]
+    return starts
 
 
 def packed_seq_idx(batch: int, length: int, kwargs: dict[str, Any]) -> torch.Tensor | None:
@@ -83,9 +86,7 @@ def packed_bounds(batch: int, length: int, kwargs: dict[str, Any]) -> list[int] 
     if seq_idx is None:
         return None
     seq = packed_seq_idx(batch, length, {"seq_idx": seq_idx}).expand(batch, length)
-    starts = torch.ones(batch, length, dtype=torch.bool, device=seq.device)
-    starts[:, 1:] = seq[:, 1:] != seq[:, :-1]
-    return starts.reshape(-1).nonzero().reshape(-1).tolist() + [batch * length]
+    return sequence_starts(seq).reshape(-1).nonzero().reshape(-1).tolist() + [batch * length]
 
 
 def note_mask(tokens: int | None, *, packed: bool = False, dense: bool = False) -> None:
