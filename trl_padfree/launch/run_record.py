@@ -31,9 +31,8 @@ def write_run(output_dir: str, **fields: Any) -> None:
 
 @contextlib.contextmanager
 def trainer_settings_checked(output_dir: str, trainer: str = "SFTTrainer") -> Iterator[None]:
-    """Around building the trainer: a ``ValueError`` (TRL's and transformers' checks of the settings against the
-    model and data) becomes a one-line :class:`ConfigError` (exit 2), and the ``output_dir`` the Trainer created for
-    nothing is removed."""
+    """Around building the trainer: a ``ValueError`` (TRL's and transformers' checks of the settings) becomes a
+    one-line :class:`ConfigError` (exit 2), and the empty ``output_dir`` the Trainer created is removed."""
     existed = os.path.exists(output_dir)
     try:
         yield
@@ -41,6 +40,8 @@ def trainer_settings_checked(output_dir: str, trainer: str = "SFTTrainer") -> It
         if not existed:
             with contextlib.suppress(OSError):
                 os.rmdir(output_dir)
+        if isinstance(exc, ConfigError):
+            raise
         raise ConfigError(f"{trainer} refused the settings: {one_line(exc)}") from None
 
 

@@ -1,8 +1,8 @@
-"""How the launch builds every trainer: :func:`make_launch_trainer`, and :class:`LaunchTrainer`, the mixin each
-task's trainer class puts first (``class LaunchDPOTrainer(LaunchTrainer, DPOTrainer)``)."""
+"""How the launch builds every trainer: the task's trainer class with :class:`LaunchTrainer` first."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,16 +27,21 @@ class LaunchTrainer:
         return self.whole_run.first_step
 
 
+@functools.cache
+def launch_class(trainer_class: type) -> type:
+    """``class Launch<Name>(LaunchTrainer, trainer_class)``."""
+    return type(f"Launch{trainer_class.__name__}", (LaunchTrainer, trainer_class), {})
+
+
 def make_launch_trainer(trainer_class: type, cfg: Any, tokenizer: Any, model: Any, data: Any,
                         callbacks: Sequence[Any], **own: Any) -> Any:
-    """``trainer_class`` built from the run (model, TRL's config, ``data.train`` / ``data.eval``, tokenizer, PEFT
-    settings, ``callbacks``); no packing check or thread policy of its own (the launch did both). ``own``: the
-    trainer's own arguments."""
+    """The launch's ``trainer_class`` built from the run; no packing check or thread policy of its own (the launch
+    did both). ``own``: the trainer's own arguments."""
     from trl import get_peft_config
 
     from .config import with_fields
 
     args = with_fields(cfg.training, check_packing=False, torch_num_threads=None)
-    return trainer_class(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
-                         processing_class=tokenizer, peft_config=get_peft_config(cfg.model), callbacks=list(callbacks),
-                         **own)
+    return launch_class(trainer_class)(model=model, args=args, train_dataset=data.train, eval_dataset=data.eval,
+                                       processing_class=tokenizer, peft_config=get_peft_config(cfg.model),
+                                       callbacks=list(callbacks), **own)

@@ -1,12 +1,6 @@
-"""``trl-padfree grpo``: RL with verifiable rewards through :class:`trl_padfree.GRPOTrainer` (TRL's, padding-free).
-
-Its own parts: ``reward_funcs`` and this package's ``GRPOConfig`` (``padding_free``, ``prompt_once``);
-reward functions by name (TRL's built-in rewards as ``trl grpo`` names them, this package's
-:data:`trl_padfree.rewards.REWARDS`) or by import path (``module:function`` or ``module.function``), imported at
-validation so that a wrong name is exit 2 with nothing written; prompt records checked one by one; the group probe
-(:func:`trl_padfree.rl_probe.assert_group_packing_safe`) before anything is written; the summary's mean reward
-and ``preview``'s group layout. ``trl-padfree rloo`` (:mod:`.rloo`) is the same task with ``RLOOConfig``.
-"""
+"""``trl-padfree grpo``: RL with verifiable rewards through :class:`trl_padfree.GRPOTrainer` (TRL's, padding-free);
+``reward_funcs`` by name or import path, imported at validation (a wrong name: exit 2, nothing written).
+``trl-padfree rloo`` (:mod:`.rloo`) is the same task with ``RLOOConfig``."""
 
 from __future__ import annotations
 
@@ -14,17 +8,17 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from trl_padfree.grpo import GRPOTrainer
 
 from ..config import ConfigError, RewardFunctionArguments, with_fields
-from ..console import say
-from ..trainer_setup import LaunchTrainer, make_launch_trainer
+from ..trainer_setup import make_launch_trainer
+from .base import Records, say_data
 from .shared import PromptOnceTask
 
-__all__ = ["TASK", "LaunchGRPOTrainer", "GRPOTask", "resolve_reward", "trl_rewards"]
+__all__ = ["TASK", "GRPOTask", "resolve_reward", "trl_rewards"]
 
 
 def trl_rewards() -> dict[str, Callable[[], Any]]:
@@ -93,14 +87,12 @@ def check_prompt_records(dataset: Any, source: str) -> None:
     if "prompt" not in columns:
         raise ConfigError(f"{source}: RL records need a 'prompt' (plus any columns the rewards read, e.g. "
                           f"'answer'); columns: {', '.join(columns)}")
+    from .preference_data import value_kind
+
     first = None
     for index, value in enumerate(dataset["prompt"]):
-        if isinstance(value, str):
-            kind = "text"
-        elif isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                       for m in value):
-            kind = "messages"
-        else:
+        kind = value_kind(value)
+        if kind is None:
             raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' must be a string or a list of "
                               f"chat messages ({{'role', 'content'}}), got {type(value).__name__}; fix the record")
         if not value:
@@ -113,14 +105,7 @@ def check_prompt_records(dataset: Any, source: str) -> None:
                               f"before it are {first}; use one kind")
 
 
-@dataclass
-class PreparedPrompts:
-    train: Any
-    eval: Any | None
-    text_format: str
-
-
-def load_prompts(cfg: Any, tokenizer: Any) -> PreparedPrompts:
+def load_prompts(cfg: Any, tokenizer: Any) -> Records:
     """The training and eval prompt records, checked (TRL's trainer tokenizes them as it generates)."""
     from ..data import load_splits
 
@@ -130,7 +115,7 @@ def load_prompts(cfg: Any, tokenizer: Any) -> PreparedPrompts:
         raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
                           "has no chat template; use text prompts")
     check_answer_columns(cfg.launch.reward_funcs or [], train, "train_file" if cfg.data.train_file else "dataset")
-    return PreparedPrompts(train, eval_ds, "conversational" if conversational else "prompt")
+    return Records(train, eval_ds, "conversational" if conversational else "prompt")
 
 
 def check_answer_columns(reward_names: Any, dataset: Any, source: str) -> None:
@@ -156,17 +141,13 @@ def prompt_once(cfg: Any) -> bool:
     return bool(cfg.padding_free) and cfg.attn_implementation in ("padfree", "auto")
 
 
-class LaunchGRPOTrainer(LaunchTrainer, GRPOTrainer):
-    """The launch's ``GRPOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
-
-
 class GRPOTask(PromptOnceTask):
     name = "grpo"
     command = "grpo"
     trainer_name = "GRPOTrainer"
     arguments = RewardFunctionArguments
 
-    trainer_class: type = LaunchGRPOTrainer
+    trainer_class: type = GRPOTrainer
 
     def numeric_ranges(self) -> dict[str, Any]:
         from ..validate import Range
@@ -190,11 +171,9 @@ class GRPOTask(PromptOnceTask):
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
 
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedPrompts:
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
         data = load_prompts(cfg, tokenizer)
-        train, eval_ds = data.train, data.eval
-        say(f"data: {len(train)} training prompts" + (f", {len(eval_ds)} eval prompts" if eval_ds is not None else "")
-            + f" (format: {data.text_format})")
+        say_data(data, "prompts")
         return data
 
     def probe_check(self, cfg: Any) -> Any:
@@ -241,7 +220,7 @@ def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]
     return out
 
 
-def group_layout(cfg: Any, tokenizer: Any, data: PreparedPrompts, n: int) -> list[str]:
+def group_layout(cfg: Any, tokenizer: Any, data: Records, n: int) -> list[str]:
     """``preview``'s lines: for the first ``n`` prompts, what one group forwards (shared) and scores."""
     training = cfg.training
     g, c = training.num_generations, training.max_completion_length

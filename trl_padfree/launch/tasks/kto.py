@@ -1,17 +1,9 @@
-"""``trl-padfree kto``: KTO with :class:`trl_padfree.KTOTrainer` (TRL's, padding-free; trl >= 1.16).
-
-Its own parts: this package's ``KTOConfig`` (``prompt_once``, ...) and ``chat_template_path``
-(TRL's plus ``padding_free``); the records TRL's ``KTOTrainer`` takes: unpaired ``prompt`` / ``completion`` /
-``label`` (a boolean: desirable or not), or the preference pairs of ``trl-padfree dpo`` (``prompt`` / ``chosen`` /
-``rejected``, checked as there), which TRL unpairs (the chosen response desirable, the rejected one not); the
-reference model and the preference probe of ``trl-padfree dpo``; ``scored_lm_head`` passed on; the summary's KTO
-rewards and KL; ``preview``'s examples.
-"""
+"""``trl-padfree kto``: KTO with :class:`trl_padfree.KTOTrainer` (TRL's, padding-free; trl >= 1.16), on unpaired
+``prompt`` / ``completion`` / ``label`` records or the preference pairs of ``trl-padfree dpo`` (TRL unpairs them)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import trl
@@ -19,8 +11,8 @@ import trl
 from trl_padfree.kto import KTOTrainer
 
 from ..config import ConfigError
-from ..console import say
-from ..trainer_setup import LaunchTrainer, make_launch_trainer
+from ..trainer_setup import make_launch_trainer
+from .base import Records, say_data
 from .preference_data import (
     check_preference_records,
     dropped_by_trainer,
@@ -30,11 +22,10 @@ from .preference_data import (
 )
 from .shared import PreferenceTask
 
-__all__ = ["TASK", "LaunchKTOTrainer", "KTOTask", "kto_summary"]
+__all__ = ["TASK", "KTOTask", "kto_summary"]
 
 
 def kto_unavailable() -> str | None:
-    """One line naming the version and the fix where the installed TRL cannot run ``trl-padfree kto``, else None."""
     from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
 
     if trl_at_least(MIN_TRL_KTO):
@@ -79,34 +70,13 @@ def check_kto_records(dataset: Any, source: str) -> None:
             raise ConfigError(f"{where}: mixes text and chat messages across prompt and completion; use one kind")
 
 
-@dataclass
-class PreparedKTO:
-    train: Any  # the records as loaded (TRL's KTOTrainer unpairs and tokenizes them when it is built)
-    eval: Any | None
-    text_format: str
-    paired: bool
-    dropped: dict[str, int] = field(default_factory=dict)  # records TRL drops (prompt fills max_length), per split
-
-
-def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
+def load_kto_data(cfg: Any, tokenizer: Any) -> Records:
     """The training and eval records, checked (TRL's ``KTOTrainer`` unpairs and tokenizes them when it is built)."""
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_kto_records)
     paired = "chosen" in train.column_names
     kind = "conversational" if conversational else "text"
-    return PreparedKTO(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
-                                                      else "prompt/completion/label"), paired)
-
-
-def count(dataset: Any, paired: bool) -> tuple[int, int]:
-    """``(desirable, undesirable)`` examples once TRL has unpaired the records."""
-    if paired:
-        return len(dataset), len(dataset)
-    good = sum(bool(v) for v in dataset["label"])
-    return good, len(dataset) - good
-
-
-class LaunchKTOTrainer(LaunchTrainer, KTOTrainer):
-    """The launch's ``KTOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
+    return Records(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
+                                                  else "prompt/completion/label"), paired=paired)
 
 
 class KTOTask(PreferenceTask):
@@ -127,17 +97,12 @@ class KTOTask(PreferenceTask):
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
 
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedKTO:
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
         data = load_kto_data(cfg, tokenizer)
-        def noun(dataset: Any) -> str:
-            return "pairs" if "chosen" in dataset.column_names else "examples"
-
-        line = f"data: {len(data.train)} training {noun(data.train)}"
-        if data.eval is not None:
-            line += f", {len(data.eval)} eval {noun(data.eval)}"
-        good, bad = count(data.train, data.paired)
-        line += f" (format: {data.text_format}; training examples: {good} desirable, {bad} undesirable"
-        say(line + (", each pair unpaired by TRL)" if data.paired else ")"))
+        good = len(data.train) if data.paired else sum(bool(v) for v in data.train["label"])
+        bad = len(data.train) if data.paired else len(data.train) - good
+        say_data(data, "pairs" if data.paired else "examples", f"; training examples: {good} desirable, {bad} "
+                 "undesirable" + (", each pair unpaired by TRL" if data.paired else ""))
         return data
 
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
@@ -145,7 +110,7 @@ class KTOTask(PreferenceTask):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(LaunchKTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
+        return make_launch_trainer(KTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return kto_summary(lines, history)
@@ -155,9 +120,8 @@ class KTOTask(PreferenceTask):
 
 
 def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a KTO run: the eval rewards of the desirable
-    (``rewards/chosen``) and undesirable (``rewards/rejected``) completions, their margin and the KL estimate, first
-    and last evaluation.
+    """The summary lines of a KTO run: the eval rewards of the desirable and undesirable completions, their margin
+    and the KL estimate, first and last evaluation.
 
     >>> kto_summary(["steps: 2/2"], [
     ...     {"eval_rewards/chosen": 0.0, "eval_rewards/rejected": 0.0, "eval_rewards/margins": 0.0, "eval_kl": 0.0},
@@ -187,7 +151,7 @@ def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def kto_examples(cfg: Any, tokenizer: Any, data: PreparedKTO, n: int, color: bool = False) -> list[str]:
+def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
     """``preview``'s lines: the first ``n`` examples as TRL's ``KTOTrainer`` tokenizes them (pairs unpaired), the
     scored completion tokens marked, then the totals over the training set."""
     from types import SimpleNamespace

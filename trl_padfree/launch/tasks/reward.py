@@ -1,18 +1,10 @@
-"""``trl-padfree reward``: reward-model training with :class:`trl_padfree.RewardTrainer` (TRL's, padding-free).
-
-Its own parts: this package's ``RewardConfig`` (``prompt_once``) (TRL's plus
-``padding_free``); the model loaded as ``AutoModelForSequenceClassification`` with ``num_labels=1`` (a causal LM
-checkpoint gets a fresh ``score`` head, seeded, as ``trl reward`` does); the preference records of ``trl-padfree
-dpo`` (:func:`~.preference_data.check_preference_records`, one by one, plus an optional numeric ``margin``), tokenized by TRL's
-own ``RewardTrainer`` preparation once, here, so that the pairs it drops (longer than ``max_length``) are counted
-before anything is written; the reward layout probe (:func:`trl_padfree.reward_probe.assert_reward_packing_safe`);
-the summary's eval accuracy and margin; ``preview``'s pair layout.
-"""
+"""``trl-padfree reward``: reward-model training with :class:`trl_padfree.RewardTrainer` (TRL's, padding-free) on the
+preference records of ``trl-padfree dpo`` (plus an optional numeric ``margin``); the model is loaded as a sequence
+classifier with one label (a causal LM checkpoint gets a fresh, seeded ``score`` head, as ``trl reward`` does)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import trl
@@ -21,11 +13,12 @@ from trl_padfree.reward import RewardTrainer
 
 from ..config import ConfigError, with_fields
 from ..console import say
-from ..trainer_setup import LaunchTrainer, make_launch_trainer
+from ..trainer_setup import make_launch_trainer
+from .base import Records, say_data
 from .preference_data import check_preference_records, load_checked, split_source
 from .shared import PromptOnceTask
 
-__all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardTask", "reward_summary"]
+__all__ = ["TASK", "RewardTask", "reward_summary"]
 
 
 def check_reward_records(dataset: Any, source: str) -> None:
@@ -39,17 +32,7 @@ def check_reward_records(dataset: Any, source: str) -> None:
                               f"gap the pair should have), got {value!r}; fix the record or drop the column")
 
 
-@dataclass
-class PreparedPairs:
-    train: Any  # the records (preview: tokenized by TRL's RewardTrainer preparation, chosen_ids / rejected_ids)
-    eval: Any | None
-    text_format: str
-    loaded: dict[str, int]  # pairs per split before TRL's max_length filter
-    margin: bool = False
-    dropped: dict[str, int] = field(default_factory=dict)  # pairs TRL's trainer dropped, per split
-
-
-def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> PreparedPairs:
+def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> Records:
     """The training and eval pairs, checked record by record; for ``preview`` (``tokenized``) also tokenized (and
     filtered by ``max_length``) by TRL's own ``RewardTrainer._prepare_dataset``, a split left empty by the filter a
     :class:`ConfigError`. A run's trainer prepares them itself (:meth:`RewardTask.check_trainer`)."""
@@ -68,8 +51,9 @@ def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> PreparedPai
         if tokenized:
             out[split] = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
             refuse_empty(split_source(cfg, split), len(dataset), len(out[split]), training.max_length)
-    return PreparedPairs(out["train"], out["eval"], "conversational" if conversational else "prompt/chosen/rejected",
-                         loaded, margin="margin" in train.column_names)
+    text_format = "conversational" if conversational else "prompt/chosen/rejected"
+    return Records(out["train"], out["eval"], text_format + (", with margins" if "margin" in train.column_names
+                                                             else ""), loaded)
 
 
 def refuse_empty(source: str, loaded: int, kept: int, max_length: int | None) -> None:
@@ -98,10 +82,6 @@ class SequenceClassifier:
             say(f"reward model: {type(model).__name__} from a {source[0]} checkpoint, with a new score head "
                 "(drawn from the config's seed)")
         return model
-
-
-class LaunchRewardTrainer(LaunchTrainer, RewardTrainer):
-    """The launch's ``RewardTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
 
 
 class RewardTask(PromptOnceTask):
@@ -135,15 +115,12 @@ class RewardTask(PromptOnceTask):
     def model_kwargs(self, cfg: Any) -> dict[str, Any]:
         return {"num_labels": 1}  # one output: the reward (as TRL's RewardTrainer loads a model by name)
 
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedPairs:
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
         data = load_pairs(cfg, tokenizer)
-        say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None
-                                                          else "") + f" (format: {data.text_format}"
-            + (", with margins" if data.margin else "") + ")")
+        say_data(data, "pairs")
         return data
 
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        """The pairs TRL's RewardTrainer dropped (longer than max_length), read from the trainer once built."""
         for split, after in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
             if split not in data.loaded or after is None or not hasattr(after, "__len__"):
                 continue
@@ -163,7 +140,7 @@ class RewardTask(PromptOnceTask):
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(LaunchRewardTrainer, cfg, tokenizer, model, data, callbacks)
+        return make_launch_trainer(RewardTrainer, cfg, tokenizer, model, data, callbacks)
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         return reward_summary(lines, history)
@@ -173,8 +150,7 @@ class RewardTask(PromptOnceTask):
 
 
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a reward run: the eval accuracy (pairs whose
-    chosen sequence gets the higher reward) and mean reward margin, first and last evaluation.
+    """The summary lines of a reward run: the eval accuracy and mean reward margin, first and last evaluation.
 
     >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"eval_accuracy": 0.5, "eval_margin": 0.01},
     ...                                                         {"eval_accuracy": 0.9, "eval_margin": 1.5}])
@@ -195,7 +171,7 @@ def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]
     return out
 
 
-def pair_layout(cfg: Any, tokenizer: Any, data: PreparedPairs, n: int, color: bool = False) -> list[str]:
+def pair_layout(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
     """``preview``'s lines: the first ``n`` tokenized pairs with the token each reward is read at marked, what one
     pair forwards in the flat row (and with ``prompt_once``), then the totals over the training set."""
     import numpy as np

@@ -1,11 +1,5 @@
-"""``trl-padfree train``: SFT with :class:`.sft_trainer.PadfreeSFTTrainer` and this package's
-completion-only collator (padding-free unless ``padding_free: false``).
-
-Its own parts: this package's ``SFTConfig`` (``response_template``, ``instruction_template``) and
-``SFTConfig``; the SFTConfig fields it cannot honour (:meth:`SFTTask.check`); the data tokenized and
-labelled once by :mod:`.sft_data`, with the one response-template check, and a training collator that only
-flattens those labels; the summary's ``max_tokens_per_batch``.
-"""
+"""``trl-padfree train``: SFT with :class:`.sft_trainer.PadfreeSFTTrainer` and this package's completion-only
+collator; the data tokenized and labelled once by :mod:`.sft_data`, the collator only flattens those labels."""
 
 from __future__ import annotations
 
@@ -15,23 +9,13 @@ from typing import Any
 
 from ..config import ConfigError, SFTArguments, with_fields
 from ..console import say
-from ..trainer_setup import LaunchTrainer, make_launch_trainer
-from .base import Task
+from ..trainer_setup import make_launch_trainer
+from .base import Task, say_data
 from .sft_trainer import PadfreeSFTTrainer
 
-__all__ = ["TASK", "SFTTask", "LaunchSFTTrainer", "preview_lines"]
-
-
-
+__all__ = ["TASK", "SFTTask", "preview_lines"]
 
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
-
-
-class LaunchSFTTrainer(LaunchTrainer, PadfreeSFTTrainer):
-    """The launch's ``PadfreeSFTTrainer`` (:class:`~..trainer_setup.LaunchTrainer`; its whole-run log is
-    ``PadfreeSFTTrainer``'s own, and so are its token counts)."""
-
-    own_token_log = True
 
 
 def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
@@ -78,7 +62,6 @@ class SFTTask(Task):
     arguments = SFTArguments
 
     def check(self, cfg: Any) -> None:
-        """The collator and template settings, and the SFTConfig fields trl-padfree train cannot honour."""
         training = cfg.training
         if training.packing:
             raise ConfigError(
@@ -106,13 +89,11 @@ class SFTTask(Task):
         }
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
-        """Formatted, tokenized and labelled once by the run's collator, with the template check."""
         from .sft_data import prepare_data
 
         training = cfg.training
         data = prepare_data(cfg, tokenizer)
-        say(f"data: {len(data.train)} training examples"
-            + (f", {len(data.eval)} eval examples" if data.eval is not None else "") + f" (format: {data.text_format})")
+        say_data(data, "examples")
         if data.template_missing_in_check:
             say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
                 f"template {cfg.training.response_template!r}")
@@ -129,7 +110,7 @@ class SFTTask(Task):
         collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
         # the templates labelled the data already (the trainer would build a collator from them)
         cfg = replace(cfg, training=with_fields(cfg.training, response_template=None, instruction_template=None))
-        return make_launch_trainer(LaunchSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator)
+        return make_launch_trainer(PadfreeSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"max_tokens_per_batch": cfg.training.max_tokens_per_batch}

@@ -1,9 +1,5 @@
-"""What several tasks share, and no task owns: ``prompt_once``'s
-requirements (:class:`PromptOnceTask`), the reference model and the preference probe of ``dpo`` and ``kto`` (their records:
-:mod:`.preference_data`; the launch trainers' mixins and construction are in :mod:`..trainer_setup`). A task module
-imports this module, :mod:`.preference_data` and :mod:`.base`, never another task's module (except a variant of it:
-:mod:`.rloo` is :mod:`.grpo` with TRL's other config).
-"""
+"""What several tasks share: ``prompt_once``'s requirements (:class:`PromptOnceTask`), the reference model and the
+preference probe of ``dpo`` and ``kto``. A task module imports this one and :mod:`.base`, not another task's."""
 
 from __future__ import annotations
 
@@ -52,8 +48,7 @@ class PreferenceTask(PromptOnceTask):
 
 
 def reference_model(cfg: Any) -> tuple[Any, str]:
-    """The reference model: a second copy of the starting weights, or None with ``use_peft`` (the adapters are
-    switched off instead, as TRL does); and the line that says which."""
+    """The reference model (None with ``use_peft``: TRL switches the adapters off) and the line that says which."""
     if cfg.model.use_peft:
         return None, "reference model: the policy with its LoRA adapters switched off"
     from ..model import load_model
@@ -62,7 +57,6 @@ def reference_model(cfg: Any) -> tuple[Any, str]:
 
 
 def preference_probe(cfg: Any) -> Any:
-    """The preference probe the launch runs on the policy before anything is written (:func:`..probe.probe_model`)."""
     from functools import partial
 
     from trl_padfree.preference_probe import assert_preference_packing_safe
