@@ -22,12 +22,13 @@ class Records:
     paired: bool = False  # KTO: preference pairs, which TRL unpairs
 
 
-def say_data(data: Any, unit: str, extra: str = "") -> None:
+def say_data(data: Any, unit: str, extra: str = "", eval_unit: str | None = None) -> None:
     """The run's line about its data: ``data: N training <unit>, M eval <unit> (format: ...<extra>)``."""
     from ..console import say
 
-    say(f"data: {len(data.train)} training {unit}" + (f", {len(data.eval)} eval {unit}" if data.eval is not None
-                                                      else "") + f" (format: {data.text_format}{extra})")
+    say(f"data: {len(data.train)} training {unit}" + (f", {len(data.eval)} eval {eval_unit or unit}"
+                                                      if data.eval is not None else "")
+        + f" (format: {data.text_format}{extra})")
 
 
 class Task:

@@ -65,24 +65,19 @@ def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool =
     counts over the training set (and what ``prompt_once`` saves)."""
     from types import SimpleNamespace
 
-    import numpy as np
     import trl
 
     from trl_padfree.preference import truncate_pair
-    from trl_padfree.token_text import TokenText
 
-    from ..preview import marked_text
+    from ..preview import token_marker
 
     training = cfg.training
     pairs = trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tokenizer), data.train, tokenizer, training,
                                             "train")
-    text = TokenText.from_tokenizer(tokenizer)
+    mark = token_marker(tokenizer, color)
 
     def shown(prompt: list[int], response: list[int]) -> str:
-        ids = prompt + response
-        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
-        labels = [-100] * len(prompt) + response
-        return marked_text(raw, starts.tolist(), labels, color)
+        return mark(prompt + response, [-100] * len(prompt) + response)
 
     lines: list[str] = []
     totals = {"tokens": 0, "chosen": 0, "rejected": 0, "once": 0}

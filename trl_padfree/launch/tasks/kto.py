@@ -101,8 +101,11 @@ class KTOTask(PreferenceTask):
         data = load_kto_data(cfg, tokenizer)
         good = len(data.train) if data.paired else sum(bool(v) for v in data.train["label"])
         bad = len(data.train) if data.paired else len(data.train) - good
-        say_data(data, "pairs" if data.paired else "examples", f"; training examples: {good} desirable, {bad} "
-                 "undesirable" + (", each pair unpaired by TRL" if data.paired else ""))
+        def noun(dataset: Any) -> str:
+            return "pairs" if "chosen" in dataset.column_names else "examples"
+
+        say_data(data, noun(data.train), f"; training examples: {good} desirable, {bad} undesirable"
+                 + (", each pair unpaired by TRL" if data.paired else ""), data.eval is not None and noun(data.eval))
         return data
 
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
@@ -156,19 +159,16 @@ def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = 
     scored completion tokens marked, then the totals over the training set."""
     from types import SimpleNamespace
 
-    import numpy as np
-
     from trl_padfree.preference import truncate_pair
-    from trl_padfree.token_text import TokenText
 
-    from ..preview import marked_text
+    from ..preview import token_marker
 
     training = cfg.training
     trainer = SimpleNamespace(_tokenizer=tokenizer, _is_vision_dataset=False, _signature_columns=None, args=training,
                               calculate_KL=False, desirable_weight=training.desirable_weight,
                               undesirable_weight=training.undesirable_weight)  # what TRL's preparation reads
     examples = trl.KTOTrainer._prepare_dataset(trainer, data.train, tokenizer, training, "train")
-    text = TokenText.from_tokenizer(tokenizer)
+    mark = token_marker(tokenizer, color)
     lines = [f"{len(examples)} training examples (format: {data.text_format}); each scored on its completion, and a "
              "KL sequence (its prompt with another example's completion) per example "
              f"(padding_free={cfg.padding_free}, prompt_once={bool(cfg.training.prompt_once)})"]
@@ -178,11 +178,9 @@ def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = 
         total += len(prompt) + len(completion)
         scored += len(completion)
         if index < n:
-            ids = prompt + completion
-            raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
             label = "desirable" if ex["label"] else "undesirable"
             lines += [f"--- example {index} ({label}; prompt {len(prompt)} tokens, completion {len(completion)}) ---",
-                      marked_text(raw, starts.tolist(), [-100] * len(prompt) + completion, color)]
+                      mark(prompt + completion, [-100] * len(prompt) + completion)]
     share = 100.0 * scored / total if total else 0.0
     unpaired = 2 * len(data.train) if data.paired else len(data.train)
     lines += ["---", f"scored tokens: {scored:,} of {total:,} ({share:.1f}%) in {len(examples):,} examples",

@@ -174,19 +174,14 @@ def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]
 def pair_layout(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
     """``preview``'s lines: the first ``n`` tokenized pairs with the token each reward is read at marked, what one
     pair forwards in the flat row (and with ``prompt_once``), then the totals over the training set."""
-    import numpy as np
-
     from trl_padfree.reward_layout import shared_prefix
-    from trl_padfree.token_text import TokenText
 
-    from ..preview import marked_text
+    from ..preview import token_marker
 
-    once = bool(cfg.training.prompt_once)
-    text = TokenText.from_tokenizer(tokenizer)
+    once, mark = bool(cfg.training.prompt_once), token_marker(tokenizer, color)
 
     def shown(ids: list[int]) -> str:
-        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
-        return marked_text(raw, starts.tolist(), [-100] * (len(ids) - 1) + [ids[-1]], color)
+        return mark(ids, [-100] * (len(ids) - 1) + [ids[-1]])
 
     def forwarded(chosen: list[int], rejected: list[int]) -> int:
         shared = shared_prefix(chosen, rejected) if once else 0

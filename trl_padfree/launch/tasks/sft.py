@@ -20,25 +20,16 @@ _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
                   ) -> list[str]:
-    """``trl-padfree preview`` of prepared SFT data (:class:`~.sft_data.PreparedData`): ``n`` examples, then the counts.
+    """``trl-padfree preview`` of prepared SFT data: ``n`` examples, then the counts (with a ``response_template``:
+    how many of the examples checked for it lack it)."""
+    from ..preview import IGNORE_INDEX, token_marker
 
-    With a ``response_template``, how many of the examples checked for it lack it.
-    """
-    import numpy as np
-
-    from trl_padfree.token_text import TokenText
-
-    from ..preview import IGNORE_INDEX, marked_text
-
-    text = TokenText.from_tokenizer(tokenizer)
-    train = data.train
+    mark, train = token_marker(tokenizer, color), data.train
     lines: list[str] = []
     for index in range(min(n, len(train))):
         ids, labels = train[index]["input_ids"], train[index]["labels"]
         trained = sum(label != IGNORE_INDEX for label in labels)
-        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
-        lines.append(f"--- example {index} ({len(ids)} tokens, {trained} trained) ---")
-        lines.append(marked_text(raw, starts.tolist(), labels, color))
+        lines += [f"--- example {index} ({len(ids)} tokens, {trained} trained) ---", mark(ids, labels)]
     total = trained = 0
     for labels in train["labels"]:
         total += len(labels)
