@@ -86,8 +86,11 @@ def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
 
     parser = Parser(add_help=False, allow_abbrev=False)
     parser.add_argument("-n", "--num_examples", "--num-examples", type=count, default=3)
-    parser.add_argument("--task", choices=task_names(), help="the trainer the config is for")
+    parser.add_argument("--task")
     options, rest = parser.parse_known_args(list(argv))
+    if options.task is not None and options.task not in task_names():
+        raise ConfigError(f"--task must be one of {', '.join(task_names())} (the trainer the config is for), got "
+                          f"{options.task!r}")
     return options.num_examples, options.task, rest
 
 

@@ -18,26 +18,20 @@ from ..trainer_setup import make_launch_trainer
 from .base import Records, say_data
 from .shared import PromptOnceTask
 
-__all__ = ["TASK", "GRPOTask", "resolve_reward", "trl_rewards"]
+__all__ = ["TASK", "TRL_REWARDS", "GRPOTask", "resolve_reward"]
 
 
-def trl_rewards() -> dict[str, Callable[[], Any]]:
-    """TRL's built-in rewards as ``trl grpo`` names them (each made on use: some need optional packages)."""
-    def builtin(name: str) -> Callable[[], Any]:
-        def make() -> Any:
-            import trl.rewards
+#: TRL's built-in rewards as ``trl grpo`` names them (imported on use: some need optional packages).
+TRL_REWARDS = ("accuracy_reward", "get_soft_overlong_punishment", "reasoning_accuracy_reward", "think_format_reward")
 
-            return getattr(trl.rewards, name)
-        return make
 
-    def overlong() -> Any:
-        from trl.rewards import get_soft_overlong_punishment
+def trl_reward(name: str) -> Callable[..., Any]:
+    import trl.rewards
 
-        return get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)  # trl grpo's values
-
-    return {"accuracy_reward": builtin("accuracy_reward"),
-            "reasoning_accuracy_reward": builtin("reasoning_accuracy_reward"),
-            "think_format_reward": builtin("think_format_reward"), "get_soft_overlong_punishment": overlong}
+    reward = getattr(trl.rewards, name)
+    if name == "get_soft_overlong_punishment":
+        return reward(max_completion_len=1280, soft_punish_cache=256)  # trl grpo's values
+    return reward
 
 
 def resolve_reward(name: str) -> Callable[..., Any]:
@@ -52,12 +46,11 @@ def resolve_reward(name: str) -> Callable[..., Any]:
     """
     from trl_padfree.rewards import REWARDS
 
-    builtins = trl_rewards()
     if name in REWARDS:
         return REWARDS[name]
-    if name in builtins:
+    if name in TRL_REWARDS:
         try:
-            return builtins[name]()
+            return trl_reward(name)
         except ImportError as exc:
             raise ConfigError(f"reward_funcs: {name!r} needs a package that is not installed ({exc}); install it "
                               "or choose another reward") from None
@@ -77,7 +70,7 @@ def resolve_reward(name: str) -> Callable[..., Any]:
         if not callable(func):
             raise ConfigError(f"reward_funcs: {name!r} is a {type(func).__name__}, not a function")
         return func
-    known = ", ".join([*sorted(REWARDS), *sorted(builtins)])
+    known = ", ".join([*sorted(REWARDS), *TRL_REWARDS])
     raise ConfigError(f"reward_funcs: {name!r} is not a known reward ({known}) nor an import path 'module:function'")
 
 

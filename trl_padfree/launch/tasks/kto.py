@@ -13,13 +13,7 @@ from trl_padfree.kto import KTOTrainer
 from ..config import ConfigError
 from ..trainer_setup import make_launch_trainer
 from .base import Records, say_data
-from .preference_data import (
-    check_preference_records,
-    dropped_by_trainer,
-    load_checked,
-    mixed_kinds_error,
-    value_kind,
-)
+from .preference_data import check_kinds, check_preference_records, dropped_by_trainer, load_checked
 from .shared import PreferenceTask
 
 __all__ = ["TASK", "KTOTask", "kto_summary"]
@@ -47,27 +41,11 @@ def check_kto_records(dataset: Any, source: str) -> None:
             f"{source}: KTO records need 'prompt', 'completion' and 'label' (true: desirable), or preference pairs "
             f"'prompt', 'chosen', 'rejected'; missing {', '.join(repr(m) for m in missing)} (columns: "
             f"{', '.join(columns)})")
-    first: tuple[int, str] | None = None
-    for index, record in enumerate(dataset.select_columns(["prompt", "completion", "label"])):
-        where = f"{source} record {index} (counting from 0)"
-        if not isinstance(record["label"], bool):
-            raise ConfigError(f"{where}: 'label' must be true (desirable) or false (undesirable), got "
-                              f"{record['label']!r}; fix the record")
-        kinds = set()
-        for name in ("prompt", "completion"):
-            kind = value_kind(record[name])
-            if kind is None:
-                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
-                                  f"'content'}}), got {type(record[name]).__name__}; fix the record")
-            if first is None:
-                first = (index, kind)
-            elif kind != first[1] and first[0] != index:
-                raise mixed_kinds_error(source, index, name, kind, *first)
-            kinds.add(kind)
-        if not record["completion"]:
-            raise ConfigError(f"{where}: 'completion' is empty; drop the record or fill it in")
-        if len(kinds) > 1:
-            raise ConfigError(f"{where}: mixes text and chat messages across prompt and completion; use one kind")
+    for index, label in enumerate(dataset["label"]):
+        if not isinstance(label, bool):
+            raise ConfigError(f"{source} record {index} (counting from 0): 'label' must be true (desirable) or false "
+                              f"(undesirable), got {label!r}; fix the record")
+    check_kinds(dataset, source, ["prompt", "completion"], ("completion",))
 
 
 def load_kto_data(cfg: Any, tokenizer: Any) -> Records:

@@ -15,6 +15,7 @@ __all__ = [
     "load_checked",
     "split_source",
     "check_one_kind_in_files",
+    "check_kinds",
     "check_preference_records",
     "dropped_by_trainer",
     "mixed_kinds_error",
@@ -56,31 +57,30 @@ def check_preference_records(dataset: Any, source: str) -> None:
             f"{source}: preference records need 'chosen' and 'rejected' (and usually 'prompt'); missing "
             f"{', '.join(repr(m) for m in missing)} (columns: {', '.join(columns)})"
         )
-    fields = [c for c in ("prompt", "chosen", "rejected") if c in columns]
+    check_kinds(dataset, source, [c for c in FIELDS if c in columns], ("chosen", "rejected"))
+
+
+def check_kinds(dataset: Any, source: str, fields: list[str], required: tuple[str, ...]) -> None:
+    """Every record's ``fields`` a string or a list of chat messages, all of one kind, the ``required`` ones not
+    empty; a bad record is a :class:`ConfigError` naming it and the fix."""
     first: tuple[int, str] | None = None
     for index, record in enumerate(dataset.select_columns(fields)):
-        kinds = set()
+        where, kinds = f"{source} record {index} (counting from 0)", set()
         for name in fields:
             value = record[name]
             kind = value_kind(value)
             if kind is None:
-                raise ConfigError(
-                    f"{source} record {index} (counting from 0): {name!r} must be a string or a list of chat "
-                    f"messages ({{'role', 'content'}}), got {type(value).__name__}; fix the record"
-                )
+                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
+                                  f"'content'}}), got {type(value).__name__}; fix the record")
             if first is None:
                 first = (index, kind)
             elif kind != first[1] and first[0] != index:
                 raise mixed_kinds_error(source, index, name, kind, *first)
             kinds.add(kind)
-            if not value and name != "prompt":
-                raise ConfigError(f"{source} record {index} (counting from 0): {name!r} is empty; drop the record "
-                                  "or fill it in")
+            if not value and name in required:
+                raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
         if len(kinds) > 1:
-            raise ConfigError(
-                f"{source} record {index} (counting from 0): mixes text and chat messages across "
-                f"{', '.join(fields)}; use one kind"
-            )
+            raise ConfigError(f"{where}: mixes text and chat messages across {', '.join(fields)}; use one kind")
 
 
 def _json_type(value: Any) -> str:
