@@ -1,5 +1,5 @@
 """The launch's Trainer callbacks (public ``TrainerCallback`` hooks only): the SIGTERM / Ctrl-C stop with a
-checkpoint, the checkpoint completion marker, and a loss log at every checkpoint and at the last step."""
+checkpoint, and the checkpoint completion marker (with a loss log at every checkpoint and at the last step)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-__all__ = ["CheckpointMarker", "GracefulStop", "WholeRunLog"]
+__all__ = ["CheckpointMarker", "GracefulStop"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -75,10 +75,21 @@ def _who_was_signalled(mine: str | None) -> str:
 
 class CheckpointMarker(TrainerCallback):
     """Mark ``checkpoint-N`` complete once every process has saved its part: the run id, the step and the size of
-    every file, synced to disk (see :mod:`.resume`)."""
+    every file, synced to disk (see :mod:`.resume`). It also logs the training loss at every checkpoint and at the
+    last step, so that the log history a checkpoint carries covers every step; ``first_step``: the global step this
+    process started from (> 0 after a resume)."""
+
+    first_step: int | None = None
 
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id = run_id
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.first_step = state.global_step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control.should_save or control.should_training_stop:
+            control.should_log = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         from accelerate import PartialState
@@ -99,17 +110,3 @@ class CheckpointMarker(TrainerCallback):
         files.pop(CHECKPOINT_MARKER, None)
         write_json(os.path.join(path, CHECKPOINT_MARKER), {"run_id": self.run_id, "step": state.global_step,
                                                             "files": files})
-
-
-class WholeRunLog(TrainerCallback):
-    """Log the training loss at every checkpoint and at the last step; ``first_step``: the global step this process
-    started from (> 0 after a resume)."""
-
-    first_step: int | None = None
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.first_step = state.global_step
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if control.should_save or control.should_training_stop:
-            control.should_log = True

@@ -79,19 +79,20 @@ def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
         def error(self, message: str) -> NoReturn:
             raise ConfigError(message)
 
-    def count(text: str) -> int:
-        if not text.isdigit() or int(text) < 1:
-            raise argparse.ArgumentTypeError(f"must be a whole number of examples, at least 1, got {text!r}")
-        return int(text)
-
     parser = Parser(add_help=False, allow_abbrev=False)
-    parser.add_argument("-n", "--num_examples", "--num-examples", type=count, default=3)
+    parser.add_argument("-n", "--num_examples", "--num-examples", default="3")
     parser.add_argument("--task")
     options, rest = parser.parse_known_args(list(argv))
+    try:
+        n = int(options.num_examples)
+    except ValueError:
+        raise ConfigError(f"-n must be a whole number of examples, got {options.num_examples!r}") from None
+    if n < 1:
+        raise ConfigError(f"-n must be at least 1, got {n}")
     if options.task is not None and options.task not in task_names():
         raise ConfigError(f"--task must be one of {', '.join(task_names())} (the trainer the config is for), got "
                           f"{options.task!r}")
-    return options.num_examples, options.task, rest
+    return n, options.task, rest
 
 
 def guess_task(argv: Sequence[str]) -> str:

@@ -6,25 +6,24 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from .callbacks import CheckpointMarker, WholeRunLog
+from .callbacks import CheckpointMarker
 
 __all__ = ["LaunchTrainer", "make_launch_trainer"]
 
 
 class LaunchTrainer:
-    """Adds the launch's callbacks (:mod:`.callbacks`): checkpoints marked complete (``checkpoint_marker``, whose
-    ``run_id`` the run sets) and the whole run's loss in the log history (``whole_run``)."""
+    """Adds the launch's :class:`~.callbacks.CheckpointMarker` (``checkpoint_marker``, whose ``run_id`` the run
+    sets), after the run's own callbacks (a stop is seen)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.whole_run, self.checkpoint_marker = WholeRunLog(), CheckpointMarker()
-        self.add_callback(self.whole_run)  # type: ignore[attr-defined]  (after the run's own: a stop is seen)
+        self.checkpoint_marker = CheckpointMarker()
         self.add_callback(self.checkpoint_marker)  # type: ignore[attr-defined]
 
     @property
     def first_step(self) -> int | None:
         """The global step this process started training from (> 0 after a resume)."""
-        return self.whole_run.first_step
+        return self.checkpoint_marker.first_step
 
 
 @functools.cache

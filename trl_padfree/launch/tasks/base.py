@@ -17,7 +17,6 @@ class Records:
     train: Any
     eval: Any | None
     text_format: str
-    loaded: dict[str, int] = field(default_factory=dict)  # records per split before TRL's filter
     dropped: dict[str, int] = field(default_factory=dict)  # records TRL's trainer dropped, per split
     paired: bool = False  # KTO: preference pairs, which TRL unpairs
 
@@ -63,9 +62,16 @@ class Task:
         """The task's own fields of the run line."""
         return {}
 
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
-        """The prepared data: an object with ``train`` and ``eval`` (or None) datasets."""
+    unit = "examples"  # a record, in the data line
+
+    def load_data(self, cfg: Any, tokenizer: Any) -> Any:
+        """The prepared data: an object with ``train``, ``eval`` (or None) and ``text_format``."""
         raise NotImplementedError
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
+        data = self.load_data(cfg, tokenizer)
+        say_data(data, self.unit)
+        return data
 
     def probe_check(self, cfg: Any) -> Any:
         """The probe the launch runs before anything is written (None: SFT's ``assert_packing_safe``)."""

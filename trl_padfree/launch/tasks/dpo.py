@@ -12,7 +12,7 @@ from trl_padfree.dpo import DPOTrainer
 
 from ..config import ConfigError
 from ..trainer_setup import make_launch_trainer
-from .base import Records, say_data
+from .base import Records
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked
 from .shared import PreferenceTask
 
@@ -121,10 +121,7 @@ class DPOTask(PreferenceTask):
         _check_preference_losses(cfg.training)
         super().check(cfg)
 
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
-        data = load_preference_data(cfg, tokenizer)
-        say_data(data, "pairs")
-        return data
+    unit, load_data = "pairs", staticmethod(load_preference_data)
 
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
         dropped_by_trainer(cfg, trainer, data)
@@ -135,8 +132,7 @@ class DPOTask(PreferenceTask):
         with mock.patch.dict(os.environ, {"TQDM_DISABLE": "1"} if cfg.training.disable_tqdm else {}):
             return make_launch_trainer(DPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
 
-    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-        return preference_summary(lines, history)
+    summary_lines = staticmethod(preference_summary)
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
         return list(preview_pairs(cfg, tokenizer, load_preference_data(cfg, tokenizer), n, color))

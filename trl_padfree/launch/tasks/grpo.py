@@ -15,7 +15,7 @@ from trl_padfree.grpo import GRPOTrainer
 
 from ..config import ConfigError, RewardFunctionArguments, with_fields
 from ..trainer_setup import make_launch_trainer
-from .base import Records, say_data
+from .base import Records
 from .shared import PromptOnceTask
 
 __all__ = ["TASK", "TRL_REWARDS", "GRPOTask", "resolve_reward"]
@@ -134,64 +134,6 @@ def prompt_once(cfg: Any) -> bool:
     return bool(cfg.padding_free) and cfg.attn_implementation in ("padfree", "auto")
 
 
-class GRPOTask(PromptOnceTask):
-    name = "grpo"
-    command = "grpo"
-    trainer_name = "GRPOTrainer"
-    arguments = RewardFunctionArguments
-
-    trainer_class: type = GRPOTrainer
-
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
-
-    def check(self, cfg: Any) -> None:
-        names = cfg.launch.reward_funcs or []
-        if not names:
-            raise ConfigError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [answer_prefix] "
-                              "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
-        for name in names:
-            resolve_reward(name)
-        super().check(cfg)
-        if cfg.padding_free:
-            from trl_padfree._compat import rl_padding_free_unavailable
-
-            if (problem := rl_padding_free_unavailable()) is not None:
-                raise ConfigError(problem)
-
-    def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
-
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
-        data = load_prompts(cfg, tokenizer)
-        say_data(data, "prompts")
-        return data
-
-    def probe_check(self, cfg: Any) -> Any:
-        from functools import partial
-
-        from trl_padfree.rl_probe import assert_group_packing_safe
-
-        return partial(assert_group_packing_safe, prompt_once=prompt_once(cfg))
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        cfg = replace(cfg, training=with_fields(cfg.training, prompt_once=prompt_once(cfg)))  # (unset: resolved)
-        return make_launch_trainer(self.trainer_class, cfg, tokenizer, model, data, callbacks,
-                                   reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
-
-    def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": prompt_once(cfg), "reward_funcs": list(cfg.launch.reward_funcs or [])}
-
-    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-        return reward_summary(lines, history)
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return group_layout(cfg, tokenizer, load_prompts(cfg, tokenizer), n)
-
-
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
     """The summary lines of an RL run: the share of training spent generating (the end-of-training
     ``train_generation_seconds`` / ``train_generation_share`` of :mod:`trl_padfree.throughput`), the mean reward first and last.
@@ -239,6 +181,60 @@ def group_layout(cfg: Any, tokenizer: Any, data: Records, n: int) -> list[str]:
                   f"    scored: each completion's tokens ({g} x up to {c}), attending to the prompt and to itself only",
                   f"    forwarded tokens at most: {forwarded} (padded TRL layout: {g * (p + c)})"]
     return lines
+
+
+class GRPOTask(PromptOnceTask):
+    name = "grpo"
+    command = "grpo"
+    trainer_name = "GRPOTrainer"
+    arguments = RewardFunctionArguments
+
+    trainer_class: type = GRPOTrainer
+
+    def numeric_ranges(self) -> dict[str, Any]:
+        from ..validate import Range
+
+        return {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
+
+    def check(self, cfg: Any) -> None:
+        names = cfg.launch.reward_funcs or []
+        if not names:
+            raise ConfigError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [answer_prefix] "
+                              "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
+        for name in names:
+            resolve_reward(name)
+        super().check(cfg)
+        if cfg.padding_free:
+            from trl_padfree._compat import rl_padding_free_unavailable
+
+            if (problem := rl_padding_free_unavailable()) is not None:
+                raise ConfigError(problem)
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
+
+    unit, load_data = "prompts", staticmethod(load_prompts)
+
+    def probe_check(self, cfg: Any) -> Any:
+        from functools import partial
+
+        from trl_padfree.rl_probe import assert_group_packing_safe
+
+        return partial(assert_group_packing_safe, prompt_once=prompt_once(cfg))
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        cfg = replace(cfg, training=with_fields(cfg.training, prompt_once=prompt_once(cfg)))  # (unset: resolved)
+        return make_launch_trainer(self.trainer_class, cfg, tokenizer, model, data, callbacks,
+                                   reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
+
+    def summary_settings(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": prompt_once(cfg), "reward_funcs": list(cfg.launch.reward_funcs or [])}
+
+    summary_lines = staticmethod(reward_summary)
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        return group_layout(cfg, tokenizer, load_prompts(cfg, tokenizer), n)
 
 
 TASK = GRPOTask()

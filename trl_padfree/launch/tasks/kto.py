@@ -57,49 +57,6 @@ def load_kto_data(cfg: Any, tokenizer: Any) -> Records:
                                                   else "prompt/completion/label"), paired=paired)
 
 
-class KTOTask(PreferenceTask):
-    name = "kto"
-    command = "kto"
-    trainer_name = "KTOTrainer"
-
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
-
-    def check(self, cfg: Any) -> None:
-        if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
-            raise ConfigError(problem)
-        super().check(cfg)
-
-    def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
-
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
-        data = load_kto_data(cfg, tokenizer)
-        good = len(data.train) if data.paired else sum(bool(v) for v in data.train["label"])
-        bad = len(data.train) if data.paired else len(data.train) - good
-        def noun(dataset: Any) -> str:
-            return "pairs" if "chosen" in dataset.column_names else "examples"
-
-        say_data(data, noun(data.train), f"; training examples: {good} desirable, {bad} undesirable"
-                 + (", each pair unpaired by TRL" if data.paired else ""), data.eval is not None and noun(data.eval))
-        return data
-
-    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        dropped_by_trainer(cfg, trainer, data, "pairs" if data.paired else "examples", 2 if data.paired else 1)
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(KTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
-
-    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-        return kto_summary(lines, history)
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return kto_examples(cfg, tokenizer, load_kto_data(cfg, tokenizer), n, color)
-
-
 def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
     """The summary lines of a KTO run: the eval rewards of the desirable and undesirable completions, their margin
     and the KL estimate, first and last evaluation.
@@ -165,6 +122,48 @@ def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = 
               f"examples dropped before training (prompt alone fills max_length={training.max_length}): "
               f"{unpaired - len(examples):,} of {unpaired:,}"]
     return lines
+
+
+class KTOTask(PreferenceTask):
+    name = "kto"
+    command = "kto"
+    trainer_name = "KTOTrainer"
+
+    def numeric_ranges(self) -> dict[str, Any]:
+        from ..validate import Range
+
+        return {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
+
+    def check(self, cfg: Any) -> None:
+        if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
+            raise ConfigError(problem)
+        super().check(cfg)
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
+        data = load_kto_data(cfg, tokenizer)
+        good = len(data.train) if data.paired else sum(bool(v) for v in data.train["label"])
+        bad = len(data.train) if data.paired else len(data.train) - good
+        def noun(dataset: Any) -> str:
+            return "pairs" if "chosen" in dataset.column_names else "examples"
+
+        say_data(data, noun(data.train), f"; training examples: {good} desirable, {bad} undesirable"
+                 + (", each pair unpaired by TRL" if data.paired else ""), data.eval is not None and noun(data.eval))
+        return data
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        dropped_by_trainer(cfg, trainer, data, "pairs" if data.paired else "examples", 2 if data.paired else 1)
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        return make_launch_trainer(KTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
+
+    summary_lines = staticmethod(kto_summary)
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        return kto_examples(cfg, tokenizer, load_kto_data(cfg, tokenizer), n, color)
 
 
 TASK = KTOTask()

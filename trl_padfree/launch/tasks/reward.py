@@ -14,7 +14,7 @@ from trl_padfree.reward import RewardTrainer
 from ..config import ConfigError, with_fields
 from ..console import say
 from ..trainer_setup import make_launch_trainer
-from .base import Records, say_data
+from .base import Records
 from .preference_data import check_preference_records, load_checked, split_source
 from .shared import PromptOnceTask
 
@@ -33,31 +33,23 @@ def check_reward_records(dataset: Any, source: str) -> None:
 
 
 def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> Records:
-    """The training and eval pairs, checked record by record; for ``preview`` (``tokenized``) also tokenized (and
-    filtered by ``max_length``) by TRL's own ``RewardTrainer._prepare_dataset``, a split left empty by the filter a
-    :class:`ConfigError`. A run's trainer prepares them itself (:meth:`RewardTask.check_trainer`)."""
+    """The training and eval pairs, checked; for ``preview`` (``tokenized``) as TRL's ``RewardTrainer`` prepares
+    them (it drops pairs longer than ``max_length``). A run's trainer prepares them itself."""
     from types import SimpleNamespace
 
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_reward_records)
-    training = cfg.training
-    out: dict[str, Any] = {}
-    loaded: dict[str, int] = {}
-    for split, dataset in (("train", train), ("eval", eval_ds)):
-        if dataset is None:
-            out[split] = None
-            continue
-        loaded[split] = len(dataset)
-        out[split] = dataset
-        if tokenized:
-            out[split] = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
-            refuse_empty(split_source(cfg, split), len(dataset), len(out[split]), training.max_length)
-    text_format = "conversational" if conversational else "prompt/chosen/rejected"
-    return Records(out["train"], out["eval"], text_format + (", with margins" if "margin" in train.column_names
-                                                             else ""), loaded)
+    text_format = ("conversational" if conversational else "prompt/chosen/rejected") + (
+        ", with margins" if "margin" in train.column_names else "")
+    data = Records(train, eval_ds, text_format)
+    for split in ("train", "eval") if tokenized else ():
+        if (dataset := getattr(data, split)) is not None:
+            setattr(data, split, trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer,
+                                                                    cfg.training, split))
+            refuse_empty(split_source(cfg, split), len(dataset), len(getattr(data, split)), cfg.training.max_length)
+    return data
 
 
 def refuse_empty(source: str, loaded: int, kept: int, max_length: int | None) -> None:
-    """A split TRL's RewardTrainer leaves empty (every pair longer than ``max_length``) is a :class:`ConfigError`."""
     if loaded and not kept:
         raise ConfigError(
             f"{source}: all {loaded} pairs would be dropped: TRL's RewardTrainer drops a pair whose chosen or "
@@ -82,71 +74,6 @@ class SequenceClassifier:
             say(f"reward model: {type(model).__name__} from a {source[0]} checkpoint, with a new score head "
                 "(drawn from the config's seed)")
         return model
-
-
-class RewardTask(PromptOnceTask):
-    name = "reward"
-    command = "reward"
-    trainer_name = "RewardTrainer"
-
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
-
-    def check(self, cfg: Any) -> None:
-        super().check(cfg)
-        if cfg.padding_free:
-            from trl_padfree.reward import reward_padding_free_unavailable
-
-            if (problem := reward_padding_free_unavailable()) is not None:
-                raise ConfigError(problem)
-
-    def resolve(self, cfg: Any) -> dict[str, Any]:
-        changes = super().resolve(cfg)
-        if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
-            # peft then trains the fresh score head too (modules_to_save)
-            changes["model"] = with_fields(cfg.model, lora_task_type="SEQ_CLS")
-        return changes
-
-    def model_class(self) -> Any:
-        return SequenceClassifier
-
-    def model_kwargs(self, cfg: Any) -> dict[str, Any]:
-        return {"num_labels": 1}  # one output: the reward (as TRL's RewardTrainer loads a model by name)
-
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
-        data = load_pairs(cfg, tokenizer)
-        say_data(data, "pairs")
-        return data
-
-    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        for split, after in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
-            if split not in data.loaded or after is None or not hasattr(after, "__len__"):
-                continue
-            loaded = data.loaded[split]
-            refuse_empty(split_source(cfg, split), loaded, len(after), cfg.training.max_length)
-            data.dropped[split] = loaded - len(after)
-            if data.dropped[split]:
-                say(f"dropped {data.dropped[split]} of {loaded} {split} pairs longer than "
-                    f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
-
-    def probe_check(self, cfg: Any) -> Any:
-        from functools import partial
-
-        from trl_padfree.reward_probe import assert_reward_packing_safe
-
-        return partial(assert_reward_packing_safe, prompt_once=bool(cfg.training.prompt_once))
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(RewardTrainer, cfg, tokenizer, model, data, callbacks)
-
-    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-        return reward_summary(lines, history)
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return pair_layout(cfg, tokenizer, load_pairs(cfg, tokenizer, tokenized=True), n, color)
 
 
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
@@ -201,6 +128,68 @@ def pair_layout(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = F
     lines += ["---", f"forwarded tokens: {flat:,} in {len(data.train):,} pairs (TRL's padded rows, one pair per batch: "
               f"{padded:,}; a larger batch pads to its longest sequence)"]
     return lines
+
+
+class RewardTask(PromptOnceTask):
+    name = "reward"
+    command = "reward"
+    trainer_name = "RewardTrainer"
+
+    def numeric_ranges(self) -> dict[str, Any]:
+        from ..validate import Range
+
+        return {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
+
+    def check(self, cfg: Any) -> None:
+        super().check(cfg)
+        if cfg.padding_free:
+            from trl_padfree.reward import reward_padding_free_unavailable
+
+            if (problem := reward_padding_free_unavailable()) is not None:
+                raise ConfigError(problem)
+
+    def resolve(self, cfg: Any) -> dict[str, Any]:
+        changes = super().resolve(cfg)
+        if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
+            # peft then trains the fresh score head too (modules_to_save)
+            changes["model"] = with_fields(cfg.model, lora_task_type="SEQ_CLS")
+        return changes
+
+    def model_class(self) -> Any:
+        return SequenceClassifier
+
+    def model_kwargs(self, cfg: Any) -> dict[str, Any]:
+        return {"num_labels": 1}  # one output: the reward (as TRL's RewardTrainer loads a model by name)
+
+    unit, load_data = "pairs", staticmethod(load_pairs)
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        for split, before, after in (("train", data.train, trainer.train_dataset),
+                                     ("eval", data.eval, trainer.eval_dataset)):
+            if before is None or after is None or not hasattr(after, "__len__"):
+                continue
+            loaded = len(before)
+            refuse_empty(split_source(cfg, split), loaded, len(after), cfg.training.max_length)
+            data.dropped[split] = loaded - len(after)
+            if data.dropped[split]:
+                say(f"dropped {data.dropped[split]} of {loaded} {split} pairs longer than "
+                    f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
+
+    def probe_check(self, cfg: Any) -> Any:
+        from functools import partial
+
+        from trl_padfree.reward_probe import assert_reward_packing_safe
+
+        return partial(assert_reward_packing_safe, prompt_once=bool(cfg.training.prompt_once))
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        return make_launch_trainer(RewardTrainer, cfg, tokenizer, model, data, callbacks)
+
+    summary_lines = staticmethod(reward_summary)
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        return pair_layout(cfg, tokenizer, load_pairs(cfg, tokenizer, tokenized=True), n, color)
 
 
 TASK = RewardTask()
