@@ -13,20 +13,13 @@ from .config import ConfigError, RefusedElsewhere
 from .console import where
 
 __all__ = ["agree_on_config", "any_process", "check_process_group", "describe_distribution", "finish",
-           "fsdp_requested", "gather_reports", "launcher_world_size", "plan_nodes", "restart_attempt"]
+           "gather_reports", "plan_nodes", "restart_attempt"]
 
 
 def _group() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
-
-
-def launcher_world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
 
 
 def restart_attempt() -> int:
@@ -110,21 +103,17 @@ def describe_distribution(training: Any) -> dict[str, Any]:
             "backend": getattr(state, "backend", None)}
 
 
-def fsdp_requested(training: Any) -> bool:
-    """Whether FSDP was asked for: an accelerate FSDP config (``ACCELERATE_USE_FSDP``) or the ``fsdp`` field."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" or bool(getattr(training, "fsdp", None))
-
-
 def check_process_group(training: Any) -> None:
     """Refuse processes that are not one process group, and FSDP where accelerate would silently run without it."""
-    started = launcher_world_size()
-    if started > 1 and int(training.world_size) == 1:
+    started = os.environ.get("WORLD_SIZE", "1")
+    if started.isdigit() and int(started) > 1 and int(training.world_size) == 1:
         raise ConfigError(
             f"the launcher started {started} processes (WORLD_SIZE={started}) but they did not join one process "
             "group, so each would train its own copy of the model: on a machine without GPUs set use_cpu: true "
             "(then they train as one DDP run over gloo), or start a single process")
     kind = describe_distribution(training)["distributed_type"]
-    if fsdp_requested(training) and kind in ("MULTI_CPU", "NO"):
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" or bool(getattr(training, "fsdp", None))
+    if fsdp and kind in ("MULTI_CPU", "NO"):
         raise ConfigError(
             "FSDP was requested (an accelerate FSDP config or the fsdp field) but this run is on the CPU, where "
             f"accelerate does not shard: it would silently train without FSDP ({kind}). Use "

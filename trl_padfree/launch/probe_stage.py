@@ -13,12 +13,6 @@ from .model import materialized, sharded_launch
 __all__ = ["probe_model"]
 
 
-def _failed_anywhere(failure: str | None) -> str | None:
-    if any_process(failure is not None) and failure is None:
-        return "padding-free training is unsafe for this model (the packing probe failed on another process)"
-    return failure
-
-
 def probe_model(model: Any, training: Any, check: Any = None) -> None:
     """Raise :class:`ConfigError` if packed examples leak, judged at the training precision on the training device;
     a process without real weights (FSDP, ZeRO-3) skips it. ``check``: the task's probe (default SFT's)."""
@@ -42,6 +36,6 @@ def probe_model(model: Any, training: Any, check: Any = None) -> None:
     else:
         say("packing probe skipped: the weights are sharded at load time here (DeepSpeed ZeRO-3 / FSDP); check the "
             "model once with `trl-padfree check --model NAME`")
-    failure = _failed_anywhere(failure)
-    if failure is not None:
-        raise ConfigError(failure)
+    if any_process(failure is not None):  # every rank stops (none waits in a collective)
+        raise ConfigError(failure or "padding-free training is unsafe for this model (the packing probe failed on "
+                          "another process)")

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Records", "Task", "say_data"]
+__all__ = ["Records", "Task", "first_last", "say_data"]
 
 
 @dataclass
@@ -28,6 +28,14 @@ def say_data(data: Any, unit: str, extra: str = "", eval_unit: str | None = None
     say(f"data: {len(data.train)} training {unit}" + (f", {len(data.eval)} eval {eval_unit or unit}"
                                                       if data.eval is not None else "")
         + f" (format: {data.text_format}{extra})")
+
+
+def first_last(evals: list[dict[str, Any]], key: str, name: str = "") -> str | None:
+    """``"<name>first -> last"`` of ``key`` over the log entries ``evals`` (None where either lacks it: TRL logs a
+    figure only when an evaluation batch had what it needs)."""
+    if not evals or key not in evals[0] or key not in evals[-1]:
+        return None
+    return f"{name}{evals[0][key]:.3f} -> {evals[-1][key]:.3f}"
 
 
 class Task:

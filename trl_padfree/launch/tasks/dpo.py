@@ -12,7 +12,7 @@ from trl_padfree.dpo import DPOTrainer
 
 from ..config import ConfigError
 from ..trainer_setup import make_launch_trainer
-from .base import Records
+from .base import Records, first_last
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked
 from .shared import PreferenceTask
 
@@ -36,9 +36,8 @@ def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[
     out = list(lines)
     evals = [e for e in history if "eval_rewards/accuracies" in e]
     if evals:
-        first, last = evals[0], evals[-1]
-        out.append(f"eval reward accuracy: {first['eval_rewards/accuracies']:.3f} -> {last['eval_rewards/accuracies']:.3f} "
-                   f"(margin {first['eval_rewards/margins']:.3f} -> {last['eval_rewards/margins']:.3f})")
+        out.append(f"eval reward accuracy: {first_last(evals, 'eval_rewards/accuracies')} "
+                   f"(margin {first_last(evals, 'eval_rewards/margins')})")
     return out
 
 

@@ -188,6 +188,8 @@ class GRPOTask(PromptOnceTask):
     command = "grpo"
     trainer_name = "GRPOTrainer"
     arguments = RewardFunctionArguments
+    probe = "rl_probe:assert_group_packing_safe"
+    prompt_once = staticmethod(prompt_once)
 
     trainer_class: type = GRPOTrainer
 
@@ -211,16 +213,9 @@ class GRPOTask(PromptOnceTask):
                 raise ConfigError(problem)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
+        return {**super().describe(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
 
     unit, load_data = "prompts", staticmethod(load_prompts)
-
-    def probe_check(self, cfg: Any) -> Any:
-        from functools import partial
-
-        from trl_padfree.rl_probe import assert_group_packing_safe
-
-        return partial(assert_group_packing_safe, prompt_once=prompt_once(cfg))
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
@@ -229,7 +224,7 @@ class GRPOTask(PromptOnceTask):
                                    reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": prompt_once(cfg), "reward_funcs": list(cfg.launch.reward_funcs or [])}
+        return {**super().summary_settings(cfg), "reward_funcs": list(cfg.launch.reward_funcs or [])}
 
     summary_lines = staticmethod(reward_summary)
 

@@ -12,7 +12,7 @@ from trl_padfree.kto import KTOTrainer
 
 from ..config import ConfigError
 from ..trainer_setup import make_launch_trainer
-from .base import Records, say_data
+from .base import Records, first_last, say_data
 from .preference_data import check_kinds, check_preference_records, dropped_by_trainer, load_checked
 from .shared import PreferenceTask
 
@@ -74,17 +74,10 @@ def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
     out = list(lines)
     evals = [e for e in history if "eval_rewards/chosen" in e or "eval_rewards/rejected" in e]
     if evals:
-        first, last = evals[0], evals[-1]
-
-        def pair(name: str, key: str) -> str | None:
-            # TRL logs a figure only when an evaluation batch had what it needs (a margin: both kinds)
-            if key not in first or key not in last:
-                return None
-            return f"{name} {first[key]:.3f} -> {last[key]:.3f}"
-
-        rewards = [p for p in (pair("desirable", "eval_rewards/chosen"), pair("undesirable", "eval_rewards/rejected"))
-                   if p is not None]
-        extra = [p for p in (pair("margin", "eval_rewards/margins"), pair("KL", "eval_kl")) if p is not None]
+        rewards = [p for p in (first_last(evals, "eval_rewards/chosen", "desirable "),
+                               first_last(evals, "eval_rewards/rejected", "undesirable ")) if p]
+        extra = [p for p in (first_last(evals, "eval_rewards/margins", "margin "), first_last(evals, "eval_kl", "KL "))
+                 if p]
         out.append("eval rewards: " + ", ".join(rewards) + (f" ({', '.join(extra)})" if extra else ""))
     return out
 
@@ -140,7 +133,7 @@ class KTOTask(PreferenceTask):
         super().check(cfg)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
+        return {**super().describe(cfg), "loss_type": cfg.training.loss_type}
 
     def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
         data = load_kto_data(cfg, tokenizer)

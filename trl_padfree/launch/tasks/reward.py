@@ -134,6 +134,7 @@ class RewardTask(PromptOnceTask):
     name = "reward"
     command = "reward"
     trainer_name = "RewardTrainer"
+    probe = "reward_probe:assert_reward_packing_safe"
 
     def numeric_ranges(self) -> dict[str, Any]:
         from ..validate import Range
@@ -174,13 +175,6 @@ class RewardTask(PromptOnceTask):
             if data.dropped[split]:
                 say(f"dropped {data.dropped[split]} of {loaded} {split} pairs longer than "
                     f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
-
-    def probe_check(self, cfg: Any) -> Any:
-        from functools import partial
-
-        from trl_padfree.reward_probe import assert_reward_packing_safe
-
-        return partial(assert_reward_packing_safe, prompt_once=bool(cfg.training.prompt_once))
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
