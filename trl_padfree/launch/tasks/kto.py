@@ -19,15 +19,6 @@ from .shared import PreferenceTask
 __all__ = ["TASK", "KTOTask", "kto_summary"]
 
 
-def kto_unavailable() -> str | None:
-    from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
-
-    if trl_at_least(MIN_TRL_KTO):
-        return None
-    return (f"trl-padfree kto needs trl >= {MIN_TRL_KTO} (trl_padfree.KTOTrainer builds on its KTOTrainer), and trl "
-            f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_KTO}')")
-
-
 def check_kto_records(dataset: Any, source: str) -> None:
     """Unpaired ``prompt`` / ``completion`` / ``label`` records, or preference pairs (``chosen`` / ``rejected``);
     a bad record is a :class:`ConfigError` naming it and the fix."""
@@ -128,8 +119,12 @@ class KTOTask(PreferenceTask):
         return {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
 
     def check(self, cfg: Any) -> None:
-        if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
-            raise ConfigError(problem)
+        from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
+
+        if not trl_at_least(MIN_TRL_KTO):  # (here, not at import: preview guesses tasks from their fields)
+            raise ConfigError(f"trl-padfree kto needs trl >= {MIN_TRL_KTO} (trl_padfree.KTOTrainer builds on its "
+                              f"KTOTrainer), and trl {TRL_VERSION} is installed: upgrade trl (pip install -U "
+                              f"'trl>={MIN_TRL_KTO}')")
         super().check(cfg)
 
     def describe(self, cfg: Any) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 from ..config import ConfigError, SFTArguments, with_fields
 from ..console import say
 from ..trainer_setup import make_launch_trainer
-from .base import Task, say_data
+from .base import Task
 from .sft_trainer import PadfreeSFTTrainer
 
 __all__ = ["TASK", "SFTTask", "preview_lines"]
@@ -79,12 +79,13 @@ class SFTTask(Task):
             ),
         }
 
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
+    def load_data(self, cfg: Any, tokenizer: Any) -> Any:
         from .sft_data import prepare_data
 
-        training = cfg.training
-        data = prepare_data(cfg, tokenizer)
-        say_data(data, "examples")
+        return prepare_data(cfg, tokenizer)
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
+        data, training = super().prepare_data(cfg, tokenizer), cfg.training
         if data.template_missing_in_check:
             say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
                 f"template {cfg.training.response_template!r}")
@@ -107,10 +108,7 @@ class SFTTask(Task):
         return {"max_tokens_per_batch": cfg.training.max_tokens_per_batch}
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        from .sft_data import prepare_data
-
-        data = prepare_data(cfg, tokenizer)
-        return list(preview_lines(data, tokenizer, n, color, cfg.training.response_template))
+        return preview_lines(self.load_data(cfg, tokenizer), tokenizer, n, color, cfg.training.response_template)
 
 
 TASK = SFTTask()
