@@ -1,10 +1,5 @@
-"""The ``trl-padfree`` command: ``train``, ``dpo``, ``grpo``, ``rloo``, ``reward``, ``kto``, ``preview``, ``check`` and
-``bench`` sub-commands.
-
-The trainers' sub-commands are the launch (:func:`trl_padfree.launch.main`) with a task of
-:mod:`trl_padfree.launch.tasks`; the others live in their own module and expose ``main(argv: list[str]) -> int``.
-This module only dispatches, so ``trl-padfree --help`` stays fast (no torch import).
-"""
+"""The ``trl-padfree`` command: it only dispatches to a sub-command's ``main(argv) -> int`` (the trainers': the
+launch with a task), so ``trl-padfree --help`` stays fast (no torch import)."""
 
 from __future__ import annotations
 

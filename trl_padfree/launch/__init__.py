@@ -1,14 +1,6 @@
-"""``trl-padfree train --config configs/NAME.yaml [--field value ...]``: one-command fine-tuning.
-
-The same entry point serves ``trl-padfree train``, ``python scripts/train.py`` and
-``accelerate launch scripts/train.py``. The config is TRL's (``trl sft --config``): the fields of this package's
-``SFTConfig`` (``DPOConfig``, ... for the other trainers), ``ModelConfig`` and :class:`~.config.LaunchArguments`,
-flat in one YAML file, overridable on the command line. See :mod:`.run` for the stages of a run.
-
-Exit codes: 0 done (or stopped cleanly by SIGTERM / Ctrl-C with a checkpoint saved), 2 bad input (one line on
-stderr, nothing written), 1 failed. Under a multi-process launcher every rank ends the process group on every way
-out, and a rank that fails makes the others exit non-zero at once (:mod:`.distributed`).
-"""
+"""``trl-padfree train|dpo|grpo|rloo|reward|kto --config configs/NAME.yaml [--field value ...]`` (also
+``python scripts/train.py`` under any launcher). Exit codes: 0 done (or stopped by SIGTERM / Ctrl-C with a
+checkpoint saved), 2 bad input (one line on stderr, nothing written), 1 failed."""
 
 from __future__ import annotations
 
@@ -29,11 +21,8 @@ __all__ = [
 
 
 def load_config(argv: Sequence[str], check_environment: bool = True, task: str = "sft") -> LaunchConfig:
-    """Parse and validate ``argv`` exactly as ``main`` does, without loading tokenizer, data or model.
-
-    With ``check_environment=False`` the checks that depend on this machine (CUDA, flash-attn, optional
-    packages, existing checkpoints) are skipped, so a config for another machine can be checked anywhere.
-    """
+    """Parse and validate ``argv`` as ``main`` does, loading nothing; ``check_environment=False`` skips the checks
+    that depend on this machine (CUDA, flash-attn, optional packages, existing checkpoints)."""
     from .demo import builtin_config, resolve_package_paths
     from .validate import validate_config
 
@@ -43,11 +32,8 @@ def load_config(argv: Sequence[str], check_environment: bool = True, task: str =
 
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task: str = "sft") -> int:
-    """Run ``trl-padfree train`` (``task``: another trainer of :mod:`.tasks`, e.g. ``"dpo"``) with ``argv`` (default ``sys.argv[1:]``);
-    returns the exit code.
-
-    ``callbacks``: extra Trainer callbacks for the run (the tests' fault injection uses them).
-    """
+    """Run the trainer ``task`` of :mod:`.tasks` with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
+    ``callbacks``: extra Trainer callbacks for the run."""
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
     from .distributed import agree_on_config, finish, plan_nodes

@@ -1,12 +1,5 @@
-"""The launch's Trainer callbacks (public ``TrainerCallback`` hooks only).
-
-- :class:`GracefulStop`: SIGTERM / Ctrl-C save a checkpoint at the end of the current step and stop; under several
-  processes the flag is shared (an all-reduce per step), so every rank stops at the same step.
-- :class:`CheckpointMarker`: once every process has saved ``checkpoint-N`` (``on_save``), the process that saves
-  writes the completion marker (:data:`~.resume.CHECKPOINT_MARKER`) that resume looks for.
-- :class:`WholeRunLog`: the training loss is logged at every checkpoint and at the last step, so the log history a
-  checkpoint carries covers every step (the summary of a resumed run covers the whole run).
-"""
+"""The launch's Trainer callbacks (public ``TrainerCallback`` hooks only): the SIGTERM / Ctrl-C stop with a
+checkpoint, and the checkpoint completion marker (with a loss log at every checkpoint and at the last step)."""
 
 from __future__ import annotations
 
@@ -18,15 +11,14 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-__all__ = ["CheckpointMarker", "GracefulStop", "WholeRunLog"]
+__all__ = ["CheckpointMarker", "GracefulStop"]
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class GracefulStop(TrainerCallback):
-    """Save a checkpoint and stop at the end of the step during which SIGTERM or SIGINT arrived; a second signal
-    acts as if this were not there. A context manager around ``trainer.train()``: the handlers are installed only
-    while training; ``stopped_at``: the step it stopped at, or None."""
+    """Around ``trainer.train()``: save a checkpoint and stop at the end of the step during which SIGTERM or SIGINT
+    arrived (every rank at the same step); a second signal acts as if this were not there."""
 
     def __init__(self, announce: Any = None) -> None:
         self.requested: str | None = None  # name of the signal received
@@ -72,7 +64,6 @@ class GracefulStop(TrainerCallback):
 
 
 def _who_was_signalled(mine: str | None) -> str:
-    """Every rank's words for the stop, the same on each (``SIGTERM on rank 1``); a single process: its signal."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
@@ -84,10 +75,21 @@ def _who_was_signalled(mine: str | None) -> str:
 
 class CheckpointMarker(TrainerCallback):
     """Mark ``checkpoint-N`` complete once every process has saved its part: the run id, the step and the size of
-    every file, synced to disk (see :mod:`.resume`). ``run_id``: set before training."""
+    every file, synced to disk (see :mod:`.resume`). It also logs the training loss at every checkpoint and at the
+    last step, so that the log history a checkpoint carries covers every step; ``first_step``: the global step this
+    process started from (> 0 after a resume)."""
+
+    first_step: int | None = None
 
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id = run_id
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.first_step = state.global_step
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if control.should_save or control.should_training_stop:
+            control.should_log = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         from accelerate import PartialState
@@ -108,17 +110,3 @@ class CheckpointMarker(TrainerCallback):
         files.pop(CHECKPOINT_MARKER, None)
         write_json(os.path.join(path, CHECKPOINT_MARKER), {"run_id": self.run_id, "step": state.global_step,
                                                             "files": files})
-
-
-class WholeRunLog(TrainerCallback):
-    """Log the training loss at every checkpoint and at the last step; ``first_step``: the global step this process
-    started from (> 0 after a resume)."""
-
-    first_step: int | None = None
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.first_step = state.global_step
-
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if control.should_save or control.should_training_stop:
-            control.should_log = True

@@ -1,14 +1,6 @@
-"""The launch's config: ``trl.TrlParser`` over this package's config class of the trainer, ``trl.ModelConfig`` and
-one small :class:`LaunchArguments` dataclass (where the data comes from), made strict.
-
-As ``trl sft --config F.yaml`` does, every field is one flat key of the YAML file (``--config``, with an optional
-``env`` mapping that TRL sets) and one ``--flag`` on the command line, the command line winning. Strict means: a
-key no dataclass knows, a YAML value of the wrong type, or a value a dataclass refuses is a :class:`ConfigError`
-(one line naming the field, with a did-you-mean hint), before anything is loaded; ``main`` prints it and exits 2.
-
-The launch's defaults that differ from the dataclasses': ``padding_free: true``, ``attn_implementation: auto`` and
-``bf16`` only where a GPU supports it (TRL's default, true, refuses to start on a CPU).
-"""
+"""The launch's config: a strict ``trl.TrlParser`` over the trainer's config class, ``trl.ModelConfig`` and
+:class:`LaunchArguments`, flat keys as in ``trl sft --config``. An unknown key, a value of the wrong type or one a
+dataclass refuses is a one-line :class:`ConfigError` (with a did-you-mean hint) before anything is loaded."""
 
 from __future__ import annotations
 

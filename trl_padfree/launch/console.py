@@ -1,5 +1,4 @@
-"""Console output of the launch: messages from the first process of each node (``LOCAL_RANK`` 0, so that every
-node's log shows the run), one-line errors, quiet replicas."""
+"""Console output of the launch: messages and one-line errors from the first process of each node."""
 
 from __future__ import annotations
 

@@ -1,22 +1,6 @@
-"""Run-time defaults of ``trl-padfree train`` that depend on the machine and the model.
-
-A field set in the YAML file or on the command line always wins; these apply only to fields left unset:
-
-- ``activation_checkpointing`` (TRL's ``gradient_checkpointing`` defaults to True for everyone): on only where it
-  pays, i.e. training on CUDA a *large* model, one of at least :data:`LARGE_MODEL_PARAMETERS` (1e9) parameters,
-  where the activations of long sequences compete with the weights and optimizer states for GPU memory. Off on
-  CPU (memory is rarely the limit there, and recomputing every layer costs ~30% more time) and for smaller models.
-- ``torch_num_threads``: on CUDA, the cores of this machine (torch's default count, within the CPU affinity)
-  divided by the processes on it (torch would give each process every core); on CPU, additionally one thread per :data:`HIDDEN_PER_THREAD` (256) units of the model's
-  hidden size, since the matrices of small models are too small to split across threads (the demo model,
-  hidden size 128, trains 10x faster on 1 thread than on 2 on a busy 2-core machine). ``OMP_NUM_THREADS`` set in
-  the environment is respected as it is.
-- ``dataloader_pin_memory``: off when training on the CPU (pinned memory is for copies to a GPU; on a CPU-only
-  machine torch warns about it on every run).
-- ``disable_tqdm``: progress bars off when stderr or stdout is not a terminal (a log file gets the Trainer's one
-  line per logging step instead of escape-code junk).
-- ``bf16`` is decided when parsing (:mod:`.config`): on only where a GPU supports it.
-"""
+"""Run-time defaults of the fields left unset, from the machine and the model (docs/usage.md): activation
+checkpointing on CUDA for models of 1e9 parameters or more, ``torch_num_threads`` (:mod:`trl_padfree.threads`),
+no pinned memory on the CPU, no progress bars when the output is not a terminal."""
 
 from __future__ import annotations
 
@@ -43,7 +27,6 @@ LARGE_MODEL_PARAMETERS = 1_000_000_000
 
 @dataclass(frozen=True)
 class ModelShape:
-    """What the defaults need to know about the model, read from its config without loading weights."""
 
     hidden_size: int | None = None
     parameters: int | None = None
@@ -61,10 +44,7 @@ def checkpointing_default(device: str, parameters: int | None) -> bool:
 
 
 def model_shape(cfg: LaunchConfig, count_parameters: bool) -> ModelShape:
-    """Hidden size (and, when asked, the parameter count) from the model's config; unknown values are None.
-
-    The parameters are counted on a model built on the meta device (no memory, no weights read).
-    """
+    """Hidden size (and, when asked, the parameter count, on the meta device) from the model's config, or None."""
     try:
         from transformers import AutoConfig
 
@@ -93,12 +73,8 @@ def model_shape(cfg: LaunchConfig, count_parameters: bool) -> ModelShape:
 
 def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelShape | None = None
                    ) -> tuple[LaunchConfig, dict[str, Any]]:
-    """Fill the unset machine-dependent fields of a validated ``cfg``: returns the config so resolved (``cfg`` is
-    not changed) and what was chosen.
-
-    ``device`` is where training runs (``"cuda"`` or ``"cpu"``; default: this machine's, as the run uses it);
-    ``shape`` is read from the model's config when not given.
-    """
+    """``(cfg with its unset machine-dependent fields filled, what was chosen)``; ``device``: ``"cuda"`` or
+    ``"cpu"`` (default: the run's); ``shape``: read from the model's config when not given."""
     if device is None:
         from .validate import training_device
 

@@ -1,15 +1,5 @@
-"""The demo as an installed package runs it: ``trl-padfree train --config demo`` from any directory.
-
-A wheel holds the demo model, data and configs (``trl_padfree/demo/``) but not the repository's ``configs/``
-directory, and the demo configs name their files relative to the repository root. So:
-
-- ``--config demo`` / ``demo-chat`` / ``demo-dpo`` (:data:`BUILTIN_CONFIGS`), when no file of that name is in the current
-  directory, is the config shipped in the package (the same file as ``configs/demo.yaml`` /
-  ``configs/demo-chat.yaml``, a test keeps them equal);
-- a relative path that starts with ``trl_padfree/demo/`` (``model_name_or_path``, ``train_file``, ``eval_file``,
-  ``dataset_name``, ``chat_template_path``) and does not exist from the current directory is the installed
-  package's file.
-"""
+"""The demo from any directory: ``--config demo`` / ``demo-chat`` / ``demo-dpo`` is the config shipped in the package
+(when no such file is here), and a missing relative ``trl_padfree/demo/...`` path is the installed package's file."""
 
 from __future__ import annotations
 
@@ -29,9 +19,8 @@ _PREFIX = "trl_padfree/demo/"
 
 
 def builtin_config(argv: Sequence[str]) -> list[str]:
-    """``argv`` with ``--config NAME`` of a built-in config replaced by its packaged file's path.
-
-    A file called NAME in the current directory wins.
+    """``argv`` with ``--config NAME`` of a built-in config replaced by its packaged file's path (a file NAME here
+    wins).
 
     >>> builtin_config(["--config", "demo", "--max_steps", "3"])[1] == str(BUILTIN_CONFIGS["demo"])
     True
@@ -53,7 +42,6 @@ def builtin_config(argv: Sequence[str]) -> list[str]:
 
 
 def _in_package(value: Any) -> str | None:
-    """The packaged file a relative ``trl_padfree/demo/...`` path means, when it is missing from here."""
     if not isinstance(value, str) or os.path.isabs(value):
         return None
     posix = value.replace(os.sep, "/")

@@ -1,8 +1,5 @@
 """Several processes (torchrun, ``accelerate launch``, DeepSpeed) on public torch APIs: refusals shared once the
-process group exists (:func:`agree_on_config`, :func:`plan_nodes`), runs refused that would not be one group
-(:func:`check_process_group`), and the end (:func:`finish`). The rest is the launcher's and the scheduler's settings
-(docs/distributed.md).
-"""
+process group exists, runs refused that would not be one group, and the end (docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -16,21 +13,13 @@ from .config import ConfigError, RefusedElsewhere
 from .console import where
 
 __all__ = ["agree_on_config", "any_process", "check_process_group", "describe_distribution", "finish",
-           "fsdp_requested", "gather_reports", "launcher_world_size", "plan_nodes", "restart_attempt"]
+           "gather_reports", "plan_nodes", "restart_attempt"]
 
 
 def _group() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
-
-
-def launcher_world_size() -> int:
-    """The number of processes the launcher says it started (``WORLD_SIZE``; 1 without a launcher)."""
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
 
 
 def restart_attempt() -> int:
@@ -71,9 +60,8 @@ def gather_reports(report: Any) -> list[tuple[int, str, Any]]:
 
 
 def agree_on_config(error: ConfigError | None) -> None:
-    """Call on every process once its config is parsed (``error``: why it was refused, or None). With a process
-    group, a rank whose config was accepted raises :class:`RefusedElsewhere` naming the refusing ranks, so that
-    every rank exits 2. (A refusal before the group forms cannot reach the others: docs/distributed.md.)"""
+    """Every process, once its config is parsed (``error``: why it was refused): with a process group, a rank whose
+    config was accepted raises :class:`RefusedElsewhere` naming the refusing ranks, so that every rank exits 2."""
     if isinstance(error, RefusedElsewhere) or not _group():
         return
     refusals = gather_reports(None if error is None else str(error))
@@ -83,9 +71,8 @@ def agree_on_config(error: ConfigError | None) -> None:
 
 
 def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
-    """Several processes: every rank takes rank 0's run id, and ranks that would resume from different steps are
-    refused (each node's ``output_dir`` must hold the same checkpoints: pass the common one by path). Returns
-    ``(cfg, the layout in words)``; one process: ``(cfg, None)``."""
+    """``(cfg with rank 0's run id, the layout in words)``, ranks that would resume different steps refused; one
+    process: ``(cfg, None)``."""
     import dataclasses
 
     if not _group():
@@ -116,22 +103,17 @@ def describe_distribution(training: Any) -> dict[str, Any]:
             "backend": getattr(state, "backend", None)}
 
 
-def fsdp_requested(training: Any) -> bool:
-    """Whether FSDP was asked for: an accelerate FSDP config (``ACCELERATE_USE_FSDP``) or the ``fsdp`` field."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" or bool(getattr(training, "fsdp", None))
-
-
 def check_process_group(training: Any) -> None:
-    """Raise :class:`ConfigError` when the launcher started several processes that are not one process group, or
-    when FSDP was asked for where accelerate would silently run without it (CPU: plain DDP, or one process)."""
-    started = launcher_world_size()
-    if started > 1 and int(training.world_size) == 1:
+    """Refuse processes that are not one process group, and FSDP where accelerate would silently run without it."""
+    started = os.environ.get("WORLD_SIZE", "1")
+    if started.isdigit() and int(started) > 1 and int(training.world_size) == 1:
         raise ConfigError(
             f"the launcher started {started} processes (WORLD_SIZE={started}) but they did not join one process "
             "group, so each would train its own copy of the model: on a machine without GPUs set use_cpu: true "
             "(then they train as one DDP run over gloo), or start a single process")
     kind = describe_distribution(training)["distributed_type"]
-    if fsdp_requested(training) and kind in ("MULTI_CPU", "NO"):
+    fsdp = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" or bool(getattr(training, "fsdp", None))
+    if fsdp and kind in ("MULTI_CPU", "NO"):
         raise ConfigError(
             "FSDP was requested (an accelerate FSDP config or the fsdp field) but this run is on the CPU, where "
             f"accelerate does not shard: it would silently train without FSDP ({kind}). Use "
@@ -139,11 +121,9 @@ def check_process_group(training: Any) -> None:
 
 
 def finish(code: int, error: BaseException | None = None) -> int:
-    """The exit code of a run that returned ``code`` (``error``: what stopped it, printed with its traceback).
-
-    Without a process group ``error`` is raised. With one, a finished run meets the others at a barrier and
-    destroys the group; a failed rank leaves without a collective (the others may be inside another one): its
-    sockets close when it exits, so every other rank's pending collective fails and it exits 1 too."""
+    """The exit code of a run that returned ``code`` (``error``: what stopped it; raised without a process group).
+    With one, a finished run meets the others at a barrier and destroys the group; a failed rank leaves without a
+    collective: its sockets close when it exits, so every other rank's pending collective fails too."""
     if not _group():
         if error is not None:
             raise error

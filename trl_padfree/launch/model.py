@@ -1,9 +1,5 @@
-"""The model of ``trl-padfree train``: loaded with the resolved attention and dtype, LoRA targets checked.
-
-When ``attn_implementation: auto`` picked ``"padfree"`` and the model cannot use it, the model is loaded again with
-its own default attention. Every failure here is bad input (a wrong path, a model that does not load, LoRA targets
-that match no module) and raises :class:`~.config.ConfigError` before anything is written.
-"""
+"""The model of a run: loaded with the resolved attention and dtype, LoRA targets checked; a failure is a
+:class:`~.config.ConfigError` before anything is written."""
 
 from __future__ import annotations
 
@@ -57,8 +53,7 @@ def check_lora_targets(cfg: LaunchConfig, model: Any) -> None:
 
 
 def load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
-    """Load the model (see :func:`_load_model`) and check that the LoRA targets, if any, match its modules; returns
-    the model and the config with the attention it was loaded with."""
+    """``(model, cfg with the attention it was loaded with)``, the LoRA targets checked."""
     model, cfg = _load_model(cfg)
     check_lora_targets(cfg, model)
     return model, _shared_prompt_default(cfg, model)
@@ -86,12 +81,8 @@ def _shared_prompt_default(cfg: LaunchConfig, model: Any) -> LaunchConfig:
 
 
 def _load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
-    """Load the model with the resolved attention implementation and dtype (the ``padfree`` attention registered).
-
-    When ``auto`` picked ``"padfree"`` and the model cannot use it (:mod:`trl_padfree.attn_fallback`), the model is
-    loaded again with its own default attention (sdpa, else eager), which the config returned with the model
-    says (``attn_implementation``), and the packing probe decides from there.
-    """
+    """Load the model with the resolved attention and dtype; when ``auto`` picked ``"padfree"`` and the model cannot
+    use it, again with its own default attention (:mod:`trl_padfree.attn_fallback`)."""
     from transformers import set_seed
     from trl import get_quantization_config
 

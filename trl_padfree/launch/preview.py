@@ -1,22 +1,15 @@
-"""``trl-padfree preview --config x.yaml [-n 3] [--field value ...]``: the first examples as the trainer sees them.
-
-The config is read and validated exactly as ``trl-padfree train`` reads it (bad input: one line, exit 2), then the
-data pipeline of the run is applied by the config's task (its ``preview``; SFT: :func:`~.tasks.sft_data.prepare_data`:
-formatting, tokenization, truncation, the collator's labels, dropping examples without a trained token); no model
-is loaded and nothing is written.
-
-Each shown example is its exact text (token bytes, special tokens literally) with the trained tokens marked: in
-colour on a terminal, between ``[[`` and ``]]`` otherwise. The counts at the end cover the whole training set.
-It is the tool to reach for when a loss looks wrong (axolotl's ``preprocess --debug``).
-"""
+"""``trl-padfree preview --config x.yaml [-n 3] [--field value ...]``: the first examples as the trainer sees them
+(the config's task's ``preview``), trained tokens marked (colour on a terminal, ``[[ ]]`` otherwise), then the counts
+over the training set; no model is loaded and nothing is written."""
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn
 
-__all__ = ["main", "marked_text"]
+__all__ = ["main", "marked_text", "token_marker"]
 
 IGNORE_INDEX = -100
 OPEN, CLOSE = "[[", "]]"
@@ -56,32 +49,55 @@ def marked_text(data: bytes, starts: Sequence[int], labels: Sequence[int], color
     return "".join(out)
 
 
-def _split_n(argv: Sequence[str]) -> tuple[int, list[str]]:
-    """Take ``-n N`` / ``--num_examples N`` out of ``argv``."""
-    from .config import ConfigError
+def token_marker(tokenizer: Any, color: bool = False) -> Callable[[Sequence[int], Sequence[int]], str]:
+    """``mark(ids, labels)``: the exact text of ``ids``, the tokens whose label is not -100 marked."""
+    import numpy as np
 
-    args, n = list(argv), 3
-    for flag in ("-n", "--num_examples", "--num-examples"):
-        while flag in args:
-            i = args.index(flag)
-            if i + 1 >= len(args):
-                raise ConfigError(f"{flag} needs a number of examples, e.g. {flag} 3")
-            try:
-                n = int(args[i + 1])
-            except ValueError:
-                raise ConfigError(f"{flag} must be a whole number of examples, got {args[i + 1]!r}") from None
-            if n < 1:
-                raise ConfigError(f"{flag} must be at least 1, got {n}")
-            del args[i : i + 2]
-    return n, args
+    from trl_padfree.token_text import TokenText
+
+    text = TokenText.from_tokenizer(tokenizer)
+
+    def mark(ids: Sequence[int], labels: Sequence[int]) -> str:
+        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
+        return marked_text(raw, starts.tolist(), labels, color)
+
+    return mark
+
+
+def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
+    """``(n, task or None, the rest of argv)``: ``-n N`` and ``--task NAME`` taken out.
+
+    >>> _options(["--config", "x.yaml", "--task", "kto", "-n", "2", "--max_steps", "-1"])
+    (2, 'kto', ['--config', 'x.yaml', '--max_steps', '-1'])
+    """
+    import argparse
+
+    from .config import ConfigError
+    from .tasks import task_names
+
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> NoReturn:
+            raise ConfigError(message)
+
+    parser = Parser(add_help=False, allow_abbrev=False)
+    parser.add_argument("-n", "--num_examples", "--num-examples", default="3")
+    parser.add_argument("--task")
+    options, rest = parser.parse_known_args(list(argv))
+    try:
+        n = int(options.num_examples)
+    except ValueError:
+        raise ConfigError(f"-n must be a whole number of examples, got {options.num_examples!r}") from None
+    if n < 1:
+        raise ConfigError(f"-n must be at least 1, got {n}")
+    if options.task is not None and options.task not in task_names():
+        raise ConfigError(f"--task must be one of {', '.join(task_names())} (the trainer the config is for), got "
+                          f"{options.task!r}")
+    return n, options.task, rest
 
 
 def guess_task(argv: Sequence[str]) -> str:
-    """The trainer a config is for, from the fields it sets: how ``preview`` tells the configs apart without a flag.
-
-    The trainer of :mod:`.tasks` that has the most of the config's fields that ``trl-padfree train`` lacks
-    (``prompt_once``, ``beta``: DPO; ``num_generations``: GRPO), the first registered on a tie; none: SFT.
-    ``preview --task NAME`` says it instead (:func:`_split_task`).
+    """The trainer a config is for: the task with the most of its fields that ``train`` lacks (first on a tie; none:
+    SFT), unless ``--task NAME`` says it.
 
     >>> guess_task(["--prompt_once", "true"]), guess_task(["--max_steps", "3"]), guess_task(["--num_generations", "4"])
     ('dpo', 'sft', 'grpo')
@@ -108,35 +124,6 @@ def guess_task(argv: Sequence[str]) -> str:
     return best if scores.get(best) else "sft"
 
 
-def _split_task(args: list[str]) -> tuple[str | None, list[str]]:
-    """``--task NAME`` taken out of ``args`` (None where not given), checked against the launch's tasks.
-
-    >>> _split_task(["--config", "x.yaml", "--task", "kto"])
-    ('kto', ['--config', 'x.yaml'])
-    >>> _split_task(["--task=dpo"])
-    ('dpo', [])
-    """
-    from .config import ConfigError
-    from .tasks import task_names
-
-    task, rest, i = None, [], 0
-    while i < len(args):
-        if args[i] == "--task" or args[i].startswith("--task="):
-            if "=" in args[i]:
-                task = args[i].split("=", 1)[1]
-            elif i + 1 < len(args):
-                task, i = args[i + 1], i + 1
-            else:
-                task = ""
-        else:
-            rest.append(args[i])
-        i += 1
-    if task is not None and task not in task_names():
-        raise ConfigError(f"--task must be one of {', '.join(task_names())} (the trainer the config is for), got "
-                          f"{task!r}")
-    return task, rest
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the preview; 0 done, 2 bad input (one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -154,8 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     guessed = None
     try:
-        n, args = _split_n(argv)
-        task, args = _split_task(args)
+        n, task, args = _options(argv)
         from . import load_config
         from .demo import builtin_config
         from .tasks import get_task

@@ -1,8 +1,5 @@
-"""The pre-flight packing probe of ``trl-padfree train``: do packed examples stay apart under the loaded model?
-
-Runs :func:`trl_padfree.probe.assert_packing_safe` on every process that holds the model's weights; a leak is bad
-input and raises :class:`~.config.ConfigError` on every process before anything is written.
-"""
+"""The pre-flight packing probe: do packed examples stay apart under the loaded model? A leak on any process is a
+:class:`~.config.ConfigError` on every process before anything is written."""
 
 from __future__ import annotations
 
@@ -16,22 +13,9 @@ from .model import materialized, sharded_launch
 __all__ = ["probe_model"]
 
 
-def _failed_anywhere(failure: str | None) -> str | None:
-    """Share a probe failure between processes, so that every rank stops (none waits in a collective)."""
-    if any_process(failure is not None) and failure is None:
-        return "padding-free training is unsafe for this model (the packing probe failed on another process)"
-    return failure
-
-
 def probe_model(model: Any, training: Any, check: Any = None) -> None:
-    """Raise :class:`ConfigError` if packed examples leak under the model's attention implementation.
-
-    Judged at the training precision (bf16/fp16 mixed precision gets that dtype's tolerance), on the training
-    device where the Trainer would put the model anyway. A process that holds no real weights (FSDP loading on
-    rank 0 only, DeepSpeed ZeRO-3 shards) skips the probe; any process's failure stops every process. ``check``:
-    the probe to run (default :func:`~trl_padfree.probe.assert_packing_safe`; ``trl-padfree dpo`` passes the
-    preference probe, :func:`~trl_padfree.preference_probe.assert_preference_packing_safe`).
-    """
+    """Raise :class:`ConfigError` if packed examples leak, judged at the training precision on the training device;
+    a process without real weights (FSDP, ZeRO-3) skips it. ``check``: the task's probe (default SFT's)."""
     from trl_padfree.probe import PackingLeakError, assert_packing_safe, training_rtol
 
     failure = None
@@ -52,6 +36,6 @@ def probe_model(model: Any, training: Any, check: Any = None) -> None:
     else:
         say("packing probe skipped: the weights are sharded at load time here (DeepSpeed ZeRO-3 / FSDP); check the "
             "model once with `trl-padfree check --model NAME`")
-    failure = _failed_anywhere(failure)
-    if failure is not None:
-        raise ConfigError(failure)
+    if any_process(failure is not None):  # every rank stops (none waits in a collective)
+        raise ConfigError(failure or "padding-free training is unsafe for this model (the packing probe failed on "
+                          "another process)")

@@ -1,9 +1,6 @@
-"""What a run leaves in ``output_dir`` and which checkpoint it resumes: the run record (:data:`RUN_FILE`: id and
-status, :mod:`.run_record`) and each checkpoint's completion marker (:data:`CHECKPOINT_MARKER`, written by
-:class:`~.callbacks.CheckpointMarker`). ``resume_from_checkpoint: true`` (:func:`choose_resume`) takes the newest
-complete checkpoint of the run; ``auto`` and torchrun's restarts (:func:`resolve_auto_resume`) the same, or a new
-run where there is none.
-"""
+"""Which checkpoint a run resumes: the newest one of the run (:data:`RUN_FILE`) with a completion marker
+(:data:`CHECKPOINT_MARKER`, :class:`~.callbacks.CheckpointMarker`); ``auto`` and torchrun's restarts: the same, or a
+new run where there is none."""
 
 from __future__ import annotations
 
@@ -31,7 +28,6 @@ _RUN_MARKS = (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS, 
 
 
 def new_run_id() -> str:
-    """A fresh run id (32 hex digits)."""
     return uuid.uuid4().hex
 
 
@@ -65,7 +61,6 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 
 def read_run(output_dir: str) -> dict[str, Any] | None:
-    """The run record of ``output_dir``, or None."""
     return read_json(os.path.join(output_dir, RUN_FILE))
 
 
@@ -77,9 +72,8 @@ def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
 
 
 def checkpoint_problem(path: str, run_id: str | None = None) -> str | None:
-    """Why ``path`` is not a complete checkpoint (of run ``run_id``, when given), or None if it is one: one of this
-    launcher has its marker and every file the marker lists at that size; one of another tool (no marker, no
-    ``run_id`` asked) a readable ``trainer_state.json`` and model weights."""
+    """Why ``path`` is not a complete checkpoint (of run ``run_id``), or None: every file its marker lists at that
+    size; without a marker (another tool's, no ``run_id`` asked) a readable ``trainer_state.json`` and weights."""
     if not os.path.isdir(path):
         return "not a directory"
     marker = read_json(os.path.join(path, CHECKPOINT_MARKER))
@@ -106,7 +100,6 @@ def checkpoint_problem(path: str, run_id: str | None = None) -> str | None:
 
 
 def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
-    """The newest complete checkpoint of run ``run_id`` in ``output_dir``, or None."""
     for _, path in reversed(list_checkpoints(output_dir)):
         if run_id is not None and checkpoint_problem(path, run_id) is None:
             return path
@@ -114,14 +107,13 @@ def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
 
 
 def run_contents(output_dir: str) -> list[str]:
-    """The entries of ``output_dir`` that show a training run wrote there (checkpoints, weights, state)."""
+    """The entries of ``output_dir`` that show a training run wrote there."""
     names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
     return [n for n in names if n in _RUN_MARKS or CHECKPOINT_NAME.match(n)]
 
 
 @dataclass
 class ResumeChoice:
-    """The checkpoint ``resume_from_checkpoint: true`` resolved to, and the ones it passed over (with why)."""
 
     path: str
     step: int
@@ -129,14 +121,12 @@ class ResumeChoice:
     skipped: list[str] = field(default_factory=list)
 
     def note(self) -> str:
-        """The line the launcher prints about this choice."""
         text = f"resuming from {self.path} (step {self.step}, the newest complete checkpoint of this run)"
         return text + ("; passed over: " + "; ".join(self.skipped) if self.skipped else "")
 
 
 def choose_resume(output_dir: str) -> ResumeChoice:
-    """What ``resume_from_checkpoint: true`` means for ``output_dir``; :class:`ConfigError` when there is no run of
-    this launcher, the run is finished, or none of its checkpoints is complete."""
+    """What ``resume_from_checkpoint: true`` means for ``output_dir``, or a :class:`ConfigError` why there is none."""
     run = read_run(output_dir)
     checkpoints = list_checkpoints(output_dir)
     if run is None or not run.get("run_id"):
@@ -164,10 +154,8 @@ def choose_resume(output_dir: str) -> ResumeChoice:
 
 
 def resolve_auto_resume(cfg: Any, restart: int) -> dict[str, Any] | None:
-    """``resume_from_checkpoint: auto``, or none in a worker torchrun restarted (``restart`` > 0): the fields of
-    ``cfg`` to change. The newest complete checkpoint of the unfinished run in ``output_dir`` as ``true`` takes it,
-    else a new run; a finished run is refused as with ``true``, another tool's files as without
-    ``resume_from_checkpoint``. None when ``resume_from_checkpoint`` asks for something else."""
+    """The fields of ``cfg`` to change for ``resume_from_checkpoint: auto`` or a torchrun restart (``restart`` > 0):
+    what ``true`` would take, else a new run; None when ``resume_from_checkpoint`` asks for something else."""
     value = cfg.resume_from_checkpoint
     if not (str(value).lower() == "auto" or (value is None and restart > 0)):
         return None

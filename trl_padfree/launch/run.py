@@ -1,18 +1,6 @@
-"""The launch's run, stage by stage, for every trainer; what is a trainer's own comes from its task
-(:mod:`.tasks`, looked up by ``cfg.task``).
-
-1. parse and validate the config (:mod:`.config`, :mod:`.validate`, the task's ``check``): nothing loaded yet;
-2. load the tokenizer (:mod:`.tokenizer`) and prepare the data (the task's ``prepare_data``: SFT loads the
-   records, :mod:`.data`, and labels them once, :mod:`.tasks.sft_data`, with the response-template check);
-3. load the model (:mod:`.model`) and, for padding-free runs, probe that packed sequences stay apart
-   (:mod:`.probe_stage`, with the task's ``probe_check``); the task's reference model, if any;
-4. train with the task's trainer (``make_trainer``; SIGTERM / Ctrl-C save a checkpoint, see :mod:`.callbacks`;
-   checkpoints are marked complete, see :mod:`.callbacks`; the final model appears whole, :mod:`.run_record`), save the model, then
-   run the final evaluation, and print a summary (:mod:`.summary`, with the task's ``summary_lines``).
-
-Stages 1-3 raise :class:`~.config.ConfigError` for bad input; ``main`` turns it into one line on stderr and exit
-code 2. Nothing is written (no ``output_dir``) before stage 4.
-"""
+"""The launch's run for every trainer (what is a trainer's own comes from its task, :mod:`.tasks`): tokenizer and
+data, model, packing probe and reference model, then train, save the model, evaluate and print the summary.
+Bad input raises :class:`~.config.ConfigError` (exit 2) before anything is written."""
 
 from __future__ import annotations
 
@@ -23,11 +11,11 @@ from typing import Any
 
 from ..exception_text import one_line
 from ..threads import torch_threads
-from .config import ConfigError, LaunchConfig
+from .config import LaunchConfig
 from .console import quiet_progress, say
 from .model import load_model
 from .probe_stage import probe_model
-from .summary import RunResult, eval_loss_steps, eval_losses, run_train_loss, summary_lines, write_summary
+from .summary import RunResult, summary_lines, write_summary
 from .tasks import Task, get_task
 from .tokenizer import load_tokenizer
 
@@ -35,21 +23,15 @@ __all__ = ["train"]
 
 
 def train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
-    """Stages 2-4 (see the module docstring) on a validated config; ``callbacks``: extra Trainer callbacks."""
-    threads = cfg.training.torch_num_threads
-    with torch_threads(None if threads == "auto" else threads):
-        return _train(cfg, callbacks)
-
-
-def _train(cfg: LaunchConfig, callbacks: Sequence[Any] = ()) -> RunResult:
+    """The run of a validated config; ``callbacks``: extra Trainer callbacks."""
     from .distributed import check_process_group
 
-    training = cfg.training
-    task = get_task(cfg.task)  # what is the trainer's own, stage by stage (launch.tasks)
+    training, task = cfg.training, get_task(cfg.task)
     check_process_group(training)  # before anything is written
     for note in cfg.notes:
         say(note)
-    with quiet_progress():
+    threads = training.torch_num_threads
+    with torch_threads(None if threads == "auto" else threads), quiet_progress():
         say(f"preparing data (tokenizer of {cfg.model.model_name_or_path})")
         with training.main_process_first(desc="loading the tokenizer"):
             tokenizer = load_tokenizer(cfg)
@@ -86,14 +68,8 @@ def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, c
     with trainer_settings_checked(training.output_dir, task.trainer_name), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
         # extra callbacks act first within a step (a test hook signals before the check)
-        existed = os.path.exists(training.output_dir)
         trainer = task.make_trainer(cfg, tokenizer, model, ref_model, data, [*callbacks, stop])
-    try:
         task.check_trainer(cfg, trainer, data)  # e.g. the records TRL dropped (before anything is written)
-    except ConfigError:
-        if not existed and os.path.isdir(training.output_dir) and not os.listdir(training.output_dir):
-            os.rmdir(training.output_dir)  # (the Trainer makes it, empty)
-        raise
     metrics: dict[str, Any] = {}
     if begin_run(trainer, cfg.run_id, cfg.resume_from_checkpoint):
         with stop, crash_reported(trainer, say):
@@ -121,28 +97,9 @@ def _fit(cfg: LaunchConfig, task: Task, tokenizer: Any, model: Any, data: Any, c
             except Exception as exc:
                 eval_error = one_line(exc)
     trainer.save_state()
-    first_eval, last_eval = eval_losses(trainer.state.log_history)
-    first_eval_step, last_eval_step = eval_loss_steps(trainer.state.log_history)  # which evaluation each loss is
-    run_loss, run_loss_steps = run_train_loss(trainer.state.log_history)  # the whole run, also after a resume
-    result = RunResult(
-        global_step=trainer.state.global_step,
-        max_steps=trainer.state.max_steps,
-        interrupted=stop.requested if interrupted else None,
-        checkpoint=checkpoint,
-        saved_to=saved_to,
-        metrics=metrics,
-        first_eval_loss=first_eval,
-        last_eval_loss=last_eval,
-        train_loss=run_loss,
-        last_train_loss=next((e["loss"] for e in reversed(trainer.state.log_history) if "loss" in e), None),
-        steps_this_process=trainer.state.global_step - (trainer.state.global_step if trainer.first_step is None
-                                                         else trainer.first_step),
-        train_loss_steps=run_loss_steps,
-        first_eval_step=first_eval_step,
-        last_eval_step=last_eval_step,
-    )
+    result = RunResult.from_trainer(trainer, metrics, interrupted=stop.requested if interrupted else None,
+                                    checkpoint=checkpoint, saved_to=saved_to)
     if trainer.is_world_process_zero():
-        # the settings of this trainer only: max_tokens_per_batch for SFT, prompt_once for DPO
         write_summary(result, training.output_dir, padding_free=cfg.padding_free,
                       attn_implementation=cfg.attn_implementation, **describe_distribution(training),
                       **task.summary_settings(cfg), **task.trainer_kwargs(cfg))

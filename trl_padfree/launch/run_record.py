@@ -1,8 +1,5 @@
-"""The steps around training that keep the run's record (:data:`~.resume.RUN_FILE`): :func:`begin_run` records
-the run, :func:`end_run` how it ended (on several nodes after sharing rank 0's summary), :func:`crash_reported`
-says where the work is when training fails, :func:`save_final_model` saves the model whole or not at all, and
-:func:`trainer_settings_checked` turns TRL's refusal of the settings into a one-line :class:`~.config.ConfigError`.
-"""
+"""The steps around training that keep the run's record (:data:`~.resume.RUN_FILE`), say where the work is when
+training fails, and save the final model whole or not at all."""
 
 from __future__ import annotations
 
@@ -21,19 +18,17 @@ __all__ = ["RunError", "begin_run", "crash_reported", "end_run", "save_final_mod
 
 
 class RunError(RuntimeError):
-    """A failure during the run itself (not bad input): ``main`` prints the one-line message and exits with 1."""
+    """A failure during the run itself (not bad input): one line, exit 1."""
 
 
 def write_run(output_dir: str, **fields: Any) -> None:
-    """Update the run record of ``output_dir`` with ``fields`` (atomically)."""
     write_json(os.path.join(output_dir, RUN_FILE), {**(read_run(output_dir) or {}), **fields})
 
 
 @contextlib.contextmanager
 def trainer_settings_checked(output_dir: str, trainer: str = "SFTTrainer") -> Iterator[None]:
-    """Around building the trainer: a ``ValueError`` (TRL's and transformers' checks of the settings against the
-    model and data) becomes a one-line :class:`ConfigError` (exit 2), and the ``output_dir`` the Trainer created for
-    nothing is removed."""
+    """Around building the trainer: a ``ValueError`` (TRL's and transformers' checks of the settings) becomes a
+    one-line :class:`ConfigError` (exit 2), and the empty ``output_dir`` the Trainer created is removed."""
     existed = os.path.exists(output_dir)
     try:
         yield
@@ -41,13 +36,14 @@ def trainer_settings_checked(output_dir: str, trainer: str = "SFTTrainer") -> It
         if not existed:
             with contextlib.suppress(OSError):
                 os.rmdir(output_dir)
+        if isinstance(exc, ConfigError):
+            raise
         raise ConfigError(f"{trainer} refused the settings: {one_line(exc)}") from None
 
 
 def begin_run(trainer: Any, run_id: str | None, resume_from: str | None) -> bool:
-    """Record the run in ``output_dir`` and tell whether there is anything left to train: False when
-    ``resume_from`` is at the run's last step (its weights and state are then loaded here; the caller skips
-    ``trainer.train()``, which would train one step past the end)."""
+    """Record the run in ``output_dir``; False when ``resume_from`` is at the run's last step (its weights and state
+    are then loaded here: ``trainer.train()`` would train one step past the end)."""
     from transformers import TrainerState
 
     trainer.run_id = run_id
@@ -86,9 +82,8 @@ def crash_reported(trainer: Any, say: Callable[[str], None]) -> Iterator[None]:
 
 
 def save_final_model(trainer: Any, output_dir: str) -> None:
-    """``trainer.save_model`` into a staging directory, whose files are moved into ``output_dir`` once all are
-    written: a failed save (a full disk) leaves nothing partial and raises a one-line :class:`RunError` naming the
-    last complete checkpoint."""
+    """``trainer.save_model`` into a staging directory moved into ``output_dir`` once all is written: a failed save
+    (a full disk) leaves nothing partial and raises a :class:`RunError` naming the last complete checkpoint."""
     from .distributed import any_process
 
     staging, main = os.path.join(output_dir, ".trl_padfree_final"), trainer.args.should_save
@@ -116,8 +111,7 @@ def save_final_model(trainer: Any, output_dir: str) -> None:
 
 
 def _share_summary(trainer: Any) -> None:
-    """Several nodes: rank 0's summary reaches every node's console, and (``save_on_each_node``) its
-    ``launch_summary.json`` and ``trainer_state.json``, with this node's paths. Every process calls it."""
+    """Several nodes: rank 0's summary reaches every node's console and (``save_on_each_node``) output_dir."""
     import torch.distributed as dist
 
     from .console import say
@@ -145,8 +139,7 @@ def _share_summary(trainer: Any) -> None:
 
 
 def end_run(trainer: Any, status: str, **fields: Any) -> None:
-    """Record how the run ended (``finished``, ``interrupted``, ``failed``; best effort for ``failed``: the disk may
-    be full). Other statuses are reached by every process together: on several nodes each gets rank 0's summary."""
+    """Record how the run ended (``finished``, ``interrupted``; ``failed``: best effort, the disk may be full)."""
     if status != "failed":
         _share_summary(trainer)
     if trainer.args.should_save:

@@ -1,16 +1,14 @@
-"""The end-of-run summary of ``trl-padfree train`` (printed, and saved as ``launch_summary.json``), from the
-Trainer's metrics and its log history (which a checkpoint carries: after a resume it covers the whole run)."""
+"""The end-of-run summary (printed, and saved as ``launch_summary.json``), from the Trainer's metrics and its log
+history (which a checkpoint carries: after a resume it covers the whole run)."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["RunResult", "eval_loss_line", "eval_loss_steps", "eval_losses", "run_train_loss", "summary_lines",
-           "summary_record", "write_summary"]
+__all__ = ["RunResult", "eval_loss_line", "run_train_loss", "summary_lines", "summary_record", "write_summary"]
 
 
 @dataclass
@@ -31,6 +29,22 @@ class RunResult:
     train_loss_steps: int | None = None
     first_eval_step: int | None = None
     last_eval_step: int | None = None
+
+    @classmethod
+    def from_trainer(cls, trainer: Any, metrics: dict[str, Any], **outcome: Any) -> RunResult:
+        """The result of ``trainer``'s run from its state and log history; ``outcome``: ``interrupted``,
+        ``checkpoint``, ``saved_to``."""
+        state, history = trainer.state, trainer.state.log_history
+        evals = [e for e in history if "eval_loss" in e]
+        first, last = (evals[0], evals[-1]) if evals else ({}, {})
+        train_loss, steps = run_train_loss(history)  # the whole run, also after a resume
+        return cls(global_step=state.global_step, max_steps=state.max_steps, metrics=metrics, train_loss=train_loss,
+                   first_eval_loss=first.get("eval_loss"), last_eval_loss=last.get("eval_loss"),
+                   last_train_loss=next((e["loss"] for e in reversed(history) if "loss" in e), None),
+                   steps_this_process=state.global_step - (trainer.first_step if trainer.first_step is not None
+                                                           else state.global_step),
+                   train_loss_steps=steps, first_eval_step=first.get("step"), last_eval_step=last.get("step"),
+                   **outcome)
 
 
 def _fmt(value: float | None) -> str:
@@ -96,18 +110,6 @@ def eval_loss_line(result: RunResult) -> str:
     return f"eval loss: {_fmt(first)}{_at(result.first_eval_step)} -> {_fmt(last)}{_at(result.last_eval_step)}"
 
 
-def eval_losses(history: list[dict[str, Any]]) -> tuple[float | None, float | None]:
-    """``(first, last)`` eval loss of the log history."""
-    losses = [entry["eval_loss"] for entry in history if "eval_loss" in entry]
-    return (losses[0], losses[-1]) if losses else (None, None)
-
-
-def eval_loss_steps(history: list[dict[str, Any]]) -> tuple[int | None, int | None]:
-    """``(step of the first, step of the last)`` evaluation in the log history."""
-    steps = [entry.get("step") for entry in history if "eval_loss" in entry]
-    return (steps[0], steps[-1]) if steps else (None, None)
-
-
 def summary_record(result: RunResult, **extra: Any) -> dict[str, Any]:
     """``launch_summary.json``'s content: ``train_loss`` is the whole run's mean; transformers' own (this process's
     steps) is ``train_loss_this_process``, not repeated under ``metrics``.
@@ -124,5 +126,6 @@ def summary_record(result: RunResult, **extra: Any) -> dict[str, Any]:
 
 def write_summary(result: RunResult, output_dir: str, **extra: Any) -> None:
     """Save ``result`` (and ``extra`` fields) as ``output_dir/launch_summary.json``."""
-    with open(os.path.join(output_dir, "launch_summary.json"), "w", encoding="utf-8") as handle:
-        json.dump(summary_record(result, **extra), handle, indent=2, default=str)
+    from .resume import write_json
+
+    write_json(os.path.join(output_dir, "launch_summary.json"), summary_record(result, **extra))

@@ -1,8 +1,5 @@
-"""The tokenizer of ``trl-padfree train`` and ``preview``: loaded with the config's overrides, checked against the model.
-
-Every failure here is bad input (a wrong path, a token not in the vocabulary, a tokenizer that does not fit the
-model's embeddings) and raises :class:`~.config.ConfigError` before anything is written.
-"""
+"""The tokenizer of a run and of ``preview``: loaded with the config's overrides, checked against the model; a
+failure is a :class:`~.config.ConfigError` before anything is written."""
 
 from __future__ import annotations
 
@@ -61,10 +58,8 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
 
 
 def check_vocabulary(cfg: LaunchConfig, tokenizer: Any) -> None:
-    """Refuse a tokenizer whose token ids do not all fit the model's embeddings (read from the model's config only).
-
-    Such a pair fails with an IndexError at the first step that meets one of the extra tokens.
-    """
+    """Refuse a tokenizer whose token ids do not all fit the model's embeddings (an IndexError at the first step
+    that meets one of the extra tokens)."""
     from transformers import AutoConfig
 
     name = cfg.model.model_name_or_path

@@ -1,84 +1,106 @@
-"""What a trainer of the launch provides: :class:`Task`, whose methods the stages of a run call in turn.
-
-The stages (:mod:`..config` -> :mod:`..validate` -> :mod:`..defaults` -> data -> :mod:`..model` -> :mod:`..probe_stage`
--> train -> :mod:`..summary`) hold what every trainer shares (YAML parsing, strict keys and types, output_dir,
-resume, attention choice, atomic checkpoints, SIGTERM stop, multi-process start and exit, the run line); a task
-holds what is its own, one method per stage. This module imports nothing of the launch (the stages import it).
-"""
+"""What a trainer of the launch provides: :class:`Task`, whose methods the stages of a run (:mod:`..run`) call in
+turn. This module imports nothing of the launch (the stages import it)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Task"]
+__all__ = ["Records", "Task", "first_last", "say_data"]
+
+
+@dataclass
+class Records:
+    """A task's prepared data: the splits as the trainer takes them, and what the checks found."""
+
+    train: Any
+    eval: Any | None
+    text_format: str
+    dropped: dict[str, int] = field(default_factory=dict)  # records TRL's trainer dropped, per split
+    paired: bool = False  # KTO: preference pairs, which TRL unpairs
+
+
+def say_data(data: Any, unit: str, extra: str = "", eval_unit: str | None = None) -> None:
+    """The run's line about its data: ``data: N training <unit>, M eval <unit> (format: ...<extra>)``."""
+    from ..console import say
+
+    say(f"data: {len(data.train)} training {unit}" + (f", {len(data.eval)} eval {eval_unit or unit}"
+                                                      if data.eval is not None else "")
+        + f" (format: {data.text_format}{extra})")
+
+
+def first_last(evals: list[dict[str, Any]], key: str, name: str = "") -> str | None:
+    """``"<name>first -> last"`` of ``key`` over the log entries ``evals`` (None where either lacks it: TRL logs a
+    figure only when an evaluation batch had what it needs)."""
+    if not evals or key not in evals[0] or key not in evals[-1]:
+        return None
+    return f"{name}{evals[0][key]:.3f} -> {evals[-1][key]:.3f}"
 
 
 class Task:
     """One trainer of the launch (subclass it; see :mod:`trl_padfree.launch.tasks`).
 
-    Attributes:
-        name: the registry key (``LaunchConfig.task``).
-        command: the ``trl-padfree`` sub-command (``prog`` is ``"trl-padfree " + command``).
-        trainer_name: TRL's trainer class name, for the one-line errors of its constructor's checks.
+    ``name``: the registry key; ``command``: the ``trl-padfree`` sub-command; ``trainer_name``: TRL's trainer class
+    name (its config class and the one-line errors of its constructor); ``arguments``: the launch's arguments of
+    this trainer (None: ``config.LaunchArguments``).
     """
 
     name: str = ""
     command: str = ""
     trainer_name: str = ""
-    arguments: type | None = None  # the launch's arguments of this trainer (None: config.LaunchArguments)
+    arguments: type | None = None
 
     @property
     def prog(self) -> str:
         return f"trl-padfree {self.command}"
 
-    # -- validate -------------------------------------------------------------------------------------------------
     def numeric_ranges(self) -> dict[str, Any]:
-        """Legal ranges (``validate.Range``) of this task's fields that differ from ``validate.NUMERIC_RANGES``."""
+        """Legal ranges (``validate.Range``) of this task's fields beyond ``validate.NUMERIC_RANGES``."""
         return {}
 
     def check(self, cfg: Any) -> None:
-        """The task's own checks (raise ``ConfigError``; ``cfg.padding_free`` is resolved), before the model and
-        output_dir checks; they change nothing (:meth:`resolve` does)."""
+        """The task's own checks (raise ``ConfigError``), before the model and output_dir checks; change nothing."""
 
     def resolve(self, cfg: Any) -> dict[str, Any]:
-        """The task's settings resolved once every check passed: the fields of the ``LaunchConfig`` to change and
-        their new values (a nested object as a copy, ``config.with_fields``); ``cfg`` is not changed."""
+        """The fields of the ``LaunchConfig`` to change once every check passed (``cfg`` is not changed)."""
         return {}
 
     def describe(self, cfg: Any) -> dict[str, Any]:
-        """The task's own fields of the run line, after ``padding_free``."""
+        """The task's own fields of the run line."""
         return {}
 
-    # -- data, model, probe, trainer ------------------------------------------------------------------------------
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
-        """The prepared data: an object with ``train`` and ``eval`` (or None) datasets."""
+    unit = "examples"  # a record, in the data line
+
+    def load_data(self, cfg: Any, tokenizer: Any) -> Any:
+        """The prepared data: an object with ``train``, ``eval`` (or None) and ``text_format``."""
         raise NotImplementedError
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
+        data = self.load_data(cfg, tokenizer)
+        say_data(data, self.unit)
+        return data
 
     def probe_check(self, cfg: Any) -> Any:
         """The probe the launch runs before anything is written (None: SFT's ``assert_packing_safe``)."""
         return None
 
     def model_class(self) -> Any:
-        """The ``transformers`` auto class the launch loads the model with (:mod:`..model`; default a causal LM)."""
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM
 
     def model_kwargs(self, cfg: Any) -> dict[str, Any]:
-        """Extra ``from_pretrained`` arguments of this task's model (e.g. ``num_labels``; default none)."""
         return {}
 
     def trainer_kwargs(self, cfg: Any) -> dict[str, Any]:
-        """The shared launcher settings for ``make_trainer`` to pass on to the trainer: ``scored_lm_head`` where the
-        task's config has it (the trainers with an LM head), else none."""
+        """``scored_lm_head`` where the task's config has it (the trainers with an LM head)."""
         if not hasattr(cfg.training, "scored_lm_head"):
             return {}
         return {"scored_lm_head": bool(cfg.training.scored_lm_head)}
 
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        """Checks of the trainer once built, before anything is written (e.g. what TRL dropped); raise
-        ``ConfigError``."""
+        """Checks of the built trainer before anything is written (e.g. what TRL dropped); raise ``ConfigError``."""
 
     def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
         """The reference model (or None) and the line that says which (None: no line)."""
@@ -86,10 +108,8 @@ class Task:
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        """The trainer, with the launch's atomic checkpoints and whole-run log (the probe already ran)."""
         raise NotImplementedError
 
-    # -- summary, preview -----------------------------------------------------------------------------------------
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         """The task's own settings in ``launch_summary.json``."""
         return {}

@@ -1,12 +1,6 @@
-"""``trl-padfree grpo``: RL with verifiable rewards through :class:`trl_padfree.GRPOTrainer` (TRL's, padding-free).
-
-Its own parts: ``reward_funcs`` and this package's ``GRPOConfig`` (``padding_free``, ``prompt_once``);
-reward functions by name (TRL's built-in rewards as ``trl grpo`` names them, this package's
-:data:`trl_padfree.rewards.REWARDS`) or by import path (``module:function`` or ``module.function``), imported at
-validation so that a wrong name is exit 2 with nothing written; prompt records checked one by one; the group probe
-(:func:`trl_padfree.rl_probe.assert_group_packing_safe`) before anything is written; the summary's mean reward
-and ``preview``'s group layout. ``trl-padfree rloo`` (:mod:`.rloo`) is the same task with ``RLOOConfig``.
-"""
+"""``trl-padfree grpo``: RL with verifiable rewards through :class:`trl_padfree.GRPOTrainer` (TRL's, padding-free);
+``reward_funcs`` by name or import path, imported at validation (a wrong name: exit 2, nothing written).
+``trl-padfree rloo`` (:mod:`.rloo`) is the same task with ``RLOOConfig``."""
 
 from __future__ import annotations
 
@@ -14,36 +8,30 @@ import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from trl_padfree.grpo import GRPOTrainer
 
 from ..config import ConfigError, RewardFunctionArguments, with_fields
-from ..console import say
-from ..trainer_setup import LaunchTrainer, make_launch_trainer
+from ..trainer_setup import make_launch_trainer
+from .base import Records
 from .shared import PromptOnceTask
 
-__all__ = ["TASK", "LaunchGRPOTrainer", "GRPOTask", "resolve_reward", "trl_rewards"]
+__all__ = ["TASK", "TRL_REWARDS", "GRPOTask", "resolve_reward"]
 
 
-def trl_rewards() -> dict[str, Callable[[], Any]]:
-    """TRL's built-in rewards as ``trl grpo`` names them (each made on use: some need optional packages)."""
-    def builtin(name: str) -> Callable[[], Any]:
-        def make() -> Any:
-            import trl.rewards
+#: TRL's built-in rewards as ``trl grpo`` names them (imported on use: some need optional packages).
+TRL_REWARDS = ("accuracy_reward", "get_soft_overlong_punishment", "reasoning_accuracy_reward", "think_format_reward")
 
-            return getattr(trl.rewards, name)
-        return make
 
-    def overlong() -> Any:
-        from trl.rewards import get_soft_overlong_punishment
+def trl_reward(name: str) -> Callable[..., Any]:
+    import trl.rewards
 
-        return get_soft_overlong_punishment(max_completion_len=1280, soft_punish_cache=256)  # trl grpo's values
-
-    return {"accuracy_reward": builtin("accuracy_reward"),
-            "reasoning_accuracy_reward": builtin("reasoning_accuracy_reward"),
-            "think_format_reward": builtin("think_format_reward"), "get_soft_overlong_punishment": overlong}
+    reward = getattr(trl.rewards, name)
+    if name == "get_soft_overlong_punishment":
+        return reward(max_completion_len=1280, soft_punish_cache=256)  # trl grpo's values
+    return reward
 
 
 def resolve_reward(name: str) -> Callable[..., Any]:
@@ -58,12 +46,11 @@ def resolve_reward(name: str) -> Callable[..., Any]:
     """
     from trl_padfree.rewards import REWARDS
 
-    builtins = trl_rewards()
     if name in REWARDS:
         return REWARDS[name]
-    if name in builtins:
+    if name in TRL_REWARDS:
         try:
-            return builtins[name]()
+            return trl_reward(name)
         except ImportError as exc:
             raise ConfigError(f"reward_funcs: {name!r} needs a package that is not installed ({exc}); install it "
                               "or choose another reward") from None
@@ -83,7 +70,7 @@ def resolve_reward(name: str) -> Callable[..., Any]:
         if not callable(func):
             raise ConfigError(f"reward_funcs: {name!r} is a {type(func).__name__}, not a function")
         return func
-    known = ", ".join([*sorted(REWARDS), *sorted(builtins)])
+    known = ", ".join([*sorted(REWARDS), *TRL_REWARDS])
     raise ConfigError(f"reward_funcs: {name!r} is not a known reward ({known}) nor an import path 'module:function'")
 
 
@@ -93,14 +80,12 @@ def check_prompt_records(dataset: Any, source: str) -> None:
     if "prompt" not in columns:
         raise ConfigError(f"{source}: RL records need a 'prompt' (plus any columns the rewards read, e.g. "
                           f"'answer'); columns: {', '.join(columns)}")
+    from .preference_data import value_kind
+
     first = None
     for index, value in enumerate(dataset["prompt"]):
-        if isinstance(value, str):
-            kind = "text"
-        elif isinstance(value, list) and value and all(isinstance(m, dict) and "role" in m and "content" in m
-                                                       for m in value):
-            kind = "messages"
-        else:
+        kind = value_kind(value)
+        if kind is None:
             raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' must be a string or a list of "
                               f"chat messages ({{'role', 'content'}}), got {type(value).__name__}; fix the record")
         if not value:
@@ -113,14 +98,7 @@ def check_prompt_records(dataset: Any, source: str) -> None:
                               f"before it are {first}; use one kind")
 
 
-@dataclass
-class PreparedPrompts:
-    train: Any
-    eval: Any | None
-    text_format: str
-
-
-def load_prompts(cfg: Any, tokenizer: Any) -> PreparedPrompts:
+def load_prompts(cfg: Any, tokenizer: Any) -> Records:
     """The training and eval prompt records, checked (TRL's trainer tokenizes them as it generates)."""
     from ..data import load_splits
 
@@ -130,7 +108,7 @@ def load_prompts(cfg: Any, tokenizer: Any) -> PreparedPrompts:
         raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
                           "has no chat template; use text prompts")
     check_answer_columns(cfg.launch.reward_funcs or [], train, "train_file" if cfg.data.train_file else "dataset")
-    return PreparedPrompts(train, eval_ds, "conversational" if conversational else "prompt")
+    return Records(train, eval_ds, "conversational" if conversational else "prompt")
 
 
 def check_answer_columns(reward_names: Any, dataset: Any, source: str) -> None:
@@ -156,70 +134,6 @@ def prompt_once(cfg: Any) -> bool:
     return bool(cfg.padding_free) and cfg.attn_implementation in ("padfree", "auto")
 
 
-class LaunchGRPOTrainer(LaunchTrainer, GRPOTrainer):
-    """The launch's ``GRPOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
-
-
-class GRPOTask(PromptOnceTask):
-    name = "grpo"
-    command = "grpo"
-    trainer_name = "GRPOTrainer"
-    arguments = RewardFunctionArguments
-
-    trainer_class: type = LaunchGRPOTrainer
-
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
-
-    def check(self, cfg: Any) -> None:
-        names = cfg.launch.reward_funcs or []
-        if not names:
-            raise ConfigError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [answer_prefix] "
-                              "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
-        for name in names:
-            resolve_reward(name)
-        super().check(cfg)
-        if cfg.padding_free:
-            from trl_padfree._compat import rl_padding_free_unavailable
-
-            if (problem := rl_padding_free_unavailable()) is not None:
-                raise ConfigError(problem)
-
-    def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
-
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedPrompts:
-        data = load_prompts(cfg, tokenizer)
-        train, eval_ds = data.train, data.eval
-        say(f"data: {len(train)} training prompts" + (f", {len(eval_ds)} eval prompts" if eval_ds is not None else "")
-            + f" (format: {data.text_format})")
-        return data
-
-    def probe_check(self, cfg: Any) -> Any:
-        from functools import partial
-
-        from trl_padfree.rl_probe import assert_group_packing_safe
-
-        return partial(assert_group_packing_safe, prompt_once=prompt_once(cfg))
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        cfg = replace(cfg, training=with_fields(cfg.training, prompt_once=prompt_once(cfg)))  # (unset: resolved)
-        return make_launch_trainer(self.trainer_class, cfg, tokenizer, model, data, callbacks,
-                                   reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
-
-    def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": prompt_once(cfg), "reward_funcs": list(cfg.launch.reward_funcs or [])}
-
-    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-        return reward_summary(lines, history)
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return group_layout(cfg, tokenizer, load_prompts(cfg, tokenizer), n)
-
-
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
     """The summary lines of an RL run: the share of training spent generating (the end-of-training
     ``train_generation_seconds`` / ``train_generation_share`` of :mod:`trl_padfree.throughput`), the mean reward first and last.
@@ -241,7 +155,7 @@ def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]
     return out
 
 
-def group_layout(cfg: Any, tokenizer: Any, data: PreparedPrompts, n: int) -> list[str]:
+def group_layout(cfg: Any, tokenizer: Any, data: Records, n: int) -> list[str]:
     """``preview``'s lines: for the first ``n`` prompts, what one group forwards (shared) and scores."""
     training = cfg.training
     g, c = training.num_generations, training.max_completion_length
@@ -267,6 +181,55 @@ def group_layout(cfg: Any, tokenizer: Any, data: PreparedPrompts, n: int) -> lis
                   f"    scored: each completion's tokens ({g} x up to {c}), attending to the prompt and to itself only",
                   f"    forwarded tokens at most: {forwarded} (padded TRL layout: {g * (p + c)})"]
     return lines
+
+
+class GRPOTask(PromptOnceTask):
+    name = "grpo"
+    command = "grpo"
+    trainer_name = "GRPOTrainer"
+    arguments = RewardFunctionArguments
+    probe = "rl_probe:assert_group_packing_safe"
+    prompt_once = staticmethod(prompt_once)
+
+    trainer_class: type = GRPOTrainer
+
+    def numeric_ranges(self) -> dict[str, Any]:
+        from ..validate import Range
+
+        return {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
+
+    def check(self, cfg: Any) -> None:
+        names = cfg.launch.reward_funcs or []
+        if not names:
+            raise ConfigError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [answer_prefix] "
+                              "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
+        for name in names:
+            resolve_reward(name)
+        super().check(cfg)
+        if cfg.padding_free:
+            from trl_padfree._compat import rl_padding_free_unavailable
+
+            if (problem := rl_padding_free_unavailable()) is not None:
+                raise ConfigError(problem)
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        return {**super().describe(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
+
+    unit, load_data = "prompts", staticmethod(load_prompts)
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        cfg = replace(cfg, training=with_fields(cfg.training, prompt_once=prompt_once(cfg)))  # (unset: resolved)
+        return make_launch_trainer(self.trainer_class, cfg, tokenizer, model, data, callbacks,
+                                   reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
+
+    def summary_settings(self, cfg: Any) -> dict[str, Any]:
+        return {**super().summary_settings(cfg), "reward_funcs": list(cfg.launch.reward_funcs or [])}
+
+    summary_lines = staticmethod(reward_summary)
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        return group_layout(cfg, tokenizer, load_prompts(cfg, tokenizer), n)
 
 
 TASK = GRPOTask()

@@ -1,17 +1,9 @@
-"""``trl-padfree kto``: KTO with :class:`trl_padfree.KTOTrainer` (TRL's, padding-free; trl >= 1.16).
-
-Its own parts: this package's ``KTOConfig`` (``prompt_once``, ...) and ``chat_template_path``
-(TRL's plus ``padding_free``); the records TRL's ``KTOTrainer`` takes: unpaired ``prompt`` / ``completion`` /
-``label`` (a boolean: desirable or not), or the preference pairs of ``trl-padfree dpo`` (``prompt`` / ``chosen`` /
-``rejected``, checked as there), which TRL unpairs (the chosen response desirable, the rejected one not); the
-reference model and the preference probe of ``trl-padfree dpo``; ``scored_lm_head`` passed on; the summary's KTO
-rewards and KL; ``preview``'s examples.
-"""
+"""``trl-padfree kto``: KTO with :class:`trl_padfree.KTOTrainer` (TRL's, padding-free; trl >= 1.16), on unpaired
+``prompt`` / ``completion`` / ``label`` records or the preference pairs of ``trl-padfree dpo`` (TRL unpairs them)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import trl
@@ -19,28 +11,12 @@ import trl
 from trl_padfree.kto import KTOTrainer
 
 from ..config import ConfigError
-from ..console import say
-from ..trainer_setup import LaunchTrainer, make_launch_trainer
-from .preference_data import (
-    check_preference_records,
-    dropped_by_trainer,
-    load_checked,
-    mixed_kinds_error,
-    value_kind,
-)
+from ..trainer_setup import make_launch_trainer
+from .base import Records, first_last, say_data
+from .preference_data import check_kinds, check_preference_records, dropped_by_trainer, load_checked
 from .shared import PreferenceTask
 
-__all__ = ["TASK", "LaunchKTOTrainer", "KTOTask", "kto_summary"]
-
-
-def kto_unavailable() -> str | None:
-    """One line naming the version and the fix where the installed TRL cannot run ``trl-padfree kto``, else None."""
-    from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
-
-    if trl_at_least(MIN_TRL_KTO):
-        return None
-    return (f"trl-padfree kto needs trl >= {MIN_TRL_KTO} (trl_padfree.KTOTrainer builds on its KTOTrainer), and trl "
-            f"{TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_KTO}')")
+__all__ = ["TASK", "KTOTask", "kto_summary"]
 
 
 def check_kto_records(dataset: Any, source: str) -> None:
@@ -56,108 +32,25 @@ def check_kto_records(dataset: Any, source: str) -> None:
             f"{source}: KTO records need 'prompt', 'completion' and 'label' (true: desirable), or preference pairs "
             f"'prompt', 'chosen', 'rejected'; missing {', '.join(repr(m) for m in missing)} (columns: "
             f"{', '.join(columns)})")
-    first: tuple[int, str] | None = None
-    for index, record in enumerate(dataset.select_columns(["prompt", "completion", "label"])):
-        where = f"{source} record {index} (counting from 0)"
-        if not isinstance(record["label"], bool):
-            raise ConfigError(f"{where}: 'label' must be true (desirable) or false (undesirable), got "
-                              f"{record['label']!r}; fix the record")
-        kinds = set()
-        for name in ("prompt", "completion"):
-            kind = value_kind(record[name])
-            if kind is None:
-                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
-                                  f"'content'}}), got {type(record[name]).__name__}; fix the record")
-            if first is None:
-                first = (index, kind)
-            elif kind != first[1] and first[0] != index:
-                raise mixed_kinds_error(source, index, name, kind, *first)
-            kinds.add(kind)
-        if not record["completion"]:
-            raise ConfigError(f"{where}: 'completion' is empty; drop the record or fill it in")
-        if len(kinds) > 1:
-            raise ConfigError(f"{where}: mixes text and chat messages across prompt and completion; use one kind")
+    for index, label in enumerate(dataset["label"]):
+        if not isinstance(label, bool):
+            raise ConfigError(f"{source} record {index} (counting from 0): 'label' must be true (desirable) or false "
+                              f"(undesirable), got {label!r}; fix the record")
+    check_kinds(dataset, source, ["prompt", "completion"], ("completion",))
 
 
-@dataclass
-class PreparedKTO:
-    train: Any  # the records as loaded (TRL's KTOTrainer unpairs and tokenizes them when it is built)
-    eval: Any | None
-    text_format: str
-    paired: bool
-    dropped: dict[str, int] = field(default_factory=dict)  # records TRL drops (prompt fills max_length), per split
-
-
-def load_kto_data(cfg: Any, tokenizer: Any) -> PreparedKTO:
+def load_kto_data(cfg: Any, tokenizer: Any) -> Records:
     """The training and eval records, checked (TRL's ``KTOTrainer`` unpairs and tokenizes them when it is built)."""
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_kto_records)
     paired = "chosen" in train.column_names
     kind = "conversational" if conversational else "text"
-    return PreparedKTO(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
-                                                      else "prompt/completion/label"), paired)
-
-
-def count(dataset: Any, paired: bool) -> tuple[int, int]:
-    """``(desirable, undesirable)`` examples once TRL has unpaired the records."""
-    if paired:
-        return len(dataset), len(dataset)
-    good = sum(bool(v) for v in dataset["label"])
-    return good, len(dataset) - good
-
-
-class LaunchKTOTrainer(LaunchTrainer, KTOTrainer):
-    """The launch's ``KTOTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
-
-
-class KTOTask(PreferenceTask):
-    name = "kto"
-    command = "kto"
-    trainer_name = "KTOTrainer"
-
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
-
-    def check(self, cfg: Any) -> None:
-        if (problem := kto_unavailable()) is not None:  # (the config parses: preview guesses tasks from its fields)
-            raise ConfigError(problem)
-        super().check(cfg)
-
-    def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
-
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedKTO:
-        data = load_kto_data(cfg, tokenizer)
-        def noun(dataset: Any) -> str:
-            return "pairs" if "chosen" in dataset.column_names else "examples"
-
-        line = f"data: {len(data.train)} training {noun(data.train)}"
-        if data.eval is not None:
-            line += f", {len(data.eval)} eval {noun(data.eval)}"
-        good, bad = count(data.train, data.paired)
-        line += f" (format: {data.text_format}; training examples: {good} desirable, {bad} undesirable"
-        say(line + (", each pair unpaired by TRL)" if data.paired else ")"))
-        return data
-
-    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        dropped_by_trainer(cfg, trainer, data, "pairs" if data.paired else "examples", 2 if data.paired else 1)
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(LaunchKTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
-
-    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-        return kto_summary(lines, history)
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return kto_examples(cfg, tokenizer, load_kto_data(cfg, tokenizer), n, color)
+    return Records(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
+                                                  else "prompt/completion/label"), paired=paired)
 
 
 def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a KTO run: the eval rewards of the desirable
-    (``rewards/chosen``) and undesirable (``rewards/rejected``) completions, their margin and the KL estimate, first
-    and last evaluation.
+    """The summary lines of a KTO run: the eval rewards of the desirable and undesirable completions, their margin
+    and the KL estimate, first and last evaluation.
 
     >>> kto_summary(["steps: 2/2"], [
     ...     {"eval_rewards/chosen": 0.0, "eval_rewards/rejected": 0.0, "eval_rewards/margins": 0.0, "eval_kl": 0.0},
@@ -172,39 +65,29 @@ def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
     out = list(lines)
     evals = [e for e in history if "eval_rewards/chosen" in e or "eval_rewards/rejected" in e]
     if evals:
-        first, last = evals[0], evals[-1]
-
-        def pair(name: str, key: str) -> str | None:
-            # TRL logs a figure only when an evaluation batch had what it needs (a margin: both kinds)
-            if key not in first or key not in last:
-                return None
-            return f"{name} {first[key]:.3f} -> {last[key]:.3f}"
-
-        rewards = [p for p in (pair("desirable", "eval_rewards/chosen"), pair("undesirable", "eval_rewards/rejected"))
-                   if p is not None]
-        extra = [p for p in (pair("margin", "eval_rewards/margins"), pair("KL", "eval_kl")) if p is not None]
+        rewards = [p for p in (first_last(evals, "eval_rewards/chosen", "desirable "),
+                               first_last(evals, "eval_rewards/rejected", "undesirable ")) if p]
+        extra = [p for p in (first_last(evals, "eval_rewards/margins", "margin "), first_last(evals, "eval_kl", "KL "))
+                 if p]
         out.append("eval rewards: " + ", ".join(rewards) + (f" ({', '.join(extra)})" if extra else ""))
     return out
 
 
-def kto_examples(cfg: Any, tokenizer: Any, data: PreparedKTO, n: int, color: bool = False) -> list[str]:
+def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
     """``preview``'s lines: the first ``n`` examples as TRL's ``KTOTrainer`` tokenizes them (pairs unpaired), the
     scored completion tokens marked, then the totals over the training set."""
     from types import SimpleNamespace
 
-    import numpy as np
-
     from trl_padfree.preference import truncate_pair
-    from trl_padfree.token_text import TokenText
 
-    from ..preview import marked_text
+    from ..preview import token_marker
 
     training = cfg.training
     trainer = SimpleNamespace(_tokenizer=tokenizer, _is_vision_dataset=False, _signature_columns=None, args=training,
                               calculate_KL=False, desirable_weight=training.desirable_weight,
                               undesirable_weight=training.undesirable_weight)  # what TRL's preparation reads
     examples = trl.KTOTrainer._prepare_dataset(trainer, data.train, tokenizer, training, "train")
-    text = TokenText.from_tokenizer(tokenizer)
+    mark = token_marker(tokenizer, color)
     lines = [f"{len(examples)} training examples (format: {data.text_format}); each scored on its completion, and a "
              "KL sequence (its prompt with another example's completion) per example "
              f"(padding_free={cfg.padding_free}, prompt_once={bool(cfg.training.prompt_once)})"]
@@ -214,17 +97,61 @@ def kto_examples(cfg: Any, tokenizer: Any, data: PreparedKTO, n: int, color: boo
         total += len(prompt) + len(completion)
         scored += len(completion)
         if index < n:
-            ids = prompt + completion
-            raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
             label = "desirable" if ex["label"] else "undesirable"
             lines += [f"--- example {index} ({label}; prompt {len(prompt)} tokens, completion {len(completion)}) ---",
-                      marked_text(raw, starts.tolist(), [-100] * len(prompt) + completion, color)]
+                      mark(prompt + completion, [-100] * len(prompt) + completion)]
     share = 100.0 * scored / total if total else 0.0
     unpaired = 2 * len(data.train) if data.paired else len(data.train)
     lines += ["---", f"scored tokens: {scored:,} of {total:,} ({share:.1f}%) in {len(examples):,} examples",
               f"examples dropped before training (prompt alone fills max_length={training.max_length}): "
               f"{unpaired - len(examples):,} of {unpaired:,}"]
     return lines
+
+
+class KTOTask(PreferenceTask):
+    name = "kto"
+    command = "kto"
+    trainer_name = "KTOTrainer"
+
+    def numeric_ranges(self) -> dict[str, Any]:
+        from ..validate import Range
+
+        return {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
+
+    def check(self, cfg: Any) -> None:
+        from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
+
+        if not trl_at_least(MIN_TRL_KTO):  # (here, not at import: preview guesses tasks from their fields)
+            raise ConfigError(f"trl-padfree kto needs trl >= {MIN_TRL_KTO} (trl_padfree.KTOTrainer builds on its "
+                              f"KTOTrainer), and trl {TRL_VERSION} is installed: upgrade trl (pip install -U "
+                              f"'trl>={MIN_TRL_KTO}')")
+        super().check(cfg)
+
+    def describe(self, cfg: Any) -> dict[str, Any]:
+        return {**super().describe(cfg), "loss_type": cfg.training.loss_type}
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
+        data = load_kto_data(cfg, tokenizer)
+        good = len(data.train) if data.paired else sum(bool(v) for v in data.train["label"])
+        bad = len(data.train) if data.paired else len(data.train) - good
+        def noun(dataset: Any) -> str:
+            return "pairs" if "chosen" in dataset.column_names else "examples"
+
+        say_data(data, noun(data.train), f"; training examples: {good} desirable, {bad} undesirable"
+                 + (", each pair unpaired by TRL" if data.paired else ""), data.eval is not None and noun(data.eval))
+        return data
+
+    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
+        dropped_by_trainer(cfg, trainer, data, "pairs" if data.paired else "examples", 2 if data.paired else 1)
+
+    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
+                     callbacks: Sequence[Any]) -> Any:
+        return make_launch_trainer(KTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
+
+    summary_lines = staticmethod(kto_summary)
+
+    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
+        return kto_examples(cfg, tokenizer, load_kto_data(cfg, tokenizer), n, color)
 
 
 TASK = KTOTask()

@@ -1,15 +1,5 @@
-"""The preference records of ``trl-padfree dpo``, also read by ``reward`` and ``kto``: their checks, before the model
-loads, record by record and in the files; what TRL's trainer drops, read from the trainer once built.
-
-- :func:`check_preference_records`: ``chosen`` / ``rejected`` (and ``prompt``) in every record, all of one kind;
-- :func:`check_one_kind_in_files`: JSON / JSON Lines files whose records mix plain text and chat messages are
-  refused, naming the mix (``datasets`` would load such a column as whatever pandas makes of it: the text ``" 47"``
-  as the number 47, messages as text, or fail inside TRL);
-- :func:`check_chat_renders`: a conversational record the chat template cannot render is one line naming it;
-- :func:`load_checked`: the splits of a run, loaded and checked with the above;
-- :func:`dropped_by_trainer`: the records TRL's trainer left out (``len(trainer.train_dataset)``), a split left
-  empty refused with the setting to change.
-"""
+"""The preference records of ``trl-padfree dpo``, also read by ``reward`` and ``kto``: checked before the model loads,
+record by record and in the files; what TRL's trainer drops, read from the trainer once built."""
 
 from __future__ import annotations
 
@@ -25,6 +15,7 @@ __all__ = [
     "load_checked",
     "split_source",
     "check_one_kind_in_files",
+    "check_kinds",
     "check_preference_records",
     "dropped_by_trainer",
     "mixed_kinds_error",
@@ -49,7 +40,6 @@ def value_kind(value: Any) -> str | None:
 
 
 def mixed_kinds_error(source: str, index: int, name: str, kind: str, first_index: int, first_kind: str) -> ConfigError:
-    """The one line for a record of another kind than the first record's."""
     return ConfigError(
         f"{source} record {index} (counting from 0): {name!r} is {_WORDS[kind]}, but in record {first_index} it is "
         f"{_WORDS[first_kind]}: the data mixes plain-text and conversational pairs, which TRL tokenizes differently "
@@ -58,8 +48,8 @@ def mixed_kinds_error(source: str, index: int, name: str, kind: str, first_index
 
 
 def check_preference_records(dataset: Any, source: str) -> None:
-    """Every record has ``chosen`` and ``rejected`` (and ``prompt`` when the responses do not hold it), all of one
-    kind: text, or lists of chat messages. A bad record is a :class:`ConfigError` naming it and the fix."""
+    """Every record has ``chosen`` and ``rejected`` (and usually ``prompt``), all of one kind: text, or lists of chat
+    messages."""
     columns = list(dataset.column_names)
     missing = [c for c in ("chosen", "rejected") if c not in columns]
     if missing:
@@ -67,36 +57,33 @@ def check_preference_records(dataset: Any, source: str) -> None:
             f"{source}: preference records need 'chosen' and 'rejected' (and usually 'prompt'); missing "
             f"{', '.join(repr(m) for m in missing)} (columns: {', '.join(columns)})"
         )
-    fields = [c for c in ("prompt", "chosen", "rejected") if c in columns]
+    check_kinds(dataset, source, [c for c in FIELDS if c in columns], ("chosen", "rejected"))
+
+
+def check_kinds(dataset: Any, source: str, fields: list[str], required: tuple[str, ...]) -> None:
+    """Every record's ``fields`` a string or a list of chat messages, all of one kind, the ``required`` ones not
+    empty; a bad record is a :class:`ConfigError` naming it and the fix."""
     first: tuple[int, str] | None = None
     for index, record in enumerate(dataset.select_columns(fields)):
-        kinds = set()
+        where, kinds = f"{source} record {index} (counting from 0)", set()
         for name in fields:
             value = record[name]
             kind = value_kind(value)
             if kind is None:
-                raise ConfigError(
-                    f"{source} record {index} (counting from 0): {name!r} must be a string or a list of chat "
-                    f"messages ({{'role', 'content'}}), got {type(value).__name__}; fix the record"
-                )
+                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
+                                  f"'content'}}), got {type(value).__name__}; fix the record")
             if first is None:
                 first = (index, kind)
             elif kind != first[1] and first[0] != index:
                 raise mixed_kinds_error(source, index, name, kind, *first)
             kinds.add(kind)
-            if not value and name != "prompt":
-                raise ConfigError(f"{source} record {index} (counting from 0): {name!r} is empty; drop the record "
-                                  "or fill it in")
+            if not value and name in required:
+                raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
         if len(kinds) > 1:
-            raise ConfigError(
-                f"{source} record {index} (counting from 0): mixes text and chat messages across "
-                f"{', '.join(fields)}; use one kind"
-            )
+            raise ConfigError(f"{where}: mixes text and chat messages across {', '.join(fields)}; use one kind")
 
 
 def _json_type(value: Any) -> str:
-    """The JSON name of ``value``'s type: ``null``, ``number``, ``object``, ... (a list that is not of messages:
-    ``a list of something else``)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -120,13 +107,9 @@ def _records(path: str) -> Any:
 
 
 def check_one_kind_in_files(key: str, pattern: str) -> None:
-    """Refuse JSON / JSON Lines files (``pattern``, as ``train_file``) whose records mix text and chat messages, or
-    hold anything else in ``prompt`` / ``chosen`` / ``rejected``.
-
-    Read with the ``json`` module, before ``datasets`` coerces a mixed column. Files of other formats hold one type
-    per column and are checked record by record after loading (:func:`check_preference_records`).
-    Unreadable files are left to the loader's own error.
-    """
+    """Refuse JSON / JSON Lines files whose records mix text and chat messages (or hold anything else) in
+    ``prompt`` / ``chosen`` / ``rejected``: read with the ``json`` module, before ``datasets`` coerces a mixed column
+    (the text ``" 47"`` as the number 47); unreadable files are left to the loader's own error."""
     paths = sorted(glob.glob(os.path.expanduser(pattern))) or [os.path.expanduser(pattern)]
     first: tuple[int, str] | None = None
     index = 0
@@ -158,9 +141,8 @@ def check_one_kind_in_files(key: str, pattern: str) -> None:
 
 
 def check_chat_renders(dataset: Any, tokenizer: Any, source: str) -> None:
-    """Conversational records: each rendered by the chat template (its prompt with each response), so that a record
-    the template cannot render is one line naming it (:func:`~..data.record_error`), not an error of TRL's while
-    the trainer tokenizes the data."""
+    """Each conversational record rendered by the chat template, so that one it cannot render is one line naming
+    it, not an error of TRL's while the trainer tokenizes the data."""
     from ..data import file_index, record_error
 
     for position, record in enumerate(dataset):
@@ -182,9 +164,7 @@ def split_source(cfg: Any, split: str) -> str:
 
 
 def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None, bool]:
-    """``(train, eval or None, conversational)``: the splits, each file of one kind of record
-    (:func:`check_one_kind_in_files`), ``check(dataset, source)`` on each split as loaded, and conversational
-    records rendered once by the chat template (:func:`check_chat_renders`)."""
+    """``(train, eval or None, conversational)``: the splits, loaded and checked (``check(dataset, source)``)."""
     from ..data import load_splits
 
     for key in ("train_file", "eval_file"):
@@ -202,10 +182,8 @@ def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None,
 
 
 def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", per_record: int = 1) -> dict[str, int]:
-    """How many records of each split TRL's trainer left out when it tokenized them (a prompt of ``max_length``
-    tokens or more leaves no response token), read from the trainer once built, before anything is written; each
-    count is said in one line, and a split left empty is a :class:`ConfigError` naming the setting to change.
-    ``per_record``: the examples TRL makes of one record (KTO unpairs a pair into 2)."""
+    """How many records of each split TRL's trainer left out (a prompt of ``max_length`` tokens or more), read from
+    the built trainer; a split left empty is a :class:`ConfigError`. ``per_record``: KTO unpairs a pair into 2."""
     from ..console import say
 
     dropped: dict[str, int] = {}

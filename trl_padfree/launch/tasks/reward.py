@@ -1,18 +1,10 @@
-"""``trl-padfree reward``: reward-model training with :class:`trl_padfree.RewardTrainer` (TRL's, padding-free).
-
-Its own parts: this package's ``RewardConfig`` (``prompt_once``) (TRL's plus
-``padding_free``); the model loaded as ``AutoModelForSequenceClassification`` with ``num_labels=1`` (a causal LM
-checkpoint gets a fresh ``score`` head, seeded, as ``trl reward`` does); the preference records of ``trl-padfree
-dpo`` (:func:`~.preference_data.check_preference_records`, one by one, plus an optional numeric ``margin``), tokenized by TRL's
-own ``RewardTrainer`` preparation once, here, so that the pairs it drops (longer than ``max_length``) are counted
-before anything is written; the reward layout probe (:func:`trl_padfree.reward_probe.assert_reward_packing_safe`);
-the summary's eval accuracy and margin; ``preview``'s pair layout.
-"""
+"""``trl-padfree reward``: reward-model training with :class:`trl_padfree.RewardTrainer` (TRL's, padding-free) on the
+preference records of ``trl-padfree dpo`` (plus an optional numeric ``margin``); the model is loaded as a sequence
+classifier with one label (a causal LM checkpoint gets a fresh, seeded ``score`` head, as ``trl reward`` does)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import trl
@@ -21,11 +13,12 @@ from trl_padfree.reward import RewardTrainer
 
 from ..config import ConfigError, with_fields
 from ..console import say
-from ..trainer_setup import LaunchTrainer, make_launch_trainer
+from ..trainer_setup import make_launch_trainer
+from .base import Records
 from .preference_data import check_preference_records, load_checked, split_source
 from .shared import PromptOnceTask
 
-__all__ = ["TASK", "LaunchRewardTrainer", "PreparedPairs", "RewardTask", "reward_summary"]
+__all__ = ["TASK", "RewardTask", "reward_summary"]
 
 
 def check_reward_records(dataset: Any, source: str) -> None:
@@ -39,41 +32,24 @@ def check_reward_records(dataset: Any, source: str) -> None:
                               f"gap the pair should have), got {value!r}; fix the record or drop the column")
 
 
-@dataclass
-class PreparedPairs:
-    train: Any  # the records (preview: tokenized by TRL's RewardTrainer preparation, chosen_ids / rejected_ids)
-    eval: Any | None
-    text_format: str
-    loaded: dict[str, int]  # pairs per split before TRL's max_length filter
-    margin: bool = False
-    dropped: dict[str, int] = field(default_factory=dict)  # pairs TRL's trainer dropped, per split
-
-
-def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> PreparedPairs:
-    """The training and eval pairs, checked record by record; for ``preview`` (``tokenized``) also tokenized (and
-    filtered by ``max_length``) by TRL's own ``RewardTrainer._prepare_dataset``, a split left empty by the filter a
-    :class:`ConfigError`. A run's trainer prepares them itself (:meth:`RewardTask.check_trainer`)."""
+def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> Records:
+    """The training and eval pairs, checked; for ``preview`` (``tokenized``) as TRL's ``RewardTrainer`` prepares
+    them (it drops pairs longer than ``max_length``). A run's trainer prepares them itself."""
     from types import SimpleNamespace
 
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_reward_records)
-    training = cfg.training
-    out: dict[str, Any] = {}
-    loaded: dict[str, int] = {}
-    for split, dataset in (("train", train), ("eval", eval_ds)):
-        if dataset is None:
-            out[split] = None
-            continue
-        loaded[split] = len(dataset)
-        out[split] = dataset
-        if tokenized:
-            out[split] = trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, training, split)
-            refuse_empty(split_source(cfg, split), len(dataset), len(out[split]), training.max_length)
-    return PreparedPairs(out["train"], out["eval"], "conversational" if conversational else "prompt/chosen/rejected",
-                         loaded, margin="margin" in train.column_names)
+    text_format = ("conversational" if conversational else "prompt/chosen/rejected") + (
+        ", with margins" if "margin" in train.column_names else "")
+    data = Records(train, eval_ds, text_format)
+    for split in ("train", "eval") if tokenized else ():
+        if (dataset := getattr(data, split)) is not None:
+            setattr(data, split, trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer,
+                                                                    cfg.training, split))
+            refuse_empty(split_source(cfg, split), len(dataset), len(getattr(data, split)), cfg.training.max_length)
+    return data
 
 
 def refuse_empty(source: str, loaded: int, kept: int, max_length: int | None) -> None:
-    """A split TRL's RewardTrainer leaves empty (every pair longer than ``max_length``) is a :class:`ConfigError`."""
     if loaded and not kept:
         raise ConfigError(
             f"{source}: all {loaded} pairs would be dropped: TRL's RewardTrainer drops a pair whose chosen or "
@@ -100,14 +76,65 @@ class SequenceClassifier:
         return model
 
 
-class LaunchRewardTrainer(LaunchTrainer, RewardTrainer):
-    """The launch's ``RewardTrainer`` (:class:`~..trainer_setup.LaunchTrainer`)."""
+def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
+    """The summary lines of a reward run: the eval accuracy and mean reward margin, first and last evaluation.
+
+    >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"eval_accuracy": 0.5, "eval_margin": 0.01},
+    ...                                                         {"eval_accuracy": 0.9, "eval_margin": 1.5}])
+    ['steps: 2/2', 'real tokens/s: 1,234', 'eval accuracy: 0.500 -> 0.900 (reward margin 0.010 -> 1.500; 2 evaluations)']
+    >>> reward_summary([], [{"eval_accuracy": 0.5, "eval_margin": 0.01}])
+    ['eval accuracy: 0.500 (reward margin 0.010; 1 evaluation)']
+    """
+    out = list(lines)
+    evals = [e for e in history if "eval_accuracy" in e]
+    if len(evals) == 1:
+        out.append(f"eval accuracy: {evals[0]['eval_accuracy']:.3f} (reward margin "
+                   f"{evals[0].get('eval_margin', float('nan')):.3f}; 1 evaluation)")
+    elif evals:
+        first, last = evals[0], evals[-1]
+        out.append(f"eval accuracy: {first['eval_accuracy']:.3f} -> {last['eval_accuracy']:.3f} (reward margin "
+                   f"{first.get('eval_margin', float('nan')):.3f} -> {last.get('eval_margin', float('nan')):.3f}; "
+                   f"{len(evals)} evaluations)")
+    return out
+
+
+def pair_layout(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
+    """``preview``'s lines: the first ``n`` tokenized pairs with the token each reward is read at marked, what one
+    pair forwards in the flat row (and with ``prompt_once``), then the totals over the training set."""
+    from trl_padfree.reward_layout import shared_prefix
+
+    from ..preview import token_marker
+
+    once, mark = bool(cfg.training.prompt_once), token_marker(tokenizer, color)
+
+    def shown(ids: list[int]) -> str:
+        return mark(ids, [-100] * (len(ids) - 1) + [ids[-1]])
+
+    def forwarded(chosen: list[int], rejected: list[int]) -> int:
+        shared = shared_prefix(chosen, rejected) if once else 0
+        return len(chosen) + len(rejected) - (shared - 1 if shared else 0)
+
+    lines = [f"{len(data.train)} training pairs; each pair: the chosen and the rejected sequence, each scored at its "
+             f"last token (padding_free={cfg.padding_free}, prompt_once={once})"]
+    flat = padded = 0
+    for index, pair in enumerate(data.train):
+        chosen, rejected = list(pair["chosen_ids"]), list(pair["rejected_ids"])
+        flat += forwarded(chosen, rejected)
+        padded += 2 * max(len(chosen), len(rejected))
+        if index < n:
+            lines += [f"--- pair {index} (chosen {len(chosen)} tokens, rejected {len(rejected)}, common prefix "
+                      f"{shared_prefix(chosen, rejected)}; forwarded {forwarded(chosen, rejected)}) ---",
+                      "chosen:   " + shown(chosen), "rejected: " + shown(rejected)]
+    lines += ["---", f"forwarded tokens: {flat:,} in {len(data.train):,} pairs (TRL's padded rows, one pair per batch: "
+              f"{padded:,}; a larger batch pads to its longest sequence)"]
+    return lines
 
 
 class RewardTask(PromptOnceTask):
     name = "reward"
     command = "reward"
     trainer_name = "RewardTrainer"
+    probe = "reward_probe:assert_reward_packing_safe"
 
     def numeric_ranges(self) -> dict[str, Any]:
         from ..validate import Range
@@ -135,101 +162,28 @@ class RewardTask(PromptOnceTask):
     def model_kwargs(self, cfg: Any) -> dict[str, Any]:
         return {"num_labels": 1}  # one output: the reward (as TRL's RewardTrainer loads a model by name)
 
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> PreparedPairs:
-        data = load_pairs(cfg, tokenizer)
-        say(f"data: {len(data.train)} training pairs" + (f", {len(data.eval)} eval pairs" if data.eval is not None
-                                                          else "") + f" (format: {data.text_format}"
-            + (", with margins" if data.margin else "") + ")")
-        return data
+    unit, load_data = "pairs", staticmethod(load_pairs)
 
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        """The pairs TRL's RewardTrainer dropped (longer than max_length), read from the trainer once built."""
-        for split, after in (("train", trainer.train_dataset), ("eval", trainer.eval_dataset)):
-            if split not in data.loaded or after is None or not hasattr(after, "__len__"):
+        for split, before, after in (("train", data.train, trainer.train_dataset),
+                                     ("eval", data.eval, trainer.eval_dataset)):
+            if before is None or after is None or not hasattr(after, "__len__"):
                 continue
-            loaded = data.loaded[split]
+            loaded = len(before)
             refuse_empty(split_source(cfg, split), loaded, len(after), cfg.training.max_length)
             data.dropped[split] = loaded - len(after)
             if data.dropped[split]:
                 say(f"dropped {data.dropped[split]} of {loaded} {split} pairs longer than "
                     f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
 
-    def probe_check(self, cfg: Any) -> Any:
-        from functools import partial
-
-        from trl_padfree.reward_probe import assert_reward_packing_safe
-
-        return partial(assert_reward_packing_safe, prompt_once=bool(cfg.training.prompt_once))
-
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(LaunchRewardTrainer, cfg, tokenizer, model, data, callbacks)
+        return make_launch_trainer(RewardTrainer, cfg, tokenizer, model, data, callbacks)
 
-    def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-        return reward_summary(lines, history)
+    summary_lines = staticmethod(reward_summary)
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
         return pair_layout(cfg, tokenizer, load_pairs(cfg, tokenizer, tokenized=True), n, color)
-
-
-def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a reward run: the eval accuracy (pairs whose
-    chosen sequence gets the higher reward) and mean reward margin, first and last evaluation.
-
-    >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"eval_accuracy": 0.5, "eval_margin": 0.01},
-    ...                                                         {"eval_accuracy": 0.9, "eval_margin": 1.5}])
-    ['steps: 2/2', 'real tokens/s: 1,234', 'eval accuracy: 0.500 -> 0.900 (reward margin 0.010 -> 1.500; 2 evaluations)']
-    >>> reward_summary([], [{"eval_accuracy": 0.5, "eval_margin": 0.01}])
-    ['eval accuracy: 0.500 (reward margin 0.010; 1 evaluation)']
-    """
-    out = list(lines)
-    evals = [e for e in history if "eval_accuracy" in e]
-    if len(evals) == 1:
-        out.append(f"eval accuracy: {evals[0]['eval_accuracy']:.3f} (reward margin "
-                   f"{evals[0].get('eval_margin', float('nan')):.3f}; 1 evaluation)")
-    elif evals:
-        first, last = evals[0], evals[-1]
-        out.append(f"eval accuracy: {first['eval_accuracy']:.3f} -> {last['eval_accuracy']:.3f} (reward margin "
-                   f"{first.get('eval_margin', float('nan')):.3f} -> {last.get('eval_margin', float('nan')):.3f}; "
-                   f"{len(evals)} evaluations)")
-    return out
-
-
-def pair_layout(cfg: Any, tokenizer: Any, data: PreparedPairs, n: int, color: bool = False) -> list[str]:
-    """``preview``'s lines: the first ``n`` tokenized pairs with the token each reward is read at marked, what one
-    pair forwards in the flat row (and with ``prompt_once``), then the totals over the training set."""
-    import numpy as np
-
-    from trl_padfree.reward_layout import shared_prefix
-    from trl_padfree.token_text import TokenText
-
-    from ..preview import marked_text
-
-    once = bool(cfg.training.prompt_once)
-    text = TokenText.from_tokenizer(tokenizer)
-
-    def shown(ids: list[int]) -> str:
-        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
-        return marked_text(raw, starts.tolist(), [-100] * (len(ids) - 1) + [ids[-1]], color)
-
-    def forwarded(chosen: list[int], rejected: list[int]) -> int:
-        shared = shared_prefix(chosen, rejected) if once else 0
-        return len(chosen) + len(rejected) - (shared - 1 if shared else 0)
-
-    lines = [f"{len(data.train)} training pairs; each pair: the chosen and the rejected sequence, each scored at its "
-             f"last token (padding_free={cfg.padding_free}, prompt_once={once})"]
-    flat = padded = 0
-    for index, pair in enumerate(data.train):
-        chosen, rejected = list(pair["chosen_ids"]), list(pair["rejected_ids"])
-        flat += forwarded(chosen, rejected)
-        padded += 2 * max(len(chosen), len(rejected))
-        if index < n:
-            lines += [f"--- pair {index} (chosen {len(chosen)} tokens, rejected {len(rejected)}, common prefix "
-                      f"{shared_prefix(chosen, rejected)}; forwarded {forwarded(chosen, rejected)}) ---",
-                      "chosen:   " + shown(chosen), "rejected: " + shown(rejected)]
-    lines += ["---", f"forwarded tokens: {flat:,} in {len(data.train):,} pairs (TRL's padded rows, one pair per batch: "
-              f"{padded:,}; a larger batch pads to its longest sequence)"]
-    return lines
 
 
 TASK = RewardTask()

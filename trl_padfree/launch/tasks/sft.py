@@ -1,11 +1,5 @@
-"""``trl-padfree train``: SFT with :class:`.sft_trainer.PadfreeSFTTrainer` and this package's
-completion-only collator (padding-free unless ``padding_free: false``).
-
-Its own parts: this package's ``SFTConfig`` (``response_template``, ``instruction_template``) and
-``SFTConfig``; the SFTConfig fields it cannot honour (:meth:`SFTTask.check`); the data tokenized and
-labelled once by :mod:`.sft_data`, with the one response-template check, and a training collator that only
-flattens those labels; the summary's ``max_tokens_per_batch``.
-"""
+"""``trl-padfree train``: SFT with :class:`.sft_trainer.PadfreeSFTTrainer` and this package's completion-only
+collator; the data tokenized and labelled once by :mod:`.sft_data`, the collator only flattens those labels."""
 
 from __future__ import annotations
 
@@ -15,46 +9,27 @@ from typing import Any
 
 from ..config import ConfigError, SFTArguments, with_fields
 from ..console import say
-from ..trainer_setup import LaunchTrainer, make_launch_trainer
+from ..trainer_setup import make_launch_trainer
 from .base import Task
 from .sft_trainer import PadfreeSFTTrainer
 
-__all__ = ["TASK", "SFTTask", "LaunchSFTTrainer", "preview_lines"]
-
-
-
+__all__ = ["TASK", "SFTTask", "preview_lines"]
 
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 
-class LaunchSFTTrainer(LaunchTrainer, PadfreeSFTTrainer):
-    """The launch's ``PadfreeSFTTrainer`` (:class:`~..trainer_setup.LaunchTrainer`; its whole-run log is
-    ``PadfreeSFTTrainer``'s own, and so are its token counts)."""
-
-    own_token_log = True
-
-
 def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
                   ) -> list[str]:
-    """``trl-padfree preview`` of prepared SFT data (:class:`~.sft_data.PreparedData`): ``n`` examples, then the counts.
+    """``trl-padfree preview`` of prepared SFT data: ``n`` examples, then the counts (with a ``response_template``:
+    how many of the examples checked for it lack it)."""
+    from ..preview import IGNORE_INDEX, token_marker
 
-    With a ``response_template``, how many of the examples checked for it lack it.
-    """
-    import numpy as np
-
-    from trl_padfree.token_text import TokenText
-
-    from ..preview import IGNORE_INDEX, marked_text
-
-    text = TokenText.from_tokenizer(tokenizer)
-    train = data.train
+    mark, train = token_marker(tokenizer, color), data.train
     lines: list[str] = []
     for index in range(min(n, len(train))):
         ids, labels = train[index]["input_ids"], train[index]["labels"]
         trained = sum(label != IGNORE_INDEX for label in labels)
-        raw, starts = text.decode(np.asarray(ids, dtype=np.int64))
-        lines.append(f"--- example {index} ({len(ids)} tokens, {trained} trained) ---")
-        lines.append(marked_text(raw, starts.tolist(), labels, color))
+        lines += [f"--- example {index} ({len(ids)} tokens, {trained} trained) ---", mark(ids, labels)]
     total = trained = 0
     for labels in train["labels"]:
         total += len(labels)
@@ -78,7 +53,6 @@ class SFTTask(Task):
     arguments = SFTArguments
 
     def check(self, cfg: Any) -> None:
-        """The collator and template settings, and the SFTConfig fields trl-padfree train cannot honour."""
         training = cfg.training
         if training.packing:
             raise ConfigError(
@@ -105,14 +79,13 @@ class SFTTask(Task):
             ),
         }
 
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
-        """Formatted, tokenized and labelled once by the run's collator, with the template check."""
+    def load_data(self, cfg: Any, tokenizer: Any) -> Any:
         from .sft_data import prepare_data
 
-        training = cfg.training
-        data = prepare_data(cfg, tokenizer)
-        say(f"data: {len(data.train)} training examples"
-            + (f", {len(data.eval)} eval examples" if data.eval is not None else "") + f" (format: {data.text_format})")
+        return prepare_data(cfg, tokenizer)
+
+    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
+        data, training = super().prepare_data(cfg, tokenizer), cfg.training
         if data.template_missing_in_check:
             say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
                 f"template {cfg.training.response_template!r}")
@@ -129,16 +102,13 @@ class SFTTask(Task):
         collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
         # the templates labelled the data already (the trainer would build a collator from them)
         cfg = replace(cfg, training=with_fields(cfg.training, response_template=None, instruction_template=None))
-        return make_launch_trainer(LaunchSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator)
+        return make_launch_trainer(PadfreeSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator)
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"max_tokens_per_batch": cfg.training.max_tokens_per_batch}
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        from .sft_data import prepare_data
-
-        data = prepare_data(cfg, tokenizer)
-        return list(preview_lines(data, tokenizer, n, color, cfg.training.response_template))
+        return preview_lines(self.load_data(cfg, tokenizer), tokenizer, n, color, cfg.training.response_template)
 
 
 TASK = SFTTask()

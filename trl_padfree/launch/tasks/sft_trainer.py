@@ -1,19 +1,7 @@
-"""``PadfreeSFTTrainer``: the project's ``SFTTrainer`` (TRL's, checked for this collator) that also logs real tokens/s and the padding a padded batch would add.
-
-Token counts are taken from the training inputs themselves, so they are exact (no prefetched or eval batches
-counted, any number of dataloader workers) and summed over all processes:
-
-- ``real_tokens_per_second``: real (non-padding) tokens trained per second since the previous log;
-- ``padding_share``: the share of a padded batch's tokens that would be padding (padding-free runs avoid all of
-  it; padded runs spend it), over the same interval.
-
-The end-of-training metrics get the same two figures over the whole run (``train_real_tokens_per_second``,
-``train_padding_share``) and the totals (``train_real_tokens``, ``train_padded_tokens``).
-
-Every checkpoint step and the last step also get a training-loss log (transformers logs only every
-``logging_steps``): the log history then covers every step of the run, also across a resume, and the summary's
-whole-run train loss is computed from it (:func:`~.summary.run_train_loss`).
-"""
+"""``PadfreeSFTTrainer``: the package's ``SFTTrainer`` that also logs, from the training inputs themselves (summed
+over all processes), ``real_tokens_per_second`` and ``padding_share`` (the share of a padded batch's tokens that
+would be padding) per log, and over the whole run at the end (``train_real_tokens_per_second``,
+``train_padding_share``, ``train_real_tokens``, ``train_padded_tokens``)."""
 
 from __future__ import annotations
 
@@ -80,11 +68,9 @@ def _flat_counts_without_padding(inputs: dict[str, Any], cu: torch.Tensor, multi
 
 
 class PadfreeSFTTrainer(SFTTrainer):
-    """``SFTTrainer`` + token throughput and padding metrics in the training logs (see the module docstring).
+    """``SFTTrainer`` + token throughput and padding metrics (training time only) in the training logs."""
 
-    Throughput counts training time only: time spent in evaluation is left out. (The launch probes the model and
-    sets the thread count itself: :func:`~..trainer_setup.make_launch_trainer` turns both off in the config.)
-    """
+    own_token_log = True  # (trl_padfree.throughput's counts: this trainer counts its own)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -1,23 +1,26 @@
-"""What several tasks share, and no task owns: ``prompt_once``'s
-requirements (:class:`PromptOnceTask`), the reference model and the preference probe of ``dpo`` and ``kto`` (their records:
-:mod:`.preference_data`; the launch trainers' mixins and construction are in :mod:`..trainer_setup`). A task module
-imports this module, :mod:`.preference_data` and :mod:`.base`, never another task's module (except a variant of it:
-:mod:`.rloo` is :mod:`.grpo` with TRL's other config).
-"""
+"""What several tasks share: ``prompt_once``'s requirements (:class:`PromptOnceTask`), the reference model and the
+preference probe of ``dpo`` and ``kto``. A task module imports this one and :mod:`.base`, not another task's."""
 
 from __future__ import annotations
 
+import importlib
+from functools import partial
 from typing import Any
 
 from ..config import ChatArguments, ConfigError
 from .base import Task
 
-__all__ = ["PreferenceTask", "PromptOnceTask", "preference_probe", "reference_model"]
+__all__ = ["PreferenceTask", "PromptOnceTask"]
 
 
 class PromptOnceTask(Task):
     """A task whose trainer has ``prompt_once`` (DPO, KTO, reward, GRPO, RLOO): it needs the flat row and the
     ``"padfree"`` attention, which the launch then pins; the run line and the summary name it."""
+
+    probe = "preference_probe:assert_preference_packing_safe"  # the packing probe: module of trl_padfree:function
+
+    def prompt_once(self, cfg: Any) -> bool:
+        return bool(cfg.training.prompt_once)
 
     def check(self, cfg: Any) -> None:
         if not cfg.training.prompt_once:
@@ -32,39 +35,27 @@ class PromptOnceTask(Task):
     def resolve(self, cfg: Any) -> dict[str, Any]:
         return {"attn_implementation": "padfree"} if cfg.training.prompt_once else {}
 
+    def probe_check(self, cfg: Any) -> Any:
+        module, name = self.probe.split(":")
+        return partial(getattr(importlib.import_module(f"trl_padfree.{module}"), name),
+                       prompt_once=self.prompt_once(cfg))
+
     def describe(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once)}
+        return {"prompt_once": self.prompt_once(cfg)}
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": bool(cfg.training.prompt_once)}
+        return {"prompt_once": self.prompt_once(cfg)}
 
 
 class PreferenceTask(PromptOnceTask):
-    """DPO and KTO: chat records (``chat_template_path``), the preference probe and a reference model."""
+    """DPO and KTO: chat records (``chat_template_path``), the preference probe and a reference model (None with
+    ``use_peft``: TRL switches the adapters off)."""
 
     arguments = ChatArguments
 
-    def probe_check(self, cfg: Any) -> Any:
-        return preference_probe(cfg)
-
     def load_reference(self, cfg: Any) -> tuple[Any, str | None]:
-        return reference_model(cfg)
+        if cfg.model.use_peft:
+            return None, "reference model: the policy with its LoRA adapters switched off"
+        from ..model import load_model
 
-
-def reference_model(cfg: Any) -> tuple[Any, str]:
-    """The reference model: a second copy of the starting weights, or None with ``use_peft`` (the adapters are
-    switched off instead, as TRL does); and the line that says which."""
-    if cfg.model.use_peft:
-        return None, "reference model: the policy with its LoRA adapters switched off"
-    from ..model import load_model
-
-    return load_model(cfg)[0], "reference model: a second copy of the starting weights"
-
-
-def preference_probe(cfg: Any) -> Any:
-    """The preference probe the launch runs on the policy before anything is written (:func:`..probe.probe_model`)."""
-    from functools import partial
-
-    from trl_padfree.preference_probe import assert_preference_packing_safe
-
-    return partial(assert_preference_packing_safe, prompt_once=bool(cfg.training.prompt_once))
+        return load_model(cfg)[0], "reference model: a second copy of the starting weights"
