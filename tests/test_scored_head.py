@@ -11,6 +11,7 @@ from tiny_sft import make_trainer, tokenized_dataset, tokenizer
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
 from trl_padfree import scored_head as sh
+from trl_padfree.dpo import flat_forward
 from trl_padfree.testing import tiny_llama
 
 RTOL = 1e-5
@@ -205,7 +206,7 @@ def test_dpo_equals_trls_head(tmp_path, once):
         batch = next(iter(trainer.get_train_dataloader()))
         _favour_the_commonest_target(trainer.model, batch)
         with torch.no_grad():
-            logps = trainer._sequence_logps(trainer._flat_forward(trainer.model, batch).log_probs, batch)
+            logps = trainer._sequence_logps(flat_forward(trainer.model, batch).log_probs, batch)
             ref = trainer._reference_logps(batch)
         trainer.train()
         runs[scored] = trainer, recorder, logps, ref
