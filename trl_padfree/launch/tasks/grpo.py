@@ -188,7 +188,7 @@ class GRPOTask(PromptOnceTask):
     command = "grpo"
     trainer_name = "GRPOTrainer"
     arguments = RewardFunctionArguments
-    probe = "rl_probe:assert_group_packing_safe"
+    probe_layout = "group"
     prompt_once = staticmethod(prompt_once)
 
     trainer_class: type = GRPOTrainer

@@ -134,7 +134,7 @@ class RewardTask(PromptOnceTask):
     name = "reward"
     command = "reward"
     trainer_name = "RewardTrainer"
-    probe = "reward_probe:assert_reward_packing_safe"
+    probe_layout = "reward"
 
     def numeric_ranges(self) -> dict[str, Any]:
         from ..validate import Range

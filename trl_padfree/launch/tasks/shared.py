@@ -3,7 +3,6 @@ preference probe of ``dpo`` and ``kto``. A task module imports this one and :mod
 
 from __future__ import annotations
 
-import importlib
 from functools import partial
 from typing import Any
 
@@ -17,7 +16,7 @@ class PromptOnceTask(Task):
     """A task whose trainer has ``prompt_once`` (DPO, KTO, reward, GRPO, RLOO): it needs the flat row and the
     ``"padfree"`` attention, which the launch then pins; the run line and the summary name it."""
 
-    probe = "preference_probe:assert_preference_packing_safe"  # the packing probe: module of trl_padfree:function
+    probe_layout = "preference"  # the layout trl_padfree.probe.assert_layout_packing_safe checks before training
 
     def prompt_once(self, cfg: Any) -> bool:
         return bool(cfg.training.prompt_once)
@@ -36,9 +35,9 @@ class PromptOnceTask(Task):
         return {"attn_implementation": "padfree"} if cfg.training.prompt_once else {}
 
     def probe_check(self, cfg: Any) -> Any:
-        module, name = self.probe.split(":")
-        return partial(getattr(importlib.import_module(f"trl_padfree.{module}"), name),
-                       prompt_once=self.prompt_once(cfg))
+        from ...probe import assert_layout_packing_safe
+
+        return partial(assert_layout_packing_safe, layout=self.probe_layout, prompt_once=self.prompt_once(cfg))
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": self.prompt_once(cfg)}
