@@ -19,7 +19,6 @@ import trl
 from accelerate.utils import is_peft_model
 from transformers import AutoTokenizer
 
-from .configs import UNSET
 from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
 from .trainer import PadfreeTrainerMixin, refuse_shared_prompt_aux_loss, require_padfree_attention
@@ -128,10 +127,8 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
-                 *rest: Any, prompt_once: Any = UNSET, check_packing: Any = UNSET, torch_num_threads: Any = UNSET,
-                 scored_lm_head: Any = UNSET, **kwargs: Any) -> None:
-        settings = self._padfree_settings("DPOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
-                                          torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
+                 *rest: Any, **kwargs: Any) -> None:
+        settings = self._padfree_settings("DPOTrainer", args, kwargs)
         check_dpo_arguments(model, ref_model, args, processing_class, kwargs.get("peft_config"))
         if self.padfree:
             from ._compat import dpo_padding_free_unavailable

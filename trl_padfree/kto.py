@@ -18,7 +18,7 @@ import torch.nn.functional as F
 import trl
 
 from ._compat import kto_padding_free_unavailable
-from .configs import UNSET, KTOConfig
+from .configs import KTOConfig
 from .dpo import flat_forward, log_entropy_and_tokens, reference_forward
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
 from .trainer import PadfreeTrainerMixin
@@ -97,10 +97,8 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None, *rest: Any,
-                 prompt_once: Any = UNSET, check_packing: Any = UNSET, torch_num_threads: Any = UNSET,
-                 scored_lm_head: Any = UNSET, **kwargs: Any) -> None:
-        settings = self._padfree_settings("KTOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
-                                          torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
+                 **kwargs: Any) -> None:
+        settings = self._padfree_settings("KTOTrainer", args, kwargs)
         if self.padfree:
             if (problem := kto_padding_free_unavailable()) is not None:
                 raise ValueError(problem)

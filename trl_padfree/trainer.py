@@ -20,8 +20,8 @@ from transformers import TrainerCallback
 from .attention import ATTN_IMPLEMENTATION
 from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
-from .configs import UNSET, trainer_settings
 from .configs import SFTConfig as PadfreeSFTConfig
+from .configs import trainer_keywords, trainer_settings
 from .formatting import FormattingFunc, first_record
 from .recurrent import prepare_packed_layers, refuse_shared_prompt
 from .threads import checked_threads, training_threads
@@ -249,13 +249,13 @@ class PadfreeTrainerMixin(RealTokensLog):
     padfree: bool = False
     prompt_once: bool = False
 
-    def _padfree_settings(self, trainer: str, args: Any, padfree: bool | None = None, **given: Any
-                          ) -> dict[str, Any]:
-        """Read the package's settings of ``trainer`` (:func:`~trl_padfree.configs.trainer_settings`) into
-        ``torch_num_threads``, ``scored_lm_head``, ``padfree`` (``padfree``, else the ``padding_free`` setting, else
-        ``args.padding_free``) and
-        ``prompt_once``; refuse ``prompt_once`` without ``padding_free``."""
-        settings = trainer_settings(trainer, args, **given)
+    def _padfree_settings(self, trainer: str, args: Any, kwargs: dict[str, Any], padfree: bool | None = None,
+                          **given: Any) -> dict[str, Any]:
+        """Read the package's settings of ``trainer`` (:func:`~trl_padfree.configs.trainer_settings`; its deprecated
+        keywords taken out of ``kwargs``, or given) into ``torch_num_threads``, ``scored_lm_head``, ``padfree``
+        (``padfree``, else the ``padding_free`` setting, else ``args.padding_free``) and ``prompt_once``; refuse
+        ``prompt_once`` without ``padding_free``."""
+        settings = trainer_settings(trainer, args, **{**trainer_keywords(trainer, kwargs), **given})
         self.torch_num_threads = checked_threads(settings["torch_num_threads"])
         if "scored_lm_head" in settings:
             self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
@@ -463,12 +463,8 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     (default True) scores TRL's loss with :mod:`trl_padfree.scored_head`; ``self.lm_head_state`` says which head.
     """
 
-    def __init__(
-        self, *args: Any, check_packing: Any = UNSET, max_tokens_per_batch: Any = UNSET,
-        torch_num_threads: Any = UNSET, **kwargs: Any
-    ):
-        given = {"check_packing": check_packing, "max_tokens_per_batch": max_tokens_per_batch,
-                 "torch_num_threads": torch_num_threads, "scored_lm_head": kwargs.pop("scored_lm_head", UNSET)}
+    def __init__(self, *args: Any, **kwargs: Any):
+        given = trainer_keywords("SFTTrainer", kwargs)
         bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
         config = bound.get("args")
         settings = trainer_settings("SFTTrainer", config, **given)
