@@ -1,7 +1,7 @@
 """This package's ``SFTTrainer`` and what all its trainers share (:class:`PadfreeTrainerMixin`).
 
 - :func:`check_trainer_args`: fails early, naming the fix, on settings that conflict with a collator that flattens
-  by itself; :class:`PackingCheckCallback` / :class:`LayoutProbeCallback`: the packing probe once before training;
+  by itself; :class:`PackingCheckCallback`: the packing probe once before training;
 - :class:`SFTTrainer`: ``trl.SFTTrainer`` with both wired in for this package's padding-free collator, token-budget
   batches (``max_tokens_per_batch``) and the scored-positions LM head.
 """
@@ -51,53 +51,45 @@ def check_trainer_args(args: Any, collator: Any) -> None:
 
 
 class PackingCheckCallback(TrainerCallback):
-    """Runs the packing probe on the model once, when training begins; raises if packed examples leak."""
+    """Runs the packing probe once, when training begins, on the trained model and ``models`` (e.g. a separate
+    reference): :func:`~trl_padfree.probe.assert_packing_safe`, or with a trainer's ``layout`` (``"preference"``,
+    ``"group"``, ``"reward"``) :func:`~trl_padfree.probe.assert_layout_packing_safe`; raises ``PackingLeakError``
+    if packed examples leak, else prints one line (so that a run's log shows the probe ran and passed)."""
 
-    def __init__(self, **probe_kwargs: Any):
-        self.probe_kwargs = probe_kwargs
+    def __init__(self, layout: str | None = None, prompt_once: bool = False, models: list[Any] | tuple[Any, ...] = (),
+                 **probe_kwargs: Any) -> None:
+        self.layout, self.prompt_once, self.models, self.probe_kwargs = layout, prompt_once, list(models), probe_kwargs
+        self.reports: list[Any] = []
         self.report = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if model is not None and self.report is None:
-            from .probe import assert_packing_safe, training_rtol
-
-            kwargs = {"rtol": training_rtol(args), **self.probe_kwargs}
-            self.report = assert_packing_safe(model, **kwargs)
-            if state.is_world_process_zero:  # one line, so that a run's log shows the probe ran and passed
-                print(probe_passed_line(self.report), flush=True)
-        return control
-
-
-class LayoutProbeCallback(TrainerCallback):
-    """Runs :func:`trl_padfree.probe.assert_layout_packing_safe` for ``layout`` (``"preference"``, ``"group"``,
-    ``"reward"``) once, when training begins, on the trained model and ``models`` (e.g. a separate reference);
-    the probe raises ``PackingLeakError`` if packed sequences leak."""
-
-    def __init__(self, layout: str, prompt_once: bool, models: list[Any] | tuple[Any, ...] = ()) -> None:
-        self.layout, self.prompt_once, self.models = layout, prompt_once, list(models)
-        self.reports: list[Any] = []
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from .probe import assert_layout_packing_safe, training_rtol
+        from .probe import assert_layout_packing_safe, assert_packing_safe, training_rtol
 
         for m in [] if self.reports else [model, *self.models]:
             if m is None:
                 continue
-            report = assert_layout_packing_safe(m, self.layout, prompt_once=self.prompt_once, rtol=training_rtol(args))
+            kwargs = {"rtol": training_rtol(args), **self.probe_kwargs}
+            if self.layout is None:
+                report = assert_packing_safe(m, **kwargs)
+            else:
+                report = assert_layout_packing_safe(m, self.layout, prompt_once=self.prompt_once, **kwargs)
             self.reports.append(report)
+            self.report = self.report or report
             if state.is_world_process_zero:
-                what = {"group": "RL"}.get(self.layout, self.layout)
-                compared = "score" if self.layout == "reward" else "logit"
-                print(f"[trl-padfree] {what} probe ({'prompt-once' if self.prompt_once else 'padding-free'}): "
-                      f"{report.model_type} with {report.attn_implementation!r} keeps packed sequences apart (max "
-                      f"{compared} diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})", flush=True)
+                print(probe_passed_line(report, self.layout, self.prompt_once), flush=True)
         return control
 
 
-def probe_passed_line(report: Any) -> str:
+def probe_passed_line(report: Any, layout: str | None = None, prompt_once: bool = False) -> str:
     """The one log line of a passed packing probe (the launcher prints the same line)."""
-    return (f"[trl-padfree] packing probe: {report.model_type} with {report.attn_implementation!r} keeps packed "
-            f"examples apart (max logit diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
+    if layout is None:
+        what, compared, unit = "packing probe", "logit", "examples"
+    else:
+        name = {"group": "RL"}.get(layout, layout)
+        what = f"{name} probe ({'prompt-once' if prompt_once else 'padding-free'})"
+        compared, unit = "score" if layout == "reward" else "logit", "sequences"
+    return (f"[trl-padfree] {what}: {report.model_type} with {report.attn_implementation!r} keeps packed {unit} "
+            f"apart (max {compared} diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
 
 
 def example_lengths(dataset: Any, column: str = "input_ids") -> list[int]:
@@ -286,7 +278,7 @@ class PadfreeTrainerMixin(RealTokensLog):
                 if m is not None:
                     require_padfree_attention(m, what)
         if check_packing:
-            self.add_callback(LayoutProbeCallback(layout, self.prompt_once, [ref] if ref is not None else []))
+            self.add_callback(PackingCheckCallback(layout, self.prompt_once, [ref] if ref is not None else []))
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train`` with the CPU threads of ``torch_num_threads``; a run that fails (e.g. the packing probe
