@@ -138,12 +138,7 @@ class _ScoredHeadFields(_PromptOnceFields):
 
 
 @dataclass
-class _SFTFields(_PadfreeFields):
-    scored_lm_head: bool = _scored_lm_head()
-
-
-@dataclass
-class SFTConfig(_SFTFields, trl.SFTConfig):
+class SFTConfig(_PadfreeFields, trl.SFTConfig):
     """``trl.SFTConfig`` with the settings of :class:`trl_padfree.SFTTrainer` and its collator.
 
     ``padding_free`` here is this package's (see the module docstring).
@@ -158,6 +153,7 @@ class SFTConfig(_SFTFields, trl.SFTConfig):
     ValueError: SFTConfig(max_tokens_per_batch=0): give a positive number of real tokens per mini-batch, or None for per_device_train_batch_size examples
     """
 
+    scored_lm_head: bool = _scored_lm_head()
     padding_free: bool = field(
         default=False,
         metadata={"help": "Flatten every mini-batch into one row without padding with this package's collator "
