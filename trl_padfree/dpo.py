@@ -131,10 +131,6 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
         settings = self._padfree_settings("DPOTrainer", args, kwargs)
         check_dpo_arguments(model, ref_model, args, processing_class, kwargs.get("peft_config"))
         if self.padfree:
-            from ._compat import dpo_padding_free_unavailable
-
-            if (problem := dpo_padding_free_unavailable()) is not None:
-                raise ValueError(problem)
             unknown = [t for t in (args.loss_type if isinstance(args.loss_type, list) else [args.loss_type])
                        if t not in LOSS_TYPES]
             if unknown:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 import trl
 
-from ._compat import kto_padding_free_unavailable
+from ._compat import kto_padding_free_unavailable  # noqa: F401  (trl >= 1.16, the floor: always None)
 from .configs import KTOConfig
 from .dpo import flat_forward, log_entropy_and_tokens, reference_forward
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
@@ -99,12 +99,9 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None, *rest: Any,
                  **kwargs: Any) -> None:
         settings = self._padfree_settings("KTOTrainer", args, kwargs)
-        if self.padfree:
-            if (problem := kto_padding_free_unavailable()) is not None:
-                raise ValueError(problem)
-            if data_collator is not None:
-                raise ValueError("padding_free=True builds its own batches (DataCollatorForUnpairedFlat); do not pass "
-                                 "a data_collator, or set padding_free=False")
+        if self.padfree and data_collator is not None:
+            raise ValueError("padding_free=True builds its own batches (DataCollatorForUnpairedFlat); do not pass a "
+                             "data_collator, or set padding_free=False")
         super().__init__(model, ref_model, args, data_collator, train_dataset, eval_dataset, processing_class,
                          *rest, **kwargs)
         self.lm_head_state = self.ref_lm_head_state = "trl: padding_free=False"

@@ -16,7 +16,7 @@ import trl
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
-from ._compat import reward_padding_free_unavailable
+from ._compat import reward_padding_free_unavailable  # noqa: F401  (trl >= 1.16, the floor: always None)
 from .configs import RewardConfig
 from .preference import MODEL_KEYS
 from .reward_layout import DataCollatorForRewardPairs, position_scores, score_head, scores_of  # noqa: F401
@@ -33,12 +33,9 @@ class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
     def __init__(self, model: Any, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
                  eval_dataset: Any = None, processing_class: Any = None, *rest: Any, **kwargs: Any) -> None:
         settings = self._padfree_settings("RewardTrainer", args, kwargs)
-        if self.padfree:
-            if (problem := reward_padding_free_unavailable()) is not None:
-                raise ValueError(problem)
-            if data_collator is not None:
-                raise ValueError("padding_free=True builds its own batches (DataCollatorForRewardPairs); do not pass "
-                                 "a data_collator, or set padding_free=False")
+        if self.padfree and data_collator is not None:
+            raise ValueError("padding_free=True builds its own batches (DataCollatorForRewardPairs); do not pass a "
+                             "data_collator, or set padding_free=False")
         super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *rest, **kwargs)
         if self.padfree:
             score_head(self.accelerator.unwrap_model(self.model))  # refuse a model without a score head now

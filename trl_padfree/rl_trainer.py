@@ -76,11 +76,6 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
         padfree = None if is_padfree_config(config) else resolve_padding_free(padding_free, config)
         settings = self._padfree_settings(trl_class.__name__, config, {}, padfree,
                                           padding_free=UNSET if padding_free is None else padding_free, **given)
-        if self.padfree:
-            from ._compat import rl_padding_free_unavailable
-
-            if (problem := rl_padding_free_unavailable()) is not None:
-                raise ValueError(problem)
         self.pack_totals: dict[str, Counter] = {"train": Counter(), "no_grad": Counter()}
         trl_class.__init__(self, *args, **kwargs)
         if not self.padfree:

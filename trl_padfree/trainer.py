@@ -181,14 +181,12 @@ def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, mai
     ``args.temperature``)."""
     from accelerate.utils import is_peft_model
 
-    from .scored_head import add_scored_head, remove_scored_head, scored_head_unavailable
+    from .scored_head import add_scored_head, remove_scored_head
 
     target = model.get_base_model() if is_peft_model(model) else model
     if not enabled:
         remove_scored_head(target)  # (a model given the scored head by an earlier trainer)
         return "trl: scored_lm_head=False"
-    if (problem := scored_head_unavailable()) is not None:
-        return f"trl: {problem}"
     reason = add_scored_head(target, outputs=outputs, temperature=temperature,
                              cast_lm_head_to_fp32=cast_lm_head_to_fp32)
     if reason is None:
