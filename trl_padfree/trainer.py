@@ -24,7 +24,7 @@ from .configs import SFTConfig as PadfreeSFTConfig
 from .configs import trainer_keywords, trainer_settings
 from .formatting import FormattingFunc, first_record
 from .recurrent import prepare_packed_layers, refuse_shared_prompt
-from .threads import checked_threads, training_threads
+from .threads import checked_threads, torch_threads, training_threads
 from .throughput import RealTokensLog
 
 
@@ -289,26 +289,22 @@ class PadfreeTrainerMixin(RealTokensLog):
                          else ", torch's own count")
                 print(f"[trl-padfree] torch threads: {threads}{which} ({why}); set OMP_NUM_THREADS or call "
                       "torch.set_num_threads() to choose", flush=True)
-        previous = torch.get_num_threads()
-        if threads is not None:
-            torch.set_num_threads(threads)
         for model in (self.model, getattr(self, "ref_model", None)):  # recurrent layers: reset at every boundary
             if model is not None:
                 prepare_packed_layers(model)
-        try:
-            result = super().train(*args, **kwargs)
-            self._write_model_card()
-            return result
-        except BaseException:
-            from transformers.trainer_callback import ProgressCallback
+        with torch_threads(threads):
+            try:
+                result = super().train(*args, **kwargs)
+                self._write_model_card()
+                return result
+            except BaseException:
+                from transformers.trainer_callback import ProgressCallback
 
-            for callback in self.callback_handler.callbacks:
-                if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
-                    callback.training_bar.close()
-                    callback.training_bar = None
-            raise
-        finally:
-            torch.set_num_threads(previous)
+                for callback in self.callback_handler.callbacks:
+                    if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+                        callback.training_bar.close()
+                        callback.training_bar = None
+                raise
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """transformers' check, without calling a tied weight (saved once, under the name it is tied to) missing:
