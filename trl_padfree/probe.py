@@ -429,17 +429,6 @@ def _alternative_text(alternative: str | None, kinds: Sequence[str] = ()) -> str
     return text
 
 
-def _refused_feature(error: str | None) -> str | None:
-    """``"soft-capping"`` / ``"sinks"`` when ``error`` is "padfree"'s refusal of that feature, else None."""
-    if not error or not error.startswith("PadfreeAttentionError"):
-        return None
-    if "soft-capping" in error:
-        return "soft-capping"
-    if "sinks" in error:
-        return "sinks"
-    return "feature"
-
-
 def _advice(
     status: str, model_type: str, attn: str, noise: float, cache_off: bool = True,
     model_class: str = "the model", *, kinds: Sequence[str] = (), error: str | None = None,
@@ -493,15 +482,15 @@ def _advice(
             f"{packages or 'the package the error names'} (transformers' torch fall-back refuses a packed row); "
             "install them on a CUDA machine, or set padding_free=False."
         )
-    refused = _refused_feature(error) if status == "error" else None
-    if refused == "soft-capping":
+    refused = status == "error" and error is not None and error.startswith("PadfreeAttentionError")  # a feature
+    if refused and "soft-capping" in error:
         return (
             f"attn_implementation={attn!r} does not compute {model_type}'s attention logit soft-capping; "
             + (use or 'load it with attn_implementation="flash_attention_2" on a CUDA GPU (pip install flash-attn: '
                "it soft-caps packed rows)") + ", or set padding_free=False."
         )
-    if refused is not None:
-        what = "attention sinks" if refused == "sinks" else "attention"
+    if refused:
+        what = "attention sinks" if "sinks" in error else "attention"
         return (
             f"attn_implementation={attn!r} does not compute {model_type}'s {what}; "
             + (f"{use}, or set padding_free=False." if use else
