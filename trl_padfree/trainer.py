@@ -394,6 +394,17 @@ def with_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, valu
     return (*args[:index], value, *args[index + 1:]), kwargs
 
 
+def tokenizer_of(processing_class: Any, model: Any) -> Any:
+    """The tokenizer of ``processing_class`` (a processor's own), or, without one, ``model``'s, loaded from its name
+    or path as TRL loads it."""
+    if processing_class is None:
+        from transformers import AutoTokenizer
+
+        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+        processing_class = AutoTokenizer.from_pretrained(name)
+    return getattr(processing_class, "tokenizer", processing_class)
+
+
 def config_collator(config: Any, collator: Any, bound: dict[str, Any]) -> Any:
     """The collator of a :class:`trl_padfree.SFTConfig`: ``collator`` if one was passed (checked against the
     config), else :class:`~trl_padfree.DataCollatorForCompletionOnlyLM` built from ``response_template``,
@@ -421,18 +432,12 @@ def config_collator(config: Any, collator: Any, bound: dict[str, Any]) -> Any:
         raise ValueError("SFTConfig(padding_free=True) without response_template would train the prompts of this "
                          "prompt/completion data: set response_template, or completion_only_loss=False to train "
                          "them")
-    processing_class, model = bound.get("processing_class"), bound.get("model")
-    if processing_class is None:
-        from transformers import AutoTokenizer
-
-        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        processing_class = AutoTokenizer.from_pretrained(name)
     instruction = config.instruction_template
     if isinstance(instruction, list) and len(instruction) == 1:
         instruction = instruction[0]
     multiple = config.pad_to_multiple_of
     return DataCollatorForCompletionOnlyLM(
-        config.response_template, instruction, tokenizer=getattr(processing_class, "tokenizer", processing_class),
+        config.response_template, instruction, tokenizer=tokenizer_of(bound.get("processing_class"), bound.get("model")),
         padding_free=config.padding_free, pad_to_multiple_of=multiple if isinstance(multiple, int) else None)
 
 
