@@ -215,7 +215,7 @@ def test_dpo_trainer_reads_prompt_once_and_check_packing_from_its_config(tmp_pat
     from tiny_dpo import pairs, tokenizer
     from tiny_dpo import trainer as dpo_trainer
 
-    from trl_padfree.trainer import LayoutProbeCallback
+    from trl_padfree.trainer import PackingCheckCallback
 
     tok = tokenizer()
     config = trl_padfree.DPOConfig(**{**CPU, "output_dir": str(tmp_path)}, padding_free=True, prompt_once=True,
@@ -224,7 +224,7 @@ def test_dpo_trainer_reads_prompt_once_and_check_packing_from_its_config(tmp_pat
                                      tiny_llama(seed=1, attn_implementation="padfree"), args=config,
                                      train_dataset=pairs(8), processing_class=tok)
     assert trainer.padfree and trainer.prompt_once and trainer.data_collator.prompt_once
-    assert not any(isinstance(c, LayoutProbeCallback) for c in trainer.callback_handler.callbacks)
+    assert not any(isinstance(c, PackingCheckCallback) for c in trainer.callback_handler.callbacks)
     assert config.padding_free is True  # (given back after TRL's __init__)
     with pytest.warns(DeprecationWarning, match=r"DPOTrainer\(prompt_once=\.\.\.\) is deprecated"):
         old = dpo_trainer("once", pairs(8), tok, str(tmp_path))  # the keyword, on TRL's DPOConfig

@@ -11,7 +11,7 @@ from transformers import DataCollatorWithFlattening
 
 from trl_padfree import families as fam
 from trl_padfree.probe import _advice, check_packing, layer_kinds, random_sequences
-from trl_padfree.recurrent import recurrent_layer_types
+from trl_padfree.recurrent import prepare_packed_layers, recurrent_layer_types
 
 RECURRENT = {
     "qwen3_5_text": "gated delta rule", "qwen3_5_moe_text": "gated delta rule", "qwen3_next": "gated delta rule",
@@ -52,7 +52,7 @@ def test_every_family_is_small_has_its_layer_kinds_and_trains_exactly_packed(mod
     if model_type != "mamba2":  # the one pure state-space family
         assert [k for k in kinds if "attention" in k and k != "kimi delta attention"], kinds
     assert set(kinds) & set(RECURRENT.values()) == ({RECURRENT[model_type]} if model_type in RECURRENT else set())
-    fam.prepare_for_training(model)
+    prepare_packed_layers(model)
     result = fam.packed_vs_alone(model)
     assert result.exact(), result
     assert bool(recurrent_layer_types(model)) == (model_type in RECURRENT)

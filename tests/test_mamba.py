@@ -15,9 +15,9 @@ import transformers
 from packaging.version import Version
 from transformers import CONFIG_MAPPING
 
-from trl_padfree.families import EXACTNESS_LENGTHS, packed_vs_alone, prepare_for_training, tiny_family_model
+from trl_padfree.families import EXACTNESS_LENGTHS, packed_vs_alone, tiny_family_model
 from trl_padfree.probe import packed_batch, random_sequences
-from trl_padfree.recurrent import hub_function, mamba
+from trl_padfree.recurrent import hub_function, mamba, prepare_packed_layers
 
 LENGTHS = [7, 5, 9]  # with chunk_size 4: sequences that span chunks and start inside one
 SKEWED = [13, 1, 2, 1]  # two batches of sequences: the 13 with the 2, the two 1s (trl_padfree/recurrent/mamba.py)
@@ -178,7 +178,7 @@ def _tiny(family: str, checkpointing: bool = False, prepare: bool = True) -> tor
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if prepare:
-        prepare_for_training(model)  # what the trainers do: kernels that restart at boundaries, patch_model
+        prepare_packed_layers(model)  # what the trainers do: kernels that restart at boundaries, patch_model
     return model
 
 

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from trl_padfree.dpo import require_padfree_attention
 from trl_padfree.families import family_available, tiny_family_model
 from trl_padfree.probe import packed_batch
 from trl_padfree.recurrent import PackedRowError, hub_function, prepare_packed_layers, torch_fallback_name
 from trl_padfree.recurrent.conv import causal_conv1d_packed, varlen_causal_conv1d_fn
 from trl_padfree.recurrent.delta_rule import varlen_delta_rule
 from trl_padfree.testing import tiny_llama
+from trl_padfree.trainer import require_padfree_attention
 
 BOUNDS = [0, 5, 11, 14]  # three sequences in one row of 14 tokens
 LENS = [b - a for a, b in zip(BOUNDS, BOUNDS[1:], strict=False)]

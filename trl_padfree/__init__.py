@@ -13,12 +13,11 @@ from .chat_masks import ChatMaskError, chat_labels, label_chats
 from .collator import CollatorStats, DataCollatorForCompletionOnlyLM, TemplateNotFoundError
 from .configs import DPOConfig, GRPOConfig, KTOConfig, RewardConfig, RLOOConfig, SFTConfig
 from .dpo import DPOTrainer
-from .grpo import GRPOTrainer
 from .kto import KTOTrainer
 from .preference import DataCollatorForPreference
 from .probe import PackingLeakError, PackingReport, assert_packing_safe, check_packing
 from .reward_trainer import RewardTrainer
-from .rloo import RLOOTrainer
+from .rl_trainer import GRPOTrainer, RLOOTrainer
 from .trainer import PackingCheckCallback, SFTTrainer, check_trainer_args
 
 __version__ = "0.1.0"

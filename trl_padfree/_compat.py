@@ -10,7 +10,8 @@ first with ``activation_checkpointing`` (the name the configs, the example and t
   (``trl-padfree check`` says so; 5.24 keeps them apart).
 
 The ``MIN_TRL_*`` floors below and their ``*_unavailable`` checks (:func:`needs_trl`) date from the older floor
-(trl 1.8); within this window they always pass.
+(trl 1.8); within this window they always pass, so the trainers no longer call them (the tests' skip marks and the
+launch still read them).
 """
 
 from __future__ import annotations

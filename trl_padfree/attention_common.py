@@ -12,7 +12,7 @@ When a forward passes it, key and value tokens are gathered with it before the v
 ``cu_seq_lens_k`` / ``max_length_k`` describe the gathered keys. A token can so serve as a key of several query
 segments: a prompt computed once is attended to by the chosen and by the rejected response of a preference pair
 (:mod:`trl_padfree.preference`). Only ``"padfree"`` reads it; other implementations would ignore it, so callers
-must refuse them (:func:`~trl_padfree.dpo.require_padfree_attention`).
+must refuse them (:func:`~trl_padfree.trainer.require_padfree_attention`).
 """
 
 

@@ -40,7 +40,7 @@ from .threads import checked_threads
 
 __all__ = [
     "DPOConfig", "GRPOConfig", "KTOConfig", "PADFREE_CONFIGS", "RLOOConfig", "RewardConfig", "SFTConfig", "UNSET",
-    "is_padfree_config", "trainer_settings",
+    "is_padfree_config", "trainer_keywords", "trainer_settings",
 ]  # fmt: skip
 
 
@@ -138,12 +138,7 @@ class _ScoredHeadFields(_PromptOnceFields):
 
 
 @dataclass
-class _SFTFields(_PadfreeFields):
-    scored_lm_head: bool = _scored_lm_head()
-
-
-@dataclass
-class SFTConfig(_SFTFields, trl.SFTConfig):
+class SFTConfig(_PadfreeFields, trl.SFTConfig):
     """``trl.SFTConfig`` with the settings of :class:`trl_padfree.SFTTrainer` and its collator.
 
     ``padding_free`` here is this package's (see the module docstring).
@@ -158,6 +153,7 @@ class SFTConfig(_SFTFields, trl.SFTConfig):
     ValueError: SFTConfig(max_tokens_per_batch=0): give a positive number of real tokens per mini-batch, or None for per_device_train_batch_size examples
     """
 
+    scored_lm_head: bool = _scored_lm_head()
     padding_free: bool = field(
         default=False,
         metadata={"help": "Flatten every mini-batch into one row without padding with this package's collator "
@@ -245,9 +241,17 @@ def _caller_stacklevel() -> int:
     that built the trainer (a user's script: Python shows the warning there; the package's own launch: hidden)."""
     level, frame = 1, sys._getframe(1)
     while frame is not None and (frame.f_code.co_filename == __file__
-                                 or frame.f_code.co_name in ("__init__", "_padfree_init", "_padfree_settings")):
+                                 or frame.f_code.co_name in ("__init__", "_padfree_settings")):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def trainer_keywords(trainer: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Take the deprecated keywords of ``trainer`` (its config's fields of the same names) out of ``kwargs``, for
+    :func:`trainer_settings` (:data:`UNSET` where not passed)."""
+    fields = {f.name for f in dataclasses.fields(PADFREE_CONFIGS[trainer])}
+    names = ("prompt_once", "check_packing", "torch_num_threads", "scored_lm_head", "max_tokens_per_batch")
+    return {name: kwargs.pop(name, UNSET) for name in names if name in fields}
 
 
 def trainer_settings(trainer: str, args: Any, **given: Any) -> dict[str, Any]:

@@ -17,21 +17,12 @@ from typing import Any
 import torch
 import trl
 from accelerate.utils import is_peft_model
-from transformers import AutoTokenizer
 
-from .configs import UNSET
 from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
-from .trainer import PadfreeTrainerMixin, refuse_shared_prompt_aux_loss, require_padfree_attention
+from .trainer import PadfreeTrainerMixin, tokenizer_of
 
-__all__ = ["DPOTrainer", "check_dpo_arguments", "refuse_shared_prompt_aux_loss", "require_padfree_attention"]
-
-def _tokenizer(processing_class: Any, model: Any) -> Any:
-    if processing_class is None:
-        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        processing_class = AutoTokenizer.from_pretrained(name)
-    return getattr(processing_class, "tokenizer", processing_class)
-
+__all__ = ["DPOTrainer", "check_dpo_arguments"]
 
 def check_dpo_arguments(model: Any, ref_model: Any, args: Any, processing_class: Any, peft_config: Any = None) -> None:
     """Refuse, naming the fix, what TRL's ``DPOTrainer`` would fail on later with an unrelated message.
@@ -128,22 +119,16 @@ class DPOTrainer(PadfreeTrainerMixin, trl.DPOTrainer):
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None,
-                 *rest: Any, prompt_once: Any = UNSET, check_packing: Any = UNSET, torch_num_threads: Any = UNSET,
-                 scored_lm_head: Any = UNSET, **kwargs: Any) -> None:
-        settings = self._padfree_settings("DPOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
-                                          torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
+                 *rest: Any, **kwargs: Any) -> None:
+        settings = self._padfree_settings("DPOTrainer", args, kwargs)
         check_dpo_arguments(model, ref_model, args, processing_class, kwargs.get("peft_config"))
         if self.padfree:
-            from ._compat import dpo_padding_free_unavailable
-
-            if (problem := dpo_padding_free_unavailable()) is not None:
-                raise ValueError(problem)
             unknown = [t for t in (args.loss_type if isinstance(args.loss_type, list) else [args.loss_type])
                        if t not in LOSS_TYPES]
             if unknown:
                 raise ValueError(f"padding-free DPO does not know loss type(s) {unknown}; known: {list(LOSS_TYPES)}")
             if data_collator is None:
-                tok = _tokenizer(processing_class, model)
+                tok = tokenizer_of(processing_class, model)
                 pad = getattr(args, "pad_token", None) or tok.pad_token or tok.eos_token
                 data_collator = DataCollatorForPreference(
                     pad_token_id=tok.convert_tokens_to_ids(pad), max_length=args.max_length,

@@ -29,7 +29,7 @@ from torch import nn
 
 __all__ = [
     "EXACTNESS_LENGTHS", "FAMILIES", "FAMILY_GROUPS", "OLDER_FAMILIES", "Exactness", "family_available",
-    "packed_vs_alone", "prepare_for_training", "tiny_family_config", "tiny_family_model",
+    "packed_vs_alone", "tiny_family_config", "tiny_family_model",
 ]  # fmt: skip
 
 # Shared by every family unless its entry says otherwise.
@@ -162,7 +162,9 @@ def tiny_family_model(
     model_type: str, attn_implementation: str = "padfree", seed: int = 0, *, prepare: bool = False, **overrides: Any
 ) -> nn.Module | None:
     """A random float32 ``AutoModelForCausalLM`` of :func:`tiny_family_config` (None where the family is absent);
-    with ``prepare``, made ready for training as this package's trainers make it (:func:`prepare_for_training`)."""
+    with ``prepare``, made ready for training as this package's trainers make it, so that a measurement sees what
+    training runs (:func:`trl_padfree.recurrent.prepare_packed_layers`: recurrent layers restart at every boundary
+    of a packed row)."""
     config = tiny_family_config(model_type, **overrides)
     if config is None:
         return None
@@ -173,17 +175,10 @@ def tiny_family_model(
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation=attn_implementation, dtype=torch.float32)
     if prepare:
-        prepare_for_training(model)
+        from .recurrent import prepare_packed_layers
+
+        prepare_packed_layers(model)
     return model
-
-
-def prepare_for_training(model: nn.Module) -> list[str]:
-    """What this package's trainers do to a model when training starts, so that a measurement sees what training
-    runs: :func:`trl_padfree.recurrent.prepare_packed_layers` (recurrent layers that restart at every boundary of a
-    packed row); returns what it changed."""
-    from .recurrent import prepare_packed_layers
-
-    return list(prepare_packed_layers(model))
 
 
 @dataclass(frozen=True)

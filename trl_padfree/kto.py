@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 import trl
 
-from ._compat import kto_padding_free_unavailable
-from .configs import UNSET, KTOConfig
+from ._compat import kto_padding_free_unavailable  # noqa: F401  (trl >= 1.16, the floor: always None)
+from .configs import KTOConfig
 from .dpo import flat_forward, log_entropy_and_tokens, reference_forward
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
 from .trainer import PadfreeTrainerMixin
@@ -97,16 +97,11 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
 
     def __init__(self, model: Any, ref_model: Any = None, args: Any = None, data_collator: Any = None,
                  train_dataset: Any = None, eval_dataset: Any = None, processing_class: Any = None, *rest: Any,
-                 prompt_once: Any = UNSET, check_packing: Any = UNSET, torch_num_threads: Any = UNSET,
-                 scored_lm_head: Any = UNSET, **kwargs: Any) -> None:
-        settings = self._padfree_settings("KTOTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
-                                          torch_num_threads=torch_num_threads, scored_lm_head=scored_lm_head)
-        if self.padfree:
-            if (problem := kto_padding_free_unavailable()) is not None:
-                raise ValueError(problem)
-            if data_collator is not None:
-                raise ValueError("padding_free=True builds its own batches (DataCollatorForUnpairedFlat); do not pass "
-                                 "a data_collator, or set padding_free=False")
+                 **kwargs: Any) -> None:
+        settings = self._padfree_settings("KTOTrainer", args, kwargs)
+        if self.padfree and data_collator is not None:
+            raise ValueError("padding_free=True builds its own batches (DataCollatorForUnpairedFlat); do not pass a "
+                             "data_collator, or set padding_free=False")
         super().__init__(model, ref_model, args, data_collator, train_dataset, eval_dataset, processing_class,
                          *rest, **kwargs)
         self.lm_head_state = self.ref_lm_head_state = "trl: padding_free=False"

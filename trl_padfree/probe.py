@@ -177,18 +177,13 @@ class PackingLeakError(ValueError):
 
 @dataclass(frozen=True)
 class PackingReport:
-    """Outcome of :func:`check_packing`.
+    """Outcome of :func:`check_packing` / :func:`check_layout_packing`.
 
-    ``ok``: every packed example's logits match the example alone within ``tolerance``
-    (``rtol * max|logits alone|``). ``status``: ``"safe"``, ``"leaks"``, ``"error"`` (the model rejected the packed
-    batch; ``error`` is ``"ExceptionType: message"``), ``"inconclusive"`` (two identical runs differed by ``noise``:
-    randomness the probe cannot remove) or ``"unsupported"`` (``"padfree"`` is set but the model's attention code
-    never calls it). ``max_abs_diff``: the largest logit difference packed vs alone (``inf`` when the packed forward
-    raised), per example in ``example_diffs``. ``model_type``, ``attn_implementation``, ``dtype`` (the compute dtype
-    the tolerance was chosen for), ``device``, ``lengths`` (of the random sequences), ``seconds``. ``advice``: one
-    line, what to do. ``layer_kinds``: :func:`layer_kinds`. ``alternatives``: ``attn_implementation -> status`` of
-    the :data:`ALTERNATIVES` tried because this one was not safe (the advice recommends one only if ``"safe"``).
-    ``first_leak``: the first module whose output mixes examples (:func:`first_leaking_module`).
+    ``status``: ``"safe"``, ``"leaks"``, ``"error"`` (the packed forward raised: ``error``, and ``inf`` diffs),
+    ``"inconclusive"`` (two identical runs differed by ``noise``: randomness the probe cannot remove) or
+    ``"unsupported"`` (``"padfree"`` is set but the model's attention code never calls it). ``tolerance`` is
+    ``rtol * max|values alone|``; ``dtype`` the compute dtype it was chosen for. ``alternatives``:
+    ``attn_implementation -> status`` of the :data:`ALTERNATIVES` tried because this one was not safe.
     """
 
     ok: bool
@@ -383,6 +378,29 @@ def probe_logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     return logits.detach().float()[0]
 
 
+def _differences(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor] | None, rtol: float,
+                 count: int) -> tuple[float, tuple[float, ...]]:
+    """``(tolerance, max |got[i] - expected[i]| per sequence)``: ``rtol * max|expected|``, and ``inf`` for each of
+    the ``count`` sequences where the packed forward failed (``got`` None)."""
+    tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12 if expected else math.nan
+    if got is None:
+        return tolerance, (math.inf,) * count
+    return tolerance, tuple((g - e).abs().max().item() for g, e in zip(got, expected, strict=True))
+
+
+def _report(model: nn.Module, setting: tuple[torch.device, torch.dtype, float], start: float, status: str,
+            tolerance: float, diffs: Sequence[float], lengths: Sequence[int], **fields: Any) -> PackingReport:
+    device, dtype, _ = setting
+    return PackingReport(
+        ok=status == "safe", status=status, max_abs_diff=max(diffs), tolerance=tolerance,
+        model_type=_model_type(model), attn_implementation=_attn_name(model), dtype=str(dtype).removeprefix("torch."), device=str(device),
+        lengths=tuple(lengths), example_diffs=tuple(diffs), seconds=time.perf_counter() - start, **fields)
+
+
+def _model_type(model: nn.Module) -> str:
+    return str(getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__)
+
+
 def _attn_name(model: nn.Module) -> str:
     config = getattr(model, "config", None)
     attn = getattr(config, "_attn_implementation", None)
@@ -409,17 +427,6 @@ def _alternative_text(alternative: str | None, kinds: Sequence[str] = ()) -> str
         # prepared for packed rows by "padfree"'s mask builder, which flash_attention_2 does not run)
         text += ' or "flash_attention_2" on a CUDA GPU with flash-attn'
     return text
-
-
-def _refused_feature(error: str | None) -> str | None:
-    """``"soft-capping"`` / ``"sinks"`` when ``error`` is "padfree"'s refusal of that feature, else None."""
-    if not error or not error.startswith("PadfreeAttentionError"):
-        return None
-    if "soft-capping" in error:
-        return "soft-capping"
-    if "sinks" in error:
-        return "sinks"
-    return "feature"
 
 
 def _advice(
@@ -475,15 +482,15 @@ def _advice(
             f"{packages or 'the package the error names'} (transformers' torch fall-back refuses a packed row); "
             "install them on a CUDA machine, or set padding_free=False."
         )
-    refused = _refused_feature(error) if status == "error" else None
-    if refused == "soft-capping":
+    refused = status == "error" and error is not None and error.startswith("PadfreeAttentionError")  # a feature
+    if refused and "soft-capping" in error:
         return (
             f"attn_implementation={attn!r} does not compute {model_type}'s attention logit soft-capping; "
             + (use or 'load it with attn_implementation="flash_attention_2" on a CUDA GPU (pip install flash-attn: '
                "it soft-caps packed rows)") + ", or set padding_free=False."
         )
-    if refused is not None:
-        what = "attention sinks" if refused == "sinks" else "attention"
+    if refused:
+        what = "attention sinks" if "sinks" in error else "attention"
         return (
             f"attn_implementation={attn!r} does not compute {model_type}'s {what}; "
             + (f"{use}, or set padding_free=False." if use else
@@ -540,12 +547,7 @@ def layout_report(
     gives for the sequence whose values alone are ``expected[i]`` (``got`` None where the packed forward failed
     with ``error``); ``batch`` and ``values`` name what was compared ("preference batch", "logits") and ``fix``
     the setting that turns padding-free off."""
-    device, dtype, rtol = setting
-    tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12
-    if got is None:
-        diffs = [math.inf] * len(expected)
-    else:
-        diffs = [(g - e).abs().max().item() for g, e in zip(got, expected, strict=True)]
+    tolerance, diffs = _differences(expected, got, setting[2], len(expected))
     max_diff = max(diffs)
     status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
     layout = "prompt-once" if prompt_once else "padding-free"
@@ -565,14 +567,7 @@ def layout_report(
             "attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
             + ("" if prompt_once else " or 'flash_attention_2'") + f", or set {fix}."
         )
-    config = getattr(model, "config", None)
-    return PackingReport(
-        ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance,
-        model_type=str(getattr(config, "model_type", None) or type(model).__name__),
-        attn_implementation=attn, advice=advice, dtype=str(dtype).removeprefix("torch."),
-        device=str(device), lengths=tuple(lengths), example_diffs=tuple(diffs), noise=0.0,
-        seconds=time.perf_counter() - start, error=error,
-    )
+    return _report(model, setting, start, status, tolerance, diffs, lengths, advice=advice, noise=0.0, error=error)
 
 
 #: (prompt, chosen, rejected) lengths of the preference probe's pairs: uneven, so every boundary matters.
@@ -799,24 +794,15 @@ def check_packing(
 ) -> PackingReport:
     """Run random sequences packed into one row and each alone, and report whether the packed ones stay apart.
 
-    Args:
-        model: A causal LM (``transformers`` ``PreTrainedModel``, PEFT-wrapped or not), on any device/dtype.
-        lengths: Lengths of the random sequences (at least 2, all >= 1).
-        seed: Seed for the random token ids (the global RNG is not touched).
-        rtol: Tolerance relative to ``max|logits|``; default from :data:`DEFAULT_RTOL` by compute dtype.
-        collate_fn: Builds the packed batch from ``[{"input_ids": [...]}, ...]``; default :func:`packed_batch`
-            (the project collator's format, with ``use_cache=False``). Use it to probe another collator.
-        try_alternatives: When the model is not safe (leaks, errors, never calls its attention), run the probe
-            again with each of :data:`ALTERNATIVES` it does not use, restoring its attention implementation after,
-            so that the advice recommends only one that is safe on this model (``report.alternatives``).
+    ``model``: a causal LM (PEFT-wrapped or not) on any device and dtype; ``rtol``: default from
+    :data:`DEFAULT_RTOL` by compute dtype; ``collate_fn``: builds the packed batch from ``[{"input_ids": [...]},
+    ...]`` (default :func:`packed_batch`), to probe another collator; ``try_alternatives``: when the model is not
+    safe, probe each of :data:`ALTERNATIVES` too, so that the advice recommends only one safe on this model.
 
-    Each example alone runs as the padded path would see it: ``input_ids``, ``attention_mask`` of ones,
-    ``labels``, ``use_cache=False``. The model is first prepared as the package's trainers prepare it
-    (:func:`trl_padfree.recurrent.prepare_packed_layers`: recurrent layers restart at every boundary of a packed
-    row), so the verdict is about what training runs. The model's training flags and every number zeroed for determinism are
-    restored afterwards, also when the forward raises. A packed forward that raises, and ``"padfree"`` refusing the
-    model (:class:`~trl_padfree.attention.PadfreeAttentionError`), are the verdict ``"error"``; a model that fails
-    on an ordinary batch raises (that is not a packing question).
+    The model is first prepared as the trainers prepare it (recurrent layers restart at every boundary of a packed
+    row: :func:`~trl_padfree.recurrent.prepare_packed_layers`), so the verdict is about what training runs. A packed
+    forward that raises, or ``"padfree"`` refusing the model, is the verdict ``"error"``; a model that fails on an
+    ordinary batch raises (that is not a packing question).
 
     >>> from transformers import LlamaConfig, LlamaForCausalLM
     >>> config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -832,9 +818,8 @@ def check_packing(
         )
     start = time.perf_counter()
     prepare_packed_layers(model)  # what the trainers do when training starts: recurrent layers reset at boundaries
-    device, dtype, rtol = probe_setting(model, rtol)
-    model_type = str(getattr(getattr(model, "config", None), "model_type", None) or type(model).__name__)
-    attn = _attn_name(model)
+    setting = device, _, rtol = probe_setting(model, rtol)
+    model_type, attn = _model_type(model), _attn_name(model)
     sequences = model_sequences(model, lengths, seed)
     features = [{"input_ids": list(seq)} for seq in sequences]
     packed_inputs = _on(collate_fn(features) if collate_fn is not None else packed_batch(sequences), device)
@@ -858,16 +843,12 @@ def check_packing(
         if len(alone) < len(sequences) and not bypassed and not refused:
             raise failure  # the model fails on an ordinary batch: not a packing question
         error = error_line(failure)
-    tolerance = rtol * max(a.abs().max().item() for a in alone) + 1e-12 if alone else math.nan
-    if error is not None:
-        diffs = tuple(math.inf for _ in sequences)
-    else:
-        bounds = [0, *torch.tensor(lengths).cumsum(0).tolist()]
-        if packed.shape[0] != bounds[-1]:
-            raise ValueError(
-                f"check_packing: packed logits have {packed.shape[0]} positions, expected {bounds[-1]}."
-            )
-        diffs = tuple((packed[bounds[i] : bounds[i + 1]] - a).abs().max().item() for i, a in enumerate(alone))
+    got = None
+    if error is None:
+        if packed.shape[0] != sum(lengths):
+            raise ValueError(f"check_packing: packed logits have {packed.shape[0]} positions, expected {sum(lengths)}.")
+        got = packed.split(lengths)
+    tolerance, diffs = _differences(alone, got, rtol, len(sequences))
     max_diff = max(diffs)
     if bypassed:
         status = "unsupported"
@@ -893,11 +874,8 @@ def check_packing(
     advice = (f"the first module that mixes packed examples is {first_leak}; " if first_leak else "") + _advice(
         status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False,
         model_class=type(model).__name__, kinds=kinds, error=error, alternative=alternative)
-    return PackingReport(
-        ok=status == "safe", status=status, max_abs_diff=max_diff, tolerance=tolerance, model_type=model_type,
-        attn_implementation=attn, advice=advice, dtype=str(dtype).removeprefix("torch."), device=str(device),
-        lengths=lengths, example_diffs=diffs, noise=noise, seconds=time.perf_counter() - start, error=error,
-        layer_kinds=kinds, alternatives=tried, first_leak=first_leak)
+    return _report(model, setting, start, status, tolerance, diffs, lengths, advice=advice, noise=noise, error=error,
+                   layer_kinds=kinds, alternatives=tried, first_leak=first_leak)
 
 
 def _probe_with(model: nn.Module, attn: str, **kwargs: Any) -> str:

@@ -16,8 +16,8 @@ import trl
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
-from ._compat import reward_padding_free_unavailable
-from .configs import UNSET, RewardConfig
+from ._compat import reward_padding_free_unavailable  # noqa: F401  (trl >= 1.16, the floor: always None)
+from .configs import RewardConfig
 from .preference import MODEL_KEYS
 from .reward_layout import DataCollatorForRewardPairs, position_scores, score_head, scores_of  # noqa: F401
 from .trainer import PadfreeTrainerMixin
@@ -31,16 +31,11 @@ class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
     fields (the trainer keywords still work for one release, with a ``DeprecationWarning``)."""
 
     def __init__(self, model: Any, args: Any = None, data_collator: Any = None, train_dataset: Any = None,
-                 eval_dataset: Any = None, processing_class: Any = None, *rest: Any, prompt_once: Any = UNSET,
-                 check_packing: Any = UNSET, torch_num_threads: Any = UNSET, **kwargs: Any) -> None:
-        settings = self._padfree_settings("RewardTrainer", args, prompt_once=prompt_once, check_packing=check_packing,
-                                          torch_num_threads=torch_num_threads)
-        if self.padfree:
-            if (problem := reward_padding_free_unavailable()) is not None:
-                raise ValueError(problem)
-            if data_collator is not None:
-                raise ValueError("padding_free=True builds its own batches (DataCollatorForRewardPairs); do not pass "
-                                 "a data_collator, or set padding_free=False")
+                 eval_dataset: Any = None, processing_class: Any = None, *rest: Any, **kwargs: Any) -> None:
+        settings = self._padfree_settings("RewardTrainer", args, kwargs)
+        if self.padfree and data_collator is not None:
+            raise ValueError("padding_free=True builds its own batches (DataCollatorForRewardPairs); do not pass a "
+                             "data_collator, or set padding_free=False")
         super().__init__(model, args, data_collator, train_dataset, eval_dataset, processing_class, *rest, **kwargs)
         if self.padfree:
             score_head(self.accelerator.unwrap_model(self.model))  # refuse a model without a score head now

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import trl
 
-from .configs import UNSET, is_padfree_config
+from .configs import UNSET, is_padfree_config, trainer_keywords
 from .preference import MODEL_KEYS
 from .rl_packing import pack_completion_rows, scatter_scores
 from .trainer import PadfreeTrainerMixin
@@ -68,25 +68,14 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
     #: whether TRL passes ``args.cast_lm_head_to_fp32`` to its fused head (GRPO does, RLOO has no such option)
     casts_lm_head_to_fp32: bool = False
 
-    def __init__(self, *args: Any, padding_free: bool | None = None, prompt_once: Any = UNSET,
-                 check_packing: Any = UNSET, torch_num_threads: Any = UNSET, scored_lm_head: Any = UNSET,
-                 **kwargs: Any) -> None:
+    def __init__(self, *args: Any, padding_free: bool | None = None, **kwargs: Any) -> None:
         trl_class = next(c for c in type(self).__mro__ if c.__module__.split(".")[0] == "trl")
-        self._padfree_init(trl_class, args, kwargs, padding_free=padding_free, prompt_once=prompt_once,
-                           check_packing=check_packing, torch_num_threads=torch_num_threads,
-                           scored_lm_head=scored_lm_head)
-
-    def _padfree_init(self, trl_class: type, args: tuple, kwargs: dict, *, padding_free: Any, **given: Any) -> None:
+        given = trainer_keywords(trl_class.__name__, kwargs)  # (not TRL's: out of kwargs before binding them)
         config = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs).arguments.get("args")
         # a package config: its field (or the keyword); another config: its padding_free attribute, as before
         padfree = None if is_padfree_config(config) else resolve_padding_free(padding_free, config)
-        settings = self._padfree_settings(trl_class.__name__, config, padfree,
+        settings = self._padfree_settings(trl_class.__name__, config, {}, padfree,
                                           padding_free=UNSET if padding_free is None else padding_free, **given)
-        if self.padfree:
-            from ._compat import rl_padding_free_unavailable
-
-            if (problem := rl_padding_free_unavailable()) is not None:
-                raise ValueError(problem)
         self.pack_totals: dict[str, Counter] = {"train": Counter(), "no_grad": Counter()}
         trl_class.__init__(self, *args, **kwargs)
         if not self.padfree:

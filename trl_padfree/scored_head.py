@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ._compat import MIN_TRL_SCORED_HEAD, scored_head_unavailable
+from ._compat import MIN_TRL_SCORED_HEAD, scored_head_unavailable  # noqa: F401  (trl >= 1.16: always None)
 
 __all__ = [
     "CHUNK_ELEMENTS", "MIN_TRL_SCORED_HEAD", "OUTPUTS", "ScoredLogProbs", "ScoredTokens", "add_scored_head",
@@ -337,8 +337,6 @@ def add_scored_head(
     ``use_trl_on_triton``: on CUDA/XPU with Triton TRL's head already projects only the labelled positions, so by
     default those calls go to it (not measured against this head on a GPU); False: this head on every device.
     """
-    if (problem := scored_head_unavailable()) is not None:
-        raise RuntimeError(problem)
     from torch.distributed.tensor import DTensor
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
     from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head

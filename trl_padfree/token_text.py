@@ -52,20 +52,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-
-
-def _gpt2_unicode_to_byte() -> dict[str, int]:
-    """Inverse of GPT-2's ``bytes_to_unicode`` table (printable stand-ins for the 256 byte values)."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    table: dict[str, int] = {chr(b): b for b in keep}
-    n = 0
-    for b in range(256):
-        if b not in keep:
-            table[chr(256 + n)] = b
-            n += 1
-    return table
 
 
 def tokenizer_steps(tokenizer, part: str) -> list[dict]:
@@ -97,7 +86,8 @@ def token_bytes(tokenizer) -> list[bytes]:
         elif any(p and "▁" in p for p in pieces):
             kinds = {"Metaspace", "ByteFallback"}
     byte_level = "ByteLevel" in kinds
-    unicode_to_byte = _gpt2_unicode_to_byte() if byte_level else {}
+    # GPT-2's table of printable stand-ins for the 256 byte values, inverted
+    unicode_to_byte = {c: b for b, c in bytes_to_unicode().items()} if byte_level else {}
     out: list[bytes] = []
     for i, piece in enumerate(pieces):
         if i in added and not (_BYTE_FALLBACK.match(added[i]) and "ByteFallback" in kinds):

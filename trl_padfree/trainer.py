@@ -1,7 +1,7 @@
 """This package's ``SFTTrainer`` and what all its trainers share (:class:`PadfreeTrainerMixin`).
 
 - :func:`check_trainer_args`: fails early, naming the fix, on settings that conflict with a collator that flattens
-  by itself; :class:`PackingCheckCallback` / :class:`LayoutProbeCallback`: the packing probe once before training;
+  by itself; :class:`PackingCheckCallback`: the packing probe once before training;
 - :class:`SFTTrainer`: ``trl.SFTTrainer`` with both wired in for this package's padding-free collator, token-budget
   batches (``max_tokens_per_batch``) and the scored-positions LM head.
 """
@@ -20,11 +20,11 @@ from transformers import TrainerCallback
 from .attention import ATTN_IMPLEMENTATION
 from .batching import TokenBudgetBatchSampler
 from .collator import DataCollatorForCompletionOnlyLM
-from .configs import UNSET, trainer_settings
 from .configs import SFTConfig as PadfreeSFTConfig
+from .configs import trainer_keywords, trainer_settings
 from .formatting import FormattingFunc, first_record
 from .recurrent import prepare_packed_layers, refuse_shared_prompt
-from .threads import checked_threads, training_threads
+from .threads import checked_threads, torch_threads, training_threads
 from .throughput import RealTokensLog
 
 
@@ -51,53 +51,45 @@ def check_trainer_args(args: Any, collator: Any) -> None:
 
 
 class PackingCheckCallback(TrainerCallback):
-    """Runs the packing probe on the model once, when training begins; raises if packed examples leak."""
+    """Runs the packing probe once, when training begins, on the trained model and ``models`` (e.g. a separate
+    reference): :func:`~trl_padfree.probe.assert_packing_safe`, or with a trainer's ``layout`` (``"preference"``,
+    ``"group"``, ``"reward"``) :func:`~trl_padfree.probe.assert_layout_packing_safe`; raises ``PackingLeakError``
+    if packed examples leak, else prints one line (so that a run's log shows the probe ran and passed)."""
 
-    def __init__(self, **probe_kwargs: Any):
-        self.probe_kwargs = probe_kwargs
+    def __init__(self, layout: str | None = None, prompt_once: bool = False, models: list[Any] | tuple[Any, ...] = (),
+                 **probe_kwargs: Any) -> None:
+        self.layout, self.prompt_once, self.models, self.probe_kwargs = layout, prompt_once, list(models), probe_kwargs
+        self.reports: list[Any] = []
         self.report = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if model is not None and self.report is None:
-            from .probe import assert_packing_safe, training_rtol
-
-            kwargs = {"rtol": training_rtol(args), **self.probe_kwargs}
-            self.report = assert_packing_safe(model, **kwargs)
-            if state.is_world_process_zero:  # one line, so that a run's log shows the probe ran and passed
-                print(probe_passed_line(self.report), flush=True)
-        return control
-
-
-class LayoutProbeCallback(TrainerCallback):
-    """Runs :func:`trl_padfree.probe.assert_layout_packing_safe` for ``layout`` (``"preference"``, ``"group"``,
-    ``"reward"``) once, when training begins, on the trained model and ``models`` (e.g. a separate reference);
-    the probe raises ``PackingLeakError`` if packed sequences leak."""
-
-    def __init__(self, layout: str, prompt_once: bool, models: list[Any] | tuple[Any, ...] = ()) -> None:
-        self.layout, self.prompt_once, self.models = layout, prompt_once, list(models)
-        self.reports: list[Any] = []
-
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        from .probe import assert_layout_packing_safe, training_rtol
+        from .probe import assert_layout_packing_safe, assert_packing_safe, training_rtol
 
         for m in [] if self.reports else [model, *self.models]:
             if m is None:
                 continue
-            report = assert_layout_packing_safe(m, self.layout, prompt_once=self.prompt_once, rtol=training_rtol(args))
+            kwargs = {"rtol": training_rtol(args), **self.probe_kwargs}
+            if self.layout is None:
+                report = assert_packing_safe(m, **kwargs)
+            else:
+                report = assert_layout_packing_safe(m, self.layout, prompt_once=self.prompt_once, **kwargs)
             self.reports.append(report)
+            self.report = self.report or report
             if state.is_world_process_zero:
-                what = {"group": "RL"}.get(self.layout, self.layout)
-                compared = "score" if self.layout == "reward" else "logit"
-                print(f"[trl-padfree] {what} probe ({'prompt-once' if self.prompt_once else 'padding-free'}): "
-                      f"{report.model_type} with {report.attn_implementation!r} keeps packed sequences apart (max "
-                      f"{compared} diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})", flush=True)
+                print(probe_passed_line(report, self.layout, self.prompt_once), flush=True)
         return control
 
 
-def probe_passed_line(report: Any) -> str:
+def probe_passed_line(report: Any, layout: str | None = None, prompt_once: bool = False) -> str:
     """The one log line of a passed packing probe (the launcher prints the same line)."""
-    return (f"[trl-padfree] packing probe: {report.model_type} with {report.attn_implementation!r} keeps packed "
-            f"examples apart (max logit diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
+    if layout is None:
+        what, compared, unit = "packing probe", "logit", "examples"
+    else:
+        name = {"group": "RL"}.get(layout, layout)
+        what = f"{name} probe ({'prompt-once' if prompt_once else 'padding-free'})"
+        compared, unit = "score" if layout == "reward" else "logit", "sequences"
+    return (f"[trl-padfree] {what}: {report.model_type} with {report.attn_implementation!r} keeps packed {unit} "
+            f"apart (max {compared} diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
 
 
 def example_lengths(dataset: Any, column: str = "input_ids") -> list[int]:
@@ -189,14 +181,12 @@ def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, mai
     ``args.temperature``)."""
     from accelerate.utils import is_peft_model
 
-    from .scored_head import add_scored_head, remove_scored_head, scored_head_unavailable
+    from .scored_head import add_scored_head, remove_scored_head
 
     target = model.get_base_model() if is_peft_model(model) else model
     if not enabled:
         remove_scored_head(target)  # (a model given the scored head by an earlier trainer)
         return "trl: scored_lm_head=False"
-    if (problem := scored_head_unavailable()) is not None:
-        return f"trl: {problem}"
     reason = add_scored_head(target, outputs=outputs, temperature=temperature,
                              cast_lm_head_to_fp32=cast_lm_head_to_fp32)
     if reason is None:
@@ -249,13 +239,13 @@ class PadfreeTrainerMixin(RealTokensLog):
     padfree: bool = False
     prompt_once: bool = False
 
-    def _padfree_settings(self, trainer: str, args: Any, padfree: bool | None = None, **given: Any
-                          ) -> dict[str, Any]:
-        """Read the package's settings of ``trainer`` (:func:`~trl_padfree.configs.trainer_settings`) into
-        ``torch_num_threads``, ``scored_lm_head``, ``padfree`` (``padfree``, else the ``padding_free`` setting, else
-        ``args.padding_free``) and
-        ``prompt_once``; refuse ``prompt_once`` without ``padding_free``."""
-        settings = trainer_settings(trainer, args, **given)
+    def _padfree_settings(self, trainer: str, args: Any, kwargs: dict[str, Any], padfree: bool | None = None,
+                          **given: Any) -> dict[str, Any]:
+        """Read the package's settings of ``trainer`` (:func:`~trl_padfree.configs.trainer_settings`; its deprecated
+        keywords taken out of ``kwargs``, or given) into ``torch_num_threads``, ``scored_lm_head``, ``padfree``
+        (``padfree``, else the ``padding_free`` setting, else ``args.padding_free``) and ``prompt_once``; refuse
+        ``prompt_once`` without ``padding_free``."""
+        settings = trainer_settings(trainer, args, **{**trainer_keywords(trainer, kwargs), **given})
         self.torch_num_threads = checked_threads(settings["torch_num_threads"])
         if "scored_lm_head" in settings:
             self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
@@ -286,7 +276,7 @@ class PadfreeTrainerMixin(RealTokensLog):
                 if m is not None:
                     require_padfree_attention(m, what)
         if check_packing:
-            self.add_callback(LayoutProbeCallback(layout, self.prompt_once, [ref] if ref is not None else []))
+            self.add_callback(PackingCheckCallback(layout, self.prompt_once, [ref] if ref is not None else []))
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
         """``Trainer.train`` with the CPU threads of ``torch_num_threads``; a run that fails (e.g. the packing probe
@@ -299,26 +289,22 @@ class PadfreeTrainerMixin(RealTokensLog):
                          else ", torch's own count")
                 print(f"[trl-padfree] torch threads: {threads}{which} ({why}); set OMP_NUM_THREADS or call "
                       "torch.set_num_threads() to choose", flush=True)
-        previous = torch.get_num_threads()
-        if threads is not None:
-            torch.set_num_threads(threads)
         for model in (self.model, getattr(self, "ref_model", None)):  # recurrent layers: reset at every boundary
             if model is not None:
                 prepare_packed_layers(model)
-        try:
-            result = super().train(*args, **kwargs)
-            self._write_model_card()
-            return result
-        except BaseException:
-            from transformers.trainer_callback import ProgressCallback
+        with torch_threads(threads):
+            try:
+                result = super().train(*args, **kwargs)
+                self._write_model_card()
+                return result
+            except BaseException:
+                from transformers.trainer_callback import ProgressCallback
 
-            for callback in self.callback_handler.callbacks:
-                if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
-                    callback.training_bar.close()
-                    callback.training_bar = None
-            raise
-        finally:
-            torch.set_num_threads(previous)
+                for callback in self.callback_handler.callbacks:
+                    if isinstance(callback, ProgressCallback) and callback.training_bar is not None:
+                        callback.training_bar.close()
+                        callback.training_bar = None
+                raise
 
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """transformers' check, without calling a tied weight (saved once, under the name it is tied to) missing:
@@ -408,6 +394,17 @@ def with_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, valu
     return (*args[:index], value, *args[index + 1:]), kwargs
 
 
+def tokenizer_of(processing_class: Any, model: Any) -> Any:
+    """The tokenizer of ``processing_class`` (a processor's own), or, without one, ``model``'s, loaded from its name
+    or path as TRL loads it."""
+    if processing_class is None:
+        from transformers import AutoTokenizer
+
+        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
+        processing_class = AutoTokenizer.from_pretrained(name)
+    return getattr(processing_class, "tokenizer", processing_class)
+
+
 def config_collator(config: Any, collator: Any, bound: dict[str, Any]) -> Any:
     """The collator of a :class:`trl_padfree.SFTConfig`: ``collator`` if one was passed (checked against the
     config), else :class:`~trl_padfree.DataCollatorForCompletionOnlyLM` built from ``response_template``,
@@ -435,18 +432,12 @@ def config_collator(config: Any, collator: Any, bound: dict[str, Any]) -> Any:
         raise ValueError("SFTConfig(padding_free=True) without response_template would train the prompts of this "
                          "prompt/completion data: set response_template, or completion_only_loss=False to train "
                          "them")
-    processing_class, model = bound.get("processing_class"), bound.get("model")
-    if processing_class is None:
-        from transformers import AutoTokenizer
-
-        name = model if isinstance(model, str) else getattr(getattr(model, "config", None), "_name_or_path", None)
-        processing_class = AutoTokenizer.from_pretrained(name)
     instruction = config.instruction_template
     if isinstance(instruction, list) and len(instruction) == 1:
         instruction = instruction[0]
     multiple = config.pad_to_multiple_of
     return DataCollatorForCompletionOnlyLM(
-        config.response_template, instruction, tokenizer=getattr(processing_class, "tokenizer", processing_class),
+        config.response_template, instruction, tokenizer=tokenizer_of(bound.get("processing_class"), bound.get("model")),
         padding_free=config.padding_free, pad_to_multiple_of=multiple if isinstance(multiple, int) else None)
 
 
@@ -463,12 +454,8 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     (default True) scores TRL's loss with :mod:`trl_padfree.scored_head`; ``self.lm_head_state`` says which head.
     """
 
-    def __init__(
-        self, *args: Any, check_packing: Any = UNSET, max_tokens_per_batch: Any = UNSET,
-        torch_num_threads: Any = UNSET, **kwargs: Any
-    ):
-        given = {"check_packing": check_packing, "max_tokens_per_batch": max_tokens_per_batch,
-                 "torch_num_threads": torch_num_threads, "scored_lm_head": kwargs.pop("scored_lm_head", UNSET)}
+    def __init__(self, *args: Any, **kwargs: Any):
+        given = trainer_keywords("SFTTrainer", kwargs)
         bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
         config = bound.get("args")
         settings = trainer_settings("SFTTrainer", config, **given)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from trl_padfree.grpo import GRPOTrainer
+from trl_padfree.rl_trainer import GRPOTrainer
 
 from ..config import ConfigError, RewardFunctionArguments, with_fields
 from ..trainer_setup import make_launch_trainer

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trl_padfree.rloo import RLOOTrainer
+from trl_padfree.rl_trainer import RLOOTrainer
 
 from .grpo import GRPOTask
 
