@@ -53,6 +53,23 @@ def weights(trainer: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
 
 
+def assert_same_metrics(layout: str, got: dict[str, float], want: dict[str, float], keys: Any,
+                        scaled: tuple[str, ...] = (), scale: float = 0.0, rtol: float = RTOL) -> None:
+    """``got[key]`` within ``rtol`` of ``want[key]`` for every key: relative to the value, or to ``scale`` where that is
+    more for the keys starting with one of ``scaled`` (differences of larger values, judged against those)."""
+    for key in keys:
+        tol = rtol * max(abs(want[key]), scale if key.startswith(scaled) else 0.0, 1e-7)
+        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+
+
+def same_preference_step(layout: str, got: dict[str, float], want: dict[str, float], keys: Any,
+                         prefix: str = "") -> None:
+    """DPO/KTO metrics (``prefix``: ``"eval_"`` for evaluation's): rewards and the KL term are beta (0.1) times
+    (logps - ref logps), a difference of two sums of ~-200, judged against the log-probs they come from."""
+    scale = 0.1 * max(abs(want[prefix + "logps/chosen"]), abs(want[prefix + "logps/rejected"]))
+    assert_same_metrics(layout, got, want, keys, (prefix + "rewards/", prefix + "kl"), scale)
+
+
 def loss_and_grads(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """One forward and backward pass of ``model`` on ``batch``: the loss and every parameter's gradient."""
     model.zero_grad(set_to_none=True)

@@ -16,25 +16,15 @@ from trl_padfree.kto import DataCollatorForUnpairedFlat, kto_padding_free_unavai
 RTOL = 1e-5
 pytestmark = pytest.mark.skipif(kto_padding_free_unavailable() is not None,
                                 reason=str(kto_padding_free_unavailable()))
-METRICS = ("loss", "kl", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
-           "entropy", "logits/chosen", "logits/rejected", "num_tokens")
 
 
 def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[KTOTrainer, layout_runs.GradRecorder]]:
     return layout_runs.train_layouts(T, T.examples(24), T.tokenizer(), tmp_path, **kwargs)
 
 
-def same_step(layout: str, got: dict[str, float], want: dict[str, float], metrics=METRICS) -> None:
-    # rewards and the KL term are beta * (logps - ref logps): judged against the log-probs they come from
-    scale = 0.1 * max(abs(want["logps/chosen"]), abs(want["logps/rejected"]))
-    for key in metrics:
-        tol = RTOL * max(abs(want[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
-        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
-
-
-def assert_same_training(runs: dict[str, tuple[KTOTrainer, layout_runs.GradRecorder]], metrics=METRICS) -> None:
+def assert_same_training(runs: dict[str, tuple[KTOTrainer, layout_runs.GradRecorder]], metrics=T.METRICS) -> None:
     layout_runs.assert_same_training(layout_runs.finished(runs),
-                                     lambda *steps: same_step(*steps, metrics=metrics))
+                                     lambda *steps: T.same_step(*steps, metrics=metrics))
     layout_runs.assert_training_moved(runs)
 
 
@@ -48,9 +38,9 @@ def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
                                                lora_dropout=0.0))
     runs = run_layouts(tmp_path, **case)
     assert all((trainer.ref_model is None) == ("peft" in case) for trainer, _ in runs.values())
-    metrics = METRICS
+    metrics = T.METRICS
     if case.get("loss_type") == "apo_zero_unpaired":
-        metrics = tuple(m for m in METRICS if m != "kl")
+        metrics = tuple(m for m in T.METRICS if m != "kl")
         assert all(e["kl"] == 0.0 for e in layout_runs.step_logs(runs["padfree"][0]))
     else:
         kl = [e["kl"] for e in layout_runs.step_logs(runs["padded"][0])]
@@ -105,7 +95,7 @@ def test_two_ddp_ranks_train_the_same_model(tmp_path):
     """torchrun, 2 CPU ranks: same per-step logs (KL gathered across ranks), gradients, weights."""
     runs = layout_runs.ddp_runs("kto", tmp_path)
     assert any(e["kl"] > 0 for e in runs["padded"].logs)
-    layout_runs.assert_same_training(runs, same_step)
+    layout_runs.assert_same_training(runs, T.same_step)
 
 
 def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
@@ -132,13 +122,9 @@ def test_evaluation_gives_trls_metrics(tmp_path):
         results[layout] = trainer.evaluate()
     want = results["padded"]
     assert {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"} <= set(want)
-    scale = 0.1 * max(abs(want["eval_logps/chosen"]), abs(want["eval_logps/rejected"]))
+    keys = [k for k in want if k.startswith("eval_") and not k.endswith(("runtime", "per_second", "preparation_time"))]
     for layout in layout_runs.LAYOUTS[1:]:
-        got = results[layout]
-        for key in want:
-            if key.startswith("eval_") and not key.endswith(("runtime", "per_second", "preparation_time")):
-                tol = RTOL * max(abs(want[key]), scale if key.startswith(("eval_rewards/", "eval_kl")) else 0.0, 1e-7)
-                assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+        layout_runs.same_preference_step(layout, results[layout], want, keys, prefix="eval_")
 
 
 def test_return_outputs_recomputes_the_rows_logits(tmp_path):

@@ -26,12 +26,10 @@ def grad_rtol(layout: str) -> float:
     return RTOL if layout == "padfree" else ONCE_GRAD_RTOL
 
 
-def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
+def same_step(layout: str, got: dict[str, float], want: dict[str, float], keys=METRICS, prefix: str = "") -> None:
     # margin and mean reward are differences/means of rewards: judged against the rewards' size
-    scale = max(abs(want["min_reward"]), abs(want["max_reward"]))
-    for key in METRICS:
-        tol = RTOL * max(abs(want[key]), scale if key in ("margin", "mean_reward") else 0.0, 1e-7)
-        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+    scale = max(abs(want[prefix + "min_reward"]), abs(want[prefix + "max_reward"]))
+    layout_runs.assert_same_metrics(layout, got, want, keys, (prefix + "margin", prefix + "mean_reward"), scale)
 
 
 def assert_same_training(runs: dict[str, tuple[RewardTrainer, layout_runs.GradRecorder]]) -> None:
@@ -210,7 +208,4 @@ def test_evaluation_gives_trls_metrics(tmp_path):
     keys = [k for k in want if k.startswith("eval_") and k not in timing]
     assert {"eval_loss", "eval_accuracy", "eval_margin", "eval_mean_reward"} <= set(keys)
     for layout in ("padfree", "once"):
-        scale = max(abs(want["eval_min_reward"]), abs(want["eval_max_reward"]))
-        for key in keys:
-            tol = RTOL * max(abs(want[key]), scale if key in ("eval_margin", "eval_mean_reward") else 0.0, 1e-7)
-            assert abs(results[layout][key] - want[key]) <= tol, (layout, key)
+        same_step(layout, results[layout], want, keys, prefix="eval_")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from datasets import Dataset
-from layout_runs import model, random_text, training_args
+from layout_runs import model, random_text, same_preference_step, training_args
 from trl import DPOConfig
 
 from trl_padfree import DPOTrainer
@@ -44,15 +44,10 @@ def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True,
                       check_packing=check_packing)
 
 
-BETA = 0.1  # DPOConfig default
 METRICS = ("loss", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
            "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
 
 
-def same_step(layout: str, got: dict[str, float], want: dict[str, float], rtol: float = 1e-5) -> None:
-    """One step's DPO metrics of ``layout`` equal TRL's padded ones within ``rtol``. Rewards are beta * (logps - ref
-    logps), a difference of two sums of ~-200: judged against the log-probs they come from."""
-    scale = BETA * max(abs(want["logps/chosen"]), abs(want["logps/rejected"]))
-    for key in METRICS:
-        tol = rtol * max(abs(want[key]), scale if key.startswith("rewards/") else 0.0, 1e-7)
-        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
+    """One step's DPO metrics of ``layout`` equal TRL's padded ones (``layout_runs.same_preference_step``)."""
+    same_preference_step(layout, got, want, METRICS)
