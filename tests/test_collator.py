@@ -364,36 +364,28 @@ def test_bare_lists_without_template_match_trl_language_modelling_collator():
     assert batch["max_length_q"] == 3
 
 
-def test_given_label_values_are_kept_and_match_trl_and_transformers(ids):
-    """Labels other than input_ids are kept as given, as TRL's and transformers' collators do."""
+@pytest.mark.parametrize("labelled", [(0, 1, 2), (0, 2)], ids=["all", "some"])
+def test_given_labels_are_kept_each_examples_own_as_trl_and_transformers_keep_them(ids, labelled):
+    """Labels other than input_ids are kept as given, as TRL's and transformers' collators do; an example without
+    labels (beside ones with them) is trained on its input_ids."""
     rng = np.random.default_rng(0)
-    features = []
-    for x in ids:
-        labels = rng.integers(3, 300, size=len(x)).tolist()
-        labels[1] = IGNORE  # a position the dataset masked
-        features.append({"input_ids": x, "labels": labels})
+    features = [{"input_ids": x} for x in ids]
+    for i in labelled:
+        features[i]["labels"] = rng.integers(3, 300, size=len(ids[i])).tolist()
+        features[i]["labels"][1] = IGNORE  # a position the dataset masked
+    expected = sum(([IGNORE] + f.get("labels", f["input_ids"])[1:] for f in features), [])
     ours = DataCollatorForCompletionOnlyLM(None, padding_free=True)(features)
     trl = TRLCollator(pad_token_id=0, padding_free=True)(features)
-    hf = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(features)
-    expected = sum(([IGNORE] + f["labels"][1:] for f in features), [])
-    assert ours["labels"].tolist() == trl["labels"].tolist() == hf["labels"].tolist() == [expected]
-    padded = DataCollatorForCompletionOnlyLM(None, padding_free=False)(features)
-    assert padded["labels"][padded["attention_mask"].bool()].tolist() == expected
-    # TRL keeps the first label of each example in a padded batch (there is no next-example leak to prevent there);
-    # this collator masks it in both layouts so that padded and padding-free labels are identical
-    assert padded["labels"][:, 1:].tolist() == TRLCollator(pad_token_id=0)(features)["labels"][:, 1:].tolist()
-
-
-def test_labels_on_some_examples_only_each_keeps_its_own(ids):
-    a, b, c = ids
-    a_labels, c_labels = [IGNORE] * 12 + a[12:], [IGNORE] * 5 + c[5:]  # prompts masked by the dataset
-    features = [{"input_ids": a, "labels": a_labels}, {"input_ids": b}, {"input_ids": c, "labels": c_labels}]
-    ours = DataCollatorForCompletionOnlyLM(None, padding_free=True)(features)
-    trl = TRLCollator(pad_token_id=0, padding_free=True)(features)
-    expected = a_labels + [IGNORE] + b[1:] + c_labels
     assert ours["labels"].tolist() == trl["labels"].tolist() == [expected]
     padded = DataCollatorForCompletionOnlyLM(None, padding_free=False)(features)
     assert padded["labels"][padded["attention_mask"].bool()].tolist() == expected
+    if len(labelled) < len(ids):
+        return
+    hf = DataCollatorWithFlattening(return_flash_attn_kwargs=True)(features)
+    assert hf["labels"].tolist() == [expected]
+    # TRL keeps the first label of each example in a padded batch (there is no next-example leak to prevent there);
+    # this collator masks it in both layouts so that padded and padding-free labels are identical
+    assert padded["labels"][:, 1:].tolist() == TRLCollator(pad_token_id=0)(features)["labels"][:, 1:].tolist()
 
 
 def test_given_labels_are_kept_under_the_template_mask(byte_tok, ids):
