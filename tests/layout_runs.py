@@ -31,6 +31,13 @@ def random_text(seed: int) -> tuple[random.Random, Callable[[int], str]]:
     return rng, lambda k: " ".join(rng.choice(corpus) for _ in range(k))
 
 
+def lora() -> Any:
+    """The LoRA adapters of the PEFT runs (a new config each time: a trainer takes its config over)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
+
+
 def model(layout: str, seed: int = 0, **overrides: Any) -> Any:
     """The tiny Llama of ``layout``: ``sdpa`` for the padded batch, ``padfree`` for the rows (unless overridden)."""
     attn = "sdpa" if layout == "padded" else "padfree"

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from tiny_models import family
 from transformers import AutoModelForCausalLM
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
 from trl_padfree import families as fam
 from trl_padfree.probe import alone_batch, packed_batch, random_sequences
@@ -19,11 +19,6 @@ LOSS_TOL = 1e-5
 GRAD_RTOL = 1e-4
 VOCAB = 128  # trl_padfree.families' tiny configs
 LENGTHS = (7, 13, 5, 20)  # some longer than the windows and Llama-4's chunks (8)
-
-
-def family(model_type: str) -> None:
-    if model_type not in CONFIG_MAPPING:
-        pytest.skip(f"transformers has no {model_type!r} model here")
 
 
 def examples(lengths=LENGTHS, seed: int = 0) -> list[list[int]]:
@@ -72,8 +67,7 @@ OVERRIDES = {"gemma2": dict(attn_logit_softcapping=0.5, query_pre_attn_scalar=16
 
 
 def config_of(model_type: str):
-    family(model_type)
-    return fam.tiny_family_config(model_type, **OVERRIDES.get(model_type, {}))
+    return fam.tiny_family_config(family(model_type), **OVERRIDES.get(model_type, {}))
 
 
 def distinct_hash_experts(model):

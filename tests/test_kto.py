@@ -12,6 +12,7 @@ import torch
 
 from trl_padfree import KTOTrainer
 from trl_padfree.kto import DataCollatorForUnpairedFlat, kto_padding_free_unavailable
+from trl_padfree.probe import PackingLeakError
 
 RTOL = 1e-5
 pytestmark = pytest.mark.skipif(kto_padding_free_unavailable() is not None,
@@ -32,10 +33,7 @@ def assert_same_training(runs: dict[str, tuple[KTOTrainer, layout_runs.GradRecor
                          ids=["kto-kl", "kto-precomputed-ref", "apo_zero_unpaired", "peft-reference-adapters-off"])
 def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
     if case == "peft":
-        from peft import LoraConfig
-
-        case = dict(ref=False, peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                                               lora_dropout=0.0))
+        case = dict(ref=False, peft=layout_runs.lora())
     runs = run_layouts(tmp_path, **case)
     assert all((trainer.ref_model is None) == ("peft" in case) for trainer, _ in runs.values())
     metrics = T.METRICS
@@ -98,15 +96,18 @@ def test_two_ddp_ranks_train_the_same_model(tmp_path):
     layout_runs.assert_same_training(runs, T.same_step)
 
 
-def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    from trl_padfree.probe import PackingLeakError
-
-    leaky = layout_runs.register_leaky_attention()
+def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
     tok, data = T.tokenizer(), T.examples(8)
+    leaky = layout_runs.register_leaky_attention()
     trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
-    assert trainer.state.global_step == 0
+    assert trainer.state.global_step == 0  # refused before the first step
+    with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
+        T.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+    with pytest.raises(ValueError, match=r"needs KTOConfig\(padding_free=True\)"):
+        KTOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
+                   train_dataset=data, processing_class=tok, prompt_once=True)
 
 
 def test_evaluation_gives_trls_metrics(tmp_path):
@@ -152,8 +153,3 @@ def test_reference_row_computes_each_prompt_once(tmp_path):
         two_rows = trainer._reference_logps({k: v for k, v in batch.items() if not k.startswith("pair_")})
     for a, b in zip(once, two_rows, strict=True):
         assert torch.allclose(a, b, rtol=RTOL, atol=0)
-    with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
-        T.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
-    with pytest.raises(ValueError, match=r"needs KTOConfig\(padding_free=True\)"):
-        KTOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
-                   train_dataset=data, processing_class=tok, prompt_once=True)

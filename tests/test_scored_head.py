@@ -15,6 +15,7 @@ from layout_runs import (
     max_rel_diff,
     weights,
 )
+from tiny_models import tiny_family
 from tiny_sft import make_trainer, tokenized_dataset, tokenizer
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
@@ -225,14 +226,7 @@ def test_dpo_equals_trls_head(tmp_path, once):
 
 
 def _tiny_gemma2(vocab_size: int):
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Gemma2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
-                          final_logit_softcapping=30.0, attn_logit_softcapping=None,
-                          attn_implementation="padfree")
-    return Gemma2ForCausalLM(config)
+    return tiny_family("gemma2", vocab_size=vocab_size, final_logit_softcapping=30.0, attn_logit_softcapping=None)
 
 
 def test_softcapped_logits_fall_back_to_trls_head(tmp_path, capsys):
