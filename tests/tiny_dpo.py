@@ -34,14 +34,15 @@ def config(layout: str, out: str, **overrides: Any) -> DPOConfig:
 
 
 def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True, peft: Any = None,
-            model_kwargs: dict | None = None, check_packing: bool = True,
+            model_kwargs: dict | None = None, check_packing: bool = True, scored_lm_head: bool | None = None,
             make_model: Callable[..., Any] = model, **overrides: Any) -> DPOTrainer:
     """DPO trainer of ``layout``: ``make_model`` policy (seed 0), reference (seed 1, unless not ``ref``)."""
     policy = make_model(layout, **(model_kwargs or {}))
     ref_model = make_model(layout, seed=1, **(model_kwargs or {})) if ref else None
     return DPOTrainer(policy, ref_model, args=config(layout, out, **overrides), train_dataset=data,
                       processing_class=tok, peft_config=peft, prompt_once=layout == "once",
-                      check_packing=check_packing)
+                      check_packing=check_packing,
+                      **({} if scored_lm_head is None else {"scored_lm_head": scored_lm_head}))
 
 
 METRICS = ("loss", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
