@@ -128,11 +128,15 @@ def finished(runs: dict[str, tuple[Any, GradRecorder]]) -> dict[str, Run]:
     return {layout: Run(step_logs(t), rec.steps, weights(t)) for layout, (t, rec) in runs.items()}
 
 
-def assert_same_training(runs: dict[str, Run], same_step: Callable[[str, dict, dict], None],
+def assert_same_training(runs: dict[str, Any], same_step: Callable[[str, dict, dict], None],
                          grad_rtol: Callable[[str], float] = lambda layout: RTOL, grad_floor: float = 0.0) -> None:
     """Every layout's run (of those in ``runs``) is the padded one's: ``same_step(layout, got, want)`` on each step's
     logs, gradients within ``grad_rtol(layout)`` (of each tensor's largest, or of ``grad_floor`` times the step's
-    largest gradient where that is more), weights within ``RTOL``."""
+    largest gradient where that is more), weights within ``RTOL``. ``runs``: :class:`Run` s, or the in-process runs of
+    :func:`train_layouts`, whose padded run must also have moved its weights (:func:`assert_training_moved`)."""
+    if not isinstance(runs["padded"], Run):
+        assert_training_moved(runs)
+        runs = finished(runs)
     want = runs["padded"]
     assert len(want.logs) == len(want.grads) == STEPS and len(runs) > 1
     for layout in (layout for layout in LAYOUTS[1:] if layout in runs):

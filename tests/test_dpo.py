@@ -22,15 +22,6 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-8)
 
 
-def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[DPOTrainer, layout_runs.GradRecorder]]:
-    return layout_runs.train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **kwargs)
-
-
-def assert_same_training(runs: dict[str, tuple[DPOTrainer, layout_runs.GradRecorder]]) -> None:
-    layout_runs.assert_same_training(layout_runs.finished(runs), T.same_step)
-    layout_runs.assert_training_moved(runs)
-
-
 @pytest.mark.parametrize("case", [
     {"loss_type": ["sigmoid"]},
     {"loss_type": ["ipo"], "precompute_ref_log_probs": True},
@@ -40,9 +31,9 @@ def assert_same_training(runs: dict[str, tuple[DPOTrainer, layout_runs.GradRecor
 def test_three_layouts_train_the_same_model(tmp_path, case):
     if case == "peft":
         case = dict(ref=False, peft=layout_runs.lora())
-    runs = run_layouts(tmp_path, **case)
+    runs = layout_runs.train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **case)
     assert all((trainer.ref_model is None) == ("peft" in case) for trainer, _ in runs.values())
-    assert_same_training(runs)
+    layout_runs.assert_same_training(runs, T.same_step)
 
 
 def first_batch(trainer: DPOTrainer, n: int = 6) -> dict:

@@ -11,7 +11,7 @@ import tiny_dpo
 import tiny_rl
 import tiny_sft
 import torch
-from layout_runs import LAYOUTS, assert_training_moved, finished, train_layouts
+from layout_runs import LAYOUTS, train_layouts
 from tiny_models import FAMILIES, family, family_model
 
 from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
@@ -165,14 +165,8 @@ def test_dpo(tmp_path, model_type):
         assert str(refused.value) == PROMPT_ONCE_REFUSED
     runs = train_layouts(_DPOSetup(model_type), data, tok, tmp_path, layouts=layouts,
                          **no_aux_loss(model_type, prompt_once="once" in layouts))
-    assert_same_dpo(runs, model_type)
-
-
-def assert_same_dpo(runs: dict, model_type: str) -> None:
-    done = finished(runs)
-    layout_runs.assert_same_training(done, same_dpo_step, grad_rtol=lambda layout: GRAD_RTOL,
+    layout_runs.assert_same_training(runs, same_dpo_step, grad_rtol=lambda layout: GRAD_RTOL,
                                      grad_floor=GRAD_FLOOR.get(model_type, 0.0))
-    assert_training_moved(runs)
 
 
 @pytest.mark.skipif(dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))

@@ -19,22 +19,12 @@ pytestmark = pytest.mark.skipif(kto_padding_free_unavailable() is not None,
                                 reason=str(kto_padding_free_unavailable()))
 
 
-def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[KTOTrainer, layout_runs.GradRecorder]]:
-    return layout_runs.train_layouts(T, T.examples(24), T.tokenizer(), tmp_path, **kwargs)
-
-
-def assert_same_training(runs: dict[str, tuple[KTOTrainer, layout_runs.GradRecorder]], metrics=T.METRICS) -> None:
-    layout_runs.assert_same_training(layout_runs.finished(runs),
-                                     lambda *steps: T.same_step(*steps, metrics=metrics))
-    layout_runs.assert_training_moved(runs)
-
-
 @pytest.mark.parametrize("case", [{}, {"precompute_ref_log_probs": True}, {"loss_type": "apo_zero_unpaired"}, "peft"],
                          ids=["kto-kl", "kto-precomputed-ref", "apo_zero_unpaired", "peft-reference-adapters-off"])
 def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
     if case == "peft":
         case = dict(ref=False, peft=layout_runs.lora())
-    runs = run_layouts(tmp_path, **case)
+    runs = layout_runs.train_layouts(T, T.examples(24), T.tokenizer(), tmp_path, **case)
     assert all((trainer.ref_model is None) == ("peft" in case) for trainer, _ in runs.values())
     metrics = T.METRICS
     if case.get("loss_type") == "apo_zero_unpaired":
@@ -43,7 +33,7 @@ def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
     else:
         kl = [e["kl"] for e in layout_runs.step_logs(runs["padded"][0])]
         assert any(k > 0 for k in kl), kl  # the KL term is in the comparison (not clamped to 0 everywhere)
-    assert_same_training(runs, metrics)
+    layout_runs.assert_same_training(runs, lambda *step: T.same_step(*step, metrics=metrics))
 
 
 def test_weights_enter_the_loss(tmp_path):

@@ -8,7 +8,7 @@ import pytest
 import tiny_kto as K
 import tiny_rl as R
 from accelerate.utils import is_peft_model
-from layout_runs import assert_same_training, finished, step_logs, train_layouts
+from layout_runs import assert_same_training, step_logs, train_layouts
 
 from trl_padfree._compat import rl_padding_free_unavailable
 from trl_padfree.kto import kto_padding_free_unavailable
@@ -74,4 +74,4 @@ def test_kto_scored_head_equals_trls_head(tmp_path, layout):
     assert scored_head_state(scored.model) == "scored" and scored_head_state(trl_head.model) is None
     assert trl_head.lm_head_state == "trl: scored_lm_head=False"
     assert any(e["kl"] > 0 for e in step_logs(trl_head))  # the KL forwards (policy and reference) are in the comparison
-    assert_same_training(finished(runs), K.same_step)
+    assert_same_training(runs, K.same_step)
