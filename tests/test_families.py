@@ -53,7 +53,7 @@ def test_every_family_is_small_has_its_layer_kinds_and_trains_exactly_packed(mod
     assert bool(recurrent_layer_types(model)) == (model_type in RECURRENT)
 
 
-def test_the_exactness_check_sees_masks_that_let_examples_mix() -> None:
+def test_the_exactness_check_sees_masks_that_let_examples_mix_and_restores_the_model() -> None:
     result = fam.packed_vs_alone(tiny_family("opt", "sdpa"))  # OPT's sdpa mask never sees position_ids
     assert not result.exact() and result.loss_diff > 1e-3 and result.grad_diff > 1e-2
     assert fam.packed_vs_alone(tiny_family("opt", "padfree")).exact()
@@ -65,9 +65,7 @@ def test_the_exactness_check_sees_masks_that_let_examples_mix() -> None:
         [{"input_ids": s} for s in random_sequences(fam.EXACTNESS_LENGTHS, 128, 0, seed=0)], return_tensors="pt")
     assert not fam.packed_vs_alone(model, batch=flattened).exact()
     assert fam.packed_vs_alone(model, batch={**flattened, "use_cache": False}).exact() and fam.packed_vs_alone(model).exact()
-
-
-def test_packed_vs_alone_measures_every_gradient_and_restores_the_model() -> None:
+    # every gradient measured, the model as it was
     model = tiny_family("qwen3_moe")
     model.eval()
     result = fam.packed_vs_alone(model)
