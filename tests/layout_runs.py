@@ -31,6 +31,13 @@ def random_text(seed: int) -> tuple[random.Random, Callable[[int], str]]:
     return rng, lambda k: " ".join(rng.choice(corpus) for _ in range(k))
 
 
+def lora() -> Any:
+    """The LoRA adapters of the PEFT runs (a new config each time: a trainer takes its config over)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
+
+
 def model(layout: str, seed: int = 0, **overrides: Any) -> Any:
     """The tiny Llama of ``layout``: ``sdpa`` for the padded batch, ``padfree`` for the rows (unless overridden)."""
     attn = "sdpa" if layout == "padded" else "padfree"
@@ -51,6 +58,23 @@ def step_logs(trainer: Any) -> list[dict[str, float]]:
 
 def weights(trainer: Any) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.model.named_parameters()}
+
+
+def assert_same_metrics(layout: str, got: dict[str, float], want: dict[str, float], keys: Any,
+                        scaled: tuple[str, ...] = (), scale: float = 0.0, rtol: float = RTOL) -> None:
+    """``got[key]`` within ``rtol`` of ``want[key]`` for every key: relative to the value, or to ``scale`` where that is
+    more for the keys starting with one of ``scaled`` (differences of larger values, judged against those)."""
+    for key in keys:
+        tol = rtol * max(abs(want[key]), scale if key.startswith(scaled) else 0.0, 1e-7)
+        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+
+
+def same_preference_step(layout: str, got: dict[str, float], want: dict[str, float], keys: Any,
+                         prefix: str = "") -> None:
+    """DPO/KTO metrics (``prefix``: ``"eval_"`` for evaluation's): rewards and the KL term are beta (0.1) times
+    (logps - ref logps), a difference of two sums of ~-200, judged against the log-probs they come from."""
+    scale = 0.1 * max(abs(want[prefix + "logps/chosen"]), abs(want[prefix + "logps/rejected"]))
+    assert_same_metrics(layout, got, want, keys, (prefix + "rewards/", prefix + "kl"), scale)
 
 
 def loss_and_grads(model: Any, batch: dict[str, Any]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -104,11 +128,15 @@ def finished(runs: dict[str, tuple[Any, GradRecorder]]) -> dict[str, Run]:
     return {layout: Run(step_logs(t), rec.steps, weights(t)) for layout, (t, rec) in runs.items()}
 
 
-def assert_same_training(runs: dict[str, Run], same_step: Callable[[str, dict, dict], None],
+def assert_same_training(runs: dict[str, Any], same_step: Callable[[str, dict, dict], None],
                          grad_rtol: Callable[[str], float] = lambda layout: RTOL, grad_floor: float = 0.0) -> None:
     """Every layout's run (of those in ``runs``) is the padded one's: ``same_step(layout, got, want)`` on each step's
     logs, gradients within ``grad_rtol(layout)`` (of each tensor's largest, or of ``grad_floor`` times the step's
-    largest gradient where that is more), weights within ``RTOL``."""
+    largest gradient where that is more), weights within ``RTOL``. ``runs``: :class:`Run` s, or the in-process runs of
+    :func:`train_layouts`, whose padded run must also have moved its weights (:func:`assert_training_moved`)."""
+    if not isinstance(runs["padded"], Run):
+        assert_training_moved(runs)
+        runs = finished(runs)
     want = runs["padded"]
     assert len(want.logs) == len(want.grads) == STEPS and len(runs) > 1
     for layout in (layout for layout in LAYOUTS[1:] if layout in runs):

@@ -140,7 +140,7 @@ def test_padfree_fixes_the_cache_trap():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_padded_batch_through_padfree_equals_sdpa(kind):
+def test_padded_batch_and_generation_through_padfree_equal_sdpa(kind):
     reference, padfree = make_models(kind)
     padded = padded_batch(make_examples())
     ref, got = reference(**padded), padfree(**padded)
@@ -153,11 +153,7 @@ def test_padded_batch_through_padfree_equals_sdpa(kind):
     if kind != "qwen2":  # B > 1 rows of one example each and no attention_mask (Mistral: the window binds inside)
         ids = torch.randint(3, VOCAB, (3, 20), generator=torch.Generator().manual_seed(3))
         assert_rel_close(padfree(input_ids=ids).logits, reference(input_ids=ids).logits, 1e-5, "logits")
-
-
-@pytest.mark.parametrize("kind", KINDS)
-def test_generation_with_cache_equals_sdpa(kind):
-    reference, padfree = make_models(kind)
+    # generation with a cache
     ids = torch.randint(3, VOCAB, (2, 12), generator=torch.Generator().manual_seed(5))
     mask = torch.ones_like(ids)
     ids[1, :5], mask[1, :5] = 0, 0  # left-padded prompts, one longer than the sliding window

@@ -57,25 +57,20 @@ def test_spans_are_exactly_what_each_assistant_message_adds():
         == ["▁Hello", "<|end|>", "▁C", "iao", "<|end|>", "<|endoftext|>"]
 
 
-def test_collator_without_templates_keeps_chat_labels():
+def test_label_chats_for_datasets_map_and_a_collator_without_templates_keeps_the_labels():
+    from datasets import Dataset
+
     tok = rc.load("qwen2")
     convs = rc.conversations(rc.CHAT["qwen2"])[:6]
     examples = [cm.chat_labels(tok, c) for c in convs]
+    ds = Dataset.from_dict({"messages": convs}).map(cm.label_chats, batched=True, fn_kwargs={"tokenizer": tok})
+    assert ds["labels"] == [e["labels"] for e in examples]
     batch = DataCollatorForCompletionOnlyLM(None, tokenizer=tok, padding_free=True)(
         [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples])
     assert batch["labels"][0].tolist() == [lab for e in examples for lab in e["labels"]]
 
 
-def test_label_chats_for_datasets_map():
-    from datasets import Dataset
-
-    tok = rc.load("llama-3")
-    convs = rc.conversations(rc.CHAT["llama-3"])[:4]
-    ds = Dataset.from_dict({"messages": convs}).map(cm.label_chats, batched=True, fn_kwargs={"tokenizer": tok})
-    assert ds["labels"] == [cm.chat_labels(tok, c)["labels"] for c in convs]
-
-
-def test_generation_blocks_are_used_where_the_template_has_them():
+def test_generation_blocks_are_used_and_a_template_that_rewrites_earlier_turns_is_refused():
     tok = rc.load("qwen2")
     template = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' }}{% if m['role'] == 'assistant' %}"
                 "{% generation %}{{ m['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
@@ -83,11 +78,7 @@ def test_generation_blocks_are_used_where_the_template_has_them():
                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
     text, spans = cm.assistant_spans(tok, rc.HI_BYE, chat_template=template)
     assert [text[a:b] for a, b in spans] == ["Hello<|im_end|>", "Ciao<|im_end|>"]  # the mask leaves "\n" out
-
-
-def test_a_template_that_rewrites_earlier_turns_is_refused():
-    tok = rc.load("qwen2")
-    # drops every assistant turn but the last one (as templates that strip earlier reasoning do)
+    # a template that drops every assistant turn but the last one (as templates that strip earlier reasoning do)
     template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
                 "{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
                 "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")

@@ -22,15 +22,6 @@ def rel(a: float, b: float) -> float:
     return abs(a - b) / max(abs(b), 1e-8)
 
 
-def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[DPOTrainer, layout_runs.GradRecorder]]:
-    return layout_runs.train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **kwargs)
-
-
-def assert_same_training(runs: dict[str, tuple[DPOTrainer, layout_runs.GradRecorder]]) -> None:
-    layout_runs.assert_same_training(layout_runs.finished(runs), T.same_step)
-    layout_runs.assert_training_moved(runs)
-
-
 @pytest.mark.parametrize("case", [
     {"loss_type": ["sigmoid"]},
     {"loss_type": ["ipo"], "precompute_ref_log_probs": True},
@@ -39,13 +30,10 @@ def assert_same_training(runs: dict[str, tuple[DPOTrainer, layout_runs.GradRecor
 ], ids=["sigmoid", "ipo-precomputed-ref", "weighted-list-ld_alpha", "peft-reference-adapters-off"])
 def test_three_layouts_train_the_same_model(tmp_path, case):
     if case == "peft":
-        from peft import LoraConfig
-
-        case = dict(ref=False, peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                                               lora_dropout=0.0))
-    runs = run_layouts(tmp_path, **case)
+        case = dict(ref=False, peft=layout_runs.lora())
+    runs = layout_runs.train_layouts(T, T.pairs(24), T.tokenizer(), tmp_path, **case)
     assert all((trainer.ref_model is None) == ("peft" in case) for trainer, _ in runs.values())
-    assert_same_training(runs)
+    layout_runs.assert_same_training(runs, T.same_step)
 
 
 def first_batch(trainer: DPOTrainer, n: int = 6) -> dict:
@@ -108,11 +96,17 @@ def test_keep_end_cutting_into_the_prompt_gives_separate_segments():
     assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]]
 
 
-def padded_vs_padfree_loss_and_grads(tmp_path, attn: str, flash: bool = False) -> None:
+@pytest.mark.parametrize("attn", ["sdpa", "eager", "flash_attention_2"])
+def test_padding_free_loss_and_every_gradient_are_the_padded_ones(tmp_path, request, attn):
+    """Through transformers' own block-diagonal mask from position_ids (sdpa, eager) or its flash_attention_2
+    dispatch (reference varlen kernel, tests/flash_attention_cpu.py, which reads the preference row's boundaries):
+    loss and every gradient as TRL's padded batch."""
+    flash = attn == "flash_attention_2"
+    calls = request.getfixturevalue("flash_attention_2_on_cpu") if flash else None
     results = {}
     for layout in ("padded", "padfree"):
         trainer = T.trainer(layout, T.pairs(8), T.tokenizer(), str(tmp_path / layout), check_packing=not flash,
-                            model_kwargs={"attn_implementation": attn})
+                            model_kwargs={"attn_implementation": "sdpa" if flash else attn})
         if flash and layout == "padfree":
             for m in (trainer.model, trainer.ref_model):
                 m.config._attn_implementation = "flash_attention_2"
@@ -122,12 +116,8 @@ def padded_vs_padfree_loss_and_grads(tmp_path, attn: str, flash: bool = False) -
         results[layout] = (loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
     assert rel(results["padfree"][0], results["padded"][0]) <= RTOL
     assert layout_runs.max_rel_diff(results["padfree"][1], results["padded"][1]) <= RTOL
-
-
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_padding_free_under_sdpa_and_eager(tmp_path, attn):
-    """transformers' own block-diagonal mask from position_ids: loss and every gradient as the padded batch."""
-    padded_vs_padfree_loss_and_grads(tmp_path, attn)
+    if flash:  # policy and reference: every layer took the varlen path
+        assert len(calls) == 2 * trainer.model.config.num_hidden_layers
 
 
 def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
@@ -143,17 +133,14 @@ def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
             assert torch.allclose(chosen[i], a[0], rtol=RTOL) and torch.allclose(rejected[i], a[1], rtol=RTOL)
 
 
-def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    leaky = layout_runs.register_leaky_attention()
+def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
     tok, data = T.tokenizer(), T.pairs(8)
+    leaky = layout_runs.register_leaky_attention()
     trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
-    assert trainer.state.global_step == 0
-
-
-def test_prompt_once_refuses_an_attention_that_ignores_shared_keys(tmp_path):
-    tok, data = T.tokenizer(), T.pairs(8)
+    assert trainer.state.global_step == 0  # refused before the first step
+    # prompt-once needs an attention that reads the shared prompt keys, and padding-free
     policy = T.model("padfree", attn_implementation="sdpa")
     with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
         DPOTrainer(policy, T.model("padfree", seed=1), args=T.config("once", str(tmp_path)), train_dataset=data,
@@ -176,14 +163,6 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
         a = ours.compute_loss(ours.model, dict(batch)).item()
         b = theirs.compute_loss(theirs.model, dict(batch)).item()
     assert a == b
-
-
-def test_padding_free_through_transformers_flash_attention_2_path(tmp_path, flash_attention_2_on_cpu):
-    """transformers' flash_attention_2 dispatch (reference varlen kernel, tests/flash_attention_cpu.py) reads the
-    preference row's boundaries: loss and every gradient as TRL's padded batch under sdpa."""
-    padded_vs_padfree_loss_and_grads(tmp_path, "sdpa", flash=True)
-    # policy and reference: every layer took the varlen path
-    assert len(flash_attention_2_on_cpu) == 2 * T.model("padfree").config.num_hidden_layers
 
 
 @pytest.mark.slow

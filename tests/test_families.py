@@ -7,6 +7,7 @@ import re
 
 import pytest
 import torch
+from tiny_models import tiny_family
 from transformers import DataCollatorWithFlattening
 
 from trl_padfree import families as fam
@@ -20,12 +21,6 @@ RECURRENT = {
     "nemotron_h": "mamba", "falcon_h1": "mamba", "bamba": "mamba", "zamba2": "mamba", "jamba": "mamba",
     "mamba2": "mamba",
 }  # fmt: skip
-
-
-def model_of(model_type: str, attn: str = "padfree") -> torch.nn.Module:
-    if not fam.family_available(model_type):
-        pytest.skip(f"{model_type} is not in this transformers")
-    return fam.tiny_family_model(model_type, attn)
 
 
 def test_the_table_of_35_families_and_its_overrides() -> None:
@@ -44,7 +39,7 @@ def test_the_table_of_35_families_and_its_overrides() -> None:
 @pytest.mark.parametrize("model_type", sorted(fam.FAMILIES))
 def test_every_family_is_small_has_its_layer_kinds_and_trains_exactly_packed(model_type: str) -> None:
     """Every layer kind; packed == alone (loss, gradients) once prepared; recurrent ones found."""
-    model = model_of(model_type)
+    model = tiny_family(model_type)
     config = model.config.get_text_config()
     assert (config.model_type, config.vocab_size, config.hidden_size, config.num_hidden_layers) == (model_type, 128, 64, 4)
     assert sum(p.numel() for p in model.parameters()) < 600_000
@@ -58,22 +53,20 @@ def test_every_family_is_small_has_its_layer_kinds_and_trains_exactly_packed(mod
     assert bool(recurrent_layer_types(model)) == (model_type in RECURRENT)
 
 
-def test_the_exactness_check_sees_masks_that_let_examples_mix() -> None:
-    result = fam.packed_vs_alone(model_of("opt", "sdpa"))  # OPT's sdpa mask never sees position_ids
+def test_the_exactness_check_sees_masks_that_let_examples_mix_and_restores_the_model() -> None:
+    result = fam.packed_vs_alone(tiny_family("opt", "sdpa"))  # OPT's sdpa mask never sees position_ids
     assert not result.exact() and result.loss_diff > 1e-3 and result.grad_diff > 1e-2
-    assert fam.packed_vs_alone(model_of("opt", "padfree")).exact()
-    result = fam.packed_vs_alone(model_of("gpt_oss", "eager"))  # GPT-OSS's eager attends across examples
+    assert fam.packed_vs_alone(tiny_family("opt", "padfree")).exact()
+    result = fam.packed_vs_alone(tiny_family("gpt_oss", "eager"))  # GPT-OSS's eager attends across examples
     assert not result.exact() and result.loss_diff > 1e-3
     # the cache trap: without use_cache=False a KV cache skips the packed mask
-    model = model_of("llama", "sdpa")
+    model = tiny_family("llama", "sdpa")
     flattened = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(
         [{"input_ids": s} for s in random_sequences(fam.EXACTNESS_LENGTHS, 128, 0, seed=0)], return_tensors="pt")
     assert not fam.packed_vs_alone(model, batch=flattened).exact()
     assert fam.packed_vs_alone(model, batch={**flattened, "use_cache": False}).exact() and fam.packed_vs_alone(model).exact()
-
-
-def test_packed_vs_alone_measures_every_gradient_and_restores_the_model() -> None:
-    model = model_of("qwen3_moe")
+    # every gradient measured, the model as it was
+    model = tiny_family("qwen3_moe")
     model.eval()
     result = fam.packed_vs_alone(model)
     assert result.worst_param in dict(model.named_parameters())
@@ -97,7 +90,7 @@ REPRESENTATIVE = [
 
 @pytest.mark.parametrize(("model_type", "attn"), REPRESENTATIVE, ids=[f"{t}-{a}" for t, a in REPRESENTATIVE])
 def test_probe_verdict_names_the_layers_and_recommends_only_what_it_found_safe(model_type: str, attn: str) -> None:
-    model = model_of(model_type, attn)
+    model = tiny_family(model_type, attn)
     report = check_packing(model)  # never raises for these: a failure is a verdict
     assert report.status in ("safe", "leaks", "error", "unsupported")
     assert report.model_type == model_type and report.attn_implementation == attn
@@ -126,7 +119,7 @@ def test_probe_verdict_names_the_layers_and_recommends_only_what_it_found_safe(m
 
 def test_a_recurrent_layer_gets_the_boundaries_from_the_probe_batch() -> None:
     """A convolution given boundaries keeps examples apart or errs; never a silent leak."""
-    report = check_packing(model_of("qwen3_5_text", "padfree"))
+    report = check_packing(tiny_family("qwen3_5_text", "padfree"))
     assert report.status in ("safe", "error")
     if report.status == "error":
         assert "can't keep packed sequences apart" in (report.error or "")
@@ -190,7 +183,7 @@ def test_layout_advice_never_recommends_padfree_after_padfree_leaked() -> None:
 
     def report(attn: str, error: str | None = None):  # noqa: ANN202
         return layout_report(
-            model_of("llama", attn), expected=[torch.zeros(3)], got=None if error else [torch.ones(3)], error=error,
+            tiny_family("llama", attn), expected=[torch.zeros(3)], got=None if error else [torch.ones(3)], error=error,
             setting=(torch.device("cpu"), torch.float32, 1e-4), lengths=[3], start=time.perf_counter(),
             batch="preference batch", values="logits", prompt_once=True, fix="prompt_once=False",
         )  # fmt: skip

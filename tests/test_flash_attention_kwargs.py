@@ -8,13 +8,11 @@ import typing
 
 import pytest
 import torch
-from flash_attention_cpu import reference_varlen
 from layout_runs import loss_and_grads, max_rel_diff
 from transformers import DataCollatorWithFlattening
 from transformers.modeling_flash_attention_utils import FlashAttentionKwargs, _flash_attention_forward
 from transformers.utils.generic import TransformersKwargs
 
-import trl_padfree.attention as padfree_attention
 from trl_padfree import DataCollatorForCompletionOnlyLM
 from trl_padfree.testing import tiny_llama
 
@@ -99,22 +97,3 @@ def test_flash_attention_2_path_consumes_the_batch(tok, features, flash_attentio
     batch["cu_seqlens_q"] = batch.pop("cu_seq_lens_q")
     with pytest.raises(AssertionError, match="other than varlen"):
         model(**batch)
-
-
-def test_padfree_attention_uses_the_batch_kwargs(tok, features):
-    """Given only the batch's FlashAttentionKwargs "padfree" attends per segment."""
-    batch = batch_of(tok, features, "pad_to_multiple_of")
-    total = batch["input_ids"].shape[1]
-    torch.manual_seed(0)
-    q, k, v = torch.randn(1, 4, total, 8), torch.randn(1, 2, total, 8), torch.randn(1, 2, total, 8)
-    module = torch.nn.Module()
-    module.is_causal, module.num_key_value_groups = True, 2
-    out, _ = padfree_attention.padfree_attention_forward(module, q, k, v, None, **{key: batch[key] for key in FA_KEYS})
-    reference_varlen.calls = []
-    expected = reference_varlen(
-        q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), batch["cu_seq_lens_q"],
-        batch["cu_seq_lens_k"], batch["max_length_q"], batch["max_length_k"], softmax_scale=8**-0.5, causal=True,
-    )
-    torch.testing.assert_close(out[0], expected, rtol=1e-5, atol=1e-5)
-    whole_row, _ = padfree_attention.padfree_attention_forward(module, q, k, v, None)
-    assert (whole_row[0] - expected).abs().max() > 1e-3

@@ -156,23 +156,18 @@ def test_a_later_record_returning_something_else_is_refused():
         batched({**RECORD, "output": "oops"})
 
 
-def test_trainer_refuses_a_formatting_func_it_cannot_tell_before_any_work(data_file, tmp_path):
+def test_trainer_refuses_what_it_cannot_tell_before_any_work_and_never_calls_it_on_tokens(data_file, tmp_path):
+    """A function it cannot tell is refused before anything is written; for a dataset with ``input_ids`` TRL ignores
+    ``formatting_func`` (with a warning): nothing told or refused."""
     tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
     model = AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32)
+    args = SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[])
     with pytest.raises(TypeError, match=r"^formatting_func: cannot tell how it is written \(TRL >= 0.13"):
-        SFTTrainer(model, train_dataset=load_dataset("json", data_files=data_file, split="train"),
-                   args=SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[]),
+        SFTTrainer(model, train_dataset=load_dataset("json", data_files=data_file, split="train"), args=args,
                    processing_class=tokenizer, formatting_func=lambda ex: 0,
                    data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tokenizer, padding_free=True))
     assert not (tmp_path / "out").exists()
-
-
-def test_a_tokenized_dataset_does_not_call_the_formatting_func(tmp_path):
-    """TRL ignores ``formatting_func`` (with a warning) for a dataset with ``input_ids``: nothing told or refused."""
-    tokenizer = AutoTokenizer.from_pretrained(DEMO_MODEL)
     calls = []
-    dataset = Dataset.from_dict({"input_ids": [[5, 6, 7, 8]] * 4})
-    SFTTrainer(AutoModelForCausalLM.from_pretrained(DEMO_MODEL, dtype=torch.float32), train_dataset=dataset,
-               args=SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, bf16=False, report_to=[]),
+    SFTTrainer(model, train_dataset=Dataset.from_dict({"input_ids": [[5, 6, 7, 8]] * 4}), args=args,
                processing_class=tokenizer, formatting_func=lambda ex: calls.append(ex) or 0)
     assert calls == []

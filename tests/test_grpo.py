@@ -14,20 +14,13 @@ from trl_padfree._compat import rl_padding_free_unavailable
 if rl_padding_free_unavailable():
     pytest.skip(rl_padding_free_unavailable(), allow_module_level=True)
 
-from layout_runs import LAYOUTS, register_leaky_attention, step_logs
+from layout_runs import LAYOUTS, lora, register_leaky_attention, step_logs
 from tiny_rl import assert_exact, grpo_loss_types, tokenizer, trainer
 
 import trl_padfree
 from trl_padfree import PackingLeakError
 from trl_padfree.rl_packing import pack_completion_rows, scatter_scores
 from trl_padfree.testing import tiny_llama
-
-
-def lora():
-    from peft import LoraConfig
-
-    return LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"], lora_dropout=0.0)
-
 
 CASES = {**{f"grpo-{t}": ("grpo", dict(loss_type=t)) for t in grpo_loss_types()},
          "grpo-sequence-importance-sampling": ("grpo", dict(loss_type="grpo", importance_sampling_level="sequence")),
@@ -117,19 +110,13 @@ def test_packed_groups_give_each_sequence_alone():
             assert stats.forwarded_tokens == real - stats.shared_tokens == packed["input_ids"].shape[1]
 
 
-def test_probe_refuses_a_leaking_attention(tmp_path):
+def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
     t = trainer("grpo", "padfree", str(tmp_path), model_init_kwargs={"attn_implementation": register_leaky_attention()})
     with pytest.raises(PackingLeakError, match="padding-free GRPO/RLOO batch changes this model's logits"):
         t.train()
-    assert t.state.global_step == 0
-
-
-def test_prompt_once_needs_the_padfree_attention(tmp_path):
+    assert t.state.global_step == 0  # refused before the first step
     with pytest.raises(ValueError, match="needs attn_implementation='padfree'.*uses 'sdpa'"):
         trainer("grpo", "once", str(tmp_path), model_init_kwargs={"attn_implementation": "sdpa"})
-
-
-def test_bad_settings_are_refused(tmp_path):
     tok = tokenizer()
     config = trl.GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     with pytest.raises(ValueError, match=r"prompt_once=True needs GRPOConfig\(padding_free=True\)"):

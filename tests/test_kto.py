@@ -12,50 +12,28 @@ import torch
 
 from trl_padfree import KTOTrainer
 from trl_padfree.kto import DataCollatorForUnpairedFlat, kto_padding_free_unavailable
+from trl_padfree.probe import PackingLeakError
 
 RTOL = 1e-5
 pytestmark = pytest.mark.skipif(kto_padding_free_unavailable() is not None,
                                 reason=str(kto_padding_free_unavailable()))
-METRICS = ("loss", "kl", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
-           "entropy", "logits/chosen", "logits/rejected", "num_tokens")
-
-
-def run_layouts(tmp_path, **kwargs) -> dict[str, tuple[KTOTrainer, layout_runs.GradRecorder]]:
-    return layout_runs.train_layouts(T, T.examples(24), T.tokenizer(), tmp_path, **kwargs)
-
-
-def same_step(layout: str, got: dict[str, float], want: dict[str, float], metrics=METRICS) -> None:
-    # rewards and the KL term are beta * (logps - ref logps): judged against the log-probs they come from
-    scale = 0.1 * max(abs(want["logps/chosen"]), abs(want["logps/rejected"]))
-    for key in metrics:
-        tol = RTOL * max(abs(want[key]), scale if key.startswith(("rewards/", "kl")) else 0.0, 1e-7)
-        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
-
-
-def assert_same_training(runs: dict[str, tuple[KTOTrainer, layout_runs.GradRecorder]], metrics=METRICS) -> None:
-    layout_runs.assert_same_training(layout_runs.finished(runs),
-                                     lambda *steps: same_step(*steps, metrics=metrics))
-    layout_runs.assert_training_moved(runs)
 
 
 @pytest.mark.parametrize("case", [{}, {"precompute_ref_log_probs": True}, {"loss_type": "apo_zero_unpaired"}, "peft"],
                          ids=["kto-kl", "kto-precomputed-ref", "apo_zero_unpaired", "peft-reference-adapters-off"])
 def test_padded_and_padding_free_train_the_same_model(tmp_path, case):
     if case == "peft":
-        from peft import LoraConfig
-
-        case = dict(ref=False, peft=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
-                                               lora_dropout=0.0))
-    runs = run_layouts(tmp_path, **case)
+        case = dict(ref=False, peft=layout_runs.lora())
+    runs = layout_runs.train_layouts(T, T.examples(24), T.tokenizer(), tmp_path, **case)
     assert all((trainer.ref_model is None) == ("peft" in case) for trainer, _ in runs.values())
-    metrics = METRICS
+    metrics = T.METRICS
     if case.get("loss_type") == "apo_zero_unpaired":
-        metrics = tuple(m for m in METRICS if m != "kl")
+        metrics = tuple(m for m in T.METRICS if m != "kl")
         assert all(e["kl"] == 0.0 for e in layout_runs.step_logs(runs["padfree"][0]))
     else:
         kl = [e["kl"] for e in layout_runs.step_logs(runs["padded"][0])]
         assert any(k > 0 for k in kl), kl  # the KL term is in the comparison (not clamped to 0 everywhere)
-    assert_same_training(runs, metrics)
+    layout_runs.assert_same_training(runs, lambda *step: T.same_step(*step, metrics=metrics))
 
 
 def test_weights_enter_the_loss(tmp_path):
@@ -105,18 +83,21 @@ def test_two_ddp_ranks_train_the_same_model(tmp_path):
     """torchrun, 2 CPU ranks: same per-step logs (KL gathered across ranks), gradients, weights."""
     runs = layout_runs.ddp_runs("kto", tmp_path)
     assert any(e["kl"] > 0 for e in runs["padded"].logs)
-    layout_runs.assert_same_training(runs, same_step)
+    layout_runs.assert_same_training(runs, T.same_step)
 
 
-def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    from trl_padfree.probe import PackingLeakError
-
-    leaky = layout_runs.register_leaky_attention()
+def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
     tok, data = T.tokenizer(), T.examples(8)
+    leaky = layout_runs.register_leaky_attention()
     trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
-    assert trainer.state.global_step == 0
+    assert trainer.state.global_step == 0  # refused before the first step
+    with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
+        T.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+    with pytest.raises(ValueError, match=r"needs KTOConfig\(padding_free=True\)"):
+        KTOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
+                   train_dataset=data, processing_class=tok, prompt_once=True)
 
 
 def test_evaluation_gives_trls_metrics(tmp_path):
@@ -132,13 +113,9 @@ def test_evaluation_gives_trls_metrics(tmp_path):
         results[layout] = trainer.evaluate()
     want = results["padded"]
     assert {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"} <= set(want)
-    scale = 0.1 * max(abs(want["eval_logps/chosen"]), abs(want["eval_logps/rejected"]))
+    keys = [k for k in want if k.startswith("eval_") and not k.endswith(("runtime", "per_second", "preparation_time"))]
     for layout in layout_runs.LAYOUTS[1:]:
-        got = results[layout]
-        for key in want:
-            if key.startswith("eval_") and not key.endswith(("runtime", "per_second", "preparation_time")):
-                tol = RTOL * max(abs(want[key]), scale if key.startswith(("eval_rewards/", "eval_kl")) else 0.0, 1e-7)
-                assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+        layout_runs.same_preference_step(layout, results[layout], want, keys, prefix="eval_")
 
 
 def test_return_outputs_recomputes_the_rows_logits(tmp_path):
@@ -166,8 +143,3 @@ def test_reference_row_computes_each_prompt_once(tmp_path):
         two_rows = trainer._reference_logps({k: v for k, v in batch.items() if not k.startswith("pair_")})
     for a, b in zip(once, two_rows, strict=True):
         assert torch.allclose(a, b, rtol=RTOL, atol=0)
-    with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
-        T.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
-    with pytest.raises(ValueError, match=r"needs KTOConfig\(padding_free=True\)"):
-        KTOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
-                   train_dataset=data, processing_class=tok, prompt_once=True)

@@ -13,9 +13,10 @@ import pytest
 import torch
 import transformers
 from packaging.version import Version
+from tiny_models import tiny_family
 from transformers import CONFIG_MAPPING
 
-from trl_padfree.families import EXACTNESS_LENGTHS, packed_vs_alone, tiny_family_model
+from trl_padfree.families import EXACTNESS_LENGTHS, packed_vs_alone
 from trl_padfree.probe import packed_batch, random_sequences
 from trl_padfree.recurrent import hub_function, mamba, prepare_packed_layers
 
@@ -173,8 +174,7 @@ def test_fused_forms_fall_back_to_the_unfused_path_when_packed() -> None:
 
 
 def _tiny(family: str, checkpointing: bool = False, prepare: bool = True) -> torch.nn.Module:
-    _modeling(family)
-    model = tiny_family_model(family)
+    model = tiny_family(family)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if prepare:

@@ -17,8 +17,13 @@ from paths import DEMO, ROOT
 from trl_padfree import cli
 
 
-def test_license_is_the_apache_2_text_that_pyproject_declares():
+def test_pyproject_declares_the_apache_2_licence_text_and_puts_matplotlib_in_the_bench_extra():
     pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    dependencies = pyproject.split("dependencies = [", 1)[1].split("]", 1)[0]
+    assert "matplotlib" not in dependencies
+    assert re.search(r'^bench = \["matplotlib>=3\.7"\]', pyproject, re.M)
+    assert re.search(r'^dev = \[.*"matplotlib>=3\.7".*\]', pyproject, re.M)
+    assert 'include = ["trl_padfree*"]' in pyproject  # benchmarks/ is not a package of the wheel
     assert re.findall(r'^license = "(.*)"$', pyproject, re.M) == ["Apache-2.0"]
     text = (ROOT / "LICENSE").read_text(encoding="utf-8")
     assert text.split()[:5] == ["Apache", "License", "Version", "2.0,", "January"]
@@ -128,12 +133,3 @@ def test_the_package_imports_and_trains_without_matplotlib(tmp_path):
                          capture_output=True, text=True, timeout=600)  # fmt: skip
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     assert "steps: 2/2" in run.stdout and (tmp_path / "run" / "model.safetensors").is_file()
-
-
-def test_extras_bench_holds_matplotlib_and_dev_installs_it():
-    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    dependencies = pyproject.split("dependencies = [", 1)[1].split("]", 1)[0]
-    assert "matplotlib" not in dependencies
-    assert re.search(r'^bench = \["matplotlib>=3\.7"\]', pyproject, re.M)
-    assert re.search(r'^dev = \[.*"matplotlib>=3\.7".*\]', pyproject, re.M)
-    assert 'include = ["trl_padfree*"]' in pyproject  # benchmarks/ is not a package of the wheel

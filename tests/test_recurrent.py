@@ -9,8 +9,8 @@ import types
 import numpy as np
 import pytest
 import torch
+from tiny_models import tiny_family
 
-from trl_padfree.families import family_available, tiny_family_model
 from trl_padfree.probe import packed_batch
 from trl_padfree.recurrent import PackedRowError, hub_function, prepare_packed_layers, torch_fallback_name
 from trl_padfree.recurrent.conv import causal_conv1d_packed, varlen_causal_conv1d_fn
@@ -175,12 +175,6 @@ def test_prepare_replaces_only_torch_fallbacks_and_is_idempotent():
         del sys.modules[module.__name__]
 
 
-def _tiny(model_type: str, attn: str = "padfree", **overrides):
-    if not family_available(model_type):
-        pytest.skip(f"{model_type} is not in this transformers")
-    return tiny_family_model(model_type, attn, **overrides)
-
-
 def _sequences() -> list[np.ndarray]:
     rng = np.random.default_rng(1)
     return [rng.integers(3, 64, n) for n in (5, 9, 3)]
@@ -192,7 +186,7 @@ def _logits_alone(model, sequences) -> torch.Tensor:
 
 def test_qwen4_exp_with_a_cache_is_refused():
     """Qwen4-Exp's indexer with a cache (mask not split by position_ids): refused."""
-    model = _tiny("qwen4_exp_text").eval()
+    model = tiny_family("qwen4_exp_text").eval()
     batch = {k: v for k, v in packed_batch(_sequences()).items() if k != "use_cache"}
     with torch.no_grad(), pytest.raises(PackedRowError, match="spans all its 3 sequences.*use_cache=False"):
         model(**batch)
@@ -200,7 +194,7 @@ def test_qwen4_exp_with_a_cache_is_refused():
 
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "lfm2"])
 def test_without_seq_idx_exact_or_refused(model_type):
-    model = _tiny(model_type).eval()
+    model = tiny_family(model_type).eval()
     batch = packed_batch(_sequences())
     with torch.no_grad():
         alone = _logits_alone(model, _sequences())
@@ -217,22 +211,22 @@ def test_padfree_prepares_a_model_called_by_hand_and_check_packing_passes():
 
     modeling = _modeling("lfm3")
     modeling.causal_conv1d_fn = _torch_fallback(modeling.causal_conv1d_fn)  # as transformers left it
-    model = _tiny("lfm3").eval()
+    model = tiny_family("lfm3").eval()
     with torch.no_grad():
         packed = model(**packed_batch(_sequences())).logits[0]
         torch.testing.assert_close(packed, _logits_alone(model, _sequences()), rtol=0, atol=1e-5)
     assert hasattr(modeling.causal_conv1d_fn, "__trl_padfree_original__")
-    report = check_packing(_tiny("lfm2"))
+    report = check_packing(tiny_family("lfm2"))
     assert report.max_abs_diff <= report.tolerance
 
 
 def test_prompt_once_refused_for_recurrent_layers():
-    model = _tiny("qwen3_5_text")
+    model = tiny_family("qwen3_5_text")
     with pytest.raises(ValueError, match=r"^prompt_once=True cannot share a prompt with Qwen3_5GatedDeltaNet layers "
                                          r"\(recurrent.*set prompt_once=False\.$"):
         require_padfree_attention(model)
     with pytest.raises(ValueError, match="with Lfm2ShortConv layers"):
-        require_padfree_attention(_tiny("lfm2"))
+        require_padfree_attention(tiny_family("lfm2"))
     require_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="padfree"))  # attention only: fine
 
 
@@ -251,14 +245,14 @@ def test_launch_turns_an_unset_prompt_once_off_for_recurrent_layers():
         task: str = "grpo"
 
     unset = Config(SimpleNamespace(prompt_once=False))
-    off = _shared_prompt_default(unset, _tiny("qwen3_5_text"))
+    off = _shared_prompt_default(unset, tiny_family("qwen3_5_text"))
     assert off.training.prompt_once is False and "prompt_once" in off.explicit
     assert "prompt_once" not in unset.explicit  # a new config; the old one unchanged
     from trl_padfree.launch.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"^prompt_once: true cannot share a prompt with Lfm2ShortConv layers .*"
                                           r"set prompt_once=False\.$"):
-        _shared_prompt_default(Config(SimpleNamespace(prompt_once=True), frozenset({"prompt_once"})), _tiny("lfm2"))
+        _shared_prompt_default(Config(SimpleNamespace(prompt_once=True), frozenset({"prompt_once"})), tiny_family("lfm2"))
     llama = tiny_llama(vocab_size=64, attn_implementation="padfree")
     assert _shared_prompt_default(unset, llama) is unset  # attention only: the task decides
 
@@ -273,7 +267,7 @@ def test_sft_trainer_prepares_recurrent_layers_under_sdpa(tmp_path):
     first_losses = []
     for padding_free in (True, False):
         trainer = make_trainer(padding_free, tokenized_dataset(tok, 8), tok, str(tmp_path / str(padding_free)),
-                               model=_tiny("lfm2", attn="sdpa", vocab_size=len(tok)), check_packing=padding_free,
+                               model=tiny_family("lfm2", attn="sdpa", vocab_size=len(tok)), check_packing=padding_free,
                                max_steps=1)
         trainer.train()
         first_losses.append(losses(trainer)[0])

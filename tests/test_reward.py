@@ -26,17 +26,14 @@ def grad_rtol(layout: str) -> float:
     return RTOL if layout == "padfree" else ONCE_GRAD_RTOL
 
 
-def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
+def same_step(layout: str, got: dict[str, float], want: dict[str, float], keys=METRICS, prefix: str = "") -> None:
     # margin and mean reward are differences/means of rewards: judged against the rewards' size
-    scale = max(abs(want["min_reward"]), abs(want["max_reward"]))
-    for key in METRICS:
-        tol = RTOL * max(abs(want[key]), scale if key in ("margin", "mean_reward") else 0.0, 1e-7)
-        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+    scale = max(abs(want[prefix + "min_reward"]), abs(want[prefix + "max_reward"]))
+    layout_runs.assert_same_metrics(layout, got, want, keys, (prefix + "margin", prefix + "mean_reward"), scale)
 
 
 def assert_same_training(runs: dict[str, tuple[RewardTrainer, layout_runs.GradRecorder]]) -> None:
-    layout_runs.assert_same_training(layout_runs.finished(runs), same_step, grad_rtol)
-    layout_runs.assert_training_moved(runs)
+    layout_runs.assert_same_training(runs, same_step, grad_rtol)
     # prompt-once forwarded fewer tokens than it counted (the shared prefixes once), the counts agree
     once = runs["once"][0]
     batch = once.data_collator([once.train_dataset[i] for i in range(4)])
@@ -109,17 +106,12 @@ def test_scores_are_read_where_trl_pools():
         DataCollatorForRewardPairs(pad_token_id=1)([{"chosen_ids": [5], "rejected_ids": []}])
 
 
-def test_a_leaking_attention_is_refused_before_the_first_step(tmp_path):
-    leaky = layout_runs.register_leaky_attention()
+def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
     tok, data = T.tokenizer(), T.pairs(8)
-    trainer = T.trainer("padfree", data, tok, str(tmp_path), attn_implementation=leaky)
+    trainer = T.trainer("padfree", data, tok, str(tmp_path), attn_implementation=layout_runs.register_leaky_attention())
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
-    assert trainer.state.global_step == 0
-
-
-def test_bad_settings_are_refused(tmp_path):
-    tok, data = T.tokenizer(), T.pairs(8)
+    assert trainer.state.global_step == 0  # refused before the first step
     with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
         T.trainer("once", data, tok, str(tmp_path), attn_implementation="sdpa")
     with pytest.raises(ValueError, match=r"needs RewardConfig\(padding_free=True\)"):
@@ -151,18 +143,10 @@ def test_peft_lora_trains_the_same_adapters(tmp_path):
 
     peft = LoraConfig(task_type=TaskType.SEQ_CLS, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                       lora_dropout=0.0)
-    tok, data = T.tokenizer(), T.pairs(16)
-    runs = {}
-    for layout in ("padded", "padfree"):
-        trainer = T.trainer(layout, data, tok, str(tmp_path / layout), optim="sgd", peft=peft, max_steps=2)
-        trainer.train()
-        runs[layout] = trainer
-    trained = {k for k, v in runs["padded"].model.named_parameters() if v.requires_grad}
+    runs = layout_runs.train_layouts(T, T.pairs(16), T.tokenizer(), tmp_path, ("padded", "padfree"), peft=peft)
+    trained = {k for k, v in runs["padded"][0].model.named_parameters() if v.requires_grad}
     assert any("lora" in k for k in trained) and any("score" in k for k in trained)
-    padfree, padded = runs["padfree"], runs["padded"]
-    assert layout_runs.max_rel_diff(layout_runs.weights(padfree), layout_runs.weights(padded)) <= RTOL
-    for a, b in zip(layout_runs.step_logs(padfree), layout_runs.step_logs(padded), strict=True):
-        assert abs(a["loss"] - b["loss"]) <= RTOL * abs(b["loss"])
+    layout_runs.assert_same_training(runs, same_step)
 
 
 def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
@@ -210,7 +194,4 @@ def test_evaluation_gives_trls_metrics(tmp_path):
     keys = [k for k in want if k.startswith("eval_") and k not in timing]
     assert {"eval_loss", "eval_accuracy", "eval_margin", "eval_mean_reward"} <= set(keys)
     for layout in ("padfree", "once"):
-        scale = max(abs(want["eval_min_reward"]), abs(want["eval_max_reward"]))
-        for key in keys:
-            tol = RTOL * max(abs(want[key]), scale if key in ("eval_margin", "eval_mean_reward") else 0.0, 1e-7)
-            assert abs(results[layout][key] - want[key]) <= tol, (layout, key)
+        same_step(layout, results[layout], want, keys, prefix="eval_")

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import tiny_dpo as T
 import torch
-from layout_runs import GradRecorder, max_rel_diff, step_logs, weights
+from layout_runs import (
+    GradRecorder,
+    assert_same_metrics,
+    assert_same_training,
+    finished,
+    max_rel_diff,
+    weights,
+)
+from tiny_models import tiny_family
 from tiny_sft import make_trainer, tokenized_dataset, tokenizer
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
@@ -31,12 +39,13 @@ def assert_outputs_equal(got, want: dict) -> None:
         assert torch.equal(g, w) if name == "is_top1" else rel(g, w) <= RTOL, name
 
 
-def assert_logs_equal(got: list[dict], want: list[dict], keys: tuple[str, ...]) -> None:
-    """The same logged values step by step, within RTOL, and an accuracy that compares more than zeros."""
-    assert len(got) == len(want) == 3 and all(0 < e["mean_token_accuracy"] < 1 for e in got)
-    for g, w in zip(got, want, strict=True):
-        for key in keys:
-            assert abs(g[key] - w[key]) <= RTOL * max(abs(w[key]), 1e-7), (key, g[key], w[key])
+def same_logs(*keys: str):
+    """A ``same_step`` for ``layout_runs.assert_same_training``: ``keys`` within RTOL, an accuracy that compares more
+    than zeros."""
+    def same_step(layout: str, got: dict, want: dict) -> None:
+        assert 0 < got["mean_token_accuracy"] < 1
+        assert_same_metrics(layout, got, want, keys)
+    return same_step
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -160,22 +169,18 @@ def _sft_run(tmp_path, scored: bool):
     _favour_the_commonest_target(trainer.model, _packed_batch(tok, 24, seed=0))
     recorder = GradRecorder()
     trainer.add_callback(recorder)
+    recorder.initial = weights(trainer)
     trainer.train()
     return trainer, recorder
 
 
 def test_sft_trainer_equals_trls_head(tmp_path):
     """SFT (accumulation 2, 3 steps): logs, every gradient and the weights equal TRL's head."""
-    (trl_head, trl_grads), (scored, scored_grads) = (_sft_run(tmp_path, s) for s in (False, True))
+    runs = {"padded": _sft_run(tmp_path, False), "padfree": _sft_run(tmp_path, True)}  # TRL's head, the scored one
+    (trl_head, _), (scored, _) = runs["padded"], runs["padfree"]
     assert trl_head.lm_head_state == "trl: scored_lm_head=False" and scored.lm_head_state == "scored"
     assert sh.scored_head_state(scored.model) == "scored" and sh.scored_head_state(trl_head.model) is None
-    assert_logs_equal(step_logs(scored), step_logs(trl_head), ("loss", "entropy", "mean_token_accuracy", "num_tokens"))
-    assert len(scored_grads.steps) == len(trl_grads.steps) == 3
-    for g, w in zip(scored_grads.steps, trl_grads.steps, strict=True):
-        assert max_rel_diff(g, w) <= RTOL
-    assert max_rel_diff(weights(scored), weights(trl_head)) <= RTOL
-    assert max_rel_diff(weights(scored), weights(make_trainer(True, tokenized_dataset(tokenizer(), 4),
-                                                                     tokenizer(), str(tmp_path / "init")))) > 1e-4
+    assert_same_training(runs, same_logs("loss", "entropy", "mean_token_accuracy", "num_tokens"))
 
 
 def test_sft_switch_is_checked_and_removes_an_earlier_head(tmp_path):
@@ -196,11 +201,8 @@ def test_dpo_equals_trls_head(tmp_path, once):
     layout = "once" if once else "padfree"
     runs = {}
     for scored in (False, True):
-        trainer = T.trainer(layout, data, tok, str(tmp_path / str(scored)), optim="sgd", check_packing=False)
-        if not scored:  # the switch, as a user passes it
-            trainer = T.DPOTrainer(T.model(layout), T.model(layout, seed=1), args=T.config(layout, str(tmp_path / "o"),
-                                   optim="sgd"), train_dataset=data, processing_class=tok, prompt_once=once,
-                                   check_packing=False, scored_lm_head=False)
+        trainer = T.trainer(layout, data, tok, str(tmp_path / str(scored)), optim="sgd", check_packing=False,
+                            scored_lm_head=scored)
         recorder = GradRecorder()
         trainer.add_callback(recorder)
         batch = next(iter(trainer.get_train_dataloader()))
@@ -210,26 +212,16 @@ def test_dpo_equals_trls_head(tmp_path, once):
             ref = trainer._reference_logps(batch)
         trainer.train()
         runs[scored] = trainer, recorder, logps, ref
-    (want, want_grads, want_logps, want_ref), (got, got_grads, got_logps, got_ref) = runs[False], runs[True]
+    (want, _, want_logps, want_ref), (got, _, got_logps, got_ref) = runs[False], runs[True]
     assert (want.lm_head_state, want.ref_lm_head_state) == ("trl: scored_lm_head=False",) * 2
     assert (got.lm_head_state, got.ref_lm_head_state) == ("scored", "scored")
     assert rel(got_logps, want_logps) <= RTOL and rel(got_ref, want_ref) <= RTOL
-    assert_logs_equal(step_logs(got), step_logs(want), ("loss", "logps/chosen", "logps/rejected", "entropy",
-                                                        "logits/chosen", "logits/rejected", "mean_token_accuracy"))
-    for g, w in zip(got_grads.steps, want_grads.steps, strict=True):
-        assert max_rel_diff(g, w) <= RTOL
-    assert len(got_grads.steps) == 3
+    assert_same_training(finished({"padded": runs[False][:2], "padfree": runs[True][:2]}), same_logs(
+        "loss", "logps/chosen", "logps/rejected", "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy"))
 
 
 def _tiny_gemma2(vocab_size: int):
-    from transformers import Gemma2Config, Gemma2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Gemma2Config(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=256,
-                          final_logit_softcapping=30.0, attn_logit_softcapping=None,
-                          attn_implementation="padfree")
-    return Gemma2ForCausalLM(config)
+    return tiny_family("gemma2", vocab_size=vocab_size, final_logit_softcapping=30.0, attn_logit_softcapping=None)
 
 
 def test_softcapped_logits_fall_back_to_trls_head(tmp_path, capsys):

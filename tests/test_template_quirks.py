@@ -29,10 +29,13 @@ def _spm(rstrip: bool = False, lowercase: bool = False) -> PreTrainedTokenizerFa
     return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
-def test_quirks_are_measured_on_the_tokenizer():
+def test_quirks_are_measured_on_the_tokenizer_and_template_bytes_leave_out_whitespace_a_header_swallows():
     tok = _spm(rstrip=True)
-    quirks = measure_quirks(tok, TokenText.from_tokenizer(tok).table)
-    assert quirks == TextQuirks(space_after_added=True, strip_right=("<|assistant|>", "<|user|>"))
+    text = TokenText.from_tokenizer(tok)
+    assert measure_quirks(tok, text.table) == TextQuirks(space_after_added=True, strip_right=("<|assistant|>", "<|user|>"))
+    assert text.pattern("<|assistant|>\n") == b"<|assistant|>"
+    assert text.pattern("\n<|assistant|>\n") == b"\n<|assistant|>"
+    assert TokenText.from_tokenizer(_spm()).pattern("<|assistant|>\n") == b"<|assistant|>\n"
 
 
 def test_inserted_space_after_added_token_is_not_text():
@@ -69,10 +72,3 @@ def test_a_normalizing_tokenizer_is_refused_with_the_cause_and_the_fix():
     assert "Cause: the tokenizer's normalizer (Lowercase) rewrites the text" in message
     assert "'### answer:'" not in message and "### Answer:" in message
     assert "Fix: pass the template as the exact token ids" in message
-
-
-def test_template_bytes_leave_out_whitespace_the_header_swallows():
-    text = TokenText.from_tokenizer(_spm(rstrip=True))
-    assert text.pattern("<|assistant|>\n") == b"<|assistant|>"
-    assert text.pattern("\n<|assistant|>\n") == b"\n<|assistant|>"
-    assert TokenText.from_tokenizer(_spm()).pattern("<|assistant|>\n") == b"<|assistant|>\n"

@@ -14,7 +14,7 @@ def all_occurrences(data: bytes, pattern: bytes) -> list[int]:
 
 
 @pytest.mark.parametrize("make", [tiny_byte_level_tokenizer, tiny_metaspace_tokenizer])
-def test_decode_matches_tokenizer_text(make):
+def test_decode_matches_tokenizer_text_and_anchored_find_equals_plain_search(make):
     tok = make()
     text = TokenText.from_tokenizer(tok)
     sample = "### Question: café, naïve?\n### Answer: déjà vu ✓ <|assistant|>ok"
@@ -22,12 +22,7 @@ def test_decode_matches_tokenizer_text(make):
     data, starts = text.decode(np.array(ids))
     assert data.decode("utf-8").strip() == sample
     assert starts[-1] == len(data) and len(starts) == len(ids) + 1
-
-
-@pytest.mark.parametrize("make", [tiny_byte_level_tokenizer, tiny_metaspace_tokenizer])
-def test_anchored_find_equals_plain_search(make):
-    tok = make()
-    text = TokenText.from_tokenizer(tok)
+    # the anchored search finds what a plain search of the decoded text finds
     rng = np.random.default_rng(0)
     for trial in range(60):
         ids = rng.integers(0, len(tok), size=int(rng.integers(1, 300)))

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from datasets import Dataset
-from layout_runs import model, random_text, training_args
+from layout_runs import model, random_text, same_preference_step, training_args
 from trl import DPOConfig
 
 from trl_padfree import DPOTrainer
@@ -34,25 +34,21 @@ def config(layout: str, out: str, **overrides: Any) -> DPOConfig:
 
 
 def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True, peft: Any = None,
-            model_kwargs: dict | None = None, check_packing: bool = True,
+            model_kwargs: dict | None = None, check_packing: bool = True, scored_lm_head: bool | None = None,
             make_model: Callable[..., Any] = model, **overrides: Any) -> DPOTrainer:
     """DPO trainer of ``layout``: ``make_model`` policy (seed 0), reference (seed 1, unless not ``ref``)."""
     policy = make_model(layout, **(model_kwargs or {}))
     ref_model = make_model(layout, seed=1, **(model_kwargs or {})) if ref else None
     return DPOTrainer(policy, ref_model, args=config(layout, out, **overrides), train_dataset=data,
                       processing_class=tok, peft_config=peft, prompt_once=layout == "once",
-                      check_packing=check_packing)
+                      check_packing=check_packing,
+                      **({} if scored_lm_head is None else {"scored_lm_head": scored_lm_head}))
 
 
-BETA = 0.1  # DPOConfig default
 METRICS = ("loss", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
            "entropy", "logits/chosen", "logits/rejected", "mean_token_accuracy", "num_tokens")
 
 
-def same_step(layout: str, got: dict[str, float], want: dict[str, float], rtol: float = 1e-5) -> None:
-    """One step's DPO metrics of ``layout`` equal TRL's padded ones within ``rtol``. Rewards are beta * (logps - ref
-    logps), a difference of two sums of ~-200: judged against the log-probs they come from."""
-    scale = BETA * max(abs(want["logps/chosen"]), abs(want["logps/rejected"]))
-    for key in METRICS:
-        tol = rtol * max(abs(want[key]), scale if key.startswith("rewards/") else 0.0, 1e-7)
-        assert abs(got[key] - want[key]) <= tol, (layout, key, got[key], want[key])
+def same_step(layout: str, got: dict[str, float], want: dict[str, float]) -> None:
+    """One step's DPO metrics of ``layout`` equal TRL's padded ones (``layout_runs.same_preference_step``)."""
+    same_preference_step(layout, got, want, METRICS)

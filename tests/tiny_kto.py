@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from datasets import Dataset
-from layout_runs import model, random_text, training_args
+from layout_runs import model, random_text, same_preference_step, training_args
 
 from trl_padfree import KTOConfig, KTOTrainer
 from trl_padfree.testing import tiny_byte_level_tokenizer
@@ -43,3 +43,12 @@ def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True,
                       processing_class=tok, peft_config=peft, prompt_once=layout == "once",
                       check_packing=check_packing,
                       **({} if scored_lm_head is None else {"scored_lm_head": scored_lm_head}))
+
+
+METRICS = ("loss", "kl", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected", "rewards/margins",
+           "entropy", "logits/chosen", "logits/rejected", "num_tokens")
+
+
+def same_step(layout: str, got: dict[str, float], want: dict[str, float], metrics: tuple[str, ...] = METRICS) -> None:
+    """One step's KTO metrics of ``layout`` equal TRL's padded ones (``layout_runs.same_preference_step``)."""
+    same_preference_step(layout, got, want, metrics)

@@ -1,14 +1,17 @@
 """Tiny models beside ``trl_padfree.testing``'s Llama: sliding-window decoder configs, GPT-Neo / MPT checkpoints that
-cannot use ``"padfree"`` (``save_tiny_model``), and today's families for the trainer tests (``family_model``)."""
+cannot use ``"padfree"`` (``save_tiny_model``), today's families for the trainer tests (``family_model``), and
+``trl_padfree.families``' models skipped where transformers lacks them (``tiny_family``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 
+from trl_padfree.families import family_available, tiny_family_model
 from trl_padfree.testing import tiny_llama_config
 
 # GPT-Neo builds its attention from a table of its own (no "padfree" in it: a KeyError at load); its default
@@ -70,3 +73,15 @@ def family_model(model_type: str, attn: str, seed: int = 0) -> Any:
                                   **FAMILIES[model_type])
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.get_default_dtype())
+
+
+def family(model_type: str) -> str:
+    """``model_type``, or the test skipped where the installed transformers lacks it (5.23, CI's lowest, lacks some)."""
+    if not family_available(model_type):
+        pytest.skip(f"transformers has no {model_type!r} model here")
+    return model_type
+
+
+def tiny_family(model_type: str, attn: str = "padfree", **kwargs: Any) -> Any:
+    """``trl_padfree.families``' tiny ``model_type`` model (:func:`family`: skipped where transformers lacks it)."""
+    return tiny_family_model(family(model_type), attn, **kwargs)
