@@ -167,15 +167,6 @@ def test_config_with_non_utf8_bytes(capsys, tmp_path, data_dir):
 # ------------------------------------------------------------------------------------------- trust_remote_code
 
 
-def test_trust_remote_code_only_from_its_own_field(capsys, tmp_path, data_dir):
-    config = write_yaml(tmp_path / "c.yaml", model_init_kwargs={"trust_remote_code": True})
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    assert run_bad(capsys, argv, tmp_path / "out") == (
-        "model_init_kwargs may not set 'trust_remote_code': it has its own field; set trust_remote_code: true instead"
-    )
-
-
 def test_the_run_line_says_when_remote_code_is_trusted(tmp_path, data_dir):
     assert "trust_remote_code" not in describe(load_config(demo_argv(data_dir, tmp_path / "out")))
     cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--trust_remote_code", "true"))
