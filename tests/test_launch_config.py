@@ -37,6 +37,8 @@ BAD_INPUT = [
     (None, ["--lr_scheduler_type", "cosin"], "command line: argument --lr_scheduler_type..."),
     ({"model_init_kwargs": {"trust_remote_code": True}}, [], "model_init_kwargs may not set 'trust_remote_code': it "
      "has its own field; set trust_remote_code: true instead"),
+    ({"eval_strategy": False}, [], "wrong type for 'eval_strategy' in {config}: expected one of 'no', 'steps', "
+                                   "'epoch', got False (a boolean); quote it: 'no' (YAML reads a bare no as false)"),
     ({"dtype": "bf16"}, [], "invalid value for 'dtype' in {config}: 'bf16' is not one of 'auto', 'bfloat16', "
                             "'float16', 'float32'; did you mean 'bfloat16'?"),
     (None, ["--train_file", "{tmp}/nope.jsonl"], "data file not found: train_file='{tmp}/nope.jsonl'..."),

@@ -19,7 +19,6 @@ from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
 from trl import SFTConfig
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
-from trl_padfree.check import main as check_main
 from trl_padfree.launch import ConfigError, load_config
 from trl_padfree.launch import main as train_main
 from trl_padfree.launch.defaults import ModelShape, apply_defaults
@@ -133,19 +132,6 @@ def test_omp_num_threads_is_respected(tmp_path, monkeypatch):
     cfg, chosen = apply_defaults(cfg, "cpu", ModelShape(hidden_size=128))
     assert "torch_num_threads" not in chosen
     assert cfg.training.torch_num_threads is None
-
-
-@pytest.mark.parametrize(("extra", "note"), [
-    (["--attn-implementation", "sdpa"], []),
-    (["--attn_implementation", "sdpa"], []),
-    ([], ["note: attn_implementation auto -> 'padfree' (what trl-padfree train picks on cpu)"]),
-])
-def test_check_takes_both_spellings_and_defaults_to_what_train_picks(capsys, extra, note):
-    assert check_main(["--model", str(DEMO / "model"), *extra, "--device", "cpu"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    attn = extra[1] if extra else "padfree"
-    assert out[:len(note)] == note
-    assert out[len(note)].startswith(f"SAFE: llama (attn_implementation='{attn}', float32 on cpu)")
 
 
 def _tiny_sft(tmp_path: Path, model, **kw) -> SFTTrainer:

@@ -134,13 +134,9 @@ def _closest(name: str, candidates: Sequence[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    return {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}.get(
-        type(value), type(value).__name__)
+#: How a value's type is named in "wrong type" messages (a YAML value's, or the type a field expects).
+_KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+          dict: "a mapping"}
 
 
 def _unknown(name: str, task: str, known: Sequence[str]) -> str:
@@ -186,13 +182,16 @@ def build_parser(task: str = "sft") -> Any:
         args = typing.get_args(hint) or (hint,)
         convert = action.type or str
         boolean = getattr(convert, "__name__", "") == "string_to_bool"  # (HfArgumentParser's converter of a bool)
-        expected = "true or false" if boolean else {int: "an integer", float: "a number", str: "a string"}.get(
-            convert, getattr(convert, "__name__", "a value"))
+        names = [str(c.value if isinstance(c, Enum) else c) for c in action.choices or ()]
+        expected = ("true or false" if boolean else f"one of {', '.join(map(repr, names))}" if names
+                    else _KINDS.get(convert, getattr(convert, "__name__", "a value")))
         if isinstance(value, (dict, list)):
             expected = "a list" if action.nargs in ("+", "*") else expected
         expected += " or null" if type(None) in args else ""
         wrong = ConfigError(f"wrong type for {key!r} in {parser.source}: expected {expected}, got {value!r} "
-                            f"({_kind(value)})")
+                            f"({_KINDS.get(type(value), type(value).__name__)})"
+                            + ("; quote it: 'no' (YAML reads a bare no as false)" if value is False and "no" in names
+                               else ""))
         if value is None and (type(None) in args or action.default is None):
             return None
         if isinstance(value, (dict, list)) and any(a is type(value) or typing.get_origin(a) is type(value) for a in args):
@@ -209,7 +208,6 @@ def build_parser(task: str = "sft") -> Any:
         except (ValueError, TypeError, argparse.ArgumentTypeError):
             raise wrong from None
         if action.choices is not None and converted not in action.choices:
-            names = [str(c.value if isinstance(c, Enum) else c) for c in action.choices]
             raise ConfigError(f"invalid value for {key!r} in {parser.source}: {value!r} is not one of "
                               f"{', '.join(map(repr, names))}{_closest(str(value), names)}")
         return converted

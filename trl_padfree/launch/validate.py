@@ -70,7 +70,6 @@ NUMERIC_RANGES: dict[str, Range] = {
     **dict.fromkeys(("beta", "discopop_tau"), Range(0, low_open=True)),  # (DPO)
     **dict.fromkeys(("dataloader_prefetch_factor", "ddp_bucket_cap_mb"), Range(1, hint="or null for torch's default")),
     "eval_accumulation_steps": Range(1, hint="or null to gather eval outputs once at the end"),
-    "warmup_steps": Range(0, hint=_STEPS),
     "max_grad_norm": Range(0, hint="0 turns gradient clipping off"),
     "neftune_noise_alpha": Range(0, low_open=True, hint="or null for no NEFTune noise"),
     "eval_steps": Range(0, low_open=True, hint="or null to evaluate every logging_steps"),
