@@ -143,7 +143,7 @@ def test_demo_config_resolves(data_dir, tmp_path):
     assert cfg.training.max_steps == 2
     assert cfg.training.dataset_kwargs == {"skip_prepare_dataset": True}
     assert cfg.training.response_template == "### Answer:"
-    assert cfg.data.template == "### Question: {instruction}\n### Answer: {output}"
+    assert cfg.launch.template == "### Question: {instruction}\n### Answer: {output}"
     assert not (tmp_path / "out").exists()
     cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--padding_free", "false"))
     assert cfg.padding_free is False and cfg.training.padding_free is False
@@ -153,7 +153,7 @@ def test_chat_demo_config_resolves(tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the demo configs name their files relative to the repository root
     cfg = load_config(["--config", str(CONFIGS / "demo-chat.yaml"), "--output_dir", str(tmp_path / "out")])
     assert cfg.training.instruction_template is None and cfg.training.response_template is None  # chat masks
-    assert cfg.data.train_file == "trl_padfree/demo/data/chat_train.jsonl" and cfg.data.template is None
+    assert cfg.launch.train_file == "trl_padfree/demo/data/chat_train.jsonl" and cfg.launch.template is None
     assert cfg.training.torch_num_threads == 1
 
 
@@ -170,12 +170,12 @@ def test_real_model_configs_parse_and_resolve(name, expected):
     assert cfg.attn_implementation == expected["attn"]
     assert cfg.model.dtype == "bfloat16" and cfg.training.bf16 is True
     assert cfg.model.use_peft is expected["peft"]
-    assert cfg.data.dataset_name == expected["data"]
+    assert cfg.launch.dataset_name == expected["data"]
     assert cfg.padding_free is True and cfg.training.padding_free is False
     assert cfg.training.gradient_checkpointing is True
     if expected["peft"]:
         assert cfg.model.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        assert cfg.data.eval_fraction == 0.02
+        assert cfg.launch.eval_fraction == 0.02
     else:
         assert cfg.training.instruction_template == [
             "<|start_header_id|>user<|end_header_id|>\n\n",
@@ -264,7 +264,7 @@ def test_a_validated_config_is_frozen_and_validation_leaves_the_parsed_one_as_it
     cfg = validate_config(parsed)
     assert cfg is not parsed and cfg.run_id and parsed.run_id is None
     assert cfg.attn_implementation != "auto" and parsed.attn_implementation == "auto"
-    assert cfg.data.eval_file is None and parsed.data.eval_file == ""
+    assert cfg.launch.eval_file is None and parsed.launch.eval_file == ""
     assert cfg.training.padding_free is False and parsed.training.padding_free is True  # SFT: the collator flattens
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.run_id = "other"
@@ -279,5 +279,5 @@ def test_real_model_demo_config_resolves():
     cfg = load_config(["--config", str(CONFIGS / "demo-real.yaml"), "--model_name_or_path", str(DEMO / "model")],
                       check_environment=False)
     assert cfg.task == "sft" and cfg.padding_free is True and cfg.attn_implementation == "auto"
-    for path in (cfg.data.train_file, cfg.data.eval_file):
+    for path in (cfg.launch.train_file, cfg.launch.eval_file):
         assert (ROOT / path).is_file(), path

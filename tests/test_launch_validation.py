@@ -89,21 +89,16 @@ def test_a_value_error_is_one_line_through_the_real_command(tmp_path, data_dir):
 # ------------------------------------------------------------------------------------------- output_dir
 
 
-def test_output_dir_that_is_a_file(capsys, tmp_path, data_dir):
-    target = tmp_path / "file"
-    target.write_text("x")
-    message = run_bad(capsys, demo_argv(data_dir, target), tmp_path / "out")
-    assert message == f"output_dir {str(target)!r} is a file, not a directory; choose another output_dir"
-    assert target.read_text() == "x"
-
-
-def test_output_dir_under_a_file(capsys, tmp_path, data_dir):
+@pytest.mark.parametrize(("below", "message"), [
+    ("", "output_dir {out!r} is a file, not a directory; choose another output_dir"),
+    ("run/out", "output_dir {out!r} cannot be created: {file!r} is a file; choose another output_dir"),
+])
+def test_output_dir_that_is_or_is_under_a_file(capsys, tmp_path, data_dir, below, message):
     (tmp_path / "file").write_text("x")
-    out = tmp_path / "file" / "run" / "out"
-    message = run_bad(capsys, demo_argv(data_dir, out), out)
-    assert message == (
-        f"output_dir {str(out)!r} cannot be created: {str(tmp_path / 'file')!r} is a file; choose another output_dir"
-    )
+    out = tmp_path / "file" / below
+    assert run_bad(capsys, demo_argv(data_dir, out), tmp_path / "none") == message.format(
+        out=str(out), file=str(tmp_path / "file"))
+    assert (tmp_path / "file").read_text() == "x"
 
 
 def test_output_dir_not_writable(capsys, tmp_path, data_dir):

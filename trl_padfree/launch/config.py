@@ -81,9 +81,9 @@ class RewardFunctionArguments(LaunchArguments):
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """What a launch was asked to do: the parsed dataclasses (``launch``: the task's :class:`LaunchArguments`, also
-    ``data``; ``training``: this package's config class of the trainer; ``model``: ``trl.ModelConfig``) and what
-    the launch resolved."""
+    """What a launch was asked to do: the parsed dataclasses (``launch``: the task's :class:`LaunchArguments`;
+    ``training``: this package's config class of the trainer; ``model``: ``trl.ModelConfig``) and what the launch
+    resolved."""
 
     launch: Any
     training: Any
@@ -97,10 +97,6 @@ class LaunchConfig:
     model_init_kwargs: dict[str, Any] | None = None
     notes: list[str] = dataclasses.field(default_factory=list)  # lines for the run to print
     task: str = "sft"
-
-    @property
-    def data(self) -> Any:
-        return self.launch
 
 
 def with_fields(obj: Any, **changes: Any) -> Any:

@@ -155,7 +155,7 @@ def _looks_local(name: str) -> bool:
 def _check_data(cfg: LaunchConfig) -> LaunchConfig:
     keys = ("train_file", "eval_file", "dataset_name", "dataset_config", "dataset_test_split", "template")
     # `--eval_file ""` on the command line switches a file off
-    data = with_fields(cfg.data, **{key: None for key in keys if getattr(cfg.data, key, None) == ""})
+    data = with_fields(cfg.launch, **{key: None for key in keys if getattr(cfg.launch, key, None) == ""})
     if data.train_file and data.dataset_name:
         raise ConfigError("set either train_file (local files) or dataset_name (hub or local dataset), not both")
     if not data.train_file and not data.dataset_name:
