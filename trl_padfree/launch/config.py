@@ -184,10 +184,9 @@ def build_parser(task: str = "sft") -> Any:
         if isinstance(value, (dict, list)):
             expected = "a list" if action.nargs in ("+", "*") else expected
         expected += " or null" if type(None) in args else ""
+        quote = "; quote it: 'no' (YAML reads a bare no as false)" if value is False and "no" in names else ""
         wrong = ConfigError(f"wrong type for {key!r} in {parser.source}: expected {expected}, got {value!r} "
-                            f"({_KINDS.get(type(value), type(value).__name__)})"
-                            + ("; quote it: 'no' (YAML reads a bare no as false)" if value is False and "no" in names
-                               else ""))
+                            f"({_KINDS.get(type(value), type(value).__name__)}){quote}")
         if value is None and (type(None) in args or action.default is None):
             return None
         if isinstance(value, (dict, list)) and any(a is type(value) or typing.get_origin(a) is type(value) for a in args):
