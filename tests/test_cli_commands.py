@@ -10,13 +10,11 @@ import subprocess
 import sys
 
 import pytest
-import tomllib
 from launch_runs import run_command
 from paths import DEMO, ROOT
 
 from trl_padfree._compat import dpo_padding_free_unavailable
 
-FLASH_INSTALL = 'pip install packaging ninja setuptools wheel && pip install --no-build-isolation -e ".[flash]"'
 INDEXING_WARNING = "Token indices sequence length is longer than the specified maximum"
 DPO_OK = dpo_padding_free_unavailable() is None
 
@@ -76,16 +74,6 @@ def test_check_finds_the_demo_model_outside_the_checkout(tmp_path, monkeypatch, 
     assert "advice: padding_free=True is safe for llama with attn_implementation='padfree'." in capsys.readouterr().out
 
 
-def test_the_flash_extra_is_documented_with_the_install_that_builds_it():
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["flash"]
-    assert any(requirement.startswith("flash-attn") for requirement in extra)
-    for page in ("README.md", "docs/attention.md"):
-        assert FLASH_INSTALL in (ROOT / page).read_text(encoding="utf-8"), page
-    # the bench's skip line for a GPU without flash-attn names an install that builds it too
-    assert "pip install --no-build-isolation 'trl-padfree[flash]'" in (ROOT / "benchmarks" /
-                                                                      "cli.py").read_text(encoding="utf-8")
-
-
 @pytest.mark.skipif(not DPO_OK, reason=str(dpo_padding_free_unavailable()))
 def test_a_dpo_run_into_a_pipe_is_quiet_and_reports_prompt_once(tmp_path):
     """LoRA, precomputed reference log-probs, into a pipe: no warning, no bar; the run line and summary say prompt_once."""
@@ -121,13 +109,6 @@ def test_an_sft_summary_keeps_max_tokens_per_batch_and_has_no_prompt_once(tmp_pa
     assert "max_tokens_per_batch" in summary and "prompt_once" not in summary
     stdout, stderr = capfd.readouterr()
     assert INDEXING_WARNING not in stdout + stderr and "prompt_once" not in stdout
-
-
-def test_ctrl_c_under_torchrun_is_documented_with_the_quiet_alternative():
-    text = " ".join((ROOT / "docs" / "distributed.md").read_text(encoding="utf-8").split())
-    assert "**SIGTERM / Ctrl-C** on any rank: every rank saves the same `checkpoint-N`" in text
-    assert "Ctrl-C in torchrun's terminal also prints torchrun's own traceback and exits 1" in text
-    assert "send SIGTERM to one worker (`kill -TERM <pid>`): every rank saves and torchrun exits 0." in text
 
 
 @pytest.mark.slow

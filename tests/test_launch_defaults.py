@@ -19,7 +19,6 @@ from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
 from trl import SFTConfig
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
-from trl_padfree.check import main as check_main
 from trl_padfree.launch import ConfigError, load_config
 from trl_padfree.launch import main as train_main
 from trl_padfree.launch.defaults import ModelShape, apply_defaults
@@ -108,30 +107,13 @@ def test_validation_error_of_a_config_without_activation_checkpointing_has_no_fu
     assert err.startswith("trl-padfree train: error: data file not found") and err.count("\n") == 1
 
 
-def test_validation_error_in_a_real_process_is_one_line_on_stderr(tmp_path):
-    """The same in a real process, where Python's default warning filters apply (pytest's do not)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "trl_padfree.cli", "train", "--model_name_or_path", str(DEMO / "model"),
-         "--train_file", str(tmp_path / "none.jsonl"), "--output_dir", str(tmp_path / "out")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("trl-padfree train: error: data file not found") and proc.stderr.count("\n") == 1
-    assert not (tmp_path / "out").exists()
-
-
-def test_large_model_on_cuda_gets_activation_checkpointing(tmp_path):
-    cfg = _own_cfg(tmp_path)
-    cfg, chosen = apply_defaults(cfg, "cuda", ModelShape(hidden_size=4096, parameters=7_000_000_000))
-    assert chosen["activation_checkpointing"] is True and cfg.training.activation_checkpointing is True
-    assert cfg.training.gradient_checkpointing is True  # TRL reads the old name
-    small = _own_cfg(tmp_path)
-    small, chosen = apply_defaults(small, "cuda", ModelShape(hidden_size=896, parameters=494_000_000))
-    assert chosen["activation_checkpointing"] is False
-    cpu, chosen = apply_defaults(_own_cfg(tmp_path), "cpu", ModelShape(hidden_size=4096, parameters=7_000_000_000))
-    assert chosen["activation_checkpointing"] is False
-    assert cpu.training.dataloader_pin_memory is False
+@pytest.mark.parametrize(("device", "parameters", "on"), [
+    ("cuda", 7_000_000_000, True), ("cuda", 494_000_000, False), ("cuda", None, False), ("cpu", 7_000_000_000, False)])
+def test_activation_checkpointing_is_on_for_a_large_model_on_cuda(tmp_path, device, parameters, on):
+    cfg, chosen = apply_defaults(_own_cfg(tmp_path), device, ModelShape(hidden_size=4096, parameters=parameters))
+    assert chosen["activation_checkpointing"] is on and cfg.training.activation_checkpointing is on
+    assert cfg.training.gradient_checkpointing is on  # TRL reads the old name
+    assert cfg.training.dataloader_pin_memory is (device == "cuda")
 
 
 def test_explicit_settings_win_over_the_defaults(tmp_path, monkeypatch):
@@ -150,19 +132,6 @@ def test_omp_num_threads_is_respected(tmp_path, monkeypatch):
     cfg, chosen = apply_defaults(cfg, "cpu", ModelShape(hidden_size=128))
     assert "torch_num_threads" not in chosen
     assert cfg.training.torch_num_threads is None
-
-
-@pytest.mark.parametrize("spelling", ["--attn-implementation", "--attn_implementation"])
-def test_check_takes_both_spellings(spelling, capsys):
-    assert check_main(["--model", str(DEMO / "model"), spelling, "sdpa", "--device", "cpu"]) == 0
-    assert capsys.readouterr().out.startswith("SAFE: llama (attn_implementation='sdpa', float32 on cpu)")
-
-
-def test_check_defaults_to_what_train_picks(capsys):
-    assert check_main(["--model", str(DEMO / "model"), "--device", "cpu"]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == "note: attn_implementation auto -> 'padfree' (what trl-padfree train picks on cpu)"
-    assert out[1].startswith("SAFE: llama (attn_implementation='padfree', float32 on cpu)")
 
 
 def _tiny_sft(tmp_path: Path, model, **kw) -> SFTTrainer:

@@ -89,21 +89,16 @@ def test_a_value_error_is_one_line_through_the_real_command(tmp_path, data_dir):
 # ------------------------------------------------------------------------------------------- output_dir
 
 
-def test_output_dir_that_is_a_file(capsys, tmp_path, data_dir):
-    target = tmp_path / "file"
-    target.write_text("x")
-    message = run_bad(capsys, demo_argv(data_dir, target), tmp_path / "out")
-    assert message == f"output_dir {str(target)!r} is a file, not a directory; choose another output_dir"
-    assert target.read_text() == "x"
-
-
-def test_output_dir_under_a_file(capsys, tmp_path, data_dir):
+@pytest.mark.parametrize(("below", "message"), [
+    ("", "output_dir {out!r} is a file, not a directory; choose another output_dir"),
+    ("run/out", "output_dir {out!r} cannot be created: {file!r} is a file; choose another output_dir"),
+])
+def test_output_dir_that_is_or_is_under_a_file(capsys, tmp_path, data_dir, below, message):
     (tmp_path / "file").write_text("x")
-    out = tmp_path / "file" / "run" / "out"
-    message = run_bad(capsys, demo_argv(data_dir, out), out)
-    assert message == (
-        f"output_dir {str(out)!r} cannot be created: {str(tmp_path / 'file')!r} is a file; choose another output_dir"
-    )
+    out = tmp_path / "file" / below
+    assert run_bad(capsys, demo_argv(data_dir, out), tmp_path / "none") == message.format(
+        out=str(out), file=str(tmp_path / "file"))
+    assert (tmp_path / "file").read_text() == "x"
 
 
 def test_output_dir_not_writable(capsys, tmp_path, data_dir):
@@ -165,15 +160,6 @@ def test_config_with_non_utf8_bytes(capsys, tmp_path, data_dir):
 
 
 # ------------------------------------------------------------------------------------------- trust_remote_code
-
-
-def test_trust_remote_code_only_from_its_own_field(capsys, tmp_path, data_dir):
-    config = write_yaml(tmp_path / "c.yaml", model_init_kwargs={"trust_remote_code": True})
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    assert run_bad(capsys, argv, tmp_path / "out") == (
-        "model_init_kwargs may not set 'trust_remote_code': it has its own field; set trust_remote_code: true instead"
-    )
 
 
 def test_the_run_line_says_when_remote_code_is_trusted(tmp_path, data_dir):
@@ -276,33 +262,6 @@ def test_bad_data_is_refused_in_one_line_naming_the_record_or_file(capsys, tmp_p
     assert message.startswith(expected[:-3]) if expected.endswith("...") else message == expected
 
 
-def _hub_dataset_argv(data_dir: Path, tmp_path: Path) -> list[str]:
-    """The demo run on ``dataset_name: nobody/no-such-dataset`` (a hub id), without train or eval files."""
-    return demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
-                     "--eval_on_start", "false", "--dataset_name", "nobody/no-such-dataset")
-
-
-@pytest.mark.parametrize(("offline", "start", "end"), [
-    (True, "could not load dataset_name='nobody/no-such-dataset': ", "(HF_HUB_OFFLINE is set and it is not in the "
-     "local cache: unset it to download the dataset, or set dataset_name to a local dataset directory)"),
-    (False, "cannot reach the Hugging Face Hub to load dataset_name='nobody/no-such-dataset' (",
-     "); set HF_HUB_OFFLINE=1 to use a cached copy, or set dataset_name to a local dataset directory"),
-], ids=["offline", "unreachable"])
-def test_a_hub_dataset_that_cannot_be_had_fails_fast(capsys, tmp_path, data_dir, monkeypatch, offline, start, end):
-    """Offline and not cached, or online and the hub unreachable (a local port nothing listens on, no network used):
-    one line within seconds instead of datasets' ~30 s of retries."""
-    import datasets
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
-    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")
-    began = time.perf_counter()
-    message = run_bad(capsys, _hub_dataset_argv(data_dir, tmp_path), tmp_path / "out")
-    assert time.perf_counter() - began < 10
-    assert message.startswith(start) and message.endswith(end)
-
-
 def test_a_single_lora_target_is_a_module_name_not_a_regular_expression(tmp_path, data_dir):
     """TRL hands a one-element lora_target_modules to peft as a string, i.e. a regular expression over full module
     names, which "q_proj" never matches (peft then fails when the trainer is built)."""
@@ -326,13 +285,11 @@ def test_trl_refusing_settings_at_trainer_construction_is_one_line_and_leaves_no
     )
 
 
-def test_a_dataset_the_hub_does_not_have_is_named(capsys, tmp_path, data_dir, monkeypatch):
-    """A local stand-in for the hub answers 404 RepoNotFound, as the hub does for an unknown or private id."""
+@pytest.fixture(scope="module")
+def hub_not_found():
+    """A local stand-in for the hub: 404 RepoNotFound to everything, as the hub answers for an unknown or private id."""
     import http.server
     import threading
-
-    import datasets
-    from huggingface_hub import constants
 
     class NotFound(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
@@ -346,14 +303,38 @@ def test_a_dataset_the_hub_does_not_have_is_named(capsys, tmp_path, data_dir, mo
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), NotFound)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
-    try:
-        argv = _hub_dataset_argv(data_dir, tmp_path)
-        assert run_bad(capsys, argv, tmp_path / "out") == (
-            "dataset_name='nobody/no-such-dataset' is not on the Hugging Face Hub, or is private or gated (log in "
-            "with `hf auth login`); check the id or set dataset_name to a local dataset directory"
-        )
-    finally:
-        server.shutdown()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+# (HF_HUB_OFFLINE, the hub: a local port nothing listens on, or the stand-in above; the line, "..." standing for the
+# library's own reason)
+HUB_CASES = {
+    "offline": (True, "http://127.0.0.1:9", "could not load dataset_name='nobody/no-such-dataset': ...(HF_HUB_OFFLINE is "
+                "set and it is not in the local cache: unset it to download the dataset, or set dataset_name to a local "
+                "dataset directory)"),
+    "unreachable": (False, "http://127.0.0.1:9", "cannot reach the Hugging Face Hub to load dataset_name="
+                    "'nobody/no-such-dataset' (...); set HF_HUB_OFFLINE=1 to use a cached copy, or set dataset_name to "
+                    "a local dataset directory"),
+    "not found": (False, None, "dataset_name='nobody/no-such-dataset' is not on the Hugging Face Hub, or is private or "
+                  "gated (log in with `hf auth login`); check the id or set dataset_name to a local dataset directory"),
+}
+
+
+@pytest.mark.parametrize("case", list(HUB_CASES))
+def test_a_hub_dataset_that_cannot_be_had_fails_fast(capsys, tmp_path, data_dir, monkeypatch, hub_not_found, case):
+    """One line within seconds instead of datasets' ~30 s of retries; no network used."""
+    import datasets
+    from huggingface_hub import constants
+
+    offline, endpoint, expected = HUB_CASES[case]
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint or hub_not_found)
+    argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
+                     "--eval_on_start", "false", "--dataset_name", "nobody/no-such-dataset")
+    began = time.perf_counter()
+    message = run_bad(capsys, argv, tmp_path / "out")
+    assert time.perf_counter() - began < 10
+    start, _, end = expected.partition("...")
+    assert message.startswith(start) and message.endswith(end) if end else message == expected

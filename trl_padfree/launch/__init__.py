@@ -10,14 +10,7 @@ from typing import Any
 
 from .config import ConfigError, LaunchArguments, LaunchConfig, parse_arguments
 
-__all__ = [
-    "ConfigError",
-    "LaunchArguments",
-    "LaunchConfig",
-    "load_config",
-    "main",
-    "parse_arguments",
-]
+__all__ = ["ConfigError", "LaunchArguments", "LaunchConfig", "load_config", "main", "parse_arguments"]
 
 
 def load_config(argv: Sequence[str], check_environment: bool = True, task: str = "sft") -> LaunchConfig:

@@ -5,6 +5,7 @@ dataclass refuses is a one-line :class:`ConfigError` (with a did-you-mean hint) 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import difflib
 import os
@@ -80,13 +81,13 @@ class RewardFunctionArguments(LaunchArguments):
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """What a launch was asked to do: the parsed dataclasses (``launch``, ``training``: this package's config class
-    of the trainer, ``model``: ``trl.ModelConfig``) and what the launch resolved."""
+    """What a launch was asked to do: the parsed dataclasses (``launch``: the task's :class:`LaunchArguments`;
+    ``training``: this package's config class of the trainer; ``model``: ``trl.ModelConfig``) and what the launch
+    resolved."""
 
     launch: Any
     training: Any
     model: Any
-    config_path: str | None = None
     padding_free: bool = True
     attn_implementation: str = "auto"
     attn_auto: bool = False  # attn_implementation was "auto": the launch may fall back (see launch.model)
@@ -97,11 +98,6 @@ class LaunchConfig:
     notes: list[str] = dataclasses.field(default_factory=list)  # lines for the run to print
     task: str = "sft"
 
-    @property
-    def data(self) -> Any:
-        """The data settings (the fields of :class:`LaunchArguments`)."""
-        return self.launch
-
 
 def with_fields(obj: Any, **changes: Any) -> Any:
     """A shallow copy of the dataclass ``obj`` with ``changes`` set, without running its ``__post_init__`` again.
@@ -110,8 +106,6 @@ def with_fields(obj: Any, **changes: Any) -> Any:
     >>> with_fields(a, template=None).template, a.template
     (None, 'x')
     """
-    import copy
-
     new = copy.copy(obj)
     for name, value in changes.items():
         setattr(new, name, value)
@@ -136,30 +130,26 @@ def _closest(name: str, candidates: Sequence[str]) -> str:
     return f"; did you mean {match[0]!r}?" if match else ""
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    return {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping"}.get(
-        type(value), type(value).__name__)
+#: How a value's type is named in "wrong type" messages (a YAML value's, or the type a field expects).
+_KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+          dict: "a mapping"}
 
 
-def _other_task(name: str, task: str) -> str:
-    """``" (a field of trl-padfree dpo)"`` where another trainer takes ``name``, else ``""``."""
+def _unknown(name: str, task: str, known: Sequence[str]) -> str:
+    """The hint after "unknown key/option": ``" (a field of trl-padfree dpo, not of trl-padfree train)"`` where
+    another trainer takes ``name``, else a did-you-mean among ``known``."""
     from .tasks import get_task, task_names
 
     for other in task_names():
         if other != task and any(name in {f.name for f in dataclasses.fields(c)} for c in argument_classes(other)):
             return f" (a field of {get_task(other).prog}, not of {get_task(task).prog})"
-    return ""
+    return _closest(name, known)
 
 
 def build_parser(task: str = "sft") -> Any:
     """The strict ``TrlParser`` of ``task`` with the launch's defaults."""
     from transformers.utils import is_torch_bf16_gpu_available
     from trl import TrlParser
-    from trl.scripts._hf_argparser import string_to_bool
 
     from .tasks import get_task
 
@@ -167,7 +157,7 @@ def build_parser(task: str = "sft") -> Any:
 
     class StrictTrlParser(TrlParser):
         explicit: set[str]
-        source = "the config file"
+        source: str | None = None  # the config file
 
         def error(self, message: str) -> typing.NoReturn:
             raise ConfigError(f"command line: {message}")
@@ -178,8 +168,7 @@ def build_parser(task: str = "sft") -> Any:
             checked = {}
             for key, value in config.items():
                 if key not in actions:
-                    raise ConfigError(f"unknown key {key!r} in {self.source}"
-                                      f"{_other_task(key, task) or _closest(key, sorted(actions))}")
+                    raise ConfigError(f"unknown key {key!r} in {self.source}{_unknown(key, task, sorted(actions))}")
                 checked[key] = _checked(key, value, actions[key], hints.get(key, Any))
             self.explicit.update(checked)
             return super().set_defaults_with_config(**checked)
@@ -188,38 +177,32 @@ def build_parser(task: str = "sft") -> Any:
         """A YAML value converted by the flag's own converter, or a ConfigError naming the field."""
         args = typing.get_args(hint) or (hint,)
         convert = action.type or str
-        expected = {int: "an integer", float: "a number", str: "a string", string_to_bool: "true or false"}.get(
-            convert, getattr(convert, "__name__", "a value"))
+        boolean = getattr(convert, "__name__", "") == "string_to_bool"  # (HfArgumentParser's converter of a bool)
+        names = [str(c.value if isinstance(c, Enum) else c) for c in action.choices or ()]
+        expected = ("true or false" if boolean else f"one of {', '.join(map(repr, names))}" if names
+                    else _KINDS.get(convert, getattr(convert, "__name__", "a value")))
         if isinstance(value, (dict, list)):
             expected = "a list" if action.nargs in ("+", "*") else expected
         expected += " or null" if type(None) in args else ""
+        quote = "; quote it: 'no' (YAML reads a bare no as false)" if value is False and "no" in names else ""
         wrong = ConfigError(f"wrong type for {key!r} in {parser.source}: expected {expected}, got {value!r} "
-                            f"({_kind(value)})")
-        if value is None:
-            if type(None) in args or action.default is None:
-                return None
-            raise wrong
-        if isinstance(value, (dict, list)):
-            if any(a is type(value) or typing.get_origin(a) is type(value) for a in args):
-                return value
-            if isinstance(value, list) and action.nargs in ("+", "*") and not item:
-                return [_checked(key, v, action, Any, item=True) for v in value]
-            raise wrong
-        if action.nargs in ("+", "*") and not item:
-            return [_checked(key, value, action, Any, item=True)]
-        if isinstance(value, bool) and convert is not string_to_bool:
-            if key == "resume_from_checkpoint":  # (true: the newest checkpoint)
-                return str(value).lower()
-            raise wrong
-        if (convert is string_to_bool and not isinstance(value, (bool, str))) or (
-                convert is int and isinstance(value, float)):
+                            f"({_KINDS.get(type(value), type(value).__name__)}){quote}")
+        if value is None and (type(None) in args or action.default is None):
+            return None
+        if isinstance(value, (dict, list)) and any(a is type(value) or typing.get_origin(a) is type(value) for a in args):
+            return value
+        if action.nargs in ("+", "*") and not item and not isinstance(value, (dict, type(None))):
+            return [_checked(key, v, action, Any, item=True) for v in (value if isinstance(value, list) else [value])]
+        if isinstance(value, bool) and key == "resume_from_checkpoint":  # (true: the newest checkpoint)
+            return str(value).lower()
+        if (value is None or isinstance(value, (dict, list)) or (convert is int and isinstance(value, float))
+                or (isinstance(value, bool) and not boolean) or (boolean and not isinstance(value, (bool, str)))):
             raise wrong
         try:
             converted = convert(value if isinstance(value, (str, bool)) else str(value))
         except (ValueError, TypeError, argparse.ArgumentTypeError):
             raise wrong from None
         if action.choices is not None and converted not in action.choices:
-            names = [str(c.value if isinstance(c, Enum) else c) for c in action.choices]
             raise ConfigError(f"invalid value for {key!r} in {parser.source}: {value!r} is not one of "
                               f"{', '.join(map(repr, names))}{_closest(str(value), names)}")
         return converted
@@ -264,7 +247,7 @@ def parse_arguments(argv: Sequence[str], task: str = "sft") -> LaunchConfig:
                          "over gloo; set use_cpu to choose)")
     try:
         *parsed, remaining = parser.parse_args_and_config(args, return_remaining_strings=True)
-    except (ConfigError, RefusedElsewhere):
+    except ConfigError:
         raise
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{config_path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
@@ -284,11 +267,10 @@ def parse_arguments(argv: Sequence[str], task: str = "sft") -> LaunchConfig:
         if not first.startswith("--"):
             raise ConfigError(f"unexpected argument {first!r} on the command line; options look like --field value")
         name = first[2:].split("=", 1)[0]
-        valid = sorted(a.dest for a in parser._actions if a.option_strings and a.dest != "help")
-        raise ConfigError(f"unknown option '--{name}' on the command line"
-                          f"{_other_task(name, task) or _closest(name, valid)}")
+        known = sorted(a.dest for a in parser._actions if a.option_strings and a.dest != "help")
+        raise ConfigError(f"unknown option '--{name}' on the command line{_unknown(name, task, known)}")
     launch, training, model = parsed
     return LaunchConfig(
-        task=task, launch=launch, training=training, model=model, config_path=config_path,
+        task=task, launch=launch, training=training, model=model,
         padding_free=bool(training.padding_free), attn_implementation=model.attn_implementation or "auto",
         resume_from_checkpoint=training.resume_from_checkpoint, explicit=frozenset(parser.explicit), notes=notes)

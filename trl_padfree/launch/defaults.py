@@ -4,22 +4,16 @@ no pinned memory on the CPU, no progress bars when the output is not a terminal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..threads import HIDDEN_PER_THREAD, cores, processes_on_this_machine, threads_default
-from .config import LaunchConfig, with_fields
+from ..threads import cores, processes_on_this_machine, threads_default
+from .config import ConfigError, LaunchConfig, with_fields
 
-__all__ = [
-    "HIDDEN_PER_THREAD",
-    "LARGE_MODEL_PARAMETERS",
-    "ModelShape",
-    "apply_defaults",
-    "checkpointing_default",
-    "threads_default",
-]
+__all__ = ["LARGE_MODEL_PARAMETERS", "ModelShape", "apply_defaults", "model_shape"]
 
 #: Models with at least this many parameters are "large": activation checkpointing is on by default on CUDA.
 LARGE_MODEL_PARAMETERS = 1_000_000_000
@@ -27,47 +21,30 @@ LARGE_MODEL_PARAMETERS = 1_000_000_000
 
 @dataclass(frozen=True)
 class ModelShape:
-
     hidden_size: int | None = None
     parameters: int | None = None
 
 
-def checkpointing_default(device: str, parameters: int | None) -> bool:
-    """Whether activation checkpointing pays: CUDA and a model of at least 1e9 parameters.
-
-    >>> checkpointing_default("cuda", 7_000_000_000), checkpointing_default("cuda", 500_000_000)
-    (True, False)
-    >>> checkpointing_default("cpu", 7_000_000_000), checkpointing_default("cuda", None)
-    (False, False)
-    """
-    return device == "cuda" and parameters is not None and parameters >= LARGE_MODEL_PARAMETERS
-
-
 def model_shape(cfg: LaunchConfig, count_parameters: bool) -> ModelShape:
     """Hidden size (and, when asked, the parameter count, on the meta device) from the model's config, or None."""
-    try:
-        from transformers import AutoConfig
+    from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(
-            cfg.model.model_name_or_path,
-            revision=cfg.model.model_revision,
-            trust_remote_code=cfg.training.trust_remote_code,
-        )
-    except Exception:  # the model's own loading reports the problem later, with context
+    from .tokenizer import load_pretrained
+
+    try:
+        config = load_pretrained(AutoConfig, cfg, "read the model config")
+    except ConfigError:  # the model's own loading reports the problem later, with context
         return ModelShape()
-    text = getattr(config, "get_text_config", lambda: config)()
-    hidden = getattr(text, "hidden_size", None)
+    hidden = getattr(config.get_text_config(), "hidden_size", None)
     parameters = None
     if count_parameters:
-        try:
+        with contextlib.suppress(Exception):  # (no count: no default from the model's size)
             import torch
             from transformers import AutoModelForCausalLM
 
             with torch.device("meta"):
                 model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.training.trust_remote_code)
             parameters = sum(p.numel() for p in model.parameters())
-        except Exception:
-            parameters = None
     return ModelShape(hidden_size=hidden if isinstance(hidden, int) else None, parameters=parameters)
 
 
@@ -88,7 +65,7 @@ def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelSha
     shape = shape or ModelShape()
     training: dict[str, Any] = {}  # the changes of TRL's config
     if wants_checkpointing:
-        on = checkpointing_default(device, shape.parameters)
+        on = device == "cuda" and (shape.parameters or 0) >= LARGE_MODEL_PARAMETERS
         training["activation_checkpointing"] = training["gradient_checkpointing"] = on  # (TRL reads the old name)
         chosen["activation_checkpointing"] = on
     if wants_threads:

@@ -24,42 +24,22 @@ def builtin_config(argv: Sequence[str]) -> list[str]:
 
     >>> builtin_config(["--config", "demo", "--max_steps", "3"])[1] == str(BUILTIN_CONFIGS["demo"])
     True
-    >>> builtin_config(["--config=configs/demo.yaml"])
-    ['--config=configs/demo.yaml']
     """
     out = list(argv)
-    for i, arg in enumerate(out):
-        if arg == "--config" and i + 1 < len(out):
-            name, at, prefix = out[i + 1], i + 1, ""
-        elif arg.startswith("--config="):
-            name, at, prefix = arg.split("=", 1)[1], i, "--config="
-        else:
-            continue
-        if name in BUILTIN_CONFIGS and not os.path.exists(name):
-            out[at] = prefix + str(BUILTIN_CONFIGS[name])
-        break
+    at = out.index("--config") + 1 if "--config" in out[:-1] else None
+    if at is not None and out[at] in BUILTIN_CONFIGS and not os.path.exists(out[at]):
+        out[at] = str(BUILTIN_CONFIGS[out[at]])
     return out
 
 
-def _in_package(value: Any) -> str | None:
-    if not isinstance(value, str) or os.path.isabs(value):
-        return None
-    posix = value.replace(os.sep, "/")
-    if not posix.startswith(_PREFIX) or glob.glob(value):
-        return None
-    candidate = DEMO_DIR / posix[len(_PREFIX):]
-    return str(candidate) if glob.glob(str(candidate)) else None
-
-
-def package_path(value: str) -> str:
+def package_path(value: Any) -> Any:
     """``value``, or the installed package's file when it is a relative ``trl_padfree/demo/...`` path missing from
-    here (``trl-padfree check --model trl_padfree/demo/model`` from any directory).
-
-    >>> package_path("trl_padfree/demo/model") == "trl_padfree/demo/model" or package_path(
-    ...     "trl_padfree/demo/model") == str(DEMO_DIR / "model")
-    True
-    """
-    return _in_package(value) or value
+    here (``trl-padfree check --model trl_padfree/demo/model`` from any directory)."""
+    if not isinstance(value, str) or os.path.isabs(value) or glob.glob(value):
+        return value
+    posix = value.replace(os.sep, "/")
+    candidate = str(DEMO_DIR / posix[len(_PREFIX):])
+    return candidate if posix.startswith(_PREFIX) and glob.glob(candidate) else value
 
 
 def resolve_package_paths(cfg: Any) -> Any:
@@ -72,8 +52,8 @@ def resolve_package_paths(cfg: Any) -> Any:
     for section, name in (("model", "model_name_or_path"), ("launch", "train_file"), ("launch", "eval_file"),
                           ("launch", "dataset_name"), ("training", "chat_template_path"),
                           ("launch", "chat_template_path")):
-        resolved = _in_package(getattr(getattr(cfg, section), name, None))
-        if resolved is not None:
-            sections.setdefault(section, {})[name] = resolved
+        value = getattr(getattr(cfg, section), name, None)
+        if package_path(value) != value:
+            sections.setdefault(section, {})[name] = package_path(value)
     return replace(cfg, **{section: with_fields(getattr(cfg, section), **changes)
                            for section, changes in sections.items()})

@@ -91,11 +91,8 @@ def _load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
 
     model_args = cfg.model
     quantization = get_quantization_config(model_args)
-    kwargs: dict[str, Any] = {
-        "revision": model_args.model_revision,
-        "trust_remote_code": cfg.training.trust_remote_code,
-        "dtype": model_args.dtype,
-    }
+    kwargs: dict[str, Any] = dict(revision=model_args.model_revision, dtype=model_args.dtype,
+                                  trust_remote_code=cfg.training.trust_remote_code)
     if quantization is not None:
         from accelerate import PartialState
 
@@ -141,10 +138,5 @@ def materialized(model: Any) -> bool:
 
 def sharded_launch(training: Any) -> bool:
     """Whether the run shards the weights at load time (FSDP or DeepSpeed, from accelerate's launcher or the config)."""
-    env = os.environ
-    return (
-        env.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
-        or env.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
-        or bool(training.deepspeed)
-        or bool(training.fsdp)
-    )
+    return bool(training.deepspeed or training.fsdp) or any(
+        os.environ.get(f"ACCELERATE_USE_{name}", "false").lower() == "true" for name in ("FSDP", "DEEPSPEED"))

@@ -9,19 +9,18 @@ from typing import Any
 from .config import ConfigError, LaunchConfig
 from .console import one_line
 
-__all__ = ["LONGER_THAN_MAXIMUM", "check_vocabulary", "load_tokenizer"]
+__all__ = ["LONGER_THAN_MAXIMUM", "check_vocabulary", "load_pretrained", "load_tokenizer"]
 
 #: transformers' key for its once-per-tokenizer warning about texts longer than ``model_max_length``
 LONGER_THAN_MAXIMUM = "sequence-length-is-longer-than-the-specified-maximum"
 
 
-def _load_auto(auto_class: Any, cfg: LaunchConfig, what: str) -> Any:
+def load_pretrained(auto_class: Any, cfg: LaunchConfig, what: str) -> Any:
     """``auto_class.from_pretrained`` for the model of ``cfg``; :class:`ConfigError` "could not {what} of ..." if it fails."""
     name = cfg.model.model_name_or_path
     try:
-        return auto_class.from_pretrained(
-            name, revision=cfg.model.model_revision, trust_remote_code=cfg.training.trust_remote_code
-        )
+        return auto_class.from_pretrained(name, revision=cfg.model.model_revision,
+                                          trust_remote_code=cfg.training.trust_remote_code)
     except Exception as exc:
         raise ConfigError(f"could not {what} of {name!r}: {one_line(exc)}") from None
 
@@ -31,7 +30,7 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
     from transformers import AutoTokenizer
 
     name = cfg.model.model_name_or_path
-    tokenizer = _load_auto(AutoTokenizer, cfg, "load the tokenizer")
+    tokenizer = load_pretrained(AutoTokenizer, cfg, "load the tokenizer")
     training = cfg.training
     for attr in ("eos_token", "pad_token"):
         value = getattr(training, attr, None)  # (DPOConfig has no eos_token)
@@ -63,9 +62,8 @@ def check_vocabulary(cfg: LaunchConfig, tokenizer: Any) -> None:
     from transformers import AutoConfig
 
     name = cfg.model.model_name_or_path
-    config = _load_auto(AutoConfig, cfg, "read the model config")
-    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    size = getattr(text_config, "vocab_size", None)
+    config = load_pretrained(AutoConfig, cfg, "read the model config")
+    size = getattr(config.get_text_config(), "vocab_size", None)
     if not isinstance(size, int) or size <= 0:
         return
     vocab = tokenizer.get_vocab()

@@ -33,7 +33,7 @@ class Range:
     (False, False, 'between 0 and 1 (exclusive)')
     """
 
-    low: float | None = None
+    low: float
     low_open: bool = False
     high: float | None = None
     high_open: bool = False
@@ -42,18 +42,15 @@ class Range:
     def admits(self, value: float) -> bool:
         if isinstance(value, float) and not math.isfinite(value):
             return False
-        above = self.low is None or value > self.low or (value == self.low and not self.low_open)
-        return above and (self.high is None or value < self.high or (value == self.high and not self.high_open))
+        return (value > self.low if self.low_open else value >= self.low) and (
+            self.high is None or (value < self.high if self.high_open else value <= self.high))
 
     def text(self) -> str:
-        def num(x: float) -> str:
-            return f"{x:.0f}" if float(x).is_integer() else f"{x:g}"
-
+        low, high = (f"{x:.0f}" if float(x).is_integer() else f"{x:g}" for x in (self.low, self.high or 0))
         if self.low_open and self.high_open:
-            return f"between {num(self.low)} and {num(self.high)} (exclusive)"
-        low = "" if self.low is None else f"{'greater than' if self.low_open else 'at least'} {num(self.low)}"
-        high = "" if self.high is None else f"{'less than' if self.high_open else 'at most'} {num(self.high)}"
-        return " and ".join(part for part in (low, high) if part)
+            return f"between {low} and {high} (exclusive)"
+        text = f"{'greater than' if self.low_open else 'at least'} {low}"
+        return text if self.high is None else f"{text} and {'less than' if self.high_open else 'at most'} {high}"
 
 
 _SEED, _STEPS = 2**32 - 1, "a number of steps, or a fraction of the run below 1"  # numpy's seeds are 32-bit
@@ -73,7 +70,6 @@ NUMERIC_RANGES: dict[str, Range] = {
     **dict.fromkeys(("beta", "discopop_tau"), Range(0, low_open=True)),  # (DPO)
     **dict.fromkeys(("dataloader_prefetch_factor", "ddp_bucket_cap_mb"), Range(1, hint="or null for torch's default")),
     "eval_accumulation_steps": Range(1, hint="or null to gather eval outputs once at the end"),
-    "warmup_steps": Range(0, hint=_STEPS),
     "max_grad_norm": Range(0, hint="0 turns gradient clipping off"),
     "neftune_noise_alpha": Range(0, low_open=True, hint="or null for no NEFTune noise"),
     "eval_steps": Range(0, low_open=True, hint="or null to evaluate every logging_steps"),
@@ -159,7 +155,7 @@ def _looks_local(name: str) -> bool:
 def _check_data(cfg: LaunchConfig) -> LaunchConfig:
     keys = ("train_file", "eval_file", "dataset_name", "dataset_config", "dataset_test_split", "template")
     # `--eval_file ""` on the command line switches a file off
-    data = with_fields(cfg.data, **{key: None for key in keys if getattr(cfg.data, key, None) == ""})
+    data = with_fields(cfg.launch, **{key: None for key in keys if getattr(cfg.launch, key, None) == ""})
     if data.train_file and data.dataset_name:
         raise ConfigError("set either train_file (local files) or dataset_name (hub or local dataset), not both")
     if not data.train_file and not data.dataset_name:
@@ -253,7 +249,7 @@ def _check_resume(cfg: LaunchConfig) -> LaunchConfig:
     if auto is not None:
         return replace(cfg, **auto)
     value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
-    if value is None or value is False or str(value).lower() in {"false", "none", "null", ""}:
+    if str(value).lower() in {"false", "none", "null", ""}:
         found = resume.run_contents(output_dir)
         if found and not getattr(cfg.launch, "overwrite_output_dir", False):
             shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
@@ -261,7 +257,7 @@ def _check_resume(cfg: LaunchConfig) -> LaunchConfig:
                               "resume_from_checkpoint: true, start over in it with overwrite_output_dir: true, or "
                               "choose another output_dir")
         return replace(cfg, resume_from_checkpoint=None, run_id=resume.new_run_id())
-    if isinstance(value, bool) or str(value).lower() in {"true", "last", "latest"}:
+    if str(value).lower() in {"true", "last", "latest"}:
         choice = resume.choose_resume(output_dir)
         return replace(cfg, resume_from_checkpoint=choice.path, run_id=choice.run_id, notes=[*cfg.notes, choice.note()])
     if not os.path.isdir(value):
@@ -277,7 +273,7 @@ def _check_resume(cfg: LaunchConfig) -> LaunchConfig:
 
 def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> LaunchConfig:
     """Check ``cfg`` without loading anything; returns the resolved config the run will use (``cfg`` unchanged):
-    ``padding_free``, the task's own settings (its ``resolve``), ``model_init_kwargs`` moved to the launcher,
+    the task's own settings (its ``resolve``), ``model_init_kwargs`` moved to the launcher,
     ``attn_implementation: auto`` resolved for this machine, ``resume_from_checkpoint`` and the run id. With
     ``check_environment=False`` the last two and the checks that depend on this machine are skipped."""
     from .tasks import get_task
@@ -285,7 +281,6 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     _check_numbers(cfg)
     cfg = _check_data(cfg)
     task = get_task(cfg.task)
-    cfg = replace(cfg, padding_free=bool(getattr(cfg.training, "padding_free", cfg.padding_free)))  # (RL: the task's)
     task.check(cfg)  # the trainer's own settings (launch.tasks)
     cfg = _check_model_init_kwargs(_check_model(cfg, check_environment))
     if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():

@@ -102,12 +102,12 @@ def load_prompts(cfg: Any, tokenizer: Any) -> Records:
     """The training and eval prompt records, checked (TRL's trainer tokenizes them as it generates)."""
     from ..data import load_splits
 
-    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check_prompt_records)
+    train, eval_ds = load_splits(cfg.launch, cfg.training.seed, check=check_prompt_records)
     conversational = isinstance(train[0]["prompt"], list)
     if conversational and getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
                           "has no chat template; use text prompts")
-    check_answer_columns(cfg.launch.reward_funcs or [], train, "train_file" if cfg.data.train_file else "dataset")
+    check_answer_columns(cfg.launch.reward_funcs or [], train, "train_file" if cfg.launch.train_file else "dataset")
     return Records(train, eval_ds, "conversational" if conversational else "prompt")
 
 

@@ -160,7 +160,7 @@ def check_chat_renders(dataset: Any, tokenizer: Any, source: str) -> None:
 
 def split_source(cfg: Any, split: str) -> str:
     """How errors name a split: ``train_file`` / ``eval_file``, or ``the train data`` / ``the eval data``."""
-    return f"{split}_file" if getattr(cfg.data, f"{split}_file", None) else f"the {split} data"
+    return f"{split}_file" if getattr(cfg.launch, f"{split}_file", None) else f"the {split} data"
 
 
 def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None, bool]:
@@ -168,9 +168,9 @@ def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None,
     from ..data import load_splits
 
     for key in ("train_file", "eval_file"):
-        if getattr(cfg.data, key, None):
-            check_one_kind_in_files(key, getattr(cfg.data, key))
-    train, eval_ds = load_splits(cfg.data, cfg.training.seed, check=check)
+        if getattr(cfg.launch, key, None):
+            check_one_kind_in_files(key, getattr(cfg.launch, key))
+    train, eval_ds = load_splits(cfg.launch, cfg.training.seed, check=check)
     conversational = value_kind(train[0]["chosen" if "chosen" in train.column_names else "completion"]) == "messages"
     if conversational and getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "

@@ -317,7 +317,7 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     raises :class:`ConfigError` on bad data."""
     from ...chat_masks import label_chats
 
-    training, template = cfg.training, cfg.data.template
+    training, template = cfg.training, cfg.launch.template
     response, text_field = training.response_template, training.dataset_text_field
     if template is not None:
         template_fields(template)  # a template that is not a format string: refused before any data is read
@@ -331,7 +331,7 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
         sources.append(source)
         check_records(dataset, source, template, text_field, response)
 
-    train_raw, eval_raw = load_splits(cfg.data, training.seed, check)
+    train_raw, eval_raw = load_splits(cfg.launch, training.seed, check)
     text_format, formatter = make_formatter(train_raw.column_names, template, text_field, tokenizer)
     if response is None and text_format not in ("prompt+completion", "messages"):
         raise _missing_template(text_format)
