@@ -13,9 +13,6 @@ from transformers import TrainerCallback
 
 __all__ = ["CheckpointMarker", "GracefulStop", "NothingToTrain"]
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-
 class GracefulStop(TrainerCallback):
     """Around ``trainer.train()``: save a checkpoint and stop at the end of the step during which SIGTERM or SIGINT
     arrived (every rank at the same step); a second signal acts as if this were not there."""
@@ -29,7 +26,7 @@ class GracefulStop(TrainerCallback):
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.requested is not None:  # second signal: behave as if we were not there
-            self._restore()
+            self.__exit__()
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             signal.raise_signal(signum)
@@ -40,14 +37,11 @@ class GracefulStop(TrainerCallback):
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
+            for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
