@@ -64,8 +64,8 @@ def finished_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return out
 
 
-def test_checkpoints_are_marked_complete_for_this_run_and_a_finished_run_is_not_resumed(finished_run, data_dir,
-                                                                                        capsys):
+def test_checkpoints_are_marked_complete_and_a_finished_run_is_not_resumed_but_trains_further_by_path(
+        finished_run, data_dir, tmp_path, capsys):
     record = json.loads((finished_run / RUN_FILE).read_text())
     assert record["status"] == "finished" and record["global_step"] == TRAIN_STEPS
     for step in (2, 4, 6):
@@ -76,10 +76,7 @@ def test_checkpoints_are_marked_complete_for_this_run_and_a_finished_run_is_not_
     code, _, err = run(fault_argv(data_dir, finished_run, "--resume_from_checkpoint", "true"), capsys)
     assert code == 2 and "is finished (step 6 of 6; the model is saved there): nothing to resume" in error_line(err)
     assert (finished_run / "model.safetensors").read_bytes() == weights
-
-
-def test_a_finished_run_trains_further_from_a_checkpoint_path_with_more_steps(finished_run, data_dir, tmp_path,
-                                                                               capsys):
+    # trained further from a checkpoint path with more steps
     out = tmp_path / "out"
     shutil.copytree(finished_run, out)
     argv = fault_argv(data_dir, out, "--resume_from_checkpoint", str(out / "checkpoint-6"), "--max_steps", "8")
