@@ -28,10 +28,7 @@ def restart_attempt() -> int:
     >>> restart_attempt()
     0
     """
-    try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    except ValueError:
-        return 0
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 
 
 def any_process(flag: bool) -> bool:
