@@ -24,8 +24,8 @@ def _kill_now() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class AtStep(TrainerCallback):
-    """At the end of step K: ``strike()`` (SigtermAtStep: SIGTERM, so the launch saves a checkpoint and stops)."""
+class SigtermAtStep(TrainerCallback):
+    """At the end of step K: ``strike()``, here SIGTERM (the launch saves a checkpoint and stops)."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -38,15 +38,12 @@ class AtStep(TrainerCallback):
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-SigtermAtStep = AtStep
-
-
-class SigkillAtStep(AtStep):
+class SigkillAtStep(SigtermAtStep):
     def strike(self, control: Any) -> None:
         _kill_now()
 
 
-class SigkillInSave(AtStep):
+class SigkillInSave(SigtermAtStep):
     """SIGKILL at the first ``torch.save`` of step K's checkpoint (after the model weights, before the rest)."""
 
     def strike(self, control: Any) -> None:

@@ -9,12 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 from launch_hooks import FailAtStep, FailEvaluation, FullDiskAtEnd
 from launch_inputs import TRAIN_STEPS, train_argv, write_demo_data
-from launch_runs import losses
+from launch_runs import losses, run_launch
 from paths import ROOT
 from safetensors.torch import load_file
 
@@ -34,11 +35,8 @@ def fault_argv(data_dir: Path, out: Path, *extra: str) -> list[str]:
     return train_argv(data_dir, out, "--eval_strategy", "no", "--save_strategy", "steps", "--save_steps", "2", *extra)
 
 
-def run(argv: list[str], capsys, **kwargs) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(argv, **kwargs)
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
+def run(argv: list[str], *callbacks: Any) -> tuple[int, str, str]:
+    return run_launch(argv, "sft", callbacks)
 
 
 def assert_same_weights(a: Path, b: Path) -> None:
@@ -64,8 +62,8 @@ def finished_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     return out
 
 
-def test_checkpoints_are_marked_complete_for_this_run_and_a_finished_run_is_not_resumed(finished_run, data_dir,
-                                                                                        capsys):
+def test_checkpoints_are_marked_complete_and_a_finished_run_is_not_resumed_but_trains_further_by_path(
+        finished_run, data_dir, tmp_path):
     record = json.loads((finished_run / RUN_FILE).read_text())
     assert record["status"] == "finished" and record["global_step"] == TRAIN_STEPS
     for step in (2, 4, 6):
@@ -73,30 +71,27 @@ def test_checkpoints_are_marked_complete_for_this_run_and_a_finished_run_is_not_
         assert marker["run_id"] == record["run_id"] and marker["step"] == step
         assert {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= set(marker["files"])
     weights = (finished_run / "model.safetensors").read_bytes()
-    code, _, err = run(fault_argv(data_dir, finished_run, "--resume_from_checkpoint", "true"), capsys)
+    code, _, err = run(fault_argv(data_dir, finished_run, "--resume_from_checkpoint", "true"))
     assert code == 2 and "is finished (step 6 of 6; the model is saved there): nothing to resume" in error_line(err)
     assert (finished_run / "model.safetensors").read_bytes() == weights
-
-
-def test_a_finished_run_trains_further_from_a_checkpoint_path_with_more_steps(finished_run, data_dir, tmp_path,
-                                                                               capsys):
+    # trained further from a checkpoint path with more steps
     out = tmp_path / "out"
     shutil.copytree(finished_run, out)
     argv = fault_argv(data_dir, out, "--resume_from_checkpoint", str(out / "checkpoint-6"), "--max_steps", "8")
-    code, stdout, err = run(argv, capsys)
+    code, stdout, err = run(argv)
     assert code == 0, err[-3000:]
     assert "[trl-padfree] steps: 8/8" in stdout
     assert sorted(losses(out)) == list(range(1, 9)) and {s: losses(out)[s] for s in range(1, 7)} == losses(finished_run)
 
 
-def test_sigkill_while_saving_then_resume_takes_the_last_complete_checkpoint(finished_run, data_dir, tmp_path, capsys):
+def test_sigkill_while_saving_then_resume_takes_the_last_complete_checkpoint(finished_run, data_dir, tmp_path):
     """Killed while writing checkpoint-4 (no marker): resume takes checkpoint-2, ends as the uninterrupted run."""
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(ROOT / "tests" / "launch_hooks.py"), "--sigkill-in-save-at-step", "4",
                            "--", *fault_argv(data_dir, out)], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == -9, proc.stderr[-3000:]
     assert not (out / "checkpoint-4" / CHECKPOINT_MARKER).exists()
-    code, stdout, err = run(fault_argv(data_dir, out, "--resume_from_checkpoint", "true"), capsys)
+    code, stdout, err = run(fault_argv(data_dir, out, "--resume_from_checkpoint", "true"))
     assert code == 0, err[-3000:]
     assert (f"[trl-padfree] resuming from {out / 'checkpoint-2'} (step 2, the newest complete checkpoint of this "
             "run); passed over: checkpoint-4 (incomplete (no trl-padfree completion marker") in stdout
@@ -105,8 +100,7 @@ def test_sigkill_while_saving_then_resume_takes_the_last_complete_checkpoint(fin
 
 
 @pytest.mark.parametrize("disk", ["tmpfs", "rlimit"])
-def test_a_full_disk_at_the_final_save_names_the_last_checkpoint_and_resume_completes(data_dir, tmp_path, capsys,
-                                                                                      disk):
+def test_a_full_disk_at_the_final_save_names_the_last_checkpoint_and_resume_completes(data_dir, tmp_path, disk):
     where = tmp_path / "disk"
     where.mkdir()
     tmpfs = disk == "tmpfs" and shutil.which("mount") is not None and subprocess.run(
@@ -117,7 +111,7 @@ def test_a_full_disk_at_the_final_save_names_the_last_checkpoint_and_resume_comp
         out, ballast = where / "out", where / "ballast"
         full = FullDiskAtEnd(str(ballast) if tmpfs else None)
         try:
-            code, _, err = run(fault_argv(data_dir, out, "--save_steps", "3"), capsys, callbacks=[full])
+            code, _, err = run(fault_argv(data_dir, out, "--save_steps", "3"), full)
         finally:
             full.restore()
         message = error_line(err)
@@ -129,8 +123,7 @@ def test_a_full_disk_at_the_final_save_names_the_last_checkpoint_and_resume_comp
         assert json.loads((out / RUN_FILE).read_text())["status"] in ({"training", "failed"} if tmpfs else {"failed"})
         if tmpfs:
             ballast.unlink()
-        code, stdout, err = run(fault_argv(data_dir, out, "--save_steps", "3", "--resume_from_checkpoint", "true"),
-                                capsys)
+        code, stdout, err = run(fault_argv(data_dir, out, "--save_steps", "3", "--resume_from_checkpoint", "true"))
         assert code == 0, err[-3000:]
         assert f"[trl-padfree] {out / 'checkpoint-6'} is at the last step (6): nothing left to train" in stdout
         assert_same_weights(out / "model.safetensors", out / "checkpoint-6" / "model.safetensors")
@@ -157,14 +150,13 @@ def test_a_full_disk_at_a_checkpoint_or_an_error_in_a_step_says_where_the_work_i
             f"{tmp_path / 'out2' / 'checkpoint-4'}") in capsys.readouterr().out
 
 
-def test_a_failed_final_evaluation_keeps_the_model_and_overwrite_starts_a_new_run(finished_run, data_dir, tmp_path,
-                                                                                   capsys):
+def test_a_failed_final_evaluation_keeps_the_model_and_overwrite_starts_a_new_run(finished_run, data_dir, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(finished_run, out)
     old_id = json.loads((out / RUN_FILE).read_text())["run_id"]
     old_weights = (out / "model.safetensors").read_bytes()
     argv = fault_argv(data_dir, out, "--overwrite_output_dir", "true", "--max_steps", "2", "--save_strategy", "no")
-    code, _, err = run(argv, capsys, callbacks=[FailEvaluation()])
+    code, _, err = run(argv, FailEvaluation())
     assert code == 1 and error_line(err) == (
         "the final evaluation failed: evaluation failed on purpose (tests/launch_hooks.py); the trained model is "
         f"saved in {out}")

@@ -6,7 +6,6 @@ import pytest
 from paths import ROOT
 
 from trl_padfree import cli
-from trl_padfree.launch.preview import marked_text
 
 EXPECTED = """\
 --- example 0 (71 tokens, 29 trained) ---
@@ -66,11 +65,6 @@ def test_preview_bad_input_exits_2_with_one_line(in_root, capsys, tmp_path, extr
     assert captured.err.startswith("trl-padfree preview: error: " + message)
     assert captured.err.count("\n") == 1 and captured.out == ""
     assert not (tmp_path / "out").exists()
-
-
-def test_colour_marks_trained_and_masked_runs():
-    text = marked_text(b"Q: hi A: yes", [0, 2, 5, 8, 12], [-100, -100, -100, 7], color=True)
-    assert text == "\033[2mQ: hi A:\033[0m\033[1;32m yes\033[0m"
 
 
 def test_preview_of_chat_data_without_templates(in_root, capsys, tmp_path):

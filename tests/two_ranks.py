@@ -17,15 +17,10 @@ TIMEOUT = 300  # seconds for one launch of every node (loaded 2-core machine); a
 
 
 def run_on_two_ranks(script: str, out: Path, *args: str, timeout: int = 600) -> None:
-    """``tests/SCRIPT ARGS... OUT`` under torchrun with 2 processes; fails the test unless it exits 0."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}  # this checkout, not an installed copy
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         str(ROOT / "tests" / script), *args, str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    """``tests/SCRIPT ARGS... OUT`` under torchrun with 2 processes (``launch``); fails the test unless it exits 0."""
+    (node,) = launch([[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                       str(ROOT / "tests" / script), *args, str(out)]], timeout=timeout, PYTHONPATH=str(ROOT))
+    assert node.proc.returncode == 0, node.text[-4000:]  # (PYTHONPATH: this checkout, not an installed copy)
 
 
 def free_port() -> str:
@@ -76,13 +71,14 @@ class Node:
         return next(t for t, line in self.lines if fragment in line)
 
 
-def launch(commands: list[list[str]], **env: str) -> list[Node]:
-    """Run every command (a node each) with ``env`` added; fails if one hangs past TIMEOUT or leaves a process."""
+def launch(commands: list[list[str]], timeout: int = TIMEOUT, **env: str) -> list[Node]:
+    """Run every command (a node each) with ``env`` added; fails if one hangs past ``timeout`` or leaves a
+    process."""
     tag = uuid.uuid4().hex
     full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
             "TRL_PADFREE_TEST_RUN": tag, **env}
     nodes = [Node(cmd, full) for cmd in commands]
-    deadline = time.monotonic() + TIMEOUT
+    deadline = time.monotonic() + timeout
     while any(n.proc.poll() is None for n in nodes) and time.monotonic() < deadline:
         for n in nodes:
             if n.ended is None and n.proc.poll() is not None:
@@ -98,6 +94,6 @@ def launch(commands: list[list[str]], **env: str) -> list[Node]:
         n.reader.join(10)
         n.ended = n.ended or time.monotonic()
     shown = "\n=====\n".join(n.text[-3000:] for n in nodes)
-    assert not hung, f"the run did not end within {TIMEOUT} s:\n{shown}"
+    assert not hung, f"the run did not end within {timeout} s:\n{shown}"
     assert not left, f"processes of the run still alive after it ended: {left}\n{shown}"
     return nodes

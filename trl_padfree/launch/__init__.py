@@ -30,8 +30,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
     from .distributed import agree_on_config, finish, plan_nodes
-    from .run import train
-    from .run_record import RunError
+    from .run import RunError, train
     from .tasks import get_task
     from .validate import describe
 
@@ -53,7 +52,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     except ConfigError as exc:
         print_error(str(exc), prog)
         return finish(2)
-    except RunError as exc:  # a failure during the run, e.g. a final save on a full disk (launch.run_record)
+    except RunError as exc:  # a failure during the run, e.g. a final save on a full disk (launch.run)
         print_error(str(exc), prog)
         return finish(1)
     except SystemExit as exc:  # --help

@@ -11,10 +11,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-__all__ = ["CheckpointMarker", "GracefulStop"]
-
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
+__all__ = ["CheckpointMarker", "GracefulStop", "NothingToTrain"]
 
 class GracefulStop(TrainerCallback):
     """Around ``trainer.train()``: save a checkpoint and stop at the end of the step during which SIGTERM or SIGINT
@@ -29,7 +26,7 @@ class GracefulStop(TrainerCallback):
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.requested is not None:  # second signal: behave as if we were not there
-            self._restore()
+            self.__exit__()
             if signum == signal.SIGINT:
                 raise KeyboardInterrupt
             signal.raise_signal(signum)
@@ -40,44 +37,37 @@ class GracefulStop(TrainerCallback):
 
     def __enter__(self) -> GracefulStop:
         if threading.current_thread() is threading.main_thread():
-            for sig in _SIGNALS:
+            for sig in (signal.SIGTERM, signal.SIGINT):
                 self._previous[sig] = signal.signal(sig, self._handle)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._restore()
-
-    def _restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        from .distributed import any_process
+        from .distributed import any_process, gather_reports, in_process_group
 
         if any_process(self.requested is not None):  # every rank stops at the same step
-            self.requested = _who_was_signalled(self.requested)
+            if in_process_group():
+                self.requested = ", ".join(f"{name} on rank {rank}" for rank, _, name in gather_reports(self.requested))
             control.should_save = True
             control.should_training_stop = True
             self.stopped_at = state.global_step
         return control
 
 
-def _who_was_signalled(mine: str | None) -> str:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
-        return mine or "a signal"
-    from .distributed import gather_reports
-
-    return ", ".join(f"{name} on rank {rank}" for rank, _, name in gather_reports(mine))
+class NothingToTrain(Exception):
+    """Raised by :class:`CheckpointMarker` when training resumes at its last step (``trainer.train()`` would train a
+    step past it): the checkpoint's weights and state are loaded by then."""
 
 
 class CheckpointMarker(TrainerCallback):
     """Mark ``checkpoint-N`` complete once every process has saved its part: the run id, the step and the size of
     every file, synced to disk (see :mod:`.resume`). It also logs the training loss at every checkpoint and at the
     last step, so that the log history a checkpoint carries covers every step; ``first_step``: the global step this
-    process started from (> 0 after a resume)."""
+    process started from (> 0 after a resume). Training resumed at its last step raises :class:`NothingToTrain`."""
 
     first_step: int | None = None
 
@@ -86,6 +76,8 @@ class CheckpointMarker(TrainerCallback):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.first_step = state.global_step
+        if 0 < state.max_steps <= state.global_step:
+            raise NothingToTrain
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if control.should_save or control.should_training_stop:

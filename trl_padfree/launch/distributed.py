@@ -13,10 +13,10 @@ from .config import ConfigError, RefusedElsewhere
 from .console import where
 
 __all__ = ["agree_on_config", "any_process", "check_process_group", "describe_distribution", "finish",
-           "gather_reports", "plan_nodes", "restart_attempt"]
+           "gather_reports", "in_process_group", "plan_nodes", "restart_attempt"]
 
 
-def _group() -> bool:
+def in_process_group() -> bool:
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized()
@@ -28,15 +28,12 @@ def restart_attempt() -> int:
     >>> restart_attempt()
     0
     """
-    try:
-        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    except ValueError:
-        return 0
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 
 
 def any_process(flag: bool) -> bool:
     """Whether ``flag`` is set on any process (an all-reduce when distributed), so that all take the same path."""
-    if not _group():
+    if not in_process_group():
         return flag
     import torch
     import torch.distributed as dist
@@ -50,7 +47,7 @@ def any_process(flag: bool) -> bool:
 def gather_reports(report: Any) -> list[tuple[int, str, Any]]:
     """``(rank, where, report)`` of every process whose ``report`` is not None, in rank order; every process of the
     group must call it (outside one: this process's report alone)."""
-    if not _group():
+    if not in_process_group():
         return [] if report is None else [(0, where(), report)]
     import torch.distributed as dist
 
@@ -62,7 +59,7 @@ def gather_reports(report: Any) -> list[tuple[int, str, Any]]:
 def agree_on_config(error: ConfigError | None) -> None:
     """Every process, once its config is parsed (``error``: why it was refused): with a process group, a rank whose
     config was accepted raises :class:`RefusedElsewhere` naming the refusing ranks, so that every rank exits 2."""
-    if isinstance(error, RefusedElsewhere) or not _group():
+    if isinstance(error, RefusedElsewhere) or not in_process_group():
         return
     refusals = gather_reports(None if error is None else str(error))
     if refusals and error is None:
@@ -75,7 +72,7 @@ def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
     process: ``(cfg, None)``."""
     import dataclasses
 
-    if not _group():
+    if not in_process_group():
         return cfg, None
     import torch.distributed as dist
 
@@ -96,11 +93,9 @@ def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
 
 def describe_distribution(training: Any) -> dict[str, Any]:
     """``world_size``, ``distributed_type`` (accelerate's) and ``backend`` of the run, for the summary."""
-    state = getattr(training, "distributed_state", None)
-    kind = getattr(state, "distributed_type", None)
-    return {"world_size": int(training.world_size),
-            "distributed_type": getattr(kind, "value", None) or (str(kind) if kind is not None else "NO"),
-            "backend": getattr(state, "backend", None)}
+    world_size = int(training.world_size)  # (sets up training.distributed_state)
+    state = training.distributed_state
+    return {"world_size": world_size, "distributed_type": state.distributed_type.value, "backend": state.backend}
 
 
 def check_process_group(training: Any) -> None:
@@ -124,7 +119,7 @@ def finish(code: int, error: BaseException | None = None) -> int:
     """The exit code of a run that returned ``code`` (``error``: what stopped it; raised without a process group).
     With one, a finished run meets the others at a barrier and destroys the group; a failed rank leaves without a
     collective: its sockets close when it exits, so every other rank's pending collective fails too."""
-    if not _group():
+    if not in_process_group():
         if error is not None:
             raise error
         return code

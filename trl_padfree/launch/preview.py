@@ -4,10 +4,11 @@ over the training set; no model is loaded and nothing is written."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 __all__ = ["main", "marked_text", "token_marker"]
 
@@ -17,33 +18,22 @@ _GREEN, _DIM, _RESET = "\033[1;32m", "\033[2m", "\033[0m"
 _USAGE = "usage: trl-padfree preview --config configs/NAME.yaml [-n 3] [--task TASK] [--field value ...]"
 
 
-def _spans(labels: Sequence[int]) -> list[tuple[int, int, bool]]:
-    """Runs of consecutive tokens that are all trained or all masked: ``(start, end, trained)``.
-
-    >>> _spans([-100, -100, 5, 6, -100, 7])
-    [(0, 2, False), (2, 4, True), (4, 5, False), (5, 6, True)]
-    """
-    runs: list[tuple[int, int, bool]] = []
-    for i, label in enumerate(labels):
-        trained = label != IGNORE_INDEX
-        if runs and runs[-1][2] == trained:
-            runs[-1] = (runs[-1][0], i + 1, trained)
-        else:
-            runs.append((i, i + 1, trained))
-    return runs
-
-
 def marked_text(data: bytes, starts: Sequence[int], labels: Sequence[int], color: bool = False) -> str:
-    """The text of one example (its bytes, token ``i`` at ``data[starts[i]:starts[i+1]]``), trained runs marked.
+    """The text of one example (its bytes, token ``i`` at ``data[starts[i]:starts[i+1]]``), each run of trained
+    tokens marked (``color``: trained in green, the rest dim).
 
     >>> marked_text(b"Q: hi A: yes<eos>", [0, 2, 5, 8, 12, 17], [-100, -100, -100, 7, 8])
     'Q: hi A:[[ yes<eos>]]'
+    >>> marked_text(b"Q: hi A: yes", [0, 2, 5, 8, 12], [-100, -100, -100, 7], color=True)
+    '\\x1b[2mQ: hi A:\\x1b[0m\\x1b[1;32m yes\\x1b[0m'
     """
-    out = []
-    for start, end, trained in _spans(labels):
+    out, start = [], 0
+    for trained, run in itertools.groupby(labels, key=lambda label: label != IGNORE_INDEX):
+        end = start + len(list(run))
         text = data[starts[start] : starts[end]].decode("utf-8", errors="replace")
+        start = end
         if color:
-            out.append(f"{_GREEN}{text}{_RESET}" if trained else f"{_DIM}{text}{_RESET}")
+            out.append(f"{_GREEN if trained else _DIM}{text}{_RESET}")
         else:
             out.append(f"{OPEN}{text}{CLOSE}" if trained else text)
     return "".join(out)
@@ -75,14 +65,13 @@ def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
     from .config import ConfigError
     from .tasks import task_names
 
-    class Parser(argparse.ArgumentParser):
-        def error(self, message: str) -> NoReturn:
-            raise ConfigError(message)
-
-    parser = Parser(add_help=False, allow_abbrev=False)
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     parser.add_argument("-n", "--num_examples", "--num-examples", default="3")
     parser.add_argument("--task")
-    options, rest = parser.parse_known_args(list(argv))
+    try:
+        options, rest = parser.parse_known_args(list(argv))
+    except argparse.ArgumentError as exc:
+        raise ConfigError(str(exc)) from None
     try:
         n = int(options.num_examples)
     except ValueError:

@@ -16,7 +16,7 @@ from .config import ConfigError
 
 __all__ = ["CHECKPOINT_MARKER", "RUN_FILE", "ResumeChoice", "checkpoint_problem", "choose_resume",
            "last_complete_checkpoint", "list_checkpoints", "new_run_id", "read_json", "read_run",
-           "resolve_auto_resume", "run_contents", "write_json"]
+           "resolve_auto_resume", "run_contents", "write_json", "write_run"]
 
 
 RUN_FILE = "trl_padfree_run.json"
@@ -62,6 +62,10 @@ def write_json(path: str, data: dict[str, Any]) -> None:
 
 def read_run(output_dir: str) -> dict[str, Any] | None:
     return read_json(os.path.join(output_dir, RUN_FILE))
+
+
+def write_run(output_dir: str, **fields: Any) -> None:
+    write_json(os.path.join(output_dir, RUN_FILE), {**(read_run(output_dir) or {}), **fields})
 
 
 def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:

@@ -11,7 +11,7 @@ from unittest import mock
 from trl_padfree.dpo import DPOTrainer
 
 from ..config import ConfigError
-from ..trainer_setup import make_launch_trainer
+from ..run import make_launch_trainer
 from .base import Records, first_last
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked
 from .shared import PreferenceTask

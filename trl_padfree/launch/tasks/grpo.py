@@ -14,7 +14,7 @@ from typing import Any
 from trl_padfree.rl_trainer import GRPOTrainer
 
 from ..config import ConfigError, RewardFunctionArguments, with_fields
-from ..trainer_setup import make_launch_trainer
+from ..run import make_launch_trainer
 from .base import Records
 from .shared import PromptOnceTask
 

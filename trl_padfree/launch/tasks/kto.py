@@ -11,7 +11,7 @@ import trl
 from trl_padfree.kto import KTOTrainer
 
 from ..config import ConfigError
-from ..trainer_setup import make_launch_trainer
+from ..run import make_launch_trainer
 from .base import Records, first_last, say_data
 from .preference_data import check_kinds, check_preference_records, dropped_by_trainer, load_checked
 from .shared import PreferenceTask

@@ -13,7 +13,7 @@ from trl_padfree.reward import RewardTrainer
 
 from ..config import ConfigError, with_fields
 from ..console import say
-from ..trainer_setup import make_launch_trainer
+from ..run import make_launch_trainer
 from .base import Records
 from .preference_data import check_preference_records, load_checked, split_source
 from .shared import PromptOnceTask

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..config import ConfigError, SFTArguments, with_fields
 from ..console import say
-from ..trainer_setup import make_launch_trainer
+from ..run import make_launch_trainer
 from .base import Task
 from .sft_trainer import PadfreeSFTTrainer
 
