@@ -36,7 +36,7 @@ def check_kto_records(dataset: Any, source: str) -> None:
         if not isinstance(label, bool):
             raise ConfigError(f"{source} record {index} (counting from 0): 'label' must be true (desirable) or false "
                               f"(undesirable), got {label!r}; fix the record")
-    check_kinds(dataset, source, ["prompt", "completion"], ("completion",))
+    check_kinds(dataset.select_columns(["prompt", "completion"]), source, ["prompt", "completion"], ("completion",))
 
 
 def load_kto_data(cfg: Any, tokenizer: Any) -> Records:

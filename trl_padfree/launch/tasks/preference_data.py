@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..config import ConfigError
@@ -57,21 +58,29 @@ def check_preference_records(dataset: Any, source: str) -> None:
             f"{source}: preference records need 'chosen' and 'rejected' (and usually 'prompt'); missing "
             f"{', '.join(repr(m) for m in missing)} (columns: {', '.join(columns)})"
         )
-    check_kinds(dataset, source, [c for c in FIELDS if c in columns], ("chosen", "rejected"))
+    fields = [c for c in FIELDS if c in columns]
+    check_kinds(dataset.select_columns(fields), source, fields, ("chosen", "rejected"))
 
 
-def check_kinds(dataset: Any, source: str, fields: list[str], required: tuple[str, ...]) -> None:
-    """Every record's ``fields`` a string or a list of chat messages, all of one kind, the ``required`` ones not
-    empty; a bad record is a :class:`ConfigError` naming it and the fix."""
+def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], required: Sequence[str] = ()) -> None:
+    """Every record's ``fields`` (those it has) a string or a list of chat messages, all of one kind, the
+    ``required`` ones not empty; a bad record is a :class:`ConfigError` naming it and the fix.
+
+    >>> check_kinds([{"prompt": "a", "chosen": " b"}, {"prompt": "c", "chosen": 47}], "train_file", FIELDS)
+    Traceback (most recent call last):
+    ...
+    trl_padfree.launch.config.ConfigError: train_file record 1 (counting from 0): 'chosen' must be a string or a list of chat messages ({'role', 'content'}), got a number; fix the record
+    """
     first: tuple[int, str] | None = None
-    for index, record in enumerate(dataset.select_columns(fields)):
+    for index, record in enumerate(records):
         where, kinds = f"{source} record {index} (counting from 0)", set()
-        for name in fields:
+        present = [name for name in fields if isinstance(record, dict) and name in record]
+        for name in present:
             value = record[name]
             kind = value_kind(value)
             if kind is None:
                 raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
-                                  f"'content'}}), got {type(value).__name__}; fix the record")
+                                  f"'content'}}), got {_json_type(value)}; fix the record")
             if first is None:
                 first = (index, kind)
             elif kind != first[1] and first[0] != index:
@@ -80,7 +89,7 @@ def check_kinds(dataset: Any, source: str, fields: list[str], required: tuple[st
             if not value and name in required:
                 raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
         if len(kinds) > 1:
-            raise ConfigError(f"{where}: mixes text and chat messages across {', '.join(fields)}; use one kind")
+            raise ConfigError(f"{where}: mixes text and chat messages across {', '.join(present)}; use one kind")
 
 
 def _json_type(value: Any) -> str:
@@ -95,49 +104,29 @@ def _json_type(value: Any) -> str:
     return "a list of something else than messages"
 
 
-def _records(path: str) -> Any:
-    with open(path, encoding="utf-8") as handle:
-        if path.endswith(".jsonl"):
-            for line in handle:
-                if line.strip():
-                    yield json.loads(line)
-        else:
-            data = json.load(handle)
-            yield from (data if isinstance(data, list) else [])
-
-
 def check_one_kind_in_files(key: str, pattern: str) -> None:
-    """Refuse JSON / JSON Lines files whose records mix text and chat messages (or hold anything else) in
-    ``prompt`` / ``chosen`` / ``rejected``: read with the ``json`` module, before ``datasets`` coerces a mixed column
-    (the text ``" 47"`` as the number 47); unreadable files are left to the loader's own error."""
+    """:func:`check_kinds` on the records of JSON / JSON Lines files read with the ``json`` module, before
+    ``datasets`` coerces a mixed column (the text ``" 47"`` as the number 47); unreadable files are left to the
+    loader's own error."""
     paths = sorted(glob.glob(os.path.expanduser(pattern))) or [os.path.expanduser(pattern)]
-    first: tuple[int, str] | None = None
-    index = 0
-    for path in paths:
-        if not path.endswith((".jsonl", ".json")) or not os.path.isfile(path):
-            return
-        try:
-            for record in _records(path):
-                if isinstance(record, dict):
-                    for name in FIELDS:
-                        if name not in record:
-                            continue
-                        kind = value_kind(record[name])
-                        if kind is None:
-                            raise ConfigError(
-                                f"{key} record {index} (counting from 0): {name!r} must be a string or a list of "
-                                f"chat messages ({{'role', 'content'}}), got {_json_type(record[name])}; fix the "
-                                "record"
-                            )
-                        if first is None:
-                            first = (index, kind)
-                        elif kind != first[1]:
-                            raise mixed_kinds_error(key, index, name, kind, *first)
-                index += 1
-        except (ValueError, UnicodeDecodeError) as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            return  # not valid JSON: the loader says so in its own line
+    if not all(path.endswith((".jsonl", ".json")) and os.path.isfile(path) for path in paths):
+        return
+
+    def records() -> Iterator[Any]:
+        for path in paths:
+            with open(path, encoding="utf-8") as handle:
+                if path.endswith(".jsonl"):
+                    yield from (json.loads(line) for line in handle if line.strip())
+                else:
+                    data = json.load(handle)
+                    yield from (data if isinstance(data, list) else [])
+
+    try:
+        check_kinds(records(), key, (*FIELDS, "completion"))
+    except ConfigError:
+        raise
+    except (ValueError, UnicodeDecodeError):
+        return  # not valid JSON: the loader says so in its own line
 
 
 def check_chat_renders(dataset: Any, tokenizer: Any, source: str) -> None:
