@@ -90,9 +90,6 @@ class Task:
 
         return AutoModelForCausalLM
 
-    def model_kwargs(self, cfg: Any) -> dict[str, Any]:
-        return {}
-
     def trainer_kwargs(self, cfg: Any) -> dict[str, Any]:
         """``scored_lm_head`` where the task's config has it (the trainers with an LM head)."""
         if not hasattr(cfg.training, "scored_lm_head"):

@@ -58,17 +58,27 @@ def refuse_empty(source: str, loaded: int, kept: int, max_length: int | None) ->
 
 
 class SequenceClassifier:
-    """``AutoModelForSequenceClassification`` loaded as TRL's ``RewardTrainer`` loads a model by name: without the
-    warnings of a cross-architecture load (the causal LM's ``lm_head`` unused, ``score`` missing), saying instead
-    that the head is new."""
+    """``AutoModelForSequenceClassification`` with one output, the reward, loaded as TRL's ``RewardTrainer`` loads a
+    model by name: transformers' load report of a causal LM checkpoint (its ``lm_head`` unused, ``score`` missing)
+    replaced by a line saying that the head is new; other missing or unused weights are still named."""
 
     @staticmethod
     def from_pretrained(*args: Any, **kwargs: Any) -> Any:
-        from transformers import AutoModelForSequenceClassification
-        from trl.trainer.reward_trainer import suppress_seqcls_warning
+        import logging
 
-        with suppress_seqcls_warning():
-            model = AutoModelForSequenceClassification.from_pretrained(*args, **kwargs)
+        from transformers import AutoModelForSequenceClassification
+
+        report = logging.getLogger("transformers.modeling_utils")  # the logger of the load report
+        level = report.level
+        report.setLevel(logging.ERROR)
+        try:
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                *args, num_labels=1, output_loading_info=True, **kwargs)
+        finally:
+            report.setLevel(level)
+        odd = [k for k in (*info["missing_keys"], *info["unexpected_keys"]) if not k.startswith(("score.", "lm_head."))]
+        if odd:
+            say(f"warning: weights missing from or unused in the checkpoint: {', '.join(sorted(odd)[:8])}")
         source = [a for a in (getattr(model.config, "architectures", None) or []) if a != type(model).__name__]
         if source:
             say(f"reward model: {type(model).__name__} from a {source[0]} checkpoint, with a new score head "
@@ -158,9 +168,6 @@ class RewardTask(PromptOnceTask):
 
     def model_class(self) -> Any:
         return SequenceClassifier
-
-    def model_kwargs(self, cfg: Any) -> dict[str, Any]:
-        return {"num_labels": 1}  # one output: the reward (as TRL's RewardTrainer loads a model by name)
 
     unit, load_data = "pairs", staticmethod(load_pairs)
 
