@@ -15,6 +15,7 @@ from trl_padfree.grpo import GRPOTrainer
 
 from ..config import ConfigError, RewardFunctionArguments, with_fields
 from ..trainer_setup import make_launch_trainer
+from ..validate import Range
 from .base import Records
 from .shared import PromptOnceTask
 
@@ -193,10 +194,7 @@ class GRPOTask(PromptOnceTask):
 
     trainer_class: type = GRPOTrainer
 
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
+    ranges = {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
 
     def check(self, cfg: Any) -> None:
         names = cfg.launch.reward_funcs or []

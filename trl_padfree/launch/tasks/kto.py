@@ -12,6 +12,7 @@ from trl_padfree.kto import KTOTrainer
 
 from ..config import ConfigError
 from ..trainer_setup import make_launch_trainer
+from ..validate import Range
 from .base import Records, first_last, say_data
 from .preference_data import check_kinds, check_preference_records, dropped_by_trainer, load_checked
 from .shared import PreferenceTask
@@ -113,10 +114,7 @@ class KTOTask(PreferenceTask):
     command = "kto"
     trainer_name = "KTOTrainer"
 
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
+    ranges = {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
 
     def check(self, cfg: Any) -> None:
         from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least

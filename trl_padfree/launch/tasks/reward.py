@@ -14,6 +14,7 @@ from trl_padfree.reward import RewardTrainer
 from ..config import ConfigError, with_fields
 from ..console import say
 from ..trainer_setup import make_launch_trainer
+from ..validate import Range
 from .base import Records
 from .preference_data import check_preference_records, load_checked, split_source
 from .shared import PromptOnceTask
@@ -146,10 +147,7 @@ class RewardTask(PromptOnceTask):
     trainer_name = "RewardTrainer"
     probe_layout = "reward"
 
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
+    ranges = {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
 
     def check(self, cfg: Any) -> None:
         super().check(cfg)
