@@ -61,7 +61,7 @@ def test_every_pair_dropped_by_truncation_is_refused_before_anything_is_written(
     line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_length", "2", before_model=False)
     assert line == (
         "train_file: all 16 training pairs would be dropped: TRL drops one whose prompt alone has max_length=2 "
-        "tokens or more (no response token is left); raise max_length (or set max_length: null, no truncation)"
+        "tokens or more (no response token is left); raise max_length (or set max_length: null, no limit)"
     )
     long = [{**p, "prompt": p["prompt"] + " pad" * 60} for p in pairs[:4]]
     line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_length", "40", before_model=False,

@@ -170,27 +170,25 @@ def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None,
     return train, eval_ds, conversational
 
 
-def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", per_record: int = 1) -> dict[str, int]:
-    """How many records of each split TRL's trainer left out (a prompt of ``max_length`` tokens or more), read from
-    the built trainer; a split left empty is a :class:`ConfigError`. ``per_record``: KTO unpairs a pair into 2."""
+def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", per_record: int = 1,
+                       rule: str = "whose prompt alone has max_length={} tokens or more",
+                       why: str = "no response token is left") -> None:
+    """Say how many records of each split TRL's trainer (or ``trainer``: anything with ``train_dataset`` and
+    ``eval_dataset``) left out (``rule``: which, ``why``), into ``data.dropped``; a split left empty is a
+    :class:`ConfigError`. ``per_record``: KTO unpairs a pair into 2."""
     from ..console import say
 
-    dropped: dict[str, int] = {}
+    rule = rule.format(cfg.training.max_length)
     for split, before, after in (("train", data.train, trainer.train_dataset), ("eval", data.eval, trainer.eval_dataset)):
         if before is None or after is None or not hasattr(after, "__len__"):
             continue
         loaded = len(before) * per_record
-        dropped[split] = loaded - len(after)
-        noun = unit if per_record == 1 else "examples"
-        source = split_source(cfg, split)
-        what = "training" if split == "train" else "eval"
+        data.dropped[split] = loaded - len(after)
         if len(after) == 0:
             raise ConfigError(
-                f"{source}: all {len(before)} {what} {unit} would be dropped: TRL drops one whose prompt alone has "
-                f"max_length={cfg.training.max_length} tokens or more (no response token is left); raise max_length "
-                "(or set max_length: null, no truncation)")
-        if dropped[split]:
-            say(f"dropped {dropped[split]} of {loaded} {split} {noun} whose prompt alone has max_length="
-                f"{cfg.training.max_length} tokens or more (no response token is left; TRL drops them)")
-    data.dropped.update(dropped)
-    return dropped
+                f"{split_source(cfg, split)}: all {len(before)} {'training' if split == 'train' else 'eval'} {unit} "
+                f"would be dropped: TRL drops one {rule} ({why}); raise max_length (or set max_length: null, no "
+                "limit)")
+        if data.dropped[split]:
+            say(f"dropped {data.dropped[split]} of {loaded} {split} {unit if per_record == 1 else 'examples'} {rule} "
+                f"({why}; TRL drops them)")

@@ -16,7 +16,7 @@ from ..console import say
 from ..trainer_setup import make_launch_trainer
 from ..validate import Range
 from .base import Records
-from .preference_data import check_preference_records, load_checked, split_source
+from .preference_data import check_preference_records, dropped_by_trainer, load_checked
 from .shared import PromptOnceTask
 
 __all__ = ["TASK", "RewardTask", "reward_summary"]
@@ -42,20 +42,19 @@ def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> Records:
     text_format = ("conversational" if conversational else "prompt/chosen/rejected") + (
         ", with margins" if "margin" in train.column_names else "")
     data = Records(train, eval_ds, text_format)
-    for split in ("train", "eval") if tokenized else ():
-        if (dataset := getattr(data, split)) is not None:
-            setattr(data, split, trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer,
-                                                                    cfg.training, split))
-            refuse_empty(split_source(cfg, split), len(dataset), len(getattr(data, split)), cfg.training.max_length)
-    return data
+    if not tokenized:
+        return data
+
+    def prepared(dataset: Any, split: str) -> Any:
+        return None if dataset is None else trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, cfg.training, split)
+
+    trainer = SimpleNamespace(train_dataset=prepared(train, "train"), eval_dataset=prepared(eval_ds, "eval"))
+    dropped_by_trainer(cfg, trainer, data, rule=TOO_LONG, why=WHY)  # (as the trainer would)
+    return Records(trainer.train_dataset, trainer.eval_dataset, text_format)
 
 
-def refuse_empty(source: str, loaded: int, kept: int, max_length: int | None) -> None:
-    if loaded and not kept:
-        raise ConfigError(
-            f"{source}: all {loaded} pairs would be dropped: TRL's RewardTrainer drops a pair whose chosen or "
-            f"rejected sequence has more than max_length={max_length} tokens; raise max_length (or set max_length: "
-            "null, no filter)")
+#: which pairs TRL's RewardTrainer drops (dropped_by_trainer's rule), and why
+TOO_LONG, WHY = "whose chosen or rejected sequence has more than max_length={} tokens", "a reward is read at the end"
 
 
 class SequenceClassifier:
@@ -170,16 +169,7 @@ class RewardTask(PromptOnceTask):
     unit, load_data = "pairs", staticmethod(load_pairs)
 
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        for split, before, after in (("train", data.train, trainer.train_dataset),
-                                     ("eval", data.eval, trainer.eval_dataset)):
-            if before is None or after is None or not hasattr(after, "__len__"):
-                continue
-            loaded = len(before)
-            refuse_empty(split_source(cfg, split), loaded, len(after), cfg.training.max_length)
-            data.dropped[split] = loaded - len(after)
-            if data.dropped[split]:
-                say(f"dropped {data.dropped[split]} of {loaded} {split} pairs longer than "
-                    f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
+        dropped_by_trainer(cfg, trainer, data, rule=TOO_LONG, why=WHY)
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:
