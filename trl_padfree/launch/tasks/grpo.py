@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-import importlib
 import os
+import pkgutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -56,18 +56,12 @@ def resolve_reward(name: str) -> Callable[..., Any]:
             raise ConfigError(f"reward_funcs: {name!r} needs a package that is not installed ({exc}); install it "
                               "or choose another reward") from None
     if ":" in name or "." in name:
-        module_name, _, func_name = name.rpartition(":") if ":" in name else name.rpartition(".")
-        if not module_name or not func_name:
-            raise ConfigError(f"reward_funcs: {name!r} is not an import path; write 'module:function'")
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # as trl grpo: modules next to the config
         try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ConfigError(f"reward_funcs: cannot import {module_name!r} for {name!r}: {exc}") from None
-        func = getattr(module, func_name, None)
-        if func is None:
-            raise ConfigError(f"reward_funcs: module {module_name!r} has no {func_name!r} (from {name!r})")
+            func = pkgutil.resolve_name(name)  # 'module:function' or 'module.function'
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigError(f"reward_funcs: cannot import {name!r}: {exc}; write 'module:function'") from None
         if not callable(func):
             raise ConfigError(f"reward_funcs: {name!r} is a {type(func).__name__}, not a function")
         return func
