@@ -17,6 +17,7 @@ from ..config import ConfigError, RewardFunctionArguments, with_fields
 from ..trainer_setup import make_launch_trainer
 from ..validate import Range
 from .base import Records
+from .preference_data import check_kinds
 from .shared import PromptOnceTask
 
 __all__ = ["TASK", "TRL_REWARDS", "GRPOTask", "resolve_reward"]
@@ -75,22 +76,7 @@ def check_prompt_records(dataset: Any, source: str) -> None:
     if "prompt" not in columns:
         raise ConfigError(f"{source}: RL records need a 'prompt' (plus any columns the rewards read, e.g. "
                           f"'answer'); columns: {', '.join(columns)}")
-    from .preference_data import value_kind
-
-    first = None
-    for index, value in enumerate(dataset["prompt"]):
-        kind = value_kind(value)
-        if kind is None:
-            raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' must be a string or a list of "
-                              f"chat messages ({{'role', 'content'}}), got {type(value).__name__}; fix the record")
-        if not value:
-            raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' is empty; drop the record or "
-                              "fill it in")
-        if first is None:
-            first = kind
-        elif kind != first:
-            raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' is {kind} but the records "
-                              f"before it are {first}; use one kind")
+    check_kinds(dataset.select_columns(["prompt"]), source, ["prompt"], ["prompt"])
 
 
 def load_prompts(cfg: Any, tokenizer: Any) -> Records:

@@ -19,7 +19,6 @@ __all__ = [
     "check_kinds",
     "check_preference_records",
     "dropped_by_trainer",
-    "mixed_kinds_error",
     "value_kind",
 ]
 
@@ -38,14 +37,6 @@ def value_kind(value: Any) -> str | None:
     if isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
         return "messages"
     return None
-
-
-def mixed_kinds_error(source: str, index: int, name: str, kind: str, first_index: int, first_kind: str) -> ConfigError:
-    return ConfigError(
-        f"{source} record {index} (counting from 0): {name!r} is {_WORDS[kind]}, but in record {first_index} it is "
-        f"{_WORDS[first_kind]}: the data mixes plain-text and conversational pairs, which TRL tokenizes differently "
-        "(EOS only on text); use one kind: convert the records of one kind, or put them in separate files and runs"
-    )
 
 
 def check_preference_records(dataset: Any, source: str) -> None:
@@ -84,7 +75,11 @@ def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], requ
             if first is None:
                 first = (index, kind)
             elif kind != first[1] and first[0] != index:
-                raise mixed_kinds_error(source, index, name, kind, *first)
+                raise ConfigError(
+                    f"{where}: {name!r} is {_WORDS[kind]}, but in record {first[0]} it is {_WORDS[first[1]]}: the "
+                    "data mixes plain-text and conversational records, which TRL tokenizes differently (a chat "
+                    "template, EOS); use one kind: convert the records of one kind, or put them in separate files "
+                    "and runs")
             kinds.add(kind)
             if not value and name in required:
                 raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
