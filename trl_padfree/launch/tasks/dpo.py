@@ -13,7 +13,7 @@ from trl_padfree.dpo import DPOTrainer
 from ..config import ConfigError
 from ..trainer_setup import make_launch_trainer
 from .base import Records, first_last
-from .preference_data import check_preference_records, dropped_by_trainer, load_checked
+from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 from .shared import PreferenceTask
 
 __all__ = ["TASK", "DPOTask", "load_preference_data", "preference_summary", "preview_pairs"]
@@ -62,8 +62,6 @@ def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool =
     """``trl-padfree preview`` of a DPO config: ``n`` pairs tokenized by TRL's own ``DPOTrainer`` preparation and
     cut by the preference collator, the scored tokens of the chosen and of the rejected response marked, then the
     counts over the training set (and what ``prompt_once`` saves)."""
-    from types import SimpleNamespace
-
     import trl
 
     from trl_padfree.preference import truncate_pair
@@ -71,8 +69,7 @@ def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool =
     from ..preview import token_marker
 
     training = cfg.training
-    pairs = trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tokenizer), data.train, tokenizer, training,
-                                            "train")
+    pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training, "train", _tokenizer=tokenizer)
     mark = token_marker(tokenizer, color)
 
     def shown(prompt: list[int], response: list[int]) -> str:

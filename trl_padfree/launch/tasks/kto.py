@@ -14,7 +14,13 @@ from ..config import ConfigError
 from ..trainer_setup import make_launch_trainer
 from ..validate import Range
 from .base import Records, first_last, say_data
-from .preference_data import check_kinds, check_preference_records, dropped_by_trainer, load_checked
+from .preference_data import (
+    check_kinds,
+    check_preference_records,
+    dropped_by_trainer,
+    load_checked,
+    prepared_by_trl,
+)
 from .shared import PreferenceTask
 
 __all__ = ["TASK", "KTOTask", "kto_summary"]
@@ -77,17 +83,15 @@ def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
 def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
     """``preview``'s lines: the first ``n`` examples as TRL's ``KTOTrainer`` tokenizes them (pairs unpaired), the
     scored completion tokens marked, then the totals over the training set."""
-    from types import SimpleNamespace
-
     from trl_padfree.preference import truncate_pair
 
     from ..preview import token_marker
 
     training = cfg.training
-    trainer = SimpleNamespace(_tokenizer=tokenizer, _is_vision_dataset=False, _signature_columns=None, args=training,
-                              calculate_KL=False, desirable_weight=training.desirable_weight,
-                              undesirable_weight=training.undesirable_weight)  # what TRL's preparation reads
-    examples = trl.KTOTrainer._prepare_dataset(trainer, data.train, tokenizer, training, "train")
+    examples = prepared_by_trl(trl.KTOTrainer, data.train, tokenizer, training, "train", _tokenizer=tokenizer,
+                               _is_vision_dataset=False, _signature_columns=None, args=training, calculate_KL=False,
+                               desirable_weight=training.desirable_weight,
+                               undesirable_weight=training.undesirable_weight)
     mark = token_marker(tokenizer, color)
     lines = [f"{len(examples)} training examples (format: {data.text_format}); each scored on its completion, and a "
              "KL sequence (its prompt with another example's completion) per example "

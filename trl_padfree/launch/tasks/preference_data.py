@@ -142,6 +142,17 @@ def check_chat_renders(dataset: Any, tokenizer: Any, source: str) -> None:
             raise record_error(source, file_index(dataset, position), "format", exc) from None
 
 
+def prepared_by_trl(trainer_class: Any, dataset: Any, tokenizer: Any, training: Any, split: str, **reads: Any) -> Any:
+    """``dataset`` as TRL's ``trainer_class`` tokenizes and filters it when it is built, for ``preview``, which builds
+    no trainer (so, TRL's private ``_prepare_dataset`` with the attributes it ``reads`` of the trainer; a run reads
+    ``trainer.train_dataset`` instead)."""
+    from types import SimpleNamespace
+
+    if dataset is None:
+        return None
+    return trainer_class._prepare_dataset(SimpleNamespace(**reads), dataset, tokenizer, training, split)
+
+
 def split_source(cfg: Any, split: str) -> str:
     """How errors name a split: ``train_file`` / ``eval_file``, or ``the train data`` / ``the eval data``."""
     return f"{split}_file" if getattr(cfg.data, f"{split}_file", None) else f"the {split} data"
@@ -168,13 +179,14 @@ def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None,
 def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", per_record: int = 1,
                        rule: str = "whose prompt alone has max_length={} tokens or more",
                        why: str = "no response token is left") -> None:
-    """Say how many records of each split TRL's trainer (or ``trainer``: anything with ``train_dataset`` and
-    ``eval_dataset``) left out (``rule``: which, ``why``), into ``data.dropped``; a split left empty is a
+    """Say how many records of each split TRL's ``trainer`` left out (``rule``: which, ``why``; a ``(train, eval)``
+    pair for the datasets as the trainer would prepare them), into ``data.dropped``; a split left empty is a
     :class:`ConfigError`. ``per_record``: KTO unpairs a pair into 2."""
     from ..console import say
 
     rule = rule.format(cfg.training.max_length)
-    for split, before, after in (("train", data.train, trainer.train_dataset), ("eval", data.eval, trainer.eval_dataset)):
+    kept = trainer if isinstance(trainer, tuple) else (trainer.train_dataset, trainer.eval_dataset)
+    for split, before, after in zip(("train", "eval"), (data.train, data.eval), kept, strict=True):
         if before is None or after is None or not hasattr(after, "__len__"):
             continue
         loaded = len(before) * per_record

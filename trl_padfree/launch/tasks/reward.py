@@ -16,7 +16,7 @@ from ..console import say
 from ..trainer_setup import make_launch_trainer
 from ..validate import Range
 from .base import Records
-from .preference_data import check_preference_records, dropped_by_trainer, load_checked
+from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 from .shared import PromptOnceTask
 
 __all__ = ["TASK", "RewardTask", "reward_summary"]
@@ -36,8 +36,6 @@ def check_reward_records(dataset: Any, source: str) -> None:
 def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> Records:
     """The training and eval pairs, checked; for ``preview`` (``tokenized``) as TRL's ``RewardTrainer`` prepares
     them (it drops pairs longer than ``max_length``). A run's trainer prepares them itself."""
-    from types import SimpleNamespace
-
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_reward_records)
     text_format = ("conversational" if conversational else "prompt/chosen/rejected") + (
         ", with margins" if "margin" in train.column_names else "")
@@ -45,12 +43,10 @@ def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> Records:
     if not tokenized:
         return data
 
-    def prepared(dataset: Any, split: str) -> Any:
-        return None if dataset is None else trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer, cfg.training, split)
-
-    trainer = SimpleNamespace(train_dataset=prepared(train, "train"), eval_dataset=prepared(eval_ds, "eval"))
-    dropped_by_trainer(cfg, trainer, data, rule=TOO_LONG, why=WHY)  # (as the trainer would)
-    return Records(trainer.train_dataset, trainer.eval_dataset, text_format)
+    prepared = Records(*(prepared_by_trl(trl.RewardTrainer, dataset, tokenizer, cfg.training, split)
+                         for split, dataset in (("train", train), ("eval", eval_ds))), text_format)
+    dropped_by_trainer(cfg, (prepared.train, prepared.eval), data, rule=TOO_LONG, why=WHY)  # (as the trainer would)
+    return prepared
 
 
 #: which pairs TRL's RewardTrainer drops (dropped_by_trainer's rule), and why
