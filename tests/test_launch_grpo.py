@@ -158,7 +158,6 @@ def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
     from trl_padfree.launch.tasks.sft import SFTTask
 
     monkeypatch.setattr(tasks, "REGISTRY", dict(tasks.REGISTRY))  # the toy task is gone after the test
-    monkeypatch.setattr(tasks, "_LOADED", dict(tasks._LOADED))
 
     class ToyTask(SFTTask):  # SFT's parts, its own name, command, summary line
         name, command = "toy", "toy"
