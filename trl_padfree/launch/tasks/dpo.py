@@ -57,8 +57,7 @@ def _check_preference_losses(training: Any) -> None:
                           f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
 
 
-def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False
-                  ) -> list[str]:
+def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
     """``trl-padfree preview`` of a DPO config: ``n`` pairs tokenized by TRL's own ``DPOTrainer`` preparation and
     cut by the preference collator, the scored tokens of the chosen and of the rejected response marked, then the
     counts over the training set (and what ``prompt_once`` saves)."""
@@ -111,8 +110,7 @@ class DPOTask(PreferenceTask):
         if cfg.training.padding_free:
             from trl_padfree._compat import dpo_padding_free_unavailable
 
-            problem = dpo_padding_free_unavailable()
-            if problem is not None:
+            if (problem := dpo_padding_free_unavailable()) is not None:
                 raise ConfigError(problem)
         _check_preference_losses(cfg.training)
         super().check(cfg)
@@ -131,7 +129,7 @@ class DPOTask(PreferenceTask):
     summary_lines = staticmethod(preference_summary)
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return list(preview_pairs(cfg, tokenizer, load_preference_data(cfg, tokenizer), n, color))
+        return preview_pairs(cfg, tokenizer, load_preference_data(cfg, tokenizer), n, color)
 
 
 TASK = DPOTask()

@@ -27,15 +27,6 @@ __all__ = ["TASK", "TRL_REWARDS", "GRPOTask", "resolve_reward"]
 TRL_REWARDS = ("accuracy_reward", "get_soft_overlong_punishment", "reasoning_accuracy_reward", "think_format_reward")
 
 
-def trl_reward(name: str) -> Callable[..., Any]:
-    import trl.rewards
-
-    reward = getattr(trl.rewards, name)
-    if name == "get_soft_overlong_punishment":
-        return reward(max_completion_len=1280, soft_punish_cache=256)  # trl grpo's values
-    return reward
-
-
 def resolve_reward(name: str) -> Callable[..., Any]:
     """The reward function called ``name`` (see ``reward_funcs``); a bad name is a :class:`ConfigError`.
 
@@ -52,10 +43,15 @@ def resolve_reward(name: str) -> Callable[..., Any]:
         return REWARDS[name]
     if name in TRL_REWARDS:
         try:
-            return trl_reward(name)
+            import trl.rewards
+
+            reward = getattr(trl.rewards, name)
         except ImportError as exc:
             raise ConfigError(f"reward_funcs: {name!r} needs a package that is not installed ({exc}); install it "
                               "or choose another reward") from None
+        if name == "get_soft_overlong_punishment":
+            return reward(max_completion_len=1280, soft_punish_cache=256)  # trl grpo's values
+        return reward
     if ":" in name or "." in name:
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # as trl grpo: modules next to the config
