@@ -63,10 +63,10 @@ def test_null_on_the_command_line_unsets_the_templates(tmp_path, in_root, word):
 
 @pytest.mark.parametrize("pad_to_multiple_of", [None, 16])
 def test_token_counts_of_a_flattened_batch_come_from_its_shape_and_max_length(pad_to_multiple_of, demo_tokenizer):
-    """PadfreeSFTTrainer counts a flattened batch's tokens without reading cu_seq_lens_q (a device sync every step):
+    """The launch's SFT trainer counts a flattened batch's tokens without reading cu_seq_lens_q (a device sync every step):
     the same counts as from the boundaries themselves, padding segment included."""
     from trl_padfree import DataCollatorForCompletionOnlyLM
-    from trl_padfree.launch.tasks.sft_trainer import batch_token_counts
+    from trl_padfree.throughput import batch_token_counts
 
     collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=demo_tokenizer, padding_free=True,
                                                pad_to_multiple_of=pad_to_multiple_of)

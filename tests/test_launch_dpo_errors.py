@@ -61,7 +61,7 @@ def test_every_pair_dropped_by_truncation_is_refused_before_anything_is_written(
     line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_length", "2", before_model=False)
     assert line == (
         "train_file: all 16 training pairs would be dropped: TRL drops one whose prompt alone has max_length=2 "
-        "tokens or more (no response token is left); raise max_length (or set max_length: null, no truncation)"
+        "tokens or more (no response token is left); raise max_length (or set max_length: null, no limit)"
     )
     long = [{**p, "prompt": p["prompt"] + " pad" * 60} for p in pairs[:4]]
     line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_length", "40", before_model=False,
@@ -123,11 +123,11 @@ def test_chat_template_path_replaces_the_template_in_a_dpo_run(tmp_path, pairs):
 def test_plain_and_conversational_records_mixed_are_refused_naming_the_mix(tmp_path, pairs):
     line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs[:8] + [chat(p) for p in pairs[8:]]))
     assert line.startswith("train_file record 8 (counting from 0): 'prompt' is chat messages (conversational), but "
-                           "in record 0 it is plain text: the data mixes plain-text and conversational pairs")
+                           "in record 0 it is plain text: the data mixes plain-text and conversational records")
     assert line.endswith("use one kind: convert the records of one kind, or put them in separate files and runs")
     line = refused(tmp_path, write(tmp_path / "t.jsonl", [chat(p) for p in pairs[:3]] + pairs[3:]))
     assert line.startswith("train_file record 3 (counting from 0): 'prompt' is plain text, but in record 0 it is "
-                           "chat messages (conversational): the data mixes plain-text and conversational pairs")
+                           "chat messages (conversational): the data mixes plain-text and conversational records")
 
 
 def test_a_mix_inside_one_record_is_refused_and_one_kind_per_split_trains(tmp_path, pairs):

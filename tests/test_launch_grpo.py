@@ -99,9 +99,9 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prom
         (("--num_generation", "4"), "unknown option '--num_generation' on the command line; did you mean "
                                     "'num_generations'?"),
         (("--reward_funcs", "no_such_reward"), "reward_funcs: 'no_such_reward' is not a known reward"),
-        (("--reward_funcs", "no_such_module:score"), "reward_funcs: cannot import 'no_such_module'"),
-        (("--reward_funcs", "trl_padfree.rewards:nothing"), "reward_funcs: module 'trl_padfree.rewards' has no "
-                                                             "'nothing'"),
+        (("--reward_funcs", "no_such_module:score"), "reward_funcs: cannot import 'no_such_module:score': No "
+                                                     "module named 'no_such_module'"),
+        (("--reward_funcs", "trl_padfree.rewards:nothing"), "module 'trl_padfree.rewards' has no attribute 'nothing'"),
         (("--reward_funcs", "trl_padfree.rewards:REWARDS"), "is a dict, not a function"),
         (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
         (("--padding_free", "false"), "GRPOConfig(prompt_once=True) needs padding_free=True"),
@@ -158,7 +158,6 @@ def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
     from trl_padfree.launch.tasks.sft import SFTTask
 
     monkeypatch.setattr(tasks, "REGISTRY", dict(tasks.REGISTRY))  # the toy task is gone after the test
-    monkeypatch.setattr(tasks, "_LOADED", dict(tasks._LOADED))
 
     class ToyTask(SFTTask):  # SFT's parts, its own name, command, summary line
         name, command = "toy", "toy"

@@ -79,8 +79,8 @@ class ScoreHeadSeen(TrainerCallback):
         (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
         (("--padding_free", "false"), "RewardConfig(prompt_once=True) needs padding_free=True"),
         (("--center_rewards_coefficient", "-1"), "center_rewards_coefficient must be at least 0"),
-        (("--max_length", "4"), "train_file: all 32 pairs would be dropped: TRL's RewardTrainer drops a pair whose "
-                                "chosen or rejected sequence has more than max_length=4 tokens"),
+        (("--max_length", "4"), "train_file: all 32 training pairs would be dropped: TRL drops one whose chosen or "
+                                "rejected sequence has more than max_length=4 tokens (a reward is read at the end)"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
@@ -128,7 +128,9 @@ def test_preview_shows_the_pair_layout(demo_tokenizer):
     code, stdout, stderr = run_preview(["--config", str(CONFIG), "--model_name_or_path", str(DEMO_MODEL), "-n", "1",
                                         "--max_train_examples", "4"])
     assert code == 0, stderr
-    lines = stdout.splitlines()
+    dropped, *lines = stdout.splitlines()  # (the eval file's one pair over max_length, as the trainer would drop it)
+    assert dropped == ("[trl-padfree] dropped 1 of 100 eval pairs whose chosen or rejected sequence has more than "
+                       "max_length=512 tokens (a reward is read at the end; TRL drops them)")
     tok = demo_tokenizer
     (first,) = demo_records("pref_train.jsonl", 1)
     chosen = tok(first["prompt"] + first["chosen"] + tok.eos_token)["input_ids"]

@@ -99,9 +99,7 @@ def _load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
         # k-bit weights are placed at load time, one full copy per process (TRL's own scripts do the same)
         kwargs.update(quantization_config=quantization, device_map={"": PartialState().local_process_index})
     kwargs.update(cfg.model_init_kwargs or {})  # validated: no key of the launcher's own fields
-    task = get_task(cfg.task)  # the auto class and its own arguments (a reward model: a sequence classifier)
-    auto_class = task.model_class()
-    kwargs.update(task.model_kwargs(cfg))
+    auto_class = get_task(cfg.task).model_class()  # (a reward model: a sequence classifier with one output)
 
     def load(attn_implementation: str | None) -> Any:
         attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}

@@ -58,7 +58,7 @@ _SEED, _STEPS = 2**32 - 1, "a number of steps, or a fraction of the run below 1"
 #: allows it): torch's optimizer and DataLoader refuse some at the first step with a traceback, others would run
 #: wrong (save_total_limit 0 keeps no checkpoint). Fields that transformers', TRL's or this package's config classes
 #: (``torch_empty_cache_steps``, ``torch_num_threads``, ``max_tokens_per_batch``) or peft's ``LoraConfig``
-#: (``lora_*``) refuse themselves are not listed. A task adds its own (``Task.numeric_ranges``).
+#: (``lora_*``) refuse themselves are not listed. A task adds its own (``Task.ranges``).
 NUMERIC_RANGES: dict[str, Range] = {
     **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                      "ddp_timeout", "max_train_examples", "max_eval_examples", "template_check_examples",
@@ -94,7 +94,7 @@ def _check_numbers(cfg: LaunchConfig) -> None:
     """The fields of :data:`NUMERIC_RANGES` and the task's own ranges; ``max_steps`` / ``num_train_epochs``."""
     from .tasks import get_task
 
-    for name, legal in {**NUMERIC_RANGES, **get_task(cfg.task).numeric_ranges()}.items():
+    for name, legal in {**NUMERIC_RANGES, **get_task(cfg.task).ranges}.items():
         value = next((getattr(p, name) for p in (cfg.training, cfg.model, cfg.launch) if hasattr(p, name)), None)
         strategy = getattr(cfg.training, _INTERVAL_STRATEGY.get(name, ""), "steps")
         if (isinstance(value, (int, float)) and not isinstance(value, bool) and not legal.admits(value)

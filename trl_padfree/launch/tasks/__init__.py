@@ -19,8 +19,8 @@ from .base import Task
 
 __all__ = ["REGISTRY", "Task", "get_task", "register", "task_names"]
 
-#: Task name -> the module that holds its ``TASK`` (imported on first use: the CLI's help stays fast).
-REGISTRY: dict[str, str] = {
+#: Task name -> the module that holds its ``TASK`` (imported on first use: the CLI's help stays fast), then the task.
+REGISTRY: dict[str, str | Task] = {
     "sft": "trl_padfree.launch.tasks.sft",
     "dpo": "trl_padfree.launch.tasks.dpo",
     "grpo": "trl_padfree.launch.tasks.grpo",
@@ -29,15 +29,12 @@ REGISTRY: dict[str, str] = {
     "kto": "trl_padfree.launch.tasks.kto",
 }
 
-_LOADED: dict[str, Task] = {}
-
 
 def register(task: Task) -> Task:
     """Add (or replace) ``task`` under ``task.name``; returns it."""
     if not isinstance(task, Task):
         raise TypeError(f"register() takes a launch Task, got {type(task).__name__}")
-    _LOADED[task.name] = task
-    REGISTRY.setdefault(task.name, type(task).__module__)
+    REGISTRY[task.name] = task
     return task
 
 
@@ -45,11 +42,12 @@ def get_task(name: str | Task) -> Task:
     """The task called ``name`` (a :class:`Task` is returned as it is)."""
     if isinstance(name, Task):
         return name
-    if name not in _LOADED:
-        if name not in REGISTRY:
-            raise ValueError(f"unknown launch task {name!r}; known: {', '.join(sorted(REGISTRY))}")
-        _LOADED[name] = importlib.import_module(REGISTRY[name]).TASK
-    return _LOADED[name]
+    if name not in REGISTRY:
+        raise ValueError(f"unknown launch task {name!r}; known: {', '.join(sorted(REGISTRY))}")
+    task = REGISTRY[name]
+    if isinstance(task, str):
+        task = REGISTRY[name] = importlib.import_module(task).TASK
+    return task
 
 
 def task_names() -> list[str]:

@@ -55,9 +55,7 @@ class Task:
     def prog(self) -> str:
         return f"trl-padfree {self.command}"
 
-    def numeric_ranges(self) -> dict[str, Any]:
-        """Legal ranges (``validate.Range``) of this task's fields beyond ``validate.NUMERIC_RANGES``."""
-        return {}
+    ranges: dict[str, Any] = {}  # legal ranges (validate.Range) of the task's fields beyond validate.NUMERIC_RANGES
 
     def check(self, cfg: Any) -> None:
         """The task's own checks (raise ``ConfigError``), before the model and output_dir checks; change nothing."""
@@ -90,9 +88,6 @@ class Task:
 
         return AutoModelForCausalLM
 
-    def model_kwargs(self, cfg: Any) -> dict[str, Any]:
-        return {}
-
     def trainer_kwargs(self, cfg: Any) -> dict[str, Any]:
         """``scored_lm_head`` where the task's config has it (the trainers with an LM head)."""
         if not hasattr(cfg.training, "scored_lm_head"):
@@ -111,8 +106,8 @@ class Task:
         raise NotImplementedError
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        """The task's own settings in ``launch_summary.json``."""
-        return {}
+        """The task's own settings in ``launch_summary.json`` (those of the run line)."""
+        return self.describe(cfg)
 
     def summary_lines(self, lines: list[str], history: list[dict[str, Any]]) -> list[str]:
         """The summary's lines for this task (given the shared ones and the log history)."""

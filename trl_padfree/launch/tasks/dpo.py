@@ -13,7 +13,7 @@ from trl_padfree.dpo import DPOTrainer
 from ..config import ConfigError
 from ..run import make_launch_trainer
 from .base import Records, first_last
-from .preference_data import check_preference_records, dropped_by_trainer, load_checked
+from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 from .shared import PreferenceTask
 
 __all__ = ["TASK", "DPOTask", "load_preference_data", "preference_summary", "preview_pairs"]
@@ -57,13 +57,10 @@ def _check_preference_losses(training: Any) -> None:
                           f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
 
 
-def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False
-                  ) -> list[str]:
+def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
     """``trl-padfree preview`` of a DPO config: ``n`` pairs tokenized by TRL's own ``DPOTrainer`` preparation and
     cut by the preference collator, the scored tokens of the chosen and of the rejected response marked, then the
     counts over the training set (and what ``prompt_once`` saves)."""
-    from types import SimpleNamespace
-
     import trl
 
     from trl_padfree.preference import truncate_pair
@@ -71,8 +68,7 @@ def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool =
     from ..preview import token_marker
 
     training = cfg.training
-    pairs = trl.DPOTrainer._prepare_dataset(SimpleNamespace(_tokenizer=tokenizer), data.train, tokenizer, training,
-                                            "train")
+    pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training, "train", _tokenizer=tokenizer)
     mark = token_marker(tokenizer, color)
 
     def shown(prompt: list[int], response: list[int]) -> str:
@@ -114,8 +110,7 @@ class DPOTask(PreferenceTask):
         if cfg.training.padding_free:
             from trl_padfree._compat import dpo_padding_free_unavailable
 
-            problem = dpo_padding_free_unavailable()
-            if problem is not None:
+            if (problem := dpo_padding_free_unavailable()) is not None:
                 raise ConfigError(problem)
         _check_preference_losses(cfg.training)
         super().check(cfg)
@@ -134,7 +129,7 @@ class DPOTask(PreferenceTask):
     summary_lines = staticmethod(preference_summary)
 
     def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return list(preview_pairs(cfg, tokenizer, load_preference_data(cfg, tokenizer), n, color))
+        return preview_pairs(cfg, tokenizer, load_preference_data(cfg, tokenizer), n, color)
 
 
 TASK = DPOTask()

@@ -4,8 +4,8 @@
 
 from __future__ import annotations
 
-import importlib
 import os
+import pkgutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -15,7 +15,9 @@ from trl_padfree.rl_trainer import GRPOTrainer
 
 from ..config import ConfigError, RewardFunctionArguments, with_fields
 from ..run import make_launch_trainer
+from ..validate import Range
 from .base import Records
+from .preference_data import check_kinds
 from .shared import PromptOnceTask
 
 __all__ = ["TASK", "TRL_REWARDS", "GRPOTask", "resolve_reward"]
@@ -23,15 +25,6 @@ __all__ = ["TASK", "TRL_REWARDS", "GRPOTask", "resolve_reward"]
 
 #: TRL's built-in rewards as ``trl grpo`` names them (imported on use: some need optional packages).
 TRL_REWARDS = ("accuracy_reward", "get_soft_overlong_punishment", "reasoning_accuracy_reward", "think_format_reward")
-
-
-def trl_reward(name: str) -> Callable[..., Any]:
-    import trl.rewards
-
-    reward = getattr(trl.rewards, name)
-    if name == "get_soft_overlong_punishment":
-        return reward(max_completion_len=1280, soft_punish_cache=256)  # trl grpo's values
-    return reward
 
 
 def resolve_reward(name: str) -> Callable[..., Any]:
@@ -50,23 +43,22 @@ def resolve_reward(name: str) -> Callable[..., Any]:
         return REWARDS[name]
     if name in TRL_REWARDS:
         try:
-            return trl_reward(name)
+            import trl.rewards
+
+            reward = getattr(trl.rewards, name)
         except ImportError as exc:
             raise ConfigError(f"reward_funcs: {name!r} needs a package that is not installed ({exc}); install it "
                               "or choose another reward") from None
+        if name == "get_soft_overlong_punishment":
+            return reward(max_completion_len=1280, soft_punish_cache=256)  # trl grpo's values
+        return reward
     if ":" in name or "." in name:
-        module_name, _, func_name = name.rpartition(":") if ":" in name else name.rpartition(".")
-        if not module_name or not func_name:
-            raise ConfigError(f"reward_funcs: {name!r} is not an import path; write 'module:function'")
         if os.getcwd() not in sys.path:
             sys.path.insert(0, os.getcwd())  # as trl grpo: modules next to the config
         try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ConfigError(f"reward_funcs: cannot import {module_name!r} for {name!r}: {exc}") from None
-        func = getattr(module, func_name, None)
-        if func is None:
-            raise ConfigError(f"reward_funcs: module {module_name!r} has no {func_name!r} (from {name!r})")
+            func = pkgutil.resolve_name(name)  # 'module:function' or 'module.function'
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigError(f"reward_funcs: cannot import {name!r}: {exc}; write 'module:function'") from None
         if not callable(func):
             raise ConfigError(f"reward_funcs: {name!r} is a {type(func).__name__}, not a function")
         return func
@@ -80,22 +72,7 @@ def check_prompt_records(dataset: Any, source: str) -> None:
     if "prompt" not in columns:
         raise ConfigError(f"{source}: RL records need a 'prompt' (plus any columns the rewards read, e.g. "
                           f"'answer'); columns: {', '.join(columns)}")
-    from .preference_data import value_kind
-
-    first = None
-    for index, value in enumerate(dataset["prompt"]):
-        kind = value_kind(value)
-        if kind is None:
-            raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' must be a string or a list of "
-                              f"chat messages ({{'role', 'content'}}), got {type(value).__name__}; fix the record")
-        if not value:
-            raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' is empty; drop the record or "
-                              "fill it in")
-        if first is None:
-            first = kind
-        elif kind != first:
-            raise ConfigError(f"{source} record {index} (counting from 0): 'prompt' is {kind} but the records "
-                              f"before it are {first}; use one kind")
+    check_kinds(dataset.select_columns(["prompt"]), source, ["prompt"], ["prompt"])
 
 
 def load_prompts(cfg: Any, tokenizer: Any) -> Records:
@@ -193,10 +170,7 @@ class GRPOTask(PromptOnceTask):
 
     trainer_class: type = GRPOTrainer
 
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
+    ranges = {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
 
     def check(self, cfg: Any) -> None:
         names = cfg.launch.reward_funcs or []

@@ -12,8 +12,15 @@ from trl_padfree.kto import KTOTrainer
 
 from ..config import ConfigError
 from ..run import make_launch_trainer
+from ..validate import Range
 from .base import Records, first_last, say_data
-from .preference_data import check_kinds, check_preference_records, dropped_by_trainer, load_checked
+from .preference_data import (
+    check_kinds,
+    check_preference_records,
+    dropped_by_trainer,
+    load_checked,
+    prepared_by_trl,
+)
 from .shared import PreferenceTask
 
 __all__ = ["TASK", "KTOTask", "kto_summary"]
@@ -36,7 +43,7 @@ def check_kto_records(dataset: Any, source: str) -> None:
         if not isinstance(label, bool):
             raise ConfigError(f"{source} record {index} (counting from 0): 'label' must be true (desirable) or false "
                               f"(undesirable), got {label!r}; fix the record")
-    check_kinds(dataset, source, ["prompt", "completion"], ("completion",))
+    check_kinds(dataset.select_columns(["prompt", "completion"]), source, ["prompt", "completion"], ("completion",))
 
 
 def load_kto_data(cfg: Any, tokenizer: Any) -> Records:
@@ -76,17 +83,15 @@ def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
 def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
     """``preview``'s lines: the first ``n`` examples as TRL's ``KTOTrainer`` tokenizes them (pairs unpaired), the
     scored completion tokens marked, then the totals over the training set."""
-    from types import SimpleNamespace
-
     from trl_padfree.preference import truncate_pair
 
     from ..preview import token_marker
 
     training = cfg.training
-    trainer = SimpleNamespace(_tokenizer=tokenizer, _is_vision_dataset=False, _signature_columns=None, args=training,
-                              calculate_KL=False, desirable_weight=training.desirable_weight,
-                              undesirable_weight=training.undesirable_weight)  # what TRL's preparation reads
-    examples = trl.KTOTrainer._prepare_dataset(trainer, data.train, tokenizer, training, "train")
+    examples = prepared_by_trl(trl.KTOTrainer, data.train, tokenizer, training, "train", _tokenizer=tokenizer,
+                               _is_vision_dataset=False, _signature_columns=None, args=training, calculate_KL=False,
+                               desirable_weight=training.desirable_weight,
+                               undesirable_weight=training.undesirable_weight)
     mark = token_marker(tokenizer, color)
     lines = [f"{len(examples)} training examples (format: {data.text_format}); each scored on its completion, and a "
              "KL sequence (its prompt with another example's completion) per example "
@@ -113,10 +118,7 @@ class KTOTask(PreferenceTask):
     command = "kto"
     trainer_name = "KTOTrainer"
 
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
+    ranges = {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
 
     def check(self, cfg: Any) -> None:
         from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least

@@ -6,6 +6,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from ..config import ConfigError
@@ -18,7 +19,6 @@ __all__ = [
     "check_kinds",
     "check_preference_records",
     "dropped_by_trainer",
-    "mixed_kinds_error",
     "value_kind",
 ]
 
@@ -39,14 +39,6 @@ def value_kind(value: Any) -> str | None:
     return None
 
 
-def mixed_kinds_error(source: str, index: int, name: str, kind: str, first_index: int, first_kind: str) -> ConfigError:
-    return ConfigError(
-        f"{source} record {index} (counting from 0): {name!r} is {_WORDS[kind]}, but in record {first_index} it is "
-        f"{_WORDS[first_kind]}: the data mixes plain-text and conversational pairs, which TRL tokenizes differently "
-        "(EOS only on text); use one kind: convert the records of one kind, or put them in separate files and runs"
-    )
-
-
 def check_preference_records(dataset: Any, source: str) -> None:
     """Every record has ``chosen`` and ``rejected`` (and usually ``prompt``), all of one kind: text, or lists of chat
     messages."""
@@ -57,30 +49,42 @@ def check_preference_records(dataset: Any, source: str) -> None:
             f"{source}: preference records need 'chosen' and 'rejected' (and usually 'prompt'); missing "
             f"{', '.join(repr(m) for m in missing)} (columns: {', '.join(columns)})"
         )
-    check_kinds(dataset, source, [c for c in FIELDS if c in columns], ("chosen", "rejected"))
+    fields = [c for c in FIELDS if c in columns]
+    check_kinds(dataset.select_columns(fields), source, fields, ("chosen", "rejected"))
 
 
-def check_kinds(dataset: Any, source: str, fields: list[str], required: tuple[str, ...]) -> None:
-    """Every record's ``fields`` a string or a list of chat messages, all of one kind, the ``required`` ones not
-    empty; a bad record is a :class:`ConfigError` naming it and the fix."""
+def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], required: Sequence[str] = ()) -> None:
+    """Every record's ``fields`` (those it has) a string or a list of chat messages, all of one kind, the
+    ``required`` ones not empty; a bad record is a :class:`ConfigError` naming it and the fix.
+
+    >>> check_kinds([{"prompt": "a", "chosen": " b"}, {"prompt": "c", "chosen": 47}], "train_file", FIELDS)
+    Traceback (most recent call last):
+    ...
+    trl_padfree.launch.config.ConfigError: train_file record 1 (counting from 0): 'chosen' must be a string or a list of chat messages ({'role', 'content'}), got a number; fix the record
+    """
     first: tuple[int, str] | None = None
-    for index, record in enumerate(dataset.select_columns(fields)):
+    for index, record in enumerate(records):
         where, kinds = f"{source} record {index} (counting from 0)", set()
-        for name in fields:
+        present = [name for name in fields if isinstance(record, dict) and name in record]
+        for name in present:
             value = record[name]
             kind = value_kind(value)
             if kind is None:
                 raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
-                                  f"'content'}}), got {type(value).__name__}; fix the record")
+                                  f"'content'}}), got {_json_type(value)}; fix the record")
             if first is None:
                 first = (index, kind)
             elif kind != first[1] and first[0] != index:
-                raise mixed_kinds_error(source, index, name, kind, *first)
+                raise ConfigError(
+                    f"{where}: {name!r} is {_WORDS[kind]}, but in record {first[0]} it is {_WORDS[first[1]]}: the "
+                    "data mixes plain-text and conversational records, which TRL tokenizes differently (a chat "
+                    "template, EOS); use one kind: convert the records of one kind, or put them in separate files "
+                    "and runs")
             kinds.add(kind)
             if not value and name in required:
                 raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
         if len(kinds) > 1:
-            raise ConfigError(f"{where}: mixes text and chat messages across {', '.join(fields)}; use one kind")
+            raise ConfigError(f"{where}: mixes text and chat messages across {', '.join(present)}; use one kind")
 
 
 def _json_type(value: Any) -> str:
@@ -95,49 +99,29 @@ def _json_type(value: Any) -> str:
     return "a list of something else than messages"
 
 
-def _records(path: str) -> Any:
-    with open(path, encoding="utf-8") as handle:
-        if path.endswith(".jsonl"):
-            for line in handle:
-                if line.strip():
-                    yield json.loads(line)
-        else:
-            data = json.load(handle)
-            yield from (data if isinstance(data, list) else [])
-
-
 def check_one_kind_in_files(key: str, pattern: str) -> None:
-    """Refuse JSON / JSON Lines files whose records mix text and chat messages (or hold anything else) in
-    ``prompt`` / ``chosen`` / ``rejected``: read with the ``json`` module, before ``datasets`` coerces a mixed column
-    (the text ``" 47"`` as the number 47); unreadable files are left to the loader's own error."""
+    """:func:`check_kinds` on the records of JSON / JSON Lines files read with the ``json`` module, before
+    ``datasets`` coerces a mixed column (the text ``" 47"`` as the number 47); unreadable files are left to the
+    loader's own error."""
     paths = sorted(glob.glob(os.path.expanduser(pattern))) or [os.path.expanduser(pattern)]
-    first: tuple[int, str] | None = None
-    index = 0
-    for path in paths:
-        if not path.endswith((".jsonl", ".json")) or not os.path.isfile(path):
-            return
-        try:
-            for record in _records(path):
-                if isinstance(record, dict):
-                    for name in FIELDS:
-                        if name not in record:
-                            continue
-                        kind = value_kind(record[name])
-                        if kind is None:
-                            raise ConfigError(
-                                f"{key} record {index} (counting from 0): {name!r} must be a string or a list of "
-                                f"chat messages ({{'role', 'content'}}), got {_json_type(record[name])}; fix the "
-                                "record"
-                            )
-                        if first is None:
-                            first = (index, kind)
-                        elif kind != first[1]:
-                            raise mixed_kinds_error(key, index, name, kind, *first)
-                index += 1
-        except (ValueError, UnicodeDecodeError) as exc:
-            if isinstance(exc, ConfigError):
-                raise
-            return  # not valid JSON: the loader says so in its own line
+    if not all(path.endswith((".jsonl", ".json")) and os.path.isfile(path) for path in paths):
+        return
+
+    def records() -> Iterator[Any]:
+        for path in paths:
+            with open(path, encoding="utf-8") as handle:
+                if path.endswith(".jsonl"):
+                    yield from (json.loads(line) for line in handle if line.strip())
+                else:
+                    data = json.load(handle)
+                    yield from (data if isinstance(data, list) else [])
+
+    try:
+        check_kinds(records(), key, (*FIELDS, "completion"))
+    except ConfigError:
+        raise
+    except (ValueError, UnicodeDecodeError):
+        return  # not valid JSON: the loader says so in its own line
 
 
 def check_chat_renders(dataset: Any, tokenizer: Any, source: str) -> None:
@@ -156,6 +140,17 @@ def check_chat_renders(dataset: Any, tokenizer: Any, source: str) -> None:
                     tokenizer.apply_chat_template([*prompt, *record[name]], tokenize=False, **kwargs)
         except Exception as exc:  # a chat template raises anything (jinja errors, raise_exception, ...)
             raise record_error(source, file_index(dataset, position), "format", exc) from None
+
+
+def prepared_by_trl(trainer_class: Any, dataset: Any, tokenizer: Any, training: Any, split: str, **reads: Any) -> Any:
+    """``dataset`` as TRL's ``trainer_class`` tokenizes and filters it when it is built, for ``preview``, which builds
+    no trainer (so, TRL's private ``_prepare_dataset`` with the attributes it ``reads`` of the trainer; a run reads
+    ``trainer.train_dataset`` instead)."""
+    from types import SimpleNamespace
+
+    if dataset is None:
+        return None
+    return trainer_class._prepare_dataset(SimpleNamespace(**reads), dataset, tokenizer, training, split)
 
 
 def split_source(cfg: Any, split: str) -> str:
@@ -181,27 +176,26 @@ def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None,
     return train, eval_ds, conversational
 
 
-def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", per_record: int = 1) -> dict[str, int]:
-    """How many records of each split TRL's trainer left out (a prompt of ``max_length`` tokens or more), read from
-    the built trainer; a split left empty is a :class:`ConfigError`. ``per_record``: KTO unpairs a pair into 2."""
+def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", per_record: int = 1,
+                       rule: str = "whose prompt alone has max_length={} tokens or more",
+                       why: str = "no response token is left") -> None:
+    """Say how many records of each split TRL's ``trainer`` left out (``rule``: which, ``why``; a ``(train, eval)``
+    pair for the datasets as the trainer would prepare them), into ``data.dropped``; a split left empty is a
+    :class:`ConfigError`. ``per_record``: KTO unpairs a pair into 2."""
     from ..console import say
 
-    dropped: dict[str, int] = {}
-    for split, before, after in (("train", data.train, trainer.train_dataset), ("eval", data.eval, trainer.eval_dataset)):
+    rule = rule.format(cfg.training.max_length)
+    kept = trainer if isinstance(trainer, tuple) else (trainer.train_dataset, trainer.eval_dataset)
+    for split, before, after in zip(("train", "eval"), (data.train, data.eval), kept, strict=True):
         if before is None or after is None or not hasattr(after, "__len__"):
             continue
         loaded = len(before) * per_record
-        dropped[split] = loaded - len(after)
-        noun = unit if per_record == 1 else "examples"
-        source = split_source(cfg, split)
-        what = "training" if split == "train" else "eval"
+        data.dropped[split] = loaded - len(after)
         if len(after) == 0:
             raise ConfigError(
-                f"{source}: all {len(before)} {what} {unit} would be dropped: TRL drops one whose prompt alone has "
-                f"max_length={cfg.training.max_length} tokens or more (no response token is left); raise max_length "
-                "(or set max_length: null, no truncation)")
-        if dropped[split]:
-            say(f"dropped {dropped[split]} of {loaded} {split} {noun} whose prompt alone has max_length="
-                f"{cfg.training.max_length} tokens or more (no response token is left; TRL drops them)")
-    data.dropped.update(dropped)
-    return dropped
+                f"{split_source(cfg, split)}: all {len(before)} {'training' if split == 'train' else 'eval'} {unit} "
+                f"would be dropped: TRL drops one {rule} ({why}); raise max_length (or set max_length: null, no "
+                "limit)")
+        if data.dropped[split]:
+            say(f"dropped {data.dropped[split]} of {loaded} {split} {unit if per_record == 1 else 'examples'} {rule} "
+                f"({why}; TRL drops them)")

@@ -14,8 +14,9 @@ from trl_padfree.reward import RewardTrainer
 from ..config import ConfigError, with_fields
 from ..console import say
 from ..run import make_launch_trainer
+from ..validate import Range
 from .base import Records
-from .preference_data import check_preference_records, load_checked, split_source
+from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 from .shared import PromptOnceTask
 
 __all__ = ["TASK", "RewardTask", "reward_summary"]
@@ -35,40 +36,45 @@ def check_reward_records(dataset: Any, source: str) -> None:
 def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> Records:
     """The training and eval pairs, checked; for ``preview`` (``tokenized``) as TRL's ``RewardTrainer`` prepares
     them (it drops pairs longer than ``max_length``). A run's trainer prepares them itself."""
-    from types import SimpleNamespace
-
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_reward_records)
     text_format = ("conversational" if conversational else "prompt/chosen/rejected") + (
         ", with margins" if "margin" in train.column_names else "")
     data = Records(train, eval_ds, text_format)
-    for split in ("train", "eval") if tokenized else ():
-        if (dataset := getattr(data, split)) is not None:
-            setattr(data, split, trl.RewardTrainer._prepare_dataset(SimpleNamespace(), dataset, tokenizer,
-                                                                    cfg.training, split))
-            refuse_empty(split_source(cfg, split), len(dataset), len(getattr(data, split)), cfg.training.max_length)
-    return data
+    if not tokenized:
+        return data
+
+    prepared = Records(*(prepared_by_trl(trl.RewardTrainer, dataset, tokenizer, cfg.training, split)
+                         for split, dataset in (("train", train), ("eval", eval_ds))), text_format)
+    dropped_by_trainer(cfg, (prepared.train, prepared.eval), data, rule=TOO_LONG, why=WHY)  # (as the trainer would)
+    return prepared
 
 
-def refuse_empty(source: str, loaded: int, kept: int, max_length: int | None) -> None:
-    if loaded and not kept:
-        raise ConfigError(
-            f"{source}: all {loaded} pairs would be dropped: TRL's RewardTrainer drops a pair whose chosen or "
-            f"rejected sequence has more than max_length={max_length} tokens; raise max_length (or set max_length: "
-            "null, no filter)")
+#: which pairs TRL's RewardTrainer drops (dropped_by_trainer's rule), and why
+TOO_LONG, WHY = "whose chosen or rejected sequence has more than max_length={} tokens", "a reward is read at the end"
 
 
 class SequenceClassifier:
-    """``AutoModelForSequenceClassification`` loaded as TRL's ``RewardTrainer`` loads a model by name: without the
-    warnings of a cross-architecture load (the causal LM's ``lm_head`` unused, ``score`` missing), saying instead
-    that the head is new."""
+    """``AutoModelForSequenceClassification`` with one output, the reward, loaded as TRL's ``RewardTrainer`` loads a
+    model by name: transformers' load report of a causal LM checkpoint (its ``lm_head`` unused, ``score`` missing)
+    replaced by a line saying that the head is new; other missing or unused weights are still named."""
 
     @staticmethod
     def from_pretrained(*args: Any, **kwargs: Any) -> Any:
-        from transformers import AutoModelForSequenceClassification
-        from trl.trainer.reward_trainer import suppress_seqcls_warning
+        import logging
 
-        with suppress_seqcls_warning():
-            model = AutoModelForSequenceClassification.from_pretrained(*args, **kwargs)
+        from transformers import AutoModelForSequenceClassification
+
+        report = logging.getLogger("transformers.modeling_utils")  # the logger of the load report
+        level = report.level
+        report.setLevel(logging.ERROR)
+        try:
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                *args, num_labels=1, output_loading_info=True, **kwargs)
+        finally:
+            report.setLevel(level)
+        odd = [k for k in (*info["missing_keys"], *info["unexpected_keys"]) if not k.startswith(("score.", "lm_head."))]
+        if odd:
+            say(f"warning: weights missing from or unused in the checkpoint: {', '.join(sorted(odd)[:8])}")
         source = [a for a in (getattr(model.config, "architectures", None) or []) if a != type(model).__name__]
         if source:
             say(f"reward model: {type(model).__name__} from a {source[0]} checkpoint, with a new score head "
@@ -136,10 +142,7 @@ class RewardTask(PromptOnceTask):
     trainer_name = "RewardTrainer"
     probe_layout = "reward"
 
-    def numeric_ranges(self) -> dict[str, Any]:
-        from ..validate import Range
-
-        return {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
+    ranges = {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
 
     def check(self, cfg: Any) -> None:
         super().check(cfg)
@@ -159,22 +162,10 @@ class RewardTask(PromptOnceTask):
     def model_class(self) -> Any:
         return SequenceClassifier
 
-    def model_kwargs(self, cfg: Any) -> dict[str, Any]:
-        return {"num_labels": 1}  # one output: the reward (as TRL's RewardTrainer loads a model by name)
-
     unit, load_data = "pairs", staticmethod(load_pairs)
 
     def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        for split, before, after in (("train", data.train, trainer.train_dataset),
-                                     ("eval", data.eval, trainer.eval_dataset)):
-            if before is None or after is None or not hasattr(after, "__len__"):
-                continue
-            loaded = len(before)
-            refuse_empty(split_source(cfg, split), loaded, len(after), cfg.training.max_length)
-            data.dropped[split] = loaded - len(after)
-            if data.dropped[split]:
-                say(f"dropped {data.dropped[split]} of {loaded} {split} pairs longer than "
-                    f"max_length={cfg.training.max_length} tokens (TRL's RewardTrainer drops them)")
+        dropped_by_trainer(cfg, trainer, data, rule=TOO_LONG, why=WHY)
 
     def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
                      callbacks: Sequence[Any]) -> Any:

@@ -1,5 +1,6 @@
-"""``trl-padfree train``: SFT with :class:`.sft_trainer.PadfreeSFTTrainer` and this package's completion-only
-collator; the data tokenized and labelled once by :mod:`.sft_data`, the collator only flattens those labels."""
+"""``trl-padfree train``: SFT with :class:`trl_padfree.SFTTrainer` and this package's completion-only collator; the
+data tokenized and labelled once by :mod:`.sft_data`, the collator only flattens those labels. The training logs
+add ``padding_share`` (``count_padding`` of :class:`trl_padfree.throughput.RealTokensLog`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from trl_padfree.trainer import SFTTrainer
+
 from ..config import ConfigError, SFTArguments, with_fields
 from ..console import say
 from ..run import make_launch_trainer
 from .base import Task
-from .sft_trainer import PadfreeSFTTrainer
 
 __all__ = ["TASK", "SFTTask", "preview_lines"]
 
@@ -102,7 +104,9 @@ class SFTTask(Task):
         collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
         # the templates labelled the data already (the trainer would build a collator from them)
         cfg = replace(cfg, training=with_fields(cfg.training, response_template=None, instruction_template=None))
-        return make_launch_trainer(PadfreeSFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator)
+        trainer = make_launch_trainer(SFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator)
+        trainer.count_padding = True
+        return trainer
 
     def summary_settings(self, cfg: Any) -> dict[str, Any]:
         return {"max_tokens_per_batch": cfg.training.max_tokens_per_batch}

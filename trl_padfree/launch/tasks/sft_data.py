@@ -1,17 +1,9 @@
 """SFT data for ``trl-padfree train`` and ``preview`` (:func:`prepare_data`), prepared once before training; the
 datasets handed to ``SFTTrainer`` are final (TRL's own preparation is skipped, the training collator only flattens).
-
-1. :func:`check_records`: per split as loaded, no null field, no empty completion, no chat without a reply to
-   train, no list or mapping formatted as its Python text.
-2. :func:`make_formatter`: each record becomes one text, from ``template`` (a format string over its fields) or
-   its own ``text`` / ``prompt`` + ``completion`` / ``messages`` (chat template).
-3. :func:`_tokenize`: ``input_ids`` (EOS appended to plain text, as TRL does) and ``labels`` (prompt masked);
-   ``messages`` without templates: labels from the chat template itself (every assistant turn trained).
-4. :func:`check_template`: the response template must occur in one of the first N examples (else the config is
-   wrong and the run stops before loading the model).
-5. :func:`_labeller`: truncation to ``max_length``, labels of the run's collator; examples without a trained token
-   are dropped and counted; :func:`warn_untrained_turns` for assistant turns the templates leave untrained.
-
+In order: :func:`check_records`, :func:`make_formatter` (a record -> one text), :func:`_tokenize` (``input_ids``,
+``labels`` with the prompt masked; ``messages`` without templates: labels from the chat template),
+:func:`check_template` (the response template in one of the first N examples, else the config is wrong),
+:func:`_labeller` (truncation, the run's collator's labels; examples without a trained token dropped and counted).
 Every failure on a record is one :class:`~..config.ConfigError` line naming the split, the record's index and the
 fix (:func:`~..data.record_error`).
 """
@@ -31,6 +23,7 @@ import numpy as np
 from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
 from ..data import load_splits, map_records, stage
+from .base import Records
 
 __all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"]
 
@@ -59,13 +52,9 @@ def training_collator(cfg: LaunchConfig, tokenizer: Any) -> Any:
 
 
 @dataclass
-class PreparedData:
+class PreparedData(Records):
     """Tokenized, labelled datasets ready for ``SFTTrainer`` (columns ``input_ids`` and ``labels``)."""
 
-    train: Any  # datasets.Dataset
-    eval: Any | None
-    text_format: str
-    dropped: dict[str, int] = field(default_factory=dict)
     loaded: dict[str, int] = field(default_factory=dict)
     template_missing_in_check: int = 0
     checked: int = 0

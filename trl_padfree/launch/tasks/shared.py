@@ -42,9 +42,6 @@ class PromptOnceTask(Task):
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {"prompt_once": self.prompt_once(cfg)}
 
-    def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"prompt_once": self.prompt_once(cfg)}
-
 
 class PreferenceTask(PromptOnceTask):
     """DPO and KTO: chat records (``chat_template_path``), the preference probe and a reference model (None with
