@@ -13,10 +13,7 @@ import pytest
 from launch_runs import run_command
 from paths import DEMO, ROOT
 
-from trl_padfree._compat import dpo_padding_free_unavailable
-
 INDEXING_WARNING = "Token indices sequence length is longer than the specified maximum"
-DPO_OK = dpo_padding_free_unavailable() is None
 
 
 def test_no_sub_command_exits_2_with_the_usage(capsys):
@@ -33,14 +30,13 @@ def test_preview_takes_the_built_in_config_names_and_prints_no_indexing_warning(
     from trl_padfree.launch.preview import main
 
     monkeypatch.chdir(tmp_path)
-    for name in ["demo", "demo-chat", *(["demo-dpo"] if DPO_OK else [])]:
+    for name in ["demo", "demo-chat", "demo-dpo"]:
         assert main(["--config", name, "-n", "1"]) == 0, name
         out, err = capfd.readouterr()
         assert "--- " in out and INDEXING_WARNING not in out + err, (name, err[-2000:])
 
 
-@pytest.mark.parametrize("config", ["demo", pytest.param("demo-dpo", marks=pytest.mark.skipif(
-    not DPO_OK, reason=str(dpo_padding_free_unavailable())))])
+@pytest.mark.parametrize("config", ["demo", "demo-dpo"])
 def test_the_launch_tokenizer_does_not_warn_about_indexing_errors_where_max_length_cuts(config):
     """The launch cuts every sequence to ``max_length``, so its tokenizer does not warn of indexing errors for a text
     longer than ``model_max_length``; without ``max_length`` the warning is true and stays."""
@@ -74,7 +70,6 @@ def test_check_finds_the_demo_model_outside_the_checkout(tmp_path, monkeypatch, 
     assert "advice: padding_free=True is safe for llama with attn_implementation='padfree'." in capsys.readouterr().out
 
 
-@pytest.mark.skipif(not DPO_OK, reason=str(dpo_padding_free_unavailable()))
 def test_a_dpo_run_into_a_pipe_is_quiet_and_reports_prompt_once(tmp_path):
     """LoRA, precomputed reference log-probs, into a pipe: no warning, no bar; the run line and summary say prompt_once."""
     lines = (DEMO / "data" / "pref_train.jsonl").read_text(encoding="utf-8").splitlines()

@@ -14,7 +14,6 @@ from transformers import DataCollatorWithFlattening, PreTrainedTokenizerFast
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling as TRLCollator
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, TemplateNotFoundError
-from trl_padfree._compat import trl_at_least
 from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_metaspace_tokenizer
 
 IGNORE = -100
@@ -281,8 +280,7 @@ def test_padding_free_pad_to_multiple_of_is_its_own_segment():
              for f, part in zip(features, plain["labels"][0].split(lengths), strict=True)]
     trl = TRLCollator(pad_token_id=tok.pad_token_id, padding_free=True, pad_to_multiple_of=64)(given)
     assert trl["input_ids"].tolist() == batch["input_ids"].tolist() and trl["labels"].tolist() == batch["labels"].tolist()
-    if trl_at_least("1.16"):  # older TRL collators give position_ids only, no cu_seq_lens
-        assert trl["cu_seq_lens_q"].tolist() == cu[:-1] + list(range(n + 1, total + 1))
+    assert trl["cu_seq_lens_q"].tolist() == cu[:-1] + list(range(n + 1, total + 1))
 
 
 def test_a_chat_texts_end_of_turn_is_trained_once_when_trl_appends_the_eos(demo_tokenizer, tmp_path):
@@ -355,11 +353,8 @@ def test_bare_lists_without_template_match_trl_language_modelling_collator():
     batch = DataCollatorForCompletionOnlyLM(None, padding_free=True)([[1, 2, 3], [4, 5]])
     trl = TRLCollator(pad_token_id=0, padding_free=True)([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
     assert batch["labels"].tolist() == trl["labels"].tolist() == [[IGNORE, 2, 3, IGNORE, 5]]
-    keys = ["input_ids", "position_ids"]
-    if trl_at_least("1.16"):  # older TRL collators give position_ids only, no cu_seq_lens, seq_idx, max_length
-        keys += ["cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"]
-        assert trl["max_length_q"] == 3
-    for key in keys:
+    assert trl["max_length_q"] == 3
+    for key in ["input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"]:
         assert batch[key].tolist() == trl[key].tolist(), key
     assert batch["max_length_q"] == 3
 

@@ -22,5 +22,5 @@ def test_declared_window_is_the_one_the_code_and_the_lowest_run_use():
     usage = f"trl ≥ {_compat.MIN_TRL}, < 2 with transformers ≥ {_compat.MIN_TRANSFORMERS}, < 5.{cap[1]}"
     assert readme in (ROOT / "README.md").read_text(encoding="utf-8")
     assert usage in (ROOT / "docs/usage.md").read_text(encoding="utf-8")
-    assert _compat.trl_at_least(_compat.MIN_TRL)
+    assert _compat.TRL_VERSION >= _compat.Version(_compat.MIN_TRL)
     assert _compat.TRANSFORMERS_VERSION >= _compat.Version(_compat.MIN_TRANSFORMERS)

@@ -16,8 +16,6 @@ import pytest
 import yaml
 from paths import ROOT
 
-from trl_padfree import _compat
-
 LINKED_PAGES = sorted([ROOT / "README.md", ROOT / "trl_padfree/demo/README.md", *ROOT.glob("docs/**/*.md")])
 # Pages whose shown commands are kept true here (usage, distributed, benchmark test their own commands).
 COMMAND_PAGES = ["README.md"] + [f"docs/{name}.md" for name in (
@@ -28,9 +26,6 @@ COMMAND_STARTS = ("trl-padfree", "python", "accelerate", "bash")
 # A few training steps instead of a run to the end: later command-line values win over earlier ones.
 FEW_STEPS = ("--max_steps 2 --max_train_examples 32 --max_eval_examples 8 --eval_strategy no --eval_on_start false "
              "--save_strategy no --output_dir {tmp}/out")
-DPO_OK = _compat.dpo_padding_free_unavailable() is None
-RL_OK = _compat.rl_padding_free_unavailable() is None
-KTO_OK = _compat.trl_at_least(_compat.MIN_TRL_KTO)
 # shown command -> (what the test appends, expected exit code)
 RUN: dict[str, tuple[str, int]] = {
     "trl-padfree train --config configs/demo.yaml": (FEW_STEPS, 0),
@@ -41,13 +36,12 @@ RUN: dict[str, tuple[str, int]] = {
     "trl-padfree check --model trl_padfree/demo/model": ("", 0),
     "trl-padfree preview --config configs/demo.yaml -n 1": ("", 0),
     "trl-padfree preview --config configs/demo.yaml -n 3": ("", 0),
-    # padding-free DPO, RL and KTO need trl >= 1.16: below (make test-lowest) they refuse in one line, exit 2
-    "trl-padfree preview --config configs/demo-dpo.yaml -n 2": ("", 0 if DPO_OK else 2),
-    "trl-padfree dpo --config configs/demo-dpo.yaml": (FEW_STEPS, 0 if DPO_OK else 2),
-    "trl-padfree preview --config configs/demo-grpo.yaml -n 2": ("", 0 if RL_OK else 2),
-    "trl-padfree grpo --config configs/demo-grpo.yaml": (FEW_STEPS, 0 if RL_OK else 2),
+    "trl-padfree preview --config configs/demo-dpo.yaml -n 2": ("", 0),
+    "trl-padfree dpo --config configs/demo-dpo.yaml": (FEW_STEPS, 0),
+    "trl-padfree preview --config configs/demo-grpo.yaml -n 2": ("", 0),
+    "trl-padfree grpo --config configs/demo-grpo.yaml": (FEW_STEPS, 0),
     "trl-padfree reward --config configs/demo-reward.yaml": (FEW_STEPS, 0),
-    "trl-padfree kto --config configs/demo-kto.yaml": (FEW_STEPS, 0 if KTO_OK else 2),
+    "trl-padfree kto --config configs/demo-kto.yaml": (FEW_STEPS, 0),
     # two families instead of 60, written to a temporary file (compared with docs/probe-families.md below)
     "python scripts/probe_families.py": ("--types llama,opt --out {tmp}/families.md", 0),
 }

@@ -9,13 +9,10 @@ import tiny_dpo as T
 import torch
 
 from trl_padfree import DataCollatorForPreference, DPOTrainer
-from trl_padfree._compat import dpo_padding_free_unavailable
 from trl_padfree.dpo_loss import LOSS_TYPES
 from trl_padfree.probe import PackingLeakError
 
 RTOL = 1e-5
-pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
-                                reason=str(dpo_padding_free_unavailable()))  # tests/test_dpo_version.py
 
 
 def rel(a: float, b: float) -> float:

@@ -11,18 +11,13 @@ import sys
 import pytest
 from paths import ROOT
 
-from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
-
 PROBES = {"sft": "packing probe", "dpo": "preference probe (prompt-once)", "grpo": "RL probe (prompt-once)"}
 LAST_LINES = {"sft": r"train loss \d+\.\d{3} over 3 steps", "dpo": r"train loss \d+\.\d{3} over 3 steps, reward "
               r"accuracy \d\.\d\d", "grpo": r"train loss -?\d+\.\d{3} over 3 steps, mean reward \d\.\d\d first, "
               r"\d\.\d\d last"}
 
 
-@pytest.mark.parametrize("task", ["sft", pytest.param("dpo", marks=pytest.mark.skipif(
-    dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))), pytest.param(
-    "grpo", marks=pytest.mark.skipif(rl_padding_free_unavailable() is not None,
-                                     reason=str(rl_padding_free_unavailable())))])
+@pytest.mark.parametrize("task", ["sft", "dpo", "grpo"])
 def test_example_trains_and_saves(task, tmp_path):
     """``python examples/TASK_padfree.py --max_steps 3 --output_dir OUT`` outside the checkout, offline."""
     out = tmp_path / "out"

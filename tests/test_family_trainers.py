@@ -14,8 +14,6 @@ import torch
 from layout_runs import LAYOUTS, train_layouts
 from tiny_models import FAMILIES, family, family_model
 
-from trl_padfree._compat import dpo_padding_free_unavailable, rl_padding_free_unavailable
-
 HYBRID = "qwen3_5_text"  # recurrent layers: prompt_once refused
 PADDED_ATTN = {"qwen3_5_text": "sdpa", "gpt_oss": "eager", "llama4_text": "sdpa"}  # GPT-OSS has no sdpa path
 PROMPT_ONCE_REFUSED = ("prompt_once=True cannot share a prompt with Qwen3_5GatedDeltaNet layers (recurrent: each "
@@ -151,7 +149,6 @@ def same_dpo_step(layout: str, got: dict[str, float], want: dict[str, float]) ->
 GRAD_FLOOR = {HYBRID: 1e-3}
 
 
-@pytest.mark.skipif(dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_dpo(tmp_path, model_type):
     """Padded vs padding-free and prompt-once (hybrid: refused): every metric, gradient, final weight (3 SGD steps)."""
@@ -169,7 +166,6 @@ def test_dpo(tmp_path, model_type):
                                      grad_floor=GRAD_FLOOR.get(model_type, 0.0))
 
 
-@pytest.mark.skipif(dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))
 def test_prompt_once_with_the_moe_aux_loss_is_refused(tmp_path):
     """prompt_once with the MoE load-balancing loss (prompt tokens counted once, not once per response: gradients
     ~2e-3 off on GPT-OSS) is refused in one line before any work."""
@@ -192,7 +188,6 @@ def grpo_prompts(model_type: str):
     return Dataset.from_list(rows)
 
 
-@pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
 @pytest.mark.parametrize("model_type", list(FAMILIES))
 def test_grpo(tmp_path, model_type):
     """TRL's padded GRPO vs padding-free and prompt-once (hybrid: refused): log-probs, entropies, metrics, grads."""

@@ -8,12 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 import trl
-
-from trl_padfree._compat import rl_padding_free_unavailable
-
-if rl_padding_free_unavailable():
-    pytest.skip(rl_padding_free_unavailable(), allow_module_level=True)
-
 from layout_runs import LAYOUTS, lora, register_leaky_attention, step_logs
 from tiny_rl import assert_exact, grpo_loss_types, tokenizer, trainer
 

@@ -11,12 +11,10 @@ import tiny_kto as T
 import torch
 
 from trl_padfree import KTOTrainer
-from trl_padfree.kto import DataCollatorForUnpairedFlat, kto_padding_free_unavailable
+from trl_padfree.kto import DataCollatorForUnpairedFlat
 from trl_padfree.probe import PackingLeakError
 
 RTOL = 1e-5
-pytestmark = pytest.mark.skipif(kto_padding_free_unavailable() is not None,
-                                reason=str(kto_padding_free_unavailable()))
 
 
 @pytest.mark.parametrize("case", [{}, {"precompute_ref_log_probs": True}, {"loss_type": "apo_zero_unpaired"}, "peft"],

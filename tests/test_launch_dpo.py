@@ -20,11 +20,6 @@ from launch_runs import (
 )
 from paths import CONFIGS, DEMO_MODEL
 
-from trl_padfree._compat import dpo_padding_free_unavailable
-
-pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
-                                reason=str(dpo_padding_free_unavailable()))  # tests/test_dpo_version.py
-
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -10,10 +10,6 @@ import pytest
 from launch_runs import run_launch, write_jsonl
 from paths import DEMO, DEMO_MODEL, ROOT
 
-from trl_padfree._compat import dpo_padding_free_unavailable
-
-pytestmark = pytest.mark.skipif(dpo_padding_free_unavailable() is not None,
-                                reason=str(dpo_padding_free_unavailable()))
 PREFIX = "trl-padfree dpo: error: "
 SFT_LINE = "(a field of trl-padfree train, not of trl-padfree dpo)"
 

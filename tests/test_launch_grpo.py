@@ -20,10 +20,7 @@ from launch_runs import (
 )
 from paths import CONFIGS, DEMO_MODEL
 
-from trl_padfree._compat import rl_padding_free_unavailable
-
 STEPS = 4
-needs_rl = pytest.mark.skipif(rl_padding_free_unavailable() is not None, reason=str(rl_padding_free_unavailable()))
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +52,6 @@ def full_run(prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[P
     return out, stdout
 
 
-@needs_rl
 def test_demo_config_trains_probes_and_summarises(full_run):
     out, stdout = full_run
     assert (out / "model.safetensors").is_file()
@@ -76,7 +72,6 @@ def test_demo_config_trains_probes_and_summarises(full_run):
     assert summary["prompt_once"] is True and summary["reward_funcs"] == ["answer_chars"]
 
 
-@needs_rl
 def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prompts, tmp_path):
     out = tmp_path / "out"
     code, stdout, _ = run(grpo_argv(prompts, out), callbacks=[SigtermAtStep(2)])
@@ -92,7 +87,6 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prom
             assert resumed[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-6), (step, key)
 
 
-@needs_rl
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -113,7 +107,6 @@ def test_bad_input_exits_2_with_one_line(prompts, tmp_path, extra, message):
     assert_refused_in_one_line("grpo", grpo_argv(prompts, tmp_path / "out", *extra), tmp_path / "out", message)
 
 
-@needs_rl
 @pytest.mark.parametrize(("record", "message"), [
     ({"question": "hi", "answer": "there"}, "train_file: RL records need a 'prompt'"),
     # the demo's rewards read the known answer: records with a prompt only fail at validation, not at step 1
@@ -127,7 +120,6 @@ def test_records_the_rewards_cannot_score_are_refused(tmp_path, prompts, record,
     assert all(part in line for part in message.split(" ... ")), line
 
 
-@needs_rl
 def test_a_config_without_rewards_is_refused(tmp_path, prompts):
     config = tmp_path / "no-rewards.yaml"
     text = (CONFIGS / "demo-grpo.yaml").read_text(encoding="utf-8")
@@ -137,7 +129,6 @@ def test_a_config_without_rewards_is_refused(tmp_path, prompts):
     assert_refused_in_one_line("grpo", argv, tmp_path / "out", "reward_funcs is empty: name at least one reward")
 
 
-@needs_rl
 def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path, monkeypatch):
     module = tmp_path / "my_rewards.py"
     module.write_text("def short(completions, **kwargs):\n    return [-len(c) / 100 for c in completions]\n")
@@ -178,7 +169,6 @@ def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
     assert code == 2 and stderr.startswith("trl-padfree toy: error: unknown option '--no_such_field'")
 
 
-@needs_rl
 def test_preview_shows_a_groups_layout_and_counts_a_chat_prompts_tokens(prompts, demo_tokenizer, tmp_path):
     def preview(train_file: Path) -> list[str]:
         code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-grpo.yaml"), "--train_file",
@@ -210,7 +200,6 @@ def test_preview_shows_a_groups_layout_and_counts_a_chat_prompts_tokens(prompts,
     assert lines[4] == f"    forwarded tokens at most: {p + 4 * 8} (padded TRL layout: {4 * (p + 8)})"
 
 
-@needs_rl
 @pytest.mark.slow
 def test_two_ranks_train_and_exit(prompts, tmp_path):
     out = tmp_path / "out"

@@ -9,14 +9,6 @@ import pytest
 from launch_runs import HeadSeen, run_launch, write_short_demo_records
 from paths import CONFIGS, DEMO, DEMO_MODEL
 
-from trl_padfree._compat import (
-    MIN_TRL_KTO,
-    dpo_padding_free_unavailable,
-    rl_padding_free_unavailable,
-    trl_at_least,
-)
-from trl_padfree.scored_head import scored_head_unavailable
-
 ONE_STEP = ["--max_steps", "1", "--max_train_examples", "8", "--eval_strategy", "no", "--eval_on_start", "false",
             "--save_strategy", "no", "--logging_steps", "1"]
 
@@ -40,17 +32,9 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                     shorter_than=300)
 
 
-UNAVAILABLE = {"sft": None, "dpo": dpo_padding_free_unavailable(), "grpo": rl_padding_free_unavailable(),
-               "kto": None if trl_at_least(MIN_TRL_KTO) else f"trl-padfree kto needs trl >= {MIN_TRL_KTO}"}
-
-
 @pytest.mark.parametrize("task", ["sft", "dpo", "grpo", "kto"])
 @pytest.mark.parametrize("value", ["true", "false"])
 def test_scored_lm_head_reaches_the_trainer(task, value, prompts, tmp_path):
-    if UNAVAILABLE[task] is not None:
-        pytest.skip(UNAVAILABLE[task])
-    if value == "true" and scored_head_unavailable() is not None:  # trl < 1.16: TRL's head whatever the key says
-        pytest.skip(scored_head_unavailable())
     seen = HeadSeen()
     code, stdout, stderr = run_launch([*argv(task, prompts, tmp_path / "out"), "--scored_lm_head", value], task, [seen])
     assert code == 0, (stdout + stderr)[-3000:]

@@ -1,5 +1,5 @@
 """``trl-padfree kto`` end to end on CPU (on the DPO demo's pairs, which TRL unpairs, or unpaired records), its bad
-input, preview and evaluation logits, and its refusal below trl 1.16 (``make test-lowest``)."""
+input, preview and evaluation logits."""
 
 from __future__ import annotations
 
@@ -21,11 +21,8 @@ from launch_runs import (
 )
 from paths import CONFIGS, DEMO_MODEL
 
-from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
-
 CONFIG = CONFIGS / "demo-kto.yaml"
 PREFIX = "trl-padfree kto: error: "
-needs_kto = pytest.mark.skipif(not trl_at_least(MIN_TRL_KTO), reason=f"trl-padfree kto needs trl >= {MIN_TRL_KTO}")
 
 
 def kto_argv(out: Path, *extra: str) -> list[str]:
@@ -41,7 +38,6 @@ def run(argv: list[str], callbacks=()) -> tuple[int, str, str]:
     return run_launch(argv, "kto", callbacks)
 
 
-@needs_kto
 def test_the_demo_config_trains_through_the_command(tmp_path):
     out = tmp_path / "out"
     proc = run_command("kto", kto_argv(out))
@@ -72,7 +68,6 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
     assert summary["prompt_once"] is True and summary["scored_lm_head"] is True
 
 
-@needs_kto
 def test_unpaired_records_train_and_an_evaluation_without_a_margin_prints_no_nan(tmp_path):
     # eval records of one kind only: TRL logs no eval_rewards/margins (nor rewards/rejected); the summary leaves
     # them out instead of printing "margin nan -> nan"
@@ -97,7 +92,6 @@ def test_unpaired_records_train_and_an_evaluation_without_a_margin_prints_no_nan
                     f"{last['eval_rewards/chosen']:.3f} (KL {first['eval_kl']:.3f} -> {last['eval_kl']:.3f})")
 
 
-@needs_kto
 def test_bad_records_are_named(tmp_path):
     rows = demo_records("pref_train.jsonl", 6)
     unpaired = [{"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in rows]
@@ -114,7 +108,6 @@ def test_bad_records_are_named(tmp_path):
         assert_refused_in_one_line("kto", quick(tmp_path / "out", "--train_file", str(path)), tmp_path / "out", message)
 
 
-@needs_kto
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
@@ -137,17 +130,6 @@ def test_a_typo_in_the_config_file_names_the_key(tmp_path):
     assert_config_typo_named("kto", kto_argv(out), out, "undesirable_weight", "undesirable_weigth")
 
 
-@pytest.mark.skipif(trl_at_least(MIN_TRL_KTO), reason="the refusal below trl 1.16 (make test-lowest)")
-def test_below_trl_1_16_kto_refuses_naming_the_version(tmp_path):
-    out = tmp_path / "out"
-    proc = run_command("kto", kto_argv(out))
-    assert proc.returncode == 2 and not out.exists()
-    assert proc.stderr.strip() == (
-        f"{PREFIX}trl-padfree kto needs trl >= {MIN_TRL_KTO} (trl_padfree.KTOTrainer builds on its KTOTrainer), and "
-        f"trl {TRL_VERSION} is installed: upgrade trl (pip install -U 'trl>={MIN_TRL_KTO}')")
-
-
-@needs_kto
 def test_preview_shows_the_examples():
     code, stdout, stderr = run_preview(["--config", str(CONFIG), "--model_name_or_path", str(DEMO_MODEL), "-n", "2",
                                         "--max_train_examples", "4"])
@@ -160,7 +142,6 @@ def test_preview_shows_the_examples():
     assert lines[-1] == "examples dropped before training (prompt alone fills max_length=512): 0 of 8"
 
 
-@needs_kto
 def test_preview_of_a_kto_config_without_kto_only_keys_takes_task(tmp_path):
     """A KTO config that sets no KTO-only key reads as DPO's (the first registered of the trainers with its fields):
     the refusal then says how the preview told the trainer and to give ``--task``; with ``--task kto`` it previews."""
@@ -184,7 +165,6 @@ def test_preview_of_a_kto_config_without_kto_only_keys_takes_task(tmp_path):
     assert code == 2 and "--task must be one of sft, dpo, grpo, rloo, reward, kto" in err, err
 
 
-@needs_kto
 def test_evaluation_logits_are_one_row_per_example_as_trls(tmp_path):
     """``prediction_loss_only=False``: ``compute_metrics`` gets TRL's padded shapes and values (issue 24)."""
     import numpy as np

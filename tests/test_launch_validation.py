@@ -18,7 +18,6 @@ from launch_inputs import DEMO_YAML, demo_argv, write_demo_data, write_yaml
 from launch_runs import run_bad
 from paths import DEMO, ROOT
 
-from trl_padfree._compat import trl_at_least
 from trl_padfree.launch import load_config
 from trl_padfree.launch.validate import describe
 
@@ -275,7 +274,6 @@ def test_a_single_lora_target_is_a_module_name_not_a_regular_expression(tmp_path
     check_lora_targets(cfg, tiny_llama())  # matches model.layers.*.self_attn.q_proj
 
 
-@pytest.mark.skipif(not trl_at_least("1.14"), reason="TRL checks router_aux_loss_coef since trl 1.14")
 def test_trl_refusing_settings_at_trainer_construction_is_one_line_and_leaves_no_output_dir(capsys, tmp_path, data_dir):
     """TRL's own check, run where TRL runs it (building the trainer, after transformers created output_dir)."""
     argv = demo_argv(data_dir, tmp_path / "out", "--router_aux_loss_coef", "0.5")

@@ -24,7 +24,6 @@ from layout_runs import GradRecorder, loss_and_grads, max_rel_diff, step_logs, t
 from paths import ROOT
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
-from trl_padfree._compat import dpo_padding_free_unavailable
 
 TRAIN = ROOT / "configs" / "data" / "real_chat_train.jsonl"
 RESPONSE, INSTRUCTION = "<|im_start|>assistant\n", "<|im_start|>user\n"
@@ -119,7 +118,6 @@ def preference_pairs(n: int) -> Any:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(dpo_padding_free_unavailable() is not None, reason=str(dpo_padding_free_unavailable()))
 def test_dpo_padded_and_prompt_once_train_the_same_model(real_dir, real_tok, tmp_path):
     from trl import DPOConfig
 

@@ -12,13 +12,10 @@ import torch
 from trl_padfree import RewardConfig, RewardTrainer
 from trl_padfree.probe import PackingLeakError
 from trl_padfree.reward_layout import DataCollatorForRewardPairs
-from trl_padfree.reward_trainer import reward_padding_free_unavailable
 
 RTOL = 1e-5
 # prompt-once gradients: 1.08e-5 in fp32 (Llama's RMSNorm backward in fp32; exact in fp64: test_float64_gradients...)
 ONCE_GRAD_RTOL = 2e-5
-pytestmark = pytest.mark.skipif(reward_padding_free_unavailable() is not None,
-                                reason=str(reward_padding_free_unavailable()))
 METRICS = ("loss", "num_tokens", "min_reward", "mean_reward", "max_reward", "accuracy", "margin")
 
 

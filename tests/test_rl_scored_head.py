@@ -10,12 +10,7 @@ import tiny_rl as R
 from accelerate.utils import is_peft_model
 from layout_runs import assert_same_training, step_logs, train_layouts
 
-from trl_padfree._compat import rl_padding_free_unavailable
-from trl_padfree.kto import kto_padding_free_unavailable
-from trl_padfree.scored_head import scored_head_state, scored_head_unavailable
-
-_SKIP = scored_head_unavailable() or rl_padding_free_unavailable() or kto_padding_free_unavailable()
-pytestmark = pytest.mark.skipif(_SKIP is not None, reason=str(_SKIP))
+from trl_padfree.scored_head import scored_head_state
 
 
 def _base(model):

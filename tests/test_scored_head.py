@@ -23,7 +23,6 @@ from trl_padfree.dpo import flat_forward
 from trl_padfree.testing import tiny_llama
 
 RTOL = 1e-5
-pytestmark = pytest.mark.skipif(sh.scored_head_unavailable() is not None, reason=str(sh.scored_head_unavailable()))
 ALL = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
 
 

@@ -10,8 +10,6 @@ import torch
 from tiny_sft import losses, make_trainer, max_rel_diff, tokenized_dataset, tokenizer, weights
 from two_ranks import run_on_two_ranks
 
-from trl_padfree.scored_head import scored_head_unavailable
-
 LOSS_RTOL, WEIGHT_RTOL = 1e-5, 1e-4
 
 
@@ -54,7 +52,6 @@ def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return results
 
 
-@pytest.mark.skipif(scored_head_unavailable() is not None, reason=str(scored_head_unavailable()))
 def test_two_ddp_ranks_scored_head_trains_as_trls_head(ddp_results):
     """Scored head through DDP's forward: ranks in sync, weights TRL's fused head's."""
     runs, w = ddp_results["runs"], ddp_results["weights"]

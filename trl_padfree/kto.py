@@ -17,13 +17,12 @@ import torch
 import torch.nn.functional as F
 import trl
 
-from ._compat import kto_padding_free_unavailable  # noqa: F401  (trl >= 1.16, the floor: always None)
 from .configs import KTOConfig
 from .dpo import flat_forward, log_entropy_and_tokens, reference_forward
 from .preference import MODEL_KEYS, DataCollatorForPreference, PreferenceLayout, segment_sum, truncate_pair
 from .trainer import PadfreeTrainerMixin
 
-__all__ = ["DataCollatorForUnpairedFlat", "KTOConfig", "KTOTrainer", "kto_padding_free_unavailable"]
+__all__ = ["DataCollatorForUnpairedFlat", "KTOConfig", "KTOTrainer"]
 
 
 @dataclass

@@ -1,3 +1,3 @@
 """Deprecated alias of :mod:`trl_padfree.reward_trainer` (the trainer; reward functions: :mod:`trl_padfree.reward_functions`)."""
 
-from .reward_trainer import RewardConfig, RewardTrainer, reward_padding_free_unavailable  # noqa: F401
+from .reward_trainer import RewardConfig, RewardTrainer  # noqa: F401

@@ -16,14 +16,12 @@ import trl
 from torch import nn
 from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
-from ._compat import reward_padding_free_unavailable  # noqa: F401  (trl >= 1.16, the floor: always None)
 from .configs import RewardConfig
 from .preference import MODEL_KEYS
 from .reward_layout import DataCollatorForRewardPairs, position_scores, score_head, scores_of  # noqa: F401
 from .trainer import PadfreeTrainerMixin
 
-__all__ = ["RewardConfig", "RewardTrainer", "position_scores", "reward_padding_free_unavailable", "score_head",
-           "scores_of"]
+__all__ = ["RewardConfig", "RewardTrainer", "position_scores", "score_head", "scores_of"]
 
 
 class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
@@ -57,7 +55,7 @@ class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
         self.count_real_tokens(inputs)  # (TRL's compute_loss, which the tokens/s log wraps, is not called)
         mode = "train" if self.model.training else "eval"
         outputs, logits = self._flat_rewards(model, inputs)
-        # from here on TRL's compute_loss (1.8-1.16), on the rewards read at every sequence's pooled token
+        # from here on TRL 1.16's compute_loss, on the rewards read at every sequence's pooled token
         rewards_chosen, rewards_rejected = torch.chunk(logits.squeeze(-1), chunks=2)
         if "margin" in inputs:
             loss = -nn.functional.logsigmoid(rewards_chosen - rewards_rejected - inputs["margin"]).mean()
@@ -67,8 +65,7 @@ class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
             loss += self.args.center_rewards_coefficient * torch.mean((rewards_chosen + rewards_rejected) ** 2)
         if mode == "train":
             tokens = torch.tensor(int(inputs["num_tokens"]), device=logits.device)
-            tp_size = getattr(self, "_tp_size", 1)  # (trl < 1.16 does not divide by it)
-            self._total_train_tokens += self.accelerator.gather_for_metrics(tokens).sum().item() // tp_size
+            self._total_train_tokens += self.accelerator.gather_for_metrics(tokens).sum().item() // self._tp_size
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
         with torch.no_grad():
             all_rewards = self.accelerator.gather(logits)

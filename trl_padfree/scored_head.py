@@ -34,12 +34,10 @@ from typing import Any
 
 import torch
 
-from ._compat import MIN_TRL_SCORED_HEAD, scored_head_unavailable  # noqa: F401  (trl >= 1.16: always None)
-
 __all__ = [
-    "CHUNK_ELEMENTS", "MIN_TRL_SCORED_HEAD", "OUTPUTS", "ScoredLogProbs", "ScoredTokens", "add_scored_head",
+    "CHUNK_ELEMENTS", "OUTPUTS", "ScoredLogProbs", "ScoredTokens", "add_scored_head",
     "trl_head_is_compact", "remove_scored_head", "chunk_rows", "head_fallback_reason", "scored_head_state",
-    "score_row", "score_tokens", "scored_head_unavailable",
+    "score_row", "score_tokens",
 ]  # fmt: skip
 
 IGNORE_INDEX = -100

@@ -107,11 +107,6 @@ class DPOTask(PreferenceTask):
     trainer_name = "DPOTrainer"
 
     def check(self, cfg: Any) -> None:
-        if cfg.training.padding_free:
-            from trl_padfree._compat import dpo_padding_free_unavailable
-
-            if (problem := dpo_padding_free_unavailable()) is not None:
-                raise ConfigError(problem)
         _check_preference_losses(cfg.training)
         super().check(cfg)
 

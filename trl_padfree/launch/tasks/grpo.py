@@ -180,11 +180,6 @@ class GRPOTask(PromptOnceTask):
         for name in names:
             resolve_reward(name)
         super().check(cfg)
-        if cfg.padding_free:
-            from trl_padfree._compat import rl_padding_free_unavailable
-
-            if (problem := rl_padding_free_unavailable()) is not None:
-                raise ConfigError(problem)
 
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {**super().describe(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}

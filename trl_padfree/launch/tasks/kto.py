@@ -120,15 +120,6 @@ class KTOTask(PreferenceTask):
 
     ranges = {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
 
-    def check(self, cfg: Any) -> None:
-        from trl_padfree._compat import MIN_TRL_KTO, TRL_VERSION, trl_at_least
-
-        if not trl_at_least(MIN_TRL_KTO):  # (here, not at import: preview guesses tasks from their fields)
-            raise ConfigError(f"trl-padfree kto needs trl >= {MIN_TRL_KTO} (trl_padfree.KTOTrainer builds on its "
-                              f"KTOTrainer), and trl {TRL_VERSION} is installed: upgrade trl (pip install -U "
-                              f"'trl>={MIN_TRL_KTO}')")
-        super().check(cfg)
-
     def describe(self, cfg: Any) -> dict[str, Any]:
         return {**super().describe(cfg), "loss_type": cfg.training.loss_type}
 

@@ -144,14 +144,6 @@ class RewardTask(PromptOnceTask):
 
     ranges = {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
 
-    def check(self, cfg: Any) -> None:
-        super().check(cfg)
-        if cfg.padding_free:
-            from trl_padfree.reward import reward_padding_free_unavailable
-
-            if (problem := reward_padding_free_unavailable()) is not None:
-                raise ConfigError(problem)
-
     def resolve(self, cfg: Any) -> dict[str, Any]:
         changes = super().resolve(cfg)
         if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
