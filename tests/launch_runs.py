@@ -13,7 +13,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import pytest
 from paths import DEMO, DEMO_MODEL, ROOT
 from transformers import TrainerCallback
 from two_ranks import free_port
@@ -43,11 +42,6 @@ def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: s
     assert lines[0].startswith(prefix) and message in lines[0] and "Traceback" not in stdout, stderr
     assert not out.exists()  # nothing written
     return lines[0].removeprefix(prefix)
-
-
-def run_bad(capsys: pytest.CaptureFixture[str], argv: list[str], output_dir: Path) -> str:
-    """``assert_refused_in_one_line`` of ``trl-padfree train ARGV``."""
-    return assert_refused_in_one_line("sft", argv, output_dir)
 
 
 def assert_config_typo_named(task: str, argv: list[str], out: Path, key: str, typo: str) -> None:

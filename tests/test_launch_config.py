@@ -10,7 +10,7 @@ import torch
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
 from launch_inputs import demo_argv, write_demo_data, write_yaml
-from launch_runs import run_bad
+from launch_runs import assert_refused_in_one_line
 from paths import CONFIGS, DEMO, ROOT
 
 from trl_padfree.attention import flash_attn_available
@@ -60,21 +60,53 @@ BAD_INPUT = [
      "invalid settings: torch_num_threads must be 'auto', a positive integer or None, got 0"),
     (None, ["--packing", "true"],
      "invalid settings: SFTConfig(padding_free=True, packing=True): padding_free flattens..."),
+    # bad values (valid YAML, valid types)
+    (None, ["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be at least 1, got 0"),
+    (None, ["--per_device_train_batch_size", "-1"], "per_device_train_batch_size must be at least 1, got -1"),
+    (None, ["--per_device_eval_batch_size", "0"], "per_device_eval_batch_size must be at least 1, got 0"),
+    (None, ["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps must be at least 1, got 0"),
+    (None, ["--learning_rate", "-0.001"], "learning_rate must be at least 0, got -0.001"),
+    (None, ["--learning_rate", "nan"], "learning_rate must be at least 0, got nan"),
+    (None, ["--seed", "-1"], "seed must be at least 0 and at most 4294967295, got -1"),
+    (None, ["--max_steps", "0"], "max_steps must be at least 1 (or -1 to train for num_train_epochs), got 0"),
+    (None, ["--adam_beta2", "1.0"], "adam_beta2 must be at least 0 and less than 1, got 1.0"),
+    (None, ["--max_grad_norm", "-1"], "max_grad_norm must be at least 0 (0 turns gradient clipping off), got -1.0"),
+    (None, ["--save_total_limit", "0"],
+     "save_total_limit must be at least 1 (or null to keep every checkpoint), got 0"),
+    (None, ["--save_strategy", "steps", "--save_steps", "0"],
+     "save_steps must be greater than 0 (a number of steps, or a fraction of the run below 1), got 0.0"),
+    (None, ["--max_steps", "-1", "--num_train_epochs", "0"],
+     "num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got 0.0"),
+    (None, ["--torch_empty_cache_steps", "0"],  # transformers' own check, at parse time
+     "invalid settings: `torch_empty_cache_steps` must be an integer bigger than 0, got 0."),
+    (None, ["--eval_file", "", "--eval_strategy", "no"],  # (the demo config evaluates on start)
+     "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
+     "(or eval_on_start: false)"),
+    (None, ["--output_dir", ""],
+     "output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1"),
+    (None, ["--use_peft", "true", "--lora_dropout", "1.5"],  # torch's check, when the trainer is built
+     "SFTTrainer refused the settings: dropout probability has to be between 0 and 1, but got 1.5"),
+    (None, ["--use_peft", "true", "--lora_task_type", "BOGUS"],  # peft's, before loading
+     "invalid LoRA settings (peft.LoraConfig): Invalid task type: 'BOGUS'. Must be one of the following task types: "
+     "SEQ_CLS, SEQ_2_SEQ_LM, CAUSAL_LM, TOKEN_CLS, QUESTION_ANS, FEATURE_EXTRACTION."),
+    (None, ["--use_peft", "true", "--lora_target_modules", "q_proj", "qkv"],
+     f"lora_target_modules 'qkv' match no module of {str(DEMO / 'model')!r}; its linear layers are named "
+     "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj (or use all-linear)"),
 ]
 
 
 @pytest.mark.parametrize(("changes", "extra", "message"), BAD_INPUT)
-def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, data_dir, changes, extra, message):
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, data_dir, changes, extra, message):
     argv = demo_argv(data_dir, tmp_path / "out", *(a.replace("{tmp}", str(tmp_path)) for a in extra))
     if changes is not None:
         argv[1] = str(write_yaml(tmp_path / "c.yaml", **changes))
     message = message.replace("{tmp}", str(tmp_path)).replace("{config}", argv[1])
-    line = run_bad(capsys, argv, tmp_path / "out")
+    line = assert_refused_in_one_line("sft", argv, tmp_path / "out")
     assert line.startswith(message[:-3]) if message.endswith("...") else line == message
 
 
-def test_missing_config_file(capsys, tmp_path):
-    message = run_bad(capsys, ["--config", str(tmp_path / "none.yaml")], tmp_path / "out")
+def test_missing_config_file(tmp_path):
+    message = assert_refused_in_one_line("sft", ["--config", str(tmp_path / "none.yaml")], tmp_path / "out")
     assert message.startswith(f"config file not found: {str(tmp_path / 'none.yaml')!r}")
 
 
@@ -96,9 +128,9 @@ def leaky_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_model_that_leaks_under_padding_free(capsys, tmp_path, data_dir, leaky_model):
+def test_model_that_leaks_under_padding_free(tmp_path, data_dir, leaky_model):
     argv = demo_argv(data_dir, tmp_path / "out", "--model_name_or_path", str(leaky_model), "--attn_implementation", "sdpa")
-    message = run_bad(capsys, argv, tmp_path / "out")
+    message = assert_refused_in_one_line("sft", argv, tmp_path / "out")
     assert message.startswith("padding-free training is unsafe for this model: LEAKS: opt (attn_implementation='sdpa'")
     assert "padfree" in message  # the advice names the fix
 
