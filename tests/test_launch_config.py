@@ -9,9 +9,10 @@ import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
-from launch_inputs import demo_argv, write_demo_data, write_yaml
+from launch_inputs import DEMO_YAML, demo_argv, write_demo_data, write_yaml
 from launch_runs import assert_refused_in_one_line
 from paths import CONFIGS, DEMO, ROOT
+from tiny_models import save_tiny_model
 
 from trl_padfree.attention import flash_attn_available
 from trl_padfree.launch import ConfigError, load_config, main
@@ -97,9 +98,8 @@ BAD_INPUT = [
 
 @pytest.mark.parametrize(("changes", "extra", "message"), BAD_INPUT)
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, data_dir, changes, extra, message):
-    argv = demo_argv(data_dir, tmp_path / "out", *(a.replace("{tmp}", str(tmp_path)) for a in extra))
-    if changes is not None:
-        argv[1] = str(write_yaml(tmp_path / "c.yaml", **changes))
+    config = DEMO_YAML if changes is None else write_yaml(tmp_path / "c.yaml", **changes)
+    argv = demo_argv(data_dir, tmp_path / "out", *(a.replace("{tmp}", str(tmp_path)) for a in extra), config=config)
     message = message.replace("{tmp}", str(tmp_path)).replace("{config}", argv[1])
     line = assert_refused_in_one_line("sft", argv, tmp_path / "out")
     assert line.startswith(message[:-3]) if message.endswith("...") else line == message
@@ -110,25 +110,11 @@ def test_missing_config_file(tmp_path):
     assert message.startswith(f"config file not found: {str(tmp_path / 'none.yaml')!r}")
 
 
-@pytest.fixture(scope="module")
-def leaky_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random OPT (its sdpa mask ignores position_ids, so packed examples leak) with the demo tokenizer."""
-    from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
-
-    out = tmp_path_factory.mktemp("opt")
-    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
-    config = OPTConfig(
-        vocab_size=len(tokenizer), hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2,
-        word_embed_proj_dim=32, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    OPTForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def test_model_that_leaks_under_padding_free(tmp_path, data_dir, leaky_model):
+def test_model_that_leaks_under_padding_free(tmp_path, data_dir, demo_tokenizer):
+    """A tiny random OPT: its sdpa mask ignores position_ids, so packed examples leak."""
+    sizes = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2, word_embed_proj_dim=32,
+                 max_position_embeddings=512)
+    leaky_model = save_tiny_model(tmp_path / "opt", "opt", sizes, demo_tokenizer)
     argv = demo_argv(data_dir, tmp_path / "out", "--model_name_or_path", str(leaky_model), "--attn_implementation", "sdpa")
     message = assert_refused_in_one_line("sft", argv, tmp_path / "out")
     assert message.startswith("padding-free training is unsafe for this model: LEAKS: opt (attn_implementation='sdpa'")
@@ -181,8 +167,7 @@ def test_demo_config_resolves(data_dir, tmp_path):
     assert cfg.padding_free is False and cfg.training.padding_free is False
 
 
-def test_chat_demo_config_resolves(tmp_path, monkeypatch):
-    monkeypatch.chdir(ROOT)  # the demo configs name their files relative to the repository root
+def test_chat_demo_config_resolves(tmp_path, in_root):  # the demo configs name their files relative to the root
     cfg = load_config(["--config", str(CONFIGS / "demo-chat.yaml"), "--output_dir", str(tmp_path / "out")])
     assert cfg.training.instruction_template is None and cfg.training.response_template is None  # chat masks
     assert cfg.launch.train_file == "trl_padfree/demo/data/chat_train.jsonl" and cfg.launch.template is None
@@ -243,9 +228,7 @@ def test_accelerate_configs_load_with_accelerate(name, kind):
 def test_env_mapping_sets_variables(tmp_path, data_dir, monkeypatch):
     monkeypatch.setenv("TRL_PADFREE_TEST_ENV", "before")  # (restored after the test: TRL sets os.environ)
     config = write_yaml(tmp_path / "c.yaml", env={"TRL_PADFREE_TEST_ENV": 7})
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    load_config(argv)
+    load_config(demo_argv(data_dir, tmp_path / "out", config=config))
     assert os.environ["TRL_PADFREE_TEST_ENV"] == "7"
 
 

@@ -115,10 +115,8 @@ def test_resume_path_that_is_not_a_checkpoint(tmp_path, data_dir):
 def test_config_with_non_utf8_bytes(tmp_path, data_dir):
     config = tmp_path / "c.yaml"
     config.write_bytes(DEMO_YAML.read_bytes() + "# caf\u00e9\n".encode("latin-1"))
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
     offset = len(DEMO_YAML.read_bytes()) + len("# caf")
-    message = assert_refused_in_one_line("sft", argv, tmp_path / "out")
+    message = assert_refused_in_one_line("sft", demo_argv(data_dir, tmp_path / "out", config=config), tmp_path / "out")
     assert message == f"{config}: not UTF-8 text (byte 0xe9 at offset {offset}); save the file as UTF-8"
 
 
@@ -133,9 +131,7 @@ def test_the_run_line_says_when_remote_code_is_trusted(tmp_path, data_dir):
 
 def test_model_init_kwargs_are_applied_by_the_launcher_not_trl(tmp_path, data_dir):
     config = write_yaml(tmp_path / "c.yaml", model_init_kwargs={"low_cpu_mem_usage": True})
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    cfg = load_config(argv)
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", config=config))
     assert cfg.model_init_kwargs == {"low_cpu_mem_usage": True}
     assert cfg.training.model_init_kwargs is None  # TRL would print that it ignores them
 
