@@ -81,7 +81,6 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data
     ("extra", "message"),
     [
         (("--beta_typo", "0.2"), "unknown"),
-        (("--template", "{prompt}"), "(a field of trl-padfree train, not of trl-padfree dpo)"),
         (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
         (("--padding_free", "false"), "DPOConfig(prompt_once=True) needs padding_free=True"),
         (("--beta", "0"), "beta must be greater than 0"),
