@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from trl import SFTConfig
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
 from trl_padfree.launch import ConfigError, load_config
-from trl_padfree.launch import main as train_main
 from trl_padfree.launch.defaults import ModelShape, apply_defaults
 from trl_padfree.launch.tasks.sft_data import prepare_data
 from trl_padfree.probe import PackingLeakError
@@ -93,18 +91,6 @@ def _own_cfg(tmp_path: Path, *extra: str):
     train = write_jsonl(tmp_path / "train.jsonl", PROMPT_COMPLETION)
     return load_config(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train),
                         "--output_dir", str(tmp_path / "out"), *extra], check_environment=False)  # fmt: skip
-
-
-def test_validation_error_of_a_config_without_activation_checkpointing_has_no_future_warning(tmp_path, capsys):
-    """Issue 12: the launcher's own defaults cause no warning before the one-line error."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code = train_main(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(tmp_path / "none.jsonl"),
-                           "--output_dir", str(tmp_path / "out")])  # fmt: skip
-    assert code == 2
-    assert [str(w.message) for w in caught] == []
-    err = capsys.readouterr().err
-    assert err.startswith("trl-padfree train: error: data file not found") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(("device", "parameters", "on"), [

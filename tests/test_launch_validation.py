@@ -38,8 +38,10 @@ def test_a_step_interval_is_checked_only_under_its_strategy(tmp_path, data_dir):
 
 
 def test_a_value_error_is_one_line_through_the_real_command(tmp_path, data_dir):
-    """No warning of the launcher's own defaults precedes the error (checked outside pytest's warning capture)."""
-    argv = demo_argv(data_dir, tmp_path / "out", "--per_device_eval_batch_size", "0")
+    """No warning of the launcher's own defaults (issue 12: a config without activation_checkpointing) precedes the
+    error (checked outside pytest's warning capture)."""
+    argv = ["--model_name_or_path", str(DEMO / "model"), "--train_file", str(data_dir / "train.jsonl"), "--output_dir",
+            str(tmp_path / "out"), "--per_device_eval_batch_size", "0"]
     proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "train", *argv], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 2
