@@ -34,10 +34,10 @@ def run_launch(argv: list[str], task: str, callbacks: typing.Sequence[TrainerCal
 
 def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str = "",
                                before_model: bool = False) -> str:
-    """``trl-padfree TASK ARGV`` exits 2 with one line, ``trl-padfree TASK: error: ...`` naming ``message``, no
-    traceback, and writes nothing to ``out`` (and, ``before_model``, loads no model); returns the line without that
-    prefix."""
-    code, stdout, stderr = run_launch(argv, task)
+    """``trl-padfree TASK ARGV`` (TASK ``preview``: ``trl-padfree preview ARGV``) exits 2 with one line,
+    ``trl-padfree TASK: error: ...`` naming ``message``, no traceback, and writes nothing to ``out`` (and,
+    ``before_model``, loads no model); returns the line without that prefix."""
+    code, stdout, stderr = run_preview(argv) if task == "preview" else run_launch(argv, task)
     prefix = f"trl-padfree {'train' if task == 'sft' else task}: error: "
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, stdout[-2000:] + stderr[-2000:]
