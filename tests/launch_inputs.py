@@ -20,9 +20,10 @@ def write_demo_data(out: Path) -> Path:
     return out
 
 
-def demo_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
-    """The demo config on tiny local data, with absolute paths (independent of the current directory)."""
-    return ["--config", str(DEMO_YAML), "--model_name_or_path", str(DEMO_MODEL), "--train_file",
+def demo_argv(data_dir: Path, output_dir: Path, *extra: str, config: Path = DEMO_YAML) -> list[str]:
+    """The demo config (or ``config``) on tiny local data, with absolute paths (independent of the current
+    directory)."""
+    return ["--config", str(config), "--model_name_or_path", str(DEMO_MODEL), "--train_file",
             str(data_dir / "train.jsonl"), "--eval_file", str(data_dir / "eval.jsonl"), "--output_dir",
             str(output_dir), "--max_steps", "2", *extra]
 

@@ -13,7 +13,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import pytest
 from paths import DEMO, DEMO_MODEL, ROOT
 from transformers import TrainerCallback
 from two_ranks import free_port
@@ -33,21 +32,19 @@ def run_launch(argv: list[str], task: str, callbacks: typing.Sequence[TrainerCal
     return _captured(main, argv, callbacks, task=task)
 
 
-def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str = "") -> str:
-    """``trl-padfree TASK ARGV`` exits 2 with one line, ``trl-padfree TASK: error: ...`` naming ``message``, no
-    traceback, and writes nothing to ``out``; returns the line without that prefix."""
-    code, stdout, stderr = run_launch(argv, task)
+def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str = "",
+                               before_model: bool = False) -> str:
+    """``trl-padfree TASK ARGV`` (TASK ``preview``: ``trl-padfree preview ARGV``) exits 2 with one line,
+    ``trl-padfree TASK: error: ...`` naming ``message``, no traceback, and writes nothing to ``out`` (and,
+    ``before_model``, loads no model); returns the line without that prefix."""
+    code, stdout, stderr = run_preview(argv) if task == "preview" else run_launch(argv, task)
     prefix = f"trl-padfree {'train' if task == 'sft' else task}: error: "
     lines = [line for line in stderr.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, stdout[-2000:] + stderr[-2000:]
     assert lines[0].startswith(prefix) and message in lines[0] and "Traceback" not in stdout, stderr
+    assert not before_model or "loading model" not in stdout
     assert not out.exists()  # nothing written
     return lines[0].removeprefix(prefix)
-
-
-def run_bad(capsys: pytest.CaptureFixture[str], argv: list[str], output_dir: Path) -> str:
-    """``assert_refused_in_one_line`` of ``trl-padfree train ARGV``."""
-    return assert_refused_in_one_line("sft", argv, output_dir)
 
 
 def assert_config_typo_named(task: str, argv: list[str], out: Path, key: str, typo: str) -> None:

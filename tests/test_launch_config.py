@@ -9,9 +9,10 @@ import pytest
 import torch
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
-from launch_inputs import demo_argv, write_demo_data, write_yaml
-from launch_runs import run_bad
+from launch_inputs import DEMO_YAML, demo_argv, write_demo_data, write_yaml
+from launch_runs import assert_refused_in_one_line
 from paths import CONFIGS, DEMO, ROOT
+from tiny_models import save_tiny_model
 
 from trl_padfree.attention import flash_attn_available
 from trl_padfree.launch import ConfigError, load_config, main
@@ -60,45 +61,62 @@ BAD_INPUT = [
      "invalid settings: torch_num_threads must be 'auto', a positive integer or None, got 0"),
     (None, ["--packing", "true"],
      "invalid settings: SFTConfig(padding_free=True, packing=True): padding_free flattens..."),
+    # bad values (valid YAML, valid types)
+    (None, ["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be at least 1, got 0"),
+    (None, ["--per_device_train_batch_size", "-1"], "per_device_train_batch_size must be at least 1, got -1"),
+    (None, ["--per_device_eval_batch_size", "0"], "per_device_eval_batch_size must be at least 1, got 0"),
+    (None, ["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps must be at least 1, got 0"),
+    (None, ["--learning_rate", "-0.001"], "learning_rate must be at least 0, got -0.001"),
+    (None, ["--learning_rate", "nan"], "learning_rate must be at least 0, got nan"),
+    (None, ["--seed", "-1"], "seed must be at least 0 and at most 4294967295, got -1"),
+    (None, ["--max_steps", "0"], "max_steps must be at least 1 (or -1 to train for num_train_epochs), got 0"),
+    (None, ["--adam_beta2", "1.0"], "adam_beta2 must be at least 0 and less than 1, got 1.0"),
+    (None, ["--max_grad_norm", "-1"], "max_grad_norm must be at least 0 (0 turns gradient clipping off), got -1.0"),
+    (None, ["--save_total_limit", "0"],
+     "save_total_limit must be at least 1 (or null to keep every checkpoint), got 0"),
+    (None, ["--save_strategy", "steps", "--save_steps", "0"],
+     "save_steps must be greater than 0 (a number of steps, or a fraction of the run below 1), got 0.0"),
+    (None, ["--max_steps", "-1", "--num_train_epochs", "0"],
+     "num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got 0.0"),
+    (None, ["--torch_empty_cache_steps", "0"],  # transformers' own check, at parse time
+     "invalid settings: `torch_empty_cache_steps` must be an integer bigger than 0, got 0."),
+    (None, ["--eval_file", "", "--eval_strategy", "no"],  # (the demo config evaluates on start)
+     "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
+     "(or eval_on_start: false)"),
+    (None, ["--output_dir", ""],
+     "output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1"),
+    (None, ["--use_peft", "true", "--lora_dropout", "1.5"],  # torch's check, when the trainer is built
+     "SFTTrainer refused the settings: dropout probability has to be between 0 and 1, but got 1.5"),
+    (None, ["--use_peft", "true", "--lora_task_type", "BOGUS"],  # peft's, before loading
+     "invalid LoRA settings (peft.LoraConfig): Invalid task type: 'BOGUS'. Must be one of the following task types: "
+     "SEQ_CLS, SEQ_2_SEQ_LM, CAUSAL_LM, TOKEN_CLS, QUESTION_ANS, FEATURE_EXTRACTION."),
+    (None, ["--use_peft", "true", "--lora_target_modules", "q_proj", "qkv"],
+     f"lora_target_modules 'qkv' match no module of {str(DEMO / 'model')!r}; its linear layers are named "
+     "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj (or use all-linear)"),
 ]
 
 
 @pytest.mark.parametrize(("changes", "extra", "message"), BAD_INPUT)
-def test_bad_input_is_one_line_and_writes_nothing(capsys, tmp_path, data_dir, changes, extra, message):
-    argv = demo_argv(data_dir, tmp_path / "out", *(a.replace("{tmp}", str(tmp_path)) for a in extra))
-    if changes is not None:
-        argv[1] = str(write_yaml(tmp_path / "c.yaml", **changes))
+def test_bad_input_is_one_line_and_writes_nothing(tmp_path, data_dir, changes, extra, message):
+    config = DEMO_YAML if changes is None else write_yaml(tmp_path / "c.yaml", **changes)
+    argv = demo_argv(data_dir, tmp_path / "out", *(a.replace("{tmp}", str(tmp_path)) for a in extra), config=config)
     message = message.replace("{tmp}", str(tmp_path)).replace("{config}", argv[1])
-    line = run_bad(capsys, argv, tmp_path / "out")
+    line = assert_refused_in_one_line("sft", argv, tmp_path / "out")
     assert line.startswith(message[:-3]) if message.endswith("...") else line == message
 
 
-def test_missing_config_file(capsys, tmp_path):
-    message = run_bad(capsys, ["--config", str(tmp_path / "none.yaml")], tmp_path / "out")
+def test_missing_config_file(tmp_path):
+    message = assert_refused_in_one_line("sft", ["--config", str(tmp_path / "none.yaml")], tmp_path / "out")
     assert message.startswith(f"config file not found: {str(tmp_path / 'none.yaml')!r}")
 
 
-@pytest.fixture(scope="module")
-def leaky_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny random OPT (its sdpa mask ignores position_ids, so packed examples leak) with the demo tokenizer."""
-    from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
-
-    out = tmp_path_factory.mktemp("opt")
-    tokenizer = AutoTokenizer.from_pretrained(DEMO / "model")
-    config = OPTConfig(
-        vocab_size=len(tokenizer), hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2,
-        word_embed_proj_dim=32, max_position_embeddings=512, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    OPTForCausalLM(config).save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    return out
-
-
-def test_model_that_leaks_under_padding_free(capsys, tmp_path, data_dir, leaky_model):
+def test_model_that_leaks_under_padding_free(tmp_path, data_dir, demo_tokenizer):
+    """A tiny random OPT: its sdpa mask ignores position_ids, so packed examples leak."""
+    sizes = dict(hidden_size=32, ffn_dim=64, num_hidden_layers=1, num_attention_heads=2, word_embed_proj_dim=32,
+                 max_position_embeddings=512)
+    leaky_model = save_tiny_model(tmp_path / "opt", "opt", sizes, demo_tokenizer)
     argv = demo_argv(data_dir, tmp_path / "out", "--model_name_or_path", str(leaky_model), "--attn_implementation", "sdpa")
-    message = run_bad(capsys, argv, tmp_path / "out")
+    message = assert_refused_in_one_line("sft", argv, tmp_path / "out")
     assert message.startswith("padding-free training is unsafe for this model: LEAKS: opt (attn_implementation='sdpa'")
     assert "padfree" in message  # the advice names the fix
 
@@ -149,8 +167,7 @@ def test_demo_config_resolves(data_dir, tmp_path):
     assert cfg.padding_free is False and cfg.training.padding_free is False
 
 
-def test_chat_demo_config_resolves(tmp_path, monkeypatch):
-    monkeypatch.chdir(ROOT)  # the demo configs name their files relative to the repository root
+def test_chat_demo_config_resolves(tmp_path, in_root):  # the demo configs name their files relative to the root
     cfg = load_config(["--config", str(CONFIGS / "demo-chat.yaml"), "--output_dir", str(tmp_path / "out")])
     assert cfg.training.instruction_template is None and cfg.training.response_template is None  # chat masks
     assert cfg.launch.train_file == "trl_padfree/demo/data/chat_train.jsonl" and cfg.launch.template is None
@@ -211,9 +228,7 @@ def test_accelerate_configs_load_with_accelerate(name, kind):
 def test_env_mapping_sets_variables(tmp_path, data_dir, monkeypatch):
     monkeypatch.setenv("TRL_PADFREE_TEST_ENV", "before")  # (restored after the test: TRL sets os.environ)
     config = write_yaml(tmp_path / "c.yaml", env={"TRL_PADFREE_TEST_ENV": 7})
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    load_config(argv)
+    load_config(demo_argv(data_dir, tmp_path / "out", config=config))
     assert os.environ["TRL_PADFREE_TEST_ENV"] == "7"
 
 

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,6 @@ from trl import SFTConfig
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
 from trl_padfree.launch import ConfigError, load_config
-from trl_padfree.launch import main as train_main
 from trl_padfree.launch.defaults import ModelShape, apply_defaults
 from trl_padfree.launch.tasks.sft_data import prepare_data
 from trl_padfree.probe import PackingLeakError
@@ -53,11 +51,16 @@ def test_a_run_of_an_own_minimal_config_is_quiet_and_picks_defaults_for_this_mac
         assert "device=cpu, bf16=False, activation_checkpointing=False, torch_num_threads=1," in run_line
 
 
+def _own_cfg(tmp_path: Path, *extra: str, rows: list[dict] = PROMPT_COMPLETION):
+    """A config of no file: the demo model, ``rows`` as train_file."""
+    train = write_jsonl(tmp_path / "train.jsonl", rows)
+    return load_config(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train),
+                        "--output_dir", str(tmp_path / "out"), *extra], check_environment=False)  # fmt: skip
+
+
 def test_prompt_completion_labels_without_response_template(demo_tokenizer, tmp_path):
     """The prompt is masked as it is, the completion and EOS trained, the collator only flattens."""
-    train = write_jsonl(tmp_path / "train.jsonl", PROMPT_COMPLETION)
-    cfg = load_config(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train),
-                       "--output_dir", str(tmp_path / "out")])  # fmt: skip
+    cfg = _own_cfg(tmp_path)
     assert cfg.training.response_template is None
     data = prepare_data(cfg, demo_tokenizer)
     assert data.text_format == "prompt+completion" and data.template_missing_in_check == 0
@@ -80,31 +83,9 @@ def test_prompt_completion_labels_without_response_template(demo_tokenizer, tmp_
     ],
 )  # fmt: skip
 def test_response_template_still_required_for_other_formats(demo_tokenizer, tmp_path, rows, extra, message):
-    train = write_jsonl(tmp_path / "train.jsonl", rows)
-    argv = ["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train), "--output_dir",
-            str(tmp_path / "out"), *extra]  # fmt: skip
     with pytest.raises(ConfigError) as err:
-        cfg = load_config(argv)
-        prepare_data(cfg, demo_tokenizer)
+        prepare_data(_own_cfg(tmp_path, *extra, rows=rows), demo_tokenizer)
     assert str(err.value) == message
-
-
-def _own_cfg(tmp_path: Path, *extra: str):
-    train = write_jsonl(tmp_path / "train.jsonl", PROMPT_COMPLETION)
-    return load_config(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(train),
-                        "--output_dir", str(tmp_path / "out"), *extra], check_environment=False)  # fmt: skip
-
-
-def test_validation_error_of_a_config_without_activation_checkpointing_has_no_future_warning(tmp_path, capsys):
-    """Issue 12: the launcher's own defaults cause no warning before the one-line error."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code = train_main(["--model_name_or_path", str(DEMO / "model"), "--train_file", str(tmp_path / "none.jsonl"),
-                           "--output_dir", str(tmp_path / "out")])  # fmt: skip
-    assert code == 2
-    assert [str(w.message) for w in caught] == []
-    err = capsys.readouterr().err
-    assert err.startswith("trl-padfree train: error: data file not found") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize(("device", "parameters", "on"), [

@@ -26,14 +26,10 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_preference_data(tmp_path_factory.mktemp("dpo-data"))
 
 
-def run_dpo(argv: list[str], callbacks=()) -> tuple[int, str, str]:
-    return run_launch(argv, "dpo", callbacks)
-
-
 @pytest.fixture(scope="module")
 def full_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     out = tmp_path_factory.mktemp("dpo-full") / "out"
-    code, stdout, stderr = run_dpo(dpo_argv(data_dir, out))
+    code, stdout, stderr = run_launch(dpo_argv(data_dir, out), "dpo")
     assert code == 0, (stdout + stderr)[-3000:]
     return out, stdout
 
@@ -60,11 +56,11 @@ def test_demo_config_trains_saves_and_summarises(full_run):
 def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data_dir, tmp_path):
     out = tmp_path / "out"
     no_eval = ("--eval_strategy", "no")  # evaluation does not change training losses
-    code, stdout, _ = run_dpo(dpo_argv(data_dir, out, *no_eval), callbacks=[SigtermAtStep(3)])
+    code, stdout, _ = run_launch(dpo_argv(data_dir, out, *no_eval), "dpo", [SigtermAtStep(3)])
     assert code == 0
     assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-3'}" in stdout
     assert not (out / "model.safetensors").exists() and sorted(losses(out)) == [1, 2, 3]
-    code, stdout, _ = run_dpo(dpo_argv(data_dir, out, *no_eval, "--resume_from_checkpoint", "true"))
+    code, stdout, _ = run_launch(dpo_argv(data_dir, out, *no_eval, "--resume_from_checkpoint", "true"), "dpo")
     assert code == 0 and "checkpoint-3" in stdout
     expected, resumed = losses(full_run[0]), losses(out)
     assert sorted(resumed) == list(range(1, DPO_STEPS + 1))
@@ -76,7 +72,6 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data
     ("extra", "message"),
     [
         (("--beta_typo", "0.2"), "unknown"),
-        (("--template", "{prompt}"), "(a field of trl-padfree train, not of trl-padfree dpo)"),
         (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
         (("--padding_free", "false"), "DPOConfig(prompt_once=True) needs padding_free=True"),
         (("--beta", "0"), "beta must be greater than 0"),
@@ -125,8 +120,8 @@ def test_conversational_pairs_train(tmp_path, data_dir):
              "rejected": [{"role": "assistant", "content": "I do not know."}]} for i in range(16)]
     pairs = write_jsonl(tmp_path / "chat.jsonl", rows)
     out = tmp_path / "out"
-    code, stdout, stderr = run_dpo(dpo_argv(data_dir, out, "--train_file", str(pairs), "--eval_strategy", "no",
-                                            "--max_steps", "2"))
+    argv = dpo_argv(data_dir, out, "--train_file", str(pairs), "--eval_strategy", "no", "--max_steps", "2")
+    code, stdout, stderr = run_launch(argv, "dpo")
     assert code == 0, (stdout + stderr)[-3000:]
     assert "(format: conversational)" in stdout and "[trl-padfree] steps: 2/2" in stdout
     code, stdout, _ = run_preview(["--config", str(CONFIGS / "demo-dpo.yaml"), "--train_file", str(pairs),

@@ -7,10 +7,9 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_runs import run_launch, write_jsonl
+from launch_runs import assert_refused_in_one_line, run_launch, write_jsonl
 from paths import DEMO, DEMO_MODEL, ROOT
 
-PREFIX = "trl-padfree dpo: error: "
 SFT_LINE = "(a field of trl-padfree train, not of trl-padfree dpo)"
 
 
@@ -43,13 +42,8 @@ def run(tmp_path: Path, train_file: str, *extra: str, **kw: str) -> tuple[int, s
 
 
 def refused(tmp_path: Path, train_file: str, *extra: str, before_model: bool = True, **kw: str) -> str:
-    """Exit 2 with one line, nothing written (and, ``before_model``, before the model loads); returns the line."""
-    code, stdout, stderr, out = run(tmp_path, train_file, *extra, **kw)
-    lines = stderr.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and lines[0].startswith(PREFIX), (code, stderr[-2000:])
-    assert "Traceback" not in stderr + stdout and not out.exists()
-    assert not before_model or "loading model" not in stdout
-    return lines[0].removeprefix(PREFIX)
+    argv = dpo_argv(tmp_path, train_file, *extra, **kw)
+    return assert_refused_in_one_line("dpo", argv, tmp_path / "out", before_model=before_model)
 
 
 def test_every_pair_dropped_by_truncation_is_refused_before_anything_is_written(tmp_path, pairs):

@@ -34,10 +34,6 @@ def quick(out: Path, *extra: str) -> list[str]:
                     "false", *extra)
 
 
-def run(argv: list[str], callbacks=()) -> tuple[int, str, str]:
-    return run_launch(argv, "kto", callbacks)
-
-
 def test_the_demo_config_trains_through_the_command(tmp_path):
     out = tmp_path / "out"
     proc = run_command("kto", kto_argv(out))
@@ -77,9 +73,9 @@ def test_unpaired_records_train_and_an_evaluation_without_a_margin_prints_no_nan
         for i, r in enumerate(records)])
     evals = write_jsonl(tmp_path / "eval.jsonl", [
         {"prompt": r["prompt"], "completion": r["chosen"], "label": True} for r in records[:4]])
-    code, stdout, stderr = run(kto_argv(tmp_path / "out", "--max_steps", "1", "--train_file", str(train),
-                                        "--eval_file", str(evals), "--eval_strategy", "no", "--eval_on_start",
-                                        "true"))
+    code, stdout, stderr = run_launch(kto_argv(tmp_path / "out", "--max_steps", "1", "--train_file", str(train),
+                                               "--eval_file", str(evals), "--eval_strategy", "no", "--eval_on_start",
+                                               "true"), "kto")
     assert code == 0, (stdout + stderr)[-3000:]
     assert ("[trl-padfree] data: 8 training examples, 4 eval examples (format: text, prompt/completion/label; training "
             "examples: 5 desirable, 3 undesirable)") in stdout

@@ -30,10 +30,6 @@ def reward_argv(out: Path, *extra: str) -> list[str]:
     return demo_pairs_argv(CONFIG, out, *extra)
 
 
-def run(argv: list[str], callbacks=()) -> tuple[int, str, str]:
-    return run_launch(argv, "reward", callbacks)
-
-
 def test_the_demo_config_trains_through_the_command(tmp_path):
     out = tmp_path / "out"
     proc = run_command("reward", reward_argv(out))
@@ -113,8 +109,9 @@ def test_margins_reach_the_loss_and_the_model_is_a_seeded_one_output_classifier(
     first_losses, seen = {}, ScoreHeadSeen()
     for name, train in (("plain", plain), ("margin", margins)):
         out = tmp_path / name
-        code, stdout, stderr = run(reward_argv(out, "--train_file", str(train), "--max_steps", "1", "--eval_strategy",
-                                               "no", "--eval_on_start", "false", "--logging_steps", "1"), [seen])
+        argv = reward_argv(out, "--train_file", str(train), "--max_steps", "1", "--eval_strategy", "no",
+                           "--eval_on_start", "false", "--logging_steps", "1")
+        code, stdout, stderr = run_launch(argv, "reward", [seen])
         assert code == 0, (stdout + stderr)[-2000:]
         assert ("with margins" in stdout) == (name == "margin")
         first_losses[name] = losses(out)[1]
@@ -155,8 +152,9 @@ def test_make_demo_runs_the_command_the_readme_shows(task):
 def test_lora_trains_the_new_score_head_too(tmp_path):
     """use_peft: LoRA's task type is SEQ_CLS, so peft saves the fresh score head with the adapters."""
     out = tmp_path / "out"
-    code, stdout, stderr = run(reward_argv(out, "--max_steps", "1", "--eval_strategy", "no", "--eval_on_start", "false",
-                                           "--use_peft", "true", "--lora_target_modules", "q_proj", "v_proj"))
+    code, stdout, stderr = run_launch(reward_argv(out, "--max_steps", "1", "--eval_strategy", "no", "--eval_on_start",
+                                                  "false", "--use_peft", "true", "--lora_target_modules", "q_proj",
+                                                  "v_proj"), "reward")
     assert code == 0, (stdout + stderr)[-3000:]
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["task_type"] == "SEQ_CLS" and "score" in adapter["modules_to_save"]

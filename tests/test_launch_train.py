@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from launch_inputs import TRAIN_STEPS, train_argv
-from launch_runs import log_history, losses, run_launch, write_jsonl
-from paths import DEMO, ROOT
+from launch_runs import assert_refused_in_one_line, demo_records, log_history, losses, run_launch, write_jsonl
+from paths import ROOT
 from tiny_models import GPT_NEO, MPT, save_tiny_model
 
 from trl_padfree.launch import main
@@ -21,13 +21,10 @@ from trl_padfree.launch import main
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """40 short demo records + one whose answer lies beyond max_length (so it is dropped), and 8 eval records."""
     out = tmp_path_factory.mktemp("launch-train-data")
-    records = [json.loads(line) for line in (DEMO / "data" / "train.jsonl").read_text(encoding="utf-8").splitlines()]
-    short = [r for r in records if len(r["instruction"]) + len(r["output"]) < 160][:40]
+    short = [r for r in demo_records("train.jsonl") if len(r["instruction"]) + len(r["output"]) < 160][:40]
     long_question = {"instruction": "Copy the text exactly: " + "red blue green " * 60, "output": "red blue green"}
-    rows = short[:20] + [long_question] + short[20:]
-    write_jsonl(out / "train.jsonl", rows)
-    eval_lines = (DEMO / "data" / "eval.jsonl").read_text(encoding="utf-8").splitlines()[:8]
-    (out / "eval.jsonl").write_text("\n".join(eval_lines) + "\n", encoding="utf-8")
+    write_jsonl(out / "train.jsonl", short[:20] + [long_question] + short[20:])
+    write_jsonl(out / "eval.jsonl", demo_records("eval.jsonl", 8))
     return out
 
 
@@ -147,12 +144,11 @@ def test_auto_falls_back_when_the_model_cannot_load_with_padfree_and_explicit_pa
     model = save_tiny_model(tmp_path / "gpt_neo", "gpt_neo", GPT_NEO, demo_tokenizer)
     capsys.readouterr()
     out = tmp_path / "out"
-    assert main(train_argv(data_dir, out, "--model_name_or_path", str(model), "--attn_implementation", "padfree")) == 2
-    assert capsys.readouterr().err.strip() == (
-        f"trl-padfree train: error: could not load model {str(model)!r}: its modeling code has no attention class "
+    argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--attn_implementation", "padfree")
+    assert assert_refused_in_one_line("sft", argv, out) == (
+        f"could not load model {str(model)!r}: its modeling code has no attention class "
         "for attn_implementation='padfree' (it keeps a table of its own); use 'sdpa' or 'eager' for this model"
     )
-    assert not out.exists()
     argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2", "--eval_strategy", "no")
     assert main(argv) == 0
     stdout = capsys.readouterr().out

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from launch_inputs import DEMO_YAML, demo_argv, write_demo_data, write_yaml
-from launch_runs import run_bad
+from launch_runs import assert_refused_in_one_line
 from paths import DEMO, ROOT
 
 from trl_padfree.launch import load_config
@@ -28,54 +28,19 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # ------------------------------------------------------------------------------------------- values
-
-# (arguments added to the demo command line, the one line it is refused with)
-VALUE_CASES = [
-    (("--per_device_train_batch_size", "0"), "per_device_train_batch_size must be at least 1, got 0"),
-    (("--per_device_train_batch_size", "-1"), "per_device_train_batch_size must be at least 1, got -1"),
-    (("--per_device_eval_batch_size", "0"), "per_device_eval_batch_size must be at least 1, got 0"),
-    (("--gradient_accumulation_steps", "0"), "gradient_accumulation_steps must be at least 1, got 0"),
-    (("--learning_rate", "-0.001"), "learning_rate must be at least 0, got -0.001"),
-    (("--learning_rate", "nan"), "learning_rate must be at least 0, got nan"),
-    (("--seed", "-1"), "seed must be at least 0 and at most 4294967295, got -1"),
-    (("--max_steps", "0"), "max_steps must be at least 1 (or -1 to train for num_train_epochs), got 0"),
-    (("--adam_beta2", "1.0"), "adam_beta2 must be at least 0 and less than 1, got 1.0"),
-    (("--max_grad_norm", "-1"), "max_grad_norm must be at least 0 (0 turns gradient clipping off), got -1.0"),
-    (("--save_total_limit", "0"), "save_total_limit must be at least 1 (or null to keep every checkpoint), got 0"),
-    (("--max_steps", "-1", "--num_train_epochs", "0"),
-     "num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got 0.0"),
-    (("--torch_empty_cache_steps", "0"),  # transformers' own check, at parse time
-     "invalid settings: `torch_empty_cache_steps` must be an integer bigger than 0, got 0."),
-    (("--eval_file", "", "--eval_strategy", "no"),  # (the demo config evaluates on start)
-     "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
-     "(or eval_on_start: false)"),
-    (("--output_dir", ""), "output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1"),
-    (("--use_peft", "true", "--lora_dropout", "1.5"),  # torch's check, when the trainer is built
-     "SFTTrainer refused the settings: dropout probability has to be between 0 and 1, but got 1.5"),
-    (("--use_peft", "true", "--lora_task_type", "BOGUS"),  # peft's, before loading
-     "invalid LoRA settings (peft.LoraConfig): Invalid task type: 'BOGUS'. Must be one of the following task types: "
-     "SEQ_CLS, SEQ_2_SEQ_LM, CAUSAL_LM, TOKEN_CLS, QUESTION_ANS, FEATURE_EXTRACTION."),
-    (("--use_peft", "true", "--lora_target_modules", "q_proj", "qkv"),
-     f"lora_target_modules 'qkv' match no module of {str(DEMO / 'model')!r}; its linear layers are named "
-     "down_proj, gate_proj, k_proj, lm_head, o_proj, q_proj, up_proj, v_proj (or use all-linear)"),
-]
+# (bad values refused in one line: tests/test_launch_config.py's BAD_INPUT)
 
 
-@pytest.mark.parametrize(("extra", "message"), VALUE_CASES, ids=[" ".join(e) for e, _ in VALUE_CASES])
-def test_a_bad_value_is_refused_in_one_line(capsys, tmp_path, data_dir, extra, message):
-    assert run_bad(capsys, demo_argv(data_dir, tmp_path / "out", *extra), tmp_path / "out") == message
-
-
-def test_a_step_interval_is_checked_only_under_its_strategy(capsys, tmp_path, data_dir):
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--save_strategy", "steps", "--save_steps", "0"),
-                      tmp_path / "out")
-    assert message == "save_steps must be greater than 0 (a number of steps, or a fraction of the run below 1), got 0.0"
+def test_a_step_interval_is_checked_only_under_its_strategy(tmp_path, data_dir):
+    """(``--save_strategy steps --save_steps 0`` is refused: BAD_INPUT)"""
     load_config(demo_argv(data_dir, tmp_path / "out", "--save_strategy", "no", "--save_steps", "0"))
 
 
 def test_a_value_error_is_one_line_through_the_real_command(tmp_path, data_dir):
-    """No warning of the launcher's own defaults precedes the error (checked outside pytest's warning capture)."""
-    argv = demo_argv(data_dir, tmp_path / "out", "--per_device_eval_batch_size", "0")
+    """No warning of the launcher's own defaults (issue 12: a config without activation_checkpointing) precedes the
+    error (checked outside pytest's warning capture)."""
+    argv = ["--model_name_or_path", str(DEMO / "model"), "--train_file", str(data_dir / "train.jsonl"), "--output_dir",
+            str(tmp_path / "out"), "--per_device_eval_batch_size", "0"]
     proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "train", *argv], capture_output=True, text=True,
                           cwd=ROOT, timeout=120)
     assert proc.returncode == 2
@@ -92,15 +57,15 @@ def test_a_value_error_is_one_line_through_the_real_command(tmp_path, data_dir):
     ("", "output_dir {out!r} is a file, not a directory; choose another output_dir"),
     ("run/out", "output_dir {out!r} cannot be created: {file!r} is a file; choose another output_dir"),
 ])
-def test_output_dir_that_is_or_is_under_a_file(capsys, tmp_path, data_dir, below, message):
+def test_output_dir_that_is_or_is_under_a_file(tmp_path, data_dir, below, message):
     (tmp_path / "file").write_text("x")
     out = tmp_path / "file" / below
-    assert run_bad(capsys, demo_argv(data_dir, out), tmp_path / "none") == message.format(
+    assert assert_refused_in_one_line("sft", demo_argv(data_dir, out), tmp_path / "none") == message.format(
         out=str(out), file=str(tmp_path / "file"))
     assert (tmp_path / "file").read_text() == "x"
 
 
-def test_output_dir_not_writable(capsys, tmp_path, data_dir):
+def test_output_dir_not_writable(tmp_path, data_dir):
     if os.geteuid() == 0:  # root writes anywhere a mode allows; /proc/1 refuses new files even to root
         parent = Path("/proc/1")
         if not parent.is_dir():
@@ -109,17 +74,17 @@ def test_output_dir_not_writable(capsys, tmp_path, data_dir):
         parent = tmp_path / "locked"
         parent.mkdir(mode=0o555)
     out = parent / "out"
-    message = run_bad(capsys, demo_argv(data_dir, out), out)
+    message = assert_refused_in_one_line("sft", demo_argv(data_dir, out), out)
     assert message.startswith(f"output_dir {str(out)!r} cannot be created in {str(parent)!r} (")
     assert message.endswith("); choose a directory you can write to")
 
 
-def test_output_dir_holding_another_run(capsys, tmp_path, data_dir):
+def test_output_dir_holding_another_run(tmp_path, data_dir):
     out = tmp_path / "out"
     (out / "checkpoint-3").mkdir(parents=True)
     (out / "notes.txt").write_text("mine")
     argv = demo_argv(data_dir, out, "--overwrite_output_dir", "false")  # (the demo config sets it to true)
-    message = run_bad(capsys, argv, tmp_path / "none")
+    message = assert_refused_in_one_line("sft", argv, tmp_path / "none")
     assert message == (
         f"output_dir {str(out)!r} already holds a run (checkpoint-3); continue it with resume_from_checkpoint: true, "
         "start over in it with overwrite_output_dir: true, or choose another output_dir"
@@ -132,12 +97,12 @@ def test_output_dir_holding_another_run(capsys, tmp_path, data_dir):
 # ------------------------------------------------------------------------------------------- resume path
 
 
-def test_resume_path_that_is_not_a_checkpoint(capsys, tmp_path, data_dir):
+def test_resume_path_that_is_not_a_checkpoint(tmp_path, data_dir):
     path = tmp_path / "not-a-checkpoint"
     path.mkdir()
     (path / "model.safetensors").write_bytes(b"")
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--resume_from_checkpoint", str(path)),
-                      tmp_path / "out")
+    argv = demo_argv(data_dir, tmp_path / "out", "--resume_from_checkpoint", str(path))
+    message = assert_refused_in_one_line("sft", argv, tmp_path / "out")
     assert message == (
         f"resume_from_checkpoint={str(path)!r} is not a complete checkpoint: it has no readable trainer_state.json "
         "(the save was interrupted?); pass a checkpoint-N directory (or true for the newest complete one of the run "
@@ -148,13 +113,11 @@ def test_resume_path_that_is_not_a_checkpoint(capsys, tmp_path, data_dir):
 # ------------------------------------------------------------------------------------------- config file and env
 
 
-def test_config_with_non_utf8_bytes(capsys, tmp_path, data_dir):
+def test_config_with_non_utf8_bytes(tmp_path, data_dir):
     config = tmp_path / "c.yaml"
     config.write_bytes(DEMO_YAML.read_bytes() + "# caf\u00e9\n".encode("latin-1"))
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
     offset = len(DEMO_YAML.read_bytes()) + len("# caf")
-    message = run_bad(capsys, argv, tmp_path / "out")
+    message = assert_refused_in_one_line("sft", demo_argv(data_dir, tmp_path / "out", config=config), tmp_path / "out")
     assert message == f"{config}: not UTF-8 text (byte 0xe9 at offset {offset}); save the file as UTF-8"
 
 
@@ -169,9 +132,7 @@ def test_the_run_line_says_when_remote_code_is_trusted(tmp_path, data_dir):
 
 def test_model_init_kwargs_are_applied_by_the_launcher_not_trl(tmp_path, data_dir):
     config = write_yaml(tmp_path / "c.yaml", model_init_kwargs={"low_cpu_mem_usage": True})
-    argv = demo_argv(data_dir, tmp_path / "out")
-    argv[1] = str(config)
-    cfg = load_config(argv)
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", config=config))
     assert cfg.model_init_kwargs == {"low_cpu_mem_usage": True}
     assert cfg.training.model_init_kwargs is None  # TRL would print that it ignores them
 
@@ -196,9 +157,9 @@ def small_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def test_tokenizer_larger_than_the_embeddings(capsys, tmp_path, data_dir, small_vocab_model):
+def test_tokenizer_larger_than_the_embeddings(tmp_path, data_dir, small_vocab_model):
     argv = demo_argv(data_dir, tmp_path / "out", "--model_name_or_path", str(small_vocab_model))
-    assert run_bad(capsys, argv, tmp_path / "out") == (
+    assert assert_refused_in_one_line("sft", argv, tmp_path / "out") == (
         f"the tokenizer of {str(small_vocab_model)!r} has 768 token ids but the model's embeddings hold 700 "
         "(vocab_size): use the tokenizer that belongs to this model, or resize the model's embeddings to 768 "
         "(model.resize_token_embeddings) and save it"
@@ -248,7 +209,7 @@ DATA_CASES = {
 
 
 @pytest.mark.parametrize("case", list(DATA_CASES))
-def test_bad_data_is_refused_in_one_line_naming_the_record_or_file(capsys, tmp_path, data_dir, case):
+def test_bad_data_is_refused_in_one_line_naming_the_record_or_file(tmp_path, data_dir, case):
     content, extra, expected = DATA_CASES[case]
     train = tmp_path / "train.jsonl"
     if content is None:
@@ -256,8 +217,8 @@ def test_bad_data_is_refused_in_one_line_naming_the_record_or_file(capsys, tmp_p
     else:
         train.write_bytes(content)
     expected = expected.replace("PATH", repr(str(train))).replace("GLOB", repr(str(train / "*.jsonl")))
-    message = run_bad(capsys, demo_argv(data_dir, tmp_path / "out", "--train_file", str(train), *extra),
-                      tmp_path / "out")
+    argv = demo_argv(data_dir, tmp_path / "out", "--train_file", str(train), *extra)
+    message = assert_refused_in_one_line("sft", argv, tmp_path / "out")
     assert message.startswith(expected[:-3]) if expected.endswith("...") else message == expected
 
 
@@ -274,10 +235,10 @@ def test_a_single_lora_target_is_a_module_name_not_a_regular_expression(tmp_path
     check_lora_targets(cfg, tiny_llama())  # matches model.layers.*.self_attn.q_proj
 
 
-def test_trl_refusing_settings_at_trainer_construction_is_one_line_and_leaves_no_output_dir(capsys, tmp_path, data_dir):
+def test_trl_refusing_settings_at_trainer_construction_is_one_line_and_leaves_no_output_dir(tmp_path, data_dir):
     """TRL's own check, run where TRL runs it (building the trainer, after transformers created output_dir)."""
     argv = demo_argv(data_dir, tmp_path / "out", "--router_aux_loss_coef", "0.5")
-    assert run_bad(capsys, argv, tmp_path / "out") == (
+    assert assert_refused_in_one_line("sft", argv, tmp_path / "out") == (
         "SFTTrainer refused the settings: `router_aux_loss_coef` is set to 0.5 but LlamaForCausalLM is not a "
         "Mixture-of-Experts model that returns its router logits, so there is no auxiliary loss to weight."
     )
@@ -320,7 +281,7 @@ HUB_CASES = {
 
 
 @pytest.mark.parametrize("case", list(HUB_CASES))
-def test_a_hub_dataset_that_cannot_be_had_fails_fast(capsys, tmp_path, data_dir, monkeypatch, hub_not_found, case):
+def test_a_hub_dataset_that_cannot_be_had_fails_fast(tmp_path, data_dir, monkeypatch, hub_not_found, case):
     """One line within seconds instead of datasets' ~30 s of retries; no network used."""
     import datasets
     from huggingface_hub import constants
@@ -332,7 +293,7 @@ def test_a_hub_dataset_that_cannot_be_had_fails_fast(capsys, tmp_path, data_dir,
     argv = demo_argv(data_dir, tmp_path / "out", "--train_file", "", "--eval_file", "", "--eval_strategy", "no",
                      "--eval_on_start", "false", "--dataset_name", "nobody/no-such-dataset")
     began = time.perf_counter()
-    message = run_bad(capsys, argv, tmp_path / "out")
+    message = assert_refused_in_one_line("sft", argv, tmp_path / "out")
     assert time.perf_counter() - began < 10
     start, _, end = expected.partition("...")
     assert message.startswith(start) and message.endswith(end) if end else message == expected

@@ -7,25 +7,20 @@ import shutil
 from pathlib import Path
 
 import pytest
-from launch_runs import write_jsonl
+from launch_runs import assert_refused_in_one_line, write_jsonl
 from paths import DEMO_MODEL
-
-from trl_padfree import cli
 
 BAD_INDEX = ["--template", "### Question: {instruction[8]}\n### Answer: {output}", "--response_template", "### Answer:"]
 
 
-def refused(capsys: pytest.CaptureFixture[str], command: str, tmp_path: Path, rows: list[dict], *extra: str) -> str:
+def refused(command: str, tmp_path: Path, rows: list[dict], *extra: str) -> str:
     """``trl-padfree COMMAND`` on the demo model with ``rows`` as train_file exits 2 with one line, writing nothing;
     returns that line."""
-    argv = [command, "--model_name_or_path", str(DEMO_MODEL), "--train_file", str(write_jsonl(tmp_path / "train.jsonl",
-            rows)), "--output_dir", str(tmp_path / "out"), *extra]  # fmt: skip
+    argv = ["--model_name_or_path", str(DEMO_MODEL), "--train_file", str(write_jsonl(tmp_path / "train.jsonl", rows)),
+            "--output_dir", str(tmp_path / "out"), *extra]  # fmt: skip
     if command == "train":
         argv += ["--max_steps", "1", "--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
-    assert cli.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Traceback" not in err and not (tmp_path / "out").exists(), err
-    return err
+    return assert_refused_in_one_line("sft" if command == "train" else command, argv, tmp_path / "out")
 
 
 def chat(*turns: tuple[str, str], **extra) -> dict:
@@ -125,37 +120,36 @@ def resolve(args: list[str], tmp_path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_a_record_that_cannot_be_prepared_is_one_line_naming_it(case, tmp_path, capsys):
+def test_a_record_that_cannot_be_prepared_is_one_line_naming_it(case, tmp_path):
     rows, extra, record, message = CASES[case]
-    err = refused(capsys, "preview", tmp_path, rows, *resolve(extra, tmp_path))
-    assert err.startswith(f"trl-padfree preview: error: {record} (counting from 0): ") and message in err
+    line = refused("preview", tmp_path, rows, *resolve(extra, tmp_path))
+    assert line.startswith(f"{record} (counting from 0): ") and message in line
 
 
-def test_the_eval_split_is_named(tmp_path, capsys):
+def test_the_eval_split_is_named(tmp_path):
     evals = write_jsonl(tmp_path / "eval.jsonl", [{"instruction": "a long question", "output": "b"},
                                                   {"instruction": "short", "output": "b"}])
-    err = refused(capsys, "preview", tmp_path, QA, "--eval_file", str(evals), *BAD_INDEX)
-    assert err.startswith("trl-padfree preview: error: eval_file record 1 (counting from 0): template ")
+    line = refused("preview", tmp_path, QA, "--eval_file", str(evals), *BAD_INDEX)
+    assert line.startswith("eval_file record 1 (counting from 0): template ")
 
 
-def test_after_eval_fraction_the_record_is_named_in_file_order(tmp_path, capsys):
+def test_after_eval_fraction_the_record_is_named_in_file_order(tmp_path):
     rows = [{"instruction": f"a long question {i}", "output": "b"} for i in range(20)]
     rows[13] = {"instruction": "short", "output": "b"}
-    err = refused(capsys, "preview", tmp_path, rows, "--eval_fraction", "0.5", *BAD_INDEX)
-    assert err.startswith("trl-padfree preview: error: train_file record 13 (counting from 0): ")
+    line = refused("preview", tmp_path, rows, "--eval_fraction", "0.5", *BAD_INDEX)
+    assert line.startswith("train_file record 13 (counting from 0): ")
 
 
 @pytest.mark.parametrize("template", ["### Question: {instruction\n### Answer: {output}", "### Question: }{output}"])
-def test_a_template_that_is_no_format_string_is_refused_before_the_data(template, tmp_path, capsys):
-    err = refused(capsys, "preview", tmp_path, QA, "--template", template, "--response_template", "### Answer:")
-    assert err.startswith(f"trl-padfree preview: error: template {template!r} is not a valid format string (")
-    assert err.endswith("); write each field as {name} with its closing brace, and literal braces as {{ and }}\n")
+def test_a_template_that_is_no_format_string_is_refused_before_the_data(template, tmp_path):
+    line = refused("preview", tmp_path, QA, "--template", template, "--response_template", "### Answer:")
+    assert line.startswith(f"template {template!r} is not a valid format string (")
+    assert line.endswith("); write each field as {name} with its closing brace, and literal braces as {{ and }}")
 
 
-def test_train_refuses_the_record_the_same_way_and_writes_nothing(tmp_path, capsys):
-    err = refused(capsys, "train", tmp_path, CASES["chat template raises (labels from the chat template)"][0])
-    assert err.startswith("trl-padfree train: error: train_file record 1 (counting from 0): the chat template "
-                          "cannot render it (TemplateError: ")
+def test_train_refuses_the_record_the_same_way_and_writes_nothing(tmp_path):
+    line = refused("train", tmp_path, CASES["chat template raises (labels from the chat template)"][0])
+    assert line.startswith("train_file record 1 (counting from 0): the chat template cannot render it (TemplateError: ")
 
 
 @pytest.mark.parametrize(("turns", "split", "message"), [
@@ -168,7 +162,7 @@ def test_train_refuses_the_record_the_same_way_and_writes_nothing(tmp_path, caps
 ])
 @pytest.mark.parametrize("response_template", [None, "### Answer:"])
 def test_a_chat_record_without_a_reply_to_train_is_refused_by_name(turns, split, message, response_template,
-                                                                   tmp_path, capsys):
+                                                                   tmp_path):
     # it was dropped with "response template missing, or the completion cut off by max_length": neither applied,
     # the record was not named and the run went on
     good = chat(("user", "hi"), ("assistant", "yo"))
@@ -177,5 +171,5 @@ def test_a_chat_record_without_a_reply_to_train_is_refused_by_name(turns, split,
     extra = ["--eval_file", str(write_jsonl(tmp_path / "eval.jsonl", files["eval_file"]))]
     if response_template:
         extra += ["--response_template", response_template]
-    err = refused(capsys, "train", tmp_path, files["train_file"], *extra)
-    assert err == f"trl-padfree train: error: {split} record 1 (counting from 0): {message}\n"
+    line = refused("train", tmp_path, files["train_file"], *extra)
+    assert line == f"{split} record 1 (counting from 0): {message}"
