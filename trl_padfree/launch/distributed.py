@@ -117,8 +117,9 @@ def check_process_group(training: Any) -> None:
 
 def finish(code: int, error: BaseException | None = None) -> int:
     """The exit code of a run that returned ``code`` (``error``: what stopped it; raised without a process group).
-    With one, a finished run meets the others at a barrier and destroys the group; a failed rank leaves without a
-    collective: its sockets close when it exits, so every other rank's pending collective fails too."""
+    With one, a finished run meets the others at a barrier and destroys the group, a refused one (2) destroys it
+    without a collective; a failed rank leaves without a collective: its sockets close when it exits, so every other
+    rank's pending collective fails too."""
     if not in_process_group():
         if error is not None:
             raise error
@@ -133,6 +134,17 @@ def finish(code: int, error: BaseException | None = None) -> int:
             return 0
         except Exception as exc:  # noqa: BLE001  (another rank failed meanwhile)
             error = exc
+    if code == 2 and error is None:
+        # refused before training (no DDP holds the group): destroy it here, without a collective. Left to the
+        # interpreter's exit, the group's threads could abort the process under load ("terminate called without an
+        # active exception", exit -6 instead of 2), and torchrun then reported that
+        gc.collect()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001,S110  (the exit code says it all)
+            pass
+        sys.stderr.flush()
+        return 2
     if error is not None:
         print(f"[trl-padfree] rank {dist.get_rank()} ({where()}) failed:", file=sys.stderr)
         traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
