@@ -76,3 +76,32 @@ def test_preview_of_chat_data_without_templates(in_root, capsys, tmp_path):
     out = capsys.readouterr().out
     assert out.count("### Answer:[[ ") == out.split("---\n")[1].count("### Answer:") > 1  # every turn trained
     assert out.endswith("examples without a trained token (dropped before training): 0 of 4\n")
+
+
+@pytest.mark.parametrize("chat", [False, True])
+@pytest.mark.parametrize("trainer", ["DPOTrainer", "KTOTrainer", "RewardTrainer"])
+def test_preview_prepares_preference_records_as_the_built_trl_trainer(trainer, chat, demo_tokenizer, tmp_path):
+    """preview builds no trainer: the records it shows (tokenized, those over max_length dropped) are those of the
+    built trainer's train_dataset."""
+    import trl
+    from datasets import Dataset
+    from launch_runs import demo_records
+    from paths import DEMO_MODEL
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from trl_padfree.launch.tasks.preference_data import prepared_by_trl
+
+    rows = demo_records("pref_train.jsonl", 8)
+    if chat:
+        rows = [{key: [{"role": "user" if key == "prompt" else "assistant", "content": text.strip()}]
+                 for key, text in row.items()} for row in rows]
+    args = getattr(trl, trainer.replace("Trainer", "Config"))(output_dir=str(tmp_path), report_to=[], bf16=False,
+                                                                         max_length=40)
+    auto = AutoModelForSequenceClassification if trainer == "RewardTrainer" else AutoModelForCausalLM
+    model = auto.from_pretrained(DEMO_MODEL, **({"num_labels": 1} if trainer == "RewardTrainer" else {}))
+    built = getattr(trl, trainer)(model=model, args=args, train_dataset=Dataset.from_list(rows),
+                                  processing_class=demo_tokenizer).train_dataset
+    ours = prepared_by_trl(getattr(trl, trainer), Dataset.from_list(rows), demo_tokenizer, args)
+    columns = [c for c in ("prompt_ids", "chosen_ids", "rejected_ids", "completion_ids", "label") if c in built.column_names]
+    assert 0 < len(built) < len(rows) * (2 if trainer == "KTOTrainer" else 1)  # some dropped
+    assert ours.select_columns(columns).to_list() == built.select_columns(columns).to_list()

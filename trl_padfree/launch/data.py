@@ -6,17 +6,15 @@ out with the run's seed) and :func:`map_records`, a ``datasets.map`` whose failu
 
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .config import ConfigError, LaunchArguments
 from .console import one_line
 
-__all__ = ["DATA_EXTENSIONS", "RecordFailed", "check_data_files", "data_builder", "file_index",
-           "load_splits", "map_records", "record_error", "stage"]
+__all__ = ["DATA_EXTENSIONS", "Step", "check_data_files", "data_builder", "load_splits", "map_records", "record_error"]
 
 #: Local data formats and the ``datasets`` builder that reads each.
 DATA_EXTENSIONS: dict[str, str] = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
@@ -126,15 +124,18 @@ def _load_dataset_name(data: LaunchArguments) -> Any:
     return splits
 
 
-def load_splits(data: LaunchArguments, seed: int,
-                check: Callable[[Any, str], None] | None = None) -> tuple[Any, Any | None]:
-    """The training split and the eval split (or None) of ``data``; ``check(dataset, source)`` runs on each split as
-    loaded (before ``eval_fraction`` shuffles it, so that record indices are those of the files)."""
-    loaded: list[Any] = []
+def load_splits(data: LaunchArguments, seed: int, check: Callable[[Any, str], None] | None = None,
+                where: dict[str, tuple[str, Sequence[int]]] | None = None) -> tuple[Any, Any | None]:
+    """The training split and the eval split (or None) of ``data``. ``check(dataset, source)`` runs on each split as
+    loaded; ``where`` (if given) gets each split's ``(source, index in the file of each of its records)``."""
+    from datasets import Dataset
+
+    loaded: list[tuple[Any, str, Sequence[int]]] = []
 
     def add(dataset: Any, source: str) -> None:
-        (check or (lambda *_: None))(dataset, source)
-        loaded.append(dataset)
+        if check is not None:
+            check(dataset, source)
+        loaded.append((dataset, source, range(len(dataset))))
 
     if data.train_file:
         add(_load_files("train_file", data.train_file), "train_file")
@@ -145,41 +146,25 @@ def load_splits(data: LaunchArguments, seed: int,
                 add(splits[split], f"dataset_name split {split!r}")
     if data.eval_file:
         add(_load_files("eval_file", data.eval_file), "eval_file")
-    train, eval_ds = loaded[0], loaded[-1] if len(loaded) > 1 else None
-    if data.eval_fraction is not None:
-        if len(train) < 2:
-            raise ConfigError(f"eval_fraction needs at least 2 training records, the data has {len(train)}")
-        parts = train.train_test_split(test_size=data.eval_fraction, seed=seed, shuffle=True)
-        train, eval_ds = parts["train"], parts["test"]
-    if data.max_train_examples is not None:
-        train = train.select(range(min(data.max_train_examples, len(train))))
-    if eval_ds is not None and data.max_eval_examples is not None:
-        eval_ds = eval_ds.select(range(min(data.max_eval_examples, len(eval_ds))))
-    if len(train) == 0:
-        raise ConfigError("the training data has no records")
-    if eval_ds is not None and len(eval_ds) == 0:
-        raise ConfigError("the eval data has no records")
-    return train, eval_ds
-
-
-class RecordFailed(Exception):
-    """An exception raised while preparing records, with its stage (``format``, ``tokenize``, ``chat`` or
-    ``label``) and, once :func:`map_records` found it, the position of the first record that fails."""
-
-    def __init__(self, stage: str, error: BaseException, position: int | None = None) -> None:
-        super().__init__(stage, error, position)
-        self.stage, self.error, self.position = stage, error, position
-
-
-@contextlib.contextmanager
-def stage(name: str) -> Iterator[None]:
-    """Tag any exception raised inside with the stage it was raised in (see :func:`record_error`)."""
-    try:
-        yield
-    except RecordFailed:
-        raise
-    except Exception as exc:
-        raise RecordFailed(name, exc) from exc
+    chosen = {"train": loaded[0], "eval": loaded[-1] if len(loaded) > 1 else None}
+    if data.eval_fraction is not None:  # held out by index, so that each record keeps its index in the file
+        dataset, source, rows = loaded[0]
+        if len(rows) < 2:
+            raise ConfigError(f"eval_fraction needs at least 2 training records, the data has {len(rows)}")
+        parts = Dataset.from_dict({"row": list(rows)}).train_test_split(test_size=data.eval_fraction, seed=seed)
+        chosen = {"train": (dataset, source, list(parts["train"]["row"])),
+                  "eval": (dataset, source, list(parts["test"]["row"]))}
+    out: dict[str, Any] = {"eval": None}
+    for name, limit in (("train", data.max_train_examples), ("eval", data.max_eval_examples)):
+        if chosen[name] is not None:
+            dataset, source, rows = chosen[name]
+            rows = rows[:limit]
+            if not rows:
+                raise ConfigError(f"the {'training' if name == 'train' else 'eval'} data has no records")
+            out[name] = dataset.select(rows)
+            if where is not None:
+                where[name] = (source, rows)
+    return out["train"], out["eval"]
 
 
 def _raised_in_a_template(error: BaseException) -> bool:
@@ -223,37 +208,33 @@ def record_error(source: str, index: int, stage: str, error: BaseException, temp
     return ConfigError(f"{source} record {index} (counting from 0): {what}")
 
 
-def file_index(dataset: Any, position: int) -> int:
-    """The index, in file order, of the record at ``position`` of ``dataset`` (a shuffled or selected split keeps
-    a mapping to the rows of the files it was loaded from; ``datasets`` has no public accessor for it)."""
-    try:
-        return int(dataset._indices.column(0)[position].as_py())
-    except Exception:  # noqa: BLE001  (no mapping, or a layout this does not know: the position is the best there is)
-        return position
+#: a step of :func:`map_records`: its stage (see :func:`record_error`) and a function of a batch of records
+Step = tuple[str, Callable[[dict[str, list[Any]]], dict[str, list[Any]]]]
 
 
-def map_records(dataset: Any, fn: Callable[[dict[str, list[Any]]], dict[str, list[Any]]], stage_name: str,
-                source: str, template: str | None = None, origin: Any = None, **map_kwargs: Any) -> Any:
-    """``dataset.map(fn, batched=True)``; a record ``fn`` fails on becomes :func:`record_error` (one line): when a
-    batch fails, its records are tried one at a time. ``origin``: the split as loaded, row for row the same records
-    as ``dataset`` (for their indices in file order)."""
+def map_records(dataset: Any, steps: Sequence[Step], source: str, index: Sequence[int] | None = None,
+                template: str | None = None, **map_kwargs: Any) -> Any:
+    """``dataset.map`` of ``steps`` in turn, in batches; the first record a step fails on is :func:`record_error`
+    (a failing batch is tried record by record). ``index``: each record's index in its file (default: its position)."""
 
-    def per_record(batch: dict[str, list[Any]], indices: list[int]) -> dict[str, list[Any]]:
-        try:
-            with stage(stage_name):
-                return fn(batch)
-        except RecordFailed as exc:
-            first = exc
-        for j, position in enumerate(indices):
+    def apply(batch: dict[str, list[Any]]) -> tuple[Any, tuple[str, Exception] | None]:
+        for stage, fn in steps:
             try:
-                with stage(stage_name):
-                    fn({key: values[j : j + 1] for key, values in batch.items()})
-            except RecordFailed as exc:
-                raise RecordFailed(exc.stage, exc.error, position) from None
-        raise RecordFailed(first.stage, first.error, indices[0]) from None  # only the whole batch fails
+                batch = fn(batch)
+            except Exception as exc:  # noqa: BLE001  (whatever a record makes a step raise is reported below)
+                return None, (stage, exc)
+        return batch, None
 
-    try:
-        return dataset.map(per_record, batched=True, batch_size=256, with_indices=True, **map_kwargs)
-    except RecordFailed as failed:
-        index = file_index(dataset if origin is None else origin, failed.position)
-        raise record_error(source, index, failed.stage, failed.error, template) from None
+    def per_batch(batch: dict[str, list[Any]], positions: list[int]) -> dict[str, list[Any]]:
+        out, failure = apply(batch)
+        if failure is None:
+            return out
+        at = positions[0]  # (when only the whole batch fails)
+        for j, position in enumerate(positions):
+            _, alone = apply({key: values[j : j + 1] for key, values in batch.items()})
+            if alone is not None:
+                failure, at = alone, position
+                break
+        raise record_error(source, at if index is None else index[at], *failure, template)
+
+    return dataset.map(per_batch, batched=True, batch_size=256, with_indices=True, **map_kwargs)

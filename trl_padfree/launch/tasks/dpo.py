@@ -68,7 +68,7 @@ def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool =
     from ..preview import token_marker
 
     training = cfg.training
-    pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training, "train", _tokenizer=tokenizer)
+    pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training)
     mark = token_marker(tokenizer, color)
 
     def shown(prompt: list[int], response: list[int]) -> str:

@@ -88,10 +88,7 @@ def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = 
     from ..preview import token_marker
 
     training = cfg.training
-    examples = prepared_by_trl(trl.KTOTrainer, data.train, tokenizer, training, "train", _tokenizer=tokenizer,
-                               _is_vision_dataset=False, _signature_columns=None, args=training, calculate_KL=False,
-                               desirable_weight=training.desirable_weight,
-                               undesirable_weight=training.undesirable_weight)
+    examples = prepared_by_trl(trl.KTOTrainer, data.train, tokenizer, training)
     mark = token_marker(tokenizer, color)
     lines = [f"{len(examples)} training examples (format: {data.text_format}); each scored on its completion, and a "
              "KL sequence (its prompt with another example's completion) per example "

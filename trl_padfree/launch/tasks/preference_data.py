@@ -11,16 +11,8 @@ from typing import Any
 
 from ..config import ConfigError
 
-__all__ = [
-    "check_chat_renders",
-    "load_checked",
-    "split_source",
-    "check_one_kind_in_files",
-    "check_kinds",
-    "check_preference_records",
-    "dropped_by_trainer",
-    "value_kind",
-]
+__all__ = ["check_chat_renders", "check_kinds", "check_one_kind_in_files", "check_preference_records",
+           "dropped_by_trainer", "load_checked", "prepared_by_trl", "value_kind"]
 
 FIELDS = ("prompt", "chosen", "rejected")
 _WORDS = {"text": "plain text", "messages": "chat messages (conversational)"}
@@ -88,15 +80,8 @@ def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], requ
 
 
 def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, dict):
-        return "an object"
-    return "a list of something else than messages"
+    words = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+    return words.get(type(value), "a list of something else than messages")
 
 
 def check_one_kind_in_files(key: str, pattern: str) -> None:
@@ -124,33 +109,69 @@ def check_one_kind_in_files(key: str, pattern: str) -> None:
         return  # not valid JSON: the loader says so in its own line
 
 
-def check_chat_renders(dataset: Any, tokenizer: Any, source: str) -> None:
+def check_chat_renders(dataset: Any, tokenizer: Any, source: str, index: Sequence[int]) -> None:
     """Each conversational record rendered by the chat template, so that one it cannot render is one line naming
-    it, not an error of TRL's while the trainer tokenizes the data."""
-    from ..data import file_index, record_error
+    it (``index``: each record's index in its file), not an error of TRL's while the trainer tokenizes the data."""
+    from ..data import record_error
 
     for position, record in enumerate(dataset):
-        tools = record.get("tools")
-        kwargs = {"tools": json.loads(tools) if isinstance(tools, str) else tools,
-                  **(record.get("chat_template_kwargs") or {})}
         try:
             prompt = record.get("prompt") if isinstance(record.get("prompt"), list) else []
             for name in ("chosen", "rejected", "completion"):
                 if isinstance(record.get(name), list):
-                    tokenizer.apply_chat_template([*prompt, *record[name]], tokenize=False, **kwargs)
+                    tokenizer.apply_chat_template([*prompt, *record[name]], tokenize=False, **_chat_kwargs(record))
         except Exception as exc:  # a chat template raises anything (jinja errors, raise_exception, ...)
-            raise record_error(source, file_index(dataset, position), "format", exc) from None
+            raise record_error(source, index[position], "format", exc) from None
 
 
-def prepared_by_trl(trainer_class: Any, dataset: Any, tokenizer: Any, training: Any, split: str, **reads: Any) -> Any:
-    """``dataset`` as TRL's ``trainer_class`` tokenizes and filters it when it is built, for ``preview``, which builds
-    no trainer (so, TRL's private ``_prepare_dataset`` with the attributes it ``reads`` of the trainer; a run reads
-    ``trainer.train_dataset`` instead)."""
-    from types import SimpleNamespace
+def _chat_kwargs(record: dict[str, Any]) -> dict[str, Any]:
+    """The chat template's arguments of a record, as TRL's trainers pass them: its ``tools`` (JSON text or not) and
+    its ``chat_template_kwargs``."""
+    tools = record.get("tools")
+    return {"tools": json.loads(tools) if isinstance(tools, str) else tools, **(record.get("chat_template_kwargs") or {})}
 
+
+def prepared_by_trl(trainer_class: Any, dataset: Any, tokenizer: Any, training: Any) -> Any:
+    """``dataset`` (or None) as TRL's ``DPOTrainer``, ``KTOTrainer`` or ``RewardTrainer`` (``trainer_class``)
+    prepares it when it is built, for ``preview``, which builds no trainer (a run reads ``trainer.train_dataset``):
+    the prompt extracted where records have none, KTO's pairs unpaired, an EOS after each plain-text response, the
+    responses tokenized after the prompt (the reward model: whole sequences), then what TRL drops at ``max_length``
+    dropped. TRL's public data functions; tests/test_preview.py compares it with the trainers' own."""
+    import trl
+
+    reward, kto = trainer_class.__name__ == "RewardTrainer", trainer_class.__name__ == "KTOTrainer"
     if dataset is None:
         return None
-    return trainer_class._prepare_dataset(SimpleNamespace(**reads), dataset, tokenizer, training, split)
+    if not reward and "prompt" not in dataset.column_names:
+        dataset = dataset.map(trl.extract_prompt)
+    if kto and "chosen" in dataset.column_names:
+        dataset = trl.unpair_preference_dataset(dataset)
+    responses = ("completion",) if kto else ("chosen", "rejected")
+
+    def tokenize(record: dict[str, Any]) -> dict[str, list[int]]:
+        chat = trl.is_conversational(record)
+
+        def ids(value: Any, **more: Any) -> list[int]:
+            if chat:
+                return list(tokenizer.apply_chat_template(value, return_dict=True, **_chat_kwargs(record), **more)
+                            ["input_ids"])
+            return tokenizer(value)["input_ids"]
+
+        prompt, eos = record.get("prompt", [] if chat else ""), tokenizer.eos_token
+        full = {name: ids(prompt + record[name] if chat or record[name].endswith(eos) else prompt + record[name] + eos)
+                for name in responses}
+        if reward:
+            return {f"{name}_ids": full[name] for name in responses}
+        prompt_ids = ids(prompt, add_generation_prompt=True) if chat else ids(prompt)
+        cut = min(len(os.path.commonprefix([prompt_ids, seq])) for seq in full.values())
+        return {"prompt_ids": prompt_ids[:cut], **{f"{name}_ids": full[name][cut:] for name in responses}}
+
+    dataset, limit = dataset.map(tokenize), training.max_length
+    if limit is not None and reward:
+        return dataset.filter(lambda r: len(r["chosen_ids"]) <= limit and len(r["rejected_ids"]) <= limit)
+    if limit is not None and (kto or training.truncation_mode == "keep_start"):
+        return dataset.filter(lambda r: len(r["prompt_ids"]) < limit)
+    return dataset
 
 
 def split_source(cfg: Any, split: str) -> str:
@@ -165,14 +186,15 @@ def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None,
     for key in ("train_file", "eval_file"):
         if getattr(cfg.launch, key, None):
             check_one_kind_in_files(key, getattr(cfg.launch, key))
-    train, eval_ds = load_splits(cfg.launch, cfg.training.seed, check=check)
+    where: dict[str, Any] = {}
+    train, eval_ds = load_splits(cfg.launch, cfg.training.seed, check, where)
     conversational = value_kind(train[0]["chosen" if "chosen" in train.column_names else "completion"]) == "messages"
     if conversational and getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "
                           "no chat template; set chat_template_path to a .jinja file, or use text records")
     for split, dataset in (("train", train), ("eval", eval_ds)):
         if dataset is not None and conversational:
-            check_chat_renders(dataset, tokenizer, split_source(cfg, split))
+            check_chat_renders(dataset, tokenizer, *where[split])
     return train, eval_ds, conversational
 
 

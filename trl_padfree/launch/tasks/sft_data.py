@@ -22,7 +22,7 @@ import numpy as np
 
 from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
-from ..data import load_splits, map_records, stage
+from ..data import Step, load_splits, map_records
 from .base import Records
 
 __all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"]
@@ -195,37 +195,35 @@ def make_formatter(columns: Sequence[str], template: str | None, text_field: str
     )
 
 
-def _tokenize(tokenizer: Any, formatter: Formatter) -> Callable[[dict[str, list[Any]]], dict[str, list[Any]]]:
-    """Batched ``datasets.map`` function: records -> ``input_ids`` + ``labels`` (prompt masked). Plain text gets the
-    tokenizer's special tokens and an EOS at the end (as TRL does); text from a chat template already has them."""
+def _tokenize(tokenizer: Any, formatter: Formatter) -> list[Step]:
+    """The steps of :func:`~..data.map_records` from records to ``input_ids`` + ``labels`` (the prompt masked). Plain
+    text gets the tokenizer's special tokens and an EOS at the end (as TRL does); a chat template's text has them."""
+    eos = tokenizer.eos_token_id
 
-    def encode(texts: list[str], chat: list[bool]) -> list[list[int]]:  # (at most two batched calls)
-        out: list[list[int]] = [[] for _ in texts]
+    def format_texts(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        return {"rows": [formatter(dict(zip(batch, values, strict=True))) for values in zip(*batch.values(), strict=True)]}
+
+    def encode(texts: Sequence[str | None], chat: Sequence[bool]) -> dict[int, list[int]]:  # (two batched calls)
+        out: dict[int, list[int]] = {}
         for flag in (False, True):
-            index = [i for i, c in enumerate(chat) if c is flag]
-            encoded = tokenizer([texts[i] for i in index], add_special_tokens=not flag)["input_ids"] if index else []
-            for i, ids in zip(index, encoded, strict=True):
-                out[i] = list(ids)
+            index = [i for i, text in enumerate(texts) if text is not None and chat[i] is flag]
+            if index:
+                encoded = tokenizer([texts[i] for i in index], add_special_tokens=not flag)["input_ids"]
+                out.update(zip(index, map(list, encoded), strict=True))
         return out
 
-    def tokenize(batch: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
-        with stage("format"):
-            rows = [formatter(dict(zip(batch, values, strict=True))) for values in zip(*batch.values(), strict=True)]
-        chat = [c for _, _, c in rows]
-        with stage("tokenize"):
-            input_ids = encode([t for t, _, _ in rows], chat)
-            with_prompt = [i for i, (_, p, _) in enumerate(rows) if p is not None]
-            prompt_of = dict(zip(with_prompt, encode([rows[i][1] for i in with_prompt], [chat[i] for i in with_prompt]),
-                                 strict=True))
-        labels = []
+    def tokenize(formatted: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
+        texts, prompts, chat = zip(*formatted["rows"], strict=True)
+        full, prompt_ids = encode(texts, chat), encode(prompts, chat)
+        input_ids, labels = [full[i] for i in range(len(texts))], []
         for i, ids in enumerate(input_ids):
-            if not chat[i] and tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
-                ids.append(tokenizer.eos_token_id)
-            n = len(os.path.commonprefix([prompt_of[i], ids])) if i in prompt_of else 0
+            if not chat[i] and eos is not None and (not ids or ids[-1] != eos):
+                ids.append(eos)
+            n = len(os.path.commonprefix([prompt_ids[i], ids])) if i in prompt_ids else 0
             labels.append([IGNORE_INDEX] * n + ids[n:])
         return {"input_ids": input_ids, "labels": labels}
 
-    return tokenize
+    return [("format", format_texts), ("tokenize", tokenize)]
 
 
 def warn_untrained_turns(raw: Any, tokenized: Any, labelled: Any, collator: Any, tokenizer: Any, n: int) -> int:
@@ -255,15 +253,15 @@ def warn_untrained_turns(raw: Any, tokenized: Any, labelled: Any, collator: Any,
     return affected
 
 
-def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int, source: str, origin: Any) -> int:
+def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int, source: str, index: Sequence[int]) -> int:
     """Fail unless the response template occurs in one of the first ``n`` examples (untruncated); returns how many
-    of them lack it (they will be dropped). ``origin``: the split as loaded, for a failing record's index."""
+    of them lack it (they will be dropped). ``index``: each record's index in its file."""
     head = dataset.select(range(min(n, len(dataset))))
 
     def find(batch: dict[str, list[Any]]) -> dict[str, list[bool]]:
         return {"found": collator.templates_found([{"input_ids": ids} for ids in batch["input_ids"]]).tolist()}
 
-    found = map_records(head, find, "label", source, origin=origin, keep_in_memory=True,
+    found = map_records(head, [("label", find)], source, index, keep_in_memory=True,
                         remove_columns=head.column_names)["found"]
     if not any(found):
         raise ConfigError(
@@ -314,52 +312,44 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
             raise _missing_template("template")
     if collator is None:  # the run's collator with its templates labels the records once, here
         collator = _collator(cfg, tokenizer, response, padding_free=True)
-    sources: list[str] = []  # the split names as load_splits reports them: train first, then eval
-
-    def check(dataset: Any, source: str) -> None:
-        sources.append(source)
-        check_records(dataset, source, template, text_field, response)
-
-    train_raw, eval_raw = load_splits(cfg.launch, training.seed, check)
-    text_format, formatter = make_formatter(train_raw.column_names, template, text_field, tokenizer)
+    where: dict[str, tuple[str, Sequence[int]]] = {}  # each split's source and its records' indices in the files
+    check = partial(check_records, template=template, text_field=text_field, response=response)
+    raw = dict(zip(("train", "eval"), load_splits(cfg.launch, training.seed, check, where), strict=True))
+    text_format, formatter = make_formatter(raw["train"].column_names, template, text_field, tokenizer)
     if response is None and text_format not in ("prompt+completion", "messages"):
         raise _missing_template(text_format)
     chat = text_format == "messages" and response is None  # labels from the chat template, every assistant turn
-    if eval_raw is not None:
-        missing = sorted(set(train_raw.column_names) - set(eval_raw.column_names))
+    if raw["eval"] is not None:
+        missing = sorted(set(raw["train"].column_names) - set(raw["eval"].column_names))
         if text_format != "template" and missing:
             raise ConfigError(f"the eval data lacks field(s) {', '.join(missing)} that the training data has")
-        make_formatter(eval_raw.column_names, template, text_field, tokenizer)
-    splits = {"train": (train_raw, sources[0]), "eval": (eval_raw, sources[-1])}  # (eval_fraction: one source)
+        make_formatter(raw["eval"].column_names, template, text_field, tokenizer)
+    steps = [("chat", partial(label_chats, tokenizer=tokenizer))] if chat else _tokenize(tokenizer, formatter)
     tokenized = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
-        for name, (raw, source) in splits.items():
-            if raw is not None:
-                fn = partial(label_chats, tokenizer=tokenizer) if chat else _tokenize(tokenizer, formatter)
-                out = map_records(raw, fn, "chat" if chat else "format", source, None if chat else template,
-                                  remove_columns=raw.column_names, desc=f"Tokenizing {name} data")
+        for name, split in raw.items():
+            if split is not None:
+                out = map_records(split, steps, *where[name], template=None if chat else template,
+                                  remove_columns=split.column_names, desc=f"Tokenizing {name} data")
                 tokenized[name] = out.remove_columns("completion_mask") if chat else out
     n_check, missing_in_check = cfg.launch.template_check_examples, 0
     if response is not None:  # (prompt/completion without it: the prompt is masked already)
-        missing_in_check = check_template(tokenized["train"], collator, tokenizer, n_check, sources[0], train_raw)
+        missing_in_check = check_template(tokenized["train"], collator, tokenizer, n_check, *where["train"])
     data = PreparedData(None, None, text_format, template_missing_in_check=missing_in_check,
                         checked=min(n_check, len(tokenized["train"])))
     label = _labeller(collator, training.max_length, training.truncation_mode == "keep_end")
     for name, tok in tokenized.items():
-        raw, source = splits[name]
-        labelled = map_records(tok, label, "label", source, origin=raw, desc=f"Labelling {name} data")
+        labelled = map_records(tok, [("label", label)], *where[name], desc=f"Labelling {name} data")
         if name == "train" and response is not None and text_format == "messages":
-            warn_untrained_turns(train_raw, tok, labelled, collator, tokenizer, n_check)
+            warn_untrained_turns(raw["train"], tok, labelled, collator, tokenizer, n_check)
         kept = labelled.filter(lambda flags: flags, input_columns="trained", batched=True,
                                desc=f"Filtering {name} data").remove_columns("trained")
-        data.dropped[name] = len(labelled) - len(kept)
-        data.loaded[name] = len(raw)
+        data.dropped[name], data.loaded[name] = len(labelled) - len(kept), len(tok)
         setattr(data, name, kept)
-        if len(kept) == 0 and name == "train":
-            raise ConfigError(f"no training example has a trained token left (response template missing, or every "
-                              f"completion cut off by max_length={training.max_length}); check response_template "
-                              "and max_length")
         if len(kept) == 0:
-            raise ConfigError("no eval example has a trained token left; check the eval data and max_length")
+            raise ConfigError(
+                f"no training example has a trained token left (response template missing, or every completion cut "
+                f"off by max_length={training.max_length}); check response_template and max_length" if name == "train"
+                else "no eval example has a trained token left; check the eval data and max_length")
     return data
