@@ -35,7 +35,8 @@ def data_builder(path: str) -> str:
 
 
 def check_data_files(key: str, pattern: str) -> None:
-    """Refuse empty files, binary files posing as text and non-Parquet ``.parquet`` files, naming the file.
+    """Refuse directories, empty files and binary files posing as text, naming the file (``datasets``' own error on
+    a file that is no Parquet is clear: :func:`_load_files` makes it one line).
 
     >>> import tempfile, os
     >>> path = os.path.join(tempfile.mkdtemp(), "train.jsonl")
@@ -57,11 +58,10 @@ def check_data_files(key: str, pattern: str) -> None:
                 head, more = handle.read(1 << 16), bool(handle.read(1))
         except OSError as exc:
             raise ConfigError(f"cannot read {key} file {path!r}: {exc.strerror or exc}") from None
-        if not head:
-            raise ConfigError(f"{key} file {path!r} is empty (0 bytes): it holds no records")
+        if not more and not head.strip():
+            white = ", all whitespace" if head else ""
+            raise ConfigError(f"{key} file {path!r} is empty ({len(head)} bytes{white}): it holds no records")
         if ext == ".parquet":
-            if not head.startswith(b"PAR1"):
-                raise ConfigError(f"{key} file {path!r} is not a Parquet file; give its real extension")
             continue
         bad = head.find(b"\x00")
         try:
@@ -72,8 +72,6 @@ def check_data_files(key: str, pattern: str) -> None:
         if bad >= 0:
             raise ConfigError(f"{key} file {path!r} is not text (byte 0x{head[bad]:02x} at offset {bad}): expected "
                               f"{_FORMAT_WORDS.get(ext, 'text')} in UTF-8")
-        if not more and not head.strip():
-            raise ConfigError(f"{key} file {path!r} holds only whitespace: it has no records")
 
 
 def _load_files(key: str, pattern: str) -> Any:

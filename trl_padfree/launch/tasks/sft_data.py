@@ -1,15 +1,14 @@
-"""SFT data for ``trl-padfree train`` and ``preview`` (:func:`prepare_data`), prepared once before training; the
-datasets handed to ``SFTTrainer`` are final (TRL's own preparation is skipped, the training collator only flattens).
-In order: :func:`check_records`, :func:`make_formatter` (a record -> one text), :func:`_tokenize` (``input_ids``,
-``labels`` with the prompt masked; ``messages`` without templates: labels from the chat template),
-:func:`check_template` (the response template in one of the first N examples, else the config is wrong),
-:func:`_labeller` (truncation, the run's collator's labels; examples without a trained token dropped and counted).
-Every failure on a record is one :class:`~..config.ConfigError` line naming the split, the record's index and the
-fix (:func:`~..data.record_error`).
+"""SFT data for ``trl-padfree train`` and ``preview`` (:func:`prepare_data`), prepared once before training and
+handed to ``SFTTrainer`` final (TRL's preparation skipped, the training collator only flattens): records checked
+(:func:`check_records`), made text (:func:`make_formatter`) and tokenized with the prompt masked (``messages`` without
+templates: labels from the chat template), the response template looked for (:func:`check_template`), then truncated
+and labelled by the run's collator, examples without a trained token dropped and counted. A record that fails is one
+:class:`~..config.ConfigError` line naming it (:func:`~..data.record_error`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import string
 import warnings
@@ -92,7 +91,7 @@ def check_records(dataset: Any, source: str, template: str | None, text_field: s
     for name in fields:
         column, kind = table[name], table[name].type
         problems = [("is null or missing", pc.is_null(column))]
-        if name in completion and (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        if name in completion and _is_text(kind):
             problems.append(("is empty", pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(column)), 0)))
         elif name in completion and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
             problems.append(("is empty", pc.equal(pc.list_value_length(column), 0)))
@@ -112,16 +111,20 @@ def check_records(dataset: Any, source: str, template: str | None, text_field: s
                               "or drop the last turn")
     bare = {name for _, name, _, _ in string.Formatter().parse(template or "") if name and name.isidentifier()}
     for name in sorted(bare & set(columns)):  # ({field[0]} / {field.key} pick an element and are fine)
-        nested = pa.types.is_nested(table[name].type)
-        if not nested and not pa.types.is_string(table[name].type) and not pa.types.is_large_string(table[name].type):
-            try:  # values of mixed types (datasets' Json feature): look at them
+        nested = False
+        if not _is_text(table[name].type):  # (lists, mappings, or values of mixed types: datasets' Json feature)
+            with contextlib.suppress(Exception):  # (undecodable values are reported elsewhere)
                 nested = any(isinstance(v, (list, dict)) for v in dataset[name])
-            except Exception:  # noqa: BLE001  (undecodable values are reported elsewhere)
-                nested = False
         if nested:
             raise ConfigError(
                 f"{source}: template field {{{name}}} holds lists or mappings, which would be trained as their Python "
                 f"text; pick an element ({{{name}[0]}}, {{{name}.key}}) or make {name!r} text")
+
+
+def _is_text(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def template_fields(template: str) -> list[str]:
@@ -291,14 +294,6 @@ def _labeller(collator: Any, max_length: int | None, keep_end: bool) -> Callable
     return label
 
 
-def _missing_template(text_format: str) -> ConfigError:
-    """The one refusal of a missing ``response_template`` (only prompt/completion and messages data do without)."""
-    only = "" if text_format == "template" else (" (only prompt/completion and messages data can do without it; this "
-                                                 f"data is formatted as {text_format!r})")
-    return ConfigError(f"response_template is missing: set the text that precedes every completion, e.g. "
-                       f"'### Answer:'{only}")
-
-
 def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> PreparedData:
     """Run the whole pipeline (see the module docstring) with ``collator`` (default: the run's, with its templates);
     raises :class:`ConfigError` on bad data."""
@@ -308,8 +303,6 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     response, text_field = training.response_template, training.dataset_text_field
     if template is not None:
         template_fields(template)  # a template that is not a format string: refused before any data is read
-        if response is None:
-            raise _missing_template("template")
     if collator is None:  # the run's collator with its templates labels the records once, here
         collator = _collator(cfg, tokenizer, response, padding_free=True)
     where: dict[str, tuple[str, Sequence[int]]] = {}  # each split's source and its records' indices in the files
@@ -317,7 +310,10 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     raw = dict(zip(("train", "eval"), load_splits(cfg.launch, training.seed, check, where), strict=True))
     text_format, formatter = make_formatter(raw["train"].column_names, template, text_field, tokenizer)
     if response is None and text_format not in ("prompt+completion", "messages"):
-        raise _missing_template(text_format)
+        only = "" if text_format == "template" else (" (only prompt/completion and messages data can do without it; "
+                                                     f"this data is formatted as {text_format!r})")
+        raise ConfigError(f"response_template is missing: set the text that precedes every completion, e.g. "
+                          f"'### Answer:'{only}")
     chat = text_format == "messages" and response is None  # labels from the chat template, every assistant turn
     if raw["eval"] is not None:
         missing = sorted(set(raw["train"].column_names) - set(raw["eval"].column_names))
