@@ -15,7 +15,11 @@ __all__ = ["main", "marked_text", "token_marker"]
 IGNORE_INDEX = -100
 OPEN, CLOSE = "[[", "]]"
 _GREEN, _DIM, _RESET = "\033[1;32m", "\033[2m", "\033[0m"
-_USAGE = "usage: trl-padfree preview --config configs/NAME.yaml [-n 3] [--task TASK] [--field value ...]"
+_USAGE = """usage: trl-padfree preview --config configs/NAME.yaml [-n 3] [--task TASK] [--field value ...]
+
+Show the first N (default 3) training examples as trl-padfree train prepares them, trained tokens marked (colour on
+a terminal, [[ ]] otherwise), and how many tokens are trained. Takes the same config and --field overrides as train
+(trl-padfree train --help lists them); loads no model, writes nothing. Exit status: 0 done, 2 bad input."""
 
 
 def marked_text(data: bytes, starts: Sequence[int], labels: Sequence[int], color: bool = False) -> str:
@@ -66,22 +70,18 @@ def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
     from .tasks import task_names
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
-    parser.add_argument("-n", "--num_examples", "--num-examples", default="3")
+    parser.add_argument("-n", "--num_examples", "--num-examples", type=int, default=3)
     parser.add_argument("--task")
     try:
         options, rest = parser.parse_known_args(list(argv))
     except argparse.ArgumentError as exc:
-        raise ConfigError(str(exc)) from None
-    try:
-        n = int(options.num_examples)
-    except ValueError:
-        raise ConfigError(f"-n must be a whole number of examples, got {options.num_examples!r}") from None
-    if n < 1:
-        raise ConfigError(f"-n must be at least 1, got {n}")
+        raise ConfigError(f"{exc} (-n: a whole number of examples)") from None
+    if options.num_examples < 1:
+        raise ConfigError(f"-n must be at least 1, got {options.num_examples}")
     if options.task is not None and options.task not in task_names():
         raise ConfigError(f"--task must be one of {', '.join(task_names())} (the trainer the config is for), got "
                           f"{options.task!r}")
-    return n, options.task, rest
+    return options.num_examples, options.task, rest
 
 
 def guess_task(argv: Sequence[str]) -> str:
@@ -117,37 +117,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the preview; 0 done, 2 bad input (one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or {"-h", "--help"} & set(argv):
-        import textwrap
-
-        print(_USAGE + "\n\n" + textwrap.fill(
-            "Show the first N (default 3) training examples as trl-padfree train prepares them, trained tokens "
-            "marked (colour on a terminal, [[ ]] otherwise), and how many tokens are trained. Takes the same "
-            "config and --field overrides as train (trl-padfree train --help lists them); loads no model, "
-            "writes nothing. Exit status: 0 done, 2 bad input.", width=100))
+        print(_USAGE)
         return 0
+    from . import load_config
     from .config import ConfigError
     from .console import quiet_progress
+    from .demo import builtin_config
+    from .tasks import get_task
+    from .tokenizer import load_tokenizer
 
     guessed = None
     try:
         n, task, args = _options(argv)
-        from . import load_config
-        from .demo import builtin_config
-        from .tasks import get_task
-        from .tokenizer import load_tokenizer
-
         args = builtin_config(args)  # --config demo / demo-chat / demo-dpo: the configs shipped in the package
         if task is None:  # a DPO config (trl-padfree dpo) shows its pairs, a GRPO one its groups
             task = guessed = guess_task(args)
         cfg = load_config(args, check_environment=False, task=task)
         with quiet_progress():
-            tokenizer = load_tokenizer(cfg)
-            lines = get_task(task).preview(cfg, tokenizer, n, sys.stdout.isatty())
+            lines = get_task(task).preview(cfg, load_tokenizer(cfg), n, sys.stdout.isatty())
     except ConfigError as exc:
         hint = ""
         if guessed not in (None, "sft"):  # told from fields that several trainers have: say how, and the way out
-            from .tasks import get_task
-
             hint = (f" (previewed as a config of {get_task(guessed).prog}, told from its fields; for another trainer's "
                     "config add --task, e.g. --task kto)")
         print(f"trl-padfree preview: error: {exc}{hint}", file=sys.stderr)

@@ -29,28 +29,24 @@ def load_tokenizer(cfg: LaunchConfig) -> Any:
     """The tokenizer of ``model_name_or_path`` with the ``eos_token`` / ``pad_token`` / chat template overrides."""
     from transformers import AutoTokenizer
 
-    name = cfg.model.model_name_or_path
-    tokenizer = load_pretrained(AutoTokenizer, cfg, "load the tokenizer")
-    training = cfg.training
+    tokenizer, training = load_pretrained(AutoTokenizer, cfg, "load the tokenizer"), cfg.training
     for attr in ("eos_token", "pad_token"):
         value = getattr(training, attr, None)  # (DPOConfig has no eos_token)
+        if value is not None and value not in tokenizer.get_vocab():
+            raise ConfigError(f"{attr}={value!r} is not in the vocabulary of {cfg.model.model_name_or_path!r}")
         if value is not None:
-            if value not in tokenizer.get_vocab():
-                raise ConfigError(f"{attr}={value!r} is not in the vocabulary of {name!r}")
             setattr(tokenizer, attr, value)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.pad_token = tokenizer.pad_token or tokenizer.eos_token
     if getattr(training, "max_length", None) is not None:
-        # the sequences are cut to max_length before the model sees them (and the launch counts what it drops):
-        # transformers' "Token indices sequence length is longer than the specified maximum sequence length ...
-        # will result in indexing errors" (printed once, for any text longer than model_max_length) is not true here
+        # the launch cuts every sequence to max_length (and counts what it drops): transformers' once-per-tokenizer
+        # warning that a text longer than model_max_length "will result in indexing errors" is not true here
         tokenizer.deprecation_warnings[LONGER_THAN_MAXIMUM] = True
     check_vocabulary(cfg, tokenizer)
     # SFTConfig's / RewardConfig's field; trl-padfree dpo / kto: the launch's (DPOConfig has none)
     path = getattr(training, "chat_template_path", None) or getattr(cfg.launch, "chat_template_path", None)
+    if path is not None and not (os.path.isfile(path) and path.endswith((".jinja", ".j2"))):
+        raise ConfigError(f"chat_template_path={path!r} must be an existing .jinja file")
     if path is not None:
-        if not (os.path.isfile(path) and path.endswith((".jinja", ".j2"))):
-            raise ConfigError(f"chat_template_path={path!r} must be an existing .jinja file")
         with open(path, encoding="utf-8") as handle:
             tokenizer.chat_template = handle.read()
     return tokenizer
@@ -61,16 +57,10 @@ def check_vocabulary(cfg: LaunchConfig, tokenizer: Any) -> None:
     that meets one of the extra tokens)."""
     from transformers import AutoConfig
 
-    name = cfg.model.model_name_or_path
-    config = load_pretrained(AutoConfig, cfg, "read the model config")
-    size = getattr(config.get_text_config(), "vocab_size", None)
-    if not isinstance(size, int) or size <= 0:
-        return
-    vocab = tokenizer.get_vocab()
-    needed = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
-    if needed > size:
+    size = getattr(load_pretrained(AutoConfig, cfg, "read the model config").get_text_config(), "vocab_size", None)
+    needed = max(len(tokenizer), max(tokenizer.get_vocab().values(), default=-1) + 1)
+    if isinstance(size, int) and 0 < size < needed:
         raise ConfigError(
-            f"the tokenizer of {name!r} has {needed} token ids but the model's embeddings hold {size} (vocab_size): "
-            f"use the tokenizer that belongs to this model, or resize the model's embeddings to {needed} "
-            "(model.resize_token_embeddings) and save it"
-        )
+            f"the tokenizer of {cfg.model.model_name_or_path!r} has {needed} token ids but the model's embeddings hold "
+            f"{size} (vocab_size): use the tokenizer that belongs to this model, or resize the model's embeddings to "
+            f"{needed} (model.resize_token_embeddings) and save it")

@@ -93,20 +93,18 @@ def check_one_kind_in_files(key: str, pattern: str) -> None:
         return
 
     def records() -> Iterator[Any]:
-        for path in paths:
-            with open(path, encoding="utf-8") as handle:
-                if path.endswith(".jsonl"):
-                    yield from (json.loads(line) for line in handle if line.strip())
-                else:
-                    data = json.load(handle)
-                    yield from (data if isinstance(data, list) else [])
+        try:
+            for path in paths:
+                with open(path, encoding="utf-8") as handle:
+                    if path.endswith(".jsonl"):
+                        yield from (json.loads(line) for line in handle if line.strip())
+                    else:
+                        data = json.load(handle)
+                        yield from (data if isinstance(data, list) else [])
+        except (ValueError, UnicodeDecodeError):
+            return  # not valid JSON: the loader says so in its own line
 
-    try:
-        check_kinds(records(), key, (*FIELDS, "completion"))
-    except ConfigError:
-        raise
-    except (ValueError, UnicodeDecodeError):
-        return  # not valid JSON: the loader says so in its own line
+    check_kinds(records(), key, (*FIELDS, "completion"))
 
 
 def check_chat_renders(dataset: Any, tokenizer: Any, source: str, index: Sequence[int]) -> None:
@@ -132,11 +130,9 @@ def _chat_kwargs(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def prepared_by_trl(trainer_class: Any, dataset: Any, tokenizer: Any, training: Any) -> Any:
-    """``dataset`` (or None) as TRL's ``DPOTrainer``, ``KTOTrainer`` or ``RewardTrainer`` (``trainer_class``)
-    prepares it when it is built, for ``preview``, which builds no trainer (a run reads ``trainer.train_dataset``):
-    the prompt extracted where records have none, KTO's pairs unpaired, an EOS after each plain-text response, the
-    responses tokenized after the prompt (the reward model: whole sequences), then what TRL drops at ``max_length``
-    dropped. TRL's public data functions; tests/test_preview.py compares it with the trainers' own."""
+    """``dataset`` (or None) as TRL's ``trainer_class`` (``DPOTrainer``, ``KTOTrainer``, ``RewardTrainer``) prepares
+    it when it is built, with TRL's public data functions, for ``preview``, which builds no trainer (a run reads
+    ``trainer.train_dataset``; tests/test_preview.py compares the two)."""
     import trl
 
     reward, kto = trainer_class.__name__ == "RewardTrainer", trainer_class.__name__ == "KTOTrainer"
@@ -174,11 +170,6 @@ def prepared_by_trl(trainer_class: Any, dataset: Any, tokenizer: Any, training: 
     return dataset
 
 
-def split_source(cfg: Any, split: str) -> str:
-    """How errors name a split: ``train_file`` / ``eval_file``, or ``the train data`` / ``the eval data``."""
-    return f"{split}_file" if getattr(cfg.launch, f"{split}_file", None) else f"the {split} data"
-
-
 def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None, bool]:
     """``(train, eval or None, conversational)``: the splits, loaded and checked (``check(dataset, source)``)."""
     from ..data import load_splits
@@ -214,10 +205,10 @@ def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", p
         loaded = len(before) * per_record
         data.dropped[split] = loaded - len(after)
         if len(after) == 0:
+            source = f"{split}_file" if getattr(cfg.launch, f"{split}_file", None) else f"the {split} data"
             raise ConfigError(
-                f"{split_source(cfg, split)}: all {len(before)} {'training' if split == 'train' else 'eval'} {unit} "
-                f"would be dropped: TRL drops one {rule} ({why}); raise max_length (or set max_length: null, no "
-                "limit)")
+                f"{source}: all {len(before)} {'training' if split == 'train' else 'eval'} {unit} would be dropped: TRL "
+                f"drops one {rule} ({why}); raise max_length (or set max_length: null, no limit)")
         if data.dropped[split]:
             say(f"dropped {data.dropped[split]} of {loaded} {split} {unit if per_record == 1 else 'examples'} {rule} "
                 f"({why}; TRL drops them)")
