@@ -35,11 +35,10 @@ def _collator(cfg: LaunchConfig, tokenizer: Any, response_template: str | None, 
     instruction = cfg.training.instruction_template if response_template is not None else None
     if instruction is not None and len(instruction) == 1:
         instruction = instruction[0]
-    kwargs: dict[str, Any] = {"tokenizer": tokenizer, "padding_free": padding_free, "on_template_not_found": "ignore"}
-    if isinstance(cfg.training.pad_to_multiple_of, int):  # padded and padding-free alike (its own segment)
-        kwargs["pad_to_multiple_of"] = cfg.training.pad_to_multiple_of
-    try:
-        return DataCollatorForCompletionOnlyLM(response_template, instruction, **kwargs)
+    try:  # (pad_to_multiple_of: padded and padding-free alike, the padding a segment of its own)
+        return DataCollatorForCompletionOnlyLM(response_template, instruction, tokenizer=tokenizer,
+                                               padding_free=padding_free, on_template_not_found="ignore",
+                                               pad_to_multiple_of=cfg.training.pad_to_multiple_of)
     except ValueError as exc:
         raise ConfigError(f"collator settings rejected: {one_line(exc)}") from None
 
