@@ -122,46 +122,39 @@ def _load_dataset_name(data: LaunchArguments) -> Any:
     return splits
 
 
-def load_splits(data: LaunchArguments, seed: int, check: Callable[[Any, str], None] | None = None,
+def load_splits(data: LaunchArguments, seed: int, check: Callable[[Any, str], None] = lambda *_: None,
                 where: dict[str, tuple[str, Sequence[int]]] | None = None) -> tuple[Any, Any | None]:
     """The training split and the eval split (or None) of ``data``. ``check(dataset, source)`` runs on each split as
     loaded; ``where`` (if given) gets each split's ``(source, index in the file of each of its records)``."""
     from datasets import Dataset
 
-    loaded: list[tuple[Any, str, Sequence[int]]] = []
-
-    def add(dataset: Any, source: str) -> None:
-        if check is not None:
-            check(dataset, source)
-        loaded.append((dataset, source, range(len(dataset))))
-
     if data.train_file:
-        add(_load_files("train_file", data.train_file), "train_file")
+        loaded = [(_load_files("train_file", data.train_file), "train_file")]
     else:
         splits = _load_dataset_name(data)
-        for split in (data.dataset_train_split, data.dataset_test_split):
-            if split is not None:
-                add(splits[split], f"dataset_name split {split!r}")
+        loaded = [(splits[split], f"dataset_name split {split!r}")
+                  for split in (data.dataset_train_split, data.dataset_test_split) if split is not None]
     if data.eval_file:
-        add(_load_files("eval_file", data.eval_file), "eval_file")
-    chosen = {"train": loaded[0], "eval": loaded[-1] if len(loaded) > 1 else None}
+        loaded.append((_load_files("eval_file", data.eval_file), "eval_file"))
+    for dataset, source in loaded:
+        check(dataset, source)
+    picked = {"train": loaded[0], "eval": loaded[-1]} if len(loaded) > 1 else {"train": loaded[0]}
+    chosen = {name: (dataset, source, range(len(dataset))) for name, (dataset, source) in picked.items()}
     if data.eval_fraction is not None:  # held out by index, so that each record keeps its index in the file
-        dataset, source, rows = loaded[0]
+        dataset, source, rows = chosen["train"]
         if len(rows) < 2:
             raise ConfigError(f"eval_fraction needs at least 2 training records, the data has {len(rows)}")
         parts = Dataset.from_dict({"row": list(rows)}).train_test_split(test_size=data.eval_fraction, seed=seed)
-        chosen = {"train": (dataset, source, list(parts["train"]["row"])),
-                  "eval": (dataset, source, list(parts["test"]["row"]))}
+        chosen = {name: (dataset, source, list(parts[part]["row"])) for name, part in (("train", "train"),
+                                                                                       ("eval", "test"))}
     out: dict[str, Any] = {"eval": None}
-    for name, limit in (("train", data.max_train_examples), ("eval", data.max_eval_examples)):
-        if chosen[name] is not None:
-            dataset, source, rows = chosen[name]
-            rows = rows[:limit]
-            if not rows:
-                raise ConfigError(f"the {'training' if name == 'train' else 'eval'} data has no records")
-            out[name] = dataset.select(rows)
-            if where is not None:
-                where[name] = (source, rows)
+    for name, (dataset, source, rows) in chosen.items():
+        rows = rows[: data.max_train_examples if name == "train" else data.max_eval_examples]
+        if not rows:
+            raise ConfigError(f"the {'training' if name == 'train' else 'eval'} data has no records")
+        out[name] = dataset.select(rows)
+        if where is not None:
+            where[name] = (source, rows)
     return out["train"], out["eval"]
 
 
