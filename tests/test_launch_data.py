@@ -7,7 +7,7 @@ from launch_runs import write_jsonl
 from paths import DEMO_MODEL
 
 from trl_padfree.launch import ConfigError, load_config
-from trl_padfree.launch.tasks.sft_data import make_formatter, prepare_data
+from trl_padfree.launch.tasks.sft_data import prepare_data
 
 
 def prepare(tokenizer, argv: list[str]):
@@ -22,8 +22,12 @@ def trained_text(tokenizer, example: dict) -> str:
 QA = [{"instruction": f"Copy the text exactly: cat {i}", "output": f"cat {i}"} for i in range(10)]
 
 
-def test_template_format_labels_only_the_answer(demo_tokenizer, tmp_path):
-    train = write_jsonl(tmp_path / "train.jsonl", QA)
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet", "json"])
+def test_template_format_labels_only_the_answer(demo_tokenizer, tmp_path, fmt):
+    from datasets import Dataset
+
+    train = tmp_path / f"train.{fmt}"
+    getattr(Dataset.from_list(QA), f"to_{fmt.replace('jsonl', 'json')}")(str(train))
     _, data = prepare(demo_tokenizer, [
         "--train_file", str(train), "--template", "### Question: {instruction}\n### Answer: {output}",
         "--response_template", "### Answer:", "--eval_fraction", "0.2", "--seed", "0",
@@ -92,26 +96,11 @@ def test_truncation_drops_examples_without_trained_tokens(demo_tokenizer, tmp_pa
     assert max(len(x) for x in data.train["input_ids"]) <= 32
 
 
-def test_records_without_a_known_text_field(demo_tokenizer, tmp_path):
+@pytest.mark.parametrize(("extra", "message"), [
+    ([], r"^cannot tell how to turn the data's fields \(instruction, output\) into text"),
+    (["--template", "{} and {instruction}"], "^template fields must be named"),
+])  # fmt: skip
+def test_records_that_cannot_become_text_are_refused(demo_tokenizer, tmp_path, extra, message):
     train = write_jsonl(tmp_path / "train.jsonl", QA)
-    with pytest.raises(ConfigError, match=r"^cannot tell how to turn the data's fields \(instruction, output\) into text"):
-        prepare(demo_tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
-
-
-def test_formatter_rejects_positional_fields(demo_tokenizer):
-    with pytest.raises(ConfigError, match="template fields must be named"):
-        make_formatter(["a"], "{} and {a}", "text", demo_tokenizer)
-
-
-@pytest.mark.parametrize("fmt", ["csv", "parquet", "json"])
-def test_csv_parquet_and_json_files(demo_tokenizer, tmp_path, fmt):
-    from datasets import Dataset
-
-    path = tmp_path / f"train.{fmt}"
-    getattr(Dataset.from_list(QA), f"to_{fmt}")(str(path))
-    _, data = prepare(demo_tokenizer, [
-        "--train_file", str(path), "--template", "### Question: {instruction}\n### Answer: {output}",
-        "--response_template", "### Answer:",
-    ])  # fmt: skip
-    assert len(data.train) == len(QA)
-    assert trained_text(demo_tokenizer, data.train[7]) == f" cat 7{demo_tokenizer.eos_token}"
+    with pytest.raises(ConfigError, match=message):
+        prepare(demo_tokenizer, ["--train_file", str(train), "--response_template", "### Answer:", *extra])
