@@ -277,10 +277,8 @@ def _labeller(collator: Any, max_length: int | None, keep_end: bool) -> Callable
     """Batched ``datasets.map`` function: truncate, label with ``collator`` (the only time labels are made) and
     flag the examples left with a trained token (``trained``)."""
 
-    def cut(seq: list[int]) -> list[int]:
-        if max_length is None or len(seq) <= max_length:
-            return list(seq)
-        return list(seq[-max_length:] if keep_end else seq[:max_length])
+    def cut(seq: list[int]) -> list[int]:  # (a slice of a shorter sequence is all of it)
+        return list(seq if max_length is None else seq[-max_length:] if keep_end else seq[:max_length])
 
     def label(batch: dict[str, list[list[int]]]) -> dict[str, list[Any]]:
         ids, labels = [cut(x) for x in batch["input_ids"]], [cut(x) for x in batch["labels"]]
