@@ -5,7 +5,6 @@ dataclass refuses is a one-line :class:`ConfigError` (with a did-you-mean hint) 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import difflib
 import os
@@ -17,7 +16,7 @@ from typing import Any
 
 from ..exception_text import one_line
 
-__all__ = ["ConfigError", "LaunchArguments", "LaunchConfig", "build_parser", "parse_arguments", "with_fields"]
+__all__ = ["ConfigError", "LaunchArguments", "LaunchConfig", "build_parser", "parse_arguments"]
 
 
 class ConfigError(ValueError):
@@ -110,19 +109,6 @@ class LaunchConfig:
     @resume_from_checkpoint.setter
     def resume_from_checkpoint(self, value: Any) -> None:
         self.training.resume_from_checkpoint = value
-
-
-def with_fields(obj: Any, **changes: Any) -> Any:
-    """A shallow copy of the dataclass ``obj`` with ``changes`` set, without running its ``__post_init__`` again.
-
-    >>> a = SFTArguments(template="x")
-    >>> with_fields(a, template=None).template, a.template
-    (None, 'x')
-    """
-    new = copy.copy(obj)
-    for name, value in changes.items():
-        setattr(new, name, value)
-    return new
 
 
 def argument_classes(task: str = "sft") -> tuple[type, type, type]:

@@ -7,7 +7,7 @@ import dataclasses
 import os
 from typing import Any
 
-from .config import ConfigError, LaunchConfig, with_fields
+from .config import ConfigError, LaunchConfig
 from .console import say
 
 __all__ = ["check_lora_targets", "load_model", "materialized", "sharded_launch"]
@@ -76,8 +76,8 @@ def _shared_prompt_default(cfg: LaunchConfig, model: Any) -> LaunchConfig:
     if not layers:
         return cfg
     say(f"prompt_once: off ({layers[0]} layers cannot share a prompt's state through the attention's key index)")
-    return dataclasses.replace(cfg, explicit=cfg.explicit | {"prompt_once"},
-                               training=with_fields(cfg.training, prompt_once=False))
+    cfg.explicit, cfg.training.prompt_once = cfg.explicit | {"prompt_once"}, False
+    return cfg
 
 
 def _load_model(cfg: LaunchConfig, auto_class: Any) -> tuple[Any, LaunchConfig]:

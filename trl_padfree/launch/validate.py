@@ -58,7 +58,7 @@ _SEED, _STEPS = 2**32 - 1, "a number of steps, or a fraction of the run below 1"
 #: allows it): torch's optimizer and DataLoader refuse some at the first step with a traceback, others would run
 #: wrong (save_total_limit 0 keeps no checkpoint). Fields that transformers', TRL's or this package's config classes
 #: (``torch_empty_cache_steps``, ``torch_num_threads``, ``max_tokens_per_batch``) or peft's ``LoraConfig``
-#: (``lora_*``) refuse themselves are not listed. A recipe adds its own (its ``RANGES``).
+#: (``lora_*``) refuse themselves are not listed. A recipe may override one (its ``RANGES``).
 NUMERIC_RANGES: dict[str, Range] = {
     **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                      "ddp_timeout", "max_train_examples", "max_eval_examples", "template_check_examples",
@@ -67,7 +67,8 @@ NUMERIC_RANGES: dict[str, Range] = {
                     Range(0)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "label_smoothing_factor"), Range(0, high=1, high_open=True)),
     **dict.fromkeys(("logging_steps", "save_steps"), Range(0, low_open=True, hint=_STEPS)),
-    **dict.fromkeys(("beta", "discopop_tau"), Range(0, low_open=True)),  # (DPO)
+    **dict.fromkeys(("beta", "discopop_tau", "desirable_weight", "undesirable_weight"),
+                    Range(0, low_open=True)),  # (DPO, KTO; GRPO's beta: its RANGES)
     **dict.fromkeys(("dataloader_prefetch_factor", "ddp_bucket_cap_mb"), Range(1, hint="or null for torch's default")),
     "eval_accumulation_steps": Range(1, hint="or null to gather eval outputs once at the end"),
     "max_grad_norm": Range(0, hint="0 turns gradient clipping off"),
@@ -85,6 +86,7 @@ NUMERIC_RANGES: dict[str, Range] = {
     "label_smoothing": Range(0, high=0.5, high_open=True),
     "precompute_ref_batch_size": Range(1, hint="or null for per_device_train/eval_batch_size"),
     "ref_model_mixup_alpha": Range(0, high=1),
+    "center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01"),
 }
 #: Step intervals that matter only under their strategy ("steps").
 _INTERVAL_STRATEGY = {"logging_steps": "logging_strategy", "eval_steps": "eval_strategy", "save_steps": "save_strategy"}

@@ -14,7 +14,6 @@ from trl_padfree.kto import KTOTrainer as TRAINER
 from .. import steps
 from ..config import ChatArguments as ARGUMENTS
 from ..config import ConfigError
-from ..validate import Range
 from .preference_data import (
     check_kinds,
     check_preference_records,
@@ -23,9 +22,8 @@ from .preference_data import (
     prepared_by_trl,
 )
 
-__all__ = ["ARGUMENTS", "CONFIG", "RANGES", "TRAINER", "check", "kto_summary", "preview", "run", "settings"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "kto_summary", "preview", "run", "settings"]
 
-RANGES = {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
 check = steps.check_prompt_once
 
 

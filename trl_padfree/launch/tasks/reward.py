@@ -16,12 +16,9 @@ from .. import steps
 from ..config import ConfigError
 from ..config import LaunchArguments as ARGUMENTS
 from ..console import say
-from ..validate import Range
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 
-__all__ = ["ARGUMENTS", "CONFIG", "RANGES", "TRAINER", "check", "preview", "reward_summary", "run", "settings"]
-
-RANGES = {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "reward_summary", "run", "settings"]
 
 
 def check(cfg: Any) -> None:

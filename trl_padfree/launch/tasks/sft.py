@@ -16,7 +16,7 @@ from ..config import SFTArguments as ARGUMENTS
 from ..console import say
 from .sft_data import prepare_data, training_collator
 
-__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "preview_lines", "run", "settings"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
 
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
@@ -66,12 +66,12 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     return steps.fit(cfg, trainer, data, {"max_tokens_per_batch": training.max_tokens_per_batch})
 
 
-def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
-                  ) -> list[str]:
-    """``trl-padfree preview`` of prepared SFT data: ``n`` examples, then the counts (with a ``response_template``:
-    how many of the examples checked for it lack it)."""
+def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
+    """``trl-padfree preview`` of an SFT config: ``n`` prepared examples, trained tokens marked, then the counts (with
+    a ``response_template``: how many of the examples checked for it lack it)."""
     from ..preview import IGNORE_INDEX, token_marker
 
+    data = prepare_data(cfg, tokenizer)
     mark, train = token_marker(tokenizer, color), data.train
     lines: list[str] = []
     for index in range(min(n, len(train))):
@@ -87,12 +87,8 @@ def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, respon
     lines += ["---", f"trained tokens: {trained:,} of {total:,} ({share:.1f}%) in {len(train):,} training examples "
               f"(format: {data.text_format})",
               f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}"]
-    if response_template is not None and data.checked:
+    if cfg.training.response_template is not None and data.checked:
         lines.append(f"examples without the response template among the first {data.checked:,}: "
                      f"{data.template_missing_in_check:,}")
     return lines
 
-
-def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-    """``trl-padfree preview`` of an SFT config."""
-    return preview_lines(prepare_data(cfg, tokenizer), tokenizer, n, color, cfg.training.response_template)
