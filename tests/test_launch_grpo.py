@@ -87,26 +87,6 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prom
             assert resumed[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-6), (step, key)
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (("--num_generation", "4"), "unknown option '--num_generation' on the command line; did you mean "
-                                    "'num_generations'?"),
-        (("--reward_funcs", "no_such_reward"), "reward_funcs: 'no_such_reward' is not a known reward"),
-        (("--reward_funcs", "no_such_module:score"), "reward_funcs: cannot import 'no_such_module:score': No "
-                                                     "module named 'no_such_module'"),
-        (("--reward_funcs", "trl_padfree.rewards:nothing"), "module 'trl_padfree.rewards' has no attribute 'nothing'"),
-        (("--reward_funcs", "trl_padfree.rewards:REWARDS"), "is a dict, not a function"),
-        (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
-        (("--padding_free", "false"), "GRPOConfig(prompt_once=True) needs padding_free=True"),
-        (("--template", "{prompt}"), "(a field of trl-padfree train, not of trl-padfree grpo)"),
-        (("--beta", "-0.1"), "beta must be at least 0"),
-    ],
-)
-def test_bad_input_exits_2_with_one_line(prompts, tmp_path, extra, message):
-    assert_refused_in_one_line("grpo", grpo_argv(prompts, tmp_path / "out", *extra), tmp_path / "out", message)
-
-
 @pytest.mark.parametrize(("record", "message"), [
     ({"question": "hi", "answer": "there"}, "train_file: RL records need a 'prompt'"),
     # the demo's rewards read the known answer: records with a prompt only fail at validation, not at step 1
