@@ -58,7 +58,7 @@ def load_kto_data(cfg: Any, tokenizer: Any) -> steps.Records:
     paired = "chosen" in train.column_names
     kind = "conversational" if conversational else "text"
     return steps.Records(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
-                                                  else "prompt/completion/label"), paired=paired)
+                                                        else "prompt/completion/label"), paired=paired)
 
 
 def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
@@ -73,9 +73,9 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     model, cfg = steps.load_policy(cfg)
     steps.probe_model(cfg, model, layout="preference")
     ref_model = steps.load_reference(cfg)
+    per_record = 2 if data.paired else 1  # (TRL unpairs a pair into two examples)
     trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks, ref_model=ref_model,
-                                 check=lambda trainer: dropped_by_trainer(cfg, trainer, data, noun, 2 if data.paired
-                                                                          else 1))
+                                 check=lambda trainer: dropped_by_trainer(cfg, trainer, data, noun, per_record))
     return steps.fit(cfg, trainer, data, settings(cfg), kto_summary)
 
 
