@@ -1,6 +1,6 @@
 """``trl-padfree grpo``: RL with verifiable rewards through :class:`trl_padfree.GRPOTrainer` (TRL's, padding-free);
 ``reward_funcs`` by name or import path, imported at validation (a wrong name: exit 2, nothing written).
-``trl-padfree rloo`` (:mod:`.rloo`) is the same task with ``RLOOConfig``."""
+``trl-padfree rloo`` (:mod:`.rloo`) is the same recipe with ``RLOOConfig``."""
 
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> steps.Recor
         return data
 
     prepared = steps.Records(*(prepared_by_trl(trl.RewardTrainer, dataset, tokenizer, cfg.training, split)
-                         for split, dataset in (("train", train), ("eval", eval_ds))), text_format)
+                               for split, dataset in (("train", train), ("eval", eval_ds))), text_format)
     dropped_by_trainer(cfg, (prepared.train, prepared.eval), data, rule=TOO_LONG, why=WHY)  # (as the trainer would)
     return prepared
 
