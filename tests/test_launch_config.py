@@ -1,4 +1,5 @@
-"""``trl-padfree train``: config parsing and resolution, and bad input (exit 2, one line, nothing written)."""
+"""The launch's config: parsing and resolution, and bad input of every trainer (exit 2, one line, nothing
+written)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
 from launch_inputs import DEMO_YAML, demo_argv, write_demo_data, write_yaml
-from launch_runs import assert_refused_in_one_line
+from launch_runs import assert_refused_in_one_line, demo_pairs_argv
 from paths import CONFIGS, DEMO, ROOT
 from tiny_models import save_tiny_model
 
@@ -121,20 +122,43 @@ def test_model_that_leaks_under_padding_free(tmp_path, data_dir, demo_tokenizer)
     assert "padfree" in message  # the advice names the fix
 
 
-@pytest.mark.parametrize(("task", "argv", "message"), [
-    ("dpo", ["--template", "x"], "unknown option '--template' on the command line (a field of trl-padfree train, not "
-                                 "of trl-padfree dpo)"),
-    ("sft", ["--prompt_once", "true"], "unknown option '--prompt_once' on the command line (a field of "
-                                       "trl-padfree dpo, not of trl-padfree train)"),
-    ("grpo", ["--reward_func", "x"], "unknown option '--reward_func' on the command line; did you mean "
+_ANOTHER = "unknown option '--{}' on the command line (a field of trl-padfree {}, not of trl-padfree {})"
+#: The trainers' own refusals, each a row through the command on the demo pairs: (recipe, --field value, message).
+TRAINER_REFUSALS = [
+    ("sft", ("--prompt_once", "true"), _ANOTHER.format("prompt_once", "dpo", "train")),
+    ("dpo", ("--template", "x"), _ANOTHER.format("template", "train", "dpo")),
+    ("dpo", ("--beta", "0"), "beta must be greater than 0, got 0"),
+    ("reward", ("--learning_rat", "1e-3"), "unknown option '--learning_rat' on the command line; did you mean "
+                                           "'learning_rate'?"),
+    ("reward", ("--response_template", "x"), _ANOTHER.format("response_template", "train", "reward")),
+    ("reward", ("--scored_lm_head", "false"), _ANOTHER.format("scored_lm_head", "train", "reward")),
+    ("reward", ("--center_rewards_coefficient", "-1"), "center_rewards_coefficient must be at least 0"),
+    ("kto", ("--desirable_weigth", "1.0"), "unknown option '--desirable_weigth' on the command line; did you mean "
+                                           "'desirable_weight'?"),
+    ("kto", ("--desirable_weight", "0"), "desirable_weight must be greater than 0"),
+    ("grpo", ("--reward_func", "x"), "unknown option '--reward_func' on the command line; did you mean "
                                      "'reward_funcs'?"),
-])
-def test_a_field_of_another_trainer_is_named(task, argv, message):
-    from trl_padfree.launch.config import parse_arguments
+    ("grpo", ("--template", "{prompt}"), _ANOTHER.format("template", "train", "grpo")),
+    ("grpo", ("--reward_funcs", "no_such_reward"), "reward_funcs: 'no_such_reward' is not a known reward"),
+    ("grpo", ("--reward_funcs", "no_such_module:score"), "reward_funcs: cannot import 'no_such_module:score': No "
+                                                         "module named 'no_such_module'"),
+    ("rloo", ("--reward_funcs", "trl_padfree.rewards:nothing"), "module 'trl_padfree.rewards' has no attribute "
+                                                                "'nothing'"),
+    ("grpo", ("--reward_funcs", "trl_padfree.rewards:REWARDS"), "is a dict, not a function"),
+    ("rloo", ("--beta", "-0.1"), "beta must be at least 0"),
+    *[(task, ("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'")
+      for task in ("dpo", "kto", "reward", "grpo")],
+    *[(task, ("--padding_free", "false"), f"{config}(prompt_once=True) needs padding_free=True")
+      for task, config in (("dpo", "DPOConfig"), ("kto", "KTOConfig"), ("reward", "RewardConfig"),
+                           ("rloo", "RLOOConfig"))],
+]
 
-    with pytest.raises(ConfigError) as caught:
-        parse_arguments(argv, task=task)
-    assert str(caught.value) == message
+
+@pytest.mark.parametrize(("task", "extra", "message"), TRAINER_REFUSALS)
+def test_a_trainers_bad_setting_is_one_line_before_the_model_loads(tmp_path, task, extra, message):
+    config = DEMO_YAML if task == "sft" else CONFIGS / f"demo-{'grpo' if task == 'rloo' else task}.yaml"
+    argv = demo_pairs_argv(config, tmp_path / "out", *extra)
+    assert message in assert_refused_in_one_line(task, argv, tmp_path / "out", before_model=True)
 
 
 @pytest.mark.parametrize("task", ["sft", "dpo", "grpo", "rloo", "reward", "kto"])
@@ -155,11 +179,10 @@ def test_every_field_of_the_config_class_is_a_key(task, tmp_path):
 
 def test_demo_config_resolves(data_dir, tmp_path):
     cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--learning_rate", "5e-4"))
-    assert cfg.padding_free is True and cfg.training.padding_free is False  # the launch's collator flattens
+    assert cfg.padding_free is True and cfg.training.padding_free is True
     assert cfg.attn_implementation == ("padfree" if not torch.cuda.is_available() else cfg.attn_implementation)
     assert cfg.training.learning_rate == 5e-4  # the command line wins over the file (3e-3)
     assert cfg.training.max_steps == 2
-    assert cfg.training.dataset_kwargs == {"skip_prepare_dataset": True}
     assert cfg.training.response_template == "### Answer:"
     assert cfg.launch.template == "### Question: {instruction}\n### Answer: {output}"
     assert not (tmp_path / "out").exists()
@@ -188,7 +211,7 @@ def test_real_model_configs_parse_and_resolve(name, expected):
     assert cfg.model.dtype == "bfloat16" and cfg.training.bf16 is True
     assert cfg.model.use_peft is expected["peft"]
     assert cfg.launch.dataset_name == expected["data"]
-    assert cfg.padding_free is True and cfg.training.padding_free is False
+    assert cfg.padding_free is True and cfg.training.padding_free is True
     assert cfg.training.gradient_checkpointing is True
     if expected["peft"]:
         assert cfg.model.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -265,24 +288,6 @@ def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, 
     ]
     with pytest.raises(ConfigError, match=r"holds no trl-padfree run to resume \(it holds no checkpoint-N directory\)"):
         load_config(demo_argv(data_dir, tmp_path / "empty", "--resume_from_checkpoint", "last"))
-
-
-def test_a_validated_config_is_frozen_and_validation_leaves_the_parsed_one_as_it_was(data_dir, tmp_path):
-    """``validate_config`` returns a new, frozen config; the parsed one and its TRL objects stay as parsed."""
-    import dataclasses
-
-    from trl_padfree.launch.config import parse_arguments
-    from trl_padfree.launch.validate import validate_config
-
-    parsed = parse_arguments(demo_argv(data_dir, tmp_path / "out", "--eval_file", "", "--eval_strategy", "no",
-                                       "--eval_on_start", "false"))
-    cfg = validate_config(parsed)
-    assert cfg is not parsed and cfg.run_id and parsed.run_id is None
-    assert cfg.attn_implementation != "auto" and parsed.attn_implementation == "auto"
-    assert cfg.launch.eval_file is None and parsed.launch.eval_file == ""
-    assert cfg.training.padding_free is False and parsed.training.padding_free is True  # SFT: the collator flattens
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.run_id = "other"
 
 
 def test_real_model_demo_config_resolves():

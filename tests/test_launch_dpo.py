@@ -68,19 +68,6 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data
         assert resumed[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (("--beta_typo", "0.2"), "unknown"),
-        (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
-        (("--padding_free", "false"), "DPOConfig(prompt_once=True) needs padding_free=True"),
-        (("--beta", "0"), "beta must be greater than 0"),
-    ],
-)
-def test_bad_input_exits_2_with_one_line(data_dir, tmp_path, extra, message):
-    assert_refused_in_one_line("dpo", dpo_argv(data_dir, tmp_path / "out", *extra), tmp_path / "out", message)
-
-
 def test_records_without_rejected_are_refused(tmp_path, data_dir):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "hi", "chosen": " there"}])
     assert_refused_in_one_line("dpo", dpo_argv(data_dir, tmp_path / "out", "--train_file", str(bad)), tmp_path / "out",

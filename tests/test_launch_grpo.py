@@ -1,5 +1,5 @@
 """``trl-padfree grpo`` / ``rloo`` end to end on CPU (32 demo prompts, 2 prompts x 4 completions of 8 tokens a
-step), and a trainer added to the launch at run time."""
+step), and a recipe added to the launch at run time."""
 
 from __future__ import annotations
 
@@ -87,26 +87,6 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prom
             assert resumed[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-6), (step, key)
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (("--num_generation", "4"), "unknown option '--num_generation' on the command line; did you mean "
-                                    "'num_generations'?"),
-        (("--reward_funcs", "no_such_reward"), "reward_funcs: 'no_such_reward' is not a known reward"),
-        (("--reward_funcs", "no_such_module:score"), "reward_funcs: cannot import 'no_such_module:score': No "
-                                                     "module named 'no_such_module'"),
-        (("--reward_funcs", "trl_padfree.rewards:nothing"), "module 'trl_padfree.rewards' has no attribute 'nothing'"),
-        (("--reward_funcs", "trl_padfree.rewards:REWARDS"), "is a dict, not a function"),
-        (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
-        (("--padding_free", "false"), "GRPOConfig(prompt_once=True) needs padding_free=True"),
-        (("--template", "{prompt}"), "(a field of trl-padfree train, not of trl-padfree grpo)"),
-        (("--beta", "-0.1"), "beta must be at least 0"),
-    ],
-)
-def test_bad_input_exits_2_with_one_line(prompts, tmp_path, extra, message):
-    assert_refused_in_one_line("grpo", grpo_argv(prompts, tmp_path / "out", *extra), tmp_path / "out", message)
-
-
 @pytest.mark.parametrize(("record", "message"), [
     ({"question": "hi", "answer": "there"}, "train_file: RL records need a 'prompt'"),
     # the demo's rewards read the known answer: records with a prompt only fail at validation, not at step 1
@@ -142,29 +122,33 @@ def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path, monke
     assert_real_tokens_logged(out, stdout, generation=True)  # RLOO's generation is timed as GRPO's
 
 
-def test_a_trainer_added_at_run_time_reaches_every_stage(tmp_path, monkeypatch):
-    """One module (here: a class in this test) and one registry line make a new trainer of the launch."""
+def test_a_recipe_added_at_run_time_reaches_every_step(tmp_path, monkeypatch):
+    """One module and one line in ``tasks.COMMANDS`` make a new trainer of the launch (here: SFT's recipe with a
+    line of its own)."""
+    import sys
+    import types
+
     from trl_padfree.launch import tasks
-    from trl_padfree.launch.tasks import get_task, register
-    from trl_padfree.launch.tasks.sft import SFTTask
+    from trl_padfree.launch.console import say
+    from trl_padfree.launch.tasks import sft
 
-    monkeypatch.setattr(tasks, "REGISTRY", dict(tasks.REGISTRY))  # the toy task is gone after the test
+    def run_toy(cfg, callbacks=()):
+        summary = sft.run(cfg, callbacks)
+        say(f"toy recipe: {summary['global_step']} steps")
+        return summary
 
-    class ToyTask(SFTTask):  # SFT's parts, its own name, command, summary line
-        name, command = "toy", "toy"
-
-        def summary_lines(self, lines, history):
-            return [*lines, "toy task: " + ", ".join(sorted({k for e in history for k in e if k == "loss"}))]
-
-    register(ToyTask())
-    assert get_task("toy").prog == "trl-padfree toy"
+    toy = types.ModuleType("trl_padfree.launch.tasks.toy")
+    toy.__dict__.update({k: v for k, v in vars(sft).items() if not k.startswith("__")}, run=run_toy)
+    monkeypatch.setitem(tasks.COMMANDS, "toy", "toy")  # both are gone after the test
+    monkeypatch.setitem(sys.modules, toy.__name__, toy)
+    assert tasks.prog("toy") == "trl-padfree toy" and tasks.get_task("toy") is toy
     data = write_jsonl(tmp_path / "train.jsonl", [{"prompt": f"Q{i}?", "completion": f" A{i}"} for i in range(8)])
     argv = ["--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--output_dir",
             str(tmp_path / "out"), "--max_steps", "2", "--per_device_train_batch_size", "4", "--use_cpu", "true",
             "--report_to", "none", "--save_strategy", "no", "--torch_num_threads", "1"]
     code, stdout, stderr = run(argv, task="toy")
     assert code == 0, (stdout + stderr)[-3000:]
-    assert "[trl-padfree] toy task: loss" in stdout and "[trl-padfree] steps: 2/2" in stdout
+    assert "[trl-padfree] toy recipe: 2 steps" in stdout and "[trl-padfree] steps: 2/2" in stdout
     code, _, stderr = run([*argv, "--no_such_field", "1"], task="toy")
     assert code == 2 and stderr.startswith("trl-padfree toy: error: unknown option '--no_such_field'")
 

@@ -107,11 +107,6 @@ def test_bad_records_are_named(tmp_path):
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (("--desirable_weigth", "1.0"), "unknown option '--desirable_weigth' on the command line; did you mean "
-                                        "'desirable_weight'?"),
-        (("--response_template", "### Answer:"), "(a field of trl-padfree train, not of trl-padfree kto)"),
-        (("--desirable_weight", "0"), "desirable_weight must be greater than 0"),
-        (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
         (("--max_length", "8"), "train_file: all 32 training pairs would be dropped"),
         (("--per_device_train_batch_size", "1"), "KTOTrainer"),  # TRL's own check, as one line
     ],

@@ -65,22 +65,10 @@ class ScoreHeadSeen(TrainerCallback):
         self.heads.append((type(model).__name__, model.config.num_labels, model.score.weight.detach().clone()))
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (("--learning_rat", "1e-3"), "unknown option '--learning_rat' on the command line; did you mean "
-                                     "'learning_rate'?"),
-        (("--response_template", "### Answer:"), "(a field of trl-padfree train, not of trl-padfree reward)"),
-        (("--scored_lm_head", "false"), "unknown option '--scored_lm_head' on the command line (a field of trl-padfree train"),
-        (("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'"),
-        (("--padding_free", "false"), "RewardConfig(prompt_once=True) needs padding_free=True"),
-        (("--center_rewards_coefficient", "-1"), "center_rewards_coefficient must be at least 0"),
-        (("--max_length", "4"), "train_file: all 32 training pairs would be dropped: TRL drops one whose chosen or "
-                                "rejected sequence has more than max_length=4 tokens (a reward is read at the end)"),
-    ],
-)
-def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
-    assert_refused_in_one_line("reward", reward_argv(tmp_path / "out", *extra), tmp_path / "out", message)
+def test_pairs_all_longer_than_max_length_are_refused(tmp_path):
+    assert_refused_in_one_line("reward", reward_argv(tmp_path / "out", "--max_length", "4"), tmp_path / "out",
+                               "train_file: all 32 training pairs would be dropped: TRL drops one whose chosen or "
+                               "rejected sequence has more than max_length=4 tokens (a reward is read at the end)")
 
 
 def test_a_typo_in_the_config_file_names_the_key(tmp_path):

@@ -7,7 +7,7 @@ import importlib
 import sys
 from pathlib import Path
 
-#: Sub-command -> (the module whose ``main(argv)`` runs it, or ``task:NAME``: the launch with the task ``NAME`` of
+#: Sub-command -> (the module whose ``main(argv)`` runs it, or ``task:NAME``: the launch with the recipe ``NAME`` of
 #: :mod:`trl_padfree.launch.tasks`; the one-line help).
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("task:sft", "fine-tune a model from a YAML config (SFTTrainer + this collator)"),

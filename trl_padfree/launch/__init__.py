@@ -25,16 +25,17 @@ def load_config(argv: Sequence[str], check_environment: bool = True, task: str =
 
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task: str = "sft") -> int:
-    """Run the trainer ``task`` of :mod:`.tasks` with ``argv`` (default ``sys.argv[1:]``); returns the exit code.
-    ``callbacks``: extra Trainer callbacks for the run."""
-    from .console import print_error, quiet_replicas, say
+    """Run the recipe ``task`` of :mod:`.tasks` with ``argv`` (default ``sys.argv[1:]``): parse and check, the
+    machine's defaults, the run line, then the recipe's ``run``; returns the exit code. ``callbacks``: extra
+    Trainer callbacks for the run."""
+    from ..threads import torch_threads
+    from .console import print_error, quiet_progress, quiet_replicas, say
     from .defaults import apply_defaults
-    from .distributed import agree_on_config, finish, plan_nodes
-    from .run import RunError, train
-    from .tasks import get_task
+    from .distributed import agree_on_config, check_process_group, finish, plan_nodes
+    from .steps import RunError
+    from .tasks import get_task, prog
     from .validate import describe
 
-    prog = get_task(task).prog
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_replicas()  # under a distributed launcher only the first process of each node logs, from the very start
     try:
@@ -48,12 +49,17 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
         cfg, layout = plan_nodes(cfg)  # several processes: who writes what, one run id, one checkpoint to resume
         say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items())
             + (f", processes={layout}" if layout else ""))
-        train(cfg, callbacks)
+        check_process_group(cfg.training)  # before anything is written
+        for note in cfg.notes:
+            say(note)
+        threads = cfg.training.torch_num_threads
+        with torch_threads(None if threads == "auto" else threads), quiet_progress():
+            get_task(task).run(cfg, callbacks)  # (the Trainer's own bar follows disable_tqdm)
     except ConfigError as exc:
-        print_error(str(exc), prog)
+        print_error(str(exc), prog(task))
         return finish(2)
-    except RunError as exc:  # a failure during the run, e.g. a final save on a full disk (launch.run)
-        print_error(str(exc), prog)
+    except RunError as exc:  # a failure during the run, e.g. a final save on a full disk (launch.steps)
+        print_error(str(exc), prog(task))
         return finish(1)
     except SystemExit as exc:  # --help
         return finish(exc.code if isinstance(exc.code, int) else 0)

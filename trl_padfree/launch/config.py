@@ -5,7 +5,6 @@ dataclass refuses is a one-line :class:`ConfigError` (with a did-you-mean hint) 
 from __future__ import annotations
 
 import argparse
-import copy
 import dataclasses
 import difflib
 import os
@@ -17,7 +16,7 @@ from typing import Any
 
 from ..exception_text import one_line
 
-__all__ = ["ConfigError", "LaunchArguments", "LaunchConfig", "build_parser", "parse_arguments", "with_fields"]
+__all__ = ["ConfigError", "LaunchArguments", "LaunchConfig", "build_parser", "parse_arguments"]
 
 
 class ConfigError(ValueError):
@@ -79,50 +78,48 @@ class RewardFunctionArguments(LaunchArguments):
                                         "'module:function'."})
 
 
-@dataclass(frozen=True)
+@dataclass
 class LaunchConfig:
-    """What a launch was asked to do: the parsed dataclasses (``launch``: the task's :class:`LaunchArguments`;
+    """What a launch was asked to do: the parsed dataclasses (``launch``: the recipe's :class:`LaunchArguments`;
     ``training``: this package's config class of the trainer; ``model``: ``trl.ModelConfig``) and what the launch
-    resolved."""
+    resolved. The checks and the recipe set fields of these in place before the trainer is built."""
 
     launch: Any
     training: Any
     model: Any
-    padding_free: bool = True
-    attn_implementation: str = "auto"
+    task: str = "sft"
     attn_auto: bool = False  # attn_implementation was "auto": the launch may fall back (see launch.model)
-    resume_from_checkpoint: str | bool | None = None
     explicit: frozenset[str] = frozenset()  # fields set in the YAML file or on the command line
     run_id: str | None = None
-    model_init_kwargs: dict[str, Any] | None = None
+    model_init_kwargs: dict[str, Any] | None = None  # moved out of ``training``: the launch loads the model
     notes: list[str] = dataclasses.field(default_factory=list)  # lines for the run to print
-    task: str = "sft"
 
+    @property
+    def padding_free(self) -> bool:
+        return bool(self.training.padding_free)
 
-def with_fields(obj: Any, **changes: Any) -> Any:
-    """A shallow copy of the dataclass ``obj`` with ``changes`` set, without running its ``__post_init__`` again.
+    @property
+    def attn_implementation(self) -> str:
+        return self.model.attn_implementation or "auto"
 
-    >>> a = SFTArguments(template="x")
-    >>> with_fields(a, template=None).template, a.template
-    (None, 'x')
-    """
-    new = copy.copy(obj)
-    for name, value in changes.items():
-        setattr(new, name, value)
-    return new
+    @property
+    def resume_from_checkpoint(self) -> Any:
+        return self.training.resume_from_checkpoint
+
+    @resume_from_checkpoint.setter
+    def resume_from_checkpoint(self, value: Any) -> None:
+        self.training.resume_from_checkpoint = value
 
 
 def argument_classes(task: str = "sft") -> tuple[type, type, type]:
-    """The dataclasses of ``task``'s config (a name of :mod:`.tasks`): its launch arguments (``Task.arguments``),
-    this package's config class of its trainer, ``ModelConfig``."""
+    """The dataclasses of ``task``'s config (a recipe of :mod:`.tasks`): its ``ARGUMENTS``, its ``CONFIG`` (this
+    package's config class of its trainer), ``trl.ModelConfig``."""
     import trl
-
-    from trl_padfree.configs import PADFREE_CONFIGS
 
     from .tasks import get_task
 
-    found = get_task(task)
-    return found.arguments or LaunchArguments, PADFREE_CONFIGS[found.trainer_name], trl.ModelConfig
+    recipe = get_task(task)
+    return recipe.ARGUMENTS, recipe.CONFIG, trl.ModelConfig
 
 
 def _closest(name: str, candidates: Sequence[str]) -> str:
@@ -138,11 +135,11 @@ _KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a nu
 def _unknown(name: str, task: str, known: Sequence[str]) -> str:
     """The hint after "unknown key/option": ``" (a field of trl-padfree dpo, not of trl-padfree train)"`` where
     another trainer takes ``name``, else a did-you-mean among ``known``."""
-    from .tasks import get_task, task_names
+    from .tasks import prog, task_names
 
     for other in task_names():
         if other != task and any(name in {f.name for f in dataclasses.fields(c)} for c in argument_classes(other)):
-            return f" (a field of {get_task(other).prog}, not of {get_task(task).prog})"
+            return f" (a field of {prog(other)}, not of {prog(task)})"
     return _closest(name, known)
 
 
@@ -151,9 +148,7 @@ def build_parser(task: str = "sft") -> Any:
     from transformers.utils import is_torch_bf16_gpu_available
     from trl import TrlParser
 
-    from .tasks import get_task
-
-    command = get_task(task).command
+    from .tasks import prog
 
     class StrictTrlParser(TrlParser):
         explicit: set[str]
@@ -212,8 +207,8 @@ def build_parser(task: str = "sft") -> Any:
     for cls in classes:
         for name, tp in typing.get_type_hints(cls).items():
             hints.setdefault(name, tp)
-    parser = StrictTrlParser(classes, prog=f"trl-padfree {command}", allow_abbrev=False,
-                             usage=f"trl-padfree {command} --config configs/NAME.yaml [--field value ...]")
+    parser = StrictTrlParser(classes, prog=prog(task), allow_abbrev=False,
+                             usage=f"{prog(task)} --config configs/NAME.yaml [--field value ...]")
     parser.explicit = set()
     parser.set_defaults(padding_free=True, attn_implementation="auto", gradient_checkpointing=None,
                         bf16=is_torch_bf16_gpu_available())
@@ -270,7 +265,4 @@ def parse_arguments(argv: Sequence[str], task: str = "sft") -> LaunchConfig:
         known = sorted(a.dest for a in parser._actions if a.option_strings and a.dest != "help")
         raise ConfigError(f"unknown option '--{name}' on the command line{_unknown(name, task, known)}")
     launch, training, model = parsed
-    return LaunchConfig(
-        task=task, launch=launch, training=training, model=model,
-        padding_free=bool(training.padding_free), attn_implementation=model.attn_implementation or "auto",
-        resume_from_checkpoint=training.resume_from_checkpoint, explicit=frozenset(parser.explicit), notes=notes)
+    return LaunchConfig(launch, training, model, task=task, explicit=frozenset(parser.explicit), notes=notes)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..threads import cores, processes_on_this_machine, threads_default
-from .config import ConfigError, LaunchConfig, with_fields
+from .config import ConfigError, LaunchConfig
 
 __all__ = ["LARGE_MODEL_PARAMETERS", "ModelShape", "apply_defaults", "model_shape"]
 
@@ -77,4 +77,6 @@ def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelSha
         training["disable_tqdm"] = chosen["disable_tqdm"] = True
     if device == "cpu" and "dataloader_pin_memory" not in explicit:
         training["dataloader_pin_memory"] = chosen["dataloader_pin_memory"] = False
-    return replace(cfg, training=with_fields(cfg.training, **training)), chosen
+    for name, value in training.items():
+        setattr(cfg.training, name, value)
+    return cfg, chosen

@@ -44,16 +44,10 @@ def package_path(value: Any) -> Any:
 
 def resolve_package_paths(cfg: Any) -> Any:
     """``cfg`` with its ``trl_padfree/demo/...`` paths that are missing from here pointed at the installed package."""
-    from dataclasses import replace
-
-    from .config import with_fields
-
-    sections: dict[str, dict[str, str]] = {}
     for section, name in (("model", "model_name_or_path"), ("launch", "train_file"), ("launch", "eval_file"),
                           ("launch", "dataset_name"), ("training", "chat_template_path"),
                           ("launch", "chat_template_path")):
         value = getattr(getattr(cfg, section), name, None)
         if package_path(value) != value:
-            sections.setdefault(section, {})[name] = package_path(value)
-    return replace(cfg, **{section: with_fields(getattr(cfg, section), **changes)
-                           for section, changes in sections.items()})
+            setattr(getattr(cfg, section), name, package_path(value))
+    return cfg

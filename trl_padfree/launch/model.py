@@ -7,9 +7,8 @@ import dataclasses
 import os
 from typing import Any
 
-from .config import ConfigError, LaunchConfig, with_fields
+from .config import ConfigError, LaunchConfig
 from .console import say
-from .tasks import get_task
 
 __all__ = ["check_lora_targets", "load_model", "materialized", "sharded_launch"]
 
@@ -52,9 +51,10 @@ def check_lora_targets(cfg: LaunchConfig, model: Any) -> None:
         )
 
 
-def load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
-    """``(model, cfg with the attention it was loaded with)``, the LoRA targets checked."""
-    model, cfg = _load_model(cfg)
+def load_model(cfg: LaunchConfig, auto_class: Any = None) -> tuple[Any, LaunchConfig]:
+    """``(model, cfg with the attention it was loaded with)``, the LoRA targets checked; ``auto_class``: default
+    ``AutoModelForCausalLM`` (a reward model: a sequence classifier with one output)."""
+    model, cfg = _load_model(cfg, auto_class)
     check_lora_targets(cfg, model)
     return model, _shared_prompt_default(cfg, model)
 
@@ -76,14 +76,14 @@ def _shared_prompt_default(cfg: LaunchConfig, model: Any) -> LaunchConfig:
     if not layers:
         return cfg
     say(f"prompt_once: off ({layers[0]} layers cannot share a prompt's state through the attention's key index)")
-    return dataclasses.replace(cfg, explicit=cfg.explicit | {"prompt_once"},
-                               training=with_fields(cfg.training, prompt_once=False))
+    cfg.explicit, cfg.training.prompt_once = cfg.explicit | {"prompt_once"}, False
+    return cfg
 
 
-def _load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
+def _load_model(cfg: LaunchConfig, auto_class: Any) -> tuple[Any, LaunchConfig]:
     """Load the model with the resolved attention and dtype; when ``auto`` picked ``"padfree"`` and the model cannot
     use it, again with its own default attention (:mod:`trl_padfree.attn_fallback`)."""
-    from transformers import set_seed
+    from transformers import AutoModelForCausalLM, set_seed
     from trl import get_quantization_config
 
     import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
@@ -99,7 +99,7 @@ def _load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
         # k-bit weights are placed at load time, one full copy per process (TRL's own scripts do the same)
         kwargs.update(quantization_config=quantization, device_map={"": PartialState().local_process_index})
     kwargs.update(cfg.model_init_kwargs or {})  # validated: no key of the launcher's own fields
-    auto_class = get_task(cfg.task).model_class()  # (a reward model: a sequence classifier with one output)
+    auto_class = auto_class or AutoModelForCausalLM
 
     def load(attn_implementation: str | None) -> Any:
         attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
@@ -122,9 +122,7 @@ def _load_model(cfg: LaunchConfig) -> tuple[Any, LaunchConfig]:
     except ModelLoadError as exc:
         raise ConfigError(f"could not load model {model_args.model_name_or_path!r}: {str(exc)[:300]}") from None
     if fell_back:
-        attn = model.config._attn_implementation
-        cfg = dataclasses.replace(cfg, attn_implementation=attn,
-                                  model=with_fields(model_args, attn_implementation=attn))
+        cfg.model.attn_implementation = attn = model.config._attn_implementation
         say(f"attn_implementation: {attn!r}")
     return model, cfg
 

@@ -138,7 +138,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         hint = ""
         if guessed not in (None, "sft"):  # told from fields that several trainers have: say how, and the way out
-            hint = (f" (previewed as a config of {get_task(guessed).prog}, told from its fields; for another trainer's "
+            from .tasks import prog
+
+            hint = (f" (previewed as a config of {prog(guessed)}, told from its fields; for another trainer's "
                     "config add --task, e.g. --task kto)")
         print(f"trl-padfree preview: error: {exc}{hint}", file=sys.stderr)
         return 2

@@ -13,11 +13,11 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..exception_text import one_line
-from .config import ConfigError, LaunchConfig, with_fields
+from .config import ConfigError, LaunchConfig
 from .data import data_builder
 
 __all__ = ["NUMERIC_RANGES", "Range", "describe", "resolve_attn_implementation", "validate_config"]
@@ -58,7 +58,7 @@ _SEED, _STEPS = 2**32 - 1, "a number of steps, or a fraction of the run below 1"
 #: allows it): torch's optimizer and DataLoader refuse some at the first step with a traceback, others would run
 #: wrong (save_total_limit 0 keeps no checkpoint). Fields that transformers', TRL's or this package's config classes
 #: (``torch_empty_cache_steps``, ``torch_num_threads``, ``max_tokens_per_batch``) or peft's ``LoraConfig``
-#: (``lora_*``) refuse themselves are not listed. A task adds its own (``Task.ranges``).
+#: (``lora_*``) refuse themselves are not listed. A recipe may override one (its ``RANGES``).
 NUMERIC_RANGES: dict[str, Range] = {
     **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                      "ddp_timeout", "max_train_examples", "max_eval_examples", "template_check_examples",
@@ -67,7 +67,8 @@ NUMERIC_RANGES: dict[str, Range] = {
                     Range(0)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "label_smoothing_factor"), Range(0, high=1, high_open=True)),
     **dict.fromkeys(("logging_steps", "save_steps"), Range(0, low_open=True, hint=_STEPS)),
-    **dict.fromkeys(("beta", "discopop_tau"), Range(0, low_open=True)),  # (DPO)
+    **dict.fromkeys(("beta", "discopop_tau", "desirable_weight", "undesirable_weight"),
+                    Range(0, low_open=True)),  # (DPO, KTO; GRPO's beta: its RANGES)
     **dict.fromkeys(("dataloader_prefetch_factor", "ddp_bucket_cap_mb"), Range(1, hint="or null for torch's default")),
     "eval_accumulation_steps": Range(1, hint="or null to gather eval outputs once at the end"),
     "max_grad_norm": Range(0, hint="0 turns gradient clipping off"),
@@ -85,16 +86,17 @@ NUMERIC_RANGES: dict[str, Range] = {
     "label_smoothing": Range(0, high=0.5, high_open=True),
     "precompute_ref_batch_size": Range(1, hint="or null for per_device_train/eval_batch_size"),
     "ref_model_mixup_alpha": Range(0, high=1),
+    "center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01"),
 }
 #: Step intervals that matter only under their strategy ("steps").
 _INTERVAL_STRATEGY = {"logging_steps": "logging_strategy", "eval_steps": "eval_strategy", "save_steps": "save_strategy"}
 
 
 def _check_numbers(cfg: LaunchConfig) -> None:
-    """The fields of :data:`NUMERIC_RANGES` and the task's own ranges; ``max_steps`` / ``num_train_epochs``."""
+    """The fields of :data:`NUMERIC_RANGES` and the recipe's ``RANGES``; ``max_steps`` / ``num_train_epochs``."""
     from .tasks import get_task
 
-    for name, legal in {**NUMERIC_RANGES, **get_task(cfg.task).ranges}.items():
+    for name, legal in {**NUMERIC_RANGES, **getattr(get_task(cfg.task), "RANGES", {})}.items():
         value = next((getattr(p, name) for p in (cfg.training, cfg.model, cfg.launch) if hasattr(p, name)), None)
         strategy = getattr(cfg.training, _INTERVAL_STRATEGY.get(name, ""), "steps")
         if (isinstance(value, (int, float)) and not isinstance(value, bool) and not legal.admits(value)
@@ -114,18 +116,18 @@ _OWN_FIELDS = {"trust_remote_code": "trust_remote_code: true", "attn_implementat
                "quantization_config": "load_in_4bit / load_in_8bit"}
 
 
-def _check_model_init_kwargs(cfg: LaunchConfig) -> LaunchConfig:
+def _check_model_init_kwargs(cfg: LaunchConfig) -> None:
     """Refuse keys that have their own field; the launcher loads the model and applies the rest (TRL would only
     warn that it ignores them)."""
     kwargs = cfg.training.model_init_kwargs
     if kwargs is None:
-        return cfg
+        return
     if not isinstance(kwargs, dict):
         raise ConfigError(f"model_init_kwargs must be a mapping of from_pretrained arguments, got {kwargs!r}")
     for key in kwargs.keys() & _OWN_FIELDS.keys():
         raise ConfigError(f"model_init_kwargs may not set {key!r}: it has its own field; set {_OWN_FIELDS[key]} "
                           "instead")
-    return replace(cfg, model_init_kwargs=dict(kwargs), training=with_fields(cfg.training, model_init_kwargs=None))
+    cfg.model_init_kwargs, cfg.training.model_init_kwargs = dict(kwargs), None
 
 
 def _check_output_dir(out: str) -> None:
@@ -152,10 +154,11 @@ def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") > 1 or os.sep != "/" and os.sep in name
 
 
-def _check_data(cfg: LaunchConfig) -> LaunchConfig:
-    keys = ("train_file", "eval_file", "dataset_name", "dataset_config", "dataset_test_split", "template")
-    # `--eval_file ""` on the command line switches a file off
-    data = with_fields(cfg.launch, **{key: None for key in keys if getattr(cfg.launch, key, None) == ""})
+def _check_data(cfg: LaunchConfig) -> None:
+    data = cfg.launch
+    for key in ("train_file", "eval_file", "dataset_name", "dataset_config", "dataset_test_split", "template"):
+        if getattr(data, key, None) == "":  # `--eval_file ""` on the command line switches a file off
+            setattr(data, key, None)
     if data.train_file and data.dataset_name:
         raise ConfigError("set either train_file (local files) or dataset_name (hub or local dataset), not both")
     if not data.train_file and not data.dataset_name:
@@ -179,10 +182,9 @@ def _check_data(cfg: LaunchConfig) -> LaunchConfig:
     if cfg.training.eval_on_start and not sources:
         raise ConfigError("eval_on_start is true but there is no eval data: set eval_file, eval_fraction or "
                           "dataset_test_split (or eval_on_start: false)")
-    return replace(cfg, launch=data)
 
 
-def _check_model(cfg: LaunchConfig, check_environment: bool) -> LaunchConfig:
+def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
     name, model = cfg.model.model_name_or_path, cfg.model
     if not name:
         raise ConfigError("model_name_or_path is missing: set a local model directory or a hub model id")
@@ -201,15 +203,14 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> LaunchConfig:
     if isinstance(targets, str) and targets != "all-linear" and re.fullmatch(r"[\w.]+", targets):
         # TRL turns a list of one name into a string, which peft reads as a regular expression over full module
         # names ("q_proj" then matches nothing); one name means what a list of names means: a module-name suffix
-        cfg = replace(cfg, model=with_fields(model, lora_target_modules=[targets]))
-    if cfg.model.use_peft and has_peft:
+        model.lora_target_modules = [targets]
+    if model.use_peft and has_peft:
         from trl import get_peft_config
 
         try:  # peft's own checks of the LoRA settings, now rather than when the trainer is built
             get_peft_config(cfg.model)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid LoRA settings (peft.LoraConfig): {one_line(exc, limit=None)}") from None
-    return cfg
 
 
 def training_device(cfg: LaunchConfig) -> str:
@@ -239,15 +240,21 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
     return requested
 
 
-def _check_resume(cfg: LaunchConfig) -> LaunchConfig:
+def _check_resume(cfg: LaunchConfig) -> None:
     """Resolve ``resume_from_checkpoint`` to a complete checkpoint and decide the run id; refuse an output_dir
     that holds another run unless ``overwrite_output_dir`` is set (see docs/faults.md)."""
-    from . import resume
     from .distributed import restart_attempt
+    from .resume import resolve_auto_resume
 
-    auto = resume.resolve_auto_resume(cfg, restart_attempt())  # auto, or a worker restarted by torchrun
-    if auto is not None:
-        return replace(cfg, **auto)
+    # auto, or a worker restarted by torchrun; else false, true or a path
+    for name, value in (resolve_auto_resume(cfg, restart_attempt()) or _resume_fields(cfg)).items():
+        setattr(cfg, name, value)
+
+
+def _resume_fields(cfg: LaunchConfig) -> dict[str, Any]:
+    """The fields of ``cfg`` to set for ``resume_from_checkpoint`` false, true or a checkpoint path."""
+    from . import resume
+
     value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
     if str(value).lower() in {"false", "none", "null", ""}:
         found = resume.run_contents(output_dir)
@@ -256,10 +263,10 @@ def _check_resume(cfg: LaunchConfig) -> LaunchConfig:
             raise ConfigError(f"output_dir {output_dir!r} already holds a run ({shown}); continue it with "
                               "resume_from_checkpoint: true, start over in it with overwrite_output_dir: true, or "
                               "choose another output_dir")
-        return replace(cfg, resume_from_checkpoint=None, run_id=resume.new_run_id())
+        return {"resume_from_checkpoint": None, "run_id": resume.new_run_id()}
     if str(value).lower() in {"true", "last", "latest"}:
         choice = resume.choose_resume(output_dir)
-        return replace(cfg, resume_from_checkpoint=choice.path, run_id=choice.run_id, notes=[*cfg.notes, choice.note()])
+        return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id, "notes": [*cfg.notes, choice.note()]}
     if not os.path.isdir(value):
         raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
     problem = resume.checkpoint_problem(value)
@@ -267,57 +274,55 @@ def _check_resume(cfg: LaunchConfig) -> LaunchConfig:
         raise ConfigError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a "
                           "checkpoint-N directory (or true for the newest complete one of the run in output_dir)")
     marker = resume.read_json(os.path.join(value, resume.CHECKPOINT_MARKER)) or {}
-    return replace(cfg, resume_from_checkpoint=str(value), run_id=marker.get("run_id") or resume.new_run_id(),
-                   notes=[*cfg.notes, f"resuming from {value}"])
+    return {"resume_from_checkpoint": str(value), "run_id": marker.get("run_id") or resume.new_run_id(),
+            "notes": [*cfg.notes, f"resuming from {value}"]}
 
 
 def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> LaunchConfig:
-    """Check ``cfg`` without loading anything; returns the resolved config the run will use (``cfg`` unchanged):
-    the task's own settings (its ``resolve``), ``model_init_kwargs`` moved to the launcher,
-    ``attn_implementation: auto`` resolved for this machine, ``resume_from_checkpoint`` and the run id. With
-    ``check_environment=False`` the last two and the checks that depend on this machine are skipped."""
+    """Check ``cfg`` without loading anything and resolve it in place for the run (returned): the recipe's own
+    checks and settings (its ``check``), ``model_init_kwargs`` moved to the launcher, ``attn_implementation: auto``
+    resolved for this machine, ``resume_from_checkpoint`` and the run id. With ``check_environment=False`` the last
+    two and the checks that depend on this machine are skipped."""
     from .tasks import get_task
 
     _check_numbers(cfg)
-    cfg = _check_data(cfg)
-    task = get_task(cfg.task)
-    task.check(cfg)  # the trainer's own settings (launch.tasks)
-    cfg = _check_model_init_kwargs(_check_model(cfg, check_environment))
+    _check_data(cfg)
+    get_task(cfg.task).check(cfg)  # the trainer's own settings (launch.tasks)
+    _check_model(cfg, check_environment)
+    _check_model_init_kwargs(cfg)
     if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():
         raise ConfigError("output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1")
     if cfg.training.ddp_find_unused_parameters is None:
         # transformers turns it on for every model without activation checkpointing (and every PEFT model): an
         # extra autograd traversal per step and a warning. The models trained here (LoRA included) use every
         # trainable parameter in each forward; one that does not fails in DDP with torch's error naming the fix.
-        cfg = replace(cfg, training=with_fields(cfg.training, ddp_find_unused_parameters=False))
-    cfg = replace(cfg, **task.resolve(cfg))  # e.g. SFT: the collator flattens (TRL's padding_free off)
+        cfg.training.ddp_find_unused_parameters = False
     if check_environment:
-        attn = resolve_attn_implementation(cfg.attn_implementation, training_device(cfg))
-        cfg = replace(cfg, attn_auto=cfg.attn_implementation == "auto", attn_implementation=attn,
-                      model=with_fields(cfg.model, attn_implementation=attn))
+        cfg.attn_auto = cfg.attn_implementation == "auto"
+        cfg.model.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, training_device(cfg))
         _check_output_dir(cfg.training.output_dir)
-        cfg = _check_resume(cfg)
+        _check_resume(cfg)
     return cfg
 
 
 def describe(cfg: LaunchConfig) -> dict[str, Any]:
     """A short summary of the resolved run (logged at start)."""
+    from .steps import scored_head
     from .tasks import get_task
 
-    task = get_task(cfg.task)
     return {
         "model": cfg.model.model_name_or_path,
         **({"trust_remote_code": True} if cfg.training.trust_remote_code else {}),
         "attn_implementation": cfg.attn_implementation,
         "dtype": cfg.model.dtype,
         "padding_free": cfg.padding_free,
-        **task.describe(cfg),
+        **get_task(cfg.task).settings(cfg),
         "peft": bool(cfg.model.use_peft),
         "device": training_device(cfg),
         "bf16": bool(cfg.training.bf16),
         "activation_checkpointing": bool(cfg.training.activation_checkpointing),
         "torch_num_threads": (cfg.training.torch_num_threads if cfg.training.torch_num_threads != "auto" else None)
         or os.environ.get("OMP_NUM_THREADS") or "torch default",
-        **task.trainer_kwargs(cfg),  # scored_lm_head, where the task's trainer has an LM head
+        **scored_head(cfg),  # where the recipe's trainer has an LM head
         "output_dir": cfg.training.output_dir,
     }

@@ -1,55 +1,38 @@
-"""The trainers of the launch, one :class:`~.base.Task` per module; the stages of a run call the task.
+"""The trainers of the launch: one recipe module each, read top to bottom as TRL's ``trl/scripts`` are.
 
-``trl-padfree train`` is the ``"sft"`` task, ``trl-padfree dpo`` the ``"dpo"`` task, ``trl-padfree grpo`` /
-``trl-padfree rloo`` the ``"grpo"`` / ``"rloo"`` tasks, ``trl-padfree reward`` / ``trl-padfree kto`` the ``"reward"`` /
-``"kto"`` tasks. A new trainer is one module here holding a ``TASK`` object
-and one line in :data:`REGISTRY` (or :func:`register` at run time, as the tests do).
+A recipe holds ``ARGUMENTS`` (its :class:`~..config.LaunchArguments`), ``CONFIG`` (this package's config class of
+its trainer), ``TRAINER``, ``check(cfg)`` (its own refusals and settings, before anything is loaded),
+``settings(cfg)`` (its fields of the run line), ``run(cfg, callbacks)`` (data, model, probe, trainer, train, save:
+the steps of :mod:`..steps`; returns the summary) and ``preview(cfg, tokenizer, n, color)``. A new trainer is one
+module here and one line in :data:`COMMANDS`.
 
->>> get_task("dpo").prog
-'trl-padfree dpo'
->>> sorted(REGISTRY)
-['dpo', 'grpo', 'kto', 'reward', 'rloo', 'sft']
+>>> get_task("dpo").TRAINER.__name__, prog("sft"), task_names()
+('DPOTrainer', 'trl-padfree train', ['sft', 'dpo', 'grpo', 'rloo', 'reward', 'kto'])
 """
 
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
-from .base import Task
+__all__ = ["COMMANDS", "get_task", "prog", "task_names"]
 
-__all__ = ["REGISTRY", "Task", "get_task", "register", "task_names"]
-
-#: Task name -> the module that holds its ``TASK`` (imported on first use: the CLI's help stays fast), then the task.
-REGISTRY: dict[str, str | Task] = {
-    "sft": "trl_padfree.launch.tasks.sft",
-    "dpo": "trl_padfree.launch.tasks.dpo",
-    "grpo": "trl_padfree.launch.tasks.grpo",
-    "rloo": "trl_padfree.launch.tasks.rloo",
-    "reward": "trl_padfree.launch.tasks.reward",
-    "kto": "trl_padfree.launch.tasks.kto",
-}
+#: Recipe (a module of this package) -> its ``trl-padfree`` sub-command.
+COMMANDS = {"sft": "train", "dpo": "dpo", "grpo": "grpo", "rloo": "rloo", "reward": "reward", "kto": "kto"}
 
 
-def register(task: Task) -> Task:
-    """Add (or replace) ``task`` under ``task.name``; returns it."""
-    if not isinstance(task, Task):
-        raise TypeError(f"register() takes a launch Task, got {type(task).__name__}")
-    REGISTRY[task.name] = task
-    return task
-
-
-def get_task(name: str | Task) -> Task:
-    """The task called ``name`` (a :class:`Task` is returned as it is)."""
-    if isinstance(name, Task):
-        return name
-    if name not in REGISTRY:
-        raise ValueError(f"unknown launch task {name!r}; known: {', '.join(sorted(REGISTRY))}")
-    task = REGISTRY[name]
-    if isinstance(task, str):
-        task = REGISTRY[name] = importlib.import_module(task).TASK
-    return task
+def get_task(name: str) -> ModuleType:
+    """The recipe module ``name`` (imported on first use: ``trl-padfree --help`` stays fast)."""
+    if name not in COMMANDS:
+        raise ValueError(f"unknown launch recipe {name!r}; known: {', '.join(COMMANDS)}")
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def task_names() -> list[str]:
-    """The registered task names, in registration order."""
-    return list(REGISTRY)
+    """The recipe names, in the order of :data:`COMMANDS`."""
+    return list(COMMANDS)
+
+
+def prog(name: str) -> str:
+    """The command line of recipe ``name``: ``"trl-padfree train"`` for ``"sft"``."""
+    return f"trl-padfree {COMMANDS[name]}"

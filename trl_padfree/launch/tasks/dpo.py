@@ -1,5 +1,6 @@
-"""``trl-padfree dpo``: preference training with :class:`trl_padfree.DPOTrainer` (TRL's, padding-free): the stages of
-``trl-padfree train`` with TRL's ``DPOConfig``, the records checked by :mod:`.preference_data`."""
+"""``trl-padfree dpo``: preference training with :class:`trl_padfree.DPOTrainer` (TRL's, padding-free) on
+``prompt`` / ``chosen`` / ``rejected`` records checked by :mod:`.preference_data`; a reference model (none with
+``use_peft``)."""
 
 from __future__ import annotations
 
@@ -8,21 +9,59 @@ from collections.abc import Sequence
 from typing import Any
 from unittest import mock
 
-from trl_padfree.dpo import DPOTrainer
+from trl_padfree.configs import DPOConfig as CONFIG
+from trl_padfree.dpo import DPOTrainer as TRAINER
 
+from .. import steps
+from ..config import ChatArguments as ARGUMENTS
 from ..config import ConfigError
-from ..run import make_launch_trainer
-from .base import Records, first_last
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
-from .shared import PreferenceTask
 
-__all__ = ["TASK", "DPOTask", "load_preference_data", "preference_summary", "preview_pairs"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "load_preference_data", "preference_summary", "preview",
+           "run", "settings"]
 
 
-def load_preference_data(cfg: Any, tokenizer: Any) -> Records:
+def check(cfg: Any) -> None:
+    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
+    fails at the first step); ``prompt_once``."""
+    from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
+
+    training = cfg.training
+    divergence = getattr(training, "f_divergence_type", "reverse_kl")
+    if divergence not in F_DIVERGENCE_TYPES:
+        raise ConfigError(f"f_divergence_type: {divergence!r} is not one TRL knows; use one of "
+                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl, the default, is standard DPO)")
+    losses = training.loss_type if isinstance(training.loss_type, list) else [training.loss_type]
+    unknown = [t for t in losses if t not in LOSS_TYPES]
+    if unknown and training.padding_free:
+        raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
+                          f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
+    steps.check_prompt_once(cfg)
+
+
+def settings(cfg: Any) -> dict[str, Any]:
+    """The run line's and the summary's own fields."""
+    return {"prompt_once": bool(cfg.training.prompt_once)}
+
+
+def load_preference_data(cfg: Any, tokenizer: Any) -> steps.Records:
     """The training and eval pairs, checked (TRL's ``DPOTrainer`` tokenizes them when it is built)."""
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_preference_records)
-    return Records(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected")
+    return steps.Records(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected")
+
+
+def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Pairs, policy, probe, reference model, trainer (the pairs TRL dropped said), train, save."""
+    tokenizer, data = steps.load_data(cfg, load_preference_data)
+    steps.say_data(data, "pairs")
+    model, cfg = steps.load_policy(cfg)
+    steps.probe_model(cfg, model, layout="preference")
+    ref_model = steps.load_reference(cfg)
+    # with disable_tqdm, no "Computing reference log probs" bar (TRL shows it while the trainer is built)
+    with mock.patch.dict(os.environ, {"TQDM_DISABLE": "1"} if cfg.training.disable_tqdm else {}):
+        trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks, ref_model=ref_model,
+                               check=lambda trainer: dropped_by_trainer(cfg, trainer, data))
+    return steps.fit(cfg, trainer, data, settings(cfg), preference_summary)
 
 
 def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
@@ -36,28 +75,12 @@ def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[
     out = list(lines)
     evals = [e for e in history if "eval_rewards/accuracies" in e]
     if evals:
-        out.append(f"eval reward accuracy: {first_last(evals, 'eval_rewards/accuracies')} "
-                   f"(margin {first_last(evals, 'eval_rewards/margins')})")
+        out.append(f"eval reward accuracy: {steps.first_last(evals, 'eval_rewards/accuracies')} "
+                   f"(margin {steps.first_last(evals, 'eval_rewards/margins')})")
     return out
 
 
-def _check_preference_losses(training: Any) -> None:
-    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
-    fails at the first step), before anything is loaded."""
-    from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
-
-    divergence = getattr(training, "f_divergence_type", "reverse_kl")
-    if divergence not in F_DIVERGENCE_TYPES:
-        raise ConfigError(f"f_divergence_type: {divergence!r} is not one TRL knows; use one of "
-                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl, the default, is standard DPO)")
-    losses = training.loss_type if isinstance(training.loss_type, list) else [training.loss_type]
-    unknown = [t for t in losses if t not in LOSS_TYPES]
-    if unknown and training.padding_free:
-        raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
-                          f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
-
-
-def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
+def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
     """``trl-padfree preview`` of a DPO config: ``n`` pairs tokenized by TRL's own ``DPOTrainer`` preparation and
     cut by the preference collator, the scored tokens of the chosen and of the rejected response marked, then the
     counts over the training set (and what ``prompt_once`` saves)."""
@@ -67,7 +90,7 @@ def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool =
 
     from ..preview import token_marker
 
-    training = cfg.training
+    training, data = cfg.training, load_preference_data(cfg, tokenizer)
     pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training)
     mark = token_marker(tokenizer, color)
 
@@ -100,31 +123,3 @@ def preview_pairs(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool =
                  f"of {len(data.train):,}")
     return lines
 
-
-class DPOTask(PreferenceTask):
-    name = "dpo"
-    command = "dpo"
-    trainer_name = "DPOTrainer"
-
-    def check(self, cfg: Any) -> None:
-        _check_preference_losses(cfg.training)
-        super().check(cfg)
-
-    unit, load_data = "pairs", staticmethod(load_preference_data)
-
-    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        dropped_by_trainer(cfg, trainer, data)
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        # with disable_tqdm, no "Computing reference log probs" bar (TRL shows it while the trainer is built)
-        with mock.patch.dict(os.environ, {"TQDM_DISABLE": "1"} if cfg.training.disable_tqdm else {}):
-            return make_launch_trainer(DPOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
-
-    summary_lines = staticmethod(preference_summary)
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return preview_pairs(cfg, tokenizer, load_preference_data(cfg, tokenizer), n, color)
-
-
-TASK = DPOTask()

@@ -1,6 +1,6 @@
 """``trl-padfree grpo``: RL with verifiable rewards through :class:`trl_padfree.GRPOTrainer` (TRL's, padding-free);
 ``reward_funcs`` by name or import path, imported at validation (a wrong name: exit 2, nothing written).
-``trl-padfree rloo`` (:mod:`.rloo`) is the same task with ``RLOOConfig``."""
+``trl-padfree rloo`` (:mod:`.rloo`) is the same recipe with ``RLOOConfig``."""
 
 from __future__ import annotations
 
@@ -8,19 +8,50 @@ import os
 import pkgutil
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
-from trl_padfree.rl_trainer import GRPOTrainer
+from trl_padfree.configs import GRPOConfig as CONFIG
+from trl_padfree.rl_trainer import GRPOTrainer as TRAINER
 
-from ..config import ConfigError, RewardFunctionArguments, with_fields
-from ..run import make_launch_trainer
+from .. import steps
+from ..config import ConfigError
+from ..config import RewardFunctionArguments as ARGUMENTS
 from ..validate import Range
-from .base import Records
 from .preference_data import check_kinds
-from .shared import PromptOnceTask
 
-__all__ = ["TASK", "TRL_REWARDS", "GRPOTask", "resolve_reward"]
+__all__ = ["ARGUMENTS", "CONFIG", "RANGES", "TRAINER", "TRL_REWARDS", "check", "preview", "resolve_reward", "run",
+           "settings"]
+
+RANGES = {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
+
+
+def check(cfg: Any) -> None:
+    """At least one reward, each importable; ``prompt_once``."""
+    names = cfg.launch.reward_funcs or []
+    if not names:
+        raise ConfigError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [answer_prefix] "
+                          "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
+    for name in names:
+        resolve_reward(name)
+    steps.check_prompt_once(cfg)
+
+
+def settings(cfg: Any) -> dict[str, Any]:
+    """The run line's own fields (the summary has ``reward_funcs`` as a list)."""
+    return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
+
+
+def run(cfg: Any, callbacks: Sequence[Any] = (), trainer_class: type = TRAINER) -> dict[str, Any]:
+    """Prompts, policy, ``prompt_once`` (unset: on where it can run), probe, trainer with the rewards, train, save."""
+    tokenizer, data = steps.load_data(cfg, load_prompts)
+    steps.say_data(data, "prompts")
+    model, cfg = steps.load_policy(cfg)
+    cfg.training.prompt_once, cfg.explicit = prompt_once(cfg), cfg.explicit | {"prompt_once"}
+    steps.probe_model(cfg, model, layout="group")
+    trainer = steps.make_trainer(cfg, trainer_class, tokenizer, model, data, callbacks,
+                                 reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
+    return steps.fit(cfg, trainer, data, {**settings(cfg), "reward_funcs": list(cfg.launch.reward_funcs)},
+                     reward_summary)
 
 
 #: TRL's built-in rewards as ``trl grpo`` names them (imported on use: some need optional packages).
@@ -75,7 +106,7 @@ def check_prompt_records(dataset: Any, source: str) -> None:
     check_kinds(dataset.select_columns(["prompt"]), source, ["prompt"], ["prompt"])
 
 
-def load_prompts(cfg: Any, tokenizer: Any) -> Records:
+def load_prompts(cfg: Any, tokenizer: Any) -> steps.Records:
     """The training and eval prompt records, checked (TRL's trainer tokenizes them as it generates)."""
     from ..data import load_splits
 
@@ -85,7 +116,7 @@ def load_prompts(cfg: Any, tokenizer: Any) -> Records:
         raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
                           "has no chat template; use text prompts")
     check_answer_columns(cfg.launch.reward_funcs or [], train, "train_file" if cfg.launch.train_file else "dataset")
-    return Records(train, eval_ds, "conversational" if conversational else "prompt")
+    return steps.Records(train, eval_ds, "conversational" if conversational else "prompt")
 
 
 def check_answer_columns(reward_names: Any, dataset: Any, source: str) -> None:
@@ -132,9 +163,9 @@ def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]
     return out
 
 
-def group_layout(cfg: Any, tokenizer: Any, data: Records, n: int) -> list[str]:
+def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     """``preview``'s lines: for the first ``n`` prompts, what one group forwards (shared) and scores."""
-    training = cfg.training
+    training, data = cfg.training, load_prompts(cfg, tokenizer)
     g, c = training.num_generations, training.max_completion_length
     once = prompt_once(cfg)
     lines = [f"{len(data.train)} training prompts; each group: 1 prompt, {g} completions of up to {c} tokens "
@@ -158,47 +189,3 @@ def group_layout(cfg: Any, tokenizer: Any, data: Records, n: int) -> list[str]:
                   f"    scored: each completion's tokens ({g} x up to {c}), attending to the prompt and to itself only",
                   f"    forwarded tokens at most: {forwarded} (padded TRL layout: {g * (p + c)})"]
     return lines
-
-
-class GRPOTask(PromptOnceTask):
-    name = "grpo"
-    command = "grpo"
-    trainer_name = "GRPOTrainer"
-    arguments = RewardFunctionArguments
-    probe_layout = "group"
-    prompt_once = staticmethod(prompt_once)
-
-    trainer_class: type = GRPOTrainer
-
-    ranges = {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
-
-    def check(self, cfg: Any) -> None:
-        names = cfg.launch.reward_funcs or []
-        if not names:
-            raise ConfigError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [answer_prefix] "
-                              "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
-        for name in names:
-            resolve_reward(name)
-        super().check(cfg)
-
-    def describe(self, cfg: Any) -> dict[str, Any]:
-        return {**super().describe(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
-
-    unit, load_data = "prompts", staticmethod(load_prompts)
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        cfg = replace(cfg, training=with_fields(cfg.training, prompt_once=prompt_once(cfg)))  # (unset: resolved)
-        return make_launch_trainer(self.trainer_class, cfg, tokenizer, model, data, callbacks,
-                                   reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
-
-    def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {**super().summary_settings(cfg), "reward_funcs": list(cfg.launch.reward_funcs or [])}
-
-    summary_lines = staticmethod(reward_summary)
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return group_layout(cfg, tokenizer, load_prompts(cfg, tokenizer), n)
-
-
-TASK = GRPOTask()

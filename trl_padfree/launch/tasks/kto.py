@@ -8,12 +8,12 @@ from typing import Any
 
 import trl
 
-from trl_padfree.kto import KTOTrainer
+from trl_padfree.configs import KTOConfig as CONFIG
+from trl_padfree.kto import KTOTrainer as TRAINER
 
+from .. import steps
+from ..config import ChatArguments as ARGUMENTS
 from ..config import ConfigError
-from ..run import make_launch_trainer
-from ..validate import Range
-from .base import Records, first_last, say_data
 from .preference_data import (
     check_kinds,
     check_preference_records,
@@ -21,9 +21,15 @@ from .preference_data import (
     load_checked,
     prepared_by_trl,
 )
-from .shared import PreferenceTask
 
-__all__ = ["TASK", "KTOTask", "kto_summary"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "kto_summary", "preview", "run", "settings"]
+
+check = steps.check_prompt_once
+
+
+def settings(cfg: Any) -> dict[str, Any]:
+    """The run line's and the summary's own fields."""
+    return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
 
 
 def check_kto_records(dataset: Any, source: str) -> None:
@@ -46,13 +52,31 @@ def check_kto_records(dataset: Any, source: str) -> None:
     check_kinds(dataset.select_columns(["prompt", "completion"]), source, ["prompt", "completion"], ("completion",))
 
 
-def load_kto_data(cfg: Any, tokenizer: Any) -> Records:
+def load_kto_data(cfg: Any, tokenizer: Any) -> steps.Records:
     """The training and eval records, checked (TRL's ``KTOTrainer`` unpairs and tokenizes them when it is built)."""
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_kto_records)
     paired = "chosen" in train.column_names
     kind = "conversational" if conversational else "text"
-    return Records(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
-                                                  else "prompt/completion/label"), paired=paired)
+    return steps.Records(train, eval_ds, f"{kind}, " + ("prompt/chosen/rejected pairs" if paired
+                                                        else "prompt/completion/label"), paired=paired)
+
+
+def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Records (or pairs, which TRL unpairs), policy, probe, reference model, trainer, train, save."""
+    tokenizer, data = steps.load_data(cfg, load_kto_data)
+    good = len(data.train) if data.paired else sum(bool(v) for v in data.train["label"])
+    bad = len(data.train) if data.paired else len(data.train) - good
+    noun = "pairs" if data.paired else "examples"
+    eval_noun = data.eval is not None and ("pairs" if "chosen" in data.eval.column_names else "examples")
+    steps.say_data(data, noun, f"; training examples: {good} desirable, {bad} undesirable"
+                   + (", each pair unpaired by TRL" if data.paired else ""), eval_noun)
+    model, cfg = steps.load_policy(cfg)
+    steps.probe_model(cfg, model, layout="preference")
+    ref_model = steps.load_reference(cfg)
+    per_record = 2 if data.paired else 1  # (TRL unpairs a pair into two examples)
+    trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks, ref_model=ref_model,
+                                 check=lambda trainer: dropped_by_trainer(cfg, trainer, data, noun, per_record))
+    return steps.fit(cfg, trainer, data, settings(cfg), kto_summary)
 
 
 def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
@@ -72,22 +96,22 @@ def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
     out = list(lines)
     evals = [e for e in history if "eval_rewards/chosen" in e or "eval_rewards/rejected" in e]
     if evals:
-        rewards = [p for p in (first_last(evals, "eval_rewards/chosen", "desirable "),
-                               first_last(evals, "eval_rewards/rejected", "undesirable ")) if p]
-        extra = [p for p in (first_last(evals, "eval_rewards/margins", "margin "), first_last(evals, "eval_kl", "KL "))
+        rewards = [p for p in (steps.first_last(evals, "eval_rewards/chosen", "desirable "),
+                               steps.first_last(evals, "eval_rewards/rejected", "undesirable ")) if p]
+        extra = [p for p in (steps.first_last(evals, "eval_rewards/margins", "margin "), steps.first_last(evals, "eval_kl", "KL "))
                  if p]
         out.append("eval rewards: " + ", ".join(rewards) + (f" ({', '.join(extra)})" if extra else ""))
     return out
 
 
-def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
+def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     """``preview``'s lines: the first ``n`` examples as TRL's ``KTOTrainer`` tokenizes them (pairs unpaired), the
     scored completion tokens marked, then the totals over the training set."""
     from trl_padfree.preference import truncate_pair
 
     from ..preview import token_marker
 
-    training = cfg.training
+    training, data = cfg.training, load_kto_data(cfg, tokenizer)
     examples = prepared_by_trl(trl.KTOTrainer, data.train, tokenizer, training)
     mark = token_marker(tokenizer, color)
     lines = [f"{len(examples)} training examples (format: {data.text_format}); each scored on its completion, and a "
@@ -108,40 +132,3 @@ def kto_examples(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = 
               f"examples dropped before training (prompt alone fills max_length={training.max_length}): "
               f"{unpaired - len(examples):,} of {unpaired:,}"]
     return lines
-
-
-class KTOTask(PreferenceTask):
-    name = "kto"
-    command = "kto"
-    trainer_name = "KTOTrainer"
-
-    ranges = {"desirable_weight": Range(0, low_open=True), "undesirable_weight": Range(0, low_open=True)}
-
-    def describe(self, cfg: Any) -> dict[str, Any]:
-        return {**super().describe(cfg), "loss_type": cfg.training.loss_type}
-
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Records:
-        data = load_kto_data(cfg, tokenizer)
-        good = len(data.train) if data.paired else sum(bool(v) for v in data.train["label"])
-        bad = len(data.train) if data.paired else len(data.train) - good
-        def noun(dataset: Any) -> str:
-            return "pairs" if "chosen" in dataset.column_names else "examples"
-
-        say_data(data, noun(data.train), f"; training examples: {good} desirable, {bad} undesirable"
-                 + (", each pair unpaired by TRL" if data.paired else ""), data.eval is not None and noun(data.eval))
-        return data
-
-    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        dropped_by_trainer(cfg, trainer, data, "pairs" if data.paired else "examples", 2 if data.paired else 1)
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(KTOTrainer, cfg, tokenizer, model, data, callbacks, ref_model=ref_model)
-
-    summary_lines = staticmethod(kto_summary)
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return kto_examples(cfg, tokenizer, load_kto_data(cfg, tokenizer), n, color)
-
-
-TASK = KTOTask()

@@ -9,17 +9,29 @@ from typing import Any
 
 import trl
 
-from trl_padfree.reward import RewardTrainer
+from trl_padfree.configs import RewardConfig as CONFIG
+from trl_padfree.reward import RewardTrainer as TRAINER
 
-from ..config import ConfigError, with_fields
+from .. import steps
+from ..config import ConfigError
+from ..config import LaunchArguments as ARGUMENTS
 from ..console import say
-from ..run import make_launch_trainer
-from ..validate import Range
-from .base import Records
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
-from .shared import PromptOnceTask
 
-__all__ = ["TASK", "RewardTask", "reward_summary"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "reward_summary", "run", "settings"]
+
+
+def check(cfg: Any) -> None:
+    """``prompt_once``; with ``use_peft`` LoRA's task type is ``SEQ_CLS`` (peft then trains the fresh score head
+    too, ``modules_to_save``) unless set."""
+    steps.check_prompt_once(cfg)
+    if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
+        cfg.model.lora_task_type = "SEQ_CLS"
+
+
+def settings(cfg: Any) -> dict[str, Any]:
+    """The run line's and the summary's own fields."""
+    return {"prompt_once": bool(cfg.training.prompt_once)}
 
 
 def check_reward_records(dataset: Any, source: str) -> None:
@@ -33,18 +45,18 @@ def check_reward_records(dataset: Any, source: str) -> None:
                               f"gap the pair should have), got {value!r}; fix the record or drop the column")
 
 
-def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> Records:
+def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> steps.Records:
     """The training and eval pairs, checked; for ``preview`` (``tokenized``) as TRL's ``RewardTrainer`` prepares
     them (it drops pairs longer than ``max_length``). A run's trainer prepares them itself."""
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_reward_records)
     text_format = ("conversational" if conversational else "prompt/chosen/rejected") + (
         ", with margins" if "margin" in train.column_names else "")
-    data = Records(train, eval_ds, text_format)
+    data = steps.Records(train, eval_ds, text_format)
     if not tokenized:
         return data
 
-    prepared = Records(*(prepared_by_trl(trl.RewardTrainer, dataset, tokenizer, cfg.training)
-                         for dataset in (train, eval_ds)), text_format)
+    prepared = steps.Records(*(prepared_by_trl(trl.RewardTrainer, dataset, tokenizer, cfg.training)
+                               for dataset in (train, eval_ds)), text_format)
     dropped_by_trainer(cfg, (prepared.train, prepared.eval), data, rule=TOO_LONG, why=WHY)  # (as the trainer would)
     return prepared
 
@@ -82,6 +94,17 @@ class SequenceClassifier:
         return model
 
 
+def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Pairs, the model as a sequence classifier, probe, trainer (the pairs TRL dropped said), train, save."""
+    tokenizer, data = steps.load_data(cfg, load_pairs)
+    steps.say_data(data, "pairs")
+    model, cfg = steps.load_policy(cfg, SequenceClassifier)
+    steps.probe_model(cfg, model, layout="reward")
+    trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks,
+                                 check=lambda trainer: dropped_by_trainer(cfg, trainer, data, rule=TOO_LONG, why=WHY))
+    return steps.fit(cfg, trainer, data, settings(cfg), reward_summary)
+
+
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
     """The summary lines of a reward run: the eval accuracy and mean reward margin, first and last evaluation.
 
@@ -104,7 +127,7 @@ def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]
     return out
 
 
-def pair_layout(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = False) -> list[str]:
+def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     """``preview``'s lines: the first ``n`` tokenized pairs with the token each reward is read at marked, what one
     pair forwards in the flat row (and with ``prompt_once``), then the totals over the training set."""
     from trl_padfree.reward_layout import shared_prefix
@@ -112,6 +135,7 @@ def pair_layout(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = F
     from ..preview import token_marker
 
     once, mark = bool(cfg.training.prompt_once), token_marker(tokenizer, color)
+    data = load_pairs(cfg, tokenizer, tokenized=True)
 
     def shown(ids: list[int]) -> str:
         return mark(ids, [-100] * (len(ids) - 1) + [ids[-1]])
@@ -134,39 +158,3 @@ def pair_layout(cfg: Any, tokenizer: Any, data: Records, n: int, color: bool = F
     lines += ["---", f"forwarded tokens: {flat:,} in {len(data.train):,} pairs (TRL's padded rows, one pair per batch: "
               f"{padded:,}; a larger batch pads to its longest sequence)"]
     return lines
-
-
-class RewardTask(PromptOnceTask):
-    name = "reward"
-    command = "reward"
-    trainer_name = "RewardTrainer"
-    probe_layout = "reward"
-
-    ranges = {"center_rewards_coefficient": Range(0, hint="or null for none; TRL suggests 0.01")}
-
-    def resolve(self, cfg: Any) -> dict[str, Any]:
-        changes = super().resolve(cfg)
-        if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
-            # peft then trains the fresh score head too (modules_to_save)
-            changes["model"] = with_fields(cfg.model, lora_task_type="SEQ_CLS")
-        return changes
-
-    def model_class(self) -> Any:
-        return SequenceClassifier
-
-    unit, load_data = "pairs", staticmethod(load_pairs)
-
-    def check_trainer(self, cfg: Any, trainer: Any, data: Any) -> None:
-        dropped_by_trainer(cfg, trainer, data, rule=TOO_LONG, why=WHY)
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        return make_launch_trainer(RewardTrainer, cfg, tokenizer, model, data, callbacks)
-
-    summary_lines = staticmethod(reward_summary)
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return pair_layout(cfg, tokenizer, load_pairs(cfg, tokenizer, tokenized=True), n, color)
-
-
-TASK = RewardTask()

@@ -1,19 +1,19 @@
-"""``trl-padfree rloo``: the GRPO task (:mod:`.grpo`) with :class:`trl_padfree.RLOOTrainer` and ``RLOOConfig``."""
+"""``trl-padfree rloo``: the GRPO recipe (:mod:`.grpo`) with :class:`trl_padfree.RLOOTrainer` and ``RLOOConfig``."""
 
 from __future__ import annotations
 
-from trl_padfree.rl_trainer import RLOOTrainer
+from collections.abc import Sequence
+from typing import Any
 
-from .grpo import GRPOTask
+from trl_padfree.configs import RLOOConfig as CONFIG
+from trl_padfree.rl_trainer import RLOOTrainer as TRAINER
 
-__all__ = ["TASK", "RLOOTask"]
+from . import grpo
+from .grpo import ARGUMENTS, RANGES, check, preview, settings
 
-
-class RLOOTask(GRPOTask):
-    name = "rloo"
-    command = "rloo"
-    trainer_name = "RLOOTrainer"
-    trainer_class = RLOOTrainer
+__all__ = ["ARGUMENTS", "CONFIG", "RANGES", "TRAINER", "check", "preview", "run", "settings"]
 
 
-TASK = RLOOTask()
+def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """:func:`.grpo.run` with RLOO's trainer."""
+    return grpo.run(cfg, callbacks, TRAINER)

@@ -5,27 +5,73 @@ add ``padding_share`` (``count_padding`` of :class:`trl_padfree.throughput.RealT
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
-from trl_padfree.trainer import SFTTrainer
+from trl_padfree.configs import SFTConfig as CONFIG
+from trl_padfree.trainer import SFTTrainer as TRAINER
 
-from ..config import ConfigError, SFTArguments, with_fields
+from .. import steps
+from ..config import ConfigError
+from ..config import SFTArguments as ARGUMENTS
 from ..console import say
-from ..run import make_launch_trainer
-from .base import Task
+from .sft_data import prepare_data, training_collator
 
-__all__ = ["TASK", "SFTTask", "preview_lines"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
 
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 
-def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, response_template: str | None = None
-                  ) -> list[str]:
-    """``trl-padfree preview`` of prepared SFT data: ``n`` examples, then the counts (with a ``response_template``:
-    how many of the examples checked for it lack it)."""
+def check(cfg: Any) -> None:
+    """TRL's ``packing`` and ``assistant_only_loss`` do not apply; ``--response_template null`` (text on the command
+    line) means None."""
+    training = cfg.training
+    if training.packing:
+        raise ConfigError("packing is not supported by trl-padfree train: padding_free: true already removes padding "
+                          "and keeps the number of optimizer steps; set packing: false")
+    if training.assistant_only_loss:
+        raise ConfigError("assistant_only_loss does not apply here: the collator trains what follows "
+                          "response_template; for multi-turn data also set instruction_template; set "
+                          "assistant_only_loss: false")
+    if training.response_template in _NULL_WORDS or not training.response_template:
+        training.response_template = None
+    if all(t in _NULL_WORDS for t in training.instruction_template or []):
+        training.instruction_template = None
+
+
+def settings(cfg: Any) -> dict[str, Any]:
+    """No fields of its own on the run line."""
+    return {}
+
+
+def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Data (tokenized and labelled), model, probe, trainer with the collator that flattens, train, save."""
+    tokenizer, data = steps.load_data(cfg, prepare_data)
+    steps.say_data(data, "examples")
+    if data.template_missing_in_check:
+        say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
+            f"template {cfg.training.response_template!r}")
+    for split, count in data.dropped.items():
+        if count:
+            say(f"dropped {count} of {data.loaded[split]} {split} examples with no trained token left (response "
+                f"template missing, or the completion cut off by max_length={cfg.training.max_length})")
+    model, cfg = steps.load_policy(cfg)
+    steps.probe_model(cfg, model)
+    collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
+    # the templates labelled the data already (the trainer would build a collator from them), TRL's preparation too
+    training = cfg.training
+    training.response_template = training.instruction_template = None
+    training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
+    trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks, data_collator=collator)
+    trainer.count_padding = True
+    return steps.fit(cfg, trainer, data, {"max_tokens_per_batch": training.max_tokens_per_batch})
+
+
+def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
+    """``trl-padfree preview`` of an SFT config: ``n`` prepared examples, trained tokens marked, then the counts (with
+    a ``response_template``: how many of the examples checked for it lack it)."""
     from ..preview import IGNORE_INDEX, token_marker
 
+    data = prepare_data(cfg, tokenizer)
     mark, train = token_marker(tokenizer, color), data.train
     lines: list[str] = []
     for index in range(min(n, len(train))):
@@ -37,82 +83,12 @@ def preview_lines(data: Any, tokenizer: Any, n: int, color: bool = False, respon
         total += len(labels)
         trained += sum(label != IGNORE_INDEX for label in labels)
     share = 100.0 * trained / total if total else 0.0
-    lines.append("---")
-    lines.append(f"trained tokens: {trained:,} of {total:,} ({share:.1f}%) in {len(train):,} training examples "
-                 f"(format: {data.text_format})")
     loaded, dropped = data.loaded.get("train", len(train)), data.dropped.get("train", 0)
-    lines.append(f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}")
-    if response_template is not None and data.checked:
+    lines += ["---", f"trained tokens: {trained:,} of {total:,} ({share:.1f}%) in {len(train):,} training examples "
+              f"(format: {data.text_format})",
+              f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}"]
+    if cfg.training.response_template is not None and data.checked:
         lines.append(f"examples without the response template among the first {data.checked:,}: "
                      f"{data.template_missing_in_check:,}")
     return lines
 
-
-class SFTTask(Task):
-    name = "sft"
-    command = "train"
-    trainer_name = "SFTTrainer"
-    arguments = SFTArguments
-
-    def check(self, cfg: Any) -> None:
-        training = cfg.training
-        if training.packing:
-            raise ConfigError(
-                "packing is not supported by trl-padfree train: padding_free: true already removes padding and keeps "
-                "the number of optimizer steps; set packing: false"
-            )
-        if training.assistant_only_loss:
-            raise ConfigError(
-                "assistant_only_loss does not apply here: the collator trains what follows response_template; for "
-                "multi-turn data also set instruction_template; set assistant_only_loss: false"
-            )
-
-    def resolve(self, cfg: Any) -> dict[str, Any]:
-        training = cfg.training
-        return {
-            "training": with_fields(
-                training,  # `--response_template null` on the command line arrives as the text "null"
-                response_template=None if training.response_template in _NULL_WORDS else training.response_template
-                or None,
-                instruction_template=None if all(t in _NULL_WORDS for t in training.instruction_template or [])
-                else training.instruction_template,
-                padding_free=False,  # the collator flattens by itself; TRL refuses a custom collator otherwise
-                dataset_kwargs={**(training.dataset_kwargs or {}), "skip_prepare_dataset": True},
-            ),
-        }
-
-    def load_data(self, cfg: Any, tokenizer: Any) -> Any:
-        from .sft_data import prepare_data
-
-        return prepare_data(cfg, tokenizer)
-
-    def prepare_data(self, cfg: Any, tokenizer: Any) -> Any:
-        data, training = super().prepare_data(cfg, tokenizer), cfg.training
-        if data.template_missing_in_check:
-            say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
-                f"template {cfg.training.response_template!r}")
-        for split, count in data.dropped.items():
-            if count:
-                say(f"dropped {count} of {data.loaded[split]} {split} examples with no trained token left (response "
-                    f"template missing, or the completion cut off by max_length={training.max_length})")
-        return data
-
-    def make_trainer(self, cfg: Any, tokenizer: Any, model: Any, ref_model: Any, data: Any,
-                     callbacks: Sequence[Any]) -> Any:
-        from .sft_data import training_collator
-
-        collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
-        # the templates labelled the data already (the trainer would build a collator from them)
-        cfg = replace(cfg, training=with_fields(cfg.training, response_template=None, instruction_template=None))
-        trainer = make_launch_trainer(SFTTrainer, cfg, tokenizer, model, data, callbacks, data_collator=collator)
-        trainer.count_padding = True
-        return trainer
-
-    def summary_settings(self, cfg: Any) -> dict[str, Any]:
-        return {"max_tokens_per_batch": cfg.training.max_tokens_per_batch}
-
-    def preview(self, cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-        return preview_lines(self.load_data(cfg, tokenizer), tokenizer, n, color, cfg.training.response_template)
-
-
-TASK = SFTTask()

@@ -22,7 +22,7 @@ import numpy as np
 from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
 from ..data import Step, load_splits, map_records
-from .base import Records
+from ..steps import Records
 
 __all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"]
 
