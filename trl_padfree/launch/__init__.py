@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     ``callbacks``: extra Trainer callbacks for the run."""
     from .console import print_error, quiet_replicas, say
     from .defaults import apply_defaults
-    from .distributed import agree_on_config, finish, plan_nodes
+    from .distributed import finish, plan_nodes
     from .run import RunError, train
     from .tasks import get_task
     from .validate import describe
@@ -38,14 +38,9 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_replicas()  # under a distributed launcher only the first process of each node logs, from the very start
     try:
-        try:
-            cfg = load_config(argv, task=task)
-        except ConfigError as exc:
-            agree_on_config(exc)  # the other processes of the run stop too (launch.distributed)
-            raise
-        agree_on_config(None)
+        cfg = load_config(argv, task=task)
         cfg, _ = apply_defaults(cfg)
-        cfg, layout = plan_nodes(cfg)  # several processes: who writes what, one run id, one checkpoint to resume
+        cfg, layout = plan_nodes(cfg)  # several processes: who writes what, one run id
         say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items())
             + (f", processes={layout}" if layout else ""))
         train(cfg, callbacks)
