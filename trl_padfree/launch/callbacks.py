@@ -12,7 +12,7 @@ from typing import Any
 from accelerate import PartialState
 from transformers import TrainerCallback
 
-from .distributed import any_process, gather, in_process_group
+from .distributed import gather, in_process_group
 from .resume import CHECKPOINT_MARKER, write_json
 
 __all__ = ["CheckpointMarker", "GracefulStop", "NothingToTrain"]
@@ -50,12 +50,11 @@ class GracefulStop(TrainerCallback):
         self._previous.clear()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        if any_process(self.requested is not None):  # every rank stops at the same step
+        names = gather(self.requested)  # every rank stops at the same step
+        if any(names):
             if in_process_group():
-                self.requested = ", ".join(f"{name} on rank {rank}" for rank, name in enumerate(gather(self.requested))
-                                           if name)
-            control.should_save = True
-            control.should_training_stop = True
+                self.requested = ", ".join(f"{name} on rank {rank}" for rank, name in enumerate(names) if name)
+            control.should_save = control.should_training_stop = True
             self.stopped_at = state.global_step
         return control
 
