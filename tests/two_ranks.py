@@ -19,8 +19,8 @@ TIMEOUT = 300  # seconds for one launch of every node (loaded 2-core machine); a
 def run_on_two_ranks(script: str, out: Path, *args: str, timeout: int = 600) -> None:
     """``tests/SCRIPT ARGS... OUT`` under torchrun with 2 processes (``launch``); fails the test unless it exits 0."""
     (node,) = launch([[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                       str(ROOT / "tests" / script), *args, str(out)]], timeout=timeout, PYTHONPATH=str(ROOT))
-    assert node.proc.returncode == 0, node.text[-4000:]  # (PYTHONPATH: this checkout, not an installed copy)
+                       str(ROOT / "tests" / script), *args, str(out)]], timeout=timeout)
+    assert node.proc.returncode == 0, node.text[-4000:]
 
 
 def free_port() -> str:
@@ -72,11 +72,11 @@ class Node:
 
 
 def launch(commands: list[list[str]], timeout: int = TIMEOUT, **env: str) -> list[Node]:
-    """Run every command (a node each) with ``env`` added; fails if one hangs past ``timeout`` or leaves a
-    process."""
+    """Run every command (a node each) with ``env`` added (and this checkout first on ``PYTHONPATH``, not an installed
+    copy); fails if one hangs past ``timeout`` or leaves a process."""
     tag = uuid.uuid4().hex
     full = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-            "TRL_PADFREE_TEST_RUN": tag, **env}
+            "TRL_PADFREE_TEST_RUN": tag, "PYTHONPATH": str(ROOT), **env}
     nodes = [Node(cmd, full) for cmd in commands]
     deadline = time.monotonic() + timeout
     while any(n.proc.poll() is None for n in nodes) and time.monotonic() < deadline:

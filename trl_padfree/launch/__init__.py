@@ -31,7 +31,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     from ..threads import torch_threads
     from .console import print_error, quiet_progress, quiet_replicas, say
     from .defaults import apply_defaults
-    from .distributed import agree_on_config, check_process_group, finish, plan_nodes
+    from .distributed import check_process_group, finish, plan_nodes
     from .steps import RunError
     from .tasks import get_task, prog
     from .validate import describe
@@ -39,14 +39,9 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     argv = list(sys.argv[1:] if argv is None else argv)
     quiet_replicas()  # under a distributed launcher only the first process of each node logs, from the very start
     try:
-        try:
-            cfg = load_config(argv, task=task)
-        except ConfigError as exc:
-            agree_on_config(exc)  # the other processes of the run stop too (launch.distributed)
-            raise
-        agree_on_config(None)
+        cfg = load_config(argv, task=task)
         cfg, _ = apply_defaults(cfg)
-        cfg, layout = plan_nodes(cfg)  # several processes: who writes what, one run id, one checkpoint to resume
+        cfg, layout = plan_nodes(cfg)  # several processes: who writes what, one run id
         say("run: " + ", ".join(f"{k}={v}" for k, v in describe(cfg).items())
             + (f", processes={layout}" if layout else ""))
         check_process_group(cfg.training)  # before anything is written

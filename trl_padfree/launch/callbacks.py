@@ -9,9 +9,14 @@ import threading
 from types import FrameType
 from typing import Any
 
+from accelerate import PartialState
 from transformers import TrainerCallback
 
+from .distributed import gather, in_process_group
+from .resume import CHECKPOINT_MARKER, write_json
+
 __all__ = ["CheckpointMarker", "GracefulStop", "NothingToTrain"]
+
 
 class GracefulStop(TrainerCallback):
     """Around ``trainer.train()``: save a checkpoint and stop at the end of the step during which SIGTERM or SIGINT
@@ -25,10 +30,8 @@ class GracefulStop(TrainerCallback):
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self.requested is not None:  # second signal: behave as if we were not there
+        if self.requested is not None:  # second signal: the previous handler takes it (SIGINT: KeyboardInterrupt)
             self.__exit__()
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
             signal.raise_signal(signum)
             return
         self.requested = name
@@ -47,13 +50,11 @@ class GracefulStop(TrainerCallback):
         self._previous.clear()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        from .distributed import any_process, gather_reports, in_process_group
-
-        if any_process(self.requested is not None):  # every rank stops at the same step
+        names = gather(self.requested)  # every rank stops at the same step
+        if any(names):
             if in_process_group():
-                self.requested = ", ".join(f"{name} on rank {rank}" for rank, _, name in gather_reports(self.requested))
-            control.should_save = True
-            control.should_training_stop = True
+                self.requested = ", ".join(f"{name} on rank {rank}" for rank, name in enumerate(names) if name)
+            control.should_save = control.should_training_stop = True
             self.stopped_at = state.global_step
         return control
 
@@ -69,10 +70,8 @@ class CheckpointMarker(TrainerCallback):
     last step, so that the log history a checkpoint carries covers every step; ``first_step``: the global step this
     process started from (> 0 after a resume). Training resumed at its last step raises :class:`NothingToTrain`."""
 
-    first_step: int | None = None
-
     def __init__(self, run_id: str | None = None) -> None:
-        self.run_id = run_id
+        self.run_id, self.first_step = run_id, None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.first_step = state.global_step
@@ -84,10 +83,6 @@ class CheckpointMarker(TrainerCallback):
             control.should_log = True
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        from accelerate import PartialState
-
-        from .resume import CHECKPOINT_MARKER, write_json
-
         PartialState().wait_for_everyone()  # every rank's files (RNG states, shards) are written
         if not args.should_save:
             return

@@ -10,17 +10,12 @@ from collections.abc import Iterator
 
 from ..exception_text import one_line  # the launch's one-line errors (defined there for the whole package)
 
-__all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quiet_replicas", "say", "where"]
+__all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quiet_replicas", "say"]
 
 
 def is_main_process() -> bool:
     """True on the process that logs for its node (``LOCAL_RANK`` 0), also before distribution is set up."""
     return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0
-
-
-def where() -> str:
-    """``node N, local rank L`` of this process (torchrun's ``GROUP_RANK`` / ``LOCAL_RANK``)."""
-    return f"node {os.environ.get('GROUP_RANK', '0')}, local rank {os.environ.get('LOCAL_RANK', '0')}"
 
 
 def say(message: str) -> None:
@@ -46,19 +41,17 @@ def quiet_replicas() -> None:
 def quiet_progress() -> Iterator[None]:
     """No progress bars from datasets / transformers loading (the stages print one line each instead)."""
     import datasets
-    import transformers
+    from transformers.utils import logging
 
-    datasets_on = datasets.is_progress_bar_enabled()
-    transformers_on = transformers.utils.logging.is_progress_bar_enabled()
+    enable = [on for was, on in ((datasets.is_progress_bar_enabled(), datasets.enable_progress_bars),
+                                 (logging.is_progress_bar_enabled(), logging.enable_progress_bar)) if was]
     datasets.disable_progress_bars()
-    transformers.utils.logging.disable_progress_bar()
+    logging.disable_progress_bar()
     try:
         yield
     finally:
-        if datasets_on:
-            datasets.enable_progress_bars()
-        if transformers_on:
-            transformers.utils.logging.enable_progress_bar()
+        for on in enable:
+            on()
 
 
 def print_error(message: str, program: str = "trl-padfree train") -> None:

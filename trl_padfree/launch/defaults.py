@@ -35,8 +35,7 @@ def model_shape(cfg: LaunchConfig, count_parameters: bool) -> ModelShape:
         config = load_pretrained(AutoConfig, cfg, "read the model config")
     except ConfigError:  # the model's own loading reports the problem later, with context
         return ModelShape()
-    hidden = getattr(config.get_text_config(), "hidden_size", None)
-    parameters = None
+    hidden, parameters = getattr(config.get_text_config(), "hidden_size", None), None
     if count_parameters:
         with contextlib.suppress(Exception):  # (no count: no default from the model's size)
             import torch
@@ -56,27 +55,25 @@ def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelSha
         from .validate import training_device
 
         device = training_device(cfg)
-    explicit = cfg.explicit
-    chosen: dict[str, Any] = {}
+    explicit, auto_threads = cfg.explicit, cfg.training.torch_num_threads == "auto"
     wants_checkpointing = not ({"activation_checkpointing", "gradient_checkpointing"} & explicit)
-    wants_threads = cfg.training.torch_num_threads == "auto" and not os.environ.get("OMP_NUM_THREADS")
+    wants_threads = auto_threads and not os.environ.get("OMP_NUM_THREADS")  # (else OMP_NUM_THREADS chose)
     if shape is None and (wants_threads or wants_checkpointing):
         shape = model_shape(cfg, count_parameters=wants_checkpointing and device == "cuda")
-    shape = shape or ModelShape()
-    training: dict[str, Any] = {}  # the changes of TRL's config
+    shape, chosen = shape or ModelShape(), {}
     if wants_checkpointing:
-        on = device == "cuda" and (shape.parameters or 0) >= LARGE_MODEL_PARAMETERS
-        training["activation_checkpointing"] = training["gradient_checkpointing"] = on  # (TRL reads the old name)
-        chosen["activation_checkpointing"] = on
+        chosen["activation_checkpointing"] = device == "cuda" and (shape.parameters or 0) >= LARGE_MODEL_PARAMETERS
     if wants_threads:
         chosen["torch_num_threads"] = threads_default(device, shape.hidden_size, cores(), processes_on_this_machine())
-        training["torch_num_threads"] = chosen["torch_num_threads"]
-    elif cfg.training.torch_num_threads == "auto":  # OMP_NUM_THREADS chose
-        training["torch_num_threads"] = None
     if "disable_tqdm" not in explicit and not (sys.stdout.isatty() and sys.stderr.isatty()):
-        training["disable_tqdm"] = chosen["disable_tqdm"] = True
+        chosen["disable_tqdm"] = True
     if device == "cpu" and "dataloader_pin_memory" not in explicit:
-        training["dataloader_pin_memory"] = chosen["dataloader_pin_memory"] = False
+        chosen["dataloader_pin_memory"] = False
+    training = dict(chosen)  # the changes of TRL's config
+    if wants_checkpointing:
+        training["gradient_checkpointing"] = chosen["activation_checkpointing"]  # (TRL reads the old name)
+    if auto_threads and not wants_threads:
+        training["torch_num_threads"] = None
     for name, value in training.items():
         setattr(cfg.training, name, value)
     return cfg, chosen

@@ -1,5 +1,5 @@
-"""Several processes (torchrun, ``accelerate launch``, DeepSpeed) on public torch APIs: refusals shared once the
-process group exists, runs refused that would not be one group, and the end (docs/distributed.md)."""
+"""Several processes (torchrun, ``accelerate launch``, DeepSpeed) on public torch APIs: one run id for the run,
+runs refused that would not be one group, and the end (docs/distributed.md)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import sys
 import traceback
 from typing import Any
 
-from .config import ConfigError, RefusedElsewhere
-from .console import where
+from .config import ConfigError
 
-__all__ = ["agree_on_config", "any_process", "check_process_group", "describe_distribution", "finish",
-           "gather_reports", "in_process_group", "plan_nodes", "restart_attempt"]
+__all__ = ["any_process", "check_process_group", "describe_distribution", "finish", "gather", "in_process_group",
+           "plan_nodes", "restart_attempt"]
 
 
 def in_process_group() -> bool:
@@ -23,72 +22,37 @@ def in_process_group() -> bool:
 
 
 def restart_attempt() -> int:
-    """torchrun's ``TORCHELASTIC_RESTART_COUNT`` on this node (0 outside torchrun or on the first attempt).
-
-    >>> restart_attempt()
-    0
-    """
+    """torchrun's ``TORCHELASTIC_RESTART_COUNT`` on this node (0 outside torchrun or on the first attempt)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 
 
+def gather(value: Any) -> list[Any]:
+    """Every process's ``value`` in rank order (every process of the group must call it; outside one: ``[value]``)."""
+    if not in_process_group():
+        return [value]
+    import torch.distributed as dist
+
+    values: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
 def any_process(flag: bool) -> bool:
-    """Whether ``flag`` is set on any process (an all-reduce when distributed), so that all take the same path."""
-    if not in_process_group():
-        return flag
-    import torch
-    import torch.distributed as dist
-
-    on_gpu = dist.get_backend() != "gloo"
-    tensor = torch.tensor([int(flag)], device=torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu")
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item())
-
-
-def gather_reports(report: Any) -> list[tuple[int, str, Any]]:
-    """``(rank, where, report)`` of every process whose ``report`` is not None, in rank order; every process of the
-    group must call it (outside one: this process's report alone)."""
-    if not in_process_group():
-        return [] if report is None else [(0, where(), report)]
-    import torch.distributed as dist
-
-    views: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(views, None if report is None else (where(), report))
-    return [(rank, *view) for rank, view in enumerate(views) if view is not None]
-
-
-def agree_on_config(error: ConfigError | None) -> None:
-    """Every process, once its config is parsed (``error``: why it was refused): with a process group, a rank whose
-    config was accepted raises :class:`RefusedElsewhere` naming the refusing ranks, so that every rank exits 2."""
-    if isinstance(error, RefusedElsewhere) or not in_process_group():
-        return
-    refusals = gather_reports(None if error is None else str(error))
-    if refusals and error is None:
-        shown = "; ".join(f"rank {rank} ({place}): {message}" for rank, place, message in refusals)
-        raise RefusedElsewhere(f"the config was refused on another process of the run, {shown}")
+    """Whether ``flag`` is set on any process (every process must call it), so that all take the same path."""
+    return any(gather(bool(flag)))
 
 
 def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
-    """``(cfg with rank 0's run id, the layout in words)``, ranks that would resume different steps refused; one
-    process: ``(cfg, None)``."""
-    import dataclasses
-
+    """``(cfg with rank 0's run id, the layout in words)``; one process: ``(cfg, None)``."""
     if not in_process_group():
         return cfg, None
-    import torch.distributed as dist
-
-    resume = cfg.resume_from_checkpoint
-    step = None if resume is None else os.path.basename(os.path.normpath(str(resume)))
-    views: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(views, (cfg.run_id, step, os.environ.get("GROUP_RANK", "0")))
-    if len({view[1] for view in views}) > 1:
-        shown = "; ".join(f"rank {rank}: {view[1] or 'a new run'}" for rank, view in enumerate(views))
-        raise ConfigError(f"the processes do not resume the same checkpoint ({shown}): pass a checkpoint every "
-                          "node holds as resume_from_checkpoint: PATH (docs/distributed.md)")
-    nodes = len({view[2] for view in views})
+    views = gather((cfg.run_id, os.environ.get("GROUP_RANK", "0")))
+    nodes = len({node for _, node in views})
     writes = ("the first process of every node writes (save_on_each_node)" if cfg.training.save_on_each_node
               else "global rank 0 writes")
     layout = f"{len(views)} processes on {nodes} node{'s' if nodes > 1 else ''}: {writes}"
-    return dataclasses.replace(cfg, run_id=views[0][0]), layout
+    cfg.run_id = views[0][0]
+    return cfg, layout
 
 
 def describe_distribution(training: Any) -> dict[str, Any]:
@@ -117,36 +81,26 @@ def check_process_group(training: Any) -> None:
 
 def finish(code: int, error: BaseException | None = None) -> int:
     """The exit code of a run that returned ``code`` (``error``: what stopped it; raised without a process group).
-    With one, a finished run meets the others at a barrier and destroys the group, a refused one (2) destroys it
-    without a collective; a failed rank leaves without a collective: its sockets close when it exits, so every other
-    rank's pending collective fails too."""
+    With one, a finished run meets the others at a barrier and destroys the group; a refused one (2, before
+    training) destroys it without a collective (left to the interpreter's exit, its threads could abort the process,
+    exit -6); a failed rank leaves without a collective: its sockets close, so every other rank's collective fails."""
     if not in_process_group():
         if error is not None:
             raise error
         return code
     import torch.distributed as dist
 
-    if code == 0 and error is None:
+    if code in (0, 2) and error is None:
         gc.collect()  # free the trainer (and DDP's reducer) while the group still exists
         try:
-            dist.barrier()
+            if code == 0:
+                dist.barrier()
             dist.destroy_process_group()
-            return 0
         except Exception as exc:  # noqa: BLE001  (another rank failed meanwhile)
-            error = exc
-    if code == 2 and error is None:
-        # refused before training (no DDP holds the group): destroy it here, without a collective. Left to the
-        # interpreter's exit, the group's threads could abort the process under load ("terminate called without an
-        # active exception", exit -6 instead of 2), and torchrun then reported that
-        gc.collect()
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001,S110  (the exit code says it all)
-            pass
-        sys.stderr.flush()
-        return 2
+            error = exc if code == 0 else None
     if error is not None:
-        print(f"[trl-padfree] rank {dist.get_rank()} ({where()}) failed:", file=sys.stderr)
+        place = f"node {os.environ.get('GROUP_RANK', '0')}, local rank {os.environ.get('LOCAL_RANK', '0')}"
+        print(f"[trl-padfree] rank {dist.get_rank()} ({place}) failed:", file=sys.stderr)
         traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
     sys.stderr.flush()
-    return code or 1
+    return code or (1 if error is not None else 0)

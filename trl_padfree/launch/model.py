@@ -14,41 +14,28 @@ __all__ = ["check_lora_targets", "load_model", "materialized", "sharded_launch"]
 
 
 def check_lora_targets(cfg: LaunchConfig, model: Any) -> None:
-    """With ``use_peft``: every entry of ``lora_target_modules`` must match a module of the loaded model."""
+    """With ``use_peft``: every entry of ``lora_target_modules`` must match a module of the loaded model (peft itself
+    refuses, when the trainer is built, only targets of which none matches, and a model type without defaults)."""
     if not cfg.model.use_peft:
         return
-
     from peft.tuners.tuners_utils import check_target_module_exists
     from trl import get_peft_config
 
     peft_config = get_peft_config(cfg.model)
     targets = peft_config.target_modules
+    if targets is None or targets == "all-linear":
+        return
+    one = isinstance(targets, str)  # (one regular expression over the full module names)
     names = [name for name, _ in model.named_modules() if name]
-    linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
-                     if type(module).__name__ in ("Linear", "Conv1D") and name})
-    options = f"its linear layers are named {', '.join(linear[:12])}" if linear else "it has no linear layers"
-    if targets is None:
-        from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as DEFAULTS
-
-        if getattr(model.config, "model_type", None) not in DEFAULTS:
-            raise ConfigError(
-                f"use_peft: peft has no default LoRA targets for model type {model.config.model_type!r}: set "
-                f"lora_target_modules ({options}), or all-linear"
-            )
-        return
-    if targets == "all-linear":
-        return
-    entries = [targets] if isinstance(targets, str) else sorted(targets)
-    unmatched = []
-    for entry in entries:
-        single = dataclasses.replace(peft_config, target_modules=entry if isinstance(targets, str) else [entry])
-        if not any(check_target_module_exists(single, name) for name in names):
-            unmatched.append(entry)
+    unmatched = [entry for entry in ([targets] if one else sorted(targets)) if not any(
+        check_target_module_exists(dataclasses.replace(peft_config, target_modules=entry if one else [entry]), name)
+        for name in names)]
     if unmatched:
-        raise ConfigError(
-            f"lora_target_modules {', '.join(map(repr, unmatched))} match no module of "
-            f"{cfg.model.model_name_or_path!r}; {options} (or use all-linear)"
-        )
+        linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
+                         if name and type(module).__name__ in ("Linear", "Conv1D")})
+        options = f"its linear layers are named {', '.join(linear[:12])}" if linear else "it has no linear layers"
+        raise ConfigError(f"lora_target_modules {', '.join(map(repr, unmatched))} match no module of "
+                          f"{cfg.model.model_name_or_path!r}; {options} (or use all-linear)")
 
 
 def load_model(cfg: LaunchConfig, auto_class: Any = None) -> tuple[Any, LaunchConfig]:
@@ -70,9 +57,7 @@ def _shared_prompt_default(cfg: LaunchConfig, model: Any) -> LaunchConfig:
             refuse_shared_prompt(model, "prompt_once: true")
         except ValueError as exc:  # before the probe, whose advice would be about padding_free
             raise ConfigError(str(exc)) from None
-    if "prompt_once" in cfg.explicit or cfg.task not in ("grpo", "rloo"):
-        return cfg
-    layers = recurrent_layer_types(model)
+    layers = [] if "prompt_once" in cfg.explicit or cfg.task not in ("grpo", "rloo") else recurrent_layer_types(model)
     if not layers:
         return cfg
     say(f"prompt_once: off ({layers[0]} layers cannot share a prompt's state through the attention's key index)")
@@ -89,9 +74,8 @@ def _load_model(cfg: LaunchConfig, auto_class: Any) -> tuple[Any, LaunchConfig]:
     import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
     from trl_padfree.attn_fallback import ModelLoadError, load_with_fallback
 
-    model_args = cfg.model
-    quantization = get_quantization_config(model_args)
-    kwargs: dict[str, Any] = dict(revision=model_args.model_revision, dtype=model_args.dtype,
+    name, quantization = cfg.model.model_name_or_path, get_quantization_config(cfg.model)
+    kwargs: dict[str, Any] = dict(revision=cfg.model.model_revision, dtype=cfg.model.dtype,
                                   trust_remote_code=cfg.training.trust_remote_code)
     if quantization is not None:
         from accelerate import PartialState
@@ -102,27 +86,23 @@ def _load_model(cfg: LaunchConfig, auto_class: Any) -> tuple[Any, LaunchConfig]:
     auto_class = auto_class or AutoModelForCausalLM
 
     def load(attn_implementation: str | None) -> Any:
-        attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
         set_seed(cfg.training.seed)  # a head the checkpoint lacks (a reward model's score) starts the same every run
-        return auto_class.from_pretrained(model_args.model_name_or_path, **attn, **kwargs)
-
-    fell_back = []
+        attn = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+        return auto_class.from_pretrained(name, **attn, **kwargs)
 
     def announce(why: str) -> None:
-        fell_back.append(why)
-        say(f"attn_implementation auto: {model_args.model_name_or_path} cannot use 'padfree' ({why}); loading it "
-            "with its default attention instead (padding-free batches then rely on the model's own packed-sequence "
-            "mask, which the packing probe checks)")
+        say(f"attn_implementation auto: {name} cannot use 'padfree' ({why}); loading it with its default attention "
+            "instead (padding-free batches then rely on the model's own packed-sequence mask, which the packing "
+            "probe checks)")
 
     try:
-        model = load_with_fallback(
-            load, cfg.attn_implementation, auto=cfg.attn_auto, on_fallback=announce,
-            inspect=lambda model: materialized(model) and not sharded_launch(cfg.training),
-        )  # fmt: skip
+        model = load_with_fallback(load, cfg.attn_implementation, auto=cfg.attn_auto, on_fallback=announce,
+                                   inspect=lambda model: materialized(model) and not sharded_launch(cfg.training))
     except ModelLoadError as exc:
-        raise ConfigError(f"could not load model {model_args.model_name_or_path!r}: {str(exc)[:300]}") from None
-    if fell_back:
-        cfg.model.attn_implementation = attn = model.config._attn_implementation
+        raise ConfigError(f"could not load model {name!r}: {str(exc)[:300]}") from None
+    attn = model.config._attn_implementation
+    if cfg.attn_auto and attn != cfg.attn_implementation:  # it fell back
+        cfg.model.attn_implementation = attn
         say(f"attn_implementation: {attn!r}")
     return model, cfg
 

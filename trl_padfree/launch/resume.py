@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,9 +21,8 @@ __all__ = ["CHECKPOINT_MARKER", "RUN_FILE", "ResumeChoice", "checkpoint_problem"
 RUN_FILE = "trl_padfree_run.json"
 CHECKPOINT_MARKER = "trl_padfree_checkpoint.json"
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
-_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin")
-_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-_RUN_MARKS = (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS, *_INDEXES)
+_WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin",
+            "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
 def new_run_id() -> str:
@@ -44,20 +42,15 @@ def read_json(path: str) -> dict[str, Any] | None:
 def write_json(path: str, data: dict[str, Any]) -> None:
     """Write ``data`` to ``path`` whole or not at all (a synced temporary file, renamed).
 
-    >>> d = tempfile.mkdtemp(); write_json(os.path.join(d, "x.json"), {"a": 1}); read_json(os.path.join(d, "x.json"))
+    >>> import tempfile; d = tempfile.mkdtemp(); write_json(f"{d}/x.json", {"a": 1}); read_json(f"{d}/x.json")
     {'a': 1}
     """
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=os.path.dirname(os.path.abspath(path)))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, default=str)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=2, default=str)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
 
 
 def read_run(output_dir: str) -> dict[str, Any] | None:
@@ -78,8 +71,6 @@ def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
 def checkpoint_problem(path: str, run_id: str | None = None) -> str | None:
     """Why ``path`` is not a complete checkpoint (of run ``run_id``), or None: every file its marker lists at that
     size; without a marker (another tool's, no ``run_id`` asked) a readable ``trainer_state.json`` and weights."""
-    if not os.path.isdir(path):
-        return "not a directory"
     marker = read_json(os.path.join(path, CHECKPOINT_MARKER))
     if marker is not None:
         if run_id is not None and marker.get("run_id") != run_id:
@@ -96,32 +87,30 @@ def checkpoint_problem(path: str, run_id: str | None = None) -> str | None:
     state = read_json(os.path.join(path, "trainer_state.json"))
     if state is None or not isinstance(state.get("global_step"), int):
         return "it has no readable trainer_state.json (the save was interrupted?)"
-    names = os.listdir(path)
-    if not any(n in _WEIGHTS or n in _INDEXES or n.startswith("pytorch_model_fsdp") for n in names):
-        return "it holds no model weights (model.safetensors, adapter_model.safetensors, ...)"
-    empty = [n for n in names if n in _WEIGHTS and os.path.getsize(os.path.join(path, n)) == 0]
-    return f"{empty[0]} is empty" if empty else None
+    weights = [n for n in os.listdir(path) if n in _WEIGHTS or n.startswith("pytorch_model_fsdp")]
+    if not weights or not all(os.path.getsize(os.path.join(path, n)) for n in weights):
+        return "it holds no model weights (model.safetensors, adapter_model.safetensors, ...) or they are empty"
+    return None
 
 
 def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
-    for _, path in reversed(list_checkpoints(output_dir)):
-        if run_id is not None and checkpoint_problem(path, run_id) is None:
-            return path
-    return None
+    """The newest checkpoint of run ``run_id`` in ``output_dir`` with its completion marker, or None."""
+    return next((path for _, path in reversed(list_checkpoints(output_dir))
+                 if run_id is not None and checkpoint_problem(path, run_id) is None), None)
 
 
 def run_contents(output_dir: str) -> list[str]:
     """The entries of ``output_dir`` that show a training run wrote there."""
     names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    return [n for n in names if n in _RUN_MARKS or CHECKPOINT_NAME.match(n)]
+    marks = (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS)
+    return [n for n in names if n in marks or CHECKPOINT_NAME.match(n)]
 
 
 @dataclass
 class ResumeChoice:
-
     path: str
     step: int
-    run_id: str | None
+    run_id: str
     skipped: list[str] = field(default_factory=list)
 
     def note(self) -> str:
@@ -131,40 +120,36 @@ class ResumeChoice:
 
 def choose_resume(output_dir: str) -> ResumeChoice:
     """What ``resume_from_checkpoint: true`` means for ``output_dir``, or a :class:`ConfigError` why there is none."""
-    run = read_run(output_dir)
-    checkpoints = list_checkpoints(output_dir)
-    if run is None or not run.get("run_id"):
+    run, checkpoints = read_run(output_dir) or {}, list_checkpoints(output_dir)
+    head = f"resume_from_checkpoint: true, but {output_dir!r}"
+    if not run.get("run_id"):
         what = (f"its checkpoints ({', '.join(os.path.basename(p) for _, p in checkpoints)}) were not written by "
                 "trl-padfree train" if checkpoints else "it holds no checkpoint-N directory")
-        raise ConfigError(
-            f"resume_from_checkpoint: true, but {output_dir!r} holds no trl-padfree run to resume ({what}); pass a "
-            "checkpoint directory (resume_from_checkpoint: PATH) or start without resume_from_checkpoint")
+        raise ConfigError(f"{head} holds no trl-padfree run to resume ({what}); pass a checkpoint directory "
+                          "(resume_from_checkpoint: PATH) or start without resume_from_checkpoint")
     if run.get("status") == "finished":
         raise ConfigError(
-            f"resume_from_checkpoint: true, but the run in {output_dir!r} is finished (step "
-            f"{run.get('global_step')} of {run.get('max_steps')}; the model is saved there): nothing to resume; to "
-            "train further, resume one of its checkpoints by path with a larger max_steps, or start a new run from "
-            "the model (model_name_or_path) in another output_dir")
+            f"resume_from_checkpoint: true, but the run in {output_dir!r} is finished (step {run.get('global_step')} "
+            f"of {run.get('max_steps')}; the model is saved there): nothing to resume; to train further, resume one "
+            "of its checkpoints by path with a larger max_steps, or start a new run from the model "
+            "(model_name_or_path) in another output_dir")
     skipped = []
     for step, path in reversed(checkpoints):
-        problem = checkpoint_problem(path, run["run_id"])
-        if problem is None:
+        if (problem := checkpoint_problem(path, run["run_id"])) is None:
             return ResumeChoice(path=path, step=step, run_id=run["run_id"], skipped=skipped)
         skipped.append(f"{os.path.basename(path)} ({problem})")
     detail = f" ({'; '.join(skipped)})" if skipped else ""
-    raise ConfigError(
-        f"resume_from_checkpoint: true, but {output_dir!r} holds no complete checkpoint of its run{detail}; start "
-        "again without resume_from_checkpoint (with overwrite_output_dir: true) or pass a checkpoint path")
+    raise ConfigError(f"{head} holds no complete checkpoint of its run{detail}; start again without "
+                      "resume_from_checkpoint (with overwrite_output_dir: true) or pass a checkpoint path")
 
 
 def resolve_auto_resume(cfg: Any, restart: int) -> dict[str, Any] | None:
     """The fields of ``cfg`` to change for ``resume_from_checkpoint: auto`` or a torchrun restart (``restart`` > 0):
     what ``true`` would take, else a new run; None when ``resume_from_checkpoint`` asks for something else."""
-    value = cfg.resume_from_checkpoint
+    value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
     if not (str(value).lower() == "auto" or (value is None and restart > 0)):
         return None
     why = "resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}"
-    output_dir = cfg.training.output_dir
     run = read_run(output_dir)
     if run is not None and run.get("run_id"):
         try:

@@ -15,16 +15,15 @@ def run_summary(state: Any, metrics: dict[str, Any], first_step: int | None, **o
     under ``metrics``. ``first_step``: the step this process started from; ``outcome``: ``interrupted``,
     ``checkpoint``, ``saved_to`` and the run's settings."""
     history, metrics = state.log_history, dict(metrics)
-    evals = [e for e in history if "eval_loss" in e]
-    first, last = (evals[0], evals[-1]) if evals else ({}, {})
+    evals = [e for e in history if "eval_loss" in e] or [{}]
     train_loss, steps = run_train_loss(history)
     return {"global_step": state.global_step, "max_steps": state.max_steps, "interrupted": None, "checkpoint": None,
             "saved_to": None, "train_loss_this_process": metrics.pop("train_loss", None), "metrics": metrics,
-            "first_eval_loss": first.get("eval_loss"), "last_eval_loss": last.get("eval_loss"),
+            "first_eval_loss": evals[0].get("eval_loss"), "last_eval_loss": evals[-1].get("eval_loss"),
             "train_loss": train_loss, "last_train_loss": next((e["loss"] for e in reversed(history) if "loss" in e),
                                                               None),
             "steps_this_process": state.global_step - (state.global_step if first_step is None else first_step),
-            "train_loss_steps": steps, "first_eval_step": first.get("step"), "last_eval_step": last.get("step"),
+            "train_loss_steps": steps, "first_eval_step": evals[0].get("step"), "last_eval_step": evals[-1].get("step"),
             **outcome}
 
 
@@ -39,13 +38,12 @@ def run_train_loss(history: list[dict[str, Any]]) -> tuple[float | None, int]:
     >>> run_train_loss([{"loss": 4.0, "step": 10}, {"eval_loss": 3.0, "step": 10}, {"loss": 1.0, "step": 15}])
     (3.0, 15)
     """
-    total = covered = previous = 0
+    total = previous = 0
     for entry in history:
         if "loss" in entry and isinstance(entry.get("step"), int) and entry["step"] > previous:
             total += entry["loss"] * (entry["step"] - previous)
-            covered += entry["step"] - previous
             previous = entry["step"]
-    return (total / covered if covered else None), covered
+    return (total / previous if previous else None), previous
 
 
 def summary_lines(summary: dict[str, Any], padding_free: bool) -> list[str]:
@@ -56,8 +54,7 @@ def summary_lines(summary: dict[str, Any], padding_free: bool) -> list[str]:
     here = f", {ran} of them in this process (resumed at step {step - ran})," if resumed else ""
     tokens = m.get("train_real_tokens_per_second")
     lines = [f"steps: {step}/{summary['max_steps']}{here} in {m.get('train_runtime', 0.0):.1f} s{stopped}",
-             (f"real tokens/s: {tokens:,.0f}" if tokens is not None else "real tokens/s: n/a")
-             + (" (this process's steps)" if resumed else "")]
+             f"real tokens/s: {'n/a' if tokens is None else f'{tokens:,.0f}'}" + (" (this process's steps)" * resumed)]
     if m.get("train_padding_share") is not None:
         lines.append(f"{'padding avoided' if padding_free else 'padding spent'}: "
                      f"{100 * m['train_padding_share']:.1f}% of the tokens a padded batch would have had")
@@ -69,13 +66,7 @@ def summary_lines(summary: dict[str, Any], padding_free: bool) -> list[str]:
     if summary.get("checkpoint"):
         lines.append(f"checkpoint saved to {summary['checkpoint']}; resume with --resume_from_checkpoint "
                      f"{summary['checkpoint']}")
-    if summary.get("saved_to"):
-        lines.append(f"model saved to {summary['saved_to']}")
-    return lines
-
-
-def _at(step: int | None) -> str:
-    return "" if step is None else " (step 0, before training)" if step == 0 else f" (step {step})"
+    return lines + ([f"model saved to {summary['saved_to']}"] if summary.get("saved_to") else [])
 
 
 def eval_loss_line(summary: dict[str, Any]) -> str:
@@ -84,8 +75,10 @@ def eval_loss_line(summary: dict[str, Any]) -> str:
     >>> eval_loss_line({"first_eval_loss": 2.5, "last_eval_loss": 0.0763, "first_eval_step": 0, "last_eval_step": 40})
     'eval loss: 2.5000 (step 0, before training) -> 0.0763 (step 40)'
     """
-    first, last = summary.get("first_eval_loss"), summary.get("last_eval_loss")
-    first_step, last_step = summary.get("first_eval_step"), summary.get("last_eval_step")
-    if first is None or (first_step == last_step if last_step is not None else first == last):
-        return f"eval loss: {_fmt(last)}{_at(last_step)}"
-    return f"eval loss: {_fmt(first)}{_at(first_step)} -> {_fmt(last)}{_at(last_step)}"
+    def at(step: int | None) -> str:
+        return "" if step is None else " (step 0, before training)" if step == 0 else f" (step {step})"
+
+    first, last = summary.get("first_eval_step"), summary.get("last_eval_step")
+    start = ("" if summary.get("first_eval_loss") is None or first == last
+             else f"{_fmt(summary['first_eval_loss'])}{at(first)} -> ")
+    return f"eval loss: {start}{_fmt(summary.get('last_eval_loss'))}{at(last)}"
