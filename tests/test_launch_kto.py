@@ -57,7 +57,8 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
 
     line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval rewards: "))
     assert line == (f"[trl-padfree] eval rewards: desirable {pair('eval_rewards/chosen')}, undesirable "
-                    f"{pair('eval_rewards/rejected')} (margin {pair('eval_rewards/margins')}, KL {pair('eval_kl')})")
+                    f"{pair('eval_rewards/rejected')} (margin {pair('eval_rewards/margins')}, KL {pair('eval_kl')}; "
+                    "3 evaluations)")
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]  # KTO's loss falls
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["global_step"] == 4 and summary["saved_to"] == str(out)
@@ -85,7 +86,7 @@ def test_unpaired_records_train_and_an_evaluation_without_a_margin_prints_no_nan
     line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval rewards: "))
     first, last = history[0], history[-1]
     assert line == (f"[trl-padfree] eval rewards: desirable {first['eval_rewards/chosen']:.3f} -> "
-                    f"{last['eval_rewards/chosen']:.3f} (KL {first['eval_kl']:.3f} -> {last['eval_kl']:.3f})")
+                    f"{last['eval_rewards/chosen']:.3f} (KL {first['eval_kl']:.3f} -> {last['eval_kl']:.3f}; 2 evaluations)")
 
 
 def test_bad_records_are_named(tmp_path):

@@ -25,7 +25,7 @@ from .resume import last_complete_checkpoint, write_json, write_run
 from .summary import run_summary, summary_lines
 from .tokenizer import load_tokenizer
 
-__all__ = ["Records", "RunError", "check_prompt_once", "first_last", "fit", "load_data", "load_policy",
+__all__ = ["Records", "RunError", "check_prompt_once", "eval_summary", "fit", "load_data", "load_policy",
            "load_reference", "make_trainer", "probe_model", "say_data"]
 
 
@@ -51,12 +51,29 @@ def say_data(data: Any, unit: str, extra: str = "", eval_unit: str | None = None
         + f" (format: {data.text_format}{extra})")
 
 
-def first_last(evals: list[dict[str, Any]], key: str, name: str = "") -> str | None:
-    """``"<name>first -> last"`` of ``key`` over the log entries ``evals`` (None where either lacks it: TRL logs a
-    figure only when an evaluation batch had what it needs)."""
-    if not evals or key not in evals[0] or key not in evals[-1]:
-        return None
-    return f"{name}{evals[0][key]:.3f} -> {evals[-1][key]:.3f}"
+def eval_summary(title: str, main: dict[str, str], extra: dict[str, str]) -> Callable[..., list[str]]:
+    """A recipe's summary lines (``fit``'s ``lines``): the shared lines plus ``"<title>: <main> (<extra>; N
+    evaluations)"``, each key of ``main`` / ``extra`` named by its value and shown first -> last evaluation (left out
+    where TRL did not log it: it logs a figure only when an evaluation batch had what it needs).
+
+    >>> kto = eval_summary("eval rewards", {"eval_rewards/chosen": "desirable ", "eval_rewards/rejected":
+    ...     "undesirable "}, {"eval_rewards/margins": "margin ", "eval_kl": "KL "})
+    >>> kto(["steps: 2/2"], [{"eval_rewards/chosen": 0.0, "eval_kl": 0.0}, {"eval_rewards/chosen": 0.5, "eval_kl": 0.1}])
+    ['steps: 2/2', 'eval rewards: desirable 0.000 -> 0.500 (KL 0.000 -> 0.100; 2 evaluations)']
+    >>> eval_summary("eval accuracy", {"eval_accuracy": ""}, {})([], [{"eval_accuracy": 0.5}])
+    ['eval accuracy: 0.500 (1 evaluation)']
+    """
+    def lines(shared: list[str], history: list[dict[str, Any]]) -> list[str]:
+        evals = [e for e in history if any(key in e for key in main)]
+        if not evals:
+            return list(shared)
+        first, last = evals[0], evals[-1]
+        shown = [[f"{name}{first[k]:.3f}" + (f" -> {last[k]:.3f}" if len(evals) > 1 else "")
+                  for k, name in keys.items() if k in first and k in last] for keys in (main, extra)]
+        inside = "; ".join(filter(None, [", ".join(shown[1]), f"{len(evals)} evaluation{'s' * (len(evals) > 1)}"]))
+        return [*shared, f"{title}: {', '.join(shown[0])} ({inside})"]
+
+    return lines
 
 
 def check_prompt_once(cfg: LaunchConfig) -> None:

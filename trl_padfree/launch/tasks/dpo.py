@@ -64,20 +64,9 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     return steps.fit(cfg, trainer, data, settings(cfg), preference_summary)
 
 
-def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The run's summary lines for DPO: the eval reward accuracy and margin added, first and last (at the start the
-    policy is the reference: every reward is 0, so no pair is won and the accuracy is 0).
-
-    >>> preference_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"eval_rewards/accuracies": 0.0,
-    ...     "eval_rewards/margins": 0.0}, {"eval_rewards/accuracies": 0.9, "eval_rewards/margins": 2.5}])
-    ['steps: 2/2', 'real tokens/s: 1,234', 'eval reward accuracy: 0.000 -> 0.900 (margin 0.000 -> 2.500)']
-    """
-    out = list(lines)
-    evals = [e for e in history if "eval_rewards/accuracies" in e]
-    if evals:
-        out.append(f"eval reward accuracy: {steps.first_last(evals, 'eval_rewards/accuracies')} "
-                   f"(margin {steps.first_last(evals, 'eval_rewards/margins')})")
-    return out
+#: The summary's line of a DPO run (at the start the policy is the reference: every reward is 0, so no pair is won)
+preference_summary = steps.eval_summary("eval reward accuracy", {"eval_rewards/accuracies": ""},
+                                        {"eval_rewards/margins": "margin "})
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:

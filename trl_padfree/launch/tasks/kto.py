@@ -79,29 +79,10 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     return steps.fit(cfg, trainer, data, settings(cfg), kto_summary)
 
 
-def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a KTO run: the eval rewards of the desirable and undesirable completions, their margin
-    and the KL estimate, first and last evaluation.
-
-    >>> kto_summary(["steps: 2/2"], [
-    ...     {"eval_rewards/chosen": 0.0, "eval_rewards/rejected": 0.0, "eval_rewards/margins": 0.0, "eval_kl": 0.0},
-    ...     {"eval_rewards/chosen": 0.5, "eval_rewards/rejected": -0.7, "eval_rewards/margins": 1.2, "eval_kl": 0.1}])
-    ['steps: 2/2', 'eval rewards: desirable 0.000 -> 0.500, undesirable 0.000 -> -0.700 (margin 0.000 -> 1.200, KL 0.000 -> 0.100)']
-
-    A figure TRL did not log (``rewards/margins`` needs a batch with both kinds) is left out, not shown as nan:
-
-    >>> kto_summary([], [{"eval_rewards/chosen": 0.0, "eval_kl": 0.0}, {"eval_rewards/chosen": 0.5, "eval_kl": 0.1}])
-    ['eval rewards: desirable 0.000 -> 0.500 (KL 0.000 -> 0.100)']
-    """
-    out = list(lines)
-    evals = [e for e in history if "eval_rewards/chosen" in e or "eval_rewards/rejected" in e]
-    if evals:
-        rewards = [p for p in (steps.first_last(evals, "eval_rewards/chosen", "desirable "),
-                               steps.first_last(evals, "eval_rewards/rejected", "undesirable ")) if p]
-        extra = [p for p in (steps.first_last(evals, "eval_rewards/margins", "margin "), steps.first_last(evals, "eval_kl", "KL "))
-                 if p]
-        out.append("eval rewards: " + ", ".join(rewards) + (f" ({', '.join(extra)})" if extra else ""))
-    return out
+#: The summary's line of a KTO run: the eval rewards of the desirable and undesirable completions, margin and KL
+kto_summary = steps.eval_summary("eval rewards", {"eval_rewards/chosen": "desirable ",
+                                                  "eval_rewards/rejected": "undesirable "},
+                                 {"eval_rewards/margins": "margin ", "eval_kl": "KL "})
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:

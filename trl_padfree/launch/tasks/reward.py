@@ -105,26 +105,8 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     return steps.fit(cfg, trainer, data, settings(cfg), reward_summary)
 
 
-def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a reward run: the eval accuracy and mean reward margin, first and last evaluation.
-
-    >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"eval_accuracy": 0.5, "eval_margin": 0.01},
-    ...                                                         {"eval_accuracy": 0.9, "eval_margin": 1.5}])
-    ['steps: 2/2', 'real tokens/s: 1,234', 'eval accuracy: 0.500 -> 0.900 (reward margin 0.010 -> 1.500; 2 evaluations)']
-    >>> reward_summary([], [{"eval_accuracy": 0.5, "eval_margin": 0.01}])
-    ['eval accuracy: 0.500 (reward margin 0.010; 1 evaluation)']
-    """
-    out = list(lines)
-    evals = [e for e in history if "eval_accuracy" in e]
-    if len(evals) == 1:
-        out.append(f"eval accuracy: {evals[0]['eval_accuracy']:.3f} (reward margin "
-                   f"{evals[0].get('eval_margin', float('nan')):.3f}; 1 evaluation)")
-    elif evals:
-        first, last = evals[0], evals[-1]
-        out.append(f"eval accuracy: {first['eval_accuracy']:.3f} -> {last['eval_accuracy']:.3f} (reward margin "
-                   f"{first.get('eval_margin', float('nan')):.3f} -> {last.get('eval_margin', float('nan')):.3f}; "
-                   f"{len(evals)} evaluations)")
-    return out
+#: The summary's line of a reward run: the eval accuracy and mean reward margin
+reward_summary = steps.eval_summary("eval accuracy", {"eval_accuracy": ""}, {"eval_margin": "reward margin "})
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
