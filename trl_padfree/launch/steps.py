@@ -25,8 +25,8 @@ from .resume import last_complete_checkpoint, write_json, write_run
 from .summary import run_summary, summary_lines
 from .tokenizer import load_tokenizer
 
-__all__ = ["Records", "RunError", "check_prompt_once", "eval_summary", "fit", "load_data", "load_policy",
-           "load_reference", "make_trainer", "probe_model", "say_data"]
+__all__ = ["Records", "RunError", "check_prompt_once", "dropped_line", "eval_summary", "fit", "load_data", "load_policy",
+           "load_reference", "make_trainer", "percent", "probe_model", "say_data", "scored"]
 
 
 class RunError(RuntimeError):
@@ -74,6 +74,22 @@ def eval_summary(title: str, main: dict[str, str], extra: dict[str, str]) -> Cal
         return [*shared, f"{title}: {', '.join(shown[0])} ({inside})"]
 
     return lines
+
+
+def scored(mark: Callable[..., str], prompt: list[int], response: list[int]) -> str:
+    """``preview``'s text of ``prompt + response`` with the ``response`` tokens marked as scored (``mark``: a
+    :func:`~.preview.token_marker`)."""
+    return mark(prompt + response, [-100] * len(prompt) + response)
+
+
+def dropped_line(unit: str, max_length: Any, dropped: int, total: int) -> str:
+    """``preview``'s last line for DPO and KTO: the records TRL drops because the prompt alone fills ``max_length``."""
+    return f"{unit} dropped before training (prompt alone fills max_length={max_length}): {dropped:,} of {total:,}"
+
+
+def percent(part: float, whole: float) -> str:
+    """``part`` as a share of ``whole``: ``"12.5%"`` (``"0.0%"`` of nothing)."""
+    return f"{100.0 * part / whole if whole else 0.0:.1f}%"
 
 
 def check_prompt_once(cfg: LaunchConfig) -> None:

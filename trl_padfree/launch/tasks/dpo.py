@@ -66,34 +66,19 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
 
     training, data = cfg.training, load_preference_data(cfg, tokenizer)
     pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training)
-    mark = token_marker(tokenizer, color)
-
-    def shown(prompt: list[int], response: list[int]) -> str:
-        return mark(prompt + response, [-100] * len(prompt) + response)
-
-    lines: list[str] = []
-    totals = {"tokens": 0, "chosen": 0, "rejected": 0, "once": 0}
+    mark, lines = token_marker(tokenizer, color), []
+    tokens = chosen_total = rejected_total = once = 0
     for index, pair in enumerate(pairs):
-        p_c, chosen = truncate_pair(pair["prompt_ids"], pair["chosen_ids"], training.max_length, training.truncation_mode)
-        p_r, rejected = truncate_pair(pair["prompt_ids"], pair["rejected_ids"], training.max_length,
-                                      training.truncation_mode)
-        totals["tokens"] += len(p_c) + len(chosen) + len(p_r) + len(rejected)
-        totals["chosen"] += len(chosen)
-        totals["rejected"] += len(rejected)
-        shared = p_c == p_r and bool(p_c)
-        totals["once"] += len(p_c) + len(chosen) + (1 + len(rejected) if shared else len(p_r) + len(rejected))
+        (p_c, chosen), (p_r, rejected) = (truncate_pair(pair["prompt_ids"], pair[f"{side}_ids"], training.max_length,
+                                                        training.truncation_mode) for side in ("chosen", "rejected"))
+        tokens += len(p_c) + len(chosen) + len(p_r) + len(rejected)
+        chosen_total, rejected_total = chosen_total + len(chosen), rejected_total + len(rejected)
+        once += len(p_c) + len(chosen) + (1 + len(rejected) if p_c == p_r and p_c else len(p_r) + len(rejected))
         if index < n:
-            lines.append(f"--- pair {index} (prompt {len(p_c)} tokens; scored: chosen {len(chosen)}, rejected "
-                         f"{len(rejected)}) ---")
-            lines.append("chosen:   " + shown(p_c, chosen))
-            lines.append("rejected: " + shown(p_r, rejected))
-    lines.append("---")
-    lines.append(f"scored tokens: chosen {totals['chosen']:,}, rejected {totals['rejected']:,} of {totals['tokens']:,} "
-                 f"tokens in {len(pairs):,} pairs (format: {data.text_format})")
-    saved = 100.0 * (1 - totals["once"] / totals["tokens"]) if totals["tokens"] else 0.0
-    lines.append(f"prompt_once forwards {totals['once']:,} tokens instead of {totals['tokens']:,} ({saved:.1f}% fewer)")
-    dropped = len(data.train) - len(pairs)
-    lines.append(f"pairs dropped before training (prompt alone fills max_length={training.max_length}): {dropped:,} "
-                 f"of {len(data.train):,}")
-    return lines
-
+            lines += [f"--- pair {index} (prompt {len(p_c)} tokens; scored: chosen {len(chosen)}, rejected "
+                      f"{len(rejected)}) ---", "chosen:   " + steps.scored(mark, p_c, chosen),
+                      "rejected: " + steps.scored(mark, p_r, rejected)]
+    return [*lines, "---", f"scored tokens: chosen {chosen_total:,}, rejected {rejected_total:,} of {tokens:,} tokens in "
+            f"{len(pairs):,} pairs (format: {data.text_format})",
+            f"prompt_once forwards {once:,} tokens instead of {tokens:,} ({steps.percent(tokens - once, tokens)} fewer)",
+            steps.dropped_line("pairs", training.max_length, len(data.train) - len(pairs), len(data.train))]

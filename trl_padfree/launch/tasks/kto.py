@@ -101,15 +101,12 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     total = scored = 0
     for index, ex in enumerate(examples):
         prompt, completion = truncate_pair(ex["prompt_ids"], ex["completion_ids"], training.max_length, "keep_start")
-        total += len(prompt) + len(completion)
-        scored += len(completion)
+        total, scored = total + len(prompt) + len(completion), scored + len(completion)
         if index < n:
             label = "desirable" if ex["label"] else "undesirable"
             lines += [f"--- example {index} ({label}; prompt {len(prompt)} tokens, completion {len(completion)}) ---",
-                      mark(prompt + completion, [-100] * len(prompt) + completion)]
-    share = 100.0 * scored / total if total else 0.0
+                      steps.scored(mark, prompt, completion)]
     unpaired = 2 * len(data.train) if data.paired else len(data.train)
-    lines += ["---", f"scored tokens: {scored:,} of {total:,} ({share:.1f}%) in {len(examples):,} examples",
-              f"examples dropped before training (prompt alone fills max_length={training.max_length}): "
-              f"{unpaired - len(examples):,} of {unpaired:,}"]
-    return lines
+    return [*lines, "---", f"scored tokens: {scored:,} of {total:,} ({steps.percent(scored, total)}) in "
+            f"{len(examples):,} examples",
+            steps.dropped_line("examples", training.max_length, unpaired - len(examples), unpaired)]

@@ -119,9 +119,6 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     once, mark = bool(cfg.training.prompt_once), token_marker(tokenizer, color)
     data = load_pairs(cfg, tokenizer, tokenized=True)
 
-    def shown(ids: list[int]) -> str:
-        return mark(ids, [-100] * (len(ids) - 1) + [ids[-1]])
-
     def forwarded(chosen: list[int], rejected: list[int]) -> int:
         shared = shared_prefix(chosen, rejected) if once else 0
         return len(chosen) + len(rejected) - (shared - 1 if shared else 0)
@@ -136,7 +133,8 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
         if index < n:
             lines += [f"--- pair {index} (chosen {len(chosen)} tokens, rejected {len(rejected)}, common prefix "
                       f"{shared_prefix(chosen, rejected)}; forwarded {forwarded(chosen, rejected)}) ---",
-                      "chosen:   " + shown(chosen), "rejected: " + shown(rejected)]
+                      "chosen:   " + steps.scored(mark, chosen[:-1], chosen[-1:]),
+                      "rejected: " + steps.scored(mark, rejected[:-1], rejected[-1:])]
     lines += ["---", f"forwarded tokens: {flat:,} in {len(data.train):,} pairs (TRL's padded rows, one pair per batch: "
               f"{padded:,}; a larger batch pads to its longest sequence)"]
     return lines

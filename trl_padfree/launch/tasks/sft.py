@@ -82,9 +82,8 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     for labels in train["labels"]:
         total += len(labels)
         trained += sum(label != IGNORE_INDEX for label in labels)
-    share = 100.0 * trained / total if total else 0.0
     loaded, dropped = data.loaded.get("train", len(train)), data.dropped.get("train", 0)
-    lines += ["---", f"trained tokens: {trained:,} of {total:,} ({share:.1f}%) in {len(train):,} training examples "
+    lines += ["---", f"trained tokens: {trained:,} of {total:,} ({steps.percent(trained, total)}) in {len(train):,} training examples "
               f"(format: {data.text_format})",
               f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}"]
     if cfg.training.response_template is not None and data.checked:
