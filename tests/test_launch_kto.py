@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from launch_runs import (
-    assert_config_typo_named,
     assert_real_tokens_logged,
     assert_refused_in_one_line,
     demo_pairs_argv,
@@ -114,12 +113,6 @@ def test_bad_records_are_named(tmp_path):
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
     assert_refused_in_one_line("kto", kto_argv(tmp_path / "out", *extra), tmp_path / "out", message)
-
-
-def test_a_typo_in_the_config_file_names_the_key(tmp_path):
-    """Parsing comes first: the same line on every supported TRL."""
-    out = tmp_path / "out"
-    assert_config_typo_named("kto", kto_argv(out), out, "undesirable_weight", "undesirable_weigth")
 
 
 def test_preview_shows_the_examples():
