@@ -234,11 +234,7 @@ def fit(cfg: LaunchConfig, trainer: Any, data: Any, settings: dict[str, Any],
     if interrupted:
         checkpoint = os.path.join(output_dir, f"checkpoint-{state.global_step}")
     else:
-        try:  # saved before the final evaluation: a failing evaluation cannot lose the trained weights
-            _save_final_model(trainer, output_dir, run_id)
-        except RunError:
-            _end_run(trainer, "failed")
-            raise
+        _save_final_model(trainer, output_dir, run_id)  # before the final evaluation, which cannot lose the weights
         saved_to = output_dir
         if data.eval is not None and not any(
             "eval_loss" in e and e.get("step") == state.global_step for e in state.log_history
@@ -272,7 +268,8 @@ def scored_head(cfg: LaunchConfig) -> dict[str, Any]:
 
 def _save_final_model(trainer: Any, output_dir: str, run_id: str | None) -> None:
     """``trainer.save_model`` into a staging directory moved into ``output_dir`` once all is written: a failed save
-    (a full disk) leaves nothing partial and raises a :class:`RunError` naming the last complete checkpoint."""
+    (a full disk) leaves nothing partial, records the run as failed and raises a :class:`RunError` naming the last
+    complete checkpoint."""
     staging, main = os.path.join(output_dir, ".trl_padfree_final"), trainer.args.should_save
     error: BaseException | None = None
     try:
@@ -289,6 +286,7 @@ def _save_final_model(trainer: Any, output_dir: str, run_id: str | None) -> None
                  "space)" if last else "no checkpoint of this run was saved (save_strategy), so the trained "
                  "weights are lost")
         reason = one_line(error, limit=200) if error is not None else "it failed on another process"
+        _end_run(trainer, "failed")
         raise RunError(f"could not save the final model to {output_dir!r}: {reason}; {where}")
     if main:
         for name in sorted(os.listdir(staging)):

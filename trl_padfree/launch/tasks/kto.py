@@ -64,11 +64,10 @@ def load_kto_data(cfg: Any, tokenizer: Any) -> steps.Records:
 def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Records (or pairs, which TRL unpairs), policy, probe, reference model, trainer, train, save."""
     tokenizer, data = steps.load_data(cfg, load_kto_data)
-    good = len(data.train) if data.paired else sum(bool(v) for v in data.train["label"])
-    bad = len(data.train) if data.paired else len(data.train) - good
+    labels = [True, False] * len(data.train) if data.paired else [bool(v) for v in data.train["label"]]
     noun = "pairs" if data.paired else "examples"
     eval_noun = data.eval is not None and ("pairs" if "chosen" in data.eval.column_names else "examples")
-    steps.say_data(data, noun, f"; training examples: {good} desirable, {bad} undesirable"
+    steps.say_data(data, noun, f"; training examples: {sum(labels)} desirable, {len(labels) - sum(labels)} undesirable"
                    + (", each pair unpaired by TRL" if data.paired else ""), eval_noun)
     model, cfg = steps.load_policy(cfg)
     steps.probe_model(cfg, model, layout="preference")
