@@ -26,7 +26,7 @@ from .summary import run_summary, summary_lines
 from .tokenizer import load_tokenizer
 
 __all__ = ["Records", "RunError", "check_prompt_once", "dropped_line", "eval_summary", "fit", "load_data", "load_policy",
-           "load_reference", "make_trainer", "percent", "probe_model", "say_data", "scored"]
+           "load_reference", "make_trainer", "percent", "probe_model", "prompt_once_settings", "say_data", "scored"]
 
 
 class RunError(RuntimeError):
@@ -102,6 +102,11 @@ def check_prompt_once(cfg: LaunchConfig) -> None:
             f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
             f"{cfg.attn_implementation!r}: use auto or padfree")
     cfg.model.attn_implementation = "padfree"
+
+
+def prompt_once_settings(cfg: LaunchConfig) -> dict[str, Any]:
+    """The run line's and the summary's own fields of DPO, KTO and reward: ``prompt_once``."""
+    return {"prompt_once": bool(cfg.training.prompt_once)}
 
 
 def load_data(cfg: LaunchConfig, loader: Callable[[LaunchConfig, Any], Any]) -> tuple[Any, Any]:

@@ -24,9 +24,7 @@ __all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "load_preference_data", "p
 check = steps.check_prompt_once
 
 
-def settings(cfg: Any) -> dict[str, Any]:
-    """The run line's and the summary's own fields."""
-    return {"prompt_once": bool(cfg.training.prompt_once)}
+settings = steps.prompt_once_settings
 
 
 def load_preference_data(cfg: Any, tokenizer: Any) -> steps.Records:

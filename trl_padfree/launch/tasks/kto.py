@@ -29,7 +29,7 @@ check = steps.check_prompt_once
 
 def settings(cfg: Any) -> dict[str, Any]:
     """The run line's and the summary's own fields."""
-    return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
+    return {**steps.prompt_once_settings(cfg), "loss_type": cfg.training.loss_type}
 
 
 def check_kto_records(dataset: Any, source: str) -> None:
