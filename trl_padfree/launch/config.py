@@ -201,10 +201,7 @@ def build_parser(task: str = "sft") -> Any:
         return converted
 
     classes = argument_classes(task)
-    hints: dict[str, Any] = {}
-    for cls in classes:
-        for name, tp in typing.get_type_hints(cls).items():
-            hints.setdefault(name, tp)
+    hints = {name: tp for cls in reversed(classes) for name, tp in typing.get_type_hints(cls).items()}  # first wins
     parser = StrictTrlParser(classes, prog=prog(task), allow_abbrev=False,
                              usage=f"{prog(task)} --config configs/NAME.yaml [--field value ...]")
     parser.explicit = set()
