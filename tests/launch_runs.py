@@ -47,16 +47,6 @@ def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: s
     return lines[0].removeprefix(prefix)
 
 
-def assert_config_typo_named(task: str, argv: list[str], out: Path, key: str, typo: str) -> None:
-    """``argv``'s config file (``argv[1]``) with ``key`` misspelt ``typo`` is refused in one line that names both,
-    before anything is written to ``out``."""
-    config = out.parent / "typo.yaml"
-    config.write_text(Path(argv[1]).read_text(encoding="utf-8").replace(f"{key}:", f"{typo}:"), encoding="utf-8")
-    code, _, stderr = run_launch([argv[0], str(config), *argv[2:]], task)
-    assert code == 2 and not out.exists()
-    assert stderr.strip() == f"trl-padfree {task}: error: unknown key '{typo}' in {config}; did you mean '{key}'?"
-
-
 def demo_pairs_argv(config: Path, out: Path, *extra: str) -> list[str]:
     """``config`` (``argv[1]``) on the demo model and preference pairs, into ``out``: 4 steps on 32 training pairs,
     logged and evaluated on 8 eval pairs every 2 steps; ``extra`` last."""

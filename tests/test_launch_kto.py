@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from launch_runs import (
-    assert_config_typo_named,
     assert_real_tokens_logged,
     assert_refused_in_one_line,
     demo_pairs_argv,
@@ -57,7 +56,8 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
 
     line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval rewards: "))
     assert line == (f"[trl-padfree] eval rewards: desirable {pair('eval_rewards/chosen')}, undesirable "
-                    f"{pair('eval_rewards/rejected')} (margin {pair('eval_rewards/margins')}, KL {pair('eval_kl')})")
+                    f"{pair('eval_rewards/rejected')} (margin {pair('eval_rewards/margins')}, KL {pair('eval_kl')}; "
+                    "3 evaluations)")
     assert evals[-1]["eval_loss"] < evals[0]["eval_loss"]  # KTO's loss falls
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["global_step"] == 4 and summary["saved_to"] == str(out)
@@ -85,7 +85,7 @@ def test_unpaired_records_train_and_an_evaluation_without_a_margin_prints_no_nan
     line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval rewards: "))
     first, last = history[0], history[-1]
     assert line == (f"[trl-padfree] eval rewards: desirable {first['eval_rewards/chosen']:.3f} -> "
-                    f"{last['eval_rewards/chosen']:.3f} (KL {first['eval_kl']:.3f} -> {last['eval_kl']:.3f})")
+                    f"{last['eval_rewards/chosen']:.3f} (KL {first['eval_kl']:.3f} -> {last['eval_kl']:.3f}; 2 evaluations)")
 
 
 def test_bad_records_are_named(tmp_path):
@@ -113,12 +113,6 @@ def test_bad_records_are_named(tmp_path):
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, extra, message):
     assert_refused_in_one_line("kto", kto_argv(tmp_path / "out", *extra), tmp_path / "out", message)
-
-
-def test_a_typo_in_the_config_file_names_the_key(tmp_path):
-    """Parsing comes first: the same line on every supported TRL."""
-    out = tmp_path / "out"
-    assert_config_typo_named("kto", kto_argv(out), out, "undesirable_weight", "undesirable_weigth")
 
 
 def test_preview_shows_the_examples():

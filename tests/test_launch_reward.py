@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from launch_runs import (
-    assert_config_typo_named,
     assert_real_tokens_logged,
     assert_refused_in_one_line,
     demo_pairs_argv,
@@ -69,11 +68,6 @@ def test_pairs_all_longer_than_max_length_are_refused(tmp_path):
     assert_refused_in_one_line("reward", reward_argv(tmp_path / "out", "--max_length", "4"), tmp_path / "out",
                                "train_file: all 32 training pairs would be dropped: TRL drops one whose chosen or "
                                "rejected sequence has more than max_length=4 tokens (a reward is read at the end)")
-
-
-def test_a_typo_in_the_config_file_names_the_key(tmp_path):
-    out = tmp_path / "out"
-    assert_config_typo_named("reward", reward_argv(out), out, "center_rewards_coefficient", "center_reward_coefficient")
 
 
 def test_bad_records_are_named(tmp_path):

@@ -174,14 +174,6 @@ def build_parser(task: str = "sft") -> Any:
         convert = action.type or str
         boolean = getattr(convert, "__name__", "") == "string_to_bool"  # (HfArgumentParser's converter of a bool)
         names = [str(c.value if isinstance(c, Enum) else c) for c in action.choices or ()]
-        expected = ("true or false" if boolean else f"one of {', '.join(map(repr, names))}" if names
-                    else _KINDS.get(convert, getattr(convert, "__name__", "a value")))
-        if isinstance(value, (dict, list)):
-            expected = "a list" if action.nargs in ("+", "*") else expected
-        expected += " or null" if type(None) in args else ""
-        quote = "; quote it: 'no' (YAML reads a bare no as false)" if value is False and "no" in names else ""
-        wrong = ConfigError(f"wrong type for {key!r} in {parser.source}: expected {expected}, got {value!r} "
-                            f"({_KINDS.get(type(value), type(value).__name__)}){quote}")
         if value is None and (type(None) in args or action.default is None):
             return None
         if isinstance(value, (dict, list)) and any(a is type(value) or typing.get_origin(a) is type(value) for a in args):
@@ -190,23 +182,26 @@ def build_parser(task: str = "sft") -> Any:
             return [_checked(key, v, action, Any, item=True) for v in (value if isinstance(value, list) else [value])]
         if isinstance(value, bool) and key == "resume_from_checkpoint":  # (true: the newest checkpoint)
             return str(value).lower()
-        if (value is None or isinstance(value, (dict, list)) or (convert is int and isinstance(value, float))
-                or (isinstance(value, bool) and not boolean) or (boolean and not isinstance(value, (bool, str)))):
-            raise wrong
-        try:
+        try:  # (a number is converted from its text: int("2.0") refuses a float for an integer field)
+            if value is None or isinstance(value, (dict, list)) or isinstance(value, bool) != boolean and not (
+                    boolean and isinstance(value, str)):
+                raise TypeError
             converted = convert(value if isinstance(value, (str, bool)) else str(value))
         except (ValueError, TypeError, argparse.ArgumentTypeError):
-            raise wrong from None
+            expected = ("true or false" if boolean else f"one of {', '.join(map(repr, names))}" if names
+                        else _KINDS.get(convert, getattr(convert, "__name__", "a value")))
+            expected = "a list" if isinstance(value, (dict, list)) and action.nargs in ("+", "*") else expected
+            quote = "; quote it: 'no' (YAML reads a bare no as false)" if value is False and "no" in names else ""
+            raise ConfigError(f"wrong type for {key!r} in {parser.source}: expected {expected}"
+                              f"{' or null' if type(None) in args else ''}, got {value!r} "
+                              f"({_KINDS.get(type(value), type(value).__name__)}){quote}") from None
         if action.choices is not None and converted not in action.choices:
             raise ConfigError(f"invalid value for {key!r} in {parser.source}: {value!r} is not one of "
                               f"{', '.join(map(repr, names))}{_closest(str(value), names)}")
         return converted
 
     classes = argument_classes(task)
-    hints: dict[str, Any] = {}
-    for cls in classes:
-        for name, tp in typing.get_type_hints(cls).items():
-            hints.setdefault(name, tp)
+    hints = {name: tp for cls in reversed(classes) for name, tp in typing.get_type_hints(cls).items()}  # first wins
     parser = StrictTrlParser(classes, prog=prog(task), allow_abbrev=False,
                              usage=f"{prog(task)} --config configs/NAME.yaml [--field value ...]")
     parser.explicit = set()

@@ -25,8 +25,8 @@ from .resume import last_complete_checkpoint, write_json, write_run
 from .summary import run_summary, summary_lines
 from .tokenizer import load_tokenizer
 
-__all__ = ["Records", "RunError", "check_prompt_once", "first_last", "fit", "load_data", "load_policy",
-           "load_reference", "make_trainer", "probe_model", "say_data"]
+__all__ = ["Records", "RunError", "check_prompt_once", "dropped_line", "eval_summary", "fit", "load_data", "load_policy",
+           "load_reference", "make_trainer", "percent", "probe_model", "prompt_once_settings", "say_data", "scored"]
 
 
 class RunError(RuntimeError):
@@ -51,12 +51,45 @@ def say_data(data: Any, unit: str, extra: str = "", eval_unit: str | None = None
         + f" (format: {data.text_format}{extra})")
 
 
-def first_last(evals: list[dict[str, Any]], key: str, name: str = "") -> str | None:
-    """``"<name>first -> last"`` of ``key`` over the log entries ``evals`` (None where either lacks it: TRL logs a
-    figure only when an evaluation batch had what it needs)."""
-    if not evals or key not in evals[0] or key not in evals[-1]:
-        return None
-    return f"{name}{evals[0][key]:.3f} -> {evals[-1][key]:.3f}"
+def eval_summary(title: str, main: dict[str, str], extra: dict[str, str]) -> Callable[..., list[str]]:
+    """A recipe's summary lines (``fit``'s ``lines``): the shared lines plus ``"<title>: <main> (<extra>; N
+    evaluations)"``, each key of ``main`` / ``extra`` named by its value and shown first -> last evaluation (left out
+    where TRL did not log it: it logs a figure only when an evaluation batch had what it needs).
+
+    >>> kto = eval_summary("eval rewards", {"eval_rewards/chosen": "desirable ", "eval_rewards/rejected":
+    ...     "undesirable "}, {"eval_rewards/margins": "margin ", "eval_kl": "KL "})
+    >>> kto(["steps: 2/2"], [{"eval_rewards/chosen": 0.0, "eval_kl": 0.0}, {"eval_rewards/chosen": 0.5, "eval_kl": 0.1}])
+    ['steps: 2/2', 'eval rewards: desirable 0.000 -> 0.500 (KL 0.000 -> 0.100; 2 evaluations)']
+    >>> eval_summary("eval accuracy", {"eval_accuracy": ""}, {})([], [{"eval_accuracy": 0.5}])
+    ['eval accuracy: 0.500 (1 evaluation)']
+    """
+    def lines(shared: list[str], history: list[dict[str, Any]]) -> list[str]:
+        evals = [e for e in history if any(key in e for key in main)]
+        if not evals:
+            return list(shared)
+        first, last = evals[0], evals[-1]
+        shown = [[f"{name}{first[k]:.3f}" + (f" -> {last[k]:.3f}" if len(evals) > 1 else "")
+                  for k, name in keys.items() if k in first and k in last] for keys in (main, extra)]
+        inside = "; ".join(filter(None, [", ".join(shown[1]), f"{len(evals)} evaluation{'s' * (len(evals) > 1)}"]))
+        return [*shared, f"{title}: {', '.join(shown[0])} ({inside})"]
+
+    return lines
+
+
+def scored(mark: Callable[..., str], prompt: list[int], response: list[int]) -> str:
+    """``preview``'s text of ``prompt + response`` with the ``response`` tokens marked as scored (``mark``: a
+    :func:`~.preview.token_marker`)."""
+    return mark(prompt + response, [-100] * len(prompt) + response)
+
+
+def dropped_line(unit: str, max_length: Any, dropped: int, total: int) -> str:
+    """``preview``'s last line for DPO and KTO: the records TRL drops because the prompt alone fills ``max_length``."""
+    return f"{unit} dropped before training (prompt alone fills max_length={max_length}): {dropped:,} of {total:,}"
+
+
+def percent(part: float, whole: float) -> str:
+    """``part`` as a share of ``whole``: ``"12.5%"`` (``"0.0%"`` of nothing)."""
+    return f"{100.0 * part / whole if whole else 0.0:.1f}%"
 
 
 def check_prompt_once(cfg: LaunchConfig) -> None:
@@ -69,6 +102,11 @@ def check_prompt_once(cfg: LaunchConfig) -> None:
             f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
             f"{cfg.attn_implementation!r}: use auto or padfree")
     cfg.model.attn_implementation = "padfree"
+
+
+def prompt_once_settings(cfg: LaunchConfig) -> dict[str, Any]:
+    """The run line's and the summary's own fields of DPO, KTO and reward: ``prompt_once``."""
+    return {"prompt_once": bool(cfg.training.prompt_once)}
 
 
 def load_data(cfg: LaunchConfig, loader: Callable[[LaunchConfig, Any], Any]) -> tuple[Any, Any]:
@@ -201,11 +239,7 @@ def fit(cfg: LaunchConfig, trainer: Any, data: Any, settings: dict[str, Any],
     if interrupted:
         checkpoint = os.path.join(output_dir, f"checkpoint-{state.global_step}")
     else:
-        try:  # saved before the final evaluation: a failing evaluation cannot lose the trained weights
-            _save_final_model(trainer, output_dir, run_id)
-        except RunError:
-            _end_run(trainer, "failed")
-            raise
+        _save_final_model(trainer, output_dir, run_id)  # before the final evaluation, which cannot lose the weights
         saved_to = output_dir
         if data.eval is not None and not any(
             "eval_loss" in e and e.get("step") == state.global_step for e in state.log_history
@@ -239,7 +273,8 @@ def scored_head(cfg: LaunchConfig) -> dict[str, Any]:
 
 def _save_final_model(trainer: Any, output_dir: str, run_id: str | None) -> None:
     """``trainer.save_model`` into a staging directory moved into ``output_dir`` once all is written: a failed save
-    (a full disk) leaves nothing partial and raises a :class:`RunError` naming the last complete checkpoint."""
+    (a full disk) leaves nothing partial, records the run as failed and raises a :class:`RunError` naming the last
+    complete checkpoint."""
     staging, main = os.path.join(output_dir, ".trl_padfree_final"), trainer.args.should_save
     error: BaseException | None = None
     try:
@@ -256,6 +291,7 @@ def _save_final_model(trainer: Any, output_dir: str, run_id: str | None) -> None
                  "space)" if last else "no checkpoint of this run was saved (save_strategy), so the trained "
                  "weights are lost")
         reason = one_line(error, limit=200) if error is not None else "it failed on another process"
+        _end_run(trainer, "failed")
         raise RunError(f"could not save the final model to {output_dir!r}: {reason}; {where}")
     if main:
         for name in sorted(os.listdir(staging)):

@@ -240,19 +240,9 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
     return requested
 
 
-def _check_resume(cfg: LaunchConfig) -> None:
-    """Resolve ``resume_from_checkpoint`` to a complete checkpoint and decide the run id; refuse an output_dir
-    that holds another run unless ``overwrite_output_dir`` is set (see docs/faults.md)."""
-    from .distributed import restart_attempt
-    from .resume import resolve_auto_resume
-
-    # auto, or a worker restarted by torchrun; else false, true or a path
-    for name, value in (resolve_auto_resume(cfg, restart_attempt()) or _resume_fields(cfg)).items():
-        setattr(cfg, name, value)
-
-
 def _resume_fields(cfg: LaunchConfig) -> dict[str, Any]:
-    """The fields of ``cfg`` to set for ``resume_from_checkpoint`` false, true or a checkpoint path."""
+    """The fields of ``cfg`` to set for ``resume_from_checkpoint`` false, true or a checkpoint path (the run id
+    included); an output_dir that holds another run is refused unless ``overwrite_output_dir`` (docs/faults.md)."""
     from . import resume
 
     value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
@@ -283,6 +273,8 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     checks and settings (its ``check``), ``model_init_kwargs`` moved to the launcher, ``attn_implementation: auto``
     resolved for this machine, ``resume_from_checkpoint`` and the run id. With ``check_environment=False`` the last
     two and the checks that depend on this machine are skipped."""
+    from .distributed import restart_attempt
+    from .resume import resolve_auto_resume
     from .tasks import get_task
 
     _check_numbers(cfg)
@@ -301,7 +293,9 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
         cfg.attn_auto = cfg.attn_implementation == "auto"
         cfg.model.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, training_device(cfg))
         _check_output_dir(cfg.training.output_dir)
-        _check_resume(cfg)
+        # auto, or a worker restarted by torchrun; else false, true or a path
+        for name, value in (resolve_auto_resume(cfg, restart_attempt()) or _resume_fields(cfg)).items():
+            setattr(cfg, name, value)
     return cfg
 
 

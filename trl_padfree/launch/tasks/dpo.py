@@ -14,34 +14,17 @@ from trl_padfree.dpo import DPOTrainer as TRAINER
 
 from .. import steps
 from ..config import ChatArguments as ARGUMENTS
-from ..config import ConfigError
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 
 __all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "load_preference_data", "preference_summary", "preview",
            "run", "settings"]
 
 
-def check(cfg: Any) -> None:
-    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
-    fails at the first step); ``prompt_once``."""
-    from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
-
-    training = cfg.training
-    divergence = getattr(training, "f_divergence_type", "reverse_kl")
-    if divergence not in F_DIVERGENCE_TYPES:
-        raise ConfigError(f"f_divergence_type: {divergence!r} is not one TRL knows; use one of "
-                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl, the default, is standard DPO)")
-    losses = training.loss_type if isinstance(training.loss_type, list) else [training.loss_type]
-    unknown = [t for t in losses if t not in LOSS_TYPES]
-    if unknown and training.padding_free:
-        raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
-                          f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
-    steps.check_prompt_once(cfg)
+#: ``prompt_once``; the trainer refuses an unknown ``loss_type`` or ``f_divergence_type`` itself (exit 2)
+check = steps.check_prompt_once
 
 
-def settings(cfg: Any) -> dict[str, Any]:
-    """The run line's and the summary's own fields."""
-    return {"prompt_once": bool(cfg.training.prompt_once)}
+settings = steps.prompt_once_settings
 
 
 def load_preference_data(cfg: Any, tokenizer: Any) -> steps.Records:
@@ -64,20 +47,9 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     return steps.fit(cfg, trainer, data, settings(cfg), preference_summary)
 
 
-def preference_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The run's summary lines for DPO: the eval reward accuracy and margin added, first and last (at the start the
-    policy is the reference: every reward is 0, so no pair is won and the accuracy is 0).
-
-    >>> preference_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"eval_rewards/accuracies": 0.0,
-    ...     "eval_rewards/margins": 0.0}, {"eval_rewards/accuracies": 0.9, "eval_rewards/margins": 2.5}])
-    ['steps: 2/2', 'real tokens/s: 1,234', 'eval reward accuracy: 0.000 -> 0.900 (margin 0.000 -> 2.500)']
-    """
-    out = list(lines)
-    evals = [e for e in history if "eval_rewards/accuracies" in e]
-    if evals:
-        out.append(f"eval reward accuracy: {steps.first_last(evals, 'eval_rewards/accuracies')} "
-                   f"(margin {steps.first_last(evals, 'eval_rewards/margins')})")
-    return out
+#: The summary's line of a DPO run (at the start the policy is the reference: every reward is 0, so no pair is won)
+preference_summary = steps.eval_summary("eval reward accuracy", {"eval_rewards/accuracies": ""},
+                                        {"eval_rewards/margins": "margin "})
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
@@ -92,34 +64,19 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
 
     training, data = cfg.training, load_preference_data(cfg, tokenizer)
     pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training)
-    mark = token_marker(tokenizer, color)
-
-    def shown(prompt: list[int], response: list[int]) -> str:
-        return mark(prompt + response, [-100] * len(prompt) + response)
-
-    lines: list[str] = []
-    totals = {"tokens": 0, "chosen": 0, "rejected": 0, "once": 0}
+    mark, lines = token_marker(tokenizer, color), []
+    tokens = chosen_total = rejected_total = once = 0
     for index, pair in enumerate(pairs):
-        p_c, chosen = truncate_pair(pair["prompt_ids"], pair["chosen_ids"], training.max_length, training.truncation_mode)
-        p_r, rejected = truncate_pair(pair["prompt_ids"], pair["rejected_ids"], training.max_length,
-                                      training.truncation_mode)
-        totals["tokens"] += len(p_c) + len(chosen) + len(p_r) + len(rejected)
-        totals["chosen"] += len(chosen)
-        totals["rejected"] += len(rejected)
-        shared = p_c == p_r and bool(p_c)
-        totals["once"] += len(p_c) + len(chosen) + (1 + len(rejected) if shared else len(p_r) + len(rejected))
+        (p_c, chosen), (p_r, rejected) = (truncate_pair(pair["prompt_ids"], pair[f"{side}_ids"], training.max_length,
+                                                        training.truncation_mode) for side in ("chosen", "rejected"))
+        tokens += len(p_c) + len(chosen) + len(p_r) + len(rejected)
+        chosen_total, rejected_total = chosen_total + len(chosen), rejected_total + len(rejected)
+        once += len(p_c) + len(chosen) + (1 + len(rejected) if p_c == p_r and p_c else len(p_r) + len(rejected))
         if index < n:
-            lines.append(f"--- pair {index} (prompt {len(p_c)} tokens; scored: chosen {len(chosen)}, rejected "
-                         f"{len(rejected)}) ---")
-            lines.append("chosen:   " + shown(p_c, chosen))
-            lines.append("rejected: " + shown(p_r, rejected))
-    lines.append("---")
-    lines.append(f"scored tokens: chosen {totals['chosen']:,}, rejected {totals['rejected']:,} of {totals['tokens']:,} "
-                 f"tokens in {len(pairs):,} pairs (format: {data.text_format})")
-    saved = 100.0 * (1 - totals["once"] / totals["tokens"]) if totals["tokens"] else 0.0
-    lines.append(f"prompt_once forwards {totals['once']:,} tokens instead of {totals['tokens']:,} ({saved:.1f}% fewer)")
-    dropped = len(data.train) - len(pairs)
-    lines.append(f"pairs dropped before training (prompt alone fills max_length={training.max_length}): {dropped:,} "
-                 f"of {len(data.train):,}")
-    return lines
-
+            lines += [f"--- pair {index} (prompt {len(p_c)} tokens; scored: chosen {len(chosen)}, rejected "
+                      f"{len(rejected)}) ---", "chosen:   " + steps.scored(mark, p_c, chosen),
+                      "rejected: " + steps.scored(mark, p_r, rejected)]
+    return [*lines, "---", f"scored tokens: chosen {chosen_total:,}, rejected {rejected_total:,} of {tokens:,} tokens in "
+            f"{len(pairs):,} pairs (format: {data.text_format})",
+            f"prompt_once forwards {once:,} tokens instead of {tokens:,} ({steps.percent(tokens - once, tokens)} fewer)",
+            steps.dropped_line("pairs", training.max_length, len(data.train) - len(pairs), len(data.train))]

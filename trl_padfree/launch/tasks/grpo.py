@@ -107,7 +107,10 @@ def check_prompt_records(dataset: Any, source: str) -> None:
 
 
 def load_prompts(cfg: Any, tokenizer: Any) -> steps.Records:
-    """The training and eval prompt records, checked (TRL's trainer tokenizes them as it generates)."""
+    """The training and eval prompt records, checked (TRL's trainer tokenizes them as it generates), with the answer
+    column this package's rewards read (else the first step would fail inside the reward)."""
+    from trl_padfree.rewards import ANSWER_COLUMNS, REWARDS
+
     from ..data import load_splits
 
     train, eval_ds = load_splits(cfg.launch, cfg.training.seed, check=check_prompt_records)
@@ -115,23 +118,14 @@ def load_prompts(cfg: Any, tokenizer: Any) -> steps.Records:
     if conversational and getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(f"the prompts are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} "
                           "has no chat template; use text prompts")
-    check_answer_columns(cfg.launch.reward_funcs or [], train, "train_file" if cfg.launch.train_file else "dataset")
-    return steps.Records(train, eval_ds, "conversational" if conversational else "prompt")
-
-
-def check_answer_columns(reward_names: Any, dataset: Any, source: str) -> None:
-    """This package's rewards read the known answer from an ``answer`` (or ``chosen``) column: refuse records
-    without one before any work starts (else the first step fails inside the reward)."""
-    from trl_padfree.rewards import ANSWER_COLUMNS, REWARDS
-
-    names = [name for name in reward_names if name in REWARDS]
-    columns = set(getattr(dataset, "column_names", None) or [])
+    names, columns = [name for name in cfg.launch.reward_funcs or [] if name in REWARDS], set(train.column_names)
     if names and not columns & set(ANSWER_COLUMNS):
         raise ConfigError(
-            f"{source}: reward_funcs {', '.join(names)} score a completion against its known answer, but the records "
-            f"have no {' or '.join(repr(c) for c in ANSWER_COLUMNS)} column (columns: {', '.join(sorted(columns))}); "
-            "add the answer to each record or choose a reward that needs none (e.g. an import path 'module:function')"
-        )
+            f"{'train_file' if cfg.launch.train_file else 'dataset'}: reward_funcs {', '.join(names)} score a "
+            f"completion against its known answer, but the records have no "
+            f"{' or '.join(repr(c) for c in ANSWER_COLUMNS)} column (columns: {', '.join(sorted(columns))}); add the "
+            "answer to each record or choose a reward that needs none (e.g. an import path 'module:function')")
+    return steps.Records(train, eval_ds, "conversational" if conversational else "prompt")
 
 
 def prompt_once(cfg: Any) -> bool:

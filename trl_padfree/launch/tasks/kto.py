@@ -29,7 +29,7 @@ check = steps.check_prompt_once
 
 def settings(cfg: Any) -> dict[str, Any]:
     """The run line's and the summary's own fields."""
-    return {"prompt_once": bool(cfg.training.prompt_once), "loss_type": cfg.training.loss_type}
+    return {**steps.prompt_once_settings(cfg), "loss_type": cfg.training.loss_type}
 
 
 def check_kto_records(dataset: Any, source: str) -> None:
@@ -64,11 +64,10 @@ def load_kto_data(cfg: Any, tokenizer: Any) -> steps.Records:
 def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     """Records (or pairs, which TRL unpairs), policy, probe, reference model, trainer, train, save."""
     tokenizer, data = steps.load_data(cfg, load_kto_data)
-    good = len(data.train) if data.paired else sum(bool(v) for v in data.train["label"])
-    bad = len(data.train) if data.paired else len(data.train) - good
+    labels = [True, False] * len(data.train) if data.paired else [bool(v) for v in data.train["label"]]
     noun = "pairs" if data.paired else "examples"
     eval_noun = data.eval is not None and ("pairs" if "chosen" in data.eval.column_names else "examples")
-    steps.say_data(data, noun, f"; training examples: {good} desirable, {bad} undesirable"
+    steps.say_data(data, noun, f"; training examples: {sum(labels)} desirable, {len(labels) - sum(labels)} undesirable"
                    + (", each pair unpaired by TRL" if data.paired else ""), eval_noun)
     model, cfg = steps.load_policy(cfg)
     steps.probe_model(cfg, model, layout="preference")
@@ -79,29 +78,10 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     return steps.fit(cfg, trainer, data, settings(cfg), kto_summary)
 
 
-def kto_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a KTO run: the eval rewards of the desirable and undesirable completions, their margin
-    and the KL estimate, first and last evaluation.
-
-    >>> kto_summary(["steps: 2/2"], [
-    ...     {"eval_rewards/chosen": 0.0, "eval_rewards/rejected": 0.0, "eval_rewards/margins": 0.0, "eval_kl": 0.0},
-    ...     {"eval_rewards/chosen": 0.5, "eval_rewards/rejected": -0.7, "eval_rewards/margins": 1.2, "eval_kl": 0.1}])
-    ['steps: 2/2', 'eval rewards: desirable 0.000 -> 0.500, undesirable 0.000 -> -0.700 (margin 0.000 -> 1.200, KL 0.000 -> 0.100)']
-
-    A figure TRL did not log (``rewards/margins`` needs a batch with both kinds) is left out, not shown as nan:
-
-    >>> kto_summary([], [{"eval_rewards/chosen": 0.0, "eval_kl": 0.0}, {"eval_rewards/chosen": 0.5, "eval_kl": 0.1}])
-    ['eval rewards: desirable 0.000 -> 0.500 (KL 0.000 -> 0.100)']
-    """
-    out = list(lines)
-    evals = [e for e in history if "eval_rewards/chosen" in e or "eval_rewards/rejected" in e]
-    if evals:
-        rewards = [p for p in (steps.first_last(evals, "eval_rewards/chosen", "desirable "),
-                               steps.first_last(evals, "eval_rewards/rejected", "undesirable ")) if p]
-        extra = [p for p in (steps.first_last(evals, "eval_rewards/margins", "margin "), steps.first_last(evals, "eval_kl", "KL "))
-                 if p]
-        out.append("eval rewards: " + ", ".join(rewards) + (f" ({', '.join(extra)})" if extra else ""))
-    return out
+#: The summary's line of a KTO run: the eval rewards of the desirable and undesirable completions, margin and KL
+kto_summary = steps.eval_summary("eval rewards", {"eval_rewards/chosen": "desirable ",
+                                                  "eval_rewards/rejected": "undesirable "},
+                                 {"eval_rewards/margins": "margin ", "eval_kl": "KL "})
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
@@ -120,15 +100,12 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     total = scored = 0
     for index, ex in enumerate(examples):
         prompt, completion = truncate_pair(ex["prompt_ids"], ex["completion_ids"], training.max_length, "keep_start")
-        total += len(prompt) + len(completion)
-        scored += len(completion)
+        total, scored = total + len(prompt) + len(completion), scored + len(completion)
         if index < n:
             label = "desirable" if ex["label"] else "undesirable"
             lines += [f"--- example {index} ({label}; prompt {len(prompt)} tokens, completion {len(completion)}) ---",
-                      mark(prompt + completion, [-100] * len(prompt) + completion)]
-    share = 100.0 * scored / total if total else 0.0
+                      steps.scored(mark, prompt, completion)]
     unpaired = 2 * len(data.train) if data.paired else len(data.train)
-    lines += ["---", f"scored tokens: {scored:,} of {total:,} ({share:.1f}%) in {len(examples):,} examples",
-              f"examples dropped before training (prompt alone fills max_length={training.max_length}): "
-              f"{unpaired - len(examples):,} of {unpaired:,}"]
-    return lines
+    return [*lines, "---", f"scored tokens: {scored:,} of {total:,} ({steps.percent(scored, total)}) in "
+            f"{len(examples):,} examples",
+            steps.dropped_line("examples", training.max_length, unpaired - len(examples), unpaired)]

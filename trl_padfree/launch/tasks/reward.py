@@ -29,9 +29,7 @@ def check(cfg: Any) -> None:
         cfg.model.lora_task_type = "SEQ_CLS"
 
 
-def settings(cfg: Any) -> dict[str, Any]:
-    """The run line's and the summary's own fields."""
-    return {"prompt_once": bool(cfg.training.prompt_once)}
+settings = steps.prompt_once_settings
 
 
 def check_reward_records(dataset: Any, source: str) -> None:
@@ -45,20 +43,12 @@ def check_reward_records(dataset: Any, source: str) -> None:
                               f"gap the pair should have), got {value!r}; fix the record or drop the column")
 
 
-def load_pairs(cfg: Any, tokenizer: Any, tokenized: bool = False) -> steps.Records:
-    """The training and eval pairs, checked; for ``preview`` (``tokenized``) as TRL's ``RewardTrainer`` prepares
-    them (it drops pairs longer than ``max_length``). A run's trainer prepares them itself."""
+def load_pairs(cfg: Any, tokenizer: Any) -> steps.Records:
+    """The training and eval pairs, checked (TRL's ``RewardTrainer`` tokenizes them when it is built, dropping those
+    longer than ``max_length``)."""
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_reward_records)
-    text_format = ("conversational" if conversational else "prompt/chosen/rejected") + (
-        ", with margins" if "margin" in train.column_names else "")
-    data = steps.Records(train, eval_ds, text_format)
-    if not tokenized:
-        return data
-
-    prepared = steps.Records(*(prepared_by_trl(trl.RewardTrainer, dataset, tokenizer, cfg.training)
-                               for dataset in (train, eval_ds)), text_format)
-    dropped_by_trainer(cfg, (prepared.train, prepared.eval), data, rule=TOO_LONG, why=WHY)  # (as the trainer would)
-    return prepared
+    return steps.Records(train, eval_ds, ("conversational" if conversational else "prompt/chosen/rejected")
+                         + (", with margins" if "margin" in train.column_names else ""))
 
 
 #: which pairs TRL's RewardTrainer drops (dropped_by_trainer's rule), and why
@@ -105,26 +95,8 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     return steps.fit(cfg, trainer, data, settings(cfg), reward_summary)
 
 
-def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of a reward run: the eval accuracy and mean reward margin, first and last evaluation.
-
-    >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234"], [{"eval_accuracy": 0.5, "eval_margin": 0.01},
-    ...                                                         {"eval_accuracy": 0.9, "eval_margin": 1.5}])
-    ['steps: 2/2', 'real tokens/s: 1,234', 'eval accuracy: 0.500 -> 0.900 (reward margin 0.010 -> 1.500; 2 evaluations)']
-    >>> reward_summary([], [{"eval_accuracy": 0.5, "eval_margin": 0.01}])
-    ['eval accuracy: 0.500 (reward margin 0.010; 1 evaluation)']
-    """
-    out = list(lines)
-    evals = [e for e in history if "eval_accuracy" in e]
-    if len(evals) == 1:
-        out.append(f"eval accuracy: {evals[0]['eval_accuracy']:.3f} (reward margin "
-                   f"{evals[0].get('eval_margin', float('nan')):.3f}; 1 evaluation)")
-    elif evals:
-        first, last = evals[0], evals[-1]
-        out.append(f"eval accuracy: {first['eval_accuracy']:.3f} -> {last['eval_accuracy']:.3f} (reward margin "
-                   f"{first.get('eval_margin', float('nan')):.3f} -> {last.get('eval_margin', float('nan')):.3f}; "
-                   f"{len(evals)} evaluations)")
-    return out
+#: The summary's line of a reward run: the eval accuracy and mean reward margin
+reward_summary = steps.eval_summary("eval accuracy", {"eval_accuracy": ""}, {"eval_margin": "reward margin "})
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
@@ -135,26 +107,26 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     from ..preview import token_marker
 
     once, mark = bool(cfg.training.prompt_once), token_marker(tokenizer, color)
-    data = load_pairs(cfg, tokenizer, tokenized=True)
-
-    def shown(ids: list[int]) -> str:
-        return mark(ids, [-100] * (len(ids) - 1) + [ids[-1]])
+    data = load_pairs(cfg, tokenizer)  # as TRL's RewardTrainer prepares them, the pairs it drops said
+    train, eval_ds = (prepared_by_trl(trl.RewardTrainer, d, tokenizer, cfg.training) for d in (data.train, data.eval))
+    dropped_by_trainer(cfg, (train, eval_ds), data, rule=TOO_LONG, why=WHY)
 
     def forwarded(chosen: list[int], rejected: list[int]) -> int:
         shared = shared_prefix(chosen, rejected) if once else 0
         return len(chosen) + len(rejected) - (shared - 1 if shared else 0)
 
-    lines = [f"{len(data.train)} training pairs; each pair: the chosen and the rejected sequence, each scored at its "
+    lines = [f"{len(train)} training pairs; each pair: the chosen and the rejected sequence, each scored at its "
              f"last token (padding_free={cfg.padding_free}, prompt_once={once})"]
     flat = padded = 0
-    for index, pair in enumerate(data.train):
+    for index, pair in enumerate(train):
         chosen, rejected = list(pair["chosen_ids"]), list(pair["rejected_ids"])
         flat += forwarded(chosen, rejected)
         padded += 2 * max(len(chosen), len(rejected))
         if index < n:
             lines += [f"--- pair {index} (chosen {len(chosen)} tokens, rejected {len(rejected)}, common prefix "
                       f"{shared_prefix(chosen, rejected)}; forwarded {forwarded(chosen, rejected)}) ---",
-                      "chosen:   " + shown(chosen), "rejected: " + shown(rejected)]
-    lines += ["---", f"forwarded tokens: {flat:,} in {len(data.train):,} pairs (TRL's padded rows, one pair per batch: "
+                      "chosen:   " + steps.scored(mark, chosen[:-1], chosen[-1:]),
+                      "rejected: " + steps.scored(mark, rejected[:-1], rejected[-1:])]
+    lines += ["---", f"forwarded tokens: {flat:,} in {len(train):,} pairs (TRL's padded rows, one pair per batch: "
               f"{padded:,}; a larger batch pads to its longest sequence)"]
     return lines

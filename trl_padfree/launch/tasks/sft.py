@@ -74,17 +74,15 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     data = prepare_data(cfg, tokenizer)
     mark, train = token_marker(tokenizer, color), data.train
     lines: list[str] = []
-    for index in range(min(n, len(train))):
-        ids, labels = train[index]["input_ids"], train[index]["labels"]
-        trained = sum(label != IGNORE_INDEX for label in labels)
-        lines += [f"--- example {index} ({len(ids)} tokens, {trained} trained) ---", mark(ids, labels)]
     total = trained = 0
-    for labels in train["labels"]:
-        total += len(labels)
-        trained += sum(label != IGNORE_INDEX for label in labels)
-    share = 100.0 * trained / total if total else 0.0
+    for index, labels in enumerate(train["labels"]):
+        scored = sum(label != IGNORE_INDEX for label in labels)
+        total, trained = total + len(labels), trained + scored
+        if index < n:
+            lines += [f"--- example {index} ({len(labels)} tokens, {scored} trained) ---",
+                      mark(train[index]["input_ids"], labels)]
     loaded, dropped = data.loaded.get("train", len(train)), data.dropped.get("train", 0)
-    lines += ["---", f"trained tokens: {trained:,} of {total:,} ({share:.1f}%) in {len(train):,} training examples "
+    lines += ["---", f"trained tokens: {trained:,} of {total:,} ({steps.percent(trained, total)}) in {len(train):,} training examples "
               f"(format: {data.text_format})",
               f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}"]
     if cfg.training.response_template is not None and data.checked:
