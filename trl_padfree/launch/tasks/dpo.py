@@ -14,14 +14,29 @@ from trl_padfree.dpo import DPOTrainer as TRAINER
 
 from .. import steps
 from ..config import ChatArguments as ARGUMENTS
+from ..config import ConfigError
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 
 __all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "load_preference_data", "preference_summary", "preview",
            "run", "settings"]
 
 
-#: ``prompt_once``; the trainer refuses an unknown ``loss_type`` or ``f_divergence_type`` itself (exit 2)
-check = steps.check_prompt_once
+def check(cfg: Any) -> None:
+    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
+    fails at the first step); ``prompt_once``."""
+    from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
+
+    training = cfg.training
+    divergence = getattr(training, "f_divergence_type", "reverse_kl")
+    if divergence not in F_DIVERGENCE_TYPES:
+        raise ConfigError(f"f_divergence_type: {divergence!r} is not one TRL knows; use one of "
+                          f"{', '.join(F_DIVERGENCE_TYPES)} (reverse_kl, the default, is standard DPO)")
+    losses = training.loss_type if isinstance(training.loss_type, list) else [training.loss_type]
+    unknown = [t for t in losses if t not in LOSS_TYPES]
+    if unknown and training.padding_free:
+        raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
+                          f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
+    steps.check_prompt_once(cfg)
 
 
 settings = steps.prompt_once_settings
