@@ -23,10 +23,6 @@ class ConfigError(ValueError):
     """Bad user input: ``main`` prints the message as one line and exits with code 2, before any work starts."""
 
 
-class RefusedElsewhere(ConfigError):
-    """Another process of a multi-process run refused its config: this one stops too."""
-
-
 @dataclass
 class LaunchArguments:
     """Where the data comes from, and the launch's own settings (every trainer)."""
