@@ -378,23 +378,22 @@ def probe_logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     return logits.detach().float()[0]
 
 
-def _differences(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor] | None, rtol: float,
-                 count: int) -> tuple[float, tuple[float, ...]]:
-    """``(tolerance, max |got[i] - expected[i]| per sequence)``: ``rtol * max|expected|``, and ``inf`` for each of
-    the ``count`` sequences where the packed forward failed (``got`` None)."""
+def _report(model: nn.Module, setting: tuple[torch.device, torch.dtype, float], start: float, lengths: Sequence[int],
+            expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor] | None, error: str | None = None,
+            noise: float = 0.0, bypassed: bool = False, **fields: Any) -> PackingReport:
+    """The verdict on ``got[i]`` (packed) against ``expected[i]`` (alone): tolerance ``rtol * max|expected|``,
+    ``inf`` diffs where the packed forward failed (``got`` None, ``error``); the advice is the caller's."""
+    device, dtype, rtol = setting
     tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12 if expected else math.nan
-    if got is None:
-        return tolerance, (math.inf,) * count
-    return tolerance, tuple((g - e).abs().max().item() for g, e in zip(got, expected, strict=True))
-
-
-def _report(model: nn.Module, setting: tuple[torch.device, torch.dtype, float], start: float, status: str,
-            tolerance: float, diffs: Sequence[float], lengths: Sequence[int], **fields: Any) -> PackingReport:
-    device, dtype, _ = setting
+    diffs = ((math.inf,) * len(expected or lengths) if got is None
+             else tuple((g - e).abs().max().item() for g, e in zip(got, expected, strict=True)))
+    status = ("unsupported" if bypassed else "error" if error is not None else "inconclusive" if noise > tolerance
+              else "safe" if max(diffs) <= tolerance else "leaks")
     return PackingReport(
-        ok=status == "safe", status=status, max_abs_diff=max(diffs), tolerance=tolerance,
-        model_type=_model_type(model), attn_implementation=_attn_name(model), dtype=str(dtype).removeprefix("torch."), device=str(device),
-        lengths=tuple(lengths), example_diffs=tuple(diffs), seconds=time.perf_counter() - start, **fields)
+        ok=status == "safe", status=status, max_abs_diff=max(diffs), tolerance=tolerance, model_type=_model_type(model),
+        attn_implementation=_attn_name(model), advice="", dtype=str(dtype).removeprefix("torch."), device=str(device),
+        lengths=tuple(lengths), example_diffs=diffs, noise=noise, seconds=time.perf_counter() - start, error=error,
+        **fields)
 
 
 def _model_type(model: nn.Module) -> str:
@@ -547,27 +546,22 @@ def layout_report(
     gives for the sequence whose values alone are ``expected[i]`` (``got`` None where the packed forward failed
     with ``error``); ``batch`` and ``values`` name what was compared ("preference batch", "logits") and ``fix``
     the setting that turns padding-free off."""
-    tolerance, diffs = _differences(expected, got, setting[2], len(expected))
-    max_diff = max(diffs)
-    status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
-    layout = "prompt-once" if prompt_once else "padding-free"
-    attn = _attn_name(model)
+    report = _report(model, setting, start, lengths, expected, got, error)
+    layout, attn, status = "prompt-once" if prompt_once else "padding-free", _attn_name(model), report.status
+    changes = (f"the {layout} {batch} changes this model's {values} (max diff {report.max_abs_diff:.3g} > "
+               f"{report.tolerance:.3g})")
     if status == "safe":
         advice = ""
     elif status == "error":  # another attention would meet the same forward: nothing to recommend but the layout off
         advice = f"the {layout} {batch} fails in this model's forward ({error}); set {fix}."
     elif attn == ATTN_IMPLEMENTATION:  # never recommend the implementation that just leaked
-        advice = (
-            f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}) even "
-            f"with attn_implementation='padfree' (its layers compute something across the row); set {fix}."
-        )
+        advice = (f"{changes} even with attn_implementation='padfree' (its layers compute something across the "
+                  f"row); set {fix}.")
     else:
-        advice = (
-            f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}): its "
-            "attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
-            + ("" if prompt_once else " or 'flash_attention_2'") + f", or set {fix}."
-        )
-    return _report(model, setting, start, status, tolerance, diffs, lengths, advice=advice, noise=0.0, error=error)
+        flash = "" if prompt_once else " or 'flash_attention_2'"
+        advice = (f"{changes}: its attention lets packed sequences see each other. Load it with "
+                  f"attn_implementation='padfree'{flash}, or set {fix}.")
+    return dataclasses.replace(report, advice=advice)
 
 
 #: (prompt, chosen, rejected) lengths of the preference probe's pairs: uneven, so every boundary matters.
@@ -709,23 +703,16 @@ def assert_layout_packing_safe(model: nn.Module, layout: str, **kwargs: Any) -> 
     return report
 
 
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (tuple, list)):
-        return value[0] if value and isinstance(value[0], torch.Tensor) else None
-    return getattr(value, "last_hidden_state", None)
-
-
 def _record_rows(model: nn.Module, batch: Mapping[str, Any], length: int) -> tuple[list[str], dict[str, tuple]]:
     """Run ``batch``; for every submodule the first call's (input, output) tensors laid out ``(1, length, ...)``,
     and the order in which the modules finished."""
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     order: list[str] = []
 
-    def row(t: Any) -> torch.Tensor | None:
-        t = _first_tensor(t)
-        return t.detach().float() if t is not None and t.dim() >= 2 and tuple(t.shape[:2]) == (1, length) else None
+    def row(t: Any) -> torch.Tensor | None:  # a tensor, the first of a tuple, or a model output's last_hidden_state
+        t = t[0] if isinstance(t, (tuple, list)) and t else getattr(t, "last_hidden_state", t)
+        ok = isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[:2]) == (1, length)
+        return t.detach().float() if ok else None
 
     def hook(name: str) -> Callable[..., None]:
         def record(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -813,9 +800,7 @@ def check_packing(
     """
     lengths = tuple(int(n) for n in lengths)
     if len(lengths) < 2 or min(lengths) < 1:
-        raise ValueError(
-            f"check_packing needs at least 2 sequences of length >= 1; got lengths={list(lengths)}."
-        )
+        raise ValueError(f"check_packing needs at least 2 sequences of length >= 1; got lengths={list(lengths)}.")
     start = time.perf_counter()
     prepare_packed_layers(model)  # what the trainers do when training starts: recurrent layers reset at boundaries
     setting = device, _, rtol = probe_setting(model, rtol)
@@ -848,24 +833,12 @@ def check_packing(
         if packed.shape[0] != sum(lengths):
             raise ValueError(f"check_packing: packed logits have {packed.shape[0]} positions, expected {sum(lengths)}.")
         got = packed.split(lengths)
-    tolerance, diffs = _differences(alone, got, rtol, len(sequences))
-    max_diff = max(diffs)
-    if bypassed:
-        status = "unsupported"
-    elif error is not None:
-        status = "error"
-    elif noise > tolerance:
-        status = "inconclusive"
-    elif max_diff > tolerance or math.isnan(max_diff):
-        status = "leaks"
-    else:
-        status = "safe"
-    first_leak = None
+    report = _report(model, setting, start, lengths, alone, got, error, noise, bypassed, layer_kinds=kinds)
+    status, first_leak, tried = report.status, None, {}
     if status == "leaks":
         with deterministic_train_mode(model):
             first_leak = first_leaking_module(model, [_on(alone_batch(q), device) for q in sequences], packed_inputs,
                                               rtol=rtol)
-    tried: dict[str, str] = {}
     if try_alternatives and status in ("leaks", "error", "unsupported") and packed_inputs.get("use_cache") is False:
         for other in ALTERNATIVES:
             if other != attn:
@@ -874,8 +847,8 @@ def check_packing(
     advice = (f"the first module that mixes packed examples is {first_leak}; " if first_leak else "") + _advice(
         status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False,
         model_class=type(model).__name__, kinds=kinds, error=error, alternative=alternative)
-    return _report(model, setting, start, status, tolerance, diffs, lengths, advice=advice, noise=noise, error=error,
-                   layer_kinds=kinds, alternatives=tried, first_leak=first_leak)
+    return dataclasses.replace(report, advice=advice, alternatives=tried, first_leak=first_leak,
+                               seconds=time.perf_counter() - start)
 
 
 def _probe_with(model: nn.Module, attn: str, **kwargs: Any) -> str:
