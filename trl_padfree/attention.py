@@ -52,8 +52,7 @@ from .attention_backends import (
     torch_varlen_available,
     window_mask,
 )
-from .attention_common import KV_INDEX, PadfreeAttentionError
-from .attention_patches import POSITION_IDS, TEMPERATURE, apply_patches
+from .attention_patches import KV_INDEX, POSITION_IDS, TEMPERATURE, PadfreeAttentionError, apply_patches
 from .exception_text import one_line
 from .recurrent import note_mask, prepare_packed_config
 
@@ -65,6 +64,7 @@ __all__ = [
 ]  # fmt: skip
 
 ATTN_IMPLEMENTATION = "padfree"
+
 
 def pick_attn_implementation(device: str | torch.device | None = None) -> str:
     """Best attention implementation for padding-free training on ``device``.
