@@ -24,7 +24,7 @@ from .configs import SFTConfig as PadfreeSFTConfig
 from .configs import trainer_keywords, trainer_settings
 from .formatting import FormattingFunc, first_record
 from .recurrent import prepare_packed_layers, refuse_shared_prompt
-from .threads import checked_threads, torch_threads, training_threads
+from .threads import torch_threads, training_threads
 from .throughput import RealTokensLog
 
 
@@ -165,13 +165,6 @@ def loaded_through_a_tie(model: Any, missing_keys: list[str]) -> set[str]:
     }
 
 
-def checked_switch(name: str, value: Any) -> bool:
-    """``value`` if it is a bool, else a ValueError naming ``name``."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
 def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, main_process: bool = True, *,
                         temperature: float = 1.0, cast_lm_head_to_fp32: bool = False) -> str:
     """Add :func:`trl_padfree.scored_head.add_scored_head` to ``model`` (its base model under PEFT, where TRL adds
@@ -246,9 +239,8 @@ class PadfreeTrainerMixin(RealTokensLog):
         (``padfree``, else the ``padding_free`` setting, else ``args.padding_free``) and ``prompt_once``; refuse
         ``prompt_once`` without ``padding_free``."""
         settings = trainer_settings(trainer, args, **{**trainer_keywords(trainer, kwargs), **given})
-        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
-        if "scored_lm_head" in settings:
-            self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
+        self.torch_num_threads = settings["torch_num_threads"]
+        self.scored_lm_head = settings.get("scored_lm_head", True)
         if padfree is None:
             padfree = settings.get("padding_free", getattr(args, "padding_free", False))
         self.padfree = bool(padfree)
@@ -459,16 +451,8 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
         bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
         config = bound.get("args")
         settings = trainer_settings("SFTTrainer", config, **given)
-        self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
-        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
-        max_tokens_per_batch = settings["max_tokens_per_batch"]
-        if max_tokens_per_batch is not None and (
-            isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int)
-            or max_tokens_per_batch < 1
-        ):
-            raise ValueError(f"max_tokens_per_batch must be a positive integer (real tokens per mini-batch) or "
-                             f"None, got {max_tokens_per_batch!r}")
-        self.max_tokens_per_batch = max_tokens_per_batch
+        self.scored_lm_head, self.torch_num_threads = settings["scored_lm_head"], settings["torch_num_threads"]
+        self.max_tokens_per_batch = settings["max_tokens_per_batch"]
         self.token_budget_sampler: TokenBudgetBatchSampler | None = None
         collator = bound.get("data_collator")
         ours = isinstance(config, PadfreeSFTConfig)
