@@ -104,10 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         return bad(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N.")
     if device.startswith("cuda") and not torch.cuda.is_available():
         return bad(f"--device {args.device!r} asked for, but CUDA is not available here; use --device cpu.")
-    try:
-        import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
-    except ImportError as exc:
-        return bad(f'attn_implementation "padfree" needs trl_padfree.attention, which failed to import: {exc}')
     auto = args.attn_implementation == "auto"
     attn = _resolve(args.attn_implementation, device)
 

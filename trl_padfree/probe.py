@@ -572,23 +572,6 @@ DEFAULT_GROUPS: tuple[tuple[int, tuple[int, ...]], ...] = ((5, (3, 1, 4)), (2, (
 DEFAULT_REWARD_PAIRS: tuple[tuple[int, int, int], ...] = ((6, 4, 3), (3, 2, 6), (5, 5, 1), (1, 3, 2))
 
 
-def probe_rows(groups: Sequence[tuple[int, Sequence[int]]], vocab_size: int, pad_id: int | None,
-               seed: int = 0) -> list[tuple[list[int], list[int]]]:
-    """Random ``(prompt, completion)`` rows of ``groups``, interleaved as TRL's shuffle leaves them (g0c0, g1c0, ...).
-
-    >>> [(len(p), len(c)) for p, c in probe_rows(((3, (1, 2)), (2, (4,))), 50, None)]
-    [(3, 1), (2, 4), (3, 2)]
-    """
-    if not groups or any(p < 1 or not cs or min(cs) < 1 for p, cs in groups):
-        raise ValueError(f"probe groups need a prompt and completions of at least one token each, got {groups!r}")
-    seqs = iter(random_sequences([n for p, cs in groups for n in (p, *cs)], vocab_size, pad_id, seed))
-    per_group = []
-    for _, cs in groups:
-        prompt = next(seqs)
-        per_group.append([(prompt, next(seqs)) for _ in cs])
-    return [g[k] for k in range(max(len(g) for g in per_group)) for g in per_group if k < len(g)]
-
-
 def _preference_layout(shapes: Any, vocab: int, pad: int | None, seed: int, prompt_once: bool) -> tuple:
     from .preference import DataCollatorForPreference
 
@@ -608,7 +591,12 @@ def _preference_layout(shapes: Any, vocab: int, pad: int | None, seed: int, prom
 def _group_layout(shapes: Any, vocab: int, pad: int | None, seed: int, prompt_once: bool) -> tuple:
     from .rl_packing import pack_completion_rows
 
-    rows = probe_rows(shapes, vocab, pad, seed)
+    if not shapes or any(p < 1 or not cs or min(cs) < 1 for p, cs in shapes):
+        raise ValueError(f"probe groups need a prompt and completions of at least one token each, got {shapes!r}")
+    seqs = iter(random_sequences([n for p, cs in shapes for n in (p, *cs)], vocab, pad, seed))
+    per_group = [[(prompt, next(seqs)) for _ in cs] for prompt, cs in ((next(seqs), cs) for _, cs in shapes)]
+    # interleaved as TRL's shuffle leaves them: g0c0, g1c0, ..., g0c1, ...
+    rows = [g[k] for k in range(max(map(len, per_group))) for g in per_group if k < len(g)]
     p_width, c_width = max(len(p) for p, _ in rows), max(len(c) for _, c in rows)
     ids = torch.full((len(rows), p_width + c_width), pad if isinstance(pad, int) else 0, dtype=torch.long)
     mask = torch.zeros_like(ids)
