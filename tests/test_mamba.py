@@ -110,7 +110,7 @@ def test_chunk_scan_refuses_a_cache_and_boundaries_of_another_batch() -> None:
     with pytest.raises(ValueError, match="mamba2_chunk_scan: a packed row cannot continue or keep a recurrent "
                                          "cache; pass use_cache=False"):
         scan(**_chunk_inputs(), chunk_size=4, seq_idx=_seq_idx(LENGTHS), return_final_states=True)
-    with pytest.raises(ValueError, match=r"cover 20 tokens but the batch has 1x21; pass cu_seq_lens"):
+    with pytest.raises(ValueError, match=r"do not cover the layer's 1 x 21 tokens: pass the cumulative lengths"):
         scan(**_chunk_inputs(), chunk_size=4, cu_seqlens=torch.tensor([0, 7, 20], dtype=torch.int32))
 
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from .varlen import sequence_starts
+from .varlen import packed_bounds, packed_seq_idx, sequence_starts
 
 __all__ = ["KERNELS", "PackedLayout", "packed_chunk_scan", "packed_selective_scan", "packed_layout", "patch_model"]
 
@@ -147,18 +147,6 @@ def _starts_to_layout(starts: torch.Tensor, batch: int, length: int) -> PackedLa
     return PackedLayout(batch, length, tuple(groups), inverse)
 
 
-def _seq_idx_from_cu(cu: torch.Tensor, batch: int, length: int) -> torch.Tensor:
-    cu = cu.reshape(-1).to(torch.long)
-    if int(cu[-1]) != batch * length or int(cu[0]) != 0:
-        raise ValueError(
-            f"cu_seq_lens {cu.tolist() if cu.numel() <= 8 else tuple(cu.shape)} cover {int(cu[-1]) - int(cu[0])} "
-            f"tokens but the batch has {batch}x{length}; pass cu_seq_lens (or seq_idx) that describe exactly this "
-            "batch."
-        )
-    token = torch.arange(batch * length, device=cu.device)
-    return (torch.bucketize(token, cu[1:-1], right=True)).to(torch.int32).reshape(batch, length)
-
-
 def packed_layout(kwargs: dict[str, Any], batch: int, length: int) -> PackedLayout | None:
     """The sequences of a ``(batch, length)`` row from ``seq_idx`` ``(B, T)`` or ``cu_seqlens`` / ``cu_seq_lens_q``
     (1-D, over the flattened tokens); ``None`` when neither is given or every row is one sequence.
@@ -171,20 +159,8 @@ def packed_layout(kwargs: dict[str, Any], batch: int, length: int) -> PackedLayo
     >>> packed_layout({}, 1, 3) is None
     True
     """
-    seq_idx = kwargs.get("seq_idx")
-    if seq_idx is None:
-        cu = kwargs.get("cu_seqlens")
-        cu = kwargs.get("cu_seq_lens_q") if cu is None else cu
-        if cu is not None:
-            seq_idx = _seq_idx_from_cu(cu, batch, length)
-    if seq_idx is None:
-        return None
-    if tuple(seq_idx.shape) != (batch, length):
-        raise ValueError(
-            f"seq_idx has shape {tuple(seq_idx.shape)} but the layer runs a ({batch}, {length}) batch; pass the "
-            "seq_idx of this batch (one sequence index per token)."
-        )
-    return _starts_to_layout(sequence_starts(seq_idx), batch, length)
+    seq_idx = packed_seq_idx(batch, length, kwargs)
+    return None if seq_idx is None else _starts_to_layout(sequence_starts(seq_idx.expand(batch, length)), batch, length)
 
 
 def _packing_given(kwargs: dict[str, Any]) -> bool:
@@ -274,7 +250,7 @@ def _row_seq_idx(kwargs: dict[str, Any], shape: tuple[int, ...] | None) -> torch
         return seq_idx
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None:
-        return _seq_idx_from_cu(cu, *shape)
+        return packed_seq_idx(*shape, {"cu_seq_lens_q": cu}).to(torch.int32)
     position_ids = kwargs.get("position_ids")
     if position_ids is None or kwargs.get("attention_mask") is not None or position_ids.shape[-1] != shape[1]:
         return None
@@ -337,8 +313,7 @@ def _give_seq_idx(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) 
 
 def _cu_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
     """Where the sequences of ``seq_idx`` ``(B, T)`` start in its flattened tokens, plus the total: 1-D int32."""
-    flat = sequence_starts(seq_idx).reshape(-1).nonzero().reshape(-1)
-    return torch.cat([flat, flat.new_tensor([seq_idx.numel()])]).to(torch.int32)
+    return torch.tensor(packed_bounds(*seq_idx.shape, {"seq_idx": seq_idx}), dtype=torch.int32, device=seq_idx.device)
 
 
 def _layer_hands_boundaries(forward: Callable) -> Callable:
