@@ -18,6 +18,7 @@ from transformers import CONFIG_MAPPING
 
 from trl_padfree.families import EXACTNESS_LENGTHS, packed_vs_alone
 from trl_padfree.probe import packed_batch, random_sequences
+from trl_padfree.recurrent import conv as conv_module
 from trl_padfree.recurrent import hub_function, mamba, prepare_packed_layers
 
 LENGTHS = [7, 5, 9]  # with chunk_size 4: sequences that span chunks and start inside one
@@ -157,7 +158,7 @@ def test_selective_scan_packed_equals_each_sequence() -> None:
 
 
 def test_causal_conv1d_packed_equals_each_sequence() -> None:
-    _, conv = _kernel("bamba", "causal_conv1d_fn", mamba._conv_kernels())
+    _, conv = _kernel("bamba", "causal_conv1d_fn", conv_module.KERNELS)
     g = torch.Generator().manual_seed(2)
     inputs = {"hidden_states": torch.randn(1, 6, sum(LENGTHS), generator=g), "weight": torch.randn(6, 4, generator=g),
               "bias": torch.randn(6, generator=g)}

@@ -202,11 +202,6 @@ packed_selective_scan = _packed(
     ("hidden_states", "dt", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus", "return_last_state"), 2,
     ("hidden_states", "dt", "B", "C", "z"), ("return_last_state",),
 )
-# A depthwise causal convolution (B, C, T) (causal_conv1d_fn), for this module's tests where
-# trl_padfree.recurrent.conv (the package's convolution, same results) is not importable.
-_packed_causal_conv1d = _packed(
-    "causal_conv1d_fn", ("hidden_states", "weight", "bias", "activation"), 2, ("hidden_states",), ()
-)
 
 
 def _replacement(packed: Callable) -> Callable[[Callable], Callable]:
@@ -231,11 +226,6 @@ KERNELS: dict[str, Callable[[Callable], Callable]] = {
     "mamba_selective_state_update": _replacement(lambda original, *args, **kwargs: original(*args, **_plain(kwargs))),
 }
 """transformers' global name of a kernel function -> the factory of its packed torch replacement."""
-
-
-def _conv_kernels() -> dict[str, Callable[[Callable], Callable]]:
-    """The convolution's entry, for tests run without ``trl_padfree.recurrent.conv``."""
-    return {"causal_conv1d_fn": _replacement(_packed_causal_conv1d)}
 
 
 # ---------------------------------------------------------------------------------------------------------------
