@@ -359,31 +359,20 @@ class PadfreeTrainerMixin(RealTokensLog):
             config.use_cache = False
 
 
-def with_formatting_func_told(
-    args: tuple[Any, ...], kwargs: dict[str, Any], bound: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``SFTTrainer``'s arguments with ``formatting_func`` (if any) wrapped in a
-    :class:`~trl_padfree.formatting.FormattingFunc`, told on the first training (else eval) record how it is
-    written: per example (TRL 1.x) or for batches (TRL 0.10, the blog post's convention)."""
+def formatting_func_told(bound: dict[str, Any]) -> Any:
+    """``SFTTrainer``'s ``formatting_func`` (if any) wrapped in a :class:`~trl_padfree.formatting.FormattingFunc`,
+    told on the first training (else eval) record how it is written: per example (TRL 1.x) or for batches (TRL
+    0.10, the blog post's convention)."""
     func = bound.get("formatting_func")
     if func is None:
-        return args, kwargs
+        return None
     wrapped = FormattingFunc(func)
     record = first_record(bound.get("train_dataset"))
     record = record if record is not None else first_record(bound.get("eval_dataset"))
     dataset_kwargs = getattr(bound.get("args"), "dataset_kwargs", None) or {}
     if record is not None and "input_ids" not in record and not dataset_kwargs.get("skip_prepare_dataset"):
         wrapped.tell(record)  # (TRL ignores formatting_func on a tokenized dataset: then it is never called)
-    return with_argument(args, kwargs, "formatting_func", wrapped)
-
-
-def with_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
-                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``trl.SFTTrainer``'s arguments ``(args, kwargs)`` with ``name`` set to ``value``, where it was given."""
-    index = list(inspect.signature(trl.SFTTrainer.__init__).parameters).index(name) - 1  # no self
-    if name in kwargs or index >= len(args):
-        return args, {**kwargs, name: value}
-    return (*args[:index], value, *args[index + 1:]), kwargs
+    return wrapped
 
 
 def tokenizer_of(processing_class: Any, model: Any) -> Any:
@@ -449,23 +438,23 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     def __init__(self, *args: Any, **kwargs: Any):
         given = trainer_keywords("SFTTrainer", kwargs)
         bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
+        del bound["self"]
         config = bound.get("args")
         settings = trainer_settings("SFTTrainer", config, **given)
         self.scored_lm_head, self.torch_num_threads = settings["scored_lm_head"], settings["torch_num_threads"]
         self.max_tokens_per_batch = settings["max_tokens_per_batch"]
         self.token_budget_sampler: TokenBudgetBatchSampler | None = None
-        collator = bound.get("data_collator")
         ours = isinstance(config, PadfreeSFTConfig)
-        if ours and (built := config_collator(config, collator, bound)) is not collator:
-            collator = built
-            args, kwargs = with_argument(args, kwargs, "data_collator", collator)
+        if ours:
+            bound["data_collator"] = config_collator(config, bound.get("data_collator"), bound)
+        collator = bound.get("data_collator")
         check_trainer_args(config, collator)
-        args, kwargs = with_formatting_func_told(args, kwargs, bound)
+        bound["formatting_func"] = formatting_func_told(bound)
         own_padding_free = ours and config.padding_free
         if own_padding_free:
             config.padding_free = False  # TRL's own padding-free mode refuses a custom collator; the flat batch is ours
         try:
-            super().__init__(*args, **kwargs)
+            super().__init__(**bound)
         finally:
             if own_padding_free:
                 config.padding_free = True
