@@ -18,10 +18,10 @@ from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
 from .configs import RewardConfig
 from .preference import MODEL_KEYS
-from .reward_layout import DataCollatorForRewardPairs, position_scores, score_head, scores_of  # noqa: F401
+from .reward_layout import DataCollatorForRewardPairs, score_head, scores_of
 from .trainer import PadfreeTrainerMixin
 
-__all__ = ["RewardConfig", "RewardTrainer", "position_scores", "score_head", "scores_of"]
+__all__ = ["RewardConfig", "RewardTrainer"]
 
 
 class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
