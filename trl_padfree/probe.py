@@ -100,7 +100,7 @@ _ATTENTION_KINDS = {
     "compressed_sparse_attention": "compressed sparse attention",
     "heavily_compressed_attention": "compressed attention",
 }  # fmt: skip
-_ATTENTION_NAMES = frozenset({*_ATTENTION_KINDS.values(), "sliding-window attention", "full attention"})
+_ATTENTION_NAMES = frozenset(_ATTENTION_KINDS.values())
 
 
 def _text_config(model: nn.Module) -> Any:

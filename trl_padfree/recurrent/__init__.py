@@ -57,17 +57,9 @@ from .varlen import PackedRowError, note_mask
 KERNEL_MODULES: list[ModuleType] = [conv, delta_rule, mamba]  # each contributes KERNELS (and maybe patch_model)
 
 __all__ = [
-    "KERNEL_MODULES",
-    "PackedRowError",
-    "hub_function",
-    "kernels",
-    "note_mask",
-    "prepare_packed_config",
-    "prepare_packed_layers",
-    "recurrent_layer_types",
-    "refuse_shared_prompt",
-    "torch_fallback_name",
-]
+    "KERNEL_MODULES", "PackedRowError", "hub_function", "kernels", "note_mask", "prepare_packed_config",
+    "prepare_packed_layers", "recurrent_layer_types", "refuse_shared_prompt", "torch_fallback_name",
+]  # fmt: skip
 
 _REPLACED = "__trl_padfree_original__"  # attribute of a replacement: the function it wraps
 _DONE_MODULES: dict[str, list[str]] = {}  # modeling module -> its globals prepare_packed_config replaced
