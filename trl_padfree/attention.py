@@ -184,15 +184,6 @@ def padfree_mask(
     return cu_seq_lens
 
 
-def _unsupported(module: torch.nn.Module, feature: str, advice: str) -> PadfreeAttentionError:
-    config = getattr(module, "config", None)
-    model_type = getattr(config, "model_type", None) or type(module).__name__
-    return PadfreeAttentionError(
-        f"attn_implementation='padfree' does not support {feature}, which model type {model_type!r} uses. "
-        f"{advice}"
-    )
-
-
 def _boundaries(
     query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]
 ) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
@@ -300,11 +291,12 @@ def padfree_attention_forward(
     chunk = _attention_chunk(module)
     if chunk is not None and kwargs.get(KV_INDEX) is not None:
         if bounds is None or bounds[0] is bounds[1]:
-            raise _unsupported(
-                module,
-                f"chunked attention (attention_chunk_size={chunk}) with prompt keys shared by several responses "
-                f"({KV_INDEX}) but no cu_seq_lens_q/k of the shared layout",
-                "Pass the collator's batch as it is, or hold each prompt once per response (prompt_once=False).",
+            model_type = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
+            raise PadfreeAttentionError(
+                f"attn_implementation='padfree' does not support chunked attention (attention_chunk_size={chunk}) "
+                f"with prompt keys shared by several responses ({KV_INDEX}) but no cu_seq_lens_q/k of the shared "
+                f"layout, which model type {model_type!r} uses. Pass the collator's batch as it is, or hold each "
+                "prompt once per response (prompt_once=False)."
             )
         *bounds, keep = _chunked_shared(bounds, chunk)
         kwargs[KV_INDEX] = kwargs[KV_INDEX].to(keep.device)[keep]
