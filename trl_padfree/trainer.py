@@ -59,13 +59,12 @@ class PackingCheckCallback(TrainerCallback):
     def __init__(self, layout: str | None = None, prompt_once: bool = False, models: list[Any] | tuple[Any, ...] = (),
                  **probe_kwargs: Any) -> None:
         self.layout, self.prompt_once, self.models, self.probe_kwargs = layout, prompt_once, list(models), probe_kwargs
-        self.reports: list[Any] = []
-        self.report = None
+        self.report = None  # the trained model's (the first probed)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         from .probe import assert_layout_packing_safe, assert_packing_safe, training_rtol
 
-        for m in [] if self.reports else [model, *self.models]:
+        for m in [] if self.report is not None else [model, *self.models]:
             if m is None:
                 continue
             kwargs = {"rtol": training_rtol(args), **self.probe_kwargs}
@@ -73,7 +72,6 @@ class PackingCheckCallback(TrainerCallback):
                 report = assert_packing_safe(m, **kwargs)
             else:
                 report = assert_layout_packing_safe(m, self.layout, prompt_once=self.prompt_once, **kwargs)
-            self.reports.append(report)
             self.report = self.report or report
             if state.is_world_process_zero:
                 print(probe_passed_line(report, self.layout, self.prompt_once), flush=True)
