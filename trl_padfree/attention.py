@@ -48,7 +48,6 @@ from .attention_backends import (
     run_varlen_attention,
     scores_attention,
     select_backend,
-    slow_cuda_reason,
     torch_varlen_available,
     window_mask,
 )
@@ -59,8 +58,7 @@ from .recurrent import note_mask, prepare_packed_config
 __all__ = [
     "ATTN_IMPLEMENTATION", "KV_INDEX", "BACKENDS", "PadfreeAttentionError", "counting_calls",
     "cu_seq_lens_from_position_ids", "flash_attn_available", "load_error_reason", "padfree_attention_forward",
-    "padfree_mask", "pick_attn_implementation", "register", "select_backend", "slow_cuda_reason",
-    "torch_varlen_available",
+    "padfree_mask", "pick_attn_implementation", "register", "select_backend", "torch_varlen_available",
 ]  # fmt: skip
 
 ATTN_IMPLEMENTATION = "padfree"
