@@ -187,25 +187,6 @@ def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, mai
     return f"trl: {reason}"
 
 
-def refuse_shared_prompt_aux_loss(trainer: Any, what: str = "prompt_once=True") -> None:
-    """Refuse a shared prompt while TRL adds a MoE router load-balancing loss (``aux_loss_enabled``): that loss
-    averages router statistics over the tokens forwarded, and a prompt forwarded once instead of once per response
-    changes it (measured on a tiny gpt-oss: gradients 2e-3 relative off), so the run would differ from padding.
-
-    >>> class T: aux_loss_enabled = True
-    >>> refuse_shared_prompt_aux_loss(T())
-    Traceback (most recent call last):
-    ...
-    ValueError: prompt_once=True with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: ...
-    """
-    if getattr(trainer, "aux_loss_enabled", False):
-        raise ValueError(
-            f"{what} with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: that loss "
-            "averages over the tokens forwarded, and a shared prompt is forwarded once instead of once per response. "
-            "Set router_aux_loss_coef=0.0 in the trainer's config, or prompt_once=False."
-        )
-
-
 def require_padfree_attention(model: Any, what: str = "prompt_once=True") -> None:
     """Refuse a model whose attention would ignore :data:`~trl_padfree.attention.KV_INDEX` (shared prompt keys), or
     that has recurrent layers, which cannot share a prompt's state (:func:`trl_padfree.recurrent.refuse_shared_prompt`)."""
@@ -261,7 +242,12 @@ class PadfreeTrainerMixin(RealTokensLog):
                 ref, ref_outputs, self.scored_lm_head, main, **head)
         if self.prompt_once:
             what = "prompt_once=True" + (" (siblings must not see each other)" if layout == "group" else "")
-            refuse_shared_prompt_aux_loss(self, what)
+            if getattr(self, "aux_loss_enabled", False):  # (a tiny gpt-oss: gradients 2e-3 relative off)
+                raise ValueError(
+                    f"{what} with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: that "
+                    "loss averages over the tokens forwarded, and a shared prompt is forwarded once instead of once "
+                    "per response. Set router_aux_loss_coef=0.0 in the trainer's config, or prompt_once=False."
+                )
             for m in (self.accelerator.unwrap_model(self.model), ref):
                 if m is not None:
                     require_padfree_attention(m, what)
