@@ -277,21 +277,15 @@ def _model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
-    """Lowest floating precision the model computes in (autocast counts), to choose the tolerance."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
-        if dtype in dtypes:
-            return dtype
-    return torch.float32
-
-
 def probe_setting(model: nn.Module, rtol: float | None) -> tuple[torch.device, torch.dtype, float]:
     """``(device, compute dtype, tolerance)`` of a probe of ``model``: ``rtol``, or the dtype's default."""
     device = _model_device(model)
-    dtype = _compute_dtype(model, device)
+    if torch.is_autocast_enabled(device.type):  # the lowest floating precision the model computes in
+        dtype = torch.get_autocast_dtype(device.type)
+    else:
+        dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+        order = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+        dtype = next((d for d in order if d in dtypes), torch.float32)
     return device, dtype, DEFAULT_RTOL.get(dtype, 1e-4) if rtol is None else rtol
 
 

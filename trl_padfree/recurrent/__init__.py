@@ -155,11 +155,6 @@ def _patch_module(module: ModuleType, factories: dict[str, Callable[[Callable], 
     return names
 
 
-def _modeling_modules(model: Any) -> list[ModuleType]:
-    names = dict.fromkeys(type(sub).__module__ for sub in (model.modules() if hasattr(model, "modules") else [model]))
-    return [sys.modules[name] for name in names if name in sys.modules]
-
-
 def prepare_packed_layers(model: Any) -> list[str]:
     """Make ``model``'s recurrent layers restart at every sequence boundary of a packed row (see the module docs).
 
@@ -170,8 +165,10 @@ def prepare_packed_layers(model: Any) -> list[str]:
     """
     factories = kernels()
     names: list[str] = []
-    for module in _modeling_modules(model):
-        names += _patch_module(module, factories)
+    subs = model.modules() if hasattr(model, "modules") else [model]
+    for name in dict.fromkeys(type(sub).__module__ for sub in subs):
+        if name in sys.modules:  # the modeling module of every submodule
+            names += _patch_module(sys.modules[name], factories)
     for kernel_module in KERNEL_MODULES:
         patch_model = getattr(kernel_module, "patch_model", None)
         if patch_model is not None:
