@@ -155,18 +155,6 @@ def layer_kinds(model: nn.Module) -> tuple[str, ...]:
     return (*kinds, *recurrent)
 
 
-def kernel_packages(kinds: Sequence[str]) -> str | None:
-    """The kernel packages the recurrent layers among ``kinds`` need for packed rows, or None when none does.
-
-    >>> kernel_packages(["full attention", "gated delta rule"])
-    'causal-conv1d and flash-linear-attention'
-    >>> kernel_packages(["full attention"]) is None
-    True
-    """
-    packages = [_KERNELS[k] for k in kinds if k in _KERNELS]
-    return max(packages, key=len) if packages else None
-
-
 class PackingLeakError(ValueError):
     """Raised by :func:`assert_packing_safe` when packed examples do not stay apart; ``.report`` has details."""
 
@@ -435,7 +423,7 @@ def _advice(
     'gpt_oss builds its eager attention mask without position_ids, so packed examples see each other, and no other attention implementation the probe tried is safe for it; set padding_free=False.'
     """
     use = _alternative_text(alternative, kinds)
-    packages = kernel_packages(kinds)
+    packages = max((_KERNELS[k] for k in kinds if k in _KERNELS), key=len, default=None)  # the kernels they need
     recurrent = [k for k in kinds if k in _KERNELS]
     stateful = bool(recurrent) or model_type in _STATEFUL_LAYERS
     layers = " / ".join(recurrent) if recurrent else "state-space/linear-attention"
