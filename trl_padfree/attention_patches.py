@@ -262,18 +262,11 @@ PATCHED_FAMILIES: dict[str, tuple[str, Callable[[Any], None]]] = {
 _applied: set[str] = set()
 
 
-def _model_types(config: Any) -> list[str]:
-    types = [getattr(config, "model_type", None)]
-    text = getattr(config, "text_config", None) if hasattr(config, "get_text_config") else None
-    if text is not None and text is not config:
-        types.append(getattr(text, "model_type", None))
-    return [t for t in types if t]
-
-
 def apply_patches(config: Any) -> list[str]:
     """Patch the modeling code of ``config``'s family (and its text config's) once; the modules patched now."""
     done = []
-    for model_type in _model_types(config):
+    text_config = getattr(config, "text_config", None)
+    for model_type in (getattr(config, "model_type", None), getattr(text_config, "model_type", None)):
         entry = PATCHED_FAMILIES.get(model_type)
         if entry is None or entry[0] in _applied:
             continue

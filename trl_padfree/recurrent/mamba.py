@@ -301,11 +301,6 @@ def _give_seq_idx(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) 
     return args, kwargs
 
 
-def _cu_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
-    """Where the sequences of ``seq_idx`` ``(B, T)`` start in its flattened tokens, plus the total: 1-D int32."""
-    return torch.tensor(packed_bounds(*seq_idx.shape, {"seq_idx": seq_idx}), dtype=torch.int32, device=seq_idx.device)
-
-
 def _layer_hands_boundaries(forward: Callable) -> Callable:
     """A decoder layer that calls its Mamba-1 mixer with only ``hidden_states``, ``cache`` and ``attention_mask``
     (``JambaMambaDecoderLayer``): the row's boundaries go to the mixer as the ``attention_mask`` argument, a 1-D
@@ -329,7 +324,8 @@ def _layer_hands_boundaries(forward: Callable) -> Callable:
                 "attention_mask; pass one or the other, not both."
             )
         bound = signature.bind(*args, **kwargs)
-        bound.arguments["attention_mask"] = _cu_from_seq_idx(seq_idx.to(hidden_states.device))
+        bounds = packed_bounds(*seq_idx.shape, {"seq_idx": seq_idx})  # sequence starts in the flat row, plus the total
+        bound.arguments["attention_mask"] = torch.tensor(bounds, dtype=torch.int32, device=hidden_states.device)
         return forward(*bound.args, **bound.kwargs)
 
     return patched
