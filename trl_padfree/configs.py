@@ -36,8 +36,6 @@ from typing import Any
 
 import trl
 
-from .threads import checked_threads
-
 __all__ = [
     "DPOConfig", "GRPOConfig", "KTOConfig", "PADFREE_CONFIGS", "RLOOConfig", "RewardConfig", "SFTConfig", "UNSET",
     "checked_setting", "is_padfree_config", "trainer_keywords", "trainer_settings",
@@ -64,7 +62,9 @@ def checked_setting(owner: str, name: str, value: Any) -> Any:
         if isinstance(value, str) and value != "auto":
             text = value.strip()
             value = None if text.lower() in _NULL_WORDS else int(text) if text.isdigit() else value
-        return checked_threads(value)
+        if value is not None and value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"torch_num_threads must be 'auto', a positive integer or None, got {value!r}")
+        return value
     if name == "max_tokens_per_batch":
         if isinstance(value, str) and value.strip().isdigit():
             value = int(value)
