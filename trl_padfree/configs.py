@@ -38,7 +38,7 @@ import trl
 
 __all__ = [
     "DPOConfig", "GRPOConfig", "KTOConfig", "PADFREE_CONFIGS", "RLOOConfig", "RewardConfig", "SFTConfig", "UNSET",
-    "checked_setting", "is_padfree_config", "trainer_keywords", "trainer_settings",
+    "checked_setting", "trainer_keywords", "trainer_settings",
 ]  # fmt: skip
 
 
@@ -222,15 +222,6 @@ class KTOConfig(_ScoredHeadFields, trl.KTOConfig):
 PADFREE_CONFIGS: dict[str, type] = {
     c.__name__.replace("Config", "Trainer"): c for c in (SFTConfig, DPOConfig, GRPOConfig, RLOOConfig, RewardConfig,
                                                          KTOConfig)}
-
-
-def is_padfree_config(args: Any) -> bool:
-    """Whether ``args`` is one of this package's configs (which carry its fields).
-
-    >>> is_padfree_config(SFTConfig(output_dir="out", report_to="none", bf16=False)), is_padfree_config(None)
-    (True, False)
-    """
-    return isinstance(args, tuple(PADFREE_CONFIGS.values()))
 
 
 def _caller_stacklevel() -> int:

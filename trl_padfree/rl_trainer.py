@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import trl
 
-from .configs import UNSET, is_padfree_config, trainer_keywords
+from .configs import PADFREE_CONFIGS, UNSET, trainer_keywords
 from .preference import MODEL_KEYS
 from .rl_packing import pack_completion_rows, scatter_scores
 from .trainer import PadfreeTrainerMixin
@@ -73,7 +73,8 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
         given = trainer_keywords(trl_class.__name__, kwargs)  # (not TRL's: out of kwargs before binding them)
         config = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs).arguments.get("args")
         # a package config: its field (or the keyword); another config: its padding_free attribute, as before
-        padfree = None if is_padfree_config(config) else resolve_padding_free(padding_free, config)
+        own = isinstance(config, tuple(PADFREE_CONFIGS.values()))
+        padfree = None if own else resolve_padding_free(padding_free, config)
         settings = self._padfree_settings(trl_class.__name__, config, {}, padfree,
                                           padding_free=UNSET if padding_free is None else padding_free, **given)
         self.pack_totals: dict[str, Counter] = {"train": Counter(), "no_grad": Counter()}
