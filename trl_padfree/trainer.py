@@ -144,25 +144,6 @@ def keep_rank_batches(loader: Any, sampler: TokenBudgetBatchSampler) -> None:
         shard.set_epoch = sampler.set_epoch
 
 
-def loaded_through_a_tie(model: Any, missing_keys: list[str]) -> set[str]:
-    """The missing keys that share their tensor with a parameter that was loaded (tied weights).
-
-    >>> import torch
-    >>> m = torch.nn.ModuleDict({"emb": torch.nn.Embedding(4, 2), "head": torch.nn.Linear(2, 4, bias=False)})
-    >>> m["head"].weight = m["emb"].weight
-    >>> sorted(loaded_through_a_tie(m, ["head.weight"])), sorted(loaded_through_a_tie(m, ["head.weight", "emb.weight"]))
-    (['head.weight'], [])
-    """
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    missing = set(missing_keys)
-    return {
-        name for names in groups.values() if len(names) > 1 and not missing.issuperset(names)
-        for name in names if name in missing
-    }
-
-
 def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, main_process: bool = True, *,
                         temperature: float = 1.0, cast_lm_head_to_fp32: bool = False) -> str:
     """Add :func:`trl_padfree.scored_head.add_scored_head` to ``model`` (its base model under PEFT, where TRL adds
@@ -285,7 +266,11 @@ class PadfreeTrainerMixin(RealTokensLog):
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """transformers' check, without calling a tied weight (saved once, under the name it is tied to) missing:
         ``Trainer`` warned "missing keys ... ['lm_head.weight']" on every resume of a model with tied embeddings."""
-        tied = loaded_through_a_tie(self.model, list(load_result.missing_keys))
+        names_of: dict[int, list[str]] = {}  # the names of every parameter tensor (several where tied)
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            names_of.setdefault(id(param), []).append(name)
+        missing_now = set(load_result.missing_keys)
+        tied = {n for names in names_of.values() if len(names) > 1 and not missing_now.issuperset(names) for n in names}
         missing = [k for k in load_result.missing_keys if k not in tied]
         if len(missing) != len(load_result.missing_keys):
             load_result = load_result._replace(missing_keys=missing)
