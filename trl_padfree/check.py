@@ -48,11 +48,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _looks_like_path(name: str) -> bool:
-    """True when ``name`` can only be a local path (hub names are ``name`` or ``org/name``)."""
-    return name.startswith(("/", ".", "~")) or os.path.isabs(name) or name.count("/") > 1 or "\\" in name
-
-
 def _load(model_path: str, attn: str | None, args: argparse.Namespace, device: str) -> Any:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
@@ -83,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args.model = package_path(args.model)  # trl_padfree/demo/model from any directory: the installed package's
     model_path = os.path.expanduser(args.model)
-    if _looks_like_path(args.model) and not os.path.exists(model_path):
+    name = args.model  # only a local path when it cannot be a hub name (``name`` or ``org/name``)
+    local = name.startswith(("/", ".", "~")) or os.path.isabs(name) or name.count("/") > 1 or "\\" in name
+    if local and not os.path.exists(model_path):
         return bad(f"model path {args.model!r} does not exist; pass a model directory (config.json + weights).")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     try:

@@ -761,10 +761,8 @@ def check_packing(
     forward that raises, or ``"padfree"`` refusing the model, is the verdict ``"error"``; a model that fails on an
     ordinary batch raises (that is not a packing question).
 
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-    ...                      num_attention_heads=2, num_key_value_heads=2)
-    >>> report = check_packing(LlamaForCausalLM._from_config(config, attn_implementation="sdpa"))
+    >>> from trl_padfree.testing import tiny_llama
+    >>> report = check_packing(tiny_llama(vocab_size=64, attn_implementation="sdpa"))
     >>> report.ok, report.status, report.model_type, report.attn_implementation
     (True, 'safe', 'llama', 'sdpa')
     """
@@ -850,12 +848,10 @@ def uses_padfree_attention(model: nn.Module) -> bool:
     not go through its ``AttentionInterface`` (BLOOM, MPT, XGLM, state-space models) never call it. One short
     forward pass without gradients tells; a forward that raises before reaching the attention counts as not.
 
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-    ...                      num_attention_heads=2, num_key_value_heads=2)
-    >>> uses_padfree_attention(LlamaForCausalLM._from_config(config, attn_implementation="padfree"))
+    >>> from trl_padfree.testing import tiny_llama
+    >>> uses_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="padfree"))
     True
-    >>> uses_padfree_attention(LlamaForCausalLM._from_config(config, attn_implementation="sdpa"))
+    >>> uses_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="sdpa"))
     False
     """
     ids = torch.tensor([[1, 2, 3, 1]], device=_model_device(model)) % max(model_vocab_size(model), 1)
