@@ -29,12 +29,8 @@ A kernel module contributes ``KERNELS: dict[str, Callable[[Callable], Callable]]
 matches) -> a factory taking transformers' torch function and returning its replacement; and optionally
 ``patch_model(model) -> list[str]`` for patches of methods, run by :func:`prepare_packed_layers`.
 
->>> from transformers import Qwen3_5TextConfig, AutoModelForCausalLM
->>> config = Qwen3_5TextConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-...     layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
-...     head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
-...     linear_value_head_dim=8)
->>> model = AutoModelForCausalLM.from_config(config)
+>>> from trl_padfree.families import tiny_family_model
+>>> model = tiny_family_model("qwen3_5_text", "sdpa")  # Qwen3.5: gated delta rule layers with short convolutions
 >>> prepare_packed_layers(model)
 ['qwen3_5.causal_conv1d_fn', 'qwen3_5.torch_chunk_gated_delta_rule', 'qwen3_5.torch_recurrent_gated_delta_rule']
 >>> recurrent_layer_types(model)
