@@ -90,22 +90,6 @@ def probe_passed_line(report: Any, layout: str | None = None, prompt_once: bool 
             f"apart (max {compared} diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
 
 
-def example_lengths(dataset: Any, column: str = "input_ids") -> list[int]:
-    """The token count of every example of a tokenized dataset (its ``input_ids`` lengths), by index."""
-    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
-        raise ValueError(
-            "max_tokens_per_batch needs a training dataset with a length (a datasets.Dataset or a map-style "
-            "torch Dataset), not an iterable/streaming one: drop max_tokens_per_batch or load the data in memory"
-        )
-    column_names = getattr(dataset, "column_names", None)
-    if column_names is not None:
-        if column not in column_names:
-            raise ValueError(f"max_tokens_per_batch needs a tokenized dataset with a {column!r} column; it has "
-                             f"{column_names}")
-        return [len(ids) for ids in dataset[column]]
-    return [len(dataset[i][column]) for i in range(len(dataset))]
-
-
 def token_budget_dataloader(trainer: Any, max_tokens: int) -> Any:
     """The training ``DataLoader`` of ``trainer`` with token-budget mini-batches, prepared by its accelerator: a
     :class:`~trl_padfree.batching.TokenBudgetBatchSampler` per rank (seeded by ``data_seed``, else ``seed``), which
@@ -114,8 +98,19 @@ def token_budget_dataloader(trainer: Any, max_tokens: int) -> Any:
     from transformers.trainer_utils import seed_worker
 
     args, dataset = trainer.args, trainer.train_dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            "max_tokens_per_batch needs a training dataset with a length (a datasets.Dataset or a map-style "
+            "torch Dataset), not an iterable/streaming one: drop max_tokens_per_batch or load the data in memory"
+        )
+    column_names = getattr(dataset, "column_names", None)  # the token count of every example, by index
+    if column_names is not None and "input_ids" not in column_names:
+        raise ValueError(f"max_tokens_per_batch needs a tokenized dataset with a 'input_ids' column; it has "
+                         f"{column_names}")
+    lengths = ([len(ids) for ids in dataset["input_ids"]] if column_names is not None
+               else [len(dataset[i]["input_ids"]) for i in range(len(dataset))])
     sampler = TokenBudgetBatchSampler(
-        example_lengths(dataset), max_tokens, shuffle=True, seed=args.data_seed if args.data_seed is not None
+        lengths, max_tokens, shuffle=True, seed=args.data_seed if args.data_seed is not None
         else args.seed, num_replicas=trainer.accelerator.num_processes, rank=trainer.accelerator.process_index,
         drop_last=args.dataloader_drop_last)
     collator = trainer.data_collator
