@@ -194,8 +194,7 @@ class TokenText:
         # tokens whose leading space may be one the tokenizer inserted (see the module docstring)
         self.space_first = np.fromiter((t[:1] == b" " for t in table), dtype=bool, count=len(table)) & ~self.added
         self._skips = self.quirks.space_after_added
-        lengths = np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
-        self.lengths = lengths
+        self.lengths = lengths = np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
         self.offsets = np.zeros(len(table), dtype=np.int64)
         if len(table) > 1:
             np.cumsum(lengths[:-1], out=self.offsets[1:])
