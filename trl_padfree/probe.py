@@ -223,8 +223,7 @@ class PackingReport:
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON dict of the report (``inf`` becomes None)."""
         out = dataclasses.asdict(self)
-        out["lengths"], out["example_diffs"] = list(self.lengths), list(self.example_diffs)
-        out["layer_kinds"] = list(self.layer_kinds)
+        out.update({k: list(getattr(self, k)) for k in ("lengths", "example_diffs", "layer_kinds")})
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
@@ -855,11 +854,8 @@ def uses_padfree_attention(model: nn.Module) -> bool:
     False
     """
     ids = torch.tensor([[1, 2, 3, 1]], device=_model_device(model)) % max(model_vocab_size(model), 1)
-    with torch.no_grad(), counting_calls() as calls:
-        try:
-            model(input_ids=ids, use_cache=False)
-        except Exception:  # noqa: BLE001  (the answer is in the counter)
-            pass
+    with torch.no_grad(), counting_calls() as calls, contextlib.suppress(Exception):  # the answer is in the counter
+        model(input_ids=ids, use_cache=False)
     return calls[0] > 0
 
 
