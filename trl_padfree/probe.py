@@ -259,9 +259,7 @@ def _model_device(model: nn.Module) -> torch.device:
     weight = getattr(_input_embeddings(model), "weight", None)
     if isinstance(weight, torch.Tensor):
         return weight.device
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def probe_setting(model: nn.Module, rtol: float | None) -> tuple[torch.device, torch.dtype, float]:
@@ -822,8 +820,7 @@ def _probe_with(model: nn.Module, attn: str, **kwargs: Any) -> str:
     """The probe's status for ``model`` with attention implementation ``attn`` (``"not offered"`` when the model
     cannot switch to it, ``"error"`` when the probe raises); the model's own implementation is restored after."""
     switch = getattr(model, "set_attn_implementation", None)
-    config = getattr(model, "config", None)
-    original = getattr(config, "_attn_implementation", None)
+    original = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if not callable(switch) or not isinstance(original, str):
         return "not offered"
     try:
