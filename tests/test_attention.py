@@ -351,7 +351,7 @@ BOTH = {**H100, "flash_attn_installed": True}
 ])  # fmt: skip
 def test_backend_choice_and_why_a_cuda_call_takes_the_loop(device, dtype, options, backend, reason):
     assert attention.select_backend(device, dtype, **options) == decide_backend(device, dtype, **options)[0] == backend
-    why = attention.slow_cuda_reason(device, dtype, **options)
+    why = decide_backend(device, dtype, **options)[1]
     assert why is None if reason is None else re.search(reason, why), why
 
 

@@ -18,6 +18,7 @@ from transformers import CONFIG_MAPPING
 
 from trl_padfree.families import EXACTNESS_LENGTHS, packed_vs_alone
 from trl_padfree.probe import packed_batch, random_sequences
+from trl_padfree.recurrent import conv as conv_module
 from trl_padfree.recurrent import hub_function, mamba, prepare_packed_layers
 
 LENGTHS = [7, 5, 9]  # with chunk_size 4: sequences that span chunks and start inside one
@@ -110,7 +111,7 @@ def test_chunk_scan_refuses_a_cache_and_boundaries_of_another_batch() -> None:
     with pytest.raises(ValueError, match="mamba2_chunk_scan: a packed row cannot continue or keep a recurrent "
                                          "cache; pass use_cache=False"):
         scan(**_chunk_inputs(), chunk_size=4, seq_idx=_seq_idx(LENGTHS), return_final_states=True)
-    with pytest.raises(ValueError, match=r"cover 20 tokens but the batch has 1x21; pass cu_seq_lens"):
+    with pytest.raises(ValueError, match=r"do not cover the layer's 1 x 21 tokens: pass the cumulative lengths"):
         scan(**_chunk_inputs(), chunk_size=4, cu_seqlens=torch.tensor([0, 7, 20], dtype=torch.int32))
 
 
@@ -157,7 +158,7 @@ def test_selective_scan_packed_equals_each_sequence() -> None:
 
 
 def test_causal_conv1d_packed_equals_each_sequence() -> None:
-    _, conv = _kernel("bamba", "causal_conv1d_fn", mamba._conv_kernels())
+    _, conv = _kernel("bamba", "causal_conv1d_fn", conv_module.KERNELS)
     g = torch.Generator().manual_seed(2)
     inputs = {"hidden_states": torch.randn(1, 6, sum(LENGTHS), generator=g), "weight": torch.randn(6, 4, generator=g),
               "bias": torch.randn(6, generator=g)}

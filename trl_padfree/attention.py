@@ -48,23 +48,21 @@ from .attention_backends import (
     run_varlen_attention,
     scores_attention,
     select_backend,
-    slow_cuda_reason,
     torch_varlen_available,
     window_mask,
 )
-from .attention_common import KV_INDEX, PadfreeAttentionError
-from .attention_patches import POSITION_IDS, TEMPERATURE, apply_patches
+from .attention_patches import KV_INDEX, POSITION_IDS, TEMPERATURE, PadfreeAttentionError, apply_patches
 from .exception_text import one_line
 from .recurrent import note_mask, prepare_packed_config
 
 __all__ = [
     "ATTN_IMPLEMENTATION", "KV_INDEX", "BACKENDS", "PadfreeAttentionError", "counting_calls",
     "cu_seq_lens_from_position_ids", "flash_attn_available", "load_error_reason", "padfree_attention_forward",
-    "padfree_mask", "pick_attn_implementation", "register", "select_backend", "slow_cuda_reason",
-    "torch_varlen_available",
+    "padfree_mask", "pick_attn_implementation", "register", "select_backend", "torch_varlen_available",
 ]  # fmt: skip
 
 ATTN_IMPLEMENTATION = "padfree"
+
 
 def pick_attn_implementation(device: str | torch.device | None = None) -> str:
     """Best attention implementation for padding-free training on ``device``.
@@ -184,15 +182,6 @@ def padfree_mask(
     return cu_seq_lens
 
 
-def _unsupported(module: torch.nn.Module, feature: str, advice: str) -> PadfreeAttentionError:
-    config = getattr(module, "config", None)
-    model_type = getattr(config, "model_type", None) or type(module).__name__
-    return PadfreeAttentionError(
-        f"attn_implementation='padfree' does not support {feature}, which model type {model_type!r} uses. "
-        f"{advice}"
-    )
-
-
 def _boundaries(
     query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None, kwargs: dict[str, Any]
 ) -> tuple[torch.Tensor, torch.Tensor, int, int] | None:
@@ -300,11 +289,12 @@ def padfree_attention_forward(
     chunk = _attention_chunk(module)
     if chunk is not None and kwargs.get(KV_INDEX) is not None:
         if bounds is None or bounds[0] is bounds[1]:
-            raise _unsupported(
-                module,
-                f"chunked attention (attention_chunk_size={chunk}) with prompt keys shared by several responses "
-                f"({KV_INDEX}) but no cu_seq_lens_q/k of the shared layout",
-                "Pass the collator's batch as it is, or hold each prompt once per response (prompt_once=False).",
+            model_type = getattr(getattr(module, "config", None), "model_type", None) or type(module).__name__
+            raise PadfreeAttentionError(
+                f"attn_implementation='padfree' does not support chunked attention (attention_chunk_size={chunk}) "
+                f"with prompt keys shared by several responses ({KV_INDEX}) but no cu_seq_lens_q/k of the shared "
+                f"layout, which model type {model_type!r} uses. Pass the collator's batch as it is, or hold each "
+                "prompt once per response (prompt_once=False)."
             )
         *bounds, keep = _chunked_shared(bounds, chunk)
         kwargs[KV_INDEX] = kwargs[KV_INDEX].to(keep.device)[keep]

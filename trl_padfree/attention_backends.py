@@ -123,19 +123,6 @@ def select_backend(device: torch.device | str, dtype: torch.dtype, **options: An
     return decide_backend(device, dtype, **options)[0]
 
 
-def slow_cuda_reason(device: torch.device | str, dtype: torch.dtype, **options: Any) -> str | None:
-    """Why a CUDA call gets the exact but slower per-sequence loop, and what to change (warned once); else None.
-
-    >>> print(slow_cuda_reason("cuda", torch.bfloat16, flash_attn_installed=False, torch_varlen_installed=False,
-    ...                        cuda_capability=(9, 0)))
-    no varlen kernel: flash-attn is not installed and this PyTorch has no torch.nn.attention.varlen.varlen_attn \
-with window_size (PyTorch 2.11+); pip install flash-attn, or upgrade torch
-    >>> slow_cuda_reason("cpu", torch.float32) is None
-    True
-    """
-    return decide_backend(device, dtype, **options)[1]
-
-
 def decide_backend(
     device: torch.device | str, dtype: torch.dtype, *, dropout: float = 0.0, head_dim: int = 64,
     softcap: bool = False, sinks: bool = False, flash_attn_installed: bool | None = None,
@@ -152,6 +139,10 @@ def decide_backend(
 
     >>> decide_backend("cpu", torch.float32)
     ('sdpa_loop', None)
+    >>> print(decide_backend("cuda", torch.bfloat16, flash_attn_installed=False, torch_varlen_installed=False,
+    ...                      cuda_capability=(9, 0))[1])
+    no varlen kernel: flash-attn is not installed and this PyTorch has no torch.nn.attention.varlen.varlen_attn \
+with window_size (PyTorch 2.11+); pip install flash-attn, or upgrade torch
     """
     device = torch.device(device)
     if device.type != "cuda":

@@ -45,11 +45,24 @@ from typing import Any
 
 import torch
 
-from .attention_common import KV_INDEX, PadfreeAttentionError
-
-__all__ = ["PATCHED_FAMILIES", "apply_patches", "padfree_active"]
+__all__ = ["KV_INDEX", "PATCHED_FAMILIES", "PadfreeAttentionError", "apply_patches", "padfree_active"]
 
 ATTN_IMPLEMENTATION = "padfree"
+KV_INDEX = "padfree_kv_index"
+"""Keyword argument (a 1-D int64 tensor over the flattened tokens) that lays out the keys/values of a packed row.
+
+When a forward passes it, key and value tokens are gathered with it before the varlen kernel runs, and
+``cu_seq_lens_k`` / ``max_length_k`` describe the gathered keys. A token can so serve as a key of several query
+segments: a prompt computed once is attended to by the chosen and by the rejected response of a preference pair
+(:mod:`trl_padfree.preference`). Only ``"padfree"`` reads it; other implementations would ignore it, so callers
+must refuse them (:func:`~trl_padfree.trainer.require_padfree_attention`).
+"""
+
+
+class PadfreeAttentionError(ValueError):
+    """A model feature that the ``"padfree"`` attention implementation cannot compute exactly."""
+
+
 POSITION_IDS = "padfree_position_ids"
 """Keyword argument by which the Llama-4 patch hands ``position_ids`` to the attention function."""
 TEMPERATURE = "padfree_temperature"
@@ -249,18 +262,11 @@ PATCHED_FAMILIES: dict[str, tuple[str, Callable[[Any], None]]] = {
 _applied: set[str] = set()
 
 
-def _model_types(config: Any) -> list[str]:
-    types = [getattr(config, "model_type", None)]
-    text = getattr(config, "text_config", None) if hasattr(config, "get_text_config") else None
-    if text is not None and text is not config:
-        types.append(getattr(text, "model_type", None))
-    return [t for t in types if t]
-
-
 def apply_patches(config: Any) -> list[str]:
     """Patch the modeling code of ``config``'s family (and its text config's) once; the modules patched now."""
     done = []
-    for model_type in _model_types(config):
+    text_config = getattr(config, "text_config", None)
+    for model_type in (getattr(config, "model_type", None), getattr(text_config, "model_type", None)):
         entry = PATCHED_FAMILIES.get(model_type)
         if entry is None or entry[0] in _applied:
             continue

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from .attention import pick_attn_implementation
 from .attn_fallback import ModelLoadError, load_with_fallback
 from .probe import DEFAULT_LENGTHS, check_packing
 
@@ -45,24 +46,6 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
-
-
-def _looks_like_path(name: str) -> bool:
-    """True when ``name`` can only be a local path (hub names are ``name`` or ``org/name``)."""
-    return name.startswith(("/", ".", "~")) or os.path.isabs(name) or name.count("/") > 1 or "\\" in name
-
-
-def _resolve(requested: str, device: str) -> str | None:
-    """The attention implementation to load: ``auto`` as ``trl-padfree train`` resolves it, ``default`` -> None.
-
-    >>> _resolve("auto", "cpu"), _resolve("default", "cpu"), _resolve("sdpa", "cpu")
-    ('padfree', None, 'sdpa')
-    """
-    from .attention import pick_attn_implementation
-
-    if requested == "auto":
-        return pick_attn_implementation(device)
-    return None if requested == "default" else requested
 
 
 def _load(model_path: str, attn: str | None, args: argparse.Namespace, device: str) -> Any:
@@ -95,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
 
     args.model = package_path(args.model)  # trl_padfree/demo/model from any directory: the installed package's
     model_path = os.path.expanduser(args.model)
-    if _looks_like_path(args.model) and not os.path.exists(model_path):
+    name = args.model  # only a local path when it cannot be a hub name (``name`` or ``org/name``)
+    local = name.startswith(("/", ".", "~")) or os.path.isabs(name) or name.count("/") > 1 or "\\" in name
+    if local and not os.path.exists(model_path):
         return bad(f"model path {args.model!r} does not exist; pass a model directory (config.json + weights).")
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     try:
@@ -104,12 +89,9 @@ def main(argv: list[str] | None = None) -> int:
         return bad(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N.")
     if device.startswith("cuda") and not torch.cuda.is_available():
         return bad(f"--device {args.device!r} asked for, but CUDA is not available here; use --device cpu.")
-    try:
-        import trl_padfree.attention  # noqa: F401  (registers attn_implementation="padfree")
-    except ImportError as exc:
-        return bad(f'attn_implementation "padfree" needs trl_padfree.attention, which failed to import: {exc}')
-    auto = args.attn_implementation == "auto"
-    attn = _resolve(args.attn_implementation, device)
+    auto = args.attn_implementation == "auto"  # as `trl-padfree train` resolves it; "default": the model's own
+    attn = {"auto": pick_attn_implementation(device), "default": None}.get(args.attn_implementation,
+                                                                           args.attn_implementation)
 
     def note(message: str) -> None:  # stdout stays pure JSON with --json
         print(f"note: {message}", file=sys.stderr if args.json else sys.stdout)

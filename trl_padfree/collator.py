@@ -241,13 +241,9 @@ class DataCollatorForCompletionOnlyLM(DataCollatorMixin):
                           "template's own end of turn is; strip the trailing whitespace of the text (text.rstrip()) so "
                           "that TRL appends nothing", stacklevel=2)
 
-    def _pad_id(self) -> int:
-        tok = self.tokenizer
-        for attr in ("pad_token_id", "eos_token_id"):
-            value = getattr(tok, attr, None)
-            if value is not None:
-                return int(value)
-        return 0  # padding is masked by position, so its id never matters
+    def _pad_id(self) -> int:  # the pad, else the EOS id (padding is masked by position: its id never matters)
+        ids = (getattr(self.tokenizer, "pad_token_id", None), getattr(self.tokenizer, "eos_token_id", None))
+        return int(next((i for i in ids if i is not None), 0))
 
     # ------------------------------------------------------------ reporting
     def _head(self, ids: np.ndarray, cu: np.ndarray, i: int, n: int = 60) -> str:

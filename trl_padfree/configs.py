@@ -36,11 +36,9 @@ from typing import Any
 
 import trl
 
-from .threads import checked_threads
-
 __all__ = [
     "DPOConfig", "GRPOConfig", "KTOConfig", "PADFREE_CONFIGS", "RLOOConfig", "RewardConfig", "SFTConfig", "UNSET",
-    "is_padfree_config", "trainer_keywords", "trainer_settings",
+    "checked_setting", "trainer_keywords", "trainer_settings",
 ]  # fmt: skip
 
 
@@ -57,30 +55,35 @@ UNSET: Any = _Unset()
 _NULL_WORDS = frozenset({"none", "null", "~"})
 
 
-def _bool(config: Any, name: str) -> None:
-    value = getattr(config, name)
+def checked_setting(owner: str, name: str, value: Any) -> Any:
+    """A setting of this package given to ``owner`` (a config or trainer), checked; text from YAML or the command
+    line read as the value it spells. A bad value is a ``ValueError`` naming the fix."""
+    if name == "torch_num_threads":
+        if isinstance(value, str) and value != "auto":
+            text = value.strip()
+            value = None if text.lower() in _NULL_WORDS else int(text) if text.isdigit() else value
+        if value is not None and value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"torch_num_threads must be 'auto', a positive integer or None, got {value!r}")
+        return value
+    if name == "max_tokens_per_batch":
+        if isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"{owner}(max_tokens_per_batch={value!r}): give a positive number of real tokens per "
+                             "mini-batch, or None for per_device_train_batch_size examples")
+        return value
     if not isinstance(value, bool):
-        raise ValueError(f"{type(config).__name__}({name}={value!r}): {name} must be True or False")
-
-
-def _threads(value: Any) -> int | str | None:
-    """``torch_num_threads`` as given in Python, YAML or on the command line (where it arrives as text)."""
-    if isinstance(value, str) and value != "auto":
-        text = value.strip()
-        if text.lower() in _NULL_WORDS:
-            return None
-        if text.isdigit():
-            value = int(text)
-    return checked_threads(value)
+        raise ValueError(f"{owner}({name}={value!r}): {name} must be True or False, got {value!r}")
+    return value
 
 
 def _validate(config: Any) -> None:
     """The checks every config of this package runs in ``__post_init__`` (one line naming the fix)."""
     name = type(config).__name__
-    for switch in ("padding_free", "prompt_once", "check_packing", "scored_lm_head"):
-        if hasattr(config, switch):
-            _bool(config, switch)
-    config.torch_num_threads = _threads(config.torch_num_threads)
+    for setting in ("padding_free", "prompt_once", "check_packing", "scored_lm_head", "torch_num_threads",
+                    "max_tokens_per_batch"):
+        if hasattr(config, setting):
+            setattr(config, setting, checked_setting(name, setting, getattr(config, setting)))
     if getattr(config, "prompt_once", False) and not config.padding_free:
         raise ValueError(f"{name}(prompt_once=True) needs padding_free=True (the prompt is shared inside a "
                          "padding-free row): set padding_free=True, or prompt_once=False")
@@ -182,12 +185,6 @@ class SFTConfig(_PadfreeFields, trl.SFTConfig):
         super().__post_init__()
         if isinstance(self.instruction_template, str):
             self.instruction_template = [self.instruction_template]
-        budget = self.max_tokens_per_batch
-        if isinstance(budget, str) and budget.strip().isdigit():
-            budget = self.max_tokens_per_batch = int(budget)
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-            raise ValueError(f"SFTConfig(max_tokens_per_batch={budget!r}): give a positive number of real tokens per "
-                             "mini-batch, or None for per_device_train_batch_size examples")
         if self.padding_free and self.packing:
             raise ValueError("SFTConfig(padding_free=True, packing=True): padding_free flattens each mini-batch with "
                              "this package's collator, which TRL's packing refuses; set packing=False (same examples, "
@@ -225,15 +222,6 @@ class KTOConfig(_ScoredHeadFields, trl.KTOConfig):
 PADFREE_CONFIGS: dict[str, type] = {
     c.__name__.replace("Config", "Trainer"): c for c in (SFTConfig, DPOConfig, GRPOConfig, RLOOConfig, RewardConfig,
                                                          KTOConfig)}
-
-
-def is_padfree_config(args: Any) -> bool:
-    """Whether ``args`` is one of this package's configs (which carry its fields).
-
-    >>> is_padfree_config(SFTConfig(output_dir="out", report_to="none", bf16=False)), is_padfree_config(None)
-    (True, False)
-    """
-    return isinstance(args, tuple(PADFREE_CONFIGS.values()))
 
 
 def _caller_stacklevel() -> int:
@@ -281,6 +269,7 @@ def trainer_settings(trainer: str, args: Any, **given: Any) -> dict[str, Any]:
                 f"{trainer}({name}=...) is deprecated and will be removed in the next release: set {name} in "
                 f"trl_padfree.{config_class.__name__}({name}=...) and pass it as args",
                 DeprecationWarning, stacklevel=_caller_stacklevel())
+            keyword = checked_setting(trainer, name, keyword)
             if own and value != defaults[name] and value != keyword:
                 raise ValueError(f"{trainer}({name}={keyword!r}) conflicts with {config_class.__name__}({name}="
                                  f"{value!r}): set {name} once, in {config_class.__name__} (the trainer keyword "

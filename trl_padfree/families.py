@@ -203,13 +203,6 @@ class Exactness:
         return self.loss_diff <= loss_tol and self.grad_diff <= grad_tol
 
 
-def _token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Per-position next-token losses of one row (0 where the next label is -100), float32."""
-    logits = logits[0, :-1].float()
-    target = labels[0, 1:]
-    return nn.functional.cross_entropy(logits, target.clamp_min(0), reduction="none") * (target != -100)
-
-
 def packed_vs_alone(
     model: nn.Module, lengths: Sequence[int] = EXACTNESS_LENGTHS, *, seed: int = 0,
     batch: Mapping[str, Any] | None = None,
@@ -252,7 +245,9 @@ def packed_vs_alone(
         labels = inputs.pop("labels")
         out = model(**inputs)
         logits = out.logits if hasattr(out, "logits") else out[0]
-        return _token_losses(logits, labels), labels[0, 1:] != -100
+        target = labels[0, 1:]  # per-position next-token losses (0 where the next label is -100), float32
+        losses = nn.functional.cross_entropy(logits[0, :-1].float(), target.clamp_min(0), reduction="none")
+        return losses * (target != -100), target != -100
 
     with deterministic_train_mode(model), torch.enable_grad():
         alone_losses, alone_grads = [], [torch.zeros_like(p, dtype=torch.float32) for _, p in params]

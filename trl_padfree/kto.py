@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -225,16 +226,15 @@ class KTOTrainer(PadfreeTrainerMixin, trl.KTOTrainer):
             return loss, logits, labels
         n = int(inputs["num_sequences"])
         bounds = inputs["cu_seq_lens_q"].tolist()[: n + 1]
-        lengths = [end - start for start, end in zip(bounds, bounds[1:], strict=False)]
-        width = max(lengths)
+        width = max(end - start for start, end in pairwise(bounds))
         multiple = self.args.pad_to_multiple_of
         if isinstance(multiple, int) and multiple > 1:
             width = -(-width // multiple) * multiple
         rows = logits.new_full((n, width, logits.shape[-1]), -100.0)
         ids = labels.new_full((n, width), self._tokenizer.pad_token_id)
-        for i, (start, length) in enumerate(zip(bounds, lengths, strict=False)):
-            rows[i, :length] = logits[0, start : start + length]
-            ids[i, :length] = labels[0, start : start + length]
+        for i, (start, end) in enumerate(pairwise(bounds)):
+            rows[i, : end - start] = logits[0, start:end]
+            ids[i, : end - start] = labels[0, start:end]
         return loss, rows, ids
 
     def _log_metrics(self, mode: str, batch: dict[str, Any], outputs: Any, scored: torch.Tensor, idx: tuple,

@@ -100,7 +100,7 @@ _ATTENTION_KINDS = {
     "compressed_sparse_attention": "compressed sparse attention",
     "heavily_compressed_attention": "compressed attention",
 }  # fmt: skip
-_ATTENTION_NAMES = frozenset({*_ATTENTION_KINDS.values(), "sliding-window attention", "full attention"})
+_ATTENTION_NAMES = frozenset(_ATTENTION_KINDS.values())
 
 
 def _text_config(model: nn.Module) -> Any:
@@ -153,18 +153,6 @@ def layer_kinds(model: nn.Module) -> tuple[str, ...]:
         if getattr(text, "attn_temperature_tuning", False):
             kinds.append("attention temperature tuning")
     return (*kinds, *recurrent)
-
-
-def kernel_packages(kinds: Sequence[str]) -> str | None:
-    """The kernel packages the recurrent layers among ``kinds`` need for packed rows, or None when none does.
-
-    >>> kernel_packages(["full attention", "gated delta rule"])
-    'causal-conv1d and flash-linear-attention'
-    >>> kernel_packages(["full attention"]) is None
-    True
-    """
-    packages = [_KERNELS[k] for k in kinds if k in _KERNELS]
-    return max(packages, key=len) if packages else None
 
 
 class PackingLeakError(ValueError):
@@ -235,8 +223,7 @@ class PackingReport:
     def to_dict(self) -> dict[str, Any]:
         """Plain-JSON dict of the report (``inf`` becomes None)."""
         out = dataclasses.asdict(self)
-        out["lengths"], out["example_diffs"] = list(self.lengths), list(self.example_diffs)
-        out["layer_kinds"] = list(self.layer_kinds)
+        out.update({k: list(getattr(self, k)) for k in ("lengths", "example_diffs", "layer_kinds")})
         return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in out.items()}
 
 
@@ -272,26 +259,18 @@ def _model_device(model: nn.Module) -> torch.device:
     weight = getattr(_input_embeddings(model), "weight", None)
     if isinstance(weight, torch.Tensor):
         return weight.device
-    for p in model.parameters():
-        return p.device
-    return torch.device("cpu")
-
-
-def _compute_dtype(model: nn.Module, device: torch.device) -> torch.dtype:
-    """Lowest floating precision the model computes in (autocast counts), to choose the tolerance."""
-    if torch.is_autocast_enabled(device.type):
-        return torch.get_autocast_dtype(device.type)
-    dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
-        if dtype in dtypes:
-            return dtype
-    return torch.float32
+    return next((p.device for p in model.parameters()), torch.device("cpu"))
 
 
 def probe_setting(model: nn.Module, rtol: float | None) -> tuple[torch.device, torch.dtype, float]:
     """``(device, compute dtype, tolerance)`` of a probe of ``model``: ``rtol``, or the dtype's default."""
     device = _model_device(model)
-    dtype = _compute_dtype(model, device)
+    if torch.is_autocast_enabled(device.type):  # the lowest floating precision the model computes in
+        dtype = torch.get_autocast_dtype(device.type)
+    else:
+        dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
+        order = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+        dtype = next((d for d in order if d in dtypes), torch.float32)
     return device, dtype, DEFAULT_RTOL.get(dtype, 1e-4) if rtol is None else rtol
 
 
@@ -378,23 +357,22 @@ def probe_logits(model: nn.Module, batch: Mapping[str, Any]) -> torch.Tensor:
     return logits.detach().float()[0]
 
 
-def _differences(expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor] | None, rtol: float,
-                 count: int) -> tuple[float, tuple[float, ...]]:
-    """``(tolerance, max |got[i] - expected[i]| per sequence)``: ``rtol * max|expected|``, and ``inf`` for each of
-    the ``count`` sequences where the packed forward failed (``got`` None)."""
+def _report(model: nn.Module, setting: tuple[torch.device, torch.dtype, float], start: float, lengths: Sequence[int],
+            expected: Sequence[torch.Tensor], got: Sequence[torch.Tensor] | None, error: str | None = None,
+            noise: float = 0.0, bypassed: bool = False, **fields: Any) -> PackingReport:
+    """The verdict on ``got[i]`` (packed) against ``expected[i]`` (alone): tolerance ``rtol * max|expected|``,
+    ``inf`` diffs where the packed forward failed (``got`` None, ``error``); the advice is the caller's."""
+    device, dtype, rtol = setting
     tolerance = rtol * max(e.abs().max().item() for e in expected) + 1e-12 if expected else math.nan
-    if got is None:
-        return tolerance, (math.inf,) * count
-    return tolerance, tuple((g - e).abs().max().item() for g, e in zip(got, expected, strict=True))
-
-
-def _report(model: nn.Module, setting: tuple[torch.device, torch.dtype, float], start: float, status: str,
-            tolerance: float, diffs: Sequence[float], lengths: Sequence[int], **fields: Any) -> PackingReport:
-    device, dtype, _ = setting
+    diffs = ((math.inf,) * len(expected or lengths) if got is None
+             else tuple((g - e).abs().max().item() for g, e in zip(got, expected, strict=True)))
+    status = ("unsupported" if bypassed else "error" if error is not None else "inconclusive" if noise > tolerance
+              else "safe" if max(diffs) <= tolerance else "leaks")
     return PackingReport(
-        ok=status == "safe", status=status, max_abs_diff=max(diffs), tolerance=tolerance,
-        model_type=_model_type(model), attn_implementation=_attn_name(model), dtype=str(dtype).removeprefix("torch."), device=str(device),
-        lengths=tuple(lengths), example_diffs=tuple(diffs), seconds=time.perf_counter() - start, **fields)
+        ok=status == "safe", status=status, max_abs_diff=max(diffs), tolerance=tolerance, model_type=_model_type(model),
+        attn_implementation=_attn_name(model), advice="", dtype=str(dtype).removeprefix("torch."), device=str(device),
+        lengths=tuple(lengths), example_diffs=diffs, noise=noise, seconds=time.perf_counter() - start, error=error,
+        **fields)
 
 
 def _model_type(model: nn.Module) -> str:
@@ -442,7 +420,7 @@ def _advice(
     'gpt_oss builds its eager attention mask without position_ids, so packed examples see each other, and no other attention implementation the probe tried is safe for it; set padding_free=False.'
     """
     use = _alternative_text(alternative, kinds)
-    packages = kernel_packages(kinds)
+    packages = max((_KERNELS[k] for k in kinds if k in _KERNELS), key=len, default=None)  # the kernels they need
     recurrent = [k for k in kinds if k in _KERNELS]
     stateful = bool(recurrent) or model_type in _STATEFUL_LAYERS
     layers = " / ".join(recurrent) if recurrent else "state-space/linear-attention"
@@ -547,27 +525,22 @@ def layout_report(
     gives for the sequence whose values alone are ``expected[i]`` (``got`` None where the packed forward failed
     with ``error``); ``batch`` and ``values`` name what was compared ("preference batch", "logits") and ``fix``
     the setting that turns padding-free off."""
-    tolerance, diffs = _differences(expected, got, setting[2], len(expected))
-    max_diff = max(diffs)
-    status = "error" if error else ("safe" if max_diff <= tolerance else "leaks")
-    layout = "prompt-once" if prompt_once else "padding-free"
-    attn = _attn_name(model)
+    report = _report(model, setting, start, lengths, expected, got, error)
+    layout, attn, status = "prompt-once" if prompt_once else "padding-free", _attn_name(model), report.status
+    changes = (f"the {layout} {batch} changes this model's {values} (max diff {report.max_abs_diff:.3g} > "
+               f"{report.tolerance:.3g})")
     if status == "safe":
         advice = ""
     elif status == "error":  # another attention would meet the same forward: nothing to recommend but the layout off
         advice = f"the {layout} {batch} fails in this model's forward ({error}); set {fix}."
     elif attn == ATTN_IMPLEMENTATION:  # never recommend the implementation that just leaked
-        advice = (
-            f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}) even "
-            f"with attn_implementation='padfree' (its layers compute something across the row); set {fix}."
-        )
+        advice = (f"{changes} even with attn_implementation='padfree' (its layers compute something across the "
+                  f"row); set {fix}.")
     else:
-        advice = (
-            f"the {layout} {batch} changes this model's {values} (max diff {max_diff:.3g} > {tolerance:.3g}): its "
-            "attention lets packed sequences see each other. Load it with attn_implementation='padfree'"
-            + ("" if prompt_once else " or 'flash_attention_2'") + f", or set {fix}."
-        )
-    return _report(model, setting, start, status, tolerance, diffs, lengths, advice=advice, noise=0.0, error=error)
+        flash = "" if prompt_once else " or 'flash_attention_2'"
+        advice = (f"{changes}: its attention lets packed sequences see each other. Load it with "
+                  f"attn_implementation='padfree'{flash}, or set {fix}.")
+    return dataclasses.replace(report, advice=advice)
 
 
 #: (prompt, chosen, rejected) lengths of the preference probe's pairs: uneven, so every boundary matters.
@@ -576,23 +549,6 @@ DEFAULT_PAIRS: tuple[tuple[int, int, int], ...] = ((6, 4, 3), (3, 2, 6), (5, 5, 
 DEFAULT_GROUPS: tuple[tuple[int, tuple[int, ...]], ...] = ((5, (3, 1, 4)), (2, (2, 5, 1)), (4, (3,)))
 #: (shared prefix, chosen tail, rejected tail) lengths of the reward probe's pairs.
 DEFAULT_REWARD_PAIRS: tuple[tuple[int, int, int], ...] = ((6, 4, 3), (3, 2, 6), (5, 5, 1), (1, 3, 2))
-
-
-def probe_rows(groups: Sequence[tuple[int, Sequence[int]]], vocab_size: int, pad_id: int | None,
-               seed: int = 0) -> list[tuple[list[int], list[int]]]:
-    """Random ``(prompt, completion)`` rows of ``groups``, interleaved as TRL's shuffle leaves them (g0c0, g1c0, ...).
-
-    >>> [(len(p), len(c)) for p, c in probe_rows(((3, (1, 2)), (2, (4,))), 50, None)]
-    [(3, 1), (2, 4), (3, 2)]
-    """
-    if not groups or any(p < 1 or not cs or min(cs) < 1 for p, cs in groups):
-        raise ValueError(f"probe groups need a prompt and completions of at least one token each, got {groups!r}")
-    seqs = iter(random_sequences([n for p, cs in groups for n in (p, *cs)], vocab_size, pad_id, seed))
-    per_group = []
-    for _, cs in groups:
-        prompt = next(seqs)
-        per_group.append([(prompt, next(seqs)) for _ in cs])
-    return [g[k] for k in range(max(len(g) for g in per_group)) for g in per_group if k < len(g)]
 
 
 def _preference_layout(shapes: Any, vocab: int, pad: int | None, seed: int, prompt_once: bool) -> tuple:
@@ -614,7 +570,12 @@ def _preference_layout(shapes: Any, vocab: int, pad: int | None, seed: int, prom
 def _group_layout(shapes: Any, vocab: int, pad: int | None, seed: int, prompt_once: bool) -> tuple:
     from .rl_packing import pack_completion_rows
 
-    rows = probe_rows(shapes, vocab, pad, seed)
+    if not shapes or any(p < 1 or not cs or min(cs) < 1 for p, cs in shapes):
+        raise ValueError(f"probe groups need a prompt and completions of at least one token each, got {shapes!r}")
+    seqs = iter(random_sequences([n for p, cs in shapes for n in (p, *cs)], vocab, pad, seed))
+    per_group = [[(prompt, next(seqs)) for _ in cs] for prompt, cs in ((next(seqs), cs) for _, cs in shapes)]
+    # interleaved as TRL's shuffle leaves them: g0c0, g1c0, ..., g0c1, ...
+    rows = [g[k] for k in range(max(map(len, per_group))) for g in per_group if k < len(g)]
     p_width, c_width = max(len(p) for p, _ in rows), max(len(c) for _, c in rows)
     ids = torch.full((len(rows), p_width + c_width), pad if isinstance(pad, int) else 0, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -709,23 +670,16 @@ def assert_layout_packing_safe(model: nn.Module, layout: str, **kwargs: Any) -> 
     return report
 
 
-def _first_tensor(value: Any) -> torch.Tensor | None:
-    if isinstance(value, torch.Tensor):
-        return value
-    if isinstance(value, (tuple, list)):
-        return value[0] if value and isinstance(value[0], torch.Tensor) else None
-    return getattr(value, "last_hidden_state", None)
-
-
 def _record_rows(model: nn.Module, batch: Mapping[str, Any], length: int) -> tuple[list[str], dict[str, tuple]]:
     """Run ``batch``; for every submodule the first call's (input, output) tensors laid out ``(1, length, ...)``,
     and the order in which the modules finished."""
     seen: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     order: list[str] = []
 
-    def row(t: Any) -> torch.Tensor | None:
-        t = _first_tensor(t)
-        return t.detach().float() if t is not None and t.dim() >= 2 and tuple(t.shape[:2]) == (1, length) else None
+    def row(t: Any) -> torch.Tensor | None:  # a tensor, the first of a tuple, or a model output's last_hidden_state
+        t = t[0] if isinstance(t, (tuple, list)) and t else getattr(t, "last_hidden_state", t)
+        ok = isinstance(t, torch.Tensor) and t.dim() >= 2 and tuple(t.shape[:2]) == (1, length)
+        return t.detach().float() if ok else None
 
     def hook(name: str) -> Callable[..., None]:
         def record(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -804,18 +758,14 @@ def check_packing(
     forward that raises, or ``"padfree"`` refusing the model, is the verdict ``"error"``; a model that fails on an
     ordinary batch raises (that is not a packing question).
 
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-    ...                      num_attention_heads=2, num_key_value_heads=2)
-    >>> report = check_packing(LlamaForCausalLM._from_config(config, attn_implementation="sdpa"))
+    >>> from trl_padfree.testing import tiny_llama
+    >>> report = check_packing(tiny_llama(vocab_size=64, attn_implementation="sdpa"))
     >>> report.ok, report.status, report.model_type, report.attn_implementation
     (True, 'safe', 'llama', 'sdpa')
     """
     lengths = tuple(int(n) for n in lengths)
     if len(lengths) < 2 or min(lengths) < 1:
-        raise ValueError(
-            f"check_packing needs at least 2 sequences of length >= 1; got lengths={list(lengths)}."
-        )
+        raise ValueError(f"check_packing needs at least 2 sequences of length >= 1; got lengths={list(lengths)}.")
     start = time.perf_counter()
     prepare_packed_layers(model)  # what the trainers do when training starts: recurrent layers reset at boundaries
     setting = device, _, rtol = probe_setting(model, rtol)
@@ -848,24 +798,12 @@ def check_packing(
         if packed.shape[0] != sum(lengths):
             raise ValueError(f"check_packing: packed logits have {packed.shape[0]} positions, expected {sum(lengths)}.")
         got = packed.split(lengths)
-    tolerance, diffs = _differences(alone, got, rtol, len(sequences))
-    max_diff = max(diffs)
-    if bypassed:
-        status = "unsupported"
-    elif error is not None:
-        status = "error"
-    elif noise > tolerance:
-        status = "inconclusive"
-    elif max_diff > tolerance or math.isnan(max_diff):
-        status = "leaks"
-    else:
-        status = "safe"
-    first_leak = None
+    report = _report(model, setting, start, lengths, alone, got, error, noise, bypassed, layer_kinds=kinds)
+    status, first_leak, tried = report.status, None, {}
     if status == "leaks":
         with deterministic_train_mode(model):
             first_leak = first_leaking_module(model, [_on(alone_batch(q), device) for q in sequences], packed_inputs,
                                               rtol=rtol)
-    tried: dict[str, str] = {}
     if try_alternatives and status in ("leaks", "error", "unsupported") and packed_inputs.get("use_cache") is False:
         for other in ALTERNATIVES:
             if other != attn:
@@ -874,16 +812,15 @@ def check_packing(
     advice = (f"the first module that mixes packed examples is {first_leak}; " if first_leak else "") + _advice(
         status, model_type, attn, noise, cache_off=packed_inputs.get("use_cache") is False,
         model_class=type(model).__name__, kinds=kinds, error=error, alternative=alternative)
-    return _report(model, setting, start, status, tolerance, diffs, lengths, advice=advice, noise=noise, error=error,
-                   layer_kinds=kinds, alternatives=tried, first_leak=first_leak)
+    return dataclasses.replace(report, advice=advice, alternatives=tried, first_leak=first_leak,
+                               seconds=time.perf_counter() - start)
 
 
 def _probe_with(model: nn.Module, attn: str, **kwargs: Any) -> str:
     """The probe's status for ``model`` with attention implementation ``attn`` (``"not offered"`` when the model
     cannot switch to it, ``"error"`` when the probe raises); the model's own implementation is restored after."""
     switch = getattr(model, "set_attn_implementation", None)
-    config = getattr(model, "config", None)
-    original = getattr(config, "_attn_implementation", None)
+    original = getattr(getattr(model, "config", None), "_attn_implementation", None)
     if not callable(switch) or not isinstance(original, str):
         return "not offered"
     try:
@@ -907,20 +844,15 @@ def uses_padfree_attention(model: nn.Module) -> bool:
     not go through its ``AttentionInterface`` (BLOOM, MPT, XGLM, state-space models) never call it. One short
     forward pass without gradients tells; a forward that raises before reaching the attention counts as not.
 
-    >>> from transformers import LlamaConfig, LlamaForCausalLM
-    >>> config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-    ...                      num_attention_heads=2, num_key_value_heads=2)
-    >>> uses_padfree_attention(LlamaForCausalLM._from_config(config, attn_implementation="padfree"))
+    >>> from trl_padfree.testing import tiny_llama
+    >>> uses_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="padfree"))
     True
-    >>> uses_padfree_attention(LlamaForCausalLM._from_config(config, attn_implementation="sdpa"))
+    >>> uses_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="sdpa"))
     False
     """
     ids = torch.tensor([[1, 2, 3, 1]], device=_model_device(model)) % max(model_vocab_size(model), 1)
-    with torch.no_grad(), counting_calls() as calls:
-        try:
-            model(input_ids=ids, use_cache=False)
-        except Exception:  # noqa: BLE001  (the answer is in the counter)
-            pass
+    with torch.no_grad(), counting_calls() as calls, contextlib.suppress(Exception):  # the answer is in the counter
+        model(input_ids=ids, use_cache=False)
     return calls[0] > 0
 
 

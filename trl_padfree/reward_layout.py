@@ -30,8 +30,7 @@ Example (pad id 0; chosen ``[7, 8, 9]``, rejected ``[7, 8, 5, 0]``: its score is
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,8 +41,7 @@ from torch import nn
 
 from .preference import DataCollatorForPreference, PreferenceLayout
 
-__all__ = ["DataCollatorForRewardPairs", "pooled_index", "position_scores", "reward_layout", "score_head", "scores_of",
-           "shared_prefix"]
+__all__ = ["DataCollatorForRewardPairs", "pooled_index", "reward_layout", "score_head", "scores_of", "shared_prefix"]
 
 
 def shared_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -167,25 +165,14 @@ def score_head(model: nn.Module) -> nn.Module:
     return head
 
 
-@contextlib.contextmanager
-def position_scores(head: nn.Module) -> Iterator[list[torch.Tensor]]:
-    """Collect the outputs of ``head`` (``(1, T, num_labels)`` per call) during the ``with`` block."""
-    captured: list[torch.Tensor] = []
-
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
-        captured.append(output)
-
-    handle = head.register_forward_hook(hook)
-    try:
-        yield captured
-    finally:
-        handle.remove()
-
-
 def scores_of(model: nn.Module, inputs: dict[str, Any]) -> tuple[Any, torch.Tensor]:
     """``(model outputs, per-position scores (T, num_labels))`` of a one-row batch, from ``model``'s own forward."""
-    with position_scores(score_head(model)) as captured:
+    captured: list[torch.Tensor] = []
+    handle = score_head(model).register_forward_hook(lambda module, args, output: captured.append(output))
+    try:
         outputs = model(**inputs)
+    finally:
+        handle.remove()
     if len(captured) != 1:
         raise RuntimeError(f"the score head ran {len(captured)} times in one forward (expected once); padding-free "
                            "reward training cannot tell which output holds the per-position scores")

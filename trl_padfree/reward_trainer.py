@@ -18,10 +18,10 @@ from transformers.modeling_outputs import SequenceClassifierOutputWithPast
 
 from .configs import RewardConfig
 from .preference import MODEL_KEYS
-from .reward_layout import DataCollatorForRewardPairs, position_scores, score_head, scores_of  # noqa: F401
+from .reward_layout import DataCollatorForRewardPairs, score_head, scores_of
 from .trainer import PadfreeTrainerMixin
 
-__all__ = ["RewardConfig", "RewardTrainer", "position_scores", "score_head", "scores_of"]
+__all__ = ["RewardConfig", "RewardTrainer"]
 
 
 class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
@@ -69,15 +69,12 @@ class RewardTrainer(PadfreeTrainerMixin, trl.RewardTrainer):
         self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
         with torch.no_grad():
             all_rewards = self.accelerator.gather(logits)
-            self._metrics[mode]["min_reward"].append(all_rewards.min().item())
-            self._metrics[mode]["mean_reward"].append(all_rewards.mean().item())
-            self._metrics[mode]["max_reward"].append(all_rewards.max().item())
-            mean_accuracy = (rewards_chosen > rewards_rejected).float().mean()
-            mean_accuracy = self.accelerator.gather_for_metrics(mean_accuracy).mean().item()
-            self._metrics[mode]["accuracy"].append(mean_accuracy)
-            mean_margin = (rewards_chosen - rewards_rejected).mean()
-            mean_margin = self.accelerator.gather_for_metrics(mean_margin).mean()
-            self._metrics[mode]["margin"].append(mean_margin.item())
+            for name, value in (("min_reward", all_rewards.min()), ("mean_reward", all_rewards.mean()),
+                                ("max_reward", all_rewards.max())):
+                self._metrics[mode][name].append(value.item())
+            for name, value in (("accuracy", (rewards_chosen > rewards_rejected).float().mean()),
+                                ("margin", (rewards_chosen - rewards_rejected).mean())):
+                self._metrics[mode][name].append(self.accelerator.gather_for_metrics(value).mean().item())
         if return_outputs:
             # what TRL's model call returns, with the pooled logits of every sequence (evaluation reads them)
             return loss, SequenceClassifierOutputWithPast(loss=None, logits=logits)

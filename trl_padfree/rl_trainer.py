@@ -18,36 +18,16 @@ from typing import Any
 import torch
 import trl
 
-from .configs import UNSET, is_padfree_config, trainer_keywords
+from .configs import PADFREE_CONFIGS, UNSET, trainer_keywords
 from .preference import MODEL_KEYS
 from .rl_packing import pack_completion_rows, scatter_scores
 from .trainer import PadfreeTrainerMixin
 
-__all__ = ["GRPOTrainer", "PaddingFreeRLMixin", "RLOOTrainer", "resolve_padding_free"]
+__all__ = ["GRPOTrainer", "PaddingFreeRLMixin", "RLOOTrainer"]
 
 #: Keyword arguments of TRL's log-prob method that carry images / processor outputs (not covered: TRL pads those).
 MULTIMODAL_KEYS = ("pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
                    "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids")
-
-
-def resolve_padding_free(padding_free: bool | None, args: Any) -> bool:
-    """The ``padding_free`` setting: the trainer argument, else the config's ``padding_free`` attribute, else False.
-
-    >>> from types import SimpleNamespace
-    >>> resolve_padding_free(None, SimpleNamespace(padding_free=True)), resolve_padding_free(True, None)
-    (True, True)
-    >>> resolve_padding_free(False, SimpleNamespace(padding_free=True))
-    Traceback (most recent call last):
-    ...
-    ValueError: padding_free=False contradicts the config's padding_free=True; set one of them (or both alike)
-    """
-    from_config = getattr(args, "padding_free", None) if args is not None else None
-    if padding_free is not None and not isinstance(padding_free, bool):
-        raise TypeError(f"padding_free must be True, False or None, got {padding_free!r}")
-    if padding_free is not None and from_config is not None and bool(from_config) != padding_free:
-        raise ValueError(f"padding_free={padding_free} contradicts the config's padding_free={bool(from_config)}; "
-                         "set one of them (or both alike)")
-    return bool(padding_free if padding_free is not None else from_config)
 
 
 class PaddingFreeRLMixin(PadfreeTrainerMixin):
@@ -72,8 +52,16 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
         trl_class = next(c for c in type(self).__mro__ if c.__module__.split(".")[0] == "trl")
         given = trainer_keywords(trl_class.__name__, kwargs)  # (not TRL's: out of kwargs before binding them)
         config = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs).arguments.get("args")
-        # a package config: its field (or the keyword); another config: its padding_free attribute, as before
-        padfree = None if is_padfree_config(config) else resolve_padding_free(padding_free, config)
+        # a package config: its field (or the keyword); another config: the keyword, else its padding_free attribute
+        padfree = None
+        if not isinstance(config, tuple(PADFREE_CONFIGS.values())):
+            if padding_free is not None and not isinstance(padding_free, bool):
+                raise TypeError(f"padding_free must be True, False or None, got {padding_free!r}")
+            from_config = getattr(config, "padding_free", None)
+            if padding_free is not None and from_config is not None and bool(from_config) != padding_free:
+                raise ValueError(f"padding_free={padding_free} contradicts the config's padding_free="
+                                 f"{bool(from_config)}; set one of them (or both alike)")
+            padfree = bool(padding_free if padding_free is not None else from_config)
         settings = self._padfree_settings(trl_class.__name__, config, {}, padfree,
                                           padding_free=UNSET if padding_free is None else padding_free, **given)
         self.pack_totals: dict[str, Counter] = {"train": Counter(), "no_grad": Counter()}

@@ -35,9 +35,8 @@ from typing import Any
 import torch
 
 __all__ = [
-    "CHUNK_ELEMENTS", "OUTPUTS", "ScoredLogProbs", "ScoredTokens", "add_scored_head",
-    "trl_head_is_compact", "remove_scored_head", "chunk_rows", "head_fallback_reason", "scored_head_state",
-    "score_row", "score_tokens",
+    "CHUNK_ELEMENTS", "OUTPUTS", "ScoredLogProbs", "ScoredTokens", "add_scored_head", "chunk_rows",
+    "head_fallback_reason", "remove_scored_head", "score_row", "score_tokens", "scored_head_state",
 ]  # fmt: skip
 
 IGNORE_INDEX = -100
@@ -337,6 +336,7 @@ def add_scored_head(
     """
     from torch.distributed.tensor import DTensor
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+    from transformers.utils import is_triton_available
     from trl.trainer.utils import FusedCausalLMOutput, add_fused_lm_head
 
     outputs = _checked_outputs(outputs)
@@ -355,7 +355,8 @@ def add_scored_head(
                         **kwargs):
         lm_head = self.get_output_embeddings()
         router = kwargs.get("output_router_logits") or getattr(text_config, "output_router_logits", False)
-        trl_compacts = use_trl_on_triton and trl_head_is_compact(lm_head.weight.device)
+        # where TRL's fused head scores only the labelled positions: CUDA/XPU with Triton (`_use_triton` in TRL)
+        trl_compacts = use_trl_on_triton and lm_head.weight.device.type in ("cuda", "xpu") and is_triton_available()
         sharded = isinstance(lm_head.weight, DTensor) or is_deepspeed_zero3_enabled()  # TRL gathers the head
         if not fused_lm_head or router or trl_compacts or sharded:
             return previous(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
@@ -384,13 +385,6 @@ def add_scored_head(
     model.forward = types.MethodType(_scored_forward, model)
     setattr(model, _PREVIOUS, previous)
     return None
-
-
-def trl_head_is_compact(device: torch.device) -> bool:
-    """Where TRL's fused head scores only the labelled positions: CUDA/XPU with Triton (``_use_triton`` in TRL)."""
-    from transformers.utils import is_triton_available
-
-    return device.type in ("cuda", "xpu") and is_triton_available()
 
 
 def remove_scored_head(model: Any) -> bool:

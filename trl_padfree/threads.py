@@ -23,7 +23,7 @@ _CHOSEN = bool(os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THRE
 _TORCH_DEFAULT = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1) \
     if _CHOSEN else torch.get_num_threads()
 
-__all__ = ["HIDDEN_PER_THREAD", "checked_threads", "cores", "idle_cores", "processes_on_this_machine",
+__all__ = ["HIDDEN_PER_THREAD", "cores", "idle_cores", "processes_on_this_machine",
            "threads_default", "torch_default_threads", "torch_threads", "training_threads"]
 
 #: On CPU, one torch thread per this many units of hidden size (at least 1, at most the cores per process).
@@ -119,21 +119,6 @@ def training_threads(model: Any, device: str) -> tuple[int | None, str]:
             why += f", at most {threads}; {idle:.1f} of {os.cpu_count()} cores idle now"
             threads = max(1, int(idle + 0.5))
     return threads, why
-
-
-def checked_threads(value: int | str | None) -> int | str | None:
-    """A ``torch_num_threads`` argument: ``"auto"``, a positive integer or None (else a ``ValueError``).
-
-    >>> checked_threads("auto"), checked_threads(2), checked_threads(None)
-    ('auto', 2, None)
-    >>> checked_threads(0)
-    Traceback (most recent call last):
-    ...
-    ValueError: torch_num_threads must be 'auto', a positive integer or None, got 0
-    """
-    if value is not None and value != "auto" and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ValueError(f"torch_num_threads must be 'auto', a positive integer or None, got {value!r}")
-    return value
 
 
 @contextlib.contextmanager

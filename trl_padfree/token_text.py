@@ -45,6 +45,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import weakref
@@ -194,8 +195,7 @@ class TokenText:
         # tokens whose leading space may be one the tokenizer inserted (see the module docstring)
         self.space_first = np.fromiter((t[:1] == b" " for t in table), dtype=bool, count=len(table)) & ~self.added
         self._skips = self.quirks.space_after_added
-        lengths = np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
-        self.lengths = lengths
+        self.lengths = lengths = np.fromiter((len(b) for b in table), dtype=np.int64, count=len(table))
         self.offsets = np.zeros(len(table), dtype=np.int64)
         if len(table) > 1:
             np.cumsum(lengths[:-1], out=self.offsets[1:])
@@ -208,18 +208,15 @@ class TokenText:
         """The table of ``tokenizer``; built once per tokenizer (and again if its vocabulary or added tokens change)."""
         info = _added_token_info(tokenizer)
         key = (len(tokenizer), tuple(info))
-        try:
+        cached = None
+        with contextlib.suppress(TypeError):  # (a tokenizer that is not weak-referenceable is not cached)
             cached = _BUILT.get(tokenizer)
-        except TypeError:  # not weak-referenceable
-            cached = None
         if cached is not None and cached[0] == key:
             return cached[1]
         table = token_bytes(tokenizer)
         text = cls(table, [i for i, _, _, _ in info if i < len(table)], measure_quirks(tokenizer, table))
-        try:
+        with contextlib.suppress(TypeError):
             _BUILT[tokenizer] = (key, text)
-        except TypeError:
-            pass
         return text
 
     def pattern(self, template: str) -> bytes:

@@ -24,7 +24,7 @@ from .configs import SFTConfig as PadfreeSFTConfig
 from .configs import trainer_keywords, trainer_settings
 from .formatting import FormattingFunc, first_record
 from .recurrent import prepare_packed_layers, refuse_shared_prompt
-from .threads import checked_threads, torch_threads, training_threads
+from .threads import torch_threads, training_threads
 from .throughput import RealTokensLog
 
 
@@ -59,13 +59,12 @@ class PackingCheckCallback(TrainerCallback):
     def __init__(self, layout: str | None = None, prompt_once: bool = False, models: list[Any] | tuple[Any, ...] = (),
                  **probe_kwargs: Any) -> None:
         self.layout, self.prompt_once, self.models, self.probe_kwargs = layout, prompt_once, list(models), probe_kwargs
-        self.reports: list[Any] = []
-        self.report = None
+        self.report = None  # the trained model's (the first probed)
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         from .probe import assert_layout_packing_safe, assert_packing_safe, training_rtol
 
-        for m in [] if self.reports else [model, *self.models]:
+        for m in [] if self.report is not None else [model, *self.models]:
             if m is None:
                 continue
             kwargs = {"rtol": training_rtol(args), **self.probe_kwargs}
@@ -73,7 +72,6 @@ class PackingCheckCallback(TrainerCallback):
                 report = assert_packing_safe(m, **kwargs)
             else:
                 report = assert_layout_packing_safe(m, self.layout, prompt_once=self.prompt_once, **kwargs)
-            self.reports.append(report)
             self.report = self.report or report
             if state.is_world_process_zero:
                 print(probe_passed_line(report, self.layout, self.prompt_once), flush=True)
@@ -92,22 +90,6 @@ def probe_passed_line(report: Any, layout: str | None = None, prompt_once: bool 
             f"apart (max {compared} diff {report.max_abs_diff:.2g} <= tolerance {report.tolerance:.2g})")
 
 
-def example_lengths(dataset: Any, column: str = "input_ids") -> list[int]:
-    """The token count of every example of a tokenized dataset (its ``input_ids`` lengths), by index."""
-    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
-        raise ValueError(
-            "max_tokens_per_batch needs a training dataset with a length (a datasets.Dataset or a map-style "
-            "torch Dataset), not an iterable/streaming one: drop max_tokens_per_batch or load the data in memory"
-        )
-    column_names = getattr(dataset, "column_names", None)
-    if column_names is not None:
-        if column not in column_names:
-            raise ValueError(f"max_tokens_per_batch needs a tokenized dataset with a {column!r} column; it has "
-                             f"{column_names}")
-        return [len(ids) for ids in dataset[column]]
-    return [len(dataset[i][column]) for i in range(len(dataset))]
-
-
 def token_budget_dataloader(trainer: Any, max_tokens: int) -> Any:
     """The training ``DataLoader`` of ``trainer`` with token-budget mini-batches, prepared by its accelerator: a
     :class:`~trl_padfree.batching.TokenBudgetBatchSampler` per rank (seeded by ``data_seed``, else ``seed``), which
@@ -116,8 +98,19 @@ def token_budget_dataloader(trainer: Any, max_tokens: int) -> Any:
     from transformers.trainer_utils import seed_worker
 
     args, dataset = trainer.args, trainer.train_dataset
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+        raise ValueError(
+            "max_tokens_per_batch needs a training dataset with a length (a datasets.Dataset or a map-style "
+            "torch Dataset), not an iterable/streaming one: drop max_tokens_per_batch or load the data in memory"
+        )
+    column_names = getattr(dataset, "column_names", None)  # the token count of every example, by index
+    if column_names is not None and "input_ids" not in column_names:
+        raise ValueError(f"max_tokens_per_batch needs a tokenized dataset with a 'input_ids' column; it has "
+                         f"{column_names}")
+    lengths = ([len(ids) for ids in dataset["input_ids"]] if column_names is not None
+               else [len(dataset[i]["input_ids"]) for i in range(len(dataset))])
     sampler = TokenBudgetBatchSampler(
-        example_lengths(dataset), max_tokens, shuffle=True, seed=args.data_seed if args.data_seed is not None
+        lengths, max_tokens, shuffle=True, seed=args.data_seed if args.data_seed is not None
         else args.seed, num_replicas=trainer.accelerator.num_processes, rank=trainer.accelerator.process_index,
         drop_last=args.dataloader_drop_last)
     collator = trainer.data_collator
@@ -146,32 +139,6 @@ def keep_rank_batches(loader: Any, sampler: TokenBudgetBatchSampler) -> None:
         shard.set_epoch = sampler.set_epoch
 
 
-def loaded_through_a_tie(model: Any, missing_keys: list[str]) -> set[str]:
-    """The missing keys that share their tensor with a parameter that was loaded (tied weights).
-
-    >>> import torch
-    >>> m = torch.nn.ModuleDict({"emb": torch.nn.Embedding(4, 2), "head": torch.nn.Linear(2, 4, bias=False)})
-    >>> m["head"].weight = m["emb"].weight
-    >>> sorted(loaded_through_a_tie(m, ["head.weight"])), sorted(loaded_through_a_tie(m, ["head.weight", "emb.weight"]))
-    (['head.weight'], [])
-    """
-    groups: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(param), []).append(name)
-    missing = set(missing_keys)
-    return {
-        name for names in groups.values() if len(names) > 1 and not missing.issuperset(names)
-        for name in names if name in missing
-    }
-
-
-def checked_switch(name: str, value: Any) -> bool:
-    """``value`` if it is a bool, else a ValueError naming ``name``."""
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
-    return value
-
-
 def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, main_process: bool = True, *,
                         temperature: float = 1.0, cast_lm_head_to_fp32: bool = False) -> str:
     """Add :func:`trl_padfree.scored_head.add_scored_head` to ``model`` (its base model under PEFT, where TRL adds
@@ -194,25 +161,6 @@ def install_scored_head(model: Any, outputs: tuple[str, ...], enabled: bool, mai
     if main_process:
         print(f"[trl-padfree] LM head: TRL's fused head, not the scored-positions head ({reason})", flush=True)
     return f"trl: {reason}"
-
-
-def refuse_shared_prompt_aux_loss(trainer: Any, what: str = "prompt_once=True") -> None:
-    """Refuse a shared prompt while TRL adds a MoE router load-balancing loss (``aux_loss_enabled``): that loss
-    averages router statistics over the tokens forwarded, and a prompt forwarded once instead of once per response
-    changes it (measured on a tiny gpt-oss: gradients 2e-3 relative off), so the run would differ from padding.
-
-    >>> class T: aux_loss_enabled = True
-    >>> refuse_shared_prompt_aux_loss(T())
-    Traceback (most recent call last):
-    ...
-    ValueError: prompt_once=True with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: ...
-    """
-    if getattr(trainer, "aux_loss_enabled", False):
-        raise ValueError(
-            f"{what} with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: that loss "
-            "averages over the tokens forwarded, and a shared prompt is forwarded once instead of once per response. "
-            "Set router_aux_loss_coef=0.0 in the trainer's config, or prompt_once=False."
-        )
 
 
 def require_padfree_attention(model: Any, what: str = "prompt_once=True") -> None:
@@ -246,9 +194,8 @@ class PadfreeTrainerMixin(RealTokensLog):
         (``padfree``, else the ``padding_free`` setting, else ``args.padding_free``) and ``prompt_once``; refuse
         ``prompt_once`` without ``padding_free``."""
         settings = trainer_settings(trainer, args, **{**trainer_keywords(trainer, kwargs), **given})
-        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
-        if "scored_lm_head" in settings:
-            self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
+        self.torch_num_threads = settings["torch_num_threads"]
+        self.scored_lm_head = settings.get("scored_lm_head", True)
         if padfree is None:
             padfree = settings.get("padding_free", getattr(args, "padding_free", False))
         self.padfree = bool(padfree)
@@ -271,7 +218,12 @@ class PadfreeTrainerMixin(RealTokensLog):
                 ref, ref_outputs, self.scored_lm_head, main, **head)
         if self.prompt_once:
             what = "prompt_once=True" + (" (siblings must not see each other)" if layout == "group" else "")
-            refuse_shared_prompt_aux_loss(self, what)
+            if getattr(self, "aux_loss_enabled", False):  # (a tiny gpt-oss: gradients 2e-3 relative off)
+                raise ValueError(
+                    f"{what} with the MoE router load-balancing loss (router_aux_loss_coef > 0) is not exact: that "
+                    "loss averages over the tokens forwarded, and a shared prompt is forwarded once instead of once "
+                    "per response. Set router_aux_loss_coef=0.0 in the trainer's config, or prompt_once=False."
+                )
             for m in (self.accelerator.unwrap_model(self.model), ref):
                 if m is not None:
                     require_padfree_attention(m, what)
@@ -309,7 +261,11 @@ class PadfreeTrainerMixin(RealTokensLog):
     def _issue_warnings_after_load(self, load_result: Any) -> None:
         """transformers' check, without calling a tied weight (saved once, under the name it is tied to) missing:
         ``Trainer`` warned "missing keys ... ['lm_head.weight']" on every resume of a model with tied embeddings."""
-        tied = loaded_through_a_tie(self.model, list(load_result.missing_keys))
+        names_of: dict[int, list[str]] = {}  # the names of every parameter tensor (several where tied)
+        for name, param in self.model.named_parameters(remove_duplicate=False):
+            names_of.setdefault(id(param), []).append(name)
+        missing_now = set(load_result.missing_keys)
+        tied = {n for names in names_of.values() if len(names) > 1 and not missing_now.issuperset(names) for n in names}
         missing = [k for k in load_result.missing_keys if k not in tied]
         if len(missing) != len(load_result.missing_keys):
             load_result = load_result._replace(missing_keys=missing)
@@ -367,31 +323,20 @@ class PadfreeTrainerMixin(RealTokensLog):
             config.use_cache = False
 
 
-def with_formatting_func_told(
-    args: tuple[Any, ...], kwargs: dict[str, Any], bound: dict[str, Any]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``SFTTrainer``'s arguments with ``formatting_func`` (if any) wrapped in a
-    :class:`~trl_padfree.formatting.FormattingFunc`, told on the first training (else eval) record how it is
-    written: per example (TRL 1.x) or for batches (TRL 0.10, the blog post's convention)."""
+def formatting_func_told(bound: dict[str, Any]) -> Any:
+    """``SFTTrainer``'s ``formatting_func`` (if any) wrapped in a :class:`~trl_padfree.formatting.FormattingFunc`,
+    told on the first training (else eval) record how it is written: per example (TRL 1.x) or for batches (TRL
+    0.10, the blog post's convention)."""
     func = bound.get("formatting_func")
     if func is None:
-        return args, kwargs
+        return None
     wrapped = FormattingFunc(func)
     record = first_record(bound.get("train_dataset"))
     record = record if record is not None else first_record(bound.get("eval_dataset"))
     dataset_kwargs = getattr(bound.get("args"), "dataset_kwargs", None) or {}
     if record is not None and "input_ids" not in record and not dataset_kwargs.get("skip_prepare_dataset"):
         wrapped.tell(record)  # (TRL ignores formatting_func on a tokenized dataset: then it is never called)
-    return with_argument(args, kwargs, "formatting_func", wrapped)
-
-
-def with_argument(args: tuple[Any, ...], kwargs: dict[str, Any], name: str, value: Any
-                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``trl.SFTTrainer``'s arguments ``(args, kwargs)`` with ``name`` set to ``value``, where it was given."""
-    index = list(inspect.signature(trl.SFTTrainer.__init__).parameters).index(name) - 1  # no self
-    if name in kwargs or index >= len(args):
-        return args, {**kwargs, name: value}
-    return (*args[:index], value, *args[index + 1:]), kwargs
+    return wrapped
 
 
 def tokenizer_of(processing_class: Any, model: Any) -> Any:
@@ -457,31 +402,23 @@ class SFTTrainer(PadfreeTrainerMixin, trl.SFTTrainer):
     def __init__(self, *args: Any, **kwargs: Any):
         given = trainer_keywords("SFTTrainer", kwargs)
         bound = inspect.signature(trl.SFTTrainer.__init__).bind_partial(None, *args, **kwargs).arguments
+        del bound["self"]
         config = bound.get("args")
         settings = trainer_settings("SFTTrainer", config, **given)
-        self.scored_lm_head = checked_switch("scored_lm_head", settings["scored_lm_head"])
-        self.torch_num_threads = checked_threads(settings["torch_num_threads"])
-        max_tokens_per_batch = settings["max_tokens_per_batch"]
-        if max_tokens_per_batch is not None and (
-            isinstance(max_tokens_per_batch, bool) or not isinstance(max_tokens_per_batch, int)
-            or max_tokens_per_batch < 1
-        ):
-            raise ValueError(f"max_tokens_per_batch must be a positive integer (real tokens per mini-batch) or "
-                             f"None, got {max_tokens_per_batch!r}")
-        self.max_tokens_per_batch = max_tokens_per_batch
+        self.scored_lm_head, self.torch_num_threads = settings["scored_lm_head"], settings["torch_num_threads"]
+        self.max_tokens_per_batch = settings["max_tokens_per_batch"]
         self.token_budget_sampler: TokenBudgetBatchSampler | None = None
-        collator = bound.get("data_collator")
         ours = isinstance(config, PadfreeSFTConfig)
-        if ours and (built := config_collator(config, collator, bound)) is not collator:
-            collator = built
-            args, kwargs = with_argument(args, kwargs, "data_collator", collator)
+        if ours:
+            bound["data_collator"] = config_collator(config, bound.get("data_collator"), bound)
+        collator = bound.get("data_collator")
         check_trainer_args(config, collator)
-        args, kwargs = with_formatting_func_told(args, kwargs, bound)
+        bound["formatting_func"] = formatting_func_told(bound)
         own_padding_free = ours and config.padding_free
         if own_padding_free:
             config.padding_free = False  # TRL's own padding-free mode refuses a custom collator; the flat batch is ours
         try:
-            super().__init__(*args, **kwargs)
+            super().__init__(**bound)
         finally:
             if own_padding_free:
                 config.padding_free = True

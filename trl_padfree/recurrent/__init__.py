@@ -29,12 +29,8 @@ A kernel module contributes ``KERNELS: dict[str, Callable[[Callable], Callable]]
 matches) -> a factory taking transformers' torch function and returning its replacement; and optionally
 ``patch_model(model) -> list[str]`` for patches of methods, run by :func:`prepare_packed_layers`.
 
->>> from transformers import Qwen3_5TextConfig, AutoModelForCausalLM
->>> config = Qwen3_5TextConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-...     layer_types=["linear_attention", "full_attention"], num_attention_heads=2, num_key_value_heads=1,
-...     head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
-...     linear_value_head_dim=8)
->>> model = AutoModelForCausalLM.from_config(config)
+>>> from trl_padfree.families import tiny_family_model
+>>> model = tiny_family_model("qwen3_5_text", "sdpa")  # Qwen3.5: gated delta rule layers with short convolutions
 >>> prepare_packed_layers(model)
 ['qwen3_5.causal_conv1d_fn', 'qwen3_5.torch_chunk_gated_delta_rule', 'qwen3_5.torch_recurrent_gated_delta_rule']
 >>> recurrent_layer_types(model)
@@ -57,17 +53,9 @@ from .varlen import PackedRowError, note_mask
 KERNEL_MODULES: list[ModuleType] = [conv, delta_rule, mamba]  # each contributes KERNELS (and maybe patch_model)
 
 __all__ = [
-    "KERNEL_MODULES",
-    "PackedRowError",
-    "hub_function",
-    "kernels",
-    "note_mask",
-    "prepare_packed_config",
-    "prepare_packed_layers",
-    "recurrent_layer_types",
-    "refuse_shared_prompt",
-    "torch_fallback_name",
-]
+    "KERNEL_MODULES", "PackedRowError", "hub_function", "kernels", "note_mask", "prepare_packed_config",
+    "prepare_packed_layers", "recurrent_layer_types", "refuse_shared_prompt", "torch_fallback_name",
+]  # fmt: skip
 
 _REPLACED = "__trl_padfree_original__"  # attribute of a replacement: the function it wraps
 _DONE_MODULES: dict[str, list[str]] = {}  # modeling module -> its globals prepare_packed_config replaced
@@ -163,11 +151,6 @@ def _patch_module(module: ModuleType, factories: dict[str, Callable[[Callable], 
     return names
 
 
-def _modeling_modules(model: Any) -> list[ModuleType]:
-    names = dict.fromkeys(type(sub).__module__ for sub in (model.modules() if hasattr(model, "modules") else [model]))
-    return [sys.modules[name] for name in names if name in sys.modules]
-
-
 def prepare_packed_layers(model: Any) -> list[str]:
     """Make ``model``'s recurrent layers restart at every sequence boundary of a packed row (see the module docs).
 
@@ -178,8 +161,10 @@ def prepare_packed_layers(model: Any) -> list[str]:
     """
     factories = kernels()
     names: list[str] = []
-    for module in _modeling_modules(model):
-        names += _patch_module(module, factories)
+    subs = model.modules() if hasattr(model, "modules") else [model]
+    for name in dict.fromkeys(type(sub).__module__ for sub in subs):
+        if name in sys.modules:  # the modeling module of every submodule
+            names += _patch_module(sys.modules[name], factories)
     for kernel_module in KERNEL_MODULES:
         patch_model = getattr(kernel_module, "patch_model", None)
         if patch_model is not None:

@@ -28,14 +28,8 @@ from .varlen import PACKING_KWARGS, packed_seq_idx, refuse_unmarked_packing, ref
 __all__ = ["KERNELS", "causal_conv1d_packed", "varlen_causal_conv1d_fn"]
 
 
-def causal_conv1d_packed(
-    hidden_states: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    activation: str | None = None,
-    *,
-    seq_idx: torch.Tensor,
-) -> torch.Tensor:
+def causal_conv1d_packed(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                         activation: str | None = None, *, seq_idx: torch.Tensor) -> torch.Tensor:
     """Depthwise causal conv1d of ``hidden_states`` ``(B, C, T)`` with ``weight`` ``(C, K)``, reset where ``seq_idx``
     ``(B, T)`` (or ``(1, T)``) changes: output ``t`` sums ``weight[:, K-1-j] * x[t-j]`` over the lags ``j`` whose
     token ``t-j`` belongs to the same sequence as ``t``. Same dtype handling as transformers' fallback (computed in
@@ -62,13 +56,8 @@ def varlen_causal_conv1d_fn(original: Callable) -> Callable:
     through ``original`` unchanged."""
 
     @functools.wraps(original)
-    def causal_conv1d_fn(
-        hidden_states: torch.Tensor,
-        weight: torch.Tensor,
-        bias: torch.Tensor | None = None,
-        activation: str | None = None,
-        **kwargs: Any,
-    ) -> torch.Tensor:
+    def causal_conv1d_fn(hidden_states: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                         activation: str | None = None, **kwargs: Any) -> torch.Tensor:
         batch, _, length = hidden_states.shape
         seq = packed_seq_idx(batch, length, kwargs)
         if seq is None:

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from .varlen import sequence_starts
+from .varlen import packed_bounds, packed_seq_idx, sequence_starts
 
 __all__ = ["KERNELS", "PackedLayout", "packed_chunk_scan", "packed_selective_scan", "packed_layout", "patch_model"]
 
@@ -147,18 +147,6 @@ def _starts_to_layout(starts: torch.Tensor, batch: int, length: int) -> PackedLa
     return PackedLayout(batch, length, tuple(groups), inverse)
 
 
-def _seq_idx_from_cu(cu: torch.Tensor, batch: int, length: int) -> torch.Tensor:
-    cu = cu.reshape(-1).to(torch.long)
-    if int(cu[-1]) != batch * length or int(cu[0]) != 0:
-        raise ValueError(
-            f"cu_seq_lens {cu.tolist() if cu.numel() <= 8 else tuple(cu.shape)} cover {int(cu[-1]) - int(cu[0])} "
-            f"tokens but the batch has {batch}x{length}; pass cu_seq_lens (or seq_idx) that describe exactly this "
-            "batch."
-        )
-    token = torch.arange(batch * length, device=cu.device)
-    return (torch.bucketize(token, cu[1:-1], right=True)).to(torch.int32).reshape(batch, length)
-
-
 def packed_layout(kwargs: dict[str, Any], batch: int, length: int) -> PackedLayout | None:
     """The sequences of a ``(batch, length)`` row from ``seq_idx`` ``(B, T)`` or ``cu_seqlens`` / ``cu_seq_lens_q``
     (1-D, over the flattened tokens); ``None`` when neither is given or every row is one sequence.
@@ -171,20 +159,8 @@ def packed_layout(kwargs: dict[str, Any], batch: int, length: int) -> PackedLayo
     >>> packed_layout({}, 1, 3) is None
     True
     """
-    seq_idx = kwargs.get("seq_idx")
-    if seq_idx is None:
-        cu = kwargs.get("cu_seqlens")
-        cu = kwargs.get("cu_seq_lens_q") if cu is None else cu
-        if cu is not None:
-            seq_idx = _seq_idx_from_cu(cu, batch, length)
-    if seq_idx is None:
-        return None
-    if tuple(seq_idx.shape) != (batch, length):
-        raise ValueError(
-            f"seq_idx has shape {tuple(seq_idx.shape)} but the layer runs a ({batch}, {length}) batch; pass the "
-            "seq_idx of this batch (one sequence index per token)."
-        )
-    return _starts_to_layout(sequence_starts(seq_idx), batch, length)
+    seq_idx = packed_seq_idx(batch, length, kwargs)
+    return None if seq_idx is None else _starts_to_layout(sequence_starts(seq_idx.expand(batch, length)), batch, length)
 
 
 def _packing_given(kwargs: dict[str, Any]) -> bool:
@@ -226,11 +202,6 @@ packed_selective_scan = _packed(
     ("hidden_states", "dt", "A", "B", "C", "D", "z", "delta_bias", "delta_softplus", "return_last_state"), 2,
     ("hidden_states", "dt", "B", "C", "z"), ("return_last_state",),
 )
-# A depthwise causal convolution (B, C, T) (causal_conv1d_fn), for this module's tests where
-# trl_padfree.recurrent.conv (the package's convolution, same results) is not importable.
-_packed_causal_conv1d = _packed(
-    "causal_conv1d_fn", ("hidden_states", "weight", "bias", "activation"), 2, ("hidden_states",), ()
-)
 
 
 def _replacement(packed: Callable) -> Callable[[Callable], Callable]:
@@ -257,11 +228,6 @@ KERNELS: dict[str, Callable[[Callable], Callable]] = {
 """transformers' global name of a kernel function -> the factory of its packed torch replacement."""
 
 
-def _conv_kernels() -> dict[str, Callable[[Callable], Callable]]:
-    """The convolution's entry, for tests run without ``trl_padfree.recurrent.conv``."""
-    return {"causal_conv1d_fn": _replacement(_packed_causal_conv1d)}
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Method-level patches
 
@@ -274,7 +240,7 @@ def _row_seq_idx(kwargs: dict[str, Any], shape: tuple[int, ...] | None) -> torch
         return seq_idx
     cu = kwargs.get("cu_seq_lens_q")
     if cu is not None:
-        return _seq_idx_from_cu(cu, *shape)
+        return packed_seq_idx(*shape, {"cu_seq_lens_q": cu}).to(torch.int32)
     position_ids = kwargs.get("position_ids")
     if position_ids is None or kwargs.get("attention_mask") is not None or position_ids.shape[-1] != shape[1]:
         return None
@@ -335,12 +301,6 @@ def _give_seq_idx(module: torch.nn.Module, args: tuple, kwargs: dict[str, Any]) 
     return args, kwargs
 
 
-def _cu_from_seq_idx(seq_idx: torch.Tensor) -> torch.Tensor:
-    """Where the sequences of ``seq_idx`` ``(B, T)`` start in its flattened tokens, plus the total: 1-D int32."""
-    flat = sequence_starts(seq_idx).reshape(-1).nonzero().reshape(-1)
-    return torch.cat([flat, flat.new_tensor([seq_idx.numel()])]).to(torch.int32)
-
-
 def _layer_hands_boundaries(forward: Callable) -> Callable:
     """A decoder layer that calls its Mamba-1 mixer with only ``hidden_states``, ``cache`` and ``attention_mask``
     (``JambaMambaDecoderLayer``): the row's boundaries go to the mixer as the ``attention_mask`` argument, a 1-D
@@ -364,7 +324,8 @@ def _layer_hands_boundaries(forward: Callable) -> Callable:
                 "attention_mask; pass one or the other, not both."
             )
         bound = signature.bind(*args, **kwargs)
-        bound.arguments["attention_mask"] = _cu_from_seq_idx(seq_idx.to(hidden_states.device))
+        bounds = packed_bounds(*seq_idx.shape, {"seq_idx": seq_idx})  # sequence starts in the flat row, plus the total
+        bound.arguments["attention_mask"] = torch.tensor(bounds, dtype=torch.int32, device=hidden_states.device)
         return forward(*bound.args, **bound.kwargs)
 
     return patched
