@@ -348,21 +348,11 @@ def test_bare_token_ids_and_labels_in_any_form_are_collated_like_lists_in_dicts(
     assert labels == given[0] + [IGNORE] + ids[1][1:] + given[2]
 
 
-def test_bare_lists_without_template_match_trl_language_modelling_collator():
-    """The issue's own call, and the result TRL 1.16's DataCollatorForLanguageModeling gives for the same ids."""
-    batch = DataCollatorForCompletionOnlyLM(None, padding_free=True)([[1, 2, 3], [4, 5]])
-    trl = TRLCollator(pad_token_id=0, padding_free=True)([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
-    assert batch["labels"].tolist() == trl["labels"].tolist() == [[IGNORE, 2, 3, IGNORE, 5]]
-    assert trl["max_length_q"] == 3
-    for key in ["input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"]:
-        assert batch[key].tolist() == trl[key].tolist(), key
-    assert batch["max_length_q"] == 3
-
-
-@pytest.mark.parametrize("labelled", [(0, 1, 2), (0, 2)], ids=["all", "some"])
+@pytest.mark.parametrize("labelled", [(0, 1, 2), (0, 2), ()], ids=["all", "some", "none"])
 def test_given_labels_are_kept_each_examples_own_as_trl_and_transformers_keep_them(ids, labelled):
     """Labels other than input_ids are kept as given, as TRL's and transformers' collators do; an example without
-    labels (beside ones with them) is trained on its input_ids."""
+    labels (beside ones with them, or all of them: the issue's own call) is trained on its input_ids, and the flat
+    row is TRL 1.16's DataCollatorForLanguageModeling's."""
     rng = np.random.default_rng(0)
     features = [{"input_ids": x} for x in ids]
     for i in labelled:
@@ -372,6 +362,8 @@ def test_given_labels_are_kept_each_examples_own_as_trl_and_transformers_keep_th
     ours = DataCollatorForCompletionOnlyLM(None, padding_free=True)(features)
     trl = TRLCollator(pad_token_id=0, padding_free=True)(features)
     assert ours["labels"].tolist() == trl["labels"].tolist() == [expected]
+    for key in ["input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx", "max_length_q"]:
+        assert as_lists(ours)[key] == as_lists(trl)[key], key
     padded = DataCollatorForCompletionOnlyLM(None, padding_free=False)(features)
     assert padded["labels"][padded["attention_mask"].bool()].tolist() == expected
     if len(labelled) < len(ids):
