@@ -1,6 +1,7 @@
-"""Test-only torchrun script (``layout_runs.ddp_runs``): ``ddp_layouts.py dpo|kto|reward OUT`` trains every layout on
-2 DDP ranks; rank 0 writes ``OUT/results.json`` and ``OUT/LAYOUT.pt`` (gradients, final weights), each rank
-``rankN.done``."""
+"""Test-only torchrun script: ``ddp_layouts.py dpo|kto|reward OUT`` (``layout_runs.ddp_runs``) trains every layout on
+2 DDP ranks, rank 0 writing ``OUT/results.json`` and ``OUT/LAYOUT.pt`` (gradients, final weights); ``ddp_layouts.py rl
+OUT`` (tests/test_grpo.py) runs GRPO (``bnpo``) and RLOO in every layout, rank 0 writing ``OUT/KIND-LAYOUT.pt``. Each
+rank writes ``rankN.done``."""
 
 from __future__ import annotations
 
@@ -18,12 +19,27 @@ def setup(trainer: str) -> tuple:
     return T, T.pairs(32) if trainer == "dpo" else T.examples(32), {}
 
 
-def run(trainer: str, out: Path) -> None:
+def run_rl(out: Path) -> None:
+    import tiny_rl as R
+    import torch
+    import torch.distributed as dist
+    from layout_runs import LAYOUTS, step_logs
+
+    R.model_path()  # each rank saves its copy before the process group exists (then only rank 0 would write)
+    for kind, extra in (("grpo", {"loss_type": "bnpo"}), ("rloo", {})):
+        for layout in LAYOUTS:
+            t = R.trainer(kind, layout, str(out / f"{kind}-{layout}"), **extra)
+            t.train()
+            if dist.get_rank() == 0:
+                torch.save({"logs": step_logs(t), "world_size": t.args.world_size, "grads": t.recorder.steps,
+                            "recorded": t.recorded, "pack_totals": getattr(t, "pack_totals", None)},
+                           out / f"{kind}-{layout}.pt")
+
+
+def run_layouts(trainer: str, out: Path) -> None:
     import torch
     import torch.distributed as dist
     from layout_runs import step_logs, train_layouts, weights
-
-    from trl_padfree.launch.distributed import finish
 
     T, data, settings = setup(trainer)
     runs = train_layouts(T, data, T.tokenizer(), out, per_device_train_batch_size=2, **settings)
@@ -35,9 +51,17 @@ def run(trainer: str, out: Path) -> None:
             torch.save({"grads": recorder.steps, "weights": weights(t)}, out / f"{layout}.pt")
     if dist.get_rank() == 0:
         (out / "results.json").write_text(json.dumps(results))
-    (out / f"rank{dist.get_rank()}.done").write_text("ok")
-    finish(0)
 
 
 if __name__ == "__main__":
-    run(sys.argv[1], Path(sys.argv[2]))
+    import torch.distributed as dist
+
+    from trl_padfree.launch.distributed import finish
+
+    out = Path(sys.argv[2])
+    if sys.argv[1] == "rl":
+        run_rl(out)
+    else:
+        run_layouts(sys.argv[1], out)
+    (out / f"rank{dist.get_rank()}.done").write_text("ok")
+    finish(0)

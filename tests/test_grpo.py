@@ -131,7 +131,7 @@ def test_two_ddp_ranks_match_trl(tmp_path):
 
     from two_ranks import run_on_two_ranks
 
-    run_on_two_ranks("ddp_rl.py", tmp_path, timeout=900)
+    run_on_two_ranks("ddp_layouts.py", tmp_path, "rl", timeout=900)
     assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()
     for kind in ("grpo", "rloo"):
         runs = {}
