@@ -3,6 +3,8 @@ every gradient and the final weights (tests/layout_runs.py), every TRL loss type
 
 from __future__ import annotations
 
+import importlib
+
 import layout_runs
 import pytest
 import tiny_dpo as T
@@ -130,21 +132,25 @@ def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
             assert torch.allclose(chosen[i], a[0], rtol=RTOL) and torch.allclose(rejected[i], a[1], rtol=RTOL)
 
 
-def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
-    tok, data = T.tokenizer(), T.pairs(8)
-    leaky = layout_runs.register_leaky_attention()
-    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
+@pytest.mark.parametrize("name", ["dpo", "kto", "reward"])
+def test_a_leaking_attention_and_sdpa_with_prompt_once_are_refused(tmp_path, name):
+    """DPO, KTO and reward (tests/tiny_*.py): a leak stops training before the first step; prompt-once needs an
+    attention that reads the shared prompt keys."""
+    S = importlib.import_module(f"tiny_{name}")
+    tok, data = S.tokenizer(), (S.examples if name == "kto" else S.pairs)(8)
+    leaky = {"attn_implementation": layout_runs.register_leaky_attention()}
+    trainer = S.trainer("padfree", data, tok, str(tmp_path), model_kwargs=leaky)
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
     assert trainer.state.global_step == 0  # refused before the first step
-    # prompt-once needs an attention that reads the shared prompt keys, and padding-free
-    policy = T.model("padfree", attn_implementation="sdpa")
     with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
-        DPOTrainer(policy, T.model("padfree", seed=1), args=T.config("once", str(tmp_path)), train_dataset=data,
-                   processing_class=tok, prompt_once=True)
+        S.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+
+
+def test_prompt_once_needs_padding_free(tmp_path):
     with pytest.raises(ValueError, match="needs DPOConfig\\(padding_free=True\\)"):
-        DPOTrainer(policy, T.model("padded", seed=1), args=T.config("padded", str(tmp_path)), train_dataset=data,
-                   processing_class=tok, prompt_once=True)
+        DPOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
+                   train_dataset=T.pairs(8), processing_class=T.tokenizer(), prompt_once=True)
 
 
 def test_padding_free_false_is_trl_unchanged(tmp_path):

@@ -12,7 +12,6 @@ import torch
 
 from trl_padfree import KTOTrainer
 from trl_padfree.kto import DataCollatorForUnpairedFlat
-from trl_padfree.probe import PackingLeakError
 
 RTOL = 1e-5
 
@@ -84,18 +83,11 @@ def test_two_ddp_ranks_train_the_same_model(tmp_path):
     layout_runs.assert_same_training(runs, T.same_step)
 
 
-def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
-    tok, data = T.tokenizer(), T.examples(8)
-    leaky = layout_runs.register_leaky_attention()
-    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
-    with pytest.raises(PackingLeakError, match="LEAKS"):
-        trainer.train()
-    assert trainer.state.global_step == 0  # refused before the first step
-    with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
-        T.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+def test_prompt_once_needs_padding_free(tmp_path):
+    """(A leak, and prompt-once under sdpa: tests/test_dpo.py, for KTO too.)"""
     with pytest.raises(ValueError, match=r"needs KTOConfig\(padding_free=True\)"):
         KTOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
-                   train_dataset=data, processing_class=tok, prompt_once=True)
+                   train_dataset=T.examples(8), processing_class=T.tokenizer(), prompt_once=True)
 
 
 def test_evaluation_gives_trls_metrics(tmp_path):

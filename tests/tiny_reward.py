@@ -53,8 +53,8 @@ def config_kwargs(layout: str, out: str, **overrides: Any) -> dict[str, Any]:
     return training_args(layout, out, **{"learning_rate": 1e-2} | overrides)
 
 
-def trainer(layout: str, data: Dataset, tok: Any, out: str, *, attn_implementation: str | None = None,
+def trainer(layout: str, data: Dataset, tok: Any, out: str, *, model_kwargs: dict | None = None,
             peft: Any = None, check_packing: bool = True, **overrides: Any) -> RewardTrainer:
-    return RewardTrainer(model(layout, tok, attn_implementation=attn_implementation),
+    return RewardTrainer(model(layout, tok, **(model_kwargs or {})),
                          args=config(layout, out, **overrides), train_dataset=data, processing_class=tok,
                          peft_config=peft, prompt_once=layout == "once", check_packing=check_packing)
