@@ -1,5 +1,6 @@
 """Padding-free and prompt-once DPO train the same model as TRL's padded DPOTrainer (CPU, fp32): per-step metrics,
-every gradient and the final weights (tests/layout_runs.py), every TRL loss type on one batch, leaks refused."""
+every gradient and the final weights (tests/layout_runs.py), every TRL loss type on one batch, leaks refused; with KTO
+and reward models: the refusals and evaluation."""
 
 from __future__ import annotations
 
@@ -145,6 +146,24 @@ def test_a_leaking_attention_and_sdpa_with_prompt_once_are_refused(tmp_path, nam
     assert trainer.state.global_step == 0  # refused before the first step
     with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
         S.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+
+
+@pytest.mark.parametrize(("name", "shown"), [("kto", {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"}),
+                                             ("reward", {"eval_loss", "eval_accuracy", "eval_margin", "eval_mean_reward"})])
+def test_evaluation_gives_trls_metrics(tmp_path, name, shown):
+    """KTO and reward models (tests/tiny_*.py): every layout's evaluation metrics are TRL's padded ones."""
+    S = importlib.import_module(f"tiny_{name}")
+    data = S.examples if name == "kto" else S.pairs
+    results = {layout: S.trainer(layout, data(12), S.tokenizer(), str(tmp_path / layout), eval_dataset=data(8, seed=1),
+                                 per_device_eval_batch_size=4).evaluate() for layout in layout_runs.LAYOUTS}
+    want = results["padded"]
+    keys = [k for k in want if k.startswith("eval_") and not k.endswith(("runtime", "per_second", "preparation_time"))]
+    assert shown <= set(keys)
+    for layout in layout_runs.LAYOUTS[1:]:
+        if name == "kto":
+            layout_runs.same_preference_step(layout, results[layout], want, keys, prefix="eval_")
+        else:
+            S.same_step(layout, results[layout], want, keys, prefix="eval_")
 
 
 def test_prompt_once_needs_padding_free(tmp_path):

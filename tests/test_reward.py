@@ -15,21 +15,14 @@ from trl_padfree.reward_layout import DataCollatorForRewardPairs
 RTOL = 1e-5
 # prompt-once gradients: 1.08e-5 in fp32 (Llama's RMSNorm backward in fp32; exact in fp64: test_float64_gradients...)
 ONCE_GRAD_RTOL = 2e-5
-METRICS = ("loss", "num_tokens", "min_reward", "mean_reward", "max_reward", "accuracy", "margin")
 
 
 def grad_rtol(layout: str) -> float:
     return RTOL if layout == "padfree" else ONCE_GRAD_RTOL
 
 
-def same_step(layout: str, got: dict[str, float], want: dict[str, float], keys=METRICS, prefix: str = "") -> None:
-    # margin and mean reward are differences/means of rewards: judged against the rewards' size
-    scale = max(abs(want[prefix + "min_reward"]), abs(want[prefix + "max_reward"]))
-    layout_runs.assert_same_metrics(layout, got, want, keys, (prefix + "margin", prefix + "mean_reward"), scale)
-
-
 def assert_same_training(runs: dict[str, tuple[RewardTrainer, layout_runs.GradRecorder]]) -> None:
-    layout_runs.assert_same_training(runs, same_step, grad_rtol)
+    layout_runs.assert_same_training(runs, T.same_step, grad_rtol)
     # prompt-once forwarded fewer tokens than it counted (the shared prefixes once), the counts agree
     once = runs["once"][0]
     batch = once.data_collator([once.train_dataset[i] for i in range(4)])
@@ -137,7 +130,7 @@ def test_peft_lora_trains_the_same_adapters(tmp_path):
     runs = layout_runs.train_layouts(T, T.pairs(16), T.tokenizer(), tmp_path, ("padded", "padfree"), peft=peft)
     trained = {k for k, v in runs["padded"][0].model.named_parameters() if v.requires_grad}
     assert any("lora" in k for k in trained) and any("score" in k for k in trained)
-    layout_runs.assert_same_training(runs, same_step)
+    layout_runs.assert_same_training(runs, T.same_step)
 
 
 def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
@@ -168,21 +161,4 @@ def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
     """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    layout_runs.assert_same_training(layout_runs.ddp_runs("reward", tmp_path), same_step, grad_rtol)
-
-
-def test_evaluation_gives_trls_metrics(tmp_path):
-    tok, data = T.tokenizer(), T.pairs(12)
-    results = {}
-    for layout in layout_runs.LAYOUTS:
-        trainer = RewardTrainer(T.model(layout, tok), args=T.config(layout, str(tmp_path / layout),
-                                                                     per_device_eval_batch_size=4),
-                                train_dataset=data, eval_dataset=T.pairs(8, seed=1), processing_class=tok,
-                                prompt_once=layout == "once")
-        results[layout] = trainer.evaluate()
-    want = results["padded"]
-    timing = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_model_preparation_time")
-    keys = [k for k in want if k.startswith("eval_") and k not in timing]
-    assert {"eval_loss", "eval_accuracy", "eval_margin", "eval_mean_reward"} <= set(keys)
-    for layout in ("padfree", "once"):
-        same_step(layout, results[layout], want, keys, prefix="eval_")
+    layout_runs.assert_same_training(layout_runs.ddp_runs("reward", tmp_path), T.same_step, grad_rtol)
