@@ -188,9 +188,14 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
-    """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    layout_runs.assert_same_training(layout_runs.ddp_runs("dpo", tmp_path), T.same_step)
+@pytest.mark.parametrize("name", ["dpo", "kto", "reward"])
+def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path, name):
+    """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs (KTO's KL gathered across ranks),
+    gradients and weights."""
+    S = importlib.import_module(f"tiny_{name}")
+    runs = layout_runs.ddp_runs(name, tmp_path)
+    assert name != "kto" or any(e["kl"] > 0 for e in runs["padded"].logs)
+    layout_runs.assert_same_training(runs, S.same_step, getattr(S, "grad_rtol", lambda layout: layout_runs.RTOL))
 
 
 def test_shared_prompt_keys_never_take_torch_varlen(monkeypatch):

@@ -75,14 +75,6 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
                    train_dataset=data, processing_class=tok, data_collator=ours.data_collator)
 
 
-@pytest.mark.slow
-def test_two_ddp_ranks_train_the_same_model(tmp_path):
-    """torchrun, 2 CPU ranks: same per-step logs (KL gathered across ranks), gradients, weights."""
-    runs = layout_runs.ddp_runs("kto", tmp_path)
-    assert any(e["kl"] > 0 for e in runs["padded"].logs)
-    layout_runs.assert_same_training(runs, T.same_step)
-
-
 def test_prompt_once_needs_padding_free(tmp_path):
     """(A leak, and prompt-once under sdpa: tests/test_dpo.py, for KTO too.)"""
     with pytest.raises(ValueError, match=r"needs KTOConfig\(padding_free=True\)"):

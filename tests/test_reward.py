@@ -13,16 +13,10 @@ from trl_padfree import RewardConfig, RewardTrainer
 from trl_padfree.reward_layout import DataCollatorForRewardPairs
 
 RTOL = 1e-5
-# prompt-once gradients: 1.08e-5 in fp32 (Llama's RMSNorm backward in fp32; exact in fp64: test_float64_gradients...)
-ONCE_GRAD_RTOL = 2e-5
-
-
-def grad_rtol(layout: str) -> float:
-    return RTOL if layout == "padfree" else ONCE_GRAD_RTOL
 
 
 def assert_same_training(runs: dict[str, tuple[RewardTrainer, layout_runs.GradRecorder]]) -> None:
-    layout_runs.assert_same_training(runs, T.same_step, grad_rtol)
+    layout_runs.assert_same_training(runs, T.same_step, T.grad_rtol)
     # prompt-once forwarded fewer tokens than it counted (the shared prefixes once), the counts agree
     once = runs["once"][0]
     batch = once.data_collator([once.train_dataset[i] for i in range(4)])
@@ -156,9 +150,3 @@ def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
     for layout in ("padfree", "once"):
         assert abs(losses[layout] - losses["padded"]) <= 1e-12 * abs(losses["padded"])
         assert layout_runs.max_rel_diff(grads[layout], grads["padded"]) <= 1e-12, layout
-
-
-@pytest.mark.slow
-def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
-    """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    layout_runs.assert_same_training(layout_runs.ddp_runs("reward", tmp_path), T.same_step, grad_rtol)
