@@ -52,9 +52,7 @@ def test_spans_are_exactly_what_each_assistant_message_adds():
     text, spans = cm.assistant_spans(tok, rc.HI_BYE)
     assert text == "<|user|>\nHi<|end|>\n<|assistant|>\nHello<|end|>\n<|user|>\nBye<|end|>\n<|assistant|>\nCiao<|end|>\n<|endoftext|>"
     assert [text[a:b] for a, b in spans] == ["Hello<|end|>\n", "Ciao<|end|>\n<|endoftext|>"]
-    ex = cm.chat_labels(tok, rc.HI_BYE)
-    assert [t for t, lab in zip(tok.convert_ids_to_tokens(ex["input_ids"]), ex["labels"], strict=True) if lab != rc.IGNORE] \
-        == ["▁Hello", "<|end|>", "▁C", "iao", "<|end|>", "<|endoftext|>"]
+    # (the labels chat_labels makes of them: test_chat_template_masks_equal_character_span_truth[phi-3])
 
 
 def test_label_chats_for_datasets_map_and_a_collator_without_templates_keeps_the_labels():
