@@ -46,7 +46,7 @@ def test_gradient_accumulation_padded_and_padding_free_train_the_same_model(tmp_
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("ddp-equivalence")
-    run_on_two_ranks("ddp_equivalence.py", out, timeout=300)
+    run_on_two_ranks("ddp_layouts.py", out, "sft", timeout=300)
     results = json.loads((out / "results.json").read_text())
     results["weights"] = {key: torch.load(out / f"{key}.pt") for key in [*results["runs"], "rank1"]}
     return results
