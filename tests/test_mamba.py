@@ -114,14 +114,6 @@ def test_chunk_scan_refuses_a_cache_and_boundaries_of_another_batch() -> None:
         scan(**_chunk_inputs(), chunk_size=4, cu_seqlens=torch.tensor([0, 7, 20], dtype=torch.int32))
 
 
-def test_layout_of_equal_lengths_has_one_slot_more() -> None:
-    layout = mamba.packed_layout({"seq_idx": _seq_idx([3, 3])}, 1, 6)
-    assert [index.tolist() for index, _ in layout.groups] == [[[0, 1, 2, 6], [3, 4, 5, 6]]]
-    x = torch.arange(6.0).reshape(1, 6)
-    assert [part.tolist() for part in layout.unpack(x, 1)] == [[[0.0, 1.0, 2.0, 0.0], [3.0, 4.0, 5.0, 0.0]]]
-    assert torch.equal(layout.repack(layout.unpack(x, 1), 1), x)
-
-
 def test_layout_groups_bound_the_padding() -> None:
     """One long sequence and many short ones: the short ones are not padded to the long one's length."""
     lengths = [64, 3, 5, 2, 4, 60, 1, 7]
