@@ -211,8 +211,6 @@ def test_dpo_trainer_reads_prompt_once_and_check_packing_from_its_config(tmp_pat
     from tiny_dpo import pairs, tokenizer
     from tiny_dpo import trainer as dpo_trainer
 
-    from trl_padfree.trainer import PackingCheckCallback
-
     tok = tokenizer()
     config = trl_padfree.DPOConfig(**{**CPU, "output_dir": str(tmp_path)}, padding_free=True, prompt_once=True,
                                    check_packing=False, max_length=None, per_device_train_batch_size=4)

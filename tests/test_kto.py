@@ -64,7 +64,7 @@ def test_collator_rows_are_trls_sequences(tmp_path):
                 assert max(b - a for a, b in pairwise(cu)) == max_length
 
 
-def test_padding_free_false_is_trl_unchanged(tmp_path):
+def test_padding_free_false_is_trl_unchanged_and_bad_settings_are_refused(tmp_path):
     import trl
 
     tok, data = T.tokenizer(), T.examples(8)
@@ -73,13 +73,10 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
     with pytest.raises(ValueError, match="do not pass a data_collator"):
         KTOTrainer(T.model("padfree"), T.model("padfree", seed=1), args=T.config("padfree", str(tmp_path)),
                    train_dataset=data, processing_class=tok, data_collator=ours.data_collator)
-
-
-def test_prompt_once_needs_padding_free(tmp_path):
-    """(A leak, and prompt-once under sdpa: tests/test_dpo.py, for KTO too.)"""
+    # (a leak, and prompt-once under sdpa: tests/test_dpo.py, for KTO too)
     with pytest.raises(ValueError, match=r"needs KTOConfig\(padding_free=True\)"):
         KTOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
-                   train_dataset=T.examples(8), processing_class=T.tokenizer(), prompt_once=True)
+                   train_dataset=data, processing_class=tok, prompt_once=True)
 
 
 def test_return_outputs_recomputes_the_rows_logits(tmp_path):
