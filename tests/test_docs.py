@@ -106,14 +106,11 @@ def shown_commands(page: str) -> list[Shown]:
 ALL_SHOWN = [shown for page in COMMAND_PAGES for shown in shown_commands(page)]
 
 
-def _slug(heading: str) -> str:
-    """GitHub's anchor for a Markdown heading."""
-    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-
-
 def anchors(path: Path) -> set[str]:
+    """GitHub's anchors for the page's Markdown headings."""
     text = FENCE.sub("", path.read_text(encoding="utf-8"))
-    return {_slug(m[1]) for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.M)}
+    return {re.sub(r"[^\w\- ]", "", m[1].strip().lower()).replace(" ", "-")
+            for m in re.finditer(r"^#{1,6}\s+(.+?)\s*#*\s*$", text, re.M)}
 
 
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")

@@ -10,6 +10,7 @@ import torch
 import trl
 from layout_runs import LAYOUTS, lora, register_leaky_attention, step_logs
 from tiny_rl import assert_exact, grpo_loss_types, tokenizer, trainer
+from trl.trainer.utils import add_fused_lm_head
 
 import trl_padfree
 from trl_padfree import PackingLeakError
@@ -61,17 +62,11 @@ def test_padding_free_false_is_trls_trainer(tmp_path):
     assert sum(ours.pack_totals["train"].values()) == sum(ours.pack_totals["no_grad"].values()) == 0
 
 
-def _fused(model):
-    from trl.trainer.utils import add_fused_lm_head
-
-    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-    return model
-
-
 def test_packed_groups_give_each_sequence_alone():
     """Three groups, interleaved as TRL's shuffle leaves them, one with a completion TRL masked out (empty)."""
     torch.manual_seed(0)
-    model = _fused(tiny_llama(attn_implementation="padfree")).eval()
+    model = tiny_llama(attn_implementation="padfree").eval()
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     prompts = [torch.randint(3, 400, (n,)).tolist() for n in (5, 2, 7)]
     rows = [(0, 4), (1, 6), (2, 1), (0, 2), (1, 0), (0, 6), (2, 3)]
     rows = [(prompts[g], torch.randint(3, 400, (c,)).tolist()) for g, c in rows]

@@ -15,14 +15,6 @@ from trl_padfree.reward_layout import DataCollatorForRewardPairs
 RTOL = 1e-5
 
 
-def assert_same_training(runs: dict[str, tuple[RewardTrainer, layout_runs.GradRecorder]]) -> None:
-    layout_runs.assert_same_training(runs, T.same_step, T.grad_rtol)
-    # prompt-once forwarded fewer tokens than it counted (the shared prefixes once), the counts agree
-    once = runs["once"][0]
-    batch = once.data_collator([once.train_dataset[i] for i in range(4)])
-    assert batch["input_ids"].shape[1] < batch["num_tokens"]
-
-
 @pytest.mark.parametrize("case", [{}, {"margin": True, "center_rewards_coefficient": 0.01},
                                   {"explicit_prompt": False, "pad_is_eos": True},
                                   {"gradient_checkpointing": True, "pad_to_multiple_of": 8}],
@@ -32,7 +24,11 @@ def test_three_layouts_train_the_same_model(tmp_path, case):
     tok = T.tokenizer(pad_is_eos=case.pop("pad_is_eos", False))
     data = T.pairs(24, explicit_prompt=case.pop("explicit_prompt", True), margin=case.pop("margin", False))
     runs = layout_runs.train_layouts(T, data, tok, tmp_path, **case)
-    assert_same_training(runs)
+    layout_runs.assert_same_training(runs, T.same_step, T.grad_rtol)
+    # prompt-once forwarded fewer tokens than it counted (the shared prefixes once), the counts agree
+    once = runs["once"][0]
+    batch = once.data_collator([once.train_dataset[i] for i in range(4)])
+    assert batch["input_ids"].shape[1] < batch["num_tokens"]
     if "center_rewards_coefficient" in case:
         assert "margin" in runs["padfree"][0].train_dataset.column_names
 
