@@ -15,6 +15,7 @@ from layout_runs import (
     weights,
 )
 from tiny_models import tiny_family
+from tiny_rl import rel
 from tiny_sft import make_trainer, tokenized_dataset, tokenizer
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
@@ -24,11 +25,6 @@ from trl_padfree.testing import tiny_llama
 
 RTOL = 1e-5
 ALL = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
 def assert_outputs_equal(got, want: dict) -> None:
