@@ -14,7 +14,7 @@ from tiny_sft import tokenized_dataset
 import trl_padfree
 from trl_padfree import DataCollatorForCompletionOnlyLM, PackingCheckCallback, SFTTrainer
 from trl_padfree.configs import UNSET, trainer_settings
-from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_llama
+from trl_padfree.testing import tiny_llama
 
 CPU = {"output_dir": "unused", "report_to": "none", "bf16": False, "use_cpu": True}
 
@@ -96,8 +96,7 @@ def test_trl_parser_reads_every_field_from_yaml_and_the_command_line(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def sft_setup():
-    tok = tiny_byte_level_tokenizer()
+def sft_setup(tok):
     return tok, tokenized_dataset(tok, 12)
 
 

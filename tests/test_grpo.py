@@ -9,7 +9,7 @@ import pytest
 import torch
 import trl
 from layout_runs import LAYOUTS, lora, register_leaky_attention, step_logs
-from tiny_rl import assert_exact, grpo_loss_types, tokenizer, trainer
+from tiny_rl import assert_exact, grpo_loss_types, trainer
 from trl.trainer.utils import add_fused_lm_head
 
 import trl_padfree
@@ -99,14 +99,13 @@ def test_packed_groups_give_each_sequence_alone():
             assert stats.forwarded_tokens == real - stats.shared_tokens == packed["input_ids"].shape[1]
 
 
-def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
+def test_a_leaking_attention_and_bad_settings_are_refused(tok, tmp_path):
     t = trainer("grpo", "padfree", str(tmp_path), model_init_kwargs={"attn_implementation": register_leaky_attention()})
     with pytest.raises(PackingLeakError, match="padding-free GRPO/RLOO batch changes this model's logits"):
         t.train()
     assert t.state.global_step == 0  # refused before the first step
     with pytest.raises(ValueError, match="needs attn_implementation='padfree'.*uses 'sdpa'"):
         trainer("grpo", "once", str(tmp_path), model_init_kwargs={"attn_implementation": "sdpa"})
-    tok = tokenizer()
     config = trl.GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     with pytest.raises(ValueError, match=r"prompt_once=True needs GRPOConfig\(padding_free=True\)"):
         trl_padfree.GRPOTrainer("x", reward_funcs=[], args=config, processing_class=tok, prompt_once=True)
