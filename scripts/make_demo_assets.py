@@ -4,6 +4,9 @@
 * ``data/train.jsonl`` / ``eval.jsonl``: ``{"instruction", "output"}`` records of 13 synthetic tasks a tiny model
   can learn, with FLAN-like lengths scaled down (lognormal, median ~65 tokens, capped at 400);
 * ``data/chat_train.jsonl`` / ``chat_eval.jsonl``: ``{"messages": [...]}`` with 2-3 user / assistant turns;
+* ``data/pref_train.jsonl`` / ``pref_eval.jsonl``: TRL's ``{"prompt", "chosen", "rejected"}`` pairs of the same tasks
+  (the prompt ``### Question: {instruction}\\n### Answer:``, the correct answer chosen, a worse one rejected: a
+  refusal, the question echoed, the answer cut half-way or shuffled);
 * ``model/``: a byte-level BPE tokenizer trained on the demo text (with a chat template rendering the same
   ``### Question:`` / ``### Answer:`` format) and a tiny random-init ``LlamaForCausalLM``.
 
@@ -24,6 +27,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 SEED, N_TRAIN, N_EVAL, N_CHAT_TRAIN, N_CHAT_EVAL = 1234, 3000, 200, 400, 40
+PREF_SEED_OFFSET, N_PREF_TRAIN, N_PREF_EVAL = 3087, 1200, 100  # preference pairs: seed 4321 by default
+REFUSALS = ("Sorry, I cannot help with that.", "I do not know.", "That is not something I can answer.",
+            "I am not sure what you mean.")
 TEMPLATE = "### Question: {instruction}\n### Answer: {output}"
 RESPONSE_TEMPLATE, INSTRUCTION_TEMPLATE = "### Answer:", "### Question:"
 LENGTH_MEDIAN, LENGTH_SIGMA, LENGTH_MIN, LENGTH_MAX = 80.0, 0.75, 14, 400  # example tokens: lognormal, clipped
@@ -209,6 +215,38 @@ def make_conversations(seed: int, count: int) -> list[dict[str, list[dict[str, s
     return convs
 
 
+def worse_answer(rng: random.Random, instruction: str, output: str) -> str:
+    """A worse answer to ``instruction`` than ``output`` (never equal to it)."""
+    words = output.split()
+    kinds = ["refuse", "echo"] + (["cut"] if len(words) > 3 else []) + (["shuffle"] if len(set(words)) > 2 else [])
+    kind = rng.choice(kinds)
+    if kind == "refuse":
+        return rng.choice(REFUSALS)
+    if kind == "echo":
+        return instruction
+    if kind == "cut":
+        return " ".join(words[: max(1, len(words) // 2)])
+    shuffled = words[:]
+    while shuffled == words:
+        rng.shuffle(shuffled)
+    return " ".join(shuffled)
+
+
+def make_pairs(seed: int, count: int, exclude: frozenset[str] = frozenset()) -> list[dict[str, str]]:
+    """``count`` preference pairs from a generator seeded with ``seed``, none with a prompt in ``exclude``."""
+    rng = random.Random(seed)
+    pairs: list[dict[str, str]] = []
+    while len(pairs) < count:
+        record = make_record(rng)
+        prompt = f"### Question: {record['instruction']}\n### Answer:"
+        if prompt in exclude:
+            continue
+        rejected = worse_answer(rng, record["instruction"], record["output"])
+        if rejected != record["output"]:
+            pairs.append({"prompt": prompt, "chosen": " " + record["output"], "rejected": " " + rejected})
+    return pairs
+
+
 def format_example(record: dict[str, str]) -> str:
     """Render a record with the demo template."""
     return TEMPLATE.format(instruction=record["instruction"], output=record["output"])
@@ -230,7 +268,10 @@ def write_data(out: Path, seed: int = SEED) -> dict[str, list]:
         "eval": make_records(seed + 1, N_EVAL, exclude=frozenset(r["instruction"] for r in train)),
         "chat_train": make_conversations(seed + 2, N_CHAT_TRAIN),
         "chat_eval": make_conversations(seed + 3, N_CHAT_EVAL),
+        "pref_train": make_pairs(seed + PREF_SEED_OFFSET, N_PREF_TRAIN),
     }
+    data["pref_eval"] = make_pairs(seed + PREF_SEED_OFFSET + 1, N_PREF_EVAL,
+                                   exclude=frozenset(p["prompt"] for p in data["pref_train"]))
     for stem, rows in data.items():
         write_jsonl(out / "data" / f"{stem}.jsonl", rows)
     return data

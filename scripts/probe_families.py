@@ -97,27 +97,22 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     absent = [t for t in types if t not in known]
     rows, old_rows, verdicts = [], [], {}
-    verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # tiny configs trigger config warnings that say nothing about packing
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            for group, members in FAMILY_GROUPS.items():
-                chosen = [t for t in members if t in types and t not in absent]
-                rows += [f"| *{group}* | | | | | |"] if chosen else []
-                for model_type in chosen:
-                    sdpa, eager = (probe_cell(model_type, attn)[0] for attn in ("sdpa", "eager"))
-                    exact = exact_cell(model_type)
-                    padfree, kinds = probe_cell(model_type, "padfree")
-                    rows.append(f"| {model_type} | {', '.join(kinds)} | {exact} | {padfree} | {sdpa} | {eager} |")
-                    verdicts.setdefault(exact.split(" ")[0], []).append(model_type)
-                    print(rows[-1], flush=True)
-            for model_type in (t for t in types if t not in FAMILIES and t not in absent):
-                cells = [probe_cell(model_type, attn)[0] for attn in ("sdpa", "eager", "padfree")]
-                old_rows.append(f"| {model_type} | " + " | ".join(cells) + " |")
-                print(old_rows[-1], flush=True)
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    warnings.simplefilter("ignore")
+    for group, members in FAMILY_GROUPS.items():
+        chosen = [t for t in members if t in types and t not in absent]
+        rows += [f"| *{group}* | | | | | |"] if chosen else []
+        for model_type in chosen:
+            sdpa, eager = (probe_cell(model_type, attn)[0] for attn in ("sdpa", "eager"))
+            exact = exact_cell(model_type)
+            padfree, kinds = probe_cell(model_type, "padfree")
+            rows.append(f"| {model_type} | {', '.join(kinds)} | {exact} | {padfree} | {sdpa} | {eager} |")
+            verdicts.setdefault(exact.split(" ")[0], []).append(model_type)
+            print(rows[-1], flush=True)
+    for model_type in (t for t in types if t not in FAMILIES and t not in absent):
+        cells = [probe_cell(model_type, attn)[0] for attn in ("sdpa", "eager", "padfree")]
+        old_rows.append(f"| {model_type} | " + " | ".join(cells) + " |")
+        print(old_rows[-1], flush=True)
     counts = "; ".join(f"{verdict} ({len(names)})" + ("" if verdict == "exact" else ": " + ", ".join(names))
                        for verdict, names in verdicts.items())
     parts = [INTRO.format(tf=transformers.__version__, torch=torch.__version__)]

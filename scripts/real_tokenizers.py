@@ -227,11 +227,9 @@ def build_tokenizer(info: dict, vocab_name: str, chat_template: str | None, sour
 
     tokens = info["tokenizer.ggml.tokens"]
     backend = Tokenizer.from_str(json.dumps(tokenizer_json(info, vocab_name, source)))
-    special = {}
-    for name in ("bos", "eos", "unk", "pad"):
-        i = info.get(f"tokenizer.ggml.{'unknown' if name == 'unk' else 'padding' if name == 'pad' else name}_token_id")
-        if i is not None:
-            special[f"{name}_token"] = tokens[i]
+    special = {f"{name}_token": tokens[i] for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"),
+                                                          ("pad", "padding"))
+               if (i := info.get(f"tokenizer.ggml.{key}_token_id")) is not None}
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, clean_up_tokenization_spaces=False, **special)
     if chat_template is not None:
         tok.chat_template = chat_template
@@ -240,12 +238,8 @@ def build_tokenizer(info: dict, vocab_name: str, chat_template: str | None, sour
 
 def check_against_out(tok, cases: list[tuple[str, list[int]]]) -> list[str]:
     """Mismatches between the tokenizer and the original tokenizer's ids (empty when faithful)."""
-    bad = []
-    for text, want in cases:
-        got = tok.encode(text, add_special_tokens=False)
-        if got != want:
-            bad.append(f"{text[:30]!r}: got {got[:8]}, original {want[:8]}")
-    return bad
+    return [f"{text[:30]!r}: got {got[:8]}, original {want[:8]}" for text, want in cases
+            if (got := tok.encode(text, add_special_tokens=False)) != want]
 
 
 def download_sdist(into: Path) -> Path:

@@ -10,6 +10,7 @@ import warnings
 from dataclasses import dataclass
 from functools import cache
 
+import pytest
 from paths import ROOT
 
 CACHE = ROOT / ".cache" / "real-tokenizers"
@@ -27,6 +28,13 @@ def cache_problem() -> str | None:
         return MISSING
     missing = [f for f in FAMILIES if f not in json.loads(path.read_text()).get("families", {})]
     return f"The real-tokenizer cache {CACHE} lacks {', '.join(missing)}: run `make real-tokenizers`." if missing else None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def real_tokenizers_built():
+    """Imported by the real-tokenizer test modules: without the cache their tests fail, saying how to build it."""
+    if cache_problem():
+        pytest.fail(cache_problem(), pytrace=False)
 
 
 @cache

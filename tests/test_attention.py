@@ -22,10 +22,10 @@ LENGTHS = [7, 23, 3, 31, 12, 23]  # unequal and equal lengths; 31 > the Mistral 
 KINDS = ["llama", "mistral", "qwen2"]  # full attention; every layer windowed; the first layer full, the others windowed
 
 
-def tiny_config(kind: str):
+def tiny_config(kind: str, **extra):
     return decoder_config(kind, sliding_window=8, vocab_size=VOCAB, hidden_size=64, intermediate_size=96,
                           num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,  # GQA
-                          max_position_embeddings=128, pad_token_id=0, eos_token_id=1, bos_token_id=2)
+                          max_position_embeddings=128, pad_token_id=0, eos_token_id=1, bos_token_id=2, **extra)
 
 
 def make_models(kind: str) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -82,13 +82,10 @@ def test_registered_with_transformers_and_selectable_four_ways(tmp_path):
     assert mu.ALL_MASK_ATTENTION_FUNCTIONS["padfree"] is attention.padfree_mask
     attention.register()  # idempotent
     assert AttentionInterface._global_mapping["padfree"] is attention.padfree_attention_forward
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="padfree")
+    other, model = make_models("llama")  # sdpa, then "padfree", the same weights
     assert model.config._attn_implementation == "padfree"
     batch = packed_batch(make_examples())
     expected = model(**batch).logits
-    other = AutoModelForCausalLM.from_config(tiny_config("llama"), attn_implementation="sdpa")
-    other.load_state_dict(model.state_dict())
     other.config._attn_implementation = "padfree"
     torch.testing.assert_close(other(**batch).logits, expected, rtol=0, atol=0)
     other.set_attn_implementation("padfree")
@@ -291,10 +288,8 @@ def test_dropout_is_applied_only_when_requested_and_by_the_model_in_training_onl
     assert (dropped[0] - plain).abs().max() > 1e-2
     torch.testing.assert_close(dropped[0], dropped[1], rtol=0, atol=0)  # seeded: reproducible
 
-    config = tiny_config("llama")
-    config.attention_dropout = 0.3
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="padfree").eval()
+    model = AutoModelForCausalLM.from_config(tiny_config("llama", attention_dropout=0.3),
+                                             attn_implementation="padfree").eval()
     packed = packed_batch(make_examples())
     eval_logits = model(**packed).logits
     torch.testing.assert_close(model(**packed).logits, eval_logits, rtol=0, atol=0)

@@ -29,38 +29,6 @@ def grads(model) -> dict[str, torch.Tensor]:
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def assert_packed_equals_alone(config, seqs: list[list[int]] | None = None, init=None,
-                               grad_rtol: float = GRAD_RTOL) -> tuple[float, dict]:
-    """Packed under "padfree" vs each example alone under "eager" (after ``init(model)``): loss, every gradient."""
-    seqs = examples() if seqs is None else seqs
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
-    if init is not None:
-        init(model)
-    count = sum(len(s) - 1 for s in seqs)
-    model.zero_grad(set_to_none=True)
-    want_loss = 0.0
-    for ids in seqs:
-        loss = model(**alone_batch(ids), num_items_in_batch=count).loss
-        loss.backward()
-        want_loss += loss.item()
-    want = grads(model)
-
-    # What a user does: the model built with "padfree" and called with the collator's packed row.
-    padfree = AutoModelForCausalLM.from_config(config, attn_implementation="padfree").eval()
-    padfree.load_state_dict(model.state_dict())
-    loss = padfree(**packed_batch(seqs), num_items_in_batch=count).loss
-    loss.backward()
-    got = grads(padfree)
-    assert math.isfinite(want_loss) and abs(loss.item() - want_loss) <= LOSS_TOL, (loss.item(), want_loss)
-    assert got.keys() == want.keys() and len(want) > 10
-    for name, w in want.items():
-        assert w.abs().max() > 1e-8, f"{name}: no gradient to compare (a degenerate tiny model)"
-        rel = ((got[name] - w).abs().max() / w.abs().max()).item()
-        assert rel <= grad_rtol, f"{name}: relative gradient difference {rel:.2e}"
-    return want_loss, want
-
-
 # trl_padfree.families' tiny configs (windows and Llama-4's chunks of 8); Gemma-2 with a cap of 0.5 on logits scaled
 # by 16**-0.5: tanh is far from linear there, so skipping it would show
 OVERRIDES = {"gemma2": dict(attn_logit_softcapping=0.5, query_pre_attn_scalar=16)}
@@ -89,8 +57,32 @@ def distinct_hash_experts(model):
 def test_packed_under_padfree_equals_each_example_alone_under_eager(model_type, seqs, init):
     # DeepSeek-V4's hyper-connection head sums every token of 4 layers in float32: with 2 torch threads its
     # gradient differs by 1.1e-4 of its largest (1 thread: within 1e-4), the summing order, not a leak
-    rtol = 3e-4 if model_type == "deepseek_v4" else GRAD_RTOL
-    assert_packed_equals_alone(config_of(model_type), None if seqs is None else examples(seqs), init, grad_rtol=rtol)
+    grad_rtol = 3e-4 if model_type == "deepseek_v4" else GRAD_RTOL
+    config, seqs = config_of(model_type), examples() if seqs is None else examples(seqs)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+    if init is not None:
+        init(model)
+    count = sum(len(s) - 1 for s in seqs)
+    model.zero_grad(set_to_none=True)
+    want_loss = 0.0
+    for ids in seqs:  # each example alone under "eager"
+        loss = model(**alone_batch(ids), num_items_in_batch=count).loss
+        loss.backward()
+        want_loss += loss.item()
+    want = grads(model)
+    # What a user does: the model built with "padfree" and called with the collator's packed row.
+    padfree = AutoModelForCausalLM.from_config(config, attn_implementation="padfree").eval()
+    padfree.load_state_dict(model.state_dict())
+    loss = padfree(**packed_batch(seqs), num_items_in_batch=count).loss
+    loss.backward()
+    got = grads(padfree)
+    assert math.isfinite(want_loss) and abs(loss.item() - want_loss) <= LOSS_TOL, (loss.item(), want_loss)
+    assert got.keys() == want.keys() and len(want) > 10
+    for name, w in want.items():
+        assert w.abs().max() > 1e-8, f"{name}: no gradient to compare (a degenerate tiny model)"
+        rel = ((got[name] - w).abs().max() / w.abs().max()).item()
+        assert rel <= grad_rtol, f"{name}: relative gradient difference {rel:.2e}"
 
 
 def _eager_then_padfree(config, **inputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -125,12 +125,11 @@ def test_accelerate_sharding_is_a_pass_through_and_set_epoch_reaches_the_sampler
     assert list(resumed) == epoch1[2:]
 
 
-def test_trainer_token_budget_batches_and_exact_loss_normalisation(tmp_path):
+def test_trainer_token_budget_batches_and_exact_loss_normalisation(tok, tmp_path):
     """One SGD step over 2 token-budget micro-batches = lr x grad of the step's token-mean loss."""
     import torch
-    from tiny_sft import make_trainer, tokenized_dataset, tokenizer, weights
+    from tiny_sft import make_trainer, tokenized_dataset, weights
 
-    tok = tokenizer()
     data = tokenized_dataset(tok, 40)
     budget, lr = 160, 0.5
     trainer = make_trainer(True, data, tok, str(tmp_path / "run"), max_tokens_per_batch=budget,
@@ -160,11 +159,10 @@ def test_trainer_token_budget_batches_and_exact_loss_normalisation(tmp_path):
     assert trainer.state.log_history[0]["loss"] == pytest.approx(loss.item(), rel=1e-5)
 
 
-def test_trainer_resume_from_a_checkpoint_gives_the_same_batches(tmp_path):
+def test_trainer_resume_from_a_checkpoint_gives_the_same_batches(tok, tmp_path):
     """Resumed after epoch 1's first batch: exactly the batches and losses of the uninterrupted run."""
-    from tiny_sft import losses, make_trainer, tokenized_dataset, tokenizer
+    from tiny_sft import losses, make_trainer, tokenized_dataset
 
-    tok = tokenizer()
     data = tokenized_dataset(tok, 24)
     config = dict(max_tokens_per_batch=200, max_steps=-1, num_train_epochs=2, save_strategy="steps")
     full = make_trainer(True, data, tok, str(tmp_path / "full"), save_steps=1000, **config)

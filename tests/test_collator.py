@@ -195,10 +195,9 @@ def test_token_straddling_template_end_is_masked_and_instruction_start_is_traine
     assert labels == [IGNORE, IGNORE, IGNORE, 4, 5, IGNORE, IGNORE, IGNORE, IGNORE]
 
 
-def test_template_not_found_one_aggregated_warning_per_batch_or_an_error():
-    tok = tiny_byte_level_tokenizer()
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
-    features = [tok(t) for t in ["no template here", TEXTS[0], "nor here at all"]]
+def test_template_not_found_one_aggregated_warning_per_batch_or_an_error(byte_tok):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=True)
+    features = [byte_tok(t) for t in ["no template here", TEXTS[0], "nor here at all"]]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         batch = collator(features)
@@ -207,65 +206,62 @@ def test_template_not_found_one_aggregated_warning_per_batch_or_an_error():
     assert "example 0 of this batch, which begins 'no template here'" in message
     assert (batch["labels"][0, : len(features[0]["input_ids"])] == IGNORE).all()
     assert collator.stats.templates_not_found == 2
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, on_template_not_found="raise")
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, on_template_not_found="raise")
     with pytest.raises(TemplateNotFoundError, match=r"not found in example 1 of this batch, which begins 'oops"):
-        collator([tok(TEXTS[0]), tok("oops, no answer header")])
+        collator([byte_tok(TEXTS[0]), byte_tok("oops, no answer header")])
 
 
-def test_seq_lengths_split_a_prepacked_row():
-    tok = tiny_byte_level_tokenizer()
-    a, b = tok(TEXTS[0])["input_ids"], tok(TEXTS[2])["input_ids"]
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+def test_seq_lengths_split_a_prepacked_row(byte_tok):
+    a, b = byte_tok(TEXTS[0])["input_ids"], byte_tok(TEXTS[2])["input_ids"]
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=True)
     prepacked = collator([{"input_ids": a + b, "seq_lengths": [len(a), len(b)]}])
     separate = collator([{"input_ids": a}, {"input_ids": b}])
     for key in ("input_ids", "labels", "position_ids", "cu_seq_lens_q", "seq_idx"):
         assert prepacked[key].tolist() == separate[key].tolist()
 
 
-def test_bad_arguments_have_clear_errors():
-    tok = tiny_byte_level_tokenizer()
+def test_bad_arguments_have_clear_errors(byte_tok):
     with pytest.raises(ValueError, match="String templates need the tokenizer"):
         DataCollatorForCompletionOnlyLM("### Answer:")
     with pytest.raises(ValueError, match="mlm=True is not supported"):
-        DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, mlm=True)
+        DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, mlm=True)
     with pytest.raises(ValueError, match="return_tensors='np' is not supported"):
-        DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, return_tensors="np")
+        DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, return_tensors="np")
     with pytest.raises(TypeError, match="a template must be a string or a list of token ids"):
-        DataCollatorForCompletionOnlyLM(3.5, tokenizer=tok)
+        DataCollatorForCompletionOnlyLM(3.5, tokenizer=byte_tok)
     for value in (0, -8, 2.5, "8"):
         with pytest.raises(ValueError, match=r"pad_to_multiple_of must be a positive int \(or None\), got"):
-            DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=value)
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok)
+            DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=True,
+                                            pad_to_multiple_of=value)
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok)
     with pytest.raises(KeyError, match="example 0 has no 'input_ids'"):
         collator([{"text": "raw"}])
     with pytest.raises(ValueError, match="example 1 has no tokens; drop empty examples"):
         collator([{"input_ids": [1, 2]}, {"input_ids": []}])
 
 
-def test_positional_tokenizer_like_trl_0_19():
-    tok = tiny_byte_level_tokenizer()
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", None, tok)
-    assert collator.tokenizer is tok and collator.padding_free is False
-    assert collator([tok(TEXTS[0])])["attention_mask"].shape[0] == 1
+def test_positional_tokenizer_like_trl_0_19(byte_tok):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", None, byte_tok)
+    assert collator.tokenizer is byte_tok and collator.padding_free is False
+    assert collator([byte_tok(TEXTS[0])])["attention_mask"].shape[0] == 1
 
 
-def test_padding_free_pad_to_multiple_of_is_its_own_segment():
-    tok = tiny_byte_level_tokenizer()
-    features = [tok(t) for t in TEXTS[:3]]
+def test_padding_free_pad_to_multiple_of_is_its_own_segment(byte_tok):
+    features = [byte_tok(t) for t in TEXTS[:3]]
     lengths = [len(f["input_ids"]) for f in features]
     n = sum(lengths)
-    plain = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)(features)
+    plain = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=True)(features)
     for multiple in (1, n):  # already a multiple: nothing added
-        same = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True,
+        same = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=True,
                                                pad_to_multiple_of=multiple)(features)
         assert as_lists(same) == as_lists(plain)
-    batch = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True, pad_to_multiple_of=64)(
-        features)
+    batch = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=byte_tok, padding_free=True,
+                                            pad_to_multiple_of=64)(features)
     total = -(-n // 64) * 64
     extra = total - n
     assert extra > 1, "pick texts whose total is not close to a multiple of 64"
     assert batch["input_ids"].shape == batch["labels"].shape == batch["position_ids"].shape == (1, total)
-    assert batch["input_ids"][0].tolist() == plain["input_ids"][0].tolist() + [tok.pad_token_id] * extra
+    assert batch["input_ids"][0].tolist() == plain["input_ids"][0].tolist() + [byte_tok.pad_token_id] * extra
     assert batch["labels"][0].tolist() == plain["labels"][0].tolist() + [IGNORE] * extra
     # positions restart at 0: the padding is never read as a continuation of the last example
     assert batch["position_ids"][0].tolist() == plain["position_ids"][0].tolist() + list(range(extra))
@@ -278,7 +274,7 @@ def test_padding_free_pad_to_multiple_of_is_its_own_segment():
     # the same flat row as TRL 1.16's collator (which makes every padding token a segment of its own)
     given = [{"input_ids": f["input_ids"], "labels": part.tolist()}
              for f, part in zip(features, plain["labels"][0].split(lengths), strict=True)]
-    trl = TRLCollator(pad_token_id=tok.pad_token_id, padding_free=True, pad_to_multiple_of=64)(given)
+    trl = TRLCollator(pad_token_id=byte_tok.pad_token_id, padding_free=True, pad_to_multiple_of=64)(given)
     assert trl["input_ids"].tolist() == batch["input_ids"].tolist() and trl["labels"].tolist() == batch["labels"].tolist()
     assert trl["cu_seq_lens_q"].tolist() == cu[:-1] + list(range(n + 1, total + 1))
 
@@ -348,21 +344,11 @@ def test_bare_token_ids_and_labels_in_any_form_are_collated_like_lists_in_dicts(
     assert labels == given[0] + [IGNORE] + ids[1][1:] + given[2]
 
 
-def test_bare_lists_without_template_match_trl_language_modelling_collator():
-    """The issue's own call, and the result TRL 1.16's DataCollatorForLanguageModeling gives for the same ids."""
-    batch = DataCollatorForCompletionOnlyLM(None, padding_free=True)([[1, 2, 3], [4, 5]])
-    trl = TRLCollator(pad_token_id=0, padding_free=True)([{"input_ids": [1, 2, 3]}, {"input_ids": [4, 5]}])
-    assert batch["labels"].tolist() == trl["labels"].tolist() == [[IGNORE, 2, 3, IGNORE, 5]]
-    assert trl["max_length_q"] == 3
-    for key in ["input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx"]:
-        assert batch[key].tolist() == trl[key].tolist(), key
-    assert batch["max_length_q"] == 3
-
-
-@pytest.mark.parametrize("labelled", [(0, 1, 2), (0, 2)], ids=["all", "some"])
+@pytest.mark.parametrize("labelled", [(0, 1, 2), (0, 2), ()], ids=["all", "some", "none"])
 def test_given_labels_are_kept_each_examples_own_as_trl_and_transformers_keep_them(ids, labelled):
     """Labels other than input_ids are kept as given, as TRL's and transformers' collators do; an example without
-    labels (beside ones with them) is trained on its input_ids."""
+    labels (beside ones with them, or all of them: the issue's own call) is trained on its input_ids, and the flat
+    row is TRL 1.16's DataCollatorForLanguageModeling's."""
     rng = np.random.default_rng(0)
     features = [{"input_ids": x} for x in ids]
     for i in labelled:
@@ -372,6 +358,8 @@ def test_given_labels_are_kept_each_examples_own_as_trl_and_transformers_keep_th
     ours = DataCollatorForCompletionOnlyLM(None, padding_free=True)(features)
     trl = TRLCollator(pad_token_id=0, padding_free=True)(features)
     assert ours["labels"].tolist() == trl["labels"].tolist() == [expected]
+    for key in ["input_ids", "position_ids", "cu_seq_lens_q", "cu_seq_lens_k", "seq_idx", "max_length_q"]:
+        assert as_lists(ours)[key] == as_lists(trl)[key], key
     padded = DataCollatorForCompletionOnlyLM(None, padding_free=False)(features)
     assert padded["labels"][padded["attention_mask"].bool()].tolist() == expected
     if len(labelled) < len(ids):

@@ -14,7 +14,7 @@ from tiny_sft import tokenized_dataset
 import trl_padfree
 from trl_padfree import DataCollatorForCompletionOnlyLM, PackingCheckCallback, SFTTrainer
 from trl_padfree.configs import UNSET, trainer_settings
-from trl_padfree.testing import tiny_byte_level_tokenizer, tiny_llama
+from trl_padfree.testing import tiny_llama
 
 CPU = {"output_dir": "unused", "report_to": "none", "bf16": False, "use_cpu": True}
 
@@ -96,8 +96,7 @@ def test_trl_parser_reads_every_field_from_yaml_and_the_command_line(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def sft_setup():
-    tok = tiny_byte_level_tokenizer()
+def sft_setup(tok):
     return tok, tokenized_dataset(tok, 12)
 
 
@@ -107,22 +106,25 @@ def _sft_args(cls, tmp_path, **fields):
                dataloader_pin_memory=False, activation_checkpointing=False, **fields)
 
 
+def _sft(sft_setup, args, **kwargs) -> SFTTrainer:
+    tok, data = sft_setup
+    return SFTTrainer(tiny_llama(vocab_size=len(tok), attn_implementation="padfree"), args=args, train_dataset=data,
+                      processing_class=tok, **kwargs)
+
+
 def _batches(trainer):
     return [{k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in batch.items()}
             for batch in trainer.get_train_dataloader()]
 
 
 def test_sft_config_padding_free_builds_the_collator_the_old_call_built(sft_setup, tmp_path):
-    tok, data = sft_setup
+    tok, _ = sft_setup
     old_collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
-    old = SFTTrainer(tiny_llama(vocab_size=len(tok), attn_implementation="padfree"),
-                     args=_sft_args(trl.SFTConfig, tmp_path, padding_free=False), train_dataset=data,
-                     processing_class=tok, data_collator=old_collator)
+    old = _sft(sft_setup, _sft_args(trl.SFTConfig, tmp_path, padding_free=False), data_collator=old_collator)
     config = _sft_args(trl_padfree.SFTConfig, tmp_path, padding_free=True, response_template="### Answer:")
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)  # the config alone: no deprecated keyword
-        new = SFTTrainer(tiny_llama(vocab_size=len(tok), attn_implementation="padfree"), args=config,
-                         train_dataset=data, processing_class=tok)
+        new = _sft(sft_setup, config)
     collator = new.data_collator
     assert type(collator) is DataCollatorForCompletionOnlyLM and collator.padding_free is True
     assert (collator.response_template, collator.instruction_template, collator.tokenizer) == (
@@ -136,30 +138,26 @@ def test_sft_config_padding_free_builds_the_collator_the_old_call_built(sft_setu
 
 
 def test_sft_trainer_reads_the_config_fields(sft_setup, tmp_path):
-    tok, data = sft_setup
-    config = _sft_args(trl_padfree.SFTConfig, tmp_path, padding_free=True, response_template="### Answer:",
-                       max_tokens_per_batch=64, torch_num_threads=1, scored_lm_head=False, check_packing=False)
-    trainer = SFTTrainer(tiny_llama(vocab_size=len(tok), attn_implementation="padfree"), args=config,
-                         train_dataset=data, processing_class=tok)
+    tok, _ = sft_setup
+    trainer = _sft(sft_setup, _sft_args(trl_padfree.SFTConfig, tmp_path, padding_free=True, scored_lm_head=False,
+                                        response_template="### Answer:", max_tokens_per_batch=64, torch_num_threads=1,
+                                        check_packing=False))
     assert (trainer.max_tokens_per_batch, trainer.torch_num_threads, trainer.scored_lm_head) == (64, 1, False)
     assert not any(isinstance(c, PackingCheckCallback) for c in trainer.callback_handler.callbacks)
     rows = _batches(trainer)
     assert all(len(row["input_ids"][0]) <= 64 for row in rows) and len(rows) > 3  # token-budget batches
     # TRL's plain config: the defaults of today
-    plain = SFTTrainer(tiny_llama(vocab_size=len(tok)), args=_sft_args(trl.SFTConfig, tmp_path),
-                       train_dataset=data, processing_class=tok,
-                       data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok))
+    plain = _sft(sft_setup, _sft_args(trl.SFTConfig, tmp_path),
+                 data_collator=DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok))
     assert (plain.max_tokens_per_batch, plain.torch_num_threads, plain.scored_lm_head) == (None, "auto", True)
 
 
 def test_sft_deprecated_keyword_warns_and_still_works(sft_setup, tmp_path):
-    tok, data = sft_setup
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=sft_setup[0], padding_free=True)
     with pytest.warns(DeprecationWarning, match=r"SFTTrainer\(check_packing=\.\.\.\) is deprecated .* set "
                       r"check_packing in trl_padfree\.SFTConfig\(check_packing=\.\.\.\)") as record:
-        trainer = SFTTrainer(tiny_llama(vocab_size=len(tok), attn_implementation="padfree"),
-                             args=_sft_args(trl.SFTConfig, tmp_path), train_dataset=data, processing_class=tok,
-                             data_collator=collator, check_packing=False, max_tokens_per_batch=64)
+        trainer = _sft(sft_setup, _sft_args(trl.SFTConfig, tmp_path), data_collator=collator, check_packing=False,
+                       max_tokens_per_batch=64)
     assert not any(isinstance(c, PackingCheckCallback) for c in trainer.callback_handler.callbacks)
     assert trainer.max_tokens_per_batch == 64
     deprecations = [w for w in record if issubclass(w.category, DeprecationWarning) and "deprecated" in str(w.message)]
@@ -167,27 +165,24 @@ def test_sft_deprecated_keyword_warns_and_still_works(sft_setup, tmp_path):
 
 
 def test_sft_conflicts_name_both(sft_setup, tmp_path):
-    tok, data = sft_setup
-    model = tiny_llama(vocab_size=len(tok), attn_implementation="padfree")
     config = _sft_args(trl_padfree.SFTConfig, tmp_path, padding_free=True, response_template="### Answer:",
                        check_packing=False)
     with pytest.raises(ValueError) as info, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        SFTTrainer(model, args=config, train_dataset=data, processing_class=tok, check_packing=True)
+        _sft(sft_setup, config, check_packing=True)
     assert str(info.value) == ("SFTTrainer(check_packing=True) conflicts with SFTConfig(check_packing=False): set "
                                "check_packing once, in SFTConfig (the trainer keyword is deprecated)")
-    padded = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok)
+    padded = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=sft_setup[0])
     with pytest.raises(ValueError, match=r"SFTConfig\(padding_free=True\) conflicts with "
                        r"data_collator=DataCollatorForCompletionOnlyLM, which does not flatten"):
-        SFTTrainer(model, args=_sft_args(trl_padfree.SFTConfig, tmp_path, padding_free=True), train_dataset=data,
-                   processing_class=tok, data_collator=padded)
+        _sft(sft_setup, _sft_args(trl_padfree.SFTConfig, tmp_path, padding_free=True), data_collator=padded)
     with pytest.raises(ValueError, match=r"SFTConfig\(response_template=\.\.\., instruction_template=\.\.\.\) "
                        "build the collator, and a data_collator was passed too"):
-        SFTTrainer(model, args=config, train_dataset=data, processing_class=tok, data_collator=padded)
+        _sft(sft_setup, config, data_collator=padded)
     # a default value in the config is not a conflict: the (deprecated) keyword decides
     with pytest.warns(DeprecationWarning):
-        trainer = SFTTrainer(model, args=_sft_args(trl_padfree.SFTConfig, tmp_path, response_template="### Answer:"),
-                             train_dataset=data, processing_class=tok, scored_lm_head=False)
+        trainer = _sft(sft_setup, _sft_args(trl_padfree.SFTConfig, tmp_path, response_template="### Answer:"),
+                       scored_lm_head=False)
     assert trainer.scored_lm_head is False and trainer.data_collator.padding_free is False
 
 
@@ -214,8 +209,6 @@ def test_trainer_settings_of_every_trainer():
 def test_dpo_trainer_reads_prompt_once_and_check_packing_from_its_config(tmp_path):
     from tiny_dpo import pairs, tokenizer
     from tiny_dpo import trainer as dpo_trainer
-
-    from trl_padfree.trainer import PackingCheckCallback
 
     tok = tokenizer()
     config = trl_padfree.DPOConfig(**{**CPU, "output_dir": str(tmp_path)}, padding_free=True, prompt_once=True,

@@ -21,7 +21,7 @@ from transformers import AutoModelForCausalLM, LlamaForCausalLM, PreTrainedToken
 
 DATA_DIR = DEMO / "data"
 SCRIPT = ROOT / "scripts" / "make_demo_assets.py"
-DATA_FILES = ("train.jsonl", "eval.jsonl", "chat_train.jsonl", "chat_eval.jsonl")
+DATA_FILES = ("train.jsonl", "eval.jsonl", "chat_train.jsonl", "chat_eval.jsonl", "pref_train.jsonl", "pref_eval.jsonl")
 
 
 _spec = importlib.util.spec_from_file_location("make_demo_assets", SCRIPT)

@@ -1,7 +1,10 @@
 """Padding-free and prompt-once DPO train the same model as TRL's padded DPOTrainer (CPU, fp32): per-step metrics,
-every gradient and the final weights (tests/layout_runs.py), every TRL loss type on one batch, leaks refused."""
+every gradient and the final weights (tests/layout_runs.py), every TRL loss type on one batch, leaks refused; with KTO
+and reward models: the refusals and evaluation."""
 
 from __future__ import annotations
+
+import importlib
 
 import layout_runs
 import pytest
@@ -130,21 +133,43 @@ def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
             assert torch.allclose(chosen[i], a[0], rtol=RTOL) and torch.allclose(rejected[i], a[1], rtol=RTOL)
 
 
-def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
-    tok, data = T.tokenizer(), T.pairs(8)
-    leaky = layout_runs.register_leaky_attention()
-    trainer = T.trainer("padfree", data, tok, str(tmp_path), model_kwargs={"attn_implementation": leaky})
+@pytest.mark.parametrize("name", ["dpo", "kto", "reward"])
+def test_a_leaking_attention_and_sdpa_with_prompt_once_are_refused(tmp_path, name):
+    """DPO, KTO and reward (tests/tiny_*.py): a leak stops training before the first step; prompt-once needs an
+    attention that reads the shared prompt keys."""
+    S = importlib.import_module(f"tiny_{name}")
+    tok, data = S.tokenizer(), (S.examples if name == "kto" else S.pairs)(8)
+    leaky = {"attn_implementation": layout_runs.register_leaky_attention()}
+    trainer = S.trainer("padfree", data, tok, str(tmp_path), model_kwargs=leaky)
     with pytest.raises(PackingLeakError, match="LEAKS"):
         trainer.train()
     assert trainer.state.global_step == 0  # refused before the first step
-    # prompt-once needs an attention that reads the shared prompt keys, and padding-free
-    policy = T.model("padfree", attn_implementation="sdpa")
     with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
-        DPOTrainer(policy, T.model("padfree", seed=1), args=T.config("once", str(tmp_path)), train_dataset=data,
-                   processing_class=tok, prompt_once=True)
+        S.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+
+
+@pytest.mark.parametrize(("name", "shown"), [("kto", {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"}),
+                                             ("reward", {"eval_loss", "eval_accuracy", "eval_margin", "eval_mean_reward"})])
+def test_evaluation_gives_trls_metrics(tmp_path, name, shown):
+    """KTO and reward models (tests/tiny_*.py): every layout's evaluation metrics are TRL's padded ones."""
+    S = importlib.import_module(f"tiny_{name}")
+    data = S.examples if name == "kto" else S.pairs
+    results = {layout: S.trainer(layout, data(12), S.tokenizer(), str(tmp_path / layout), eval_dataset=data(8, seed=1),
+                                 per_device_eval_batch_size=4).evaluate() for layout in layout_runs.LAYOUTS}
+    want = results["padded"]
+    keys = [k for k in want if k.startswith("eval_") and not k.endswith(("runtime", "per_second", "preparation_time"))]
+    assert shown <= set(keys)
+    for layout in layout_runs.LAYOUTS[1:]:
+        if name == "kto":
+            layout_runs.same_preference_step(layout, results[layout], want, keys, prefix="eval_")
+        else:
+            S.same_step(layout, results[layout], want, keys, prefix="eval_")
+
+
+def test_prompt_once_needs_padding_free(tmp_path):
     with pytest.raises(ValueError, match="needs DPOConfig\\(padding_free=True\\)"):
-        DPOTrainer(policy, T.model("padded", seed=1), args=T.config("padded", str(tmp_path)), train_dataset=data,
-                   processing_class=tok, prompt_once=True)
+        DPOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
+                   train_dataset=T.pairs(8), processing_class=T.tokenizer(), prompt_once=True)
 
 
 def test_padding_free_false_is_trl_unchanged(tmp_path):
@@ -163,9 +188,14 @@ def test_padding_free_false_is_trl_unchanged(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
-    """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    layout_runs.assert_same_training(layout_runs.ddp_runs("dpo", tmp_path), T.same_step)
+@pytest.mark.parametrize("name", ["dpo", "kto", "reward"])
+def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path, name):
+    """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs (KTO's KL gathered across ranks),
+    gradients and weights."""
+    S = importlib.import_module(f"tiny_{name}")
+    runs = layout_runs.ddp_runs(name, tmp_path)
+    assert name != "kto" or any(e["kl"] > 0 for e in runs["padded"].logs)
+    layout_runs.assert_same_training(runs, S.same_step, getattr(S, "grad_rtol", lambda layout: layout_runs.RTOL))
 
 
 def test_shared_prompt_keys_never_take_torch_varlen(monkeypatch):

@@ -132,48 +132,41 @@ CONV = (
     "ValueError: `causal_conv1d_fn` can't keep packed sequences apart without `causal_conv1d`. Install "
     "`causal_conv1d` to train on packed sequences."
 )
+SOFTCAP = "PadfreeAttentionError: ... attention logit soft-capping (softcap=50.0) ..."
+GPT_OSS, DELTA = ("full attention", "attention sinks"), ("full attention", "gated delta rule")
+OFF, LAST = "padding_free=False", "set padding_free=False."  # LAST: the advice's end
+SAFE_THERE = "the probe ran it on this model: safe"
+# _advice(status, model_type, attn, kinds, error, alternative) -> what it recommends, text it has, text it lacks
+ADVICE = [
+    # refused sinks: never "padfree" nor flash-attention (no FA2 sinks), unless "padfree" was checked safe
+    (("error", "gpt_oss", "padfree", GPT_OSS, SINKS, None), set(), [LAST], ["flash_attention_2"]),
+    (("leaks", "gpt_oss", "eager", GPT_OSS, None, None), set(), [LAST], ["padfree"]),
+    (("leaks", "gpt_oss", "eager", GPT_OSS, None, "padfree"), {"padfree"}, [SAFE_THERE], []),
+    # a recurrent layer: its kernels, not another attention
+    *[(("error", "qwen3_5_text", attn, DELTA, CONV, None), set(), ["causal-conv1d and flash-linear-attention", OFF],
+       ["try"]) for attn in ("sdpa", "padfree")],
+    (("error", "qwen3_5_text", "eager", ("gated delta rule",), CONV, "padfree"), {"padfree"}, [SAFE_THERE], []),
+    (("error", "lfm2", "padfree", ("full attention", "short convolution"), CONV, None), set(),
+     ["CUDA kernels of causal-conv1d ("], []),
+    (("leaks", "jamba", "padfree", ("full attention", "mamba"), None, None), set(), [LAST], []),
+    # soft-capping: flash-attn, which computes it
+    (("error", "gemma2", "padfree", ("full attention", "logit soft-capping"), SOFTCAP, None), {"flash_attention_2"},
+     ["pip install flash-attn"], []),
+    # a leak: an alternative only when checked
+    (("leaks", "opt", "sdpa", ("full attention",), None, None), set(), [LAST], []),
+    (("leaks", "opt", "sdpa", ("full attention",), None, "padfree"), {"padfree", "flash_attention_2"}, [], []),
+    (("error", "gemma4_text", "padfree", (), "IndexError: too many indices", "sdpa"), {"sdpa"}, [], []),
+]
 
 
-def test_advice_for_refused_sinks_never_recommends_padfree_or_flash_attention() -> None:
-    kinds = ("full attention", "attention sinks")
-    advice = _advice("error", "gpt_oss", "padfree", 0.0, kinds=kinds, error=SINKS)
-    assert recommended(advice) == set() and "flash_attention_2" not in advice
-    assert advice.endswith("set padding_free=False.")
-    leak = _advice("leaks", "gpt_oss", "eager", 0.0, kinds=kinds)
-    assert "padfree" not in leak and leak.endswith("set padding_free=False.")
-    checked = _advice("leaks", "gpt_oss", "eager", 0.0, kinds=kinds, alternative="padfree")
-    assert recommended(checked) == {"padfree"} and "the probe ran it on this model: safe" in checked  # no FA2 sinks
-
-
-def test_advice_for_a_recurrent_layer_names_its_kernels_not_another_attention() -> None:
-    for attn in ("sdpa", "padfree"):
-        advice = _advice("error", "qwen3_5_text", attn, 0.0, kinds=("full attention", "gated delta rule"), error=CONV)
-        assert recommended(advice) == set() and "try" not in advice
-        assert "causal-conv1d and flash-linear-attention" in advice and "padding_free=False" in advice
-    checked = _advice("error", "qwen3_5_text", "eager", 0.0, kinds=("gated delta rule",), error=CONV,
-                      alternative="padfree")
-    assert recommended(checked) == {"padfree"} and "the probe ran it on this model: safe" in checked
-    lfm = _advice("error", "lfm2", "padfree", 0.0, kinds=("full attention", "short convolution"), error=CONV)
-    assert "CUDA kernels of causal-conv1d (" in lfm
-    mamba = _advice("leaks", "jamba", "padfree", 0.0, kinds=("full attention", "mamba"))
-    assert recommended(mamba) == set() and mamba.endswith("set padding_free=False.")
-
-
-def test_advice_for_soft_capping_names_flash_attn_which_computes_it() -> None:
-    advice = _advice("error", "gemma2", "padfree", 0.0, kinds=("full attention", "logit soft-capping"),
-                     error="PadfreeAttentionError: ... attention logit soft-capping (softcap=50.0) ...")
-    assert recommended(advice) == {"flash_attention_2"} and "pip install flash-attn" in advice
-    assert "padfree" not in recommended(advice)
-
-
-def test_advice_for_a_leak_recommends_an_alternative_only_when_checked() -> None:
-    unchecked = _advice("leaks", "opt", "sdpa", 0.0, kinds=("full attention",))
-    assert recommended(unchecked) == set() and unchecked.endswith("set padding_free=False.")
-    checked = _advice("leaks", "opt", "sdpa", 0.0, kinds=("full attention",), alternative="padfree")
-    assert recommended(checked) == {"padfree", "flash_attention_2"}
-    crash = _advice("error", "gemma4_text", "padfree", 0.0, error="IndexError: too many indices", alternative="sdpa")
-    assert recommended(crash) == {"sdpa"} and "padfree" not in recommended(crash)
-
+@pytest.mark.parametrize(("call", "recommends", "has", "lacks"), ADVICE,
+                         ids=[f"{c[1]}-{c[2]}-{c[5] or 'unchecked'}" for c, *_ in ADVICE])
+def test_advice_recommends_only_what_fits_the_failure(call, recommends, has, lacks) -> None:
+    status, model_type, attn, kinds, error, alternative = call
+    advice = _advice(status, model_type, attn, 0.0, kinds=kinds, error=error, alternative=alternative)
+    assert recommended(advice) == recommends, advice
+    assert all(text in advice for text in has) and not any(text in advice for text in lacks), advice
+    assert advice.endswith(LAST) or LAST not in has
 
 def test_layout_advice_never_recommends_padfree_after_padfree_leaked() -> None:
     """The preference / group / reward probes share layout_report: a leak under "padfree" gets the layout off."""

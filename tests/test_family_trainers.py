@@ -117,20 +117,17 @@ def test_sft(tmp_path, model_type):
     assert tiny_sft.max_rel_diff(tiny_sft.weights(padded), initial) > 1e-4  # training moved the weights
 
 
-def dpo_model(model_type: str):
-    def make(layout: str, seed: int = 0):
-        return family_model(model_type, attn(model_type, layout), seed)
-    return make
-
-
-class _DPOSetup:
+class DPOSetup:
     """tiny_dpo's trainer with the family's model and TRL's head made usable on Llama-4 (:func:`trl_head_backbone`)."""
 
     def __init__(self, model_type: str) -> None:
-        self.make = dpo_model(model_type)
+        self.model_type = model_type
 
     def trainer(self, layout, data, tok, out, **kwargs):
-        trainer = tiny_dpo.trainer(layout, data, tok, out, make_model=self.make, **kwargs)
+        def make(layout: str, seed: int = 0):
+            return family_model(self.model_type, attn(self.model_type, layout), seed)
+
+        trainer = tiny_dpo.trainer(layout, data, tok, out, make_model=make, **kwargs)
         if layout == "padded":
             trl_head_backbone(trainer)
         return trainer
@@ -158,9 +155,9 @@ def test_dpo(tmp_path, model_type):
     if model_type == HYBRID:
         layouts = ("padded", "padfree")
         with pytest.raises(ValueError) as refused:
-            tiny_dpo.trainer("once", data, tok, str(tmp_path / "refused"), make_model=dpo_model(model_type))
+            DPOSetup(model_type).trainer("once", data, tok, str(tmp_path / "refused"))
         assert str(refused.value) == PROMPT_ONCE_REFUSED
-    runs = train_layouts(_DPOSetup(model_type), data, tok, tmp_path, layouts=layouts,
+    runs = train_layouts(DPOSetup(model_type), data, tok, tmp_path, layouts=layouts,
                          **no_aux_loss(model_type, prompt_once="once" in layouts))
     layout_runs.assert_same_training(runs, same_dpo_step, grad_rtol=lambda layout: GRAD_RTOL,
                                      grad_floor=GRAD_FLOOR.get(model_type, 0.0))
@@ -173,7 +170,7 @@ def test_prompt_once_with_the_moe_aux_loss_is_refused(tmp_path):
     tok, data = tiny_dpo.tokenizer(), tiny_dpo.pairs(8)
     with pytest.raises(ValueError, match=r"^prompt_once=True with the MoE router load-balancing loss "
                                          r"\(router_aux_loss_coef > 0\) is not exact: .* Set router_aux_loss_coef=0\.0"):
-        _DPOSetup("gpt_oss").trainer("once", data, tok, str(tmp_path), router_aux_loss_coef=0.9)
+        DPOSetup("gpt_oss").trainer("once", data, tok, str(tmp_path), router_aux_loss_coef=0.9)
 
 
 def grpo_prompts(model_type: str):

@@ -9,7 +9,8 @@ import pytest
 import torch
 import trl
 from layout_runs import LAYOUTS, lora, register_leaky_attention, step_logs
-from tiny_rl import assert_exact, grpo_loss_types, tokenizer, trainer
+from tiny_rl import assert_exact, grpo_loss_types, trainer
+from trl.trainer.utils import add_fused_lm_head
 
 import trl_padfree
 from trl_padfree import PackingLeakError
@@ -61,17 +62,11 @@ def test_padding_free_false_is_trls_trainer(tmp_path):
     assert sum(ours.pack_totals["train"].values()) == sum(ours.pack_totals["no_grad"].values()) == 0
 
 
-def _fused(model):
-    from trl.trainer.utils import add_fused_lm_head
-
-    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
-    return model
-
-
 def test_packed_groups_give_each_sequence_alone():
     """Three groups, interleaved as TRL's shuffle leaves them, one with a completion TRL masked out (empty)."""
     torch.manual_seed(0)
-    model = _fused(tiny_llama(attn_implementation="padfree")).eval()
+    model = tiny_llama(attn_implementation="padfree").eval()
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     prompts = [torch.randint(3, 400, (n,)).tolist() for n in (5, 2, 7)]
     rows = [(0, 4), (1, 6), (2, 1), (0, 2), (1, 0), (0, 6), (2, 3)]
     rows = [(prompts[g], torch.randint(3, 400, (c,)).tolist()) for g, c in rows]
@@ -104,14 +99,13 @@ def test_packed_groups_give_each_sequence_alone():
             assert stats.forwarded_tokens == real - stats.shared_tokens == packed["input_ids"].shape[1]
 
 
-def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
+def test_a_leaking_attention_and_bad_settings_are_refused(tok, tmp_path):
     t = trainer("grpo", "padfree", str(tmp_path), model_init_kwargs={"attn_implementation": register_leaky_attention()})
     with pytest.raises(PackingLeakError, match="padding-free GRPO/RLOO batch changes this model's logits"):
         t.train()
     assert t.state.global_step == 0  # refused before the first step
     with pytest.raises(ValueError, match="needs attn_implementation='padfree'.*uses 'sdpa'"):
         trainer("grpo", "once", str(tmp_path), model_init_kwargs={"attn_implementation": "sdpa"})
-    tok = tokenizer()
     config = trl.GRPOConfig(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     with pytest.raises(ValueError, match=r"prompt_once=True needs GRPOConfig\(padding_free=True\)"):
         trl_padfree.GRPOTrainer("x", reward_funcs=[], args=config, processing_class=tok, prompt_once=True)
@@ -131,7 +125,7 @@ def test_two_ddp_ranks_match_trl(tmp_path):
 
     from two_ranks import run_on_two_ranks
 
-    run_on_two_ranks("ddp_rl.py", tmp_path, timeout=900)
+    run_on_two_ranks("ddp_layouts.py", tmp_path, "rl", timeout=900)
     assert (tmp_path / "rank0.done").exists() and (tmp_path / "rank1.done").exists()
     for kind in ("grpo", "rloo"):
         runs = {}

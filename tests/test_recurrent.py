@@ -256,13 +256,12 @@ def test_launch_turns_an_unset_prompt_once_off_for_recurrent_layers():
     assert _shared_prompt_default(unset, llama) is unset and not unset.explicit  # attention only: the recipe decides
 
 
-def test_sft_trainer_prepares_recurrent_layers_under_sdpa(tmp_path):
+def test_sft_trainer_prepares_recurrent_layers_under_sdpa(tok, tmp_path):
     """Recurrent layers prepared under sdpa too: padding-free's first loss is padded's."""
-    from tiny_sft import losses, make_trainer, tokenized_dataset, tokenizer
+    from tiny_sft import losses, make_trainer, tokenized_dataset
 
     modeling = _modeling("lfm2")
     modeling.causal_conv1d_fn = _torch_fallback(modeling.causal_conv1d_fn)  # as transformers left it
-    tok = tokenizer()
     first_losses = []
     for padding_free in (True, False):
         trainer = make_trainer(padding_free, tokenized_dataset(tok, 8), tok, str(tmp_path / str(padding_free)),

@@ -10,31 +10,9 @@ import tiny_reward as T
 import torch
 
 from trl_padfree import RewardConfig, RewardTrainer
-from trl_padfree.probe import PackingLeakError
 from trl_padfree.reward_layout import DataCollatorForRewardPairs
 
 RTOL = 1e-5
-# prompt-once gradients: 1.08e-5 in fp32 (Llama's RMSNorm backward in fp32; exact in fp64: test_float64_gradients...)
-ONCE_GRAD_RTOL = 2e-5
-METRICS = ("loss", "num_tokens", "min_reward", "mean_reward", "max_reward", "accuracy", "margin")
-
-
-def grad_rtol(layout: str) -> float:
-    return RTOL if layout == "padfree" else ONCE_GRAD_RTOL
-
-
-def same_step(layout: str, got: dict[str, float], want: dict[str, float], keys=METRICS, prefix: str = "") -> None:
-    # margin and mean reward are differences/means of rewards: judged against the rewards' size
-    scale = max(abs(want[prefix + "min_reward"]), abs(want[prefix + "max_reward"]))
-    layout_runs.assert_same_metrics(layout, got, want, keys, (prefix + "margin", prefix + "mean_reward"), scale)
-
-
-def assert_same_training(runs: dict[str, tuple[RewardTrainer, layout_runs.GradRecorder]]) -> None:
-    layout_runs.assert_same_training(runs, same_step, grad_rtol)
-    # prompt-once forwarded fewer tokens than it counted (the shared prefixes once), the counts agree
-    once = runs["once"][0]
-    batch = once.data_collator([once.train_dataset[i] for i in range(4)])
-    assert batch["input_ids"].shape[1] < batch["num_tokens"]
 
 
 @pytest.mark.parametrize("case", [{}, {"margin": True, "center_rewards_coefficient": 0.01},
@@ -46,7 +24,11 @@ def test_three_layouts_train_the_same_model(tmp_path, case):
     tok = T.tokenizer(pad_is_eos=case.pop("pad_is_eos", False))
     data = T.pairs(24, explicit_prompt=case.pop("explicit_prompt", True), margin=case.pop("margin", False))
     runs = layout_runs.train_layouts(T, data, tok, tmp_path, **case)
-    assert_same_training(runs)
+    layout_runs.assert_same_training(runs, T.same_step, T.grad_rtol)
+    # prompt-once forwarded fewer tokens than it counted (the shared prefixes once), the counts agree
+    once = runs["once"][0]
+    batch = once.data_collator([once.train_dataset[i] for i in range(4)])
+    assert batch["input_ids"].shape[1] < batch["num_tokens"]
     if "center_rewards_coefficient" in case:
         assert "margin" in runs["padfree"][0].train_dataset.column_names
 
@@ -103,14 +85,9 @@ def test_scores_are_read_where_trl_pools():
         DataCollatorForRewardPairs(pad_token_id=1)([{"chosen_ids": [5], "rejected_ids": []}])
 
 
-def test_a_leaking_attention_and_bad_settings_are_refused(tmp_path):
+def test_bad_settings_are_refused(tmp_path):
+    """(A leak, and prompt-once under sdpa: tests/test_dpo.py, for reward models too.)"""
     tok, data = T.tokenizer(), T.pairs(8)
-    trainer = T.trainer("padfree", data, tok, str(tmp_path), attn_implementation=layout_runs.register_leaky_attention())
-    with pytest.raises(PackingLeakError, match="LEAKS"):
-        trainer.train()
-    assert trainer.state.global_step == 0  # refused before the first step
-    with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
-        T.trainer("once", data, tok, str(tmp_path), attn_implementation="sdpa")
     with pytest.raises(ValueError, match=r"needs RewardConfig\(padding_free=True\)"):
         RewardTrainer(T.model("padded", tok), args=T.config("padded", str(tmp_path)), train_dataset=data,
                       processing_class=tok, prompt_once=True)
@@ -143,7 +120,7 @@ def test_peft_lora_trains_the_same_adapters(tmp_path):
     runs = layout_runs.train_layouts(T, T.pairs(16), T.tokenizer(), tmp_path, ("padded", "padfree"), peft=peft)
     trained = {k for k, v in runs["padded"][0].model.named_parameters() if v.requires_grad}
     assert any("lora" in k for k in trained) and any("score" in k for k in trained)
-    layout_runs.assert_same_training(runs, same_step)
+    layout_runs.assert_same_training(runs, T.same_step)
 
 
 def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
@@ -169,26 +146,3 @@ def test_float64_gradients_on_one_batch(tmp_path, monkeypatch):
     for layout in ("padfree", "once"):
         assert abs(losses[layout] - losses["padded"]) <= 1e-12 * abs(losses["padded"])
         assert layout_runs.max_rel_diff(grads[layout], grads["padded"]) <= 1e-12, layout
-
-
-@pytest.mark.slow
-def test_two_ddp_ranks_train_the_same_model_in_every_layout(tmp_path):
-    """torchrun, 2 CPU ranks (gloo): the three layouts give the same per-step logs, gradients and weights."""
-    layout_runs.assert_same_training(layout_runs.ddp_runs("reward", tmp_path), same_step, grad_rtol)
-
-
-def test_evaluation_gives_trls_metrics(tmp_path):
-    tok, data = T.tokenizer(), T.pairs(12)
-    results = {}
-    for layout in layout_runs.LAYOUTS:
-        trainer = RewardTrainer(T.model(layout, tok), args=T.config(layout, str(tmp_path / layout),
-                                                                     per_device_eval_batch_size=4),
-                                train_dataset=data, eval_dataset=T.pairs(8, seed=1), processing_class=tok,
-                                prompt_once=layout == "once")
-        results[layout] = trainer.evaluate()
-    want = results["padded"]
-    timing = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second", "eval_model_preparation_time")
-    keys = [k for k in want if k.startswith("eval_") and k not in timing]
-    assert {"eval_loss", "eval_accuracy", "eval_margin", "eval_mean_reward"} <= set(keys)
-    for layout in ("padfree", "once"):
-        same_step(layout, results[layout], want, keys, prefix="eval_")

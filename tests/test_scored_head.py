@@ -15,7 +15,8 @@ from layout_runs import (
     weights,
 )
 from tiny_models import tiny_family
-from tiny_sft import make_trainer, tokenized_dataset, tokenizer
+from tiny_rl import rel
+from tiny_sft import make_trainer, tokenized_dataset
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
 from trl_padfree import scored_head as sh
@@ -24,11 +25,6 @@ from trl_padfree.testing import tiny_llama
 
 RTOL = 1e-5
 ALL = ("log_probs", "entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
-
-
-def rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.detach().double(), b.detach().double()
-    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-12))
 
 
 def assert_outputs_equal(got, want: dict) -> None:
@@ -132,11 +128,10 @@ def _favour_the_commonest_target(model, batch) -> None:
 
 
 @pytest.mark.parametrize("shifted", [False, True])
-def test_model_call_equals_trls_fused_head(shifted):
+def test_model_call_equals_trls_fused_head(tok, shifted):
     """``model(..., fused_lm_head=True)``: every output field, the loss and every gradient equal to TRL's head."""
     from trl.trainer.utils import add_fused_lm_head
 
-    tok = tokenizer()
     batch = _packed_batch(tok)
     labels = batch.pop("labels")
     call = dict(shift_labels=torch.cat([labels[:, 1:], torch.full((1, 1), -100)], 1)) if shifted else dict(labels=labels)
@@ -160,8 +155,7 @@ def test_model_call_equals_trls_fused_head(shifted):
     assert model(**batch).logits.shape[1] == batch["input_ids"].shape[1]
 
 
-def _sft_run(tmp_path, scored: bool):
-    tok = tokenizer()
+def _sft_run(tok, tmp_path, scored: bool):
     data = tokenized_dataset(tok, 24)
     trainer = make_trainer(True, data, tok, str(tmp_path / str(scored)), gradient_accumulation_steps=2,
                            max_steps=3, optim="sgd", scored_lm_head=scored)
@@ -173,17 +167,16 @@ def _sft_run(tmp_path, scored: bool):
     return trainer, recorder
 
 
-def test_sft_trainer_equals_trls_head(tmp_path):
+def test_sft_trainer_equals_trls_head(tok, tmp_path):
     """SFT (accumulation 2, 3 steps): logs, every gradient and the weights equal TRL's head."""
-    runs = {"padded": _sft_run(tmp_path, False), "padfree": _sft_run(tmp_path, True)}  # TRL's head, the scored one
+    runs = {"padded": _sft_run(tok, tmp_path, False), "padfree": _sft_run(tok, tmp_path, True)}  # TRL's head, the scored one
     (trl_head, _), (scored, _) = runs["padded"], runs["padfree"]
     assert trl_head.lm_head_state == "trl: scored_lm_head=False" and scored.lm_head_state == "scored"
     assert sh.scored_head_state(scored.model) == "scored" and sh.scored_head_state(trl_head.model) is None
     assert_same_training(runs, same_logs("loss", "entropy", "mean_token_accuracy", "num_tokens"))
 
 
-def test_sft_switch_is_checked_and_removes_an_earlier_head(tmp_path):
-    tok = tokenizer()
+def test_sft_switch_is_checked_and_removes_an_earlier_head(tok, tmp_path):
     data = tokenized_dataset(tok, 4)
     with pytest.raises(ValueError, match="scored_lm_head must be True or False, got 'no'"):
         make_trainer(True, data, tok, str(tmp_path / "a"), scored_lm_head="no")
@@ -223,11 +216,10 @@ def _tiny_gemma2(vocab_size: int):
     return tiny_family("gemma2", vocab_size=vocab_size, final_logit_softcapping=30.0, attn_logit_softcapping=None)
 
 
-def test_softcapped_logits_fall_back_to_trls_head(tmp_path, capsys):
+def test_softcapped_logits_fall_back_to_trls_head(tok, tmp_path, capsys):
     """gemma2 softcaps its logits: the scored head names why and leaves the call to TRL's head (same outputs)."""
     from trl.trainer.utils import add_fused_lm_head
 
-    tok = tokenizer()
     model = _tiny_gemma2(len(tok))
     why = "final_logit_softcapping=30.0 (gemma2): logits softcapped before the loss"
     assert sh.head_fallback_reason(model) == why

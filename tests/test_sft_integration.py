@@ -19,16 +19,12 @@ def text_ds():
     return Dataset.from_dict({"text": demo_corpus(48)})
 
 
-def config(tmp_path, **kw) -> SFTConfig:
-    return SFTConfig(**dict(output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=5e-3, logging_steps=1,
-                            report_to=[], save_strategy="no", use_cpu=True, seed=0, data_seed=0, max_length=256,
-                            dataloader_drop_last=True, bf16=False) | kw)
-
-
 def sft(tok, ds, tmp_path, flat: bool = True, template: str | None = "### Answer:", model=None, **kw) -> SFTTrainer:
-    collator = DataCollatorForCompletionOnlyLM(template, tokenizer=tok, padding_free=flat)
-    return SFTTrainer(model or tiny_llama(vocab_size=len(tok)), args=config(tmp_path, **kw), train_dataset=ds,
-                      processing_class=tok, data_collator=collator)
+    args = SFTConfig(**dict(output_dir=str(tmp_path), per_device_train_batch_size=8, learning_rate=5e-3,
+                            logging_steps=1, report_to=[], save_strategy="no", use_cpu=True, seed=0, data_seed=0,
+                            max_length=256, dataloader_drop_last=True, bf16=False) | kw)
+    return SFTTrainer(model or tiny_llama(vocab_size=len(tok)), args=args, train_dataset=ds, processing_class=tok,
+                      data_collator=DataCollatorForCompletionOnlyLM(template, tokenizer=tok, padding_free=flat))
 
 
 def train(tok, ds, tmp_path, padding_free: bool, **kw):

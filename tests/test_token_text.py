@@ -35,8 +35,7 @@ def test_decode_matches_tokenizer_text_and_anchored_find_equals_plain_search(mak
         assert text.find(pattern, ids, starts).tolist() == all_occurrences(data, pattern), (trial, pattern)
 
 
-def test_frequent_anchor_falls_back_to_plain_search():
-    tok = tiny_byte_level_tokenizer()
+def test_frequent_anchor_falls_back_to_plain_search(tok):
     text = TokenText.from_tokenizer(tok)
     ids = np.array(tok("a a a a a a a a", add_special_tokens=False)["input_ids"])
     data, starts = text.decode(ids)

@@ -7,14 +7,13 @@ import json
 
 import pytest
 import torch
-from tiny_sft import losses, make_trainer, max_rel_diff, tokenized_dataset, tokenizer, weights
+from tiny_sft import losses, make_trainer, max_rel_diff, tokenized_dataset, weights
 from two_ranks import run_on_two_ranks
 
 LOSS_RTOL, WEIGHT_RTOL = 1e-5, 1e-4
 
 
-def test_gradient_accumulation_padded_and_padding_free_train_the_same_model(tmp_path):
-    tok = tokenizer()
+def test_gradient_accumulation_padded_and_padding_free_train_the_same_model(tok, tmp_path):
     data = tokenized_dataset(tok, 48)
     runs, eval_loss = {}, {}
     for padding_free in (False, True):
@@ -46,7 +45,7 @@ def test_gradient_accumulation_padded_and_padding_free_train_the_same_model(tmp_
 @pytest.fixture(scope="module")
 def ddp_results(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("ddp-equivalence")
-    run_on_two_ranks("ddp_equivalence.py", out, timeout=300)
+    run_on_two_ranks("ddp_layouts.py", out, "sft", timeout=300)
     results = json.loads((out / "results.json").read_text())
     results["weights"] = {key: torch.load(out / f"{key}.pt") for key in [*results["runs"], "rank1"]}
     return results
@@ -85,11 +84,10 @@ def test_two_ddp_ranks_padded_and_padding_free_train_the_same_model(ddp_results,
                         ddp_results["weights"][f"padding_free=False,average_tokens={average_tokens}"]) <= WEIGHT_RTOL
 
 
-def test_two_ddp_ranks_with_token_budget_batches(ddp_results):
+def test_two_ddp_ranks_with_token_budget_batches(tok, ddp_results):
     """2 ranks: each its own sampler batches, same count per step, normaliser counts both."""
     from trl_padfree import TokenBudgetBatchSampler
 
-    tok = tokenizer()
     data = tokenized_dataset(tok, 48)
     lengths = [len(ids) for ids in data["input_ids"]]
     budget = ddp_results["budget"]

@@ -16,15 +16,11 @@ from trl_padfree.launch import main
 USAGE = ROOT / "docs" / "usage.md"
 
 
-def minimal_config() -> str:
-    """The yaml block of the section "A config of your own"."""
-    section = USAGE.read_text(encoding="utf-8").split("## A config of your own", 1)[1]
-    return re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
-
-
 @pytest.mark.parametrize("rate", [None, "2e-5"])
 def test_the_minimal_config_trains_with_the_losses_the_page_shows(rate, tmp_path, in_root):
-    text = minimal_config().replace("output_dir: outputs/mine", f"output_dir: {tmp_path / 'out'}")
+    section = USAGE.read_text(encoding="utf-8").split("## A config of your own", 1)[1]  # its yaml block
+    text = re.search(r"```yaml\n(.*?)```", section, re.S)[1].replace("output_dir: outputs/mine",
+                                                                    f"output_dir: {tmp_path / 'out'}")
     config = tmp_path / "mine.yaml"
     config.write_text(text, encoding="utf-8")
     extra = ["--learning_rate", rate] if rate else []

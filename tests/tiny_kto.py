@@ -32,7 +32,7 @@ def config(layout: str, out: str, **overrides: Any) -> KTOConfig:
 
 def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True, peft: Any = None,
             model_kwargs: dict | None = None, check_packing: bool = True, scored_lm_head: bool | None = None,
-            **overrides: Any) -> KTOTrainer:
+            eval_dataset: Dataset | None = None, **overrides: Any) -> KTOTrainer:
     policy = model(layout, **(model_kwargs or {}))
     ref_model = None
     if ref:
@@ -40,7 +40,7 @@ def trainer(layout: str, data: Dataset, tok: Any, out: str, *, ref: bool = True,
         with torch.no_grad():  # a sharper reference: lower log-probs on the mismatched KL sequences, so KL > 0
             ref_model.lm_head.weight.mul_(4.0)
     return KTOTrainer(policy, ref_model, args=config(layout, out, **overrides), train_dataset=data,
-                      processing_class=tok, peft_config=peft, prompt_once=layout == "once",
+                      eval_dataset=eval_dataset, processing_class=tok, peft_config=peft, prompt_once=layout == "once",
                       check_packing=check_packing,
                       **({} if scored_lm_head is None else {"scored_lm_head": scored_lm_head}))
 

@@ -77,14 +77,11 @@ COMMON: dict[str, Any] = dict(
 )
 
 
-def grpo_config(out: str, layout: str, **overrides: Any) -> GRPOConfig:
+def config(kind: str, out: str, layout: str, **overrides: Any) -> GRPOConfig | RLOOConfig:
+    """TRL's config of ``kind`` (GRPO with beta 0.1: a reference model) for ``layout``."""
     init = {"attn_implementation": attn(layout), "dtype": "float32", **overrides.pop("model_init_kwargs", {})}
-    return GRPOConfig(output_dir=out, model_init_kwargs=init, **{**COMMON, "beta": 0.1, **overrides})
-
-
-def rloo_config(out: str, layout: str, **overrides: Any) -> RLOOConfig:
-    init = {"attn_implementation": attn(layout), "dtype": "float32", **overrides.pop("model_init_kwargs", {})}
-    return RLOOConfig(output_dir=out, model_init_kwargs=init, **{**COMMON, **overrides})
+    cls, own = (GRPOConfig, {"beta": 0.1}) if kind == "grpo" else (RLOOConfig, {})
+    return cls(output_dir=out, model_init_kwargs=init, **{**COMMON, **own, **overrides})
 
 
 class RecordingLogps:
@@ -99,12 +96,7 @@ class RecordingLogps:
 
 
 def _classes(kind: str, layout: str) -> type:
-    if layout == "trl_padfree(padding_free=False)":
-        layout = "padfree"
-    if layout == "padded":
-        base = trl.GRPOTrainer if kind == "grpo" else trl.RLOOTrainer
-    else:
-        base = trl_padfree.GRPOTrainer if kind == "grpo" else trl_padfree.RLOOTrainer
+    base = getattr(trl if layout == "padded" else trl_padfree, "GRPOTrainer" if kind == "grpo" else "RLOOTrainer")
     return type(f"Recording{base.__name__}", (RecordingLogps, base), {})
 
 
@@ -113,7 +105,7 @@ def trainer(kind: str, layout: str, out: str, *, data: Dataset | None = None, pe
             **overrides: Any) -> Any:
     """A recording GRPO/RLOO trainer of ``layout`` on the saved ``model`` (TRL loads its reference)."""
     tok = tokenizer()
-    config = (grpo_config if kind == "grpo" else rloo_config)(out, layout, **overrides)
+    args = config(kind, out, layout, **overrides)
     kwargs: dict[str, Any] = {}
     if layout == "trl_padfree(padding_free=False)":
         kwargs = dict(padding_free=False)
@@ -122,7 +114,7 @@ def trainer(kind: str, layout: str, out: str, *, data: Dataset | None = None, pe
     if scored_lm_head is not None:  # (None: the trainer's default)
         kwargs["scored_lm_head"] = scored_lm_head
     recorder = GradRecorder()
-    t = _classes(kind, layout)(model or model_path(), reward_funcs=reward_letters, args=config,
+    t = _classes(kind, layout)(model or model_path(), reward_funcs=reward_letters, args=args,
                                train_dataset=data if data is not None else prompts(), processing_class=tok,
                                peft_config=peft, callbacks=[recorder], **kwargs)
     t.recorder = recorder
