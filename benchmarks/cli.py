@@ -29,10 +29,7 @@ NUMBERS = (
 
 
 def csv(value: str) -> list[str]:
-    """
-    >>> csv("a, b,,c")
-    ['a', 'b', 'c']
-    """
+    """The names of a comma list: ``"a, b,,c"`` is ``["a", "b", "c"]``."""
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
@@ -97,7 +94,8 @@ def check(p: Parser, opts: argparse.Namespace) -> None:
         p.error(f"--output-dir {opts.output_dir} is a file; pass a directory")
     flash = [v.name for v in task.variants if v.name in opts.variants and "flash" in (v.attn or "")]
     if flash and opts.device == "cpu":
-        p.error(f"{flash[0]} needs --device cuda and flash-attn (pip install --no-build-isolation 'trl-padfree[flash]')")
+        p.error(f"{flash[0]} needs --device cuda and flash-attn (pip install --no-build-isolation "
+                "'trl-padfree[flash]')")
     opts.model_size = opts.model_size or ("smollm2-135m" if opts.whole_step else "tiny")
     opts.shape = dict(MODEL_SIZES[opts.model_size])
     opts.name = opts.name or f"{opts.task}{'-step' if opts.whole_step else ''}-{opts.device.split(':')[0]}"

@@ -44,8 +44,7 @@ def workload(kwargs: Mapping[str, Any], attn: str | None, scored: bool = False) 
     22
     """
     ids = kwargs.get("input_ids")
-    shape = ids.shape if ids is not None else kwargs["inputs_embeds"].shape[:2]
-    rows, width = int(shape[0]), int(shape[-1])
+    rows, width = map(int, ids.shape if ids is not None else kwargs["inputs_embeds"].shape[:2])
     slots = rows * width
     cu_q, positions = kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids")
     if attn in VARLEN and cu_q is not None:
@@ -58,11 +57,8 @@ def workload(kwargs: Mapping[str, Any], attn: str | None, scored: bool = False) 
         qk = int(sum(n * n for n in lengths))
     else:  # padded rows, or a packed row under a dense mask
         lengths, qk = [width] * rows, rows * width * width
-    head = slots
-    keep = kwargs.get("logits_to_keep")
-    if isinstance(keep, int) and keep > 0:
-        head = rows * keep
-    labels = kwargs.get("shift_labels", kwargs.get("labels"))
+    keep, labels = kwargs.get("logits_to_keep"), kwargs.get("shift_labels", kwargs.get("labels"))
+    head = rows * keep if isinstance(keep, int) and keep > 0 else slots
     if scored and kwargs.get("fused_lm_head") and labels is not None:
         head = int((_np(labels) != -100).sum())
     return {"slots": slots, "head": head, "qk": qk, "lengths": lengths}

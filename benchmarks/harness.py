@@ -1,12 +1,7 @@
 """The harness: every variant trains in a fresh worker process (``python -m benchmarks --worker SPEC OUT``) through
-its real trainer's ``train()``; the worker measures, the parent compares and writes the report.
-
-Measured per optimizer step, in every task alike: wall time (step end to step end: fetch and collation, forwards,
-backward, optimizer, logging), the logged loss, the records the collator received (their fingerprint: the same
-records in the same steps in every variant, verified), their tokens (:func:`~.workloads.record_tokens`), and the
-matmul FLOPs of every forward the models ran (:mod:`.flops`, from a forward pre-hook on each model; forwards inside
-``generate`` are timed apart and not counted). One memory meter: CUDA ``max_memory_allocated``, else the worker's
-peak RSS (a fresh process per variant: its peak is the variant's own).
+its real trainer's ``train()``; the worker measures (:class:`Meter`: each optimizer step's time, loss, records and
+tokens, and the FLOPs of its forwards; :func:`peak_memory_mb`, the one memory meter), the parent compares the
+variants and writes the report (docs/benchmark.md, "What is measured").
 """
 
 from __future__ import annotations
@@ -30,9 +25,10 @@ import torch
 from transformers import TrainerCallback
 
 from .flops import forward_flops, workload
-from .workloads import RL, TASKS, build_trainer, record_tokens, records
+from .workloads import IDS, RL, TASKS, build_trainer, record_tokens, records
 
 ROOT = Path(__file__).resolve().parents[1]
+STEP = {"records": "", "tokens": 0, "flops": 0.0, "generation_seconds": 0.0, "forwards": 0}  # a step as it starts
 
 
 class Meter(TrainerCallback):
@@ -43,7 +39,7 @@ class Meter(TrainerCallback):
         self.trainer, self.opts, self.task = trainer, opts, TASKS[opts.task]
         self.steps: list[dict[str, Any]] = []
         self.batches: list[tuple[str, int]] = []
-        self.step, self.in_generate = self.new_step(), False
+        self.step, self.in_generate = dict(STEP), False
         trainer.add_callback(self)
         collate, extra = trainer.data_collator, opts.completion if self.task.trainer in RL else 0
 
@@ -57,11 +53,6 @@ class Meter(TrainerCallback):
                 model.register_forward_pre_hook(self.forward, with_kwargs=True)
             if hasattr(model, "generate"):
                 model.generate = self.timed(model.generate)
-
-    @staticmethod
-    def new_step() -> dict[str, Any]:
-        """The figures of a step as it starts."""
-        return {"records": "", "tokens": 0, "flops": 0.0, "generation_seconds": 0.0, "forwards": 0}
 
     def now(self) -> float:
         """``time.perf_counter()`` once the device's queued work is done."""
@@ -77,7 +68,7 @@ class Meter(TrainerCallback):
         if self.batches:  # the dataloader fetches ahead: the oldest collated batch is this step's
             self.step["records"], self.step["tokens"] = self.batches.pop(0)
         self.steps.append({**self.step, "seconds": now - self.started})
-        self.step, self.started = self.new_step(), now
+        self.step, self.started = dict(STEP), now
 
     def on_log(self, *args: Any, logs: dict[str, float] | None = None, **kwargs: Any) -> None:
         if logs and "loss" in logs and self.steps:
@@ -115,8 +106,7 @@ def fingerprint(features: list[dict[str, Any]]) -> str:
     >>> fingerprint([{"input_ids": [1, 2], "completion_mask": [0, 1]}]) == fingerprint([{"input_ids": [1, 2]}])
     True
     """
-    keys = ("input_ids", "prompt_ids", "chosen_ids", "rejected_ids", "completion_ids", "prompt", "label")
-    canonical = [{k: f[k] for k in keys if k in f} for f in features]
+    canonical = [{k: f[k] for k in (*IDS, "prompt", "label") if k in f} for f in features]
     return f"{len(features)}:{zlib.crc32(json.dumps(canonical, default=str).encode()):08x}"
 
 
@@ -183,30 +173,23 @@ def summarize(rounds: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
             "losses": [s.get("loss") for s in first], "fingerprints": [s["records"] for s in first]}
 
 
-def compare(figures: dict[str, dict[str, Any]], baseline: str) -> dict[str, dict[str, Any]]:
-    """Each variant's measured ratios over ``baseline``, the FLOP ratio beside them, loss and batch agreement.
+def compare(f: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """A variant's measured ratios over the baseline's (:func:`summarize` figures each), the FLOP ratio beside them,
+    loss and batch agreement.
 
-    >>> f = {"a": {"tokens_per_second": 10.0, "flops_per_token": 6.0, "peak_memory_mb": 100.0, "losses": [1.0],
-    ...            "fingerprints": [["1:ab"]], "median_rest_ms": 4.0},
-    ...      "b": {"tokens_per_second": 25.0, "flops_per_token": 2.0, "peak_memory_mb": 50.0, "losses": [1.0],
-    ...            "fingerprints": [["1:ab"]], "median_rest_ms": 2.0}}
-    >>> c = compare(f, "a")["b"]
+    >>> base = {"tokens_per_second": 10.0, "flops_per_token": 6.0, "peak_memory_mb": 100.0, "losses": [1.0, None],
+    ...         "fingerprints": ["1:ab", "1:cd"], "median_rest_ms": 4.0}
+    >>> c = compare({**base, "tokens_per_second": 25.0, "flops_per_token": 2.0, "peak_memory_mb": 50.0}, base)
     >>> c["speed"], c["flop_ratio"], round(c["share"], 3), c["memory"], c["same_batches"], c["loss_diff"]
     (2.5, 3.0, 0.833, 0.5, True, 0.0)
     """
-    base = figures[baseline]
-    out = {}
-    for name, f in figures.items():
-        same = f["fingerprints"] == base["fingerprints"]
-        pairs = [(a, b) for a, b in zip(f["losses"], base["losses"], strict=False) if a is not None and b is not None]
-        speed, flop_ratio = f["tokens_per_second"] / base["tokens_per_second"], base["flops_per_token"] / f["flops_per_token"]
-        out[name] = {"speed": speed, "flop_ratio": flop_ratio, "share": speed / flop_ratio,
-                     "rest": base["median_rest_ms"] / f["median_rest_ms"] if f["median_rest_ms"] else None,
-                     "memory": f["peak_memory_mb"] / base["peak_memory_mb"], "same_batches": same,
-                     "loss_diff": max((abs(a - b) for a, b in pairs), default=None)
-                     if same and len(f["losses"]) == len(base["losses"]) else None}
-    return out
-
+    same = f["fingerprints"] == base["fingerprints"]  # then as many losses, step by step
+    diffs = [abs(a - b) for a, b in zip(f["losses"], base["losses"], strict=False) if a is not None and b is not None]
+    speed, flops = f["tokens_per_second"] / base["tokens_per_second"], base["flops_per_token"] / f["flops_per_token"]
+    return {"speed": speed, "flop_ratio": flops, "share": speed / flops,
+            "rest": base["median_rest_ms"] / f["median_rest_ms"] if f["median_rest_ms"] else None,
+            "memory": f["peak_memory_mb"] / base["peak_memory_mb"], "same_batches": same,
+            "loss_diff": max(diffs, default=None) if same else None}
 
 def table(figures: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]], baseline: str,
           generation: bool) -> list[str]:
@@ -264,7 +247,7 @@ def run(opts: Any, log: Any = print) -> dict[str, Any]:
             for variant in opts.variants:
                 rounds[variant].append(run_variant(opts, variant, data, log))
         figures = {name: summarize(results, opts.warmup) for name, results in rounds.items()}
-        ratios = compare(figures, opts.variants[0])
+        ratios = {name: compare(f, figures[opts.variants[0]]) for name, f in figures.items()}
         report["datasets"][dataset] = {"variants": rounds, "figures": figures, "ratios": ratios}
         lines += ["", f"## {dataset or opts.task}", "", *table(figures, ratios, opts.variants[0], task.trainer in RL)]
     lines += ["", "FLOP ratio: the baseline's matmul FLOPs per real token over the variant's (benchmarks/flops.py); "

@@ -85,7 +85,8 @@ WHOLE_STEP = {"beta": 0.0, "loss_type": "dapo", "optim": "sgd"}
 LR, SEED = 1e-4, 0  # a constant learning rate; the seed of the data and of the initial weights
 
 
-def lengths(dist: tuple[str, float, float], n: int, rng: np.random.Generator, scale: float, lo: int, hi: int) -> list[int]:
+def lengths(dist: tuple[str, float, float], n: int, rng: np.random.Generator, scale: float, lo: int,
+            hi: int) -> list[int]:
     """``n`` lengths of ``dist`` (a :data:`LENGTHS` value) times ``scale``, clipped to ``[lo, hi]``.
 
     >>> rng = np.random.default_rng(0)
@@ -147,35 +148,26 @@ def tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
-def model_config(kind: str, shape: dict[str, int], max_positions: int = 4096):
-    """The transformers config of a random-init Llama (``kind`` llama or classifier) or a Qwen3.5-like hybrid: three
-    gated-delta-rule layers to one full-attention layer (``qwen3_5_text``)."""
-    common = dict(vocab_size=shape["vocab_size"], hidden_size=shape["hidden"],
-                  intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
-                  num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                  max_position_embeddings=max_positions, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
-                  tie_word_embeddings=False, use_cache=False)
-    if kind == "hybrid":
-        from transformers import Qwen3_5TextConfig
-
-        types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(shape["layers"])]
-        return Qwen3_5TextConfig(**common, layer_types=types, head_dim=shape["hidden"] // shape["heads"],
-                                 linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
-                                 linear_value_head_dim=32, linear_conv_kernel_dim=4)
-    from transformers import LlamaConfig
-
-    return LlamaConfig(**common, num_labels=1)
-
-
 def build_model(kind: str, shape: dict[str, int], attn: str | None, dtype: str):
-    """The seeded random-init model (the same weights in every variant)."""
+    """The seeded random-init model (the same weights in every variant): a Llama (``kind`` llama, or classifier with
+    a score head), or a Qwen3.5-like hybrid of three gated-delta-rule layers to one full-attention layer."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    import transformers
 
+    config = dict(vocab_size=shape["vocab_size"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+                  num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                  num_key_value_heads=shape["kv_heads"], max_position_embeddings=4096, pad_token_id=PAD,
+                  bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False, use_cache=False)
+    if kind == "hybrid":  # the linear-attention widths that flops.py counts
+        types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(shape["layers"])]
+        config = transformers.Qwen3_5TextConfig(
+            **config, layer_types=types, head_dim=shape["hidden"] // shape["heads"], linear_num_key_heads=4,
+            linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4)
+    else:
+        config = transformers.LlamaConfig(**config, num_labels=1)
     torch.manual_seed(SEED)
-    auto = AutoModelForSequenceClassification if kind == "classifier" else AutoModelForCausalLM
-    extra = {} if attn is None else {"attn_implementation": attn}
-    model = auto.from_config(model_config(kind, shape), dtype=getattr(torch, dtype), **extra)
+    auto = getattr(transformers, "AutoModelFor" + ("SequenceClassification" if kind == "classifier" else "CausalLM"))
+    model = auto.from_config(config, dtype=getattr(torch, dtype), **({"attn_implementation": attn} if attn else {}))
     if kind == "hybrid":
         from trl_padfree.recurrent import prepare_packed_layers
 
@@ -220,7 +212,8 @@ def build_trainer(task: str, variant: Variant, opts: Any, data: list[dict[str, A
         model.save_pretrained(f"{out}/model")
         tok.save_pretrained(f"{out}/model")
         reward = lambda completions, **_: [zlib.crc32(str(c).encode()) % 97 / 97 for c in completions]  # noqa: E731
-        return trainer_class(f"{out}/model", reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tok)
+        return trainer_class(f"{out}/model", reward_funcs=reward, args=args, train_dataset=dataset,
+                             processing_class=tok)
     extra = {"optimizers": (torch.optim.AdamW(model.parameters(), lr=LR), None)}
     if spec.trainer == "SFT" and variant.ours:  # completion-only labels from TRL's completion_mask
         extra["data_collator"] = trl_padfree.DataCollatorForCompletionOnlyLM(None, padding_free=True)
