@@ -8,7 +8,6 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import NoReturn
 
 from .workloads import MODEL_SIZES, TASKS
 
@@ -33,20 +32,14 @@ def csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
 
-class Parser(argparse.ArgumentParser):
-    """Bad input: one line on stderr (what is wrong and the fix), exit 2; no usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def build_parser() -> Parser:
-    """The options of every task; :func:`check` completes and validates them."""
-    p = Parser(prog="trl-padfree bench", description="Padded vs padding-free training: the same records in the same "
-               "batches, each variant in its own process through its real trainer; prints and writes the figures "
-               "and their ratios over the first variant beside the FLOP ratio (docs/benchmark.md).",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    """The options of every task; :func:`check` completes and validates them. A bad one: one line on stderr (what
+    is wrong and the fix; no usage block), exit 2."""
+    p = argparse.ArgumentParser(
+        prog="trl-padfree bench", usage=argparse.SUPPRESS, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        description="Padded vs padding-free training: the same records in the same batches, each variant in its own "
+        "process through its real trainer; prints and writes the figures and their ratios over the first variant "
+        "beside the FLOP ratio (docs/benchmark.md).")
     p.add_argument("--task", choices=list(TASKS), default="sft", help=f"the workload: {', '.join(TASKS)}")
     p.add_argument("--variants", type=csv, default=None,
                    help="comma list (default: the task's; the first is the baseline of the ratios); per task: "
@@ -65,7 +58,7 @@ def build_parser() -> Parser:
     return p
 
 
-def check(p: Parser, opts: argparse.Namespace) -> None:
+def check(p: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
     """Complete ``opts`` with the task's defaults, or exit 2 naming the bad option."""
     task = TASKS[opts.task]
     if opts.datasets and task.datasets == ("",):

@@ -28,7 +28,7 @@ from .flops import forward_flops, workload
 from .workloads import IDS, RL, TASKS, build_trainer, record_tokens, records
 
 ROOT = Path(__file__).resolve().parents[1]
-STEP = {"records": "", "tokens": 0, "flops": 0.0, "generation_seconds": 0.0, "forwards": 0}  # a step as it starts
+STEP = {"records": "", "tokens": 0, "flops": 0.0, "generation_seconds": 0.0}  # a step as it starts
 
 
 class Meter(TrainerCallback):
@@ -48,9 +48,8 @@ class Meter(TrainerCallback):
             return collate(features)
 
         trainer.data_collator = recording
-        for model in (trainer.model, getattr(trainer, "ref_model", None)):
-            if model is not None:
-                model.register_forward_pre_hook(self.forward, with_kwargs=True)
+        for model in (m for m in (trainer.model, getattr(trainer, "ref_model", None)) if m is not None):
+            model.register_forward_pre_hook(self.forward, with_kwargs=True)
             if hasattr(model, "generate"):
                 model.generate = self.timed(model.generate)
 
@@ -86,7 +85,6 @@ class Meter(TrainerCallback):
             work["head"] = 0  # a reward model's score head is d x 1
         factor = 3 if torch.is_grad_enabled() and module.training else 1
         self.step["flops"] += factor * forward_flops(self.opts.shape, work, self.task.model == "hybrid")
-        self.step["forwards"] += 1
 
     def timed(self, generate: Any) -> Any:
         """``generate``, its time added to the step's generation time."""
