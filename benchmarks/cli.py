@@ -1,6 +1,6 @@
 """``trl-padfree bench``: the command line of every task (:data:`~.workloads.TASKS`). Bad options exit 2 with one
 line on stderr, before any work; the report prints figures and ratios, no verdict (exit 0 when every variant ran).
-``python -m benchmarks --worker SPEC OUT`` is a worker process (:func:`~.harness.worker`)."""
+``python -m benchmarks --worker FOLDER`` is a worker process (:func:`~.harness.worker`)."""
 
 from __future__ import annotations
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--worker"]:
         from .harness import worker
 
-        return worker(argv[1], argv[2])
+        return worker(argv[1])
     p = build_parser()
     opts = p.parse_args(argv)
     check(p, opts)

@@ -25,7 +25,7 @@ CHUNK = 64
 
 
 def _np(x: Any) -> np.ndarray:
-    return np.asarray(x.detach().cpu() if hasattr(x, "detach") else x).astype(np.int64)
+    return np.asarray(x.detach().cpu() if hasattr(x, "detach") else x).astype(np.int64).reshape(-1)
 
 
 def workload(kwargs: Mapping[str, Any], attn: str | None, scored: bool = False) -> dict[str, Any]:
@@ -48,13 +48,11 @@ def workload(kwargs: Mapping[str, Any], attn: str | None, scored: bool = False) 
     slots = rows * width
     cu_q, positions = kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids")
     if attn in VARLEN and cu_q is not None:
-        q = np.diff(_np(cu_q).reshape(-1))
-        k = np.diff(_np(kwargs.get("cu_seq_lens_k", cu_q)).reshape(-1))
+        q, k = np.diff(_np(cu_q)), np.diff(_np(kwargs.get("cu_seq_lens_k", cu_q)))
         lengths, qk = q.tolist(), int((q * k).sum())
     elif attn in VARLEN and kwargs.get("attention_mask") is None and positions is not None and rows == 1:
-        starts = np.flatnonzero(_np(positions).reshape(-1) == 0).tolist()
-        lengths = np.diff([*starts, slots]).tolist()
-        qk = int(sum(n * n for n in lengths))
+        q = np.diff([*np.flatnonzero(_np(positions) == 0), slots])  # a sequence starts at each position 0
+        lengths, qk = q.tolist(), int((q * q).sum())
     else:  # padded rows, or a packed row under a dense mask
         lengths, qk = [width] * rows, rows * width * width
     keep, labels = kwargs.get("logits_to_keep"), kwargs.get("shift_labels", kwargs.get("labels"))

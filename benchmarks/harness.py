@@ -1,4 +1,4 @@
-"""The harness: every variant trains in a fresh worker process (``python -m benchmarks --worker SPEC OUT``) through
+"""The harness: every variant trains in a fresh worker process (``python -m benchmarks --worker FOLDER``) through
 its real trainer's ``train()``; the worker measures (:class:`Meter`: each optimizer step's time, loss, records and
 tokens, and the FLOPs of its forwards; :func:`peak_memory_mb`, the one memory meter), the parent compares the
 variants and writes the report (docs/benchmark.md, "What is measured").
@@ -115,14 +115,14 @@ def peak_memory_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def worker(spec_path: str, out_path: str) -> int:
-    """One variant, in this fresh process: build, train, measure; the measurements to ``out_path`` (JSON)."""
-    spec = json.loads(Path(spec_path).read_text())
+def worker(folder: str) -> int:
+    """One variant, in this fresh process: build, train, measure; from ``folder/spec.json`` to ``folder/out.json``."""
+    spec = json.loads(Path(folder, "spec.json").read_text())
     opts = argparse.Namespace(**spec["opts"])
     variant = next(v for v in TASKS[opts.task].variants if v.name == spec["variant"])
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    trainer = build_trainer(opts.task, variant, opts, spec["records"], str(Path(out_path).parent))
+    trainer = build_trainer(opts.task, variant, opts, spec["records"], folder)
     meter = Meter(trainer, opts)
     if opts.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
@@ -131,18 +131,19 @@ def worker(spec_path: str, out_path: str) -> int:
               "attn_implementation": trainer.model.config._attn_implementation,
               "trainer": f"{type(trainer).__module__}.{type(trainer).__name__}",
               "lm_head": getattr(trainer, "lm_head_state", None)}
-    Path(out_path).write_text(json.dumps(result))
+    Path(folder, "out.json").write_text(json.dumps(result))
     return 0
 
 
 def run_variant(opts: Any, variant: str, records: list[dict[str, Any]], log: Any) -> dict[str, Any]:
     """``variant`` in a fresh worker process; its measurements (stderr's tail in the error if it fails)."""
     with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-") as tmp:
-        spec, out = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec.write_text(json.dumps({"opts": vars(opts), "variant": variant, "records": records}, default=str))
+        out = Path(tmp, "out.json")
+        Path(tmp, "spec.json").write_text(json.dumps({"opts": vars(opts), "variant": variant, "records": records},
+                                                     default=str))
         env = {**os.environ, **({"OMP_NUM_THREADS": str(opts.threads)} if opts.threads else {})}
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "benchmarks", "--worker", str(spec), str(out)], env=env,
+        proc = subprocess.run([sys.executable, "-m", "benchmarks", "--worker", tmp], env=env,
                               capture_output=True, text=True, cwd=ROOT)
         if proc.returncode or not out.is_file():
             tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
@@ -221,7 +222,7 @@ def machine(opts: Any) -> dict[str, Any]:
     return {"cpu": cpu[1] if cpu else platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "gpu": torch.cuda.get_device_name() if opts.device.startswith("cuda") else None,
             "torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__,
-            "git": git.stdout.strip() or None, "load average": list(os.getloadavg())}
+            "git": git.stdout.strip() or None, "load average": [round(x, 2) for x in os.getloadavg()]}
 
 
 def run(opts: Any, log: Any = print) -> dict[str, Any]:

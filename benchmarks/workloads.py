@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -40,24 +39,24 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 }
 
 
-@dataclass(frozen=True)
-class Variant:
+class Variant(NamedTuple):
     """One way of training a task: this package's trainer or TRL's, the attention, and config fields."""
 
     name: str
     ours: bool  # trl_padfree's trainer and config (else TRL's)
     attn: str | None = None  # None: the model's default (sdpa)
-    fields: dict[str, Any] = field(default_factory=dict)
+    fields: dict[str, Any] = {}  # config fields
     opt_in: bool = False  # run only when --variants names it
 
 
-@dataclass(frozen=True)
-class Task:
+class Task(NamedTuple):
+    """A workload: its trainer, its variants and datasets, its model."""
+
     trainer: str  # "SFT", "DPO", "GRPO", "RLOO", "Reward", "KTO"
     variants: tuple[Variant, ...]  # the first: the baseline of the ratios
     datasets: tuple[str, ...] = ("",)
     model: str = "llama"  # or "hybrid", "classifier"
-    fields: dict[str, Any] = field(default_factory=dict)  # every variant's config fields
+    fields: dict[str, Any] = {}  # every variant's config fields
 
 
 PF = {"padding_free": True}
@@ -189,7 +188,7 @@ def build_trainer(task: str, variant: Variant, opts: Any, data: list[dict[str, A
                   learning_rate=LR, lr_scheduler_type="constant", max_grad_norm=0.0, logging_steps=1,
                   save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=opts.device == "cpu",
                   bf16=opts.dtype == "bfloat16", seed=SEED, dataloader_num_workers=0, gradient_checkpointing=False,
-                  **spec.fields, **(WHOLE_STEP if opts.whole_step else {}))
+                  **spec.fields | (WHOLE_STEP if opts.whole_step else {}))
     if variant.ours:
         fields.update(check_packing=False, torch_num_threads=None)
     if spec.trainer in RL:
@@ -231,7 +230,5 @@ def record_tokens(record: dict[str, Any]) -> int:
     >>> record_tokens({"prompt": "<s> w7 w9", "completion": " w3 </s>"}), record_tokens({"input_ids": [1, 2]})
     (5, 2)
     """
-    ids = [k for k in IDS if k in record]
-    if ids:
-        return sum(len(record[k]) for k in ids)
-    return sum(len(v.split()) for k, v in record.items() if isinstance(v, str))
+    ids = [record[k] for k in IDS if k in record]
+    return sum(map(len, ids)) if ids else sum(len(v.split()) for v in record.values() if isinstance(v, str))
