@@ -190,6 +190,7 @@ def compare(f: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
             "memory": f["peak_memory_mb"] / base["peak_memory_mb"], "same_batches": same,
             "loss_diff": max(diffs, default=None) if same else None}
 
+
 def table(figures: dict[str, dict[str, Any]], ratios: dict[str, dict[str, Any]], baseline: str,
           generation: bool) -> list[str]:
     """The Markdown table: measured figures and ratios over the baseline, the FLOP ratio beside them."""
