@@ -1,12 +1,10 @@
 """``trl-padfree bench``: the command line of every task (:data:`~.workloads.TASKS`). Bad options exit 2 with one
-line on stderr, before any work; the report prints figures and ratios, no verdict (exit 0 when every variant ran).
-``python -m benchmarks --worker FOLDER`` is a worker process (:func:`~.harness.worker`)."""
+line on stderr, before any work; the report prints figures and ratios, no verdict (exit 0 when every variant ran)."""
 
 from __future__ import annotations
 
 import argparse
 import math
-import sys
 from pathlib import Path
 
 from .workloads import MODEL_SIZES, TASKS
@@ -96,11 +94,6 @@ def check(p: argparse.ArgumentParser, opts: argparse.Namespace) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """``trl-padfree bench``: run the task, write and print its report."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--worker"]:
-        from .harness import worker
-
-        return worker(argv[1])
     p = build_parser()
     opts = p.parse_args(argv)
     check(p, opts)

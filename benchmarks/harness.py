@@ -1,13 +1,14 @@
-"""The harness: every variant trains in a fresh worker process (``python -m benchmarks --worker FOLDER``) through
-its real trainer's ``train()``; the worker measures (:class:`Meter`: each optimizer step's time, loss, records and
-tokens, and the FLOPs of its forwards; :func:`peak_memory_mb`, the one memory meter), the parent compares the
-variants and writes the report (docs/benchmark.md, "What is measured").
+"""The harness: every variant trains in a fresh worker process (spawned, :func:`worker`) through its real trainer's
+``train()``; the worker measures (:class:`Meter`: each optimizer step's time, loss, records and tokens, and the
+FLOPs of its forwards; :func:`peak_memory_mb`, the one memory meter), the parent compares the variants and writes
+the report (docs/benchmark.md, "What is measured").
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import re
@@ -18,11 +19,12 @@ import sys
 import tempfile
 import time
 import zlib
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
+from transformers import PrinterCallback, TrainerCallback
 
 from .flops import forward_flops, workload
 from .workloads import IDS, RL, TASKS, build_trainer, record_tokens, records
@@ -115,41 +117,34 @@ def peak_memory_mb(device: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
 
 
-def worker(folder: str) -> int:
-    """One variant, in this fresh process: build, train, measure; from ``folder/spec.json`` to ``folder/out.json``."""
-    spec = json.loads(Path(folder, "spec.json").read_text())
-    opts = argparse.Namespace(**spec["opts"])
-    variant = next(v for v in TASKS[opts.task].variants if v.name == spec["variant"])
+def worker(options: dict[str, Any], name: str, data: list[dict[str, Any]]) -> dict[str, Any]:
+    """Variant ``name``, in a fresh process: build, train, measure; its measurements."""
+    opts = argparse.Namespace(**options)
+    variant = next(v for v in TASKS[opts.task].variants if v.name == name)
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    trainer = build_trainer(opts.task, variant, opts, spec["records"], folder)
-    meter = Meter(trainer, opts)
-    if opts.device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-    trainer.train()
-    result = {"variant": variant.name, "steps": meter.steps, "peak_memory_mb": peak_memory_mb(opts.device),
-              "attn_implementation": trainer.model.config._attn_implementation,
-              "trainer": f"{type(trainer).__module__}.{type(trainer).__name__}",
-              "lm_head": getattr(trainer, "lm_head_state", None)}
-    Path(folder, "out.json").write_text(json.dumps(result))
-    return 0
-
-
-def run_variant(opts: Any, variant: str, records: list[dict[str, Any]], log: Any) -> dict[str, Any]:
-    """``variant`` in a fresh worker process; its measurements (stderr's tail in the error if it fails)."""
+    for fd in (1, 2):  # the console shows the report, not the libraries' progress bars and warnings; an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)  # reaches the parent with its traceback
     with tempfile.TemporaryDirectory(prefix="trl-padfree-bench-") as tmp:
-        out = Path(tmp, "out.json")
-        Path(tmp, "spec.json").write_text(json.dumps({"opts": vars(opts), "variant": variant, "records": records},
-                                                     default=str))
-        env = {**os.environ, **({"OMP_NUM_THREADS": str(opts.threads)} if opts.threads else {})}
-        started = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "benchmarks", "--worker", tmp], env=env,
-                              capture_output=True, text=True, cwd=ROOT)
-        if proc.returncode or not out.is_file():
-            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            raise RuntimeError(f"variant {variant} failed (exit {proc.returncode}):\n{tail}")
-        log(f"  {variant}: {time.perf_counter() - started:.0f} s")
-        return json.loads(out.read_text())
+        trainer = build_trainer(opts.task, variant, opts, data, tmp)
+        trainer.remove_callback(PrinterCallback)  # the losses are in the report
+        meter = Meter(trainer, opts)
+        if opts.device.startswith("cuda"):
+            torch.cuda.reset_peak_memory_stats()
+        trainer.train()
+    return {"variant": variant.name, "steps": meter.steps, "peak_memory_mb": peak_memory_mb(opts.device),
+            "attn_implementation": trainer.model.config._attn_implementation,
+            "trainer": f"{type(trainer).__module__}.{type(trainer).__name__}",
+            "lm_head": getattr(trainer, "lm_head_state", None)}
+
+
+def run_variant(opts: Any, variant: str, data: list[dict[str, Any]], log: Any) -> dict[str, Any]:
+    """``variant`` in a fresh (spawned) worker process, whose peak memory is the variant's own; its measurements."""
+    started = time.perf_counter()
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        result = pool.submit(worker, vars(opts), variant, data).result()
+    log(f"  {variant}: {time.perf_counter() - started:.0f} s")
+    return result
 
 
 def summarize(rounds: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
