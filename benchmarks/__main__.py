@@ -1,4 +1,4 @@
-"""``python -m benchmarks``: the same as ``trl-padfree bench``; also how the worker processes start."""
+"""``python -m benchmarks``: the same as ``trl-padfree bench``."""
 
 import sys
 

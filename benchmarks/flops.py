@@ -25,7 +25,7 @@ CHUNK = 64
 
 
 def _np(x: Any) -> np.ndarray:
-    return np.asarray(x.detach().cpu() if hasattr(x, "detach") else x).astype(np.int64)
+    return np.asarray(x.detach().cpu() if hasattr(x, "detach") else x).astype(np.int64).reshape(-1)
 
 
 def workload(kwargs: Mapping[str, Any], attn: str | None, scored: bool = False) -> dict[str, Any]:
@@ -44,25 +44,19 @@ def workload(kwargs: Mapping[str, Any], attn: str | None, scored: bool = False) 
     22
     """
     ids = kwargs.get("input_ids")
-    shape = ids.shape if ids is not None else kwargs["inputs_embeds"].shape[:2]
-    rows, width = int(shape[0]), int(shape[-1])
+    rows, width = map(int, ids.shape if ids is not None else kwargs["inputs_embeds"].shape[:2])
     slots = rows * width
     cu_q, positions = kwargs.get("cu_seq_lens_q"), kwargs.get("position_ids")
     if attn in VARLEN and cu_q is not None:
-        q = np.diff(_np(cu_q).reshape(-1))
-        k = np.diff(_np(kwargs.get("cu_seq_lens_k", cu_q)).reshape(-1))
+        q, k = np.diff(_np(cu_q)), np.diff(_np(kwargs.get("cu_seq_lens_k", cu_q)))
         lengths, qk = q.tolist(), int((q * k).sum())
     elif attn in VARLEN and kwargs.get("attention_mask") is None and positions is not None and rows == 1:
-        starts = np.flatnonzero(_np(positions).reshape(-1) == 0).tolist()
-        lengths = np.diff([*starts, slots]).tolist()
-        qk = int(sum(n * n for n in lengths))
+        q = np.diff([*np.flatnonzero(_np(positions) == 0), slots])  # a sequence starts at each position 0
+        lengths, qk = q.tolist(), int((q * q).sum())
     else:  # padded rows, or a packed row under a dense mask
         lengths, qk = [width] * rows, rows * width * width
-    head = slots
-    keep = kwargs.get("logits_to_keep")
-    if isinstance(keep, int) and keep > 0:
-        head = rows * keep
-    labels = kwargs.get("shift_labels", kwargs.get("labels"))
+    keep, labels = kwargs.get("logits_to_keep"), kwargs.get("shift_labels", kwargs.get("labels"))
+    head = rows * keep if isinstance(keep, int) and keep > 0 else slots
     if scored and kwargs.get("fused_lm_head") and labels is not None:
         head = int((_np(labels) != -100).sum())
     return {"slots": slots, "head": head, "qk": qk, "lengths": lengths}

@@ -8,16 +8,7 @@ from typing import Any
 
 
 def plot(report: dict[str, Any], path: Path) -> Path | None:
-    """Draw ``report`` (``harness.run``'s) into ``path`` (a PNG); None, with nothing written, without matplotlib.
-
-    >>> import tempfile
-    >>> fig = {"tokens_per_second": 10.0, "peak_memory_mb": 100.0, "losses": [2.0, 1.5]}
-    >>> report = {"task": "sft", "datasets": {"flan": {"figures": {"padded": fig, "sft-padfree": fig}}}}
-    >>> with tempfile.TemporaryDirectory() as d:
-    ...     out = plot(report, Path(d) / "fig.png")
-    ...     out is None or out.stat().st_size > 0
-    True
-    """
+    """Draw ``report`` (``harness.run``'s) into ``path`` (a PNG); None, with nothing written, without matplotlib."""
     try:
         import matplotlib
 
@@ -34,20 +25,16 @@ def plot(report: dict[str, Any], path: Path) -> Path | None:
         for ax, key, label in ((row[0], "tokens_per_second", "real tokens/s"),
                                (row[1], "peak_memory_mb", "peak memory (MB)")):
             values = [figures[n][key] for n in names]
-            ax.bar(range(len(names)), values, color=[f"C{i}" for i in range(len(names))])
+            bars = ax.bar(range(len(names)), values, color=[f"C{i}" for i in range(len(names))])
+            ax.bar_label(bars, [f"{v / values[0]:.2f}x" for v in values], fontsize=8)  # the ratio to the first
             ax.set_xticks(range(len(names)), names, rotation=20, ha="right", fontsize=8)
             ax.set_title(f"{title}: {label}")
-            for i, v in enumerate(values):
-                ax.annotate(f"{v / values[0]:.2f}x", (i, v), ha="center", va="bottom", fontsize=8)
-        for i, name in enumerate(names):
-            losses = [(s, x) for s, x in enumerate(figures[name]["losses"], 1) if x is not None]
-            if losses:
-                row[2].plot(*zip(*losses, strict=True), marker="o", ms=3, color=f"C{i}", label=name)
-        row[2].set_title(f"{title}: loss per optimizer step")
-        row[2].set_xlabel("step")
+        for i, name in enumerate(names):  # a step without a logged loss: a gap
+            losses = [float("nan") if x is None else x for x in figures[name]["losses"]]
+            row[2].plot(range(1, len(losses) + 1), losses, marker="o", ms=3, color=f"C{i}", label=name)
+        row[2].set(title=f"{title}: loss per optimizer step", xlabel="step")
         row[2].legend(fontsize=8)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -12,10 +12,8 @@ token id, so a record's token count is its word count and every variant's traine
 from __future__ import annotations
 
 import math
-import tempfile
 import zlib
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,63 +39,60 @@ MODEL_SIZES: dict[str, dict[str, int]] = {
 }
 
 
-@dataclass(frozen=True)
-class Variant:
+class Variant(NamedTuple):
     """One way of training a task: this package's trainer or TRL's, the attention, and config fields."""
 
     name: str
     ours: bool  # trl_padfree's trainer and config (else TRL's)
     attn: str | None = None  # None: the model's default (sdpa)
-    fields: dict[str, Any] = field(default_factory=dict)
-    cuda_only: bool = False
+    fields: dict[str, Any] = {}  # config fields
+    opt_in: bool = False  # run only when --variants names it
 
 
-@dataclass(frozen=True)
-class Task:
+class Task(NamedTuple):
+    """A workload: its trainer, its variants and datasets, its model."""
+
     trainer: str  # "SFT", "DPO", "GRPO", "RLOO", "Reward", "KTO"
-    variants: tuple[Variant, ...]
-    default: tuple[str, ...]  # the variants run without --variants (the first: the baseline)
+    variants: tuple[Variant, ...]  # the first: the baseline of the ratios
     datasets: tuple[str, ...] = ("",)
     model: str = "llama"  # or "hybrid", "classifier"
-    fields: dict[str, Any] = field(default_factory=dict)  # every variant's config fields
+    fields: dict[str, Any] = {}  # every variant's config fields
 
 
 PF = {"padding_free": True}
-ONCE = {"padding_free": True, "prompt_once": True}
-_SFT = (
-    Variant("padded", False, "sdpa"),
-    Variant("trl-native", False, None, {"padding_free": True}),
-    Variant("sft-padfree", True, "padfree", PF),
-    Variant("sft-padfree-trl-head", True, "padfree", {**PF, "scored_lm_head": False}),
-    Variant("packed-sdpa", True, "sdpa", PF),
-    Variant("token-budget", True, "padfree", {**PF, "max_tokens_per_batch": "mean"}),
-    Variant("packed-fa2", True, "flash_attention_2", PF, cuda_only=True),
-)
+PADDED, PACKED_SDPA = Variant("padded", False, "sdpa"), Variant("packed-sdpa", True, "sdpa", PF, opt_in=True)
+SFT_PADFREE = Variant("sft-padfree", True, "padfree", PF)
+_SFT = (PADDED, Variant("trl-native", False, None, PF), SFT_PADFREE,
+        Variant("sft-padfree-trl-head", True, "padfree", {**PF, "scored_lm_head": False}, opt_in=True), PACKED_SDPA,
+        Variant("token-budget", True, "padfree", {**PF, "max_tokens_per_batch": "mean"}),
+        Variant("packed-fa2", True, "flash_attention_2", PF, opt_in=True))
 _PAIRS = (Variant("trl-padded", False, "sdpa"), Variant("padding-free", True, "padfree", PF),
-          Variant("prompt-once", True, "padfree", ONCE))
+          Variant("prompt-once", True, "padfree", {**PF, "prompt_once": True}))
+QUIET = {"disable_dropout": True}
 TASKS: dict[str, Task] = {
-    "sft": Task("SFT", _SFT, ("padded", "trl-native", "sft-padfree", "token-budget"), ("flan", "orcamath")),
-    "hybrid": Task("SFT", _SFT[:1] + _SFT[2:3] + _SFT[4:5], ("padded", "sft-padfree"), ("flan", "orcamath"),
-                   model="hybrid"),
-    "dpo": Task("DPO", _PAIRS, ("trl-padded", "padding-free", "prompt-once"), fields={"beta": 0.1}),
-    "reward": Task("Reward", _PAIRS, ("trl-padded", "padding-free", "prompt-once"), model="classifier"),
-    "kto": Task("KTO", _PAIRS, ("trl-padded", "padding-free", "prompt-once")),
-    "grpo": Task("GRPO", _PAIRS, ("trl-padded", "padding-free", "prompt-once"),
-                 fields={"beta": 0.04, "loss_type": "dapo"}),
-    "rloo": Task("RLOO", _PAIRS, ("trl-padded", "padding-free", "prompt-once"), fields={"beta": 0.05}),
+    "sft": Task("SFT", _SFT, ("flan", "orcamath")),
+    "hybrid": Task("SFT", (PADDED, SFT_PADFREE, PACKED_SDPA), ("flan", "orcamath"), model="hybrid"),
+    "dpo": Task("DPO", _PAIRS, fields={"beta": 0.1, **QUIET}),
+    "reward": Task("Reward", _PAIRS, model="classifier", fields=QUIET),
+    "kto": Task("KTO", _PAIRS, fields=QUIET),
+    "grpo": Task("GRPO", _PAIRS, fields={"beta": 0.04, "loss_type": "dapo"}),
+    "rloo": Task("RLOO", _PAIRS, fields={"beta": 0.05}),
 }
+RL = ("GRPO", "RLOO")
 #: ``--task grpo --whole-step``: TRL's defaults for a whole step (no reference model), SGD, SmolLM2-135M's shape.
 WHOLE_STEP = {"beta": 0.0, "loss_type": "dapo", "optim": "sgd"}
+LR, SEED = 1e-4, 0  # a constant learning rate; the seed of the data and of the initial weights
 
 
-def lengths(name: str, n: int, rng: np.random.Generator, scale: float, lo: int = 2, hi: int = 2048) -> list[int]:
-    """``n`` lengths of distribution ``name`` times ``scale``, clipped to ``[lo, hi]``.
+def lengths(dist: tuple[str, float, float], n: int, rng: np.random.Generator, scale: float, lo: int,
+            hi: int) -> list[int]:
+    """``n`` lengths of ``dist`` (a :data:`LENGTHS` value) times ``scale``, clipped to ``[lo, hi]``.
 
     >>> rng = np.random.default_rng(0)
-    >>> round(float(np.mean(lengths("orcamath", 20_000, rng, 1.0))) / 10) * 10
+    >>> round(float(np.mean(lengths(LENGTHS["orcamath"], 20_000, rng, 1.0, 2, 2048))) / 10) * 10
     400
     """
-    kind, center, spread = LENGTHS[name]
+    kind, center, spread = dist
     raw = np.exp(rng.normal(math.log(center), spread, n)) if kind == "lognormal" else rng.normal(center, spread, n)
     return np.clip(np.rint(raw * scale), lo, hi).astype(int).tolist()
 
@@ -109,32 +104,30 @@ def words(rng: np.random.Generator, n: int, vocab: int) -> str:
     return " ".join(f"w{i}" for i in rng.choice(ranks.size, size=n, p=p / p.sum()) + FIRST_WORD)
 
 
-def records(task: str, dataset: str, n: int, *, vocab: int, seed: int, scale: float, max_length: int,
+def records(task: str, dataset: str, n: int, *, vocab: int, scale: float, max_length: int,
             prompt_mean: int = 150) -> list[dict[str, Any]]:
     """``n`` seeded records of ``task`` (the same in every process).
 
-    >>> [r["prompt"].split()[0] for r in records("sft", "flan", 2, vocab=64, seed=0, scale=0.05, max_length=64)]
+    >>> [r["prompt"].split()[0] for r in records("sft", "flan", 2, vocab=64, scale=0.05, max_length=64)]
     ['<s>', '<s>']
-    >>> sorted(records("dpo", "", 1, vocab=64, seed=0, scale=0.05, max_length=64)[0])
+    >>> sorted(records("dpo", "", 1, vocab=64, scale=0.05, max_length=64)[0])
     ['chosen', 'prompt', 'rejected']
     """
-    rng = np.random.default_rng([seed, zlib.crc32(f"{task}/{dataset}".encode())])
-    hi = max(4, max_length)
+    rng = np.random.default_rng([SEED, zlib.crc32(f"{task}/{dataset}".encode())])
+
+    def draw(dist: tuple[str, float, float], lo: int = 2) -> list[int]:
+        return lengths(dist, n, rng, scale, lo, max(4, max_length))
 
     def text(k: int) -> str:
         return words(rng, k, vocab)
 
     if task in ("sft", "hybrid"):
-        out = []
-        for total in lengths(dataset, n, rng, scale, 4, hi):
-            prompt = max(1, round(0.7 * (total - 2)))
-            out.append({"prompt": "<s> " + text(prompt), "completion": " " + text(total - 2 - prompt) + " </s>"})
-        return out
+        prompts = [(max(1, round(0.7 * (total - 2))), total) for total in draw(LENGTHS[dataset], 4)]
+        return [{"prompt": "<s> " + text(p), "completion": " " + text(total - 2 - p) + " </s>"} for p, total in prompts]
     if task in ("grpo", "rloo"):
-        raw = rng.normal(prompt_mean, prompt_mean / 5, n) * scale
-        return [{"prompt": text(k)} for k in np.clip(np.rint(raw), 4, hi).astype(int).tolist()]
+        return [{"prompt": text(k)} for k in draw(("normal", prompt_mean, prompt_mean / 5), 4)]
     prefix = "uf" if task == "dpo" else "rm"
-    p, c, r = (lengths(f"{prefix}-{part}", n, rng, scale, 2, hi) for part in ("prompt", "response", "response"))
+    p, c, r = (draw(LENGTHS[f"{prefix}-{part}"]) for part in ("prompt", "response", "response"))
     if task == "kto":
         return [{"prompt": text(a), "completion": " " + text(b), "label": bool(rng.random() < 0.5)}
                 for a, b in zip(p, c, strict=True)]
@@ -154,35 +147,26 @@ def tokenizer(vocab: int):
     return PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", bos_token="<s>", eos_token="</s>")
 
 
-def model_config(kind: str, shape: dict[str, int], max_positions: int = 4096):
-    """The transformers config of a random-init Llama (``kind`` llama or classifier) or a Qwen3.5-like hybrid: three
-    gated-delta-rule layers to one full-attention layer (``qwen3_5_text``)."""
-    common = dict(vocab_size=shape["vocab_size"], hidden_size=shape["hidden"],
-                  intermediate_size=shape["intermediate"], num_hidden_layers=shape["layers"],
-                  num_attention_heads=shape["heads"], num_key_value_heads=shape["kv_heads"],
-                  max_position_embeddings=max_positions, pad_token_id=PAD, bos_token_id=BOS, eos_token_id=EOS,
-                  tie_word_embeddings=False, use_cache=False)
-    if kind == "hybrid":
-        from transformers import Qwen3_5TextConfig
-
-        types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(shape["layers"])]
-        return Qwen3_5TextConfig(**common, layer_types=types, head_dim=shape["hidden"] // shape["heads"],
-                                 linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=32,
-                                 linear_value_head_dim=32, linear_conv_kernel_dim=4)
-    from transformers import LlamaConfig
-
-    return LlamaConfig(**common, num_labels=1)
-
-
-def build_model(kind: str, shape: dict[str, int], attn: str | None, seed: int, dtype: str):
-    """The seeded random-init model (the same weights in every variant)."""
+def build_model(kind: str, shape: dict[str, int], attn: str | None, dtype: str):
+    """The seeded random-init model (the same weights in every variant): a Llama (``kind`` llama, or classifier with
+    a score head), or a Qwen3.5-like hybrid of three gated-delta-rule layers to one full-attention layer."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    import transformers
 
-    torch.manual_seed(seed)
-    auto = AutoModelForSequenceClassification if kind == "classifier" else AutoModelForCausalLM
-    extra = {} if attn is None else {"attn_implementation": attn}
-    model = auto.from_config(model_config(kind, shape), dtype=getattr(torch, dtype), **extra)
+    config = dict(vocab_size=shape["vocab_size"], hidden_size=shape["hidden"], intermediate_size=shape["intermediate"],
+                  num_hidden_layers=shape["layers"], num_attention_heads=shape["heads"],
+                  num_key_value_heads=shape["kv_heads"], max_position_embeddings=4096, pad_token_id=PAD,
+                  bos_token_id=BOS, eos_token_id=EOS, tie_word_embeddings=False, use_cache=False)
+    if kind == "hybrid":  # the linear-attention widths that flops.py counts
+        types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(shape["layers"])]
+        config = transformers.Qwen3_5TextConfig(
+            **config, layer_types=types, head_dim=shape["hidden"] // shape["heads"], linear_num_key_heads=4,
+            linear_num_value_heads=8, linear_key_head_dim=32, linear_value_head_dim=32, linear_conv_kernel_dim=4)
+    else:
+        config = transformers.LlamaConfig(**config, num_labels=1)
+    torch.manual_seed(SEED)
+    auto = getattr(transformers, "AutoModelFor" + ("SequenceClassification" if kind == "classifier" else "CausalLM"))
+    model = auto.from_config(config, dtype=getattr(torch, dtype), **({"attn_implementation": attn} if attn else {}))
     if kind == "hybrid":
         from trl_padfree.recurrent import prepare_packed_layers
 
@@ -199,52 +183,41 @@ def build_trainer(task: str, variant: Variant, opts: Any, data: list[dict[str, A
 
     import trl_padfree
 
-    spec = TASKS[task]
-    whole = getattr(opts, "whole_step", False)
-    fields = dict(spec.fields, **(WHOLE_STEP if whole else {}), **variant.fields)
+    spec, lib = TASKS[task], trl_padfree if variant.ours else trl
+    fields = dict(output_dir=out, per_device_train_batch_size=opts.batch_size, max_steps=opts.warmup + opts.steps,
+                  learning_rate=LR, lr_scheduler_type="constant", max_grad_norm=0.0, logging_steps=1,
+                  save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=opts.device == "cpu",
+                  bf16=opts.dtype == "bfloat16", seed=SEED, dataloader_num_workers=0, gradient_checkpointing=False,
+                  **spec.fields | (WHOLE_STEP if opts.whole_step else {}))
     if variant.ours:
         fields.update(check_packing=False, torch_num_threads=None)
-    if fields.get("max_tokens_per_batch") == "mean":  # the fixed batches' mean real tokens
-        fields["max_tokens_per_batch"] = max(1, round(sum(record_tokens(r) for r in data) / len(data) * opts.batch_size))
-    cpu = opts.device == "cpu"
-    rl = spec.trainer in ("GRPO", "RLOO")
-    common = dict(output_dir=out, per_device_train_batch_size=opts.batch_size, max_steps=opts.warmup + opts.steps,
-                  learning_rate=opts.lr, lr_scheduler_type="constant", max_grad_norm=0.0, logging_steps=1,
-                  save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=cpu, bf16=opts.dtype == "bfloat16",
-                  seed=opts.seed, dataloader_num_workers=0, gradient_checkpointing=False)
-    if not rl:
-        common["train_sampling_strategy"] = "sequential"  # the same records in the same batches in every variant
-    if spec.trainer in ("SFT", "DPO", "Reward", "KTO"):
-        common["max_length"] = None  # the records are already clipped
-    if spec.trainer in ("DPO", "KTO", "Reward"):
-        common["disable_dropout"] = True
-    if rl:
+    if spec.trainer in RL:
         rows = opts.groups * opts.gens
-        common.update(per_device_train_batch_size=min(opts.batch_size, rows), num_generations=opts.gens,
-                      gradient_accumulation_steps=max(1, rows // min(opts.batch_size, rows)),
-                      max_completion_length=opts.completion, shuffle_dataset=False,
+        batch = min(opts.batch_size, rows)
+        fields.update(per_device_train_batch_size=batch, gradient_accumulation_steps=max(1, rows // batch),
+                      num_generations=opts.gens, max_completion_length=opts.completion, shuffle_dataset=False,
                       generation_kwargs={"min_new_tokens": opts.completion},  # every completion the same length
                       model_init_kwargs={"attn_implementation": variant.attn or "sdpa", "dtype": opts.dtype})
-    config_class = getattr(trl_padfree if variant.ours else trl, f"{spec.trainer}Config")
-    args = config_class(**common, **fields)
-    trainer_class = getattr(trl_padfree if variant.ours else trl, f"{spec.trainer}Trainer")
-    vocab = opts.shape["vocab_size"]
-    tok = tokenizer(vocab)
-    dataset = datasets.Dataset.from_list(data)
-    if rl:
-        path = tempfile.mkdtemp(dir=out)
-        build_model("llama", opts.shape, variant.attn, opts.seed, opts.dtype).save_pretrained(path)
-        tok.save_pretrained(path)
+    else:  # the same records in the same batches in every variant; the records are already clipped
+        fields.update(train_sampling_strategy="sequential", max_length=None)
+    fields.update(variant.fields)
+    if fields.get("max_tokens_per_batch") == "mean":  # the fixed batches' mean real tokens
+        fields["max_tokens_per_batch"] = max(1, round(sum(map(record_tokens, data)) / len(data) * opts.batch_size))
+    args = getattr(lib, f"{spec.trainer}Config")(**fields)
+    trainer_class = getattr(lib, f"{spec.trainer}Trainer")
+    tok, dataset = tokenizer(opts.shape["vocab_size"]), datasets.Dataset.from_list(data)
+    model = build_model(spec.model, opts.shape, variant.attn, opts.dtype)
+    if spec.trainer in RL:  # TRL loads the policy (and its reference) from a path
+        model.save_pretrained(f"{out}/model")
+        tok.save_pretrained(f"{out}/model")
         reward = lambda completions, **_: [zlib.crc32(str(c).encode()) % 97 / 97 for c in completions]  # noqa: E731
-        return trainer_class(path, reward_funcs=reward, args=args, train_dataset=dataset, processing_class=tok)
-    kind = {"hybrid": "hybrid", "classifier": "classifier"}.get(spec.model, "llama")
-    model = build_model(kind, opts.shape, variant.attn, opts.seed, opts.dtype)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=opts.lr)
-    extra = {"optimizers": (optimizer, None)}
+        return trainer_class(f"{out}/model", reward_funcs=reward, args=args, train_dataset=dataset,
+                             processing_class=tok)
+    extra = {"optimizers": (torch.optim.AdamW(model.parameters(), lr=LR), None)}
     if spec.trainer == "SFT" and variant.ours:  # completion-only labels from TRL's completion_mask
         extra["data_collator"] = trl_padfree.DataCollatorForCompletionOnlyLM(None, padding_free=True)
     if spec.trainer in ("DPO", "KTO"):
-        extra["ref_model"] = build_model(kind, opts.shape, variant.attn, opts.seed, opts.dtype)
+        extra["ref_model"] = build_model(spec.model, opts.shape, variant.attn, opts.dtype)
     return trainer_class(model, args=args, train_dataset=dataset, processing_class=tok, **extra)
 
 
@@ -257,7 +230,5 @@ def record_tokens(record: dict[str, Any]) -> int:
     >>> record_tokens({"prompt": "<s> w7 w9", "completion": " w3 </s>"}), record_tokens({"input_ids": [1, 2]})
     (5, 2)
     """
-    ids = [k for k in IDS if k in record]
-    if ids:
-        return sum(len(record[k]) for k in ids)
-    return sum(len(v.split()) for k, v in record.items() if isinstance(v, str))
+    ids = [record[k] for k in IDS if k in record]
+    return sum(map(len, ids)) if ids else sum(len(v.split()) for v in record.values() if isinstance(v, str))

@@ -23,7 +23,7 @@ TINY = ["--steps", "1", "--warmup", "1", "--scale", "0.05", "--batch-size", "2",
     (["--variants", "nope"], "unknown variant 'nope' for --task sft; choose from padded, trl-native"),
     (["--task", "dpo", "--datasets", "flan"], "--datasets is for --task sft or hybrid, not dpo"),
     (["--task", "rloo", "--whole-step"], "--whole-step is for --task grpo"),
-    (["--lr", "-1"], "--lr must be a finite number > 0, got -1.0"),
+    (["--scale", "-1"], "--scale must be a finite number > 0, got -1.0"),
     (["--variants", "padded,packed-fa2"], "packed-fa2 needs --device cuda and flash-attn"),
     (["--task", "nope"], "argument --task: invalid choice: 'nope'"),
 ])
