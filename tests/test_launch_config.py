@@ -3,11 +3,13 @@ written)."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
 from launch_inputs import DEMO_YAML, demo_argv, write_demo_data, write_yaml
@@ -17,6 +19,7 @@ from tiny_models import save_tiny_model
 
 from trl_padfree.attention import flash_attn_available
 from trl_padfree.launch import ConfigError, load_config, main
+from trl_padfree.launch.config import argument_classes, build_parser
 
 NO_FLASH_GPU = not torch.cuda.is_available() or flash_attn_available()
 
@@ -26,7 +29,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_data(tmp_path_factory.mktemp("launch-data"))
 
 
-# (changes to the demo config, extra arguments, the error line: exact, or its start where it ends in "..."; {tmp} is
+# (changes to the demo config, extra arguments, the error line: exact, or its start and end around "..."; {tmp} is
 # the test's tmp_path, {config} the changed config)
 BAD_INPUT = [
     ({"learning_rat": 1e-3}, [], "unknown key 'learning_rat' in {config}; did you mean 'learning_rate'?"),
@@ -46,6 +49,9 @@ BAD_INPUT = [
     (None, ["--train_file", "{tmp}/nope.jsonl"], "data file not found: train_file='{tmp}/nope.jsonl'..."),
     (None, ["--eval_file", ""], "eval_strategy is 'steps' but there is no eval data: set eval_file, eval_fraction or "
                                 "dataset_test_split (or eval_strategy: 'no')"),
+    (None, ["--eval_file", "", "--eval_strategy", "no"],  # (the demo config evaluates on start)
+     "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
+     "(or eval_on_start: false)"),
     (None, ["--response_template", "### Reply:"],
      "response_template '### Reply:' was found in none of the first 24 examples..."),
     (None, ["--template", "Q: {question}\n### Answer: {output}"],
@@ -56,34 +62,28 @@ BAD_INPUT = [
     pytest.param(None, ["--attn_implementation", "flash_attention_2", "--use_cpu", "false"],
                  "attn_implementation 'flash_attention_2' needs the flash-attn package...",
                  marks=pytest.mark.skipif(NO_FLASH_GPU, reason="needs a CUDA GPU without the flash-attn package")),
+    (None, ["--attn_implementation", "flash_attention2"],
+     "attn_implementation 'flash_attention2' is not one of auto, eager, ...; did you mean 'flash_attention_2'?"),
+    ({"report_to": "tensorbord"}, [], "report_to 'tensorbord' is not one of ...all, none; did you mean 'tensorboard'?"),
     (None, ["--resume_from_checkpoint", "{tmp}/ckpt"],
      "checkpoint not found: resume_from_checkpoint='{tmp}/ckpt' is not a directory"),
     (None, ["--torch_num_threads", "0"],
      "invalid settings: torch_num_threads must be 'auto', a positive integer or None, got 0"),
     (None, ["--packing", "true"],
      "invalid settings: SFTConfig(padding_free=True, packing=True): padding_free flattens..."),
-    # bad values (valid YAML, valid types)
-    (None, ["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be at least 1, got 0"),
-    (None, ["--per_device_train_batch_size", "-1"], "per_device_train_batch_size must be at least 1, got -1"),
-    (None, ["--per_device_eval_batch_size", "0"], "per_device_eval_batch_size must be at least 1, got 0"),
-    (None, ["--gradient_accumulation_steps", "0"], "gradient_accumulation_steps must be at least 1, got 0"),
-    (None, ["--learning_rate", "-0.001"], "learning_rate must be at least 0, got -0.001"),
-    (None, ["--learning_rate", "nan"], "learning_rate must be at least 0, got nan"),
-    (None, ["--seed", "-1"], "seed must be at least 0 and at most 4294967295, got -1"),
-    (None, ["--max_steps", "0"], "max_steps must be at least 1 (or -1 to train for num_train_epochs), got 0"),
-    (None, ["--adam_beta2", "1.0"], "adam_beta2 must be at least 0 and less than 1, got 1.0"),
-    (None, ["--max_grad_norm", "-1"], "max_grad_norm must be at least 0 (0 turns gradient clipping off), got -1.0"),
-    (None, ["--save_total_limit", "0"],
-     "save_total_limit must be at least 1 (or null to keep every checkpoint), got 0"),
-    (None, ["--save_strategy", "steps", "--save_steps", "0"],
-     "save_steps must be greater than 0 (a number of steps, or a fraction of the run below 1), got 0.0"),
-    (None, ["--max_steps", "-1", "--num_train_epochs", "0"],
-     "num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got 0.0"),
     (None, ["--torch_empty_cache_steps", "0"],  # transformers' own check, at parse time
      "invalid settings: `torch_empty_cache_steps` must be an integer bigger than 0, got 0."),
-    (None, ["--eval_file", "", "--eval_strategy", "no"],  # (the demo config evaluates on start)
-     "eval_on_start is true but there is no eval data: set eval_file, eval_fraction or dataset_test_split "
-     "(or eval_on_start: false)"),
+    # bad values (valid YAML, valid types): each kind of range once
+    (None, ["--per_device_train_batch_size", "0"], "per_device_train_batch_size must be at least 1, got 0"),
+    (None, ["--learning_rate", "nan"], "learning_rate must be at least 0, got nan"),
+    (None, ["--seed", "-1"], "seed must be at least 0 and at most 4294967295, got -1"),
+    (None, ["--adam_beta2", "1.0"], "adam_beta2 must be at least 0 and less than 1, got 1.0"),
+    (None, ["--max_grad_norm", "-1"], "max_grad_norm must be at least 0 (0 turns gradient clipping off), got -1.0"),
+    (None, ["--save_strategy", "steps", "--save_steps", "0"],
+     "save_steps must be greater than 0 (a number of steps, or a fraction of the run below 1), got 0.0"),
+    (None, ["--max_steps", "0"], "max_steps must be at least 1 (or -1 to train for num_train_epochs), got 0"),
+    (None, ["--max_steps", "-1", "--num_train_epochs", "0"],
+     "num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got 0.0"),
     (None, ["--output_dir", ""],
      "output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1"),
     (None, ["--use_peft", "true", "--lora_dropout", "1.5"],  # torch's check, when the trainer is built
@@ -101,14 +101,19 @@ BAD_INPUT = [
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, data_dir, changes, extra, message):
     config = DEMO_YAML if changes is None else write_yaml(tmp_path / "c.yaml", **changes)
     argv = demo_argv(data_dir, tmp_path / "out", *(a.replace("{tmp}", str(tmp_path)) for a in extra), config=config)
-    message = message.replace("{tmp}", str(tmp_path)).replace("{config}", argv[1])
+    start, dots, end = message.replace("{tmp}", str(tmp_path)).replace("{config}", argv[1]).partition("...")
     line = assert_refused_in_one_line("sft", argv, tmp_path / "out")
-    assert line.startswith(message[:-3]) if message.endswith("...") else line == message
+    assert line.startswith(start) and line.endswith(end) if dots else line == start
 
 
-def test_missing_config_file(tmp_path):
-    message = assert_refused_in_one_line("sft", ["--config", str(tmp_path / "none.yaml")], tmp_path / "out")
-    assert message.startswith(f"config file not found: {str(tmp_path / 'none.yaml')!r}")
+def test_a_config_that_is_no_file_lists_the_built_in_configs(tmp_path, monkeypatch):
+    """``--config demo-kto``: the built-in names, and the files of configs/ where there is one."""
+    for cwd, tail in ((tmp_path, "demo-dpo"), (ROOT, "configs/mistral-7b-lora.yaml; did you mean "
+                                                     "'configs/demo-kto.yaml'?")):
+        monkeypatch.chdir(cwd)
+        line = assert_refused_in_one_line("kto", ["--config", "demo-kto"], tmp_path / "out")
+        assert line.startswith(f"config file not found: 'demo-kto' (relative paths start at {cwd}); built-in configs: "
+                               "demo, demo-chat, demo-dpo") and line.endswith(tail)
 
 
 def test_model_that_leaks_under_padding_free(tmp_path, data_dir, demo_tokenizer):
@@ -146,6 +151,8 @@ TRAINER_REFUSALS = [
                                                                 "'nothing'"),
     ("grpo", ("--reward_funcs", "trl_padfree.rewards:REWARDS"), "is a dict, not a function"),
     ("rloo", ("--beta", "-0.1"), "beta must be at least 0"),
+    ("kto", ("--attn_implementation", "sdpaa"), "; did you mean 'sdpa'?"),
+    ("dpo", ("--report_to", "wandbb"), "; did you mean 'wandb'?"),
     *[(task, ("--attn_implementation", "sdpa"), "prompt_once: true needs attn_implementation 'padfree'")
       for task in ("dpo", "kto", "reward", "grpo")],
     *[(task, ("--padding_free", "false"), f"{config}(prompt_once=True) needs padding_free=True")
@@ -162,15 +169,10 @@ def test_a_trainers_bad_setting_is_one_line_before_the_model_loads(tmp_path, tas
 
 
 @pytest.mark.parametrize("task", ["sft", "dpo", "grpo", "rloo", "reward", "kto"])
-def test_every_field_of_the_config_class_is_a_key(task, tmp_path):
+def test_every_field_of_the_config_class_is_a_key(task):
     """``trl-padfree TASK --config`` takes every field of this package's config class of the trainer."""
-    import dataclasses
-
-    from trl_padfree.launch.config import argument_classes, build_parser
-
-    _, config_class, _ = argument_classes(task)
     keys = {a.dest for a in build_parser(task)._actions}
-    assert {f.name for f in dataclasses.fields(config_class) if f.init} <= keys
+    assert {f.name for f in dataclasses.fields(argument_classes(task)[1]) if f.init} <= keys
     assert {"padding_free", "check_packing", "torch_num_threads"} <= keys
 
 
@@ -178,12 +180,11 @@ def test_every_field_of_the_config_class_is_a_key(task, tmp_path):
 
 
 def test_demo_config_resolves(data_dir, tmp_path):
-    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--learning_rate", "5e-4"))
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--learning_rate", "5e-4", "--report_to", "all"))
     assert cfg.padding_free is True and cfg.training.padding_free is True
     assert cfg.attn_implementation == ("padfree" if not torch.cuda.is_available() else cfg.attn_implementation)
     assert cfg.training.learning_rate == 5e-4  # the command line wins over the file (3e-3)
-    assert cfg.training.max_steps == 2
-    assert cfg.training.response_template == "### Answer:"
+    assert cfg.training.max_steps == 2 and cfg.training.response_template == "### Answer:"
     assert cfg.launch.template == "### Question: {instruction}\n### Answer: {output}"
     assert not (tmp_path / "out").exists()
     cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--padding_free", "false"))
@@ -197,35 +198,25 @@ def test_chat_demo_config_resolves(tmp_path, in_root):  # the demo configs name 
     assert cfg.training.torch_num_threads == 1
 
 
-@pytest.mark.parametrize(
-    ("name", "expected"),
-    [
-        ("llama3-8b-flash.yaml", {"attn": "flash_attention_2", "peft": False, "data": "HuggingFaceH4/ultrachat_200k"}),
-        ("mistral-7b-lora.yaml", {"attn": "auto", "peft": True, "data": "tatsu-lab/alpaca"}),
-    ],
-)
-def test_real_model_configs_parse_and_resolve(name, expected):
+@pytest.mark.parametrize(("name", "attn", "peft", "data"), [
+    ("llama3-8b-flash.yaml", "flash_attention_2", False, "HuggingFaceH4/ultrachat_200k"),
+    ("mistral-7b-lora.yaml", "auto", True, "tatsu-lab/alpaca")])
+def test_real_model_configs_parse_and_resolve(name, attn, peft, data):
     """Every key and type as in a run, nothing loaded; ``use_cpu`` as SFTConfig refuses bf16 without a GPU."""
     cfg = load_config(["--config", str(CONFIGS / name), "--use_cpu", "true"], check_environment=False)
-    assert cfg.attn_implementation == expected["attn"]
-    assert cfg.model.dtype == "bfloat16" and cfg.training.bf16 is True
-    assert cfg.model.use_peft is expected["peft"]
-    assert cfg.launch.dataset_name == expected["data"]
+    assert (cfg.attn_implementation, cfg.model.use_peft, cfg.launch.dataset_name) == (attn, peft, data)
+    assert cfg.model.dtype == "bfloat16" and cfg.training.bf16 is True and cfg.training.gradient_checkpointing is True
     assert cfg.padding_free is True and cfg.training.padding_free is True
-    assert cfg.training.gradient_checkpointing is True
-    if expected["peft"]:
+    if peft:
         assert cfg.model.lora_target_modules == ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
         assert cfg.launch.eval_fraction == 0.02
     else:
-        assert cfg.training.instruction_template == [
-            "<|start_header_id|>user<|end_header_id|>\n\n",
-            "<|start_header_id|>system<|end_header_id|>\n\n",
-        ]
+        assert cfg.training.instruction_template == ["<|start_header_id|>user<|end_header_id|>\n\n",
+                                                     "<|start_header_id|>system<|end_header_id|>\n\n"]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the CPU-only message does not apply")
 def test_real_model_config_fails_clearly_on_this_machine():
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU: the CPU-only message does not apply")
     with pytest.raises(ConfigError, match=r"^invalid settings: bf16: true needs a GPU with bfloat16 support"):
         load_config(["--config", str(CONFIGS / "llama3-8b-flash.yaml")])
 
@@ -235,8 +226,7 @@ def test_real_model_config_fails_clearly_on_this_machine():
                                            ("cpu-ddp", DistributedType.MULTI_GPU)])
 def test_accelerate_configs_load_with_accelerate(name, kind):
     config = load_config_from_file(str(CONFIGS / "accelerate" / f"{name}.yaml"))
-    assert isinstance(config, ClusterConfig)
-    assert config.distributed_type == kind and config.num_machines == 1
+    assert isinstance(config, ClusterConfig) and config.distributed_type == kind and config.num_machines == 1
     if name == "cpu-ddp":  # --cpu and MULTI_CPU would make accelerate start ONE process: this picks torchrun's launcher
         assert config.num_processes == 2 and config.mixed_precision == "no" and not config.use_cpu
         return
@@ -250,8 +240,7 @@ def test_accelerate_configs_load_with_accelerate(name, kind):
 
 def test_env_mapping_sets_variables(tmp_path, data_dir, monkeypatch):
     monkeypatch.setenv("TRL_PADFREE_TEST_ENV", "before")  # (restored after the test: TRL sets os.environ)
-    config = write_yaml(tmp_path / "c.yaml", env={"TRL_PADFREE_TEST_ENV": 7})
-    load_config(demo_argv(data_dir, tmp_path / "out", config=config))
+    load_config(demo_argv(data_dir, tmp_path / "out", config=write_yaml(tmp_path / "c.yaml", env={"TRL_PADFREE_TEST_ENV": 7})))
     assert os.environ["TRL_PADFREE_TEST_ENV"] == "7"
 
 
@@ -263,8 +252,8 @@ def test_env_mapping_sets_variables(tmp_path, data_dir, monkeypatch):
 def test_help_lists_the_fields_of_the_trainer(capsys, task, present, absent):
     assert main(["--help"], task=task) == 0
     out = capsys.readouterr().out
-    command = "train" if task == "sft" else task
-    assert out.startswith(f"usage: trl-padfree {command} --config configs/NAME.yaml [--field value ...]")
+    assert out.startswith(f"usage: trl-padfree {'train' if task == 'sft' else task} --config configs/NAME.yaml "
+                          "[--field value ...]")
     assert all(f"{name} " in out for name in present) and not any(f"{name} " in out for name in absent)
 
 
@@ -292,12 +281,9 @@ def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, 
 
 def test_real_model_demo_config_resolves():
     """make demo-real's config (SmolLM2-135M, fetched by scripts/real_model.py) resolves; nothing is loaded."""
-    import yaml
-
     assert yaml.safe_load((CONFIGS / "demo-real.yaml").read_text())["model_name_or_path"] == ".cache/smollm2-135m"
     # the checkpoint exists only after scripts/real_model.py fetch: the demo model stands in for it here
     cfg = load_config(["--config", str(CONFIGS / "demo-real.yaml"), "--model_name_or_path", str(DEMO / "model")],
                       check_environment=False)
     assert cfg.task == "sft" and cfg.padding_free is True and cfg.attn_implementation == "auto"
-    for path in (cfg.launch.train_file, cfg.launch.eval_file):
-        assert (ROOT / path).is_file(), path
+    assert (ROOT / cfg.launch.train_file).is_file() and (ROOT / cfg.launch.eval_file).is_file()

@@ -18,55 +18,40 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "kto": ("task:kto", "KTO-train a model from a YAML config (KTOTrainer, padding-free)"),
     "preview": ("trl_padfree.launch.preview", "show the first examples of a config's data, trained tokens marked"),
     "check": ("trl_padfree.check", "probe whether a model keeps packed examples apart"),
-    "bench": ("trl_padfree.cli", "padded vs padding-free benchmark (a source checkout's benchmarks/ directory)"),
+    "bench": ("benchmarks.cli", "padded vs padding-free benchmark (a source checkout's benchmarks/ directory)"),
 }
+USAGE = "\n".join(["usage: trl-padfree {" + ",".join(SUBCOMMANDS) + "} [options]", "", "sub-commands:",
+                   *(f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()),
+                   "\nRun `trl-padfree SUBCOMMAND --help` for the options of one sub-command."])
 BENCH_MISSING = (
     "trl-padfree bench: the benchmark is not part of the installed package; it is the benchmarks/ directory of "
     "a source checkout: clone the repository, `pip install -e '.[bench]'` there and run trl-padfree bench in it"
 )
 
 
-def _usage() -> str:
-    lines = ["usage: trl-padfree {" + ",".join(SUBCOMMANDS) + "} [options]", "", "sub-commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
-    lines.append("\nRun `trl-padfree SUBCOMMAND --help` for the options of one sub-command.")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv:  # a sub-command is needed: the usage, and exit 2 as for an unknown one
-        print(f"trl-padfree: a sub-command is needed.\n\n{_usage()}", file=sys.stderr)
-        return 2
-    if argv[0] in {"-h", "--help"}:
-        print(_usage())
+    name, rest = (argv or [""])[0], argv[1:]
+    if name in {"-h", "--help"}:
+        print(USAGE)
         return 0
-    name, rest = argv[0], argv[1:]
-    if name not in SUBCOMMANDS:
-        print(f"trl-padfree: unknown sub-command {name!r}.\n\n{_usage()}", file=sys.stderr)
+    if name not in SUBCOMMANDS:  # (none: exit 2 as for an unknown one)
+        problem = f"unknown sub-command {name!r}" if name else "a sub-command is needed"
+        print(f"trl-padfree: {problem}.\n\n{USAGE}", file=sys.stderr)
         return 2
-    if name == "bench":
-        return bench_main(rest)
     target = SUBCOMMANDS[name][0]
     if target.startswith("task:"):
         from .launch import main as launch
 
         return int(launch(rest, task=target.removeprefix("task:")) or 0)
+    if name == "bench":  # beside this package in a source checkout, not in the wheel
+        root = Path(__file__).resolve().parent.parent
+        if not (root / "benchmarks" / "__init__.py").is_file():
+            print(BENCH_MISSING, file=sys.stderr)
+            return 2
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
     return int(importlib.import_module(target).main(rest) or 0)
-
-
-def bench_main(argv: list[str]) -> int:
-    """``trl-padfree bench``: the benchmark beside this package in a source checkout (``benchmarks/``, not in the
-    wheel), run with ``argv``; without one, :data:`BENCH_MISSING` on stderr and exit 2."""
-    root = Path(__file__).resolve().parent.parent
-    if not (root / "benchmarks" / "__init__.py").is_file():
-        print(BENCH_MISSING, file=sys.stderr)
-        return 2
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
-    from benchmarks.cli import main as bench
-
-    return int(bench(argv) or 0)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import glob
 import os
 import typing
 from collections.abc import Sequence
@@ -16,69 +17,64 @@ from typing import Any
 
 from ..exception_text import one_line
 
-__all__ = ["ConfigError", "LaunchArguments", "LaunchConfig", "build_parser", "parse_arguments"]
+__all__ = ["ConfigError", "LaunchArguments", "LaunchConfig", "build_parser", "did_you_mean", "parse_arguments"]
 
 
 class ConfigError(ValueError):
     """Bad user input: ``main`` prints the message as one line and exits with code 2, before any work starts."""
 
 
+def _field(default: Any, help_: str) -> Any:
+    return field(default=default, metadata={"help": help_})
+
+
 @dataclass
 class LaunchArguments:
     """Where the data comes from, and the launch's own settings (every trainer)."""
 
-    train_file: str | None = field(
-        default=None, metadata={"help": "Local training data: a .json/.jsonl/.csv/.parquet file or a glob of them."})
-    eval_file: str | None = field(default=None, metadata={"help": "Local evaluation data, as train_file."})
-    dataset_name: str | None = field(
-        default=None, metadata={"help": "A Hugging Face Hub dataset id or a local dataset directory."})
-    dataset_config: str | None = field(default=None, metadata={"help": "Configuration name of dataset_name."})
-    dataset_train_split: str = field(default="train", metadata={"help": "Split of dataset_name to train on."})
-    dataset_test_split: str | None = field(default=None, metadata={"help": "Split of dataset_name to evaluate on."})
-    eval_fraction: float | None = field(
-        default=None, metadata={"help": "Hold out this fraction (0-1) of the training data for evaluation."})
-    max_train_examples: int | None = field(default=None, metadata={"help": "Use only the first N training examples."})
-    max_eval_examples: int | None = field(default=None, metadata={"help": "Use only the first N eval examples."})
-    overwrite_output_dir: bool = field(
-        default=False, metadata={"help": "Start a new run in an output_dir that already holds one (else refused "
-                                         "unless resume_from_checkpoint is set)."})
+    train_file: str | None = _field(None, "Local training data: a .json/.jsonl/.csv/.parquet file or a glob of them.")
+    eval_file: str | None = _field(None, "Local evaluation data, as train_file.")
+    dataset_name: str | None = _field(None, "A Hugging Face Hub dataset id or a local dataset directory.")
+    dataset_config: str | None = _field(None, "Configuration name of dataset_name.")
+    dataset_train_split: str = _field("train", "Split of dataset_name to train on.")
+    dataset_test_split: str | None = _field(None, "Split of dataset_name to evaluate on.")
+    eval_fraction: float | None = _field(None, "Hold out this fraction (0-1) of the training data for evaluation.")
+    max_train_examples: int | None = _field(None, "Use only the first N training examples.")
+    max_eval_examples: int | None = _field(None, "Use only the first N eval examples.")
+    overwrite_output_dir: bool = _field(False, "Start a new run in an output_dir that already holds one (else "
+                                               "refused unless resume_from_checkpoint is set).")
 
 
 @dataclass
 class SFTArguments(LaunchArguments):
     """``trl-padfree train``: how each record becomes one training text."""
 
-    template: str | None = field(
-        default=None, metadata={"help": "Python format string over the record's fields, e.g. '### Question: "
+    template: str | None = _field(None, "Python format string over the record's fields, e.g. '### Question: "
                                         "{instruction}\\n### Answer: {output}'; without it the records' text, "
-                                        "prompt+completion or messages are used."})
-    template_check_examples: int = field(
-        default=256, metadata={"help": "Fail if the response template is in none of the first N examples."})
+                                        "prompt+completion or messages are used.")
+    template_check_examples: int = _field(256, "Fail if the response template is in none of the first N examples.")
 
 
 @dataclass
 class ChatArguments(LaunchArguments):
     """``trl-padfree dpo`` / ``kto``: a chat template for conversational records."""
 
-    chat_template_path: str | None = field(
-        default=None, metadata={"help": "A .jinja chat template for a tokenizer without one."})
+    chat_template_path: str | None = _field(None, "A .jinja chat template for a tokenizer without one.")
 
 
 @dataclass
 class RewardFunctionArguments(LaunchArguments):
     """``trl-padfree grpo`` / ``rloo``: the reward functions."""
 
-    reward_funcs: list[str] | None = field(
-        default=None, metadata={"help": "Reward functions: TRL's built-in ones by name, this package's "
-                                        "(answer_chars, answer_prefix, answer_overlap, exact_match) or "
-                                        "'module:function'."})
+    reward_funcs: list[str] | None = _field(None, "Reward functions: TRL's built-in ones by name, this package's "
+                                                  "(answer_chars, answer_prefix, answer_overlap, exact_match) or "
+                                                  "'module:function'.")
 
 
 @dataclass
 class LaunchConfig:
-    """What a launch was asked to do: the parsed dataclasses (``launch``: the recipe's :class:`LaunchArguments`;
-    ``training``: this package's config class of the trainer; ``model``: ``trl.ModelConfig``) and what the launch
-    resolved. The checks and the recipe set fields of these in place before the trainer is built."""
+    """The parsed dataclasses (``launch``: the recipe's :class:`LaunchArguments`; ``training``: the trainer's config;
+    ``model``: ``trl.ModelConfig``) and what the launch resolved; the checks and the recipe set fields in place."""
 
     launch: Any
     training: Any
@@ -88,7 +84,7 @@ class LaunchConfig:
     explicit: frozenset[str] = frozenset()  # fields set in the YAML file or on the command line
     run_id: str | None = None
     model_init_kwargs: dict[str, Any] | None = None  # moved out of ``training``: the launch loads the model
-    notes: list[str] = dataclasses.field(default_factory=list)  # lines for the run to print
+    notes: list[str] = field(default_factory=list)  # lines for the run to print
 
     @property
     def padding_free(self) -> bool:
@@ -108,17 +104,20 @@ class LaunchConfig:
 
 
 def argument_classes(task: str = "sft") -> tuple[type, type, type]:
-    """The dataclasses of ``task``'s config (a recipe of :mod:`.tasks`): its ``ARGUMENTS``, its ``CONFIG`` (this
-    package's config class of its trainer), ``trl.ModelConfig``."""
+    """The recipe's ``ARGUMENTS`` and ``CONFIG``, and ``trl.ModelConfig``."""
     import trl
 
     from .tasks import get_task
 
-    recipe = get_task(task)
-    return recipe.ARGUMENTS, recipe.CONFIG, trl.ModelConfig
+    return get_task(task).ARGUMENTS, get_task(task).CONFIG, trl.ModelConfig
 
 
-def _closest(name: str, candidates: Sequence[str]) -> str:
+def did_you_mean(name: str, candidates: Sequence[str]) -> str:
+    """``"; did you mean 'x'?"`` for the closest of ``candidates``, or ``""``.
+
+    >>> did_you_mean("sdpaa", ["eager", "sdpa"]), did_you_mean("x", ["eager"])
+    ("; did you mean 'sdpa'?", '')
+    """
     match = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)
     return f"; did you mean {match[0]!r}?" if match else ""
 
@@ -129,14 +128,13 @@ _KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a nu
 
 
 def _unknown(name: str, task: str, known: Sequence[str]) -> str:
-    """The hint after "unknown key/option": ``" (a field of trl-padfree dpo, not of trl-padfree train)"`` where
-    another trainer takes ``name``, else a did-you-mean among ``known``."""
+    """The hint after "unknown key/option": the trainer that takes ``name``, else a did-you-mean among ``known``."""
     from .tasks import prog, task_names
 
     for other in task_names():
         if other != task and any(name in {f.name for f in dataclasses.fields(c)} for c in argument_classes(other)):
             return f" (a field of {prog(other)}, not of {prog(task)})"
-    return _closest(name, known)
+    return did_you_mean(name, known)
 
 
 def build_parser(task: str = "sft") -> Any:
@@ -193,7 +191,7 @@ def build_parser(task: str = "sft") -> Any:
                               f"({_KINDS.get(type(value), type(value).__name__)}){quote}") from None
         if action.choices is not None and converted not in action.choices:
             raise ConfigError(f"invalid value for {key!r} in {parser.source}: {value!r} is not one of "
-                              f"{', '.join(map(repr, names))}{_closest(str(value), names)}")
+                              f"{', '.join(map(repr, names))}{did_you_mean(str(value), names)}")
         return converted
 
     classes = argument_classes(task)
@@ -207,18 +205,20 @@ def build_parser(task: str = "sft") -> Any:
 
 
 def parse_arguments(argv: Sequence[str], task: str = "sft") -> LaunchConfig:
-    """Parse ``[--config FILE] [--field value ...]`` into a :class:`LaunchConfig` (no validation beyond types);
-    bad input raises :class:`ConfigError`."""
+    """Parse ``[--config FILE] [--field value ...]`` into a :class:`LaunchConfig` (no validation beyond types)."""
     import yaml
 
     args = list(argv)
-    if args.count("--config") > 1:
-        raise ConfigError("--config was given twice; pass one config file and override fields with --field value")
-    config_path = args[args.index("--config") + 1] if "--config" in args[:-1] else None
-    if "--config" in args and config_path is None:
-        raise ConfigError("--config needs a path: --config configs/NAME.yaml")
+    if args.count("--config") > 1 or args[-1:] == ["--config"]:
+        raise ConfigError("--config takes one path (--config configs/NAME.yaml); override fields with --field value")
+    config_path = args[args.index("--config") + 1] if "--config" in args else None
     if config_path is not None and not os.path.isfile(config_path):
-        raise ConfigError(f"config file not found: {config_path!r} (relative paths start at {os.getcwd()})")
+        from .demo import BUILTIN_CONFIGS
+
+        here, guess = sorted(glob.glob("configs/*.yaml")), f"configs/{config_path}.yaml"
+        raise ConfigError(f"config file not found: {config_path!r} (relative paths start at {os.getcwd()}); built-in "
+                          f"configs: {', '.join(BUILTIN_CONFIGS)}" + (f"; here: {', '.join(here)}" if here else "")
+                          + (f"; did you mean {guess!r}?" if guess in here else ""))
     parser = build_parser(task)
     parser.source = config_path
     parser.explicit.update(a[2:].split("=", 1)[0].removeprefix("no_") for a in args if a.startswith("--"))
@@ -255,5 +255,4 @@ def parse_arguments(argv: Sequence[str], task: str = "sft") -> LaunchConfig:
         name = first[2:].split("=", 1)[0]
         known = sorted(a.dest for a in parser._actions if a.option_strings and a.dest != "help")
         raise ConfigError(f"unknown option '--{name}' on the command line{_unknown(name, task, known)}")
-    launch, training, model = parsed
-    return LaunchConfig(launch, training, model, task=task, explicit=frozenset(parser.explicit), notes=notes)
+    return LaunchConfig(*parsed, task=task, explicit=frozenset(parser.explicit), notes=notes)

@@ -19,22 +19,25 @@ def is_main_process() -> bool:
 
 
 def say(message: str) -> None:
-    """Print a launcher message on the main process only."""
     if is_main_process():
         print(f"[trl-padfree] {message}", flush=True)
 
 
+def print_error(message: str, program: str = "trl-padfree train") -> None:
+    if is_main_process():
+        print(f"{program}: error: {message}", file=sys.stderr, flush=True)
+
+
 def quiet_replicas() -> None:
     """Silence library logging, warnings and progress bars on every process but the main one."""
-    if is_main_process():
-        return
-    import datasets
-    import transformers
+    if not is_main_process():
+        import datasets
+        import transformers
 
-    transformers.logging.set_verbosity_error()
-    datasets.logging.set_verbosity_error()
-    datasets.disable_progress_bars()
-    warnings.filterwarnings("ignore")
+        transformers.logging.set_verbosity_error()
+        datasets.logging.set_verbosity_error()
+        datasets.disable_progress_bars()
+        warnings.filterwarnings("ignore")
 
 
 @contextlib.contextmanager
@@ -52,9 +55,3 @@ def quiet_progress() -> Iterator[None]:
     finally:
         for on in enable:
             on()
-
-
-def print_error(message: str, program: str = "trl-padfree train") -> None:
-    """The one-line error, from the first process of each node."""
-    if is_main_process():
-        print(f"{program}: error: {message}", file=sys.stderr, flush=True)

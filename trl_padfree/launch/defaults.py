@@ -7,27 +7,26 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
+
+import torch
 
 from ..threads import cores, processes_on_this_machine, threads_default
 from .config import ConfigError, LaunchConfig
 
 __all__ = ["LARGE_MODEL_PARAMETERS", "ModelShape", "apply_defaults", "model_shape"]
 
-#: Models with at least this many parameters are "large": activation checkpointing is on by default on CUDA.
-LARGE_MODEL_PARAMETERS = 1_000_000_000
+LARGE_MODEL_PARAMETERS = 1_000_000_000  # from this size activation checkpointing is on by default on CUDA
 
 
-@dataclass(frozen=True)
-class ModelShape:
+class ModelShape(NamedTuple):
     hidden_size: int | None = None
     parameters: int | None = None
 
 
 def model_shape(cfg: LaunchConfig, count_parameters: bool) -> ModelShape:
     """Hidden size (and, when asked, the parameter count, on the meta device) from the model's config, or None."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from .tokenizer import load_pretrained
 
@@ -36,28 +35,22 @@ def model_shape(cfg: LaunchConfig, count_parameters: bool) -> ModelShape:
     except ConfigError:  # the model's own loading reports the problem later, with context
         return ModelShape()
     hidden, parameters = getattr(config.get_text_config(), "hidden_size", None), None
-    if count_parameters:
-        with contextlib.suppress(Exception):  # (no count: no default from the model's size)
-            import torch
-            from transformers import AutoModelForCausalLM
-
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.training.trust_remote_code)
+    if count_parameters:  # (on failure no count: no default from the model's size)
+        with contextlib.suppress(Exception), torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, trust_remote_code=cfg.training.trust_remote_code)
             parameters = sum(p.numel() for p in model.parameters())
-    return ModelShape(hidden_size=hidden if isinstance(hidden, int) else None, parameters=parameters)
+    return ModelShape(hidden if isinstance(hidden, int) else None, parameters)
 
 
 def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelShape | None = None
                    ) -> tuple[LaunchConfig, dict[str, Any]]:
     """``(cfg with its unset machine-dependent fields filled, what was chosen)``; ``device``: ``"cuda"`` or
     ``"cpu"`` (default: the run's); ``shape``: read from the model's config when not given."""
-    if device is None:
-        from .validate import training_device
+    from .validate import training_device
 
-        device = training_device(cfg)
-    explicit, auto_threads = cfg.explicit, cfg.training.torch_num_threads == "auto"
+    device, explicit, threads = device or training_device(cfg), cfg.explicit, cfg.training.torch_num_threads
     wants_checkpointing = not ({"activation_checkpointing", "gradient_checkpointing"} & explicit)
-    wants_threads = auto_threads and not os.environ.get("OMP_NUM_THREADS")  # (else OMP_NUM_THREADS chose)
+    wants_threads = threads == "auto" and not os.environ.get("OMP_NUM_THREADS")  # (else OMP_NUM_THREADS chose)
     if shape is None and (wants_threads or wants_checkpointing):
         shape = model_shape(cfg, count_parameters=wants_checkpointing and device == "cuda")
     shape, chosen = shape or ModelShape(), {}
@@ -69,11 +62,10 @@ def apply_defaults(cfg: LaunchConfig, device: str | None = None, shape: ModelSha
         chosen["disable_tqdm"] = True
     if device == "cpu" and "dataloader_pin_memory" not in explicit:
         chosen["dataloader_pin_memory"] = False
-    training = dict(chosen)  # the changes of TRL's config
-    if wants_checkpointing:
-        training["gradient_checkpointing"] = chosen["activation_checkpointing"]  # (TRL reads the old name)
-    if auto_threads and not wants_threads:
-        training["torch_num_threads"] = None
-    for name, value in training.items():
+    for name, value in chosen.items():
         setattr(cfg.training, name, value)
+    if wants_checkpointing:
+        cfg.training.gradient_checkpointing = chosen["activation_checkpointing"]  # (TRL reads the old name)
+    if threads == "auto" and not wants_threads:
+        cfg.training.torch_num_threads = None
     return cfg, chosen

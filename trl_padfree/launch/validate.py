@@ -1,9 +1,6 @@
 """Checks of a parsed :class:`~.config.LaunchConfig` before anything is loaded, each a one-line
-:class:`~.config.ConfigError` naming the fix: the ranges nothing upstream checks before training
-(:data:`NUMERIC_RANGES`), the data, model and LoRA settings, ``model_init_kwargs``, ``output_dir`` and
-``resume_from_checkpoint``. ``check_environment=False`` skips what depends on this machine (CUDA, flash-attn,
-packages, the filesystem). The full list, with the faults during a run: ``docs/faults.md``.
-"""
+:class:`~.config.ConfigError` naming the fix (the list, and the faults during a run: ``docs/faults.md``).
+``check_environment=False`` skips what depends on this machine (CUDA, flash-attn, packages, the filesystem)."""
 
 from __future__ import annotations
 
@@ -13,52 +10,43 @@ import math
 import os
 import re
 import tempfile
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..exception_text import one_line
-from .config import ConfigError, LaunchConfig
+from .config import ConfigError, LaunchConfig, did_you_mean
 from .data import data_builder
 
 __all__ = ["NUMERIC_RANGES", "Range", "describe", "resolve_attn_implementation", "validate_config"]
 
 
-@dataclass(frozen=True)
-class Range:
-    """The legal values of a numeric field: ``low`` (``>`` when ``low_open``) up to ``high`` (``<`` when ``high_open``).
+class Range(NamedTuple):
+    """The legal values of a numeric field: ``low`` (``>`` when ``low_open``) up to ``high`` (``<`` when
+    ``high_open``); ``hint``: what else the field accepts.
 
-    >>> Range(1).text(), Range(0, low_open=True).text(), Range(0, high=1, high_open=True).text()
-    ('at least 1', 'greater than 0', 'at least 0 and less than 1')
-    >>> Range(0, True, 1, True).admits(1.0), Range(1).admits(float("nan")), Range(0, True, 1, True).text()
-    (False, False, 'between 0 and 1 (exclusive)')
+    >>> [Range(*r).text() for r in [(1,), (0, True), (0, False, 1, True), (0, True, 1, True), (0, False, 9)]]
+    ['at least 1', 'greater than 0', 'at least 0 and less than 1', 'between 0 and 1 (exclusive)', 'at least 0 and at most 9']
     """
 
     low: float
     low_open: bool = False
     high: float | None = None
     high_open: bool = False
-    hint: str = ""  # what else the field accepts, e.g. "or null for no truncation"
+    hint: str = ""
 
     def admits(self, value: float) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        return (value > self.low if self.low_open else value >= self.low) and (
+        return math.isfinite(value) and (value > self.low if self.low_open else value >= self.low) and (
             self.high is None or (value < self.high if self.high_open else value <= self.high))
 
     def text(self) -> str:
-        low, high = (f"{x:.0f}" if float(x).is_integer() else f"{x:g}" for x in (self.low, self.high or 0))
         if self.low_open and self.high_open:
-            return f"between {low} and {high} (exclusive)"
-        text = f"{'greater than' if self.low_open else 'at least'} {low}"
-        return text if self.high is None else f"{text} and {'less than' if self.high_open else 'at most'} {high}"
+            return f"between {self.low} and {self.high} (exclusive)"
+        text = f"{'greater than' if self.low_open else 'at least'} {self.low}"
+        return text if self.high is None else f"{text} and {'less than' if self.high_open else 'at most'} {self.high}"
 
 
-_SEED, _STEPS = 2**32 - 1, "a number of steps, or a fraction of the run below 1"  # numpy's seeds are 32-bit
-#: The legal range of the numeric fields that nothing upstream refuses before training (null passes where the field
-#: allows it): torch's optimizer and DataLoader refuse some at the first step with a traceback, others would run
-#: wrong (save_total_limit 0 keeps no checkpoint). Fields that transformers', TRL's or this package's config classes
-#: (``torch_empty_cache_steps``, ``torch_num_threads``, ``max_tokens_per_batch``) or peft's ``LoraConfig``
-#: (``lora_*``) refuse themselves are not listed. A recipe may override one (its ``RANGES``).
+_SEED, _STEPS, _NULL = 2**32 - 1, "a number of steps, or a fraction of the run below 1", "or null"
+#: Numeric fields that nothing upstream refuses before training (torch fails at the first step, or the run goes
+#: wrong); null passes where the field allows it. A recipe adds its own (its ``RANGES``).
 NUMERIC_RANGES: dict[str, Range] = {
     **dict.fromkeys(("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
                      "ddp_timeout", "max_train_examples", "max_eval_examples", "template_check_examples",
@@ -66,21 +54,20 @@ NUMERIC_RANGES: dict[str, Range] = {
     **dict.fromkeys(("learning_rate", "weight_decay", "adam_epsilon", "eval_delay", "dataloader_num_workers"),
                     Range(0)),
     **dict.fromkeys(("adam_beta1", "adam_beta2", "label_smoothing_factor"), Range(0, high=1, high_open=True)),
-    **dict.fromkeys(("logging_steps", "save_steps"), Range(0, low_open=True, hint=_STEPS)),
-    **dict.fromkeys(("beta", "discopop_tau", "desirable_weight", "undesirable_weight"),
-                    Range(0, low_open=True)),  # (DPO, KTO; GRPO's beta: its RANGES)
+    **dict.fromkeys(("logging_steps", "save_steps"), Range(0, True, hint=_STEPS)),
+    **dict.fromkeys(("beta", "discopop_tau", "desirable_weight", "undesirable_weight"), Range(0, True)),
     **dict.fromkeys(("dataloader_prefetch_factor", "ddp_bucket_cap_mb"), Range(1, hint="or null for torch's default")),
     "eval_accumulation_steps": Range(1, hint="or null to gather eval outputs once at the end"),
     "max_grad_norm": Range(0, hint="0 turns gradient clipping off"),
-    "neftune_noise_alpha": Range(0, low_open=True, hint="or null for no NEFTune noise"),
-    "eval_steps": Range(0, low_open=True, hint="or null to evaluate every logging_steps"),
+    "neftune_noise_alpha": Range(0, True, hint="or null for no NEFTune noise"),
+    "eval_steps": Range(0, True, hint="or null to evaluate every logging_steps"),
     "save_total_limit": Range(1, hint="or null to keep every checkpoint"),
     "seed": Range(0, high=_SEED),
     "data_seed": Range(0, high=_SEED, hint="or null to use seed"),
-    "router_aux_loss_coef": Range(0, hint="or null"),
+    "router_aux_loss_coef": Range(0, hint=_NULL),
     "dataset_num_proc": Range(1, hint="or null for one process"),
     "max_length": Range(2, hint="or null for no truncation"),
-    "pad_to_multiple_of": Range(1, hint="or null"),
+    "pad_to_multiple_of": Range(1, hint=_NULL),
     "eval_fraction": Range(0, True, 1, True),
     "ld_alpha": Range(0, high=1, hint="or null for plain sums"),
     "label_smoothing": Range(0, high=0.5, high_open=True),
@@ -93,7 +80,6 @@ _INTERVAL_STRATEGY = {"logging_steps": "logging_strategy", "eval_steps": "eval_s
 
 
 def _check_numbers(cfg: LaunchConfig) -> None:
-    """The fields of :data:`NUMERIC_RANGES` and the recipe's ``RANGES``; ``max_steps`` / ``num_train_epochs``."""
     from .tasks import get_task
 
     for name, legal in {**NUMERIC_RANGES, **getattr(get_task(cfg.task), "RANGES", {})}.items():
@@ -110,6 +96,24 @@ def _check_numbers(cfg: LaunchConfig) -> None:
                           f"{epochs}")
 
 
+def _check_names(cfg: LaunchConfig) -> None:
+    """``attn_implementation`` and ``report_to``, which fail only when the model loads or the trainer is built."""
+    from transformers.integrations import INTEGRATION_TO_CALLBACK
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    import trl_padfree.attention  # noqa: F401  (registers "padfree")
+
+    attn, known = cfg.attn_implementation, ["auto", "eager", *sorted(ALL_ATTENTION_FUNCTIONS.valid_keys())]
+    known = [name for name in known if "|" not in name]  # ("paged|eager": eager's, for generation)
+    if attn.removeprefix("paged|") not in known and "/" not in attn:  # (or a hub kernel, "owner/repo")
+        raise ConfigError(f"attn_implementation {attn!r} is not one of {', '.join(known)} (or a hub kernel "
+                          f"'owner/repo'){did_you_mean(attn, known)}")
+    report, known = cfg.training.report_to, [*INTEGRATION_TO_CALLBACK, "all", "none"]
+    for name in [report] if isinstance(report, str) else report or []:
+        if name not in known:
+            raise ConfigError(f"report_to {name!r} is not one of {', '.join(known)}{did_you_mean(name, known)}")
+
+
 #: ``model_init_kwargs`` keys that the launcher sets from fields of its own (the field to use instead).
 _OWN_FIELDS = {"trust_remote_code": "trust_remote_code: true", "attn_implementation": "attn_implementation",
                "dtype": "dtype", "torch_dtype": "dtype", "revision": "model_revision",
@@ -117,8 +121,7 @@ _OWN_FIELDS = {"trust_remote_code": "trust_remote_code: true", "attn_implementat
 
 
 def _check_model_init_kwargs(cfg: LaunchConfig) -> None:
-    """Refuse keys that have their own field; the launcher loads the model and applies the rest (TRL would only
-    warn that it ignores them)."""
+    """The launcher loads the model and applies these (TRL would only warn that it ignores them)."""
     kwargs = cfg.training.model_init_kwargs
     if kwargs is None:
         return
@@ -176,12 +179,11 @@ def _check_data(cfg: LaunchConfig) -> None:
     if data.dataset_test_split is not None and not data.dataset_name:
         raise ConfigError("dataset_test_split needs dataset_name; for local files use eval_file or eval_fraction")
     strategy = getattr(cfg.training.eval_strategy, "value", cfg.training.eval_strategy)
-    if strategy != "no" and not sources:
-        raise ConfigError(f"eval_strategy is {strategy!r} but there is no eval data: set eval_file, eval_fraction or "
-                          "dataset_test_split (or eval_strategy: 'no')")
-    if cfg.training.eval_on_start and not sources:
-        raise ConfigError("eval_on_start is true but there is no eval data: set eval_file, eval_fraction or "
-                          "dataset_test_split (or eval_on_start: false)")
+    for setting, on, off in ((f"eval_strategy is {strategy!r}", strategy != "no", "eval_strategy: 'no'"),
+                             ("eval_on_start is true", cfg.training.eval_on_start, "eval_on_start: false")):
+        if on and not sources:
+            raise ConfigError(f"{setting} but there is no eval data: set eval_file, eval_fraction or "
+                              f"dataset_test_split (or {off})")
 
 
 def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
@@ -214,7 +216,7 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
 
 
 def training_device(cfg: LaunchConfig) -> str:
-    """Where the run trains: ``"cuda"`` when a GPU is there and ``use_cpu`` is off, else ``"cpu"``."""
+    """``"cuda"`` when a GPU is there and ``use_cpu`` is off, else ``"cpu"``."""
     import torch
 
     return "cuda" if torch.cuda.is_available() and not cfg.training.use_cpu else "cpu"
@@ -241,8 +243,7 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
 
 
 def _resume_fields(cfg: LaunchConfig) -> dict[str, Any]:
-    """The fields of ``cfg`` to set for ``resume_from_checkpoint`` false, true or a checkpoint path (the run id
-    included); an output_dir that holds another run is refused unless ``overwrite_output_dir`` (docs/faults.md)."""
+    """The fields to set for ``resume_from_checkpoint`` false, true or a checkpoint path (the run id included)."""
     from . import resume
 
     value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
@@ -269,15 +270,15 @@ def _resume_fields(cfg: LaunchConfig) -> dict[str, Any]:
 
 
 def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> LaunchConfig:
-    """Check ``cfg`` without loading anything and resolve it in place for the run (returned): the recipe's own
-    checks and settings (its ``check``), ``model_init_kwargs`` moved to the launcher, ``attn_implementation: auto``
-    resolved for this machine, ``resume_from_checkpoint`` and the run id. With ``check_environment=False`` the last
-    two and the checks that depend on this machine are skipped."""
+    """Check ``cfg`` without loading anything and resolve it in place (returned): the recipe's ``check``,
+    ``model_init_kwargs`` moved to the launcher and, with ``check_environment``, ``attn_implementation: auto``,
+    ``output_dir``, ``resume_from_checkpoint`` and the run id."""
     from .distributed import restart_attempt
     from .resume import resolve_auto_resume
     from .tasks import get_task
 
     _check_numbers(cfg)
+    _check_names(cfg)
     _check_data(cfg)
     get_task(cfg.task).check(cfg)  # the trainer's own settings (launch.tasks)
     _check_model(cfg, check_environment)
@@ -300,23 +301,20 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
 
 
 def describe(cfg: LaunchConfig) -> dict[str, Any]:
-    """A short summary of the resolved run (logged at start)."""
+    """The run line's fields (logged at start)."""
     from .steps import scored_head
     from .tasks import get_task
 
+    threads = cfg.training.torch_num_threads
     return {
         "model": cfg.model.model_name_or_path,
         **({"trust_remote_code": True} if cfg.training.trust_remote_code else {}),
-        "attn_implementation": cfg.attn_implementation,
-        "dtype": cfg.model.dtype,
-        "padding_free": cfg.padding_free,
+        "attn_implementation": cfg.attn_implementation, "dtype": cfg.model.dtype, "padding_free": cfg.padding_free,
         **get_task(cfg.task).settings(cfg),
-        "peft": bool(cfg.model.use_peft),
-        "device": training_device(cfg),
-        "bf16": bool(cfg.training.bf16),
+        "peft": bool(cfg.model.use_peft), "device": training_device(cfg), "bf16": bool(cfg.training.bf16),
         "activation_checkpointing": bool(cfg.training.activation_checkpointing),
-        "torch_num_threads": (cfg.training.torch_num_threads if cfg.training.torch_num_threads != "auto" else None)
-        or os.environ.get("OMP_NUM_THREADS") or "torch default",
+        "torch_num_threads": (threads if threads != "auto" else None) or os.environ.get("OMP_NUM_THREADS")
+        or "torch default",
         **scored_head(cfg),  # where the recipe's trainer has an LM head
         "output_dir": cfg.training.output_dir,
     }
