@@ -86,6 +86,9 @@ BAD_INPUT = [
      "num_train_epochs must be greater than 0 (or set max_steps to a number of steps), got 0.0"),
     (None, ["--output_dir", ""],
      "output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1"),
+    (None, ["--router_aux_loss_coef", "0.5"],  # TRL's check, when the trainer is built (after output_dir is made)
+     "SFTTrainer refused the settings: `router_aux_loss_coef` is set to 0.5 but LlamaForCausalLM is not a "
+     "Mixture-of-Experts model that returns its router logits, so there is no auxiliary loss to weight."),
     (None, ["--use_peft", "true", "--lora_dropout", "1.5"],  # torch's check, when the trainer is built
      "SFTTrainer refused the settings: dropout probability has to be between 0 and 1, but got 1.5"),
     (None, ["--use_peft", "true", "--lora_task_type", "BOGUS"],  # peft's, before loading
@@ -180,7 +183,8 @@ def test_every_field_of_the_config_class_is_a_key(task):
 
 
 def test_demo_config_resolves(data_dir, tmp_path):
-    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--learning_rate", "5e-4", "--report_to", "all"))
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--learning_rate", "5e-4", "--report_to", "all",
+                                "--save_strategy", "no", "--save_steps", "0"))  # (an interval only under its strategy)
     assert cfg.padding_free is True and cfg.training.padding_free is True
     assert cfg.attn_implementation == ("padfree" if not torch.cuda.is_available() else cfg.attn_implementation)
     assert cfg.training.learning_rate == 5e-4  # the command line wins over the file (3e-3)

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from launch_inputs import DEMO_YAML, demo_argv, write_demo_data, write_yaml
-from launch_runs import assert_refused_in_one_line
-from paths import DEMO, ROOT
+from launch_runs import assert_refused_in_one_line, run_command
+from paths import DEMO
+from trl import get_peft_config
 
 from trl_padfree.launch import load_config
+from trl_padfree.launch.model import check_lora_targets
 from trl_padfree.launch.validate import describe
+from trl_padfree.testing import tiny_llama
 
 
 @pytest.fixture(scope="module")
@@ -27,42 +28,44 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_demo_data(tmp_path_factory.mktemp("validation-data"))
 
 
-# ------------------------------------------------------------------------------------------- values
-# (bad values refused in one line: tests/test_launch_config.py's BAD_INPUT)
-
-
-def test_a_step_interval_is_checked_only_under_its_strategy(tmp_path, data_dir):
-    """(``--save_strategy steps --save_steps 0`` is refused: BAD_INPUT)"""
-    load_config(demo_argv(data_dir, tmp_path / "out", "--save_strategy", "no", "--save_steps", "0"))
-
-
 def test_a_value_error_is_one_line_through_the_real_command(tmp_path, data_dir):
     """No warning of the launcher's own defaults (issue 12: a config without activation_checkpointing) precedes the
     error (checked outside pytest's warning capture)."""
-    argv = ["--model_name_or_path", str(DEMO / "model"), "--train_file", str(data_dir / "train.jsonl"), "--output_dir",
-            str(tmp_path / "out"), "--per_device_eval_batch_size", "0"]
-    proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "train", *argv], capture_output=True, text=True,
-                          cwd=ROOT, timeout=120)
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines() == [
-        "trl-padfree train: error: per_device_eval_batch_size must be at least 1, got 0"
-    ]
-    assert not (tmp_path / "out").exists()
+    proc = run_command("train", ["--model_name_or_path", str(DEMO / "model"), "--train_file", str(data_dir / "train.jsonl"),
+                                 "--output_dir", str(tmp_path / "out"), "--per_device_eval_batch_size", "0"], timeout=120)
+    assert proc.returncode == 2 and not (tmp_path / "out").exists()
+    assert proc.stderr.splitlines() == ["trl-padfree train: error: per_device_eval_batch_size must be at least 1, got 0"]
 
 
-# ------------------------------------------------------------------------------------------- output_dir
+# (output_dir in tmp_path, which holds a file "file", a run "run" and an incomplete checkpoint "ckpt"; extra
+# arguments; the line, {tmp} standing for tmp_path)
+PATH_CASES = [
+    ("file", (), "output_dir '{tmp}/file' is a file, not a directory; choose another output_dir"),
+    ("file/run/out", (), "output_dir '{tmp}/file/run/out' cannot be created: '{tmp}/file' is a file; choose another "
+     "output_dir"),
+    ("run", ("--overwrite_output_dir", "false"),  # (the demo config sets it to true)
+     "output_dir '{tmp}/run' already holds a run (checkpoint-3); continue it with resume_from_checkpoint: true, start "
+     "over in it with overwrite_output_dir: true, or choose another output_dir"),
+    ("out", ("--resume_from_checkpoint", "{tmp}/ckpt"),
+     "resume_from_checkpoint='{tmp}/ckpt' is not a complete checkpoint: it has no readable trainer_state.json (the save "
+     "was interrupted?); pass a checkpoint-N directory (or true for the newest complete one of the run in output_dir)"),
+]
 
 
-@pytest.mark.parametrize(("below", "message"), [
-    ("", "output_dir {out!r} is a file, not a directory; choose another output_dir"),
-    ("run/out", "output_dir {out!r} cannot be created: {file!r} is a file; choose another output_dir"),
-])
-def test_output_dir_that_is_or_is_under_a_file(tmp_path, data_dir, below, message):
+@pytest.mark.parametrize(("out", "extra", "message"), PATH_CASES)
+def test_an_unusable_output_dir_or_checkpoint_is_refused_and_left_as_it_was(tmp_path, data_dir, out, extra, message):
     (tmp_path / "file").write_text("x")
-    out = tmp_path / "file" / below
-    assert assert_refused_in_one_line("sft", demo_argv(data_dir, out), tmp_path / "none") == message.format(
-        out=str(out), file=str(tmp_path / "file"))
-    assert (tmp_path / "file").read_text() == "x"
+    (tmp_path / "run" / "checkpoint-3").mkdir(parents=True)
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "model.safetensors").write_bytes(b"")
+    before = sorted(tmp_path.rglob("*"))
+    argv = demo_argv(data_dir, tmp_path / out, *(a.format(tmp=tmp_path) for a in extra))
+    assert assert_refused_in_one_line("sft", argv, tmp_path / "none") == message.format(tmp=tmp_path)
+    assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "file").read_text() == "x"
+    if out == "run":  # overwrite_output_dir: true starts a new run there
+        cfg = load_config(demo_argv(data_dir, tmp_path / "run", "--overwrite_output_dir", "true"))
+        assert cfg.resume_from_checkpoint is None and len(cfg.run_id) == 32
 
 
 def test_output_dir_not_writable(tmp_path, data_dir):
@@ -73,44 +76,9 @@ def test_output_dir_not_writable(tmp_path, data_dir):
     else:
         parent = tmp_path / "locked"
         parent.mkdir(mode=0o555)
-    out = parent / "out"
-    message = assert_refused_in_one_line("sft", demo_argv(data_dir, out), out)
-    assert message.startswith(f"output_dir {str(out)!r} cannot be created in {str(parent)!r} (")
+    message = assert_refused_in_one_line("sft", demo_argv(data_dir, parent / "out"), parent / "out")
+    assert message.startswith(f"output_dir {str(parent / 'out')!r} cannot be created in {str(parent)!r} (")
     assert message.endswith("); choose a directory you can write to")
-
-
-def test_output_dir_holding_another_run(tmp_path, data_dir):
-    out = tmp_path / "out"
-    (out / "checkpoint-3").mkdir(parents=True)
-    (out / "notes.txt").write_text("mine")
-    argv = demo_argv(data_dir, out, "--overwrite_output_dir", "false")  # (the demo config sets it to true)
-    message = assert_refused_in_one_line("sft", argv, tmp_path / "none")
-    assert message == (
-        f"output_dir {str(out)!r} already holds a run (checkpoint-3); continue it with resume_from_checkpoint: true, "
-        "start over in it with overwrite_output_dir: true, or choose another output_dir"
-    )
-    assert sorted(p.name for p in out.iterdir()) == ["checkpoint-3", "notes.txt"]
-    cfg = load_config(demo_argv(data_dir, out, "--overwrite_output_dir", "true"))
-    assert cfg.resume_from_checkpoint is None and len(cfg.run_id) == 32
-
-
-# ------------------------------------------------------------------------------------------- resume path
-
-
-def test_resume_path_that_is_not_a_checkpoint(tmp_path, data_dir):
-    path = tmp_path / "not-a-checkpoint"
-    path.mkdir()
-    (path / "model.safetensors").write_bytes(b"")
-    argv = demo_argv(data_dir, tmp_path / "out", "--resume_from_checkpoint", str(path))
-    message = assert_refused_in_one_line("sft", argv, tmp_path / "out")
-    assert message == (
-        f"resume_from_checkpoint={str(path)!r} is not a complete checkpoint: it has no readable trainer_state.json "
-        "(the save was interrupted?); pass a checkpoint-N directory (or true for the newest complete one of the run "
-        "in output_dir)"
-    )
-
-
-# ------------------------------------------------------------------------------------------- config file and env
 
 
 def test_config_with_non_utf8_bytes(tmp_path, data_dir):
@@ -121,52 +89,22 @@ def test_config_with_non_utf8_bytes(tmp_path, data_dir):
     assert message == f"{config}: not UTF-8 text (byte 0xe9 at offset {offset}); save the file as UTF-8"
 
 
-# ------------------------------------------------------------------------------------------- trust_remote_code
-
-
-def test_the_run_line_says_when_remote_code_is_trusted(tmp_path, data_dir):
+def test_remote_code_is_in_the_run_line_and_model_init_kwargs_go_to_the_launcher(tmp_path, data_dir):
     assert "trust_remote_code" not in describe(load_config(demo_argv(data_dir, tmp_path / "out")))
-    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--trust_remote_code", "true"))
-    assert describe(cfg)["trust_remote_code"] is True
-
-
-def test_model_init_kwargs_are_applied_by_the_launcher_not_trl(tmp_path, data_dir):
     config = write_yaml(tmp_path / "c.yaml", model_init_kwargs={"low_cpu_mem_usage": True})
-    cfg = load_config(demo_argv(data_dir, tmp_path / "out", config=config))
-    assert cfg.model_init_kwargs == {"low_cpu_mem_usage": True}
+    cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--trust_remote_code", "true", config=config))
+    assert describe(cfg)["trust_remote_code"] is True and cfg.model_init_kwargs == {"low_cpu_mem_usage": True}
     assert cfg.training.model_init_kwargs is None  # TRL would print that it ignores them
 
 
-# ------------------------------------------------------------------------------------------- model checks
-
-
-@pytest.fixture(scope="module")
-def small_vocab_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny Llama whose embeddings hold 700 rows, saved with the demo tokenizer (768 tokens)."""
-    import torch
-    from transformers import AutoTokenizer, LlamaForCausalLM
-
-    from trl_padfree.testing import tiny_llama_config
-
-    out = tmp_path_factory.mktemp("small-vocab")
-    config = tiny_llama_config(vocab_size=700, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                               num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256)
-    torch.manual_seed(0)
-    LlamaForCausalLM(config).save_pretrained(out)
-    AutoTokenizer.from_pretrained(DEMO / "model").save_pretrained(out)
-    return out
-
-
-def test_tokenizer_larger_than_the_embeddings(tmp_path, data_dir, small_vocab_model):
-    argv = demo_argv(data_dir, tmp_path / "out", "--model_name_or_path", str(small_vocab_model))
+def test_tokenizer_larger_than_the_embeddings(tmp_path, data_dir, demo_tokenizer):
+    tiny_llama(vocab_size=700).save_pretrained(tmp_path / "m")
+    demo_tokenizer.save_pretrained(tmp_path / "m")  # (768 tokens)
+    argv = demo_argv(data_dir, tmp_path / "out", "--model_name_or_path", str(tmp_path / "m"))
     assert assert_refused_in_one_line("sft", argv, tmp_path / "out") == (
-        f"the tokenizer of {str(small_vocab_model)!r} has 768 token ids but the model's embeddings hold 700 "
-        "(vocab_size): use the tokenizer that belongs to this model, or resize the model's embeddings to 768 "
-        "(model.resize_token_embeddings) and save it"
-    )
-
-
-# ------------------------------------------------------------------------------------------- data
+        f"the tokenizer of {str(tmp_path / 'm')!r} has 768 token ids but the model's embeddings hold 700 (vocab_size): "
+        "use the tokenizer that belongs to this model, or resize the model's embeddings to 768 "
+        "(model.resize_token_embeddings) and save it")
 
 
 def _lines(*records: dict) -> bytes:
@@ -225,23 +163,9 @@ def test_bad_data_is_refused_in_one_line_naming_the_record_or_file(tmp_path, dat
 def test_a_single_lora_target_is_a_module_name_not_a_regular_expression(tmp_path, data_dir):
     """TRL hands a one-element lora_target_modules to peft as a string, i.e. a regular expression over full module
     names, which "q_proj" never matches (peft then fails when the trainer is built)."""
-    from trl import get_peft_config
-
-    from trl_padfree.launch.model import check_lora_targets
-    from trl_padfree.testing import tiny_llama
-
     cfg = load_config(demo_argv(data_dir, tmp_path / "out", "--use_peft", "true", "--lora_target_modules", "q_proj"))
     assert get_peft_config(cfg.model).target_modules == {"q_proj"}
     check_lora_targets(cfg, tiny_llama())  # matches model.layers.*.self_attn.q_proj
-
-
-def test_trl_refusing_settings_at_trainer_construction_is_one_line_and_leaves_no_output_dir(tmp_path, data_dir):
-    """TRL's own check, run where TRL runs it (building the trainer, after transformers created output_dir)."""
-    argv = demo_argv(data_dir, tmp_path / "out", "--router_aux_loss_coef", "0.5")
-    assert assert_refused_in_one_line("sft", argv, tmp_path / "out") == (
-        "SFTTrainer refused the settings: `router_aux_loss_coef` is set to 0.5 but LlamaForCausalLM is not a "
-        "Mixture-of-Experts model that returns its router logits, so there is no auxiliary loss to weight."
-    )
 
 
 @pytest.fixture(scope="module")
