@@ -5,68 +5,54 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
+import logging
 
 import pytest
 from launch_runs import run_command
 from paths import DEMO, ROOT
 
+from trl_padfree import cli
+from trl_padfree.launch import load_config, main
+from trl_padfree.launch.tokenizer import load_tokenizer
+
 INDEXING_WARNING = "Token indices sequence length is longer than the specified maximum"
 
 
 def test_no_sub_command_exits_2_with_the_usage(capsys):
-    from trl_padfree.cli import main
-
-    assert main([]) == 2
+    assert cli.main([]) == 2
     out, err = capsys.readouterr()
     assert out == "" and err.startswith("trl-padfree: a sub-command is needed.\n\nusage: trl-padfree {train,dpo,")
-    assert main(["--help"]) == 0 and capsys.readouterr().out.startswith("usage: trl-padfree {")
+    assert cli.main(["--help"]) == 0 and capsys.readouterr().out.startswith("usage: trl-padfree {")
+    assert cli.main(["trian"]) == 2 and capsys.readouterr().err.startswith("trl-padfree: unknown sub-command 'trian'.")
 
 
 def test_preview_takes_the_built_in_config_names_and_prints_no_indexing_warning(tmp_path, monkeypatch, capfd):
     """From a directory outside the checkout, as an installed package runs it (capfd: transformers' logging too)."""
-    from trl_padfree.launch.preview import main
-
     monkeypatch.chdir(tmp_path)
     for name in ["demo", "demo-chat", "demo-dpo"]:
-        assert main(["--config", name, "-n", "1"]) == 0, name
+        assert cli.main(["preview", "--config", name, "-n", "1"]) == 0, name
         out, err = capfd.readouterr()
         assert "--- " in out and INDEXING_WARNING not in out + err, (name, err[-2000:])
 
 
 @pytest.mark.parametrize("config", ["demo", "demo-dpo"])
-def test_the_launch_tokenizer_does_not_warn_about_indexing_errors_where_max_length_cuts(config):
+def test_the_launch_tokenizer_does_not_warn_about_indexing_errors_where_max_length_cuts(config, monkeypatch):
     """The launch cuts every sequence to ``max_length``, so its tokenizer does not warn of indexing errors for a text
     longer than ``model_max_length``; without ``max_length`` the warning is true and stays."""
-    import logging
-
-    from trl_padfree.launch import load_config
-    from trl_padfree.launch.tokenizer import load_tokenizer
-
-    records: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = records.append
-    logger = logging.getLogger("transformers.tokenization_utils_base")
-    logger.addHandler(handler)
-    try:
-        for max_length, warned in (("512", False), ("null", True)):
-            cfg = load_config(["--config", config, "--max_length", max_length], check_environment=False,
-                              task="dpo" if config == "demo-dpo" else "sft")
-            tokenizer = load_tokenizer(cfg)
-            records.clear()
-            assert len(tokenizer("word " * 700)["input_ids"]) > tokenizer.model_max_length
-            assert any(INDEXING_WARNING in r.getMessage() for r in records) is warned, max_length
-    finally:
-        logger.removeHandler(handler)
+    logger, records = logging.getLogger("transformers.tokenization_utils_base"), []
+    monkeypatch.setattr(logger, "warning", lambda message, *args, **kwargs: records.append(message))
+    for max_length, warned in (("512", False), ("null", True)):
+        cfg = load_config(["--config", config, "--max_length", max_length], check_environment=False,
+                          task="dpo" if config == "demo-dpo" else "sft")
+        tokenizer = load_tokenizer(cfg)
+        records.clear()
+        assert len(tokenizer("word " * 700)["input_ids"]) > tokenizer.model_max_length
+        assert any(INDEXING_WARNING in r for r in records) is warned, max_length
 
 
 def test_check_finds_the_demo_model_outside_the_checkout(tmp_path, monkeypatch, capsys):
-    from trl_padfree.check import main
-
     monkeypatch.chdir(tmp_path)
-    assert main(["--model", "trl_padfree/demo/model"]) == 0
+    assert cli.main(["check", "--model", "trl_padfree/demo/model"]) == 0
     assert "advice: padding_free=True is safe for llama with attn_implementation='padfree'." in capsys.readouterr().out
 
 
@@ -93,8 +79,6 @@ def test_a_dpo_run_into_a_pipe_is_quiet_and_reports_prompt_once(tmp_path):
 
 
 def test_an_sft_summary_keeps_max_tokens_per_batch_and_has_no_prompt_once(tmp_path, monkeypatch, capfd):
-    from trl_padfree.launch import main
-
     monkeypatch.chdir(tmp_path)
     out = tmp_path / "out"
     assert main(["--config", "demo", "--max_steps", "1", "--max_train_examples", "8", "--eval_file", "",
@@ -107,23 +91,17 @@ def test_an_sft_summary_keeps_max_tokens_per_batch_and_has_no_prompt_once(tmp_pa
 
 
 @pytest.mark.slow
-def test_two_ranks_on_a_cpu_only_machine_pick_use_cpu_themselves(tmp_path):
+def test_two_ranks_on_a_cpu_only_machine_pick_use_cpu_themselves(tmp_path, monkeypatch):
     """A config without ``use_cpu``, two ranks, no GPU: the launch sets ``use_cpu: true`` (one DDP run over gloo)
     and says so, instead of refusing the run because the ranks did not join one process group."""
-    from two_ranks import free_port
-
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     config = tmp_path / "no-use-cpu.yaml"
     text = (ROOT / "configs" / "demo.yaml").read_text(encoding="utf-8")
     config.write_text("\n".join(line for line in text.splitlines() if not line.startswith("use_cpu:")) + "\n")
-    out = tmp_path / "out"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT),
-           "CUDA_VISIBLE_DEVICES": ""}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", free_port(),
-           "-m", "trl_padfree.cli", "train", "--config", str(config), "--max_steps", "2", "--max_train_examples", "32",
-           "--eval_file", "", "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no",
-           "--output_dir", str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_command("train", ["--config", str(config), "--max_steps", "2", "--max_train_examples", "32", "--eval_file",
+                                 "", "--eval_strategy", "no", "--eval_on_start", "false", "--save_strategy", "no",
+                                 "--output_dir", str(tmp_path / "out")], ranks=2, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     assert "[trl-padfree] use_cpu: true (several processes on a machine without a GPU" in proc.stdout
-    summary = json.loads((out / "launch_summary.json").read_text())
+    summary = json.loads((tmp_path / "out" / "launch_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2

@@ -14,12 +14,13 @@ import torch
 from datasets import Dataset
 from launch_runs import write_jsonl
 from paths import DEMO, ROOT
-from transformers import AutoTokenizer, OPTConfig, OPTForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer, OPTConfig, OPTForCausalLM
+from transformers.trainer_callback import ProgressCallback
 from trl import SFTConfig
 
 from trl_padfree import DataCollatorForCompletionOnlyLM, SFTTrainer
 from trl_padfree.launch import ConfigError, load_config
-from trl_padfree.launch.defaults import ModelShape, apply_defaults
+from trl_padfree.launch.defaults import ModelShape, apply_defaults, model_shape
 from trl_padfree.launch.tasks.sft_data import prepare_data
 from trl_padfree.probe import PackingLeakError
 from trl_padfree.testing import tiny_llama
@@ -32,11 +33,9 @@ def test_a_run_of_an_own_minimal_config_is_quiet_and_picks_defaults_for_this_mac
     """``trl-padfree train`` in its own process (no tuning keys, 3 steps), output into pipes, no OMP_NUM_THREADS."""
     write_jsonl(tmp_path / "train.jsonl", PROMPT_COMPLETION * 8)
     config = tmp_path / "own.yaml"
-    config.write_text(
-        f"model_name_or_path: {DEMO / 'model'}\ntrain_file: {tmp_path / 'train.jsonl'}\noutput_dir: {tmp_path / 'out'}\n"
-        "max_steps: 3\nper_device_train_batch_size: 4\nlogging_steps: 1\nreport_to: none\nsave_strategy: 'no'\n",
-        encoding="utf-8",
-    )
+    config.write_text(f"model_name_or_path: {DEMO / 'model'}\ntrain_file: {tmp_path / 'train.jsonl'}\noutput_dir: "
+                      f"{tmp_path / 'out'}\nmax_steps: 3\nper_device_train_batch_size: 4\nlogging_steps: 1\n"
+                      "report_to: none\nsave_strategy: 'no'\n", encoding="utf-8")
     env = {**{k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}, "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run([sys.executable, "-m", "trl_padfree.cli", "train", "--config", str(config)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
@@ -97,22 +96,17 @@ def test_activation_checkpointing_is_on_for_a_large_model_on_cuda(tmp_path, devi
     assert cfg.training.dataloader_pin_memory is (device == "cuda")
 
 
-def test_explicit_settings_win_over_the_defaults(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("omp", "extra", "chosen", "threads"), [
+    (None, ("--activation_checkpointing", "true", "--torch_num_threads", "3", "--dataloader_pin_memory", "true"),
+     {"disable_tqdm": True}, 3),  # explicit settings win
+    ("2", (), {"activation_checkpointing": False, "disable_tqdm": True, "dataloader_pin_memory": False}, None)])
+def test_explicit_settings_and_omp_num_threads_win_over_the_defaults(tmp_path, monkeypatch, omp, extra, chosen, threads):
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    cfg = _own_cfg(tmp_path, "--activation_checkpointing", "true", "--torch_num_threads", "3",
-                   "--dataloader_pin_memory", "true")  # fmt: skip
-    cfg, chosen = apply_defaults(cfg, "cpu", ModelShape(hidden_size=128, parameters=10))
-    assert chosen == {"disable_tqdm": True}
-    assert cfg.training.activation_checkpointing is True and cfg.training.torch_num_threads == 3
-    assert cfg.training.dataloader_pin_memory is True
-
-
-def test_omp_num_threads_is_respected(tmp_path, monkeypatch):
-    monkeypatch.setenv("OMP_NUM_THREADS", "2")
-    cfg = _own_cfg(tmp_path)
-    cfg, chosen = apply_defaults(cfg, "cpu", ModelShape(hidden_size=128))
-    assert "torch_num_threads" not in chosen
-    assert cfg.training.torch_num_threads is None
+    if omp:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    cfg, got = apply_defaults(_own_cfg(tmp_path, *extra), "cpu", ModelShape(hidden_size=128, parameters=10))
+    assert got == chosen and cfg.training.torch_num_threads == threads
+    assert cfg.training.dataloader_pin_memory is bool(extra)
 
 
 def _tiny_sft(tmp_path: Path, model, **kw) -> SFTTrainer:
@@ -125,7 +119,6 @@ def _tiny_sft(tmp_path: Path, model, **kw) -> SFTTrainer:
 
 
 def test_sft_trainer_logs_the_probe_pass_once_writes_its_card_and_saves_use_cache_true(tmp_path, capsys):
-    torch.manual_seed(0)
     model = tiny_llama(vocab_size=768, attn_implementation="padfree")
     trainer = _tiny_sft(tmp_path, model)
     trainer.train()
@@ -144,8 +137,6 @@ def test_sft_trainer_logs_the_probe_pass_once_writes_its_card_and_saves_use_cach
 
 def test_a_run_stopped_by_the_probe_leaves_no_progress_bar_open(tmp_path):
     """The stray ``0%| | 0/N`` printed at interpreter exit came from this bar."""
-    from transformers.trainer_callback import ProgressCallback
-
     torch.manual_seed(0)
     opt = OPTForCausalLM(OPTConfig(vocab_size=768, hidden_size=32, ffn_dim=64, num_hidden_layers=1,
                                    num_attention_heads=4, word_embed_proj_dim=32, attn_implementation="sdpa"))  # fmt: skip
@@ -157,10 +148,6 @@ def test_a_run_stopped_by_the_probe_leaves_no_progress_bar_open(tmp_path):
 
 
 def test_model_shape_counts_parameters_without_loading_weights(tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    from trl_padfree.launch.defaults import model_shape
-
     shape = model_shape(_own_cfg(tmp_path), count_parameters=True)
     model = AutoModelForCausalLM.from_pretrained(DEMO / "model")
     assert shape == ModelShape(hidden_size=128, parameters=sum(p.numel() for p in model.parameters()))
