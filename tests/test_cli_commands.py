@@ -13,7 +13,7 @@ from paths import DEMO, ROOT
 
 from trl_padfree import cli
 from trl_padfree.launch import load_config, main
-from trl_padfree.launch.tokenizer import load_tokenizer
+from trl_padfree.launch.model import load_tokenizer
 
 INDEXING_WARNING = "Token indices sequence length is longer than the specified maximum"
 

@@ -28,7 +28,7 @@ def model_shape(cfg: LaunchConfig, count_parameters: bool) -> ModelShape:
     """Hidden size (and, when asked, the parameter count, on the meta device) from the model's config, or None."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from .tokenizer import load_pretrained
+    from .model import load_pretrained
 
     try:
         config = load_pretrained(AutoConfig, cfg, "read the model config")

@@ -23,8 +23,8 @@ class Range(NamedTuple):
     """The legal values of a numeric field: ``low`` (``>`` when ``low_open``) up to ``high`` (``<`` when
     ``high_open``); ``hint``: what else the field accepts.
 
-    >>> [Range(*r).text() for r in [(1,), (0, True), (0, False, 1, True), (0, True, 1, True), (0, False, 9)]]
-    ['at least 1', 'greater than 0', 'at least 0 and less than 1', 'between 0 and 1 (exclusive)', 'at least 0 and at most 9']
+    >>> [Range(*r).text() for r in [(1,), (0, True), (0, False, 1, True), (0, True, 1, False), (0, False, 9)]]
+    ['at least 1', 'greater than 0', 'at least 0 and less than 1', 'greater than 0 and at most 1', 'at least 0 and at most 9']
     """
 
     low: float
@@ -38,8 +38,6 @@ class Range(NamedTuple):
             self.high is None or (value < self.high if self.high_open else value <= self.high))
 
     def text(self) -> str:
-        if self.low_open and self.high_open:
-            return f"between {self.low} and {self.high} (exclusive)"
         text = f"{'greater than' if self.low_open else 'at least'} {self.low}"
         return text if self.high is None else f"{text} and {'less than' if self.high_open else 'at most'} {self.high}"
 
@@ -138,10 +136,9 @@ def _check_output_dir(out: str) -> None:
     path = parent = os.path.abspath(os.path.expanduser(out))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
-    if parent == path and not os.path.isdir(path):
-        raise ConfigError(f"output_dir {out!r} is a file, not a directory; choose another output_dir")
     if not os.path.isdir(parent):
-        raise ConfigError(f"output_dir {out!r} cannot be created: {parent!r} is a file; choose another output_dir")
+        what = "is a file, not a directory" if parent == path else f"cannot be created: {parent!r} is a file"
+        raise ConfigError(f"output_dir {out!r} {what}; choose another output_dir")
     try:
         fd, probe = tempfile.mkstemp(prefix=".trl-padfree-write-test-", dir=parent)
     except OSError as exc:
@@ -286,9 +283,8 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():
         raise ConfigError("output_dir is empty: set the directory for checkpoints and the model, e.g. outputs/run1")
     if cfg.training.ddp_find_unused_parameters is None:
-        # transformers turns it on for every model without activation checkpointing (and every PEFT model): an
-        # extra autograd traversal per step and a warning. The models trained here (LoRA included) use every
-        # trainable parameter in each forward; one that does not fails in DDP with torch's error naming the fix.
+        # transformers' default: an extra autograd pass per step and a warning; the models trained here use every
+        # trainable parameter in each forward (one that does not fails in DDP with torch's error naming the fix)
         cfg.training.ddp_find_unused_parameters = False
     if check_environment:
         cfg.attn_auto = cfg.attn_implementation == "auto"
