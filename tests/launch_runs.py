@@ -41,9 +41,8 @@ def run_preview(argv: list[str]) -> tuple[int, str, str]:
 
 def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str = "",
                                before_model: bool = False) -> str:
-    """``trl-padfree TASK ARGV`` (TASK ``preview``: ``trl-padfree preview ARGV``) exits 2 with one line,
-    ``trl-padfree TASK: error: ...`` naming ``message``, no traceback, and writes nothing to ``out`` (and,
-    ``before_model``, loads no model); returns the line without that prefix."""
+    """``trl-padfree TASK ARGV`` (or ``preview``) exits 2 with one line ``trl-padfree TASK: error: ...`` naming
+    ``message``, writes nothing to ``out`` (``before_model``: loads no model); returns the line without the prefix."""
     code, stdout, stderr = run_preview(argv) if task == "preview" else run_launch(argv, task)
     prefix = f"trl-padfree {'train' if task == 'sft' else task}: error: "
     lines = [line for line in stderr.splitlines() if line.strip()]
@@ -65,8 +64,7 @@ def demo_pairs_argv(config: Path, out: Path, *extra: str) -> list[str]:
 
 def run_command(task: str, argv: list[str], *, ranks: int = 1, timeout: int = 240,
                 cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """``trl-padfree TASK ARGV`` in a subprocess (under torchrun with ``ranks`` > 1), in ``cwd``, output into pipes,
-    one CPU thread per process, offline, this checkout's code."""
+    """``trl-padfree TASK ARGV`` in a subprocess (under torchrun with ``ranks`` > 1), one CPU thread each, offline."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     launcher = [sys.executable]
     if ranks > 1:
@@ -90,8 +88,8 @@ def run_line(stdout: str) -> str:
 
 
 def assert_real_tokens_logged(out: Path, stdout: str, generation: bool = False) -> dict:
-    """Every training log has real tokens/s (GRPO/RLOO: and the generation seconds and share), the run's real
-    tokens are TRL's ``num_tokens``, and the summary prints them; returns the end-of-training entry."""
+    """Every training log has real tokens/s (GRPO/RLOO: and the generation share), the run's are TRL's
+    ``num_tokens``, and the summary prints them; returns the end-of-training entry."""
     history = log_history(out)
     train = [e for e in history if "loss" in e]
     assert train and all(e["real_tokens_per_second"] > 0 for e in train), train

@@ -1,5 +1,5 @@
 """``trl-padfree grpo`` / ``rloo`` end to end on CPU (32 demo prompts, 2 prompts x 4 completions of 8 tokens a
-step), and a recipe added to the launch at run time."""
+step), a recipe added to the launch at run time, and GRPO and DPO on two ranks."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from launch_inputs import dpo_argv, write_preference_data
 from launch_runs import (
     assert_real_tokens_logged,
     assert_refused_in_one_line,
@@ -64,9 +65,8 @@ def test_demo_config_trains_probes_and_summarises(full_run):
     assert_real_tokens_logged(out, stdout, generation=True)
     logged = steps(out)
     assert sorted(logged) == list(range(1, STEPS + 1))
-    line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] mean reward: "))
-    assert line == (f"[trl-padfree] mean reward: {logged[1]['reward']:.3f} first logged step -> "
-                    f"{logged[STEPS]['reward']:.3f} last ({STEPS} logged steps)")
+    assert (f"[trl-padfree] mean reward: {logged[1]['reward']:.3f} first logged step -> {logged[STEPS]['reward']:.3f} "
+            f"last ({STEPS} logged steps)") in stdout.splitlines()
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["global_step"] == STEPS and summary["saved_to"] == str(out)
     assert summary["prompt_once"] is True and summary["reward_funcs"] == ["answer_chars"]
@@ -78,26 +78,22 @@ def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prom
                            ("loss", "reward", "reward_std", "entropy", "completions/mean_length"))
 
 
-@pytest.mark.parametrize(("record", "message"), [
-    ({"question": "hi", "answer": "there"}, "train_file: RL records need a 'prompt'"),
-    # the demo's rewards read the known answer: records with a prompt only fail at validation, not at step 1
-    ({"prompt": "### Question: Count to three.\n### Answer:"}, "reward_funcs answer_chars score a completion against "
-     "its known answer ... no 'answer' or 'chosen' column (columns: prompt)"),
-])
-def test_records_the_rewards_cannot_score_are_refused(tmp_path, prompts, record, message):
-    bad = write_jsonl(tmp_path / "bad.jsonl", [record])
-    line = assert_refused_in_one_line("grpo", grpo_argv(prompts, tmp_path / "out", "--train_file", str(bad)),
-                                      tmp_path / "out")
-    assert all(part in line for part in message.split(" ... ")), line
-
-
-def test_a_config_without_rewards_is_refused(tmp_path, prompts):
-    config = tmp_path / "no-rewards.yaml"
-    text = (CONFIGS / "demo-grpo.yaml").read_text(encoding="utf-8")
-    config.write_text("\n".join(line for line in text.splitlines() if not line.startswith("reward_funcs")) + "\n")
-    argv = grpo_argv(prompts, tmp_path / "out")
-    argv[1] = str(config)
-    assert_refused_in_one_line("grpo", argv, tmp_path / "out", "reward_funcs is empty: name at least one reward")
+def test_input_the_rewards_cannot_score_is_refused(tmp_path, prompts):
+    no_rewards = tmp_path / "no-rewards.yaml"
+    no_rewards.write_text("".join(line for line in (CONFIGS / "demo-grpo.yaml").read_text().splitlines(True)
+                                  if not line.startswith("reward_funcs")))
+    for config, record, message in [
+        (None, {"question": "hi", "answer": "there"}, "train_file: RL records need a 'prompt'"),
+        # the demo's rewards read the known answer: records with a prompt only fail at validation, not at step 1
+        (None, {"prompt": "### Question: Count to three.\n### Answer:"}, "reward_funcs answer_chars score a "
+         "completion against its known answer ... no 'answer' or 'chosen' column (columns: prompt)"),
+        (no_rewards, None, "reward_funcs is empty: name at least one reward"),
+    ]:
+        argv = grpo_argv(prompts, tmp_path / "out", *(["--train_file", str(write_jsonl(tmp_path / "bad.jsonl",
+                                                                                       [record]))] if record else []))
+        argv[1] = str(config or argv[1])
+        line = assert_refused_in_one_line("grpo", argv, tmp_path / "out")
+        assert all(part in line for part in message.split(" ... ")), line
 
 
 def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path, monkeypatch):
@@ -176,10 +172,15 @@ def test_preview_shows_a_groups_layout_and_counts_a_chat_prompts_tokens(prompts,
 
 
 @pytest.mark.slow
-def test_two_ranks_train_and_exit(prompts, tmp_path):
+@pytest.mark.parametrize("task", ["grpo", "dpo"])
+def test_two_ranks_train_and_exit(task, prompts, tmp_path):
     out = tmp_path / "out"
-    proc = run_command("grpo", grpo_argv(prompts, out, "--max_steps", "2"), ranks=2, timeout=300)
+    argv = (grpo_argv(prompts, out) if task == "grpo" else
+            dpo_argv(write_preference_data(tmp_path), out, "--eval_strategy", "no"))
+    proc = run_command(task, [*argv, "--max_steps", "2"], ranks=2, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2
     assert proc.stdout.count("[trl-padfree] steps: 2/2") == 1 and proc.stdout.count("[trl-padfree] run: ") == 1
+    if task == "dpo":  # both ranks took a batch of 4 of the 48 pairs per step
+        assert json.loads((out / "trainer_state.json").read_text())["epoch"] == pytest.approx(2 * 2 * 4 / 48)

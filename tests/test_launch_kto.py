@@ -75,9 +75,8 @@ def test_unpaired_records_train_and_an_evaluation_without_a_margin_prints_no_nan
             f"{shown(history, 'eval_kl')}; 2 evaluations)") in stdout.splitlines()
 
 
+# (pairs go through dpo's record checks, tests/test_launch_dpo_errors.py)
 @pytest.mark.parametrize(("records", "extra", "message"), [
-    ([*ROWS[:3], {"prompt": ROWS[3]["prompt"], "rejected": ROWS[3]["rejected"]}, *ROWS[4:]], [],
-     "train_file record 3 (counting from 0): 'chosen' must be a string or a list of chat messages"),
     ([*UNPAIRED[:2], {**UNPAIRED[2], "label": "yes"}, *UNPAIRED[3:]], [],
      "train_file record 2 (counting from 0): 'label' must be true (desirable) or false (undesirable), got 'yes'"),
     ([{"prompt": r["prompt"], "completion": r["chosen"]} for r in ROWS], [],

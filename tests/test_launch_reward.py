@@ -59,8 +59,6 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
 @pytest.mark.parametrize(("records", "extra", "message"), [
     (None, ["--max_length", "4"], "train_file: all 32 training pairs would be dropped: TRL drops one whose chosen or "
      "rejected sequence has more than max_length=4 tokens (a reward is read at the end)"),
-    ([*ROWS[:3], {"prompt": ROWS[3]["prompt"], "rejected": ROWS[3]["rejected"]}, *ROWS[4:]], [],
-     "train_file record 3 (counting from 0): 'chosen' must be a string or a list of chat messages"),
     ([{**r, "margin": 1.0 if i != 2 else "big"} for i, r in enumerate(ROWS)], [],
      "train_file record 2 (counting from 0): 'margin' must be a number"),
 ])

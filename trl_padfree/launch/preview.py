@@ -1,6 +1,7 @@
-"""``trl-padfree preview --config x.yaml [-n 3] [--task NAME] [--field value ...]``: the first examples as the trainer
-sees them (the recipe's ``preview``), trained tokens marked (colour on a terminal, ``[[ ]]`` otherwise), then the
-counts over the training set; no model is loaded and nothing is written."""
+"""``trl-padfree preview --config x.yaml [-n 3] [--task NAME] [--field value ...]``: the first N (default 3) training
+examples as the trainer sees them, trained tokens marked (colour on a terminal, ``[[ ]]`` otherwise), then the counts
+over the training set. Takes the config and ``--field`` overrides of the trainer (``--task``: which one, else told
+from the config's fields); loads no model, writes nothing. Exit status: 0 done, 2 bad input."""
 
 from __future__ import annotations
 
@@ -62,19 +63,6 @@ def dropped_line(unit: str, max_length: Any, dropped: int, total: int) -> str:
     return f"{unit} dropped before training (prompt alone fills max_length={max_length}): {dropped:,} of {total:,}"
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="trl-padfree preview", add_help=False, allow_abbrev=False, exit_on_error=False,
-        usage="trl-padfree preview --config configs/NAME.yaml [-n 3] [--task TASK] [--field value ...]",
-        description="Show the first N (default 3) training examples as the trainer prepares them, trained tokens "
-        "marked, and how many tokens are trained. Takes the config and --field overrides of the trainer's command "
-        "(--task: which trainer, else told from the config's fields); loads no model, writes nothing. Exit status: "
-        "0 done, 2 bad input.")
-    parser.add_argument("-n", "--num_examples", "--num-examples", type=int, default=3)
-    parser.add_argument("--task")
-    return parser
-
-
 def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
     """``(n, task or None, the rest of argv)``.
 
@@ -84,8 +72,11 @@ def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
     from .config import ConfigError
     from .tasks import task_names
 
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
+    parser.add_argument("-n", "--num_examples", "--num-examples", type=int, default=3)
+    parser.add_argument("--task")
     try:
-        options, rest = _parser().parse_known_args(list(argv))
+        options, rest = parser.parse_known_args(list(argv))
     except argparse.ArgumentError as exc:
         raise ConfigError(f"{exc} (-n: a whole number of examples)") from None
     if options.num_examples < 1:
@@ -130,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Print the preview; 0 done, 2 bad input (one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or {"-h", "--help"} & set(argv):
-        _parser().print_help()
+        print("usage: " + __doc__.replace("``", ""))
         return 0
     from . import load_config
     from .config import ConfigError
