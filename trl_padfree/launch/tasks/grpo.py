@@ -147,15 +147,10 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
              f"(padding_free={cfg.padding_free}, prompt_once={once})"]
     for index in range(min(n, len(data.train))):
         prompt = data.train[index]["prompt"]
-        # tokenized as TRL's GRPOTrainer tokenizes prompts (_tokenize_prompts): return_dict=True, since transformers 5
-        # returns a BatchEncoding (not a dict, not a list) from tokenize=True alone
-        if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                return_dict=True)["input_ids"]
-            text = str(prompt[-1]["content"])
-        else:
-            ids, text = tokenizer(text=prompt)["input_ids"], prompt
-        p = len(ids)
+        chat = isinstance(prompt, list)  # tokenized as TRL's GRPOTrainer does (return_dict: transformers 5)
+        p = len((tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+                 if chat else tokenizer(text=prompt))["input_ids"])
+        text = str(prompt[-1]["content"]) if chat else prompt
         forwarded = p + g * c if once else g * (p + c)
         shown = text if len(text) <= 80 else text[:77] + "..."
         lines += [f"--- prompt {index} ({p} tokens): {shown!r}",
