@@ -1,5 +1,5 @@
-"""Test-only faults for ``trl-padfree train`` runs: trainer callbacks for ``main(argv, callbacks=[...])``, and a
-command line for runs in a subprocess, alone or as each rank of torchrun::
+"""Test-only faults for launch runs: trainer callbacks for ``main(argv, callbacks=[...])``, and a command line for
+runs in a subprocess, alone or as each rank of torchrun::
 
     python tests/launch_hooks.py [--rank R] FAULT... -- TRAIN ARGUMENTS
 
@@ -24,8 +24,8 @@ def _kill_now() -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-class SigtermAtStep(TrainerCallback):
-    """At the end of step K: ``strike()``, here SIGTERM (the launch saves a checkpoint and stops)."""
+class AtStep(TrainerCallback):
+    """``strike(control)`` at the end of step K."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -34,16 +34,20 @@ class SigtermAtStep(TrainerCallback):
         if state.global_step == self.step:
             self.strike(control)
 
+
+class SigtermAtStep(AtStep):
+    """SIGTERM: the launch saves a checkpoint and stops."""
+
     def strike(self, control: Any) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
 
-class SigkillAtStep(SigtermAtStep):
+class SigkillAtStep(AtStep):
     def strike(self, control: Any) -> None:
         _kill_now()
 
 
-class SigkillInSave(SigtermAtStep):
+class SigkillInSave(AtStep):
     """SIGKILL at the first ``torch.save`` of step K's checkpoint (after the model weights, before the rest)."""
 
     def strike(self, control: Any) -> None:
@@ -53,33 +57,26 @@ class SigkillInSave(SigtermAtStep):
             torch.save = lambda *a, **k: _kill_now()
 
 
-class FailInStep(TrainerCallback):
+class FailInStep(AtStep):
     """Step K raises before its forward pass (the other ranks then wait in its gradient all-reduce)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step + 1 == self.step:
             raise RuntimeError(f"injected failure on rank {os.environ.get('RANK', '0')} at step {self.step}")
 
 
-class FailAtStep(TrainerCallback):
+class FailAtStep(AtStep):
     """Training raises at the end of step K (after that step's checkpoint, if any, was saved)."""
 
-    def __init__(self, step: int) -> None:
-        self.step = step
-
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._check(state)
+        super().on_step_end(args, state, control)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if not control.should_save:
-            self._check(state)
+        if not control.should_save:  # (else at the save)
+            super().on_step_end(args, state, control)
 
-    def _check(self, state: Any) -> None:
-        if state.global_step == self.step:
-            raise RuntimeError(f"training failed on purpose at step {self.step} (tests/launch_hooks.py)")
+    def strike(self, control: Any) -> None:
+        raise RuntimeError(f"training failed on purpose at step {self.step} (tests/launch_hooks.py)")
 
 
 class FailEvaluation(TrainerCallback):
@@ -93,8 +90,7 @@ class FullDiskAtEnd(TrainerCallback):
 
     def __init__(self, ballast: str | None, fsize_limit: int = 64 * 1024, at_step: int | None = None) -> None:
         self.ballast, self.fsize_limit, self.at_step = ballast, fsize_limit, at_step
-        self.previous: tuple[int, int] | None = None
-        self.previous_handler: Any = None
+        self.previous: tuple[Any, Any] | None = None
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if state.global_step == self.at_step:
@@ -106,9 +102,9 @@ class FullDiskAtEnd(TrainerCallback):
 
     def fill(self) -> None:
         if self.ballast is None:
-            self.previous = resource.getrlimit(resource.RLIMIT_FSIZE)
-            self.previous_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of a kill
-            resource.setrlimit(resource.RLIMIT_FSIZE, (self.fsize_limit, self.previous[1]))
+            self.previous = (resource.getrlimit(resource.RLIMIT_FSIZE),
+                             signal.signal(signal.SIGXFSZ, signal.SIG_IGN))  # EFBIG instead of a kill
+            resource.setrlimit(resource.RLIMIT_FSIZE, (self.fsize_limit, self.previous[0][1]))
             return
         with open(self.ballast, "wb") as handle:
             try:
@@ -120,8 +116,8 @@ class FullDiskAtEnd(TrainerCallback):
 
     def restore(self) -> None:
         if self.previous is not None:
-            resource.setrlimit(resource.RLIMIT_FSIZE, self.previous)
-            signal.signal(signal.SIGXFSZ, self.previous_handler)
+            resource.setrlimit(resource.RLIMIT_FSIZE, self.previous[0])
+            signal.signal(signal.SIGXFSZ, self.previous[1])
             self.previous = None
 
 
@@ -135,14 +131,11 @@ def _main(argv: list[str]) -> int:
     parser.add_argument("--rank", type=int, help="only this rank (RANK); default every rank")
     for flag in _FAULTS:
         parser.add_argument(flag, type=int, metavar="K")
-    options = parser.parse_args(argv[:split] if split >= 0 else [])
-    callbacks: list[Any] = []
-    if options.rank in (None, int(os.environ.get("RANK", "0"))) and os.environ.get("TORCHELASTIC_RESTART_COUNT",
-                                                                                     "0") == "0":
-        for flag, kind in _FAULTS.items():
-            step = getattr(options, flag[2:].replace("-", "_"))
-            if step is not None:
-                callbacks.append(kind(step))
+    options = vars(parser.parse_args(argv[:split] if split >= 0 else []))
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    here = options["rank"] in (None, int(os.environ.get("RANK", "0"))) and first_attempt
+    callbacks = [kind(step) for flag, kind in _FAULTS.items()
+                 if here and (step := options[flag[2:].replace("-", "_")]) is not None]
     from trl_padfree.launch import main
 
     return main(argv[split + 1 :], callbacks=callbacks)

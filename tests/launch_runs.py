@@ -1,5 +1,5 @@
-"""Running the launch (``trl-padfree train``, ``dpo``, ...) from the tests, in this process (``run_launch``) or as the
-command (``run_command``), what a run leaves, and the demo's records; faults a run can be given: tests/launch_hooks.py."""
+"""Running the launch from the tests, in this process (``run_launch``, ``run_preview``) or as the command
+(``run_command``), what a run leaves, and the demo's records; faults a run can be given: tests/launch_hooks.py."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
+import pytest
 from paths import DEMO, DEMO_MODEL, ROOT
 from transformers import TrainerCallback
 from two_ranks import free_port
@@ -32,11 +33,16 @@ def run_launch(argv: list[str], task: str, callbacks: typing.Sequence[TrainerCal
     return _captured(main, argv, callbacks, task=task)
 
 
+def run_preview(argv: list[str]) -> tuple[int, str, str]:
+    from trl_padfree.launch.preview import main as preview_main
+
+    return _captured(preview_main, argv)
+
+
 def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: str = "",
                                before_model: bool = False) -> str:
-    """``trl-padfree TASK ARGV`` (TASK ``preview``: ``trl-padfree preview ARGV``) exits 2 with one line,
-    ``trl-padfree TASK: error: ...`` naming ``message``, no traceback, and writes nothing to ``out`` (and,
-    ``before_model``, loads no model); returns the line without that prefix."""
+    """``trl-padfree TASK ARGV`` (or ``preview``) exits 2 with one line ``trl-padfree TASK: error: ...`` naming
+    ``message``, writes nothing to ``out`` (``before_model``: loads no model); returns the line without the prefix."""
     code, stdout, stderr = run_preview(argv) if task == "preview" else run_launch(argv, task)
     prefix = f"trl-padfree {'train' if task == 'sft' else task}: error: "
     lines = [line for line in stderr.splitlines() if line.strip()]
@@ -48,31 +54,17 @@ def assert_refused_in_one_line(task: str, argv: list[str], out: Path, message: s
 
 
 def demo_pairs_argv(config: Path, out: Path, *extra: str) -> list[str]:
-    """``config`` (``argv[1]``) on the demo model and preference pairs, into ``out``: 4 steps on 32 training pairs,
-    logged and evaluated on 8 eval pairs every 2 steps; ``extra`` last."""
-    return [
-        "--config", str(config),
-        "--model_name_or_path", str(DEMO_MODEL),
-        "--train_file", str(DEMO / "data" / "pref_train.jsonl"),
-        "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
-        "--output_dir", str(out),
-        "--max_steps", "4", "--max_train_examples", "32", "--max_eval_examples", "8",
-        "--logging_steps", "2", "--eval_steps", "2",
-        *extra,
-    ]  # fmt: skip
-
-
-def run_preview(argv: list[str]) -> tuple[int, str, str]:
-    """``trl-padfree preview ARGV`` in this process: (exit code, stdout, stderr)."""
-    from trl_padfree.launch.preview import main as preview_main
-
-    return _captured(preview_main, argv)
+    """``config`` on the demo model and preference pairs, into ``out``: 4 steps on 32 training pairs, logged and
+    evaluated on 8 eval pairs every 2 steps; ``extra`` last."""
+    return ["--config", str(config), "--model_name_or_path", str(DEMO_MODEL), "--train_file",
+            str(DEMO / "data" / "pref_train.jsonl"), "--eval_file", str(DEMO / "data" / "pref_eval.jsonl"),
+            "--output_dir", str(out), "--max_steps", "4", "--max_train_examples", "32", "--max_eval_examples", "8",
+            "--logging_steps", "2", "--eval_steps", "2", *extra]
 
 
 def run_command(task: str, argv: list[str], *, ranks: int = 1, timeout: int = 240,
                 cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    """``trl-padfree TASK ARGV`` in a subprocess (under torchrun, on a free port, with ``ranks`` > 1), in ``cwd``,
-    output into pipes, one CPU thread per process, offline, this checkout's code."""
+    """``trl-padfree TASK ARGV`` in a subprocess (under torchrun with ``ranks`` > 1), one CPU thread each, offline."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     launcher = [sys.executable]
     if ranks > 1:
@@ -87,10 +79,17 @@ def log_history(out: Path) -> list[dict]:
     return json.loads((out / "trainer_state.json").read_text())["log_history"]
 
 
+def losses(out: Path) -> dict[int, float]:
+    return {e["step"]: e["loss"] for e in log_history(out) if "loss" in e}
+
+
+def run_line(stdout: str) -> str:
+    return next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] run: "))
+
+
 def assert_real_tokens_logged(out: Path, stdout: str, generation: bool = False) -> dict:
-    """Every training log of the run in ``out`` has real tokens/s (GRPO/RLOO: and the generation seconds and share),
-    the run's real tokens are TRL's own count of them (``num_tokens``), and the summary prints the run's tokens/s
-    (and the generation share); returns the end-of-training entry."""
+    """Every training log has real tokens/s (GRPO/RLOO: and the generation share), the run's are TRL's
+    ``num_tokens``, and the summary prints them; returns the end-of-training entry."""
     history = log_history(out)
     train = [e for e in history if "loss" in e]
     assert train and all(e["real_tokens_per_second"] > 0 for e in train), train
@@ -108,9 +107,25 @@ def assert_real_tokens_logged(out: Path, stdout: str, generation: bool = False) 
     return end
 
 
-def losses(out: Path) -> dict[int, float]:
-    """The training loss of every logged step of the run in ``out``."""
-    return {e["step"]: e["loss"] for e in log_history(out) if "loss" in e}
+def assert_stop_and_resume(task: str, argv: list[str], out: Path, step: int, whole: Path,
+                           keys: tuple[str, ...] = ("loss",)) -> None:
+    """``trl-padfree TASK ARGV`` into ``out``, stopped by SIGTERM at ``step``, saves checkpoint-STEP and no model;
+    resumed (``resume_from_checkpoint: true``) it logs ``keys`` at every step as the whole run in ``whole`` did."""
+    from launch_hooks import SigtermAtStep
+
+    code, stdout, stderr = run_launch(argv, task, [SigtermAtStep(step)])
+    assert code == 0, (stdout + stderr)[-3000:]
+    assert "[trl-padfree] SIGTERM received: saving a checkpoint at the end of this step" in stdout
+    assert f"[trl-padfree] checkpoint saved to {out / f'checkpoint-{step}'}" in stdout
+    assert not (out / "model.safetensors").exists() and sorted(losses(out)) == list(range(1, step + 1))
+    code, stdout, stderr = run_launch([*argv, "--resume_from_checkpoint", "true"], task)
+    assert code == 0 and f"checkpoint-{step}" in stdout, (stdout + stderr)[-3000:]
+    assert (out / "model.safetensors").is_file()
+    expected, resumed = ({e["step"]: e for e in log_history(o) if "loss" in e} for o in (whole, out))
+    assert sorted(resumed) == sorted(expected)
+    for s in expected:
+        for key in keys:
+            assert resumed[s][key] == pytest.approx(expected[s][key], rel=1e-5, abs=1e-6), (s, key)
 
 
 def demo_records(name: str, n: int | None = None) -> list[dict]:
@@ -120,8 +135,7 @@ def demo_records(name: str, n: int | None = None) -> list[dict]:
 
 
 def write_short_demo_records(path: Path, name: str, n: int, shorter_than: int) -> Path:
-    """The first ``n`` records of the demo's ``data/NAME`` whose line is shorter than ``shorter_than`` characters,
-    written to ``path`` line for line."""
+    """The first ``n`` records of the demo's ``data/NAME`` whose line is shorter than ``shorter_than``, to ``path``."""
     lines = (DEMO / "data" / name).read_text(encoding="utf-8").splitlines()
     path.write_text("\n".join([line for line in lines if len(line) < shorter_than][:n]) + "\n", encoding="utf-8")
     return path

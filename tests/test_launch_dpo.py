@@ -1,4 +1,5 @@
-"""``trl-padfree dpo`` end to end on CPU (48 demo pairs, batches of 4): a run, SIGTERM + resume, bad input, 2 ranks."""
+"""``trl-padfree dpo`` end to end on CPU (48 demo pairs, batches of 4): a run, SIGTERM + resume, bad input, preview;
+2 ranks: test_launch_grpo.py."""
 
 from __future__ import annotations
 
@@ -6,14 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from launch_hooks import SigtermAtStep
 from launch_inputs import DPO_STEPS, dpo_argv, write_preference_data
 from launch_runs import (
     assert_real_tokens_logged,
     assert_refused_in_one_line,
+    assert_stop_and_resume,
     log_history,
-    losses,
-    run_command,
     run_launch,
     run_preview,
     write_jsonl,
@@ -34,6 +33,13 @@ def full_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     return out, stdout
 
 
+def preview(train_file: Path) -> list[str]:
+    code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-dpo.yaml"), "--train_file", str(train_file),
+                                        "--model_name_or_path", str(DEMO_MODEL), "-n", "1"])
+    assert code == 0, stderr
+    return stdout.splitlines()
+
+
 def test_demo_config_trains_saves_and_summarises(full_run):
     out, stdout = full_run
     assert (out / "model.safetensors").is_file()
@@ -41,8 +47,8 @@ def test_demo_config_trains_saves_and_summarises(full_run):
     assert "[trl-padfree] data: 48 training pairs" in stdout and "(format: prompt/chosen/rejected)" in stdout
     assert "[trl-padfree] reference model: a second copy of the starting weights" in stdout
     assert "keeps packed examples apart" in stdout  # the preference probe ran before the first step
-    assert f"[trl-padfree] steps: {DPO_STEPS}/{DPO_STEPS} in " in stdout
-    assert "[trl-padfree] eval reward accuracy: " in stdout
+    assert f"[trl-padfree] steps: {DPO_STEPS}/{DPO_STEPS} in " in stdout and "[trl-padfree] eval reward accuracy: " \
+        in stdout
     assert_real_tokens_logged(out, stdout)
     steps = [e for e in log_history(out) if "loss" in e]
     assert [e["step"] for e in steps] == list(range(1, DPO_STEPS + 1))
@@ -54,18 +60,7 @@ def test_demo_config_trains_saves_and_summarises(full_run):
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, data_dir, tmp_path):
-    out = tmp_path / "out"
-    no_eval = ("--eval_strategy", "no")  # evaluation does not change training losses
-    code, stdout, _ = run_launch(dpo_argv(data_dir, out, *no_eval), "dpo", [SigtermAtStep(3)])
-    assert code == 0
-    assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-3'}" in stdout
-    assert not (out / "model.safetensors").exists() and sorted(losses(out)) == [1, 2, 3]
-    code, stdout, _ = run_launch(dpo_argv(data_dir, out, *no_eval, "--resume_from_checkpoint", "true"), "dpo")
-    assert code == 0 and "checkpoint-3" in stdout
-    expected, resumed = losses(full_run[0]), losses(out)
-    assert sorted(resumed) == list(range(1, DPO_STEPS + 1))
-    for step in range(1, DPO_STEPS + 1):
-        assert resumed[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
+    assert_stop_and_resume("dpo", dpo_argv(data_dir, tmp_path, "--eval_strategy", "no"), tmp_path, 3, full_run[0])
 
 
 def test_records_without_rejected_are_refused(tmp_path, data_dir):
@@ -74,43 +69,23 @@ def test_records_without_rejected_are_refused(tmp_path, data_dir):
                                "preference records need 'chosen' and 'rejected'")
 
 
-@pytest.mark.slow
-def test_two_ranks_train_and_exit(data_dir, tmp_path):
-    out = tmp_path / "out"
-    proc = run_command("dpo", dpo_argv(data_dir, out, "--max_steps", "2", "--eval_strategy", "no"), ranks=2,
-                       timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    summary = json.loads((out / "launch_summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["global_step"] == 2
-    state = json.loads((out / "trainer_state.json").read_text())
-    assert state["epoch"] == pytest.approx(2 * 2 * 4 / 48)  # both ranks took a batch of 4 pairs per step
-    assert proc.stdout.count("[trl-padfree] steps: 2/2") == 1
+def test_preview_shows_what_is_scored_in_chosen_and_rejected(tmp_path):
+    lines = preview(write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "### Question: What is 2 + 3?\n### Answer:",
+                                                             "chosen": " 5", "rejected": " I do not know."}]))
+    assert lines[1:5] == ["chosen:   ### Question: What is 2 + 3?", "### Answer:[[ 5<|eos|>]]",
+                          "rejected: ### Question: What is 2 + 3?", "### Answer:[[ I do not know.<|eos|>]]"]
+    assert lines[6].startswith("scored tokens: chosen ") and lines[6].endswith(
+        "in 1 pairs (format: prompt/chosen/rejected)") and lines[7].startswith("prompt_once forwards ")
 
 
-def test_preview_shows_what_is_scored_in_chosen_and_rejected(tmp_path, data_dir):
-    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "### Question: What is 2 + 3?\n### Answer:",
-                                                    "chosen": " 5", "rejected": " I do not know."}])
-    code, stdout, stderr = run_preview(["--config", str(CONFIGS / "demo-dpo.yaml"), "--train_file", str(pairs),
-                                        "--model_name_or_path", str(DEMO_MODEL), "-n", "1"])
-    assert code == 0, stderr
-    lines = stdout.splitlines()
-    assert lines[1] == "chosen:   ### Question: What is 2 + 3?"
-    assert lines[2] == "### Answer:[[ 5<|eos|>]]"
-    assert lines[4] == "### Answer:[[ I do not know.<|eos|>]]"
-    assert "scored tokens: chosen " in stdout and "in 1 pairs (format: prompt/chosen/rejected)" in stdout
-    assert "prompt_once forwards " in stdout
-
-
-def test_conversational_pairs_train(tmp_path, data_dir):
+def test_conversational_pairs_train_and_preview(tmp_path, data_dir):
     rows = [{"prompt": [{"role": "user", "content": f"What is {i} + 1?"}],
              "chosen": [{"role": "assistant", "content": str(i + 1)}],
              "rejected": [{"role": "assistant", "content": "I do not know."}]} for i in range(16)]
     pairs = write_jsonl(tmp_path / "chat.jsonl", rows)
-    out = tmp_path / "out"
-    argv = dpo_argv(data_dir, out, "--train_file", str(pairs), "--eval_strategy", "no", "--max_steps", "2")
+    argv = dpo_argv(data_dir, tmp_path / "out", "--train_file", str(pairs), "--eval_strategy", "no", "--max_steps", "2")
     code, stdout, stderr = run_launch(argv, "dpo")
     assert code == 0, (stdout + stderr)[-3000:]
     assert "(format: conversational)" in stdout and "[trl-padfree] steps: 2/2" in stdout
-    code, stdout, _ = run_preview(["--config", str(CONFIGS / "demo-dpo.yaml"), "--train_file", str(pairs),
-                                   "--model_name_or_path", str(DEMO_MODEL), "-n", "1"])
-    assert code == 0 and "[[" in stdout and "I do not know." in stdout
+    shown = "\n".join(preview(pairs))
+    assert "[[" in shown and "I do not know." in shown

@@ -1,19 +1,22 @@
 """``trl-padfree grpo`` / ``rloo`` end to end on CPU (32 demo prompts, 2 prompts x 4 completions of 8 tokens a
-step), and a recipe added to the launch at run time."""
+step), a recipe added to the launch at run time, and GRPO and DPO on two ranks."""
 
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
-from launch_hooks import SigtermAtStep
+from launch_inputs import dpo_argv, write_preference_data
 from launch_runs import (
     assert_real_tokens_logged,
     assert_refused_in_one_line,
+    assert_stop_and_resume,
     log_history,
     run_command,
     run_launch,
+    run_line,
     run_preview,
     write_jsonl,
     write_short_demo_records,
@@ -36,77 +39,61 @@ def grpo_argv(prompts: Path, out: Path, *extra: str) -> list[str]:
             "--num_generations", "4", "--max_completion_length", "8", "--logging_steps", "1", *extra]
 
 
-def run(argv: list[str], task: str = "grpo", callbacks=()) -> tuple[int, str, str]:
-    return run_launch(argv, task, callbacks)
-
-
 def steps(out: Path) -> dict[int, dict]:
     return {e["step"]: e for e in log_history(out) if "reward" in e}
 
 
 @pytest.fixture(scope="module")
-def full_run(prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+def full_run(prompts: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, list[str]]:
     out = tmp_path_factory.mktemp("grpo-full") / "out"
-    code, stdout, stderr = run(grpo_argv(prompts, out))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code, stdout, stderr = run_launch(grpo_argv(prompts, out), "grpo")
     assert code == 0, (stdout + stderr)[-3000:]
-    return out, stdout
+    return out, stdout, [str(w.message) for w in caught]
 
 
 def test_demo_config_trains_probes_and_summarises(full_run):
-    out, stdout = full_run
+    out, stdout, warned = full_run
     assert (out / "model.safetensors").is_file()
-    run_line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] run: "))
     for part in ("attn_implementation=padfree", "padding_free=True", "prompt_once=True", "reward_funcs=answer_chars"):
-        assert part in run_line, run_line
+        assert part in run_line(stdout)
+    assert not [w for w in warned if "is_gradient_checkpointing" in w]  # TRL's use of a deprecated name, hidden
     assert "[trl-padfree] data: 32 training prompts (format: prompt)" in stdout
     assert "keeps packed examples apart" in stdout  # the group probe ran before anything was written
     assert f"[trl-padfree] steps: {STEPS}/{STEPS} in " in stdout
     assert_real_tokens_logged(out, stdout, generation=True)
     logged = steps(out)
     assert sorted(logged) == list(range(1, STEPS + 1))
-    line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] mean reward: "))
-    assert line == (f"[trl-padfree] mean reward: {logged[1]['reward']:.3f} first logged step -> "
-                    f"{logged[STEPS]['reward']:.3f} last ({STEPS} logged steps)")
+    assert (f"[trl-padfree] mean reward: {logged[1]['reward']:.3f} first logged step -> {logged[STEPS]['reward']:.3f} "
+            f"last ({STEPS} logged steps)") in stdout.splitlines()
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["global_step"] == STEPS and summary["saved_to"] == str(out)
     assert summary["prompt_once"] is True and summary["reward_funcs"] == ["answer_chars"]
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_reproduces_the_run(full_run, prompts, tmp_path):
-    out = tmp_path / "out"
-    code, stdout, _ = run(grpo_argv(prompts, out), callbacks=[SigtermAtStep(2)])
-    assert code == 0
-    assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-2'}" in stdout
-    assert not (out / "model.safetensors").exists() and sorted(steps(out)) == [1, 2]
-    code, stdout, _ = run(grpo_argv(prompts, out, "--resume_from_checkpoint", "true"))
-    assert code == 0 and "checkpoint-2" in stdout
-    expected, resumed = steps(full_run[0]), steps(out)
-    assert sorted(resumed) == list(range(1, STEPS + 1))
-    for step in range(1, STEPS + 1):  # the same completions sampled, rewarded and trained on after the resume
-        for key in ("loss", "reward", "reward_std", "entropy", "completions/mean_length"):
-            assert resumed[step][key] == pytest.approx(expected[step][key], rel=1e-5, abs=1e-6), (step, key)
+    # the same completions sampled, rewarded and trained on after the resume
+    assert_stop_and_resume("grpo", grpo_argv(prompts, tmp_path), tmp_path, 2, full_run[0],
+                           ("loss", "reward", "reward_std", "entropy", "completions/mean_length"))
 
 
-@pytest.mark.parametrize(("record", "message"), [
-    ({"question": "hi", "answer": "there"}, "train_file: RL records need a 'prompt'"),
-    # the demo's rewards read the known answer: records with a prompt only fail at validation, not at step 1
-    ({"prompt": "### Question: Count to three.\n### Answer:"}, "reward_funcs answer_chars score a completion against "
-     "its known answer ... no 'answer' or 'chosen' column (columns: prompt)"),
-])
-def test_records_the_rewards_cannot_score_are_refused(tmp_path, prompts, record, message):
-    bad = write_jsonl(tmp_path / "bad.jsonl", [record])
-    line = assert_refused_in_one_line("grpo", grpo_argv(prompts, tmp_path / "out", "--train_file", str(bad)),
-                                      tmp_path / "out")
-    assert all(part in line for part in message.split(" ... ")), line
-
-
-def test_a_config_without_rewards_is_refused(tmp_path, prompts):
-    config = tmp_path / "no-rewards.yaml"
-    text = (CONFIGS / "demo-grpo.yaml").read_text(encoding="utf-8")
-    config.write_text("\n".join(line for line in text.splitlines() if not line.startswith("reward_funcs")) + "\n")
-    argv = grpo_argv(prompts, tmp_path / "out")
-    argv[1] = str(config)
-    assert_refused_in_one_line("grpo", argv, tmp_path / "out", "reward_funcs is empty: name at least one reward")
+def test_input_the_rewards_cannot_score_is_refused(tmp_path, prompts):
+    no_rewards = tmp_path / "no-rewards.yaml"
+    no_rewards.write_text("".join(line for line in (CONFIGS / "demo-grpo.yaml").read_text().splitlines(True)
+                                  if not line.startswith("reward_funcs")))
+    for config, record, message in [
+        (None, {"question": "hi", "answer": "there"}, "train_file: RL records need a 'prompt'"),
+        # the demo's rewards read the known answer: records with a prompt only fail at validation, not at step 1
+        (None, {"prompt": "### Question: Count to three.\n### Answer:"}, "reward_funcs answer_chars score a "
+         "completion against its known answer ... no 'answer' or 'chosen' column (columns: prompt)"),
+        (no_rewards, None, "reward_funcs is empty: name at least one reward"),
+    ]:
+        argv = grpo_argv(prompts, tmp_path / "out", *(["--train_file", str(write_jsonl(tmp_path / "bad.jsonl",
+                                                                                       [record]))] if record else []))
+        argv[1] = str(config or argv[1])
+        line = assert_refused_in_one_line("grpo", argv, tmp_path / "out")
+        assert all(part in line for part in message.split(" ... ")), line
 
 
 def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path, monkeypatch):
@@ -114,8 +101,8 @@ def test_rloo_trains_with_a_reward_given_by_import_path(prompts, tmp_path, monke
     module.write_text("def short(completions, **kwargs):\n    return [-len(c) / 100 for c in completions]\n")
     out = tmp_path / "out"
     monkeypatch.chdir(tmp_path)  # as trl grpo: a reward module beside the config, imported from the working directory
-    code, stdout, stderr = run(grpo_argv(prompts, out, "--reward_funcs", "my_rewards:short", "--max_steps", "2"),
-                               task="rloo")
+    code, stdout, stderr = run_launch(grpo_argv(prompts, out, "--reward_funcs", "my_rewards:short", "--max_steps",
+                                                "2"), "rloo")
     assert code == 0, (stdout + stderr)[-3000:]
     assert "reward_funcs=my_rewards:short" in stdout and "[trl-padfree] steps: 2/2" in stdout
     assert all("rewards/short/mean" in e for e in steps(out).values())
@@ -146,10 +133,10 @@ def test_a_recipe_added_at_run_time_reaches_every_step(tmp_path, monkeypatch):
     argv = ["--model_name_or_path", str(DEMO_MODEL), "--train_file", str(data), "--output_dir",
             str(tmp_path / "out"), "--max_steps", "2", "--per_device_train_batch_size", "4", "--use_cpu", "true",
             "--report_to", "none", "--save_strategy", "no", "--torch_num_threads", "1"]
-    code, stdout, stderr = run(argv, task="toy")
+    code, stdout, stderr = run_launch(argv, "toy")
     assert code == 0, (stdout + stderr)[-3000:]
     assert "[trl-padfree] toy recipe: 2 steps" in stdout and "[trl-padfree] steps: 2/2" in stdout
-    code, _, stderr = run([*argv, "--no_such_field", "1"], task="toy")
+    code, _, stderr = run_launch([*argv, "--no_such_field", "1"], "toy")
     assert code == 2 and stderr.startswith("trl-padfree toy: error: unknown option '--no_such_field'")
 
 
@@ -185,10 +172,15 @@ def test_preview_shows_a_groups_layout_and_counts_a_chat_prompts_tokens(prompts,
 
 
 @pytest.mark.slow
-def test_two_ranks_train_and_exit(prompts, tmp_path):
+@pytest.mark.parametrize("task", ["grpo", "dpo"])
+def test_two_ranks_train_and_exit(task, prompts, tmp_path):
     out = tmp_path / "out"
-    proc = run_command("grpo", grpo_argv(prompts, out, "--max_steps", "2"), ranks=2, timeout=300)
+    argv = (grpo_argv(prompts, out) if task == "grpo" else
+            dpo_argv(write_preference_data(tmp_path), out, "--eval_strategy", "no"))
+    proc = run_command(task, [*argv, "--max_steps", "2"], ranks=2, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["world_size"] == 2 and summary["global_step"] == 2
     assert proc.stdout.count("[trl-padfree] steps: 2/2") == 1 and proc.stdout.count("[trl-padfree] run: ") == 1
+    if task == "dpo":  # both ranks took a batch of 4 of the 48 pairs per step
+        assert json.loads((out / "trainer_state.json").read_text())["epoch"] == pytest.approx(2 * 2 * 4 / 48)

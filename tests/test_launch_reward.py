@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,15 @@ from launch_runs import (
     losses,
     run_command,
     run_launch,
+    run_line,
     run_preview,
     write_jsonl,
 )
-from paths import CONFIGS, DEMO_MODEL, ROOT
+from paths import CONFIGS, DEMO_MODEL
 from transformers import TrainerCallback
 
 CONFIG = CONFIGS / "demo-reward.yaml"
+ROWS = demo_records("pref_train.jsonl", 16)
 
 
 def reward_argv(out: Path, *extra: str) -> list[str]:
@@ -34,29 +35,40 @@ def test_the_demo_config_trains_through_the_command(tmp_path):
     proc = run_command("reward", reward_argv(out))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     stdout = proc.stdout
-    run_line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] run: "))
     for part in ("attn_implementation=padfree", "padding_free=True", "prompt_once=True"):
-        assert part in run_line, run_line
+        assert part in run_line(stdout)
     assert "[trl-padfree] data: 32 training pairs, 8 eval pairs (format: prompt/chosen/rejected)" in stdout
     assert ("[trl-padfree] reward model: LlamaForSequenceClassification from a LlamaForCausalLM checkpoint, with a new "
-            "score head (drawn from the config's seed)") in stdout and "MISSING" not in stdout + proc.stderr
+            "score head (drawn from the config's seed)") in stdout
+    # transformers' load report is that line; its tensor-parallel check ("layers were not sharded") does not run
+    assert "MISSING" not in stdout + proc.stderr and "not sharded" not in proc.stderr, proc.stderr
     assert "keeps packed examples apart" in stdout  # the reward probe ran before anything was written
     assert "[trl-padfree] steps: 4/4 in " in stdout
     assert_real_tokens_logged(out, stdout)
     evals = [e for e in log_history(out) if "eval_accuracy" in e]
     assert [e["step"] for e in evals] == [0, 2, 4]  # eval_on_start, then every 2 steps
-    line = next(line for line in stdout.splitlines() if line.startswith("[trl-padfree] eval accuracy: "))
-    assert line == (f"[trl-padfree] eval accuracy: {evals[0]['eval_accuracy']:.3f} -> {evals[-1]['eval_accuracy']:.3f}"
-                    f" (reward margin {evals[0]['eval_margin']:.3f} -> {evals[-1]['eval_margin']:.3f}; 3 evaluations)")
+    assert (f"[trl-padfree] eval accuracy: {evals[0]['eval_accuracy']:.3f} -> {evals[-1]['eval_accuracy']:.3f}"
+            f" (reward margin {evals[0]['eval_margin']:.3f} -> {evals[-1]['eval_margin']:.3f}; 3 evaluations)"
+            ) in stdout.splitlines()
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["global_step"] == 4 and summary["saved_to"] == str(out) and summary["prompt_once"] is True
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["LlamaForSequenceClassification"] and config["id2label"] == {"0": "LABEL_0"}
 
 
-class ScoreHeadSeen(TrainerCallback):
-    """The model's class, labels and score head as each training begins."""
+@pytest.mark.parametrize(("records", "extra", "message"), [
+    (None, ["--max_length", "4"], "train_file: all 32 training pairs would be dropped: TRL drops one whose chosen or "
+     "rejected sequence has more than max_length=4 tokens (a reward is read at the end)"),
+    ([{**r, "margin": 1.0 if i != 2 else "big"} for i, r in enumerate(ROWS)], [],
+     "train_file record 2 (counting from 0): 'margin' must be a number"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, records, extra, message):
+    if records:
+        extra = ["--train_file", str(write_jsonl(tmp_path / "bad.jsonl", records))]
+    assert_refused_in_one_line("reward", reward_argv(tmp_path / "out", *extra), tmp_path / "out", message)
 
+
+class ScoreHeadSeen(TrainerCallback):
     def __init__(self) -> None:
         self.heads = []
 
@@ -64,35 +76,13 @@ class ScoreHeadSeen(TrainerCallback):
         self.heads.append((type(model).__name__, model.config.num_labels, model.score.weight.detach().clone()))
 
 
-def test_pairs_all_longer_than_max_length_are_refused(tmp_path):
-    assert_refused_in_one_line("reward", reward_argv(tmp_path / "out", "--max_length", "4"), tmp_path / "out",
-                               "train_file: all 32 training pairs would be dropped: TRL drops one whose chosen or "
-                               "rejected sequence has more than max_length=4 tokens (a reward is read at the end)")
-
-
-def test_bad_records_are_named(tmp_path):
-    rows = demo_records("pref_train.jsonl", 6)
-    for records, message in [
-        ([*rows[:3], {"prompt": rows[3]["prompt"], "rejected": rows[3]["rejected"]}, *rows[4:]],
-         "train_file record 3 (counting from 0): 'chosen' must be a string or a list of chat messages"),
-        ([{**r, "margin": 1.0 if i != 2 else "big"} for i, r in enumerate(rows)],
-         "train_file record 2 (counting from 0): 'margin' must be a number"),
-    ]:
-        path = write_jsonl(tmp_path / "bad.jsonl", records)
-        assert_refused_in_one_line("reward", reward_argv(tmp_path / "out", "--train_file", str(path)), tmp_path / "out",
-                                   message)
-
-
 def test_margins_reach_the_loss_and_the_model_is_a_seeded_one_output_classifier(tmp_path):
     """A causal LM checkpoint gets a fresh score head, the same for the same seed (as TRL's RewardTrainer)."""
-    rows = demo_records("pref_train.jsonl", 16)
-    plain = write_jsonl(tmp_path / "plain.jsonl", rows)
-    margins = write_jsonl(tmp_path / "margins.jsonl", [{**r, "margin": 3.0} for r in rows])
     first_losses, seen = {}, ScoreHeadSeen()
-    for name, train in (("plain", plain), ("margin", margins)):
+    for name, rows in (("plain", ROWS), ("margin", [{**r, "margin": 3.0} for r in ROWS])):
         out = tmp_path / name
-        argv = reward_argv(out, "--train_file", str(train), "--max_steps", "1", "--eval_strategy", "no",
-                           "--eval_on_start", "false", "--logging_steps", "1")
+        argv = reward_argv(out, "--train_file", str(write_jsonl(tmp_path / f"{name}.jsonl", rows)), "--max_steps", "1",
+                           "--eval_strategy", "no", "--eval_on_start", "false", "--logging_steps", "1")
         code, stdout, stderr = run_launch(argv, "reward", [seen])
         assert code == 0, (stdout + stderr)[-2000:]
         assert ("with margins" in stdout) == (name == "margin")
@@ -110,25 +100,14 @@ def test_preview_shows_the_pair_layout(demo_tokenizer):
     dropped, *lines = stdout.splitlines()  # (the eval file's one pair over max_length, as the trainer would drop it)
     assert dropped == ("[trl-padfree] dropped 1 of 100 eval pairs whose chosen or rejected sequence has more than "
                        "max_length=512 tokens (a reward is read at the end; TRL drops them)")
-    tok = demo_tokenizer
-    (first,) = demo_records("pref_train.jsonl", 1)
-    chosen = tok(first["prompt"] + first["chosen"] + tok.eos_token)["input_ids"]
-    rejected = tok(first["prompt"] + first["rejected"] + tok.eos_token)["input_ids"]
+    tok, first = demo_tokenizer, ROWS[0]
+    chosen, rejected = (tok(first["prompt"] + first[side] + tok.eos_token)["input_ids"] for side in ("chosen", "rejected"))
     shared = next(i for i, (a, b) in enumerate(zip(chosen, rejected, strict=False)) if a != b)
     assert lines[0] == ("4 training pairs; each pair: the chosen and the rejected sequence, each scored at its last "
                         "token (padding_free=True, prompt_once=True)")
     assert lines[1] == (f"--- pair 0 (chosen {len(chosen)} tokens, rejected {len(rejected)}, common prefix {shared}; "
                         f"forwarded {len(chosen) + len(rejected) - shared + 1}) ---")
     assert lines[2].startswith("chosen:   " + first["prompt"].split("\n")[0]) and lines[3].endswith("[[<|eos|>]]")
-
-
-@pytest.mark.parametrize("task", ["reward", "kto"])
-def test_make_demo_runs_the_command_the_readme_shows(task):
-    recipe = re.search(rf"^demo-{task}: install\n\t(.+)$", (ROOT / "Makefile").read_text(encoding="utf-8"), re.M)
-    assert recipe and recipe.group(1) == f"$(VENV)/bin/trl-padfree {task} --config configs/demo-{task}.yaml"
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert f"`make demo-{task}`" in readme
-    assert re.search(rf"^trl-padfree {task} --config configs/demo-{task}\.yaml +# ", readme, re.M)
 
 
 def test_lora_trains_the_new_score_head_too(tmp_path):

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
+import signal
 from pathlib import Path
 
 import pytest
 from launch_inputs import TRAIN_STEPS, train_argv
-from launch_runs import assert_refused_in_one_line, demo_records, log_history, losses, run_launch, write_jsonl
-from paths import ROOT
+from launch_runs import (
+    assert_refused_in_one_line,
+    assert_stop_and_resume,
+    demo_records,
+    log_history,
+    run_launch,
+    write_jsonl,
+)
 from tiny_models import GPT_NEO, MPT, save_tiny_model
 
 from trl_padfree.launch import main
@@ -45,11 +50,11 @@ def test_run_trains_saves_and_summarises(full_run):
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["global_step"] == TRAIN_STEPS and summary["interrupted"] is None and summary["saved_to"] == str(out)
-    assert "[trl-padfree] dropped 1 of 41 train examples with no trained token left" in stdout
-    assert "[trl-padfree] data: 40 training examples, 8 eval examples (format: template)" in stdout
-    assert f"[trl-padfree] steps: {TRAIN_STEPS}/{TRAIN_STEPS} in " in stdout
-    assert f"[trl-padfree] model saved to {out}" in stdout
-    assert "[trl-padfree] padding avoided: " in stdout and "[trl-padfree] real tokens/s: " in stdout
+    for line in ("dropped 1 of 41 train examples with no trained token left",
+                 "data: 40 training examples, 8 eval examples (format: template)",
+                 f"steps: {TRAIN_STEPS}/{TRAIN_STEPS} in ", f"model saved to {out}", "padding avoided: ",
+                 "real tokens/s: "):
+        assert "[trl-padfree] " + line in stdout, line
     # evaluated at steps 3 and 6: each figure says which evaluation it is (the first is not "before training")
     history = log_history(out)
     evals = [e for e in history if "eval_loss" in e]
@@ -61,60 +66,33 @@ def test_run_trains_saves_and_summarises(full_run):
     assert all(e["real_tokens_per_second"] > 0 and 0.0 <= e["padding_share"] < 1.0 for e in train_logs)
     final = history[-1]
     assert final["train_real_tokens"] > 0 and final["train_padded_tokens"] >= final["train_real_tokens"]
-    assert final["train_padding_share"] == pytest.approx(1 - final["train_real_tokens"] / final["train_padded_tokens"], abs=1e-4)
+    assert final["train_padding_share"] == pytest.approx(1 - final["train_real_tokens"] / final["train_padded_tokens"],
+                                                         abs=1e-4)
 
 
 def test_sigterm_saves_a_checkpoint_and_resume_matches(full_run, data_dir, tmp_path):
-    """A subprocess run gets SIGTERM after step 3, exits 0 with checkpoint-3; resuming reproduces the losses."""
-    out = tmp_path / "out"
-    no_eval = ("--eval_strategy", "no")  # evaluation does not change training losses
-    hooks = [str(ROOT / "tests" / "launch_hooks.py"), "--sigterm-at-step", "3", "--"]
-    proc = subprocess.run(
-        [sys.executable, *hooks, *train_argv(data_dir, out, *no_eval)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "[trl-padfree] SIGTERM received: saving a checkpoint at the end of this step" in proc.stdout
-    assert f"[trl-padfree] checkpoint saved to {out / 'checkpoint-3'}" in proc.stdout
-    assert "Traceback" not in proc.stderr
-    assert (out / "checkpoint-3" / "trainer_state.json").is_file()
-    assert not (out / "model.safetensors").exists()  # an interrupted run leaves a checkpoint, not a final model
-    assert sorted(losses(out)) == [1, 2, 3]
-
-    code = main(train_argv(data_dir, out, *no_eval, "--resume_from_checkpoint", str(out / "checkpoint-3")))
-    assert code == 0
-    assert (out / "model.safetensors").is_file()
-    expected, resumed = losses(full_run[0]), losses(out)
-    assert sorted(resumed) == list(range(1, TRAIN_STEPS + 1))
-    for step in range(1, TRAIN_STEPS + 1):
-        assert resumed[step] == pytest.approx(expected[step], rel=1e-5, abs=1e-6), step
+    # (evaluation does not change training losses)
+    assert_stop_and_resume("sft", train_argv(data_dir, tmp_path, "--eval_strategy", "no"), tmp_path, 3, full_run[0])
 
 
 def test_padded_lora_run(data_dir, tmp_path, capsys):
     """padding_free: false pads the batches (same collator); use_peft trains and saves a LoRA adapter only."""
     out = tmp_path / "out"
-    argv = train_argv(
-        data_dir, out, "--max_steps", "2", "--padding_free", "false", "--eval_strategy", "no",
-        "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8",
-        "--lora_target_modules", "q_proj", "v_proj",
-    )  # fmt: skip
-    assert main(argv) == 0
+    assert main(train_argv(data_dir, out, "--max_steps", "2", "--padding_free", "false", "--eval_strategy", "no",
+                           "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8", "--lora_target_modules",
+                           "q_proj", "v_proj")) == 0
     stdout = capsys.readouterr().out
     assert "[trl-padfree] padding spent: " in stdout  # padded batches: the padding is paid, not avoided
     assert "packing probe" not in stdout  # nothing is packed, nothing to probe
     assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
     adapter = json.loads((out / "adapter_config.json").read_text())
     assert adapter["r"] == 4 and sorted(adapter["target_modules"]) == ["q_proj", "v_proj"]
-    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    assert all(0.0 < e["padding_share"] < 1.0 for e in history if "loss" in e)
-    # the eval loss is still computed at the end when eval data is given (eval_strategy "no")
-    assert "[trl-padfree] eval loss: " in stdout
+    assert all(0.0 < e["padding_share"] < 1.0 for e in log_history(out) if "loss" in e)
+    assert "[trl-padfree] eval loss: " in stdout  # evaluated at the end when there is eval data (eval_strategy no)
 
 
 def test_ctrl_c_asks_for_a_checkpoint_then_aborts_on_the_second():
     """SIGINT is handled like SIGTERM: first one -> save and stop at the step end; second one -> KeyboardInterrupt."""
-    import signal
-
     from transformers import TrainerControl, TrainerState, TrainingArguments
 
     from trl_padfree.launch.callbacks import GracefulStop
@@ -141,16 +119,14 @@ def test_auto_falls_back_when_the_model_cannot_load_with_padfree_and_explicit_pa
         data_dir, tmp_path, capsys, demo_tokenizer):
     """GPT-Neo builds its attention from its own table, without "padfree" (KeyError at load): auto loads it with its
     default (eager), which the probe finds safe, and trains; padfree set explicitly is refused naming the fix."""
-    model = save_tiny_model(tmp_path / "gpt_neo", "gpt_neo", GPT_NEO, demo_tokenizer)
-    capsys.readouterr()
-    out = tmp_path / "out"
+    model, out = save_tiny_model(tmp_path / "gpt_neo", "gpt_neo", GPT_NEO, demo_tokenizer), tmp_path / "out"
     argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--attn_implementation", "padfree")
     assert assert_refused_in_one_line("sft", argv, out) == (
         f"could not load model {str(model)!r}: its modeling code has no attention class "
-        "for attn_implementation='padfree' (it keeps a table of its own); use 'sdpa' or 'eager' for this model"
-    )
-    argv = train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2", "--eval_strategy", "no")
-    assert main(argv) == 0
+        "for attn_implementation='padfree' (it keeps a table of its own); use 'sdpa' or 'eager' for this model")
+    capsys.readouterr()
+    assert main(train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2", "--eval_strategy",
+                           "no")) == 0
     stdout = capsys.readouterr().out
     assert "[trl-padfree] attn_implementation auto: " in stdout and "cannot use 'padfree' (it fails to load" in stdout
     assert "[trl-padfree] packing probe: gpt_neo with 'eager' keeps packed examples apart" in stdout
@@ -160,15 +136,13 @@ def test_auto_falls_back_when_the_model_cannot_load_with_padfree_and_explicit_pa
 def test_auto_falls_back_for_a_model_that_never_calls_padfree_and_the_probe_stops_it(data_dir, tmp_path, capsys,
                                                                                      demo_tokenizer):
     """MPT computes attention itself: auto falls back to its default (eager), which leaks; nothing is trained."""
-    model = save_tiny_model(tmp_path / "mpt", "mpt", MPT, demo_tokenizer)
+    model, out = save_tiny_model(tmp_path / "mpt", "mpt", MPT, demo_tokenizer), tmp_path / "out"
     capsys.readouterr()
-    out = tmp_path / "out"
     assert main(train_argv(data_dir, out, "--model_name_or_path", str(model), "--max_steps", "2")) == 2
     captured = capsys.readouterr()
     assert "its attention code does not go through transformers' AttentionInterface" in captured.out
-    assert captured.err.startswith(
-        "trl-padfree train: error: padding-free training is unsafe for this model: LEAKS: mpt "
-        "(attn_implementation='eager'"
-    )
-    assert captured.err.rstrip().endswith("no attn_implementation can keep packed examples apart; set padding_free=False.")
+    assert captured.err.startswith("trl-padfree train: error: padding-free training is unsafe for this model: LEAKS: "
+                                   "mpt (attn_implementation='eager'")
+    assert captured.err.rstrip().endswith("no attn_implementation can keep packed examples apart; set "
+                                          "padding_free=False.")
     assert not out.exists()

@@ -25,11 +25,9 @@ examples without the response template among the first 8: 0
 
 
 def test_preview_of_the_demo_config_is_exact_and_in_the_docs(in_root, capsys, tmp_path):
-    argv = ["preview", "--config", "configs/demo.yaml", "-n", "2", "--max_train_examples", "8",
-            "--output_dir", str(tmp_path / "out")]  # fmt: skip
-    assert cli.main(argv) == 0
-    captured = capsys.readouterr()
-    assert captured.out == EXPECTED
+    assert cli.main(["preview", "--config", "configs/demo.yaml", "-n", "2", "--max_train_examples", "8",
+                     "--output_dir", str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out == EXPECTED
     assert not (tmp_path / "out").exists()  # nothing written
     text = (ROOT / "docs" / "usage.md").read_text(encoding="utf-8")  # docs/usage.md shows this command and output
     assert "$ trl-padfree preview --config configs/demo.yaml -n 2 --max_train_examples 8\n" + EXPECTED + "```" in text
@@ -39,28 +37,22 @@ def test_preview_counts_examples_without_the_template(in_root, capsys, tmp_path)
     data = tmp_path / "train.jsonl"
     data.write_text('{"text": "### Question: a\\n### Answer: b"}\n{"text": "no template here"}\n', encoding="utf-8")
     assert cli.main(["preview", "--config", "configs/demo.yaml", "--train_file", str(data), "--template", "",
-                     "--eval_file", "", "--eval_strategy", "no", "--eval_on_start", "false", "-n", "1"]) == 0  # fmt: skip
+                     "--eval_file", "", "--eval_strategy", "no", "--eval_on_start", "false", "-n", "1"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[1:3] == ["### Question: a", "### Answer:[[ b<|eos|>]]"]
-    assert out[-2:] == [
-        "examples without a trained token (dropped before training): 1 of 2",
-        "examples without the response template among the first 2: 1",
-    ]
+    assert out[-2:] == ["examples without a trained token (dropped before training): 1 of 2",
+                        "examples without the response template among the first 2: 1"]
 
 
-@pytest.mark.parametrize(
-    ("extra", "message"),
-    [
-        (["--response_templat", "x"], "unknown option '--response_templat' on the command line; did you mean "
-         "'response_template'?"),
-        (["-n", "0"], "-n must be at least 1, got 0"),
-        (["--response_template", "### Reply:"], "response_template '### Reply:' was found in none of the first 8"),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize(("extra", "message"), [
+    (["--response_templat", "x"], "unknown option '--response_templat' on the command line; did you mean "
+     "'response_template'?"),
+    (["-n", "0"], "-n must be at least 1, got 0"),
+    (["--response_template", "### Reply:"], "response_template '### Reply:' was found in none of the first 8"),
+])
 def test_preview_bad_input_exits_2_with_one_line(in_root, capsys, tmp_path, extra, message):
-    argv = ["preview", "--config", "configs/demo.yaml", "--max_train_examples", "8", "--output_dir",
-            str(tmp_path / "out"), *extra]  # fmt: skip
-    assert cli.main(argv) == 2
+    assert cli.main(["preview", "--config", "configs/demo.yaml", "--max_train_examples", "8", "--output_dir",
+                     str(tmp_path / "out"), *extra]) == 2
     captured = capsys.readouterr()
     assert captured.err.startswith("trl-padfree preview: error: " + message)
     assert captured.err.count("\n") == 1 and captured.out == ""

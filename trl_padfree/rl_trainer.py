@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from collections import Counter
 from typing import Any
 
@@ -72,6 +73,11 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
         cast = bool(getattr(self.args, "cast_lm_head_to_fp32", False)) if self.casts_lm_head_to_fp32 else False
         self._padfree_setup("group", settings["check_packing"], ("log_probs", "entropy"),
                             temperature=float(self.temperature), cast_lm_head_to_fp32=cast)
+
+    def train(self, *args: Any, **kwargs: Any) -> Any:
+        with warnings.catch_warnings():  # TRL's generation reads transformers' deprecated is_gradient_checkpointing
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            return super().train(*args, **kwargs)
 
     def packed_scores(self, model: Any, packed: dict[str, Any], compute_aux_loss: bool = False) -> Any:
         """The model on one packed row with the fused-head call: ``log_probs`` / ``entropy`` ``(1, T)`` per position.

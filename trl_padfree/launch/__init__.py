@@ -14,8 +14,8 @@ __all__ = ["ConfigError", "LaunchArguments", "LaunchConfig", "load_config", "mai
 
 
 def load_config(argv: Sequence[str], check_environment: bool = True, task: str = "sft") -> LaunchConfig:
-    """Parse and validate ``argv`` as ``main`` does, loading nothing; ``check_environment=False`` skips the checks
-    that depend on this machine (CUDA, flash-attn, optional packages, existing checkpoints)."""
+    """Parse and validate ``argv`` as ``main`` does, loading nothing (``check_environment=False``: not the checks
+    that depend on this machine)."""
     from .demo import builtin_config, resolve_package_paths
     from .validate import validate_config
 
@@ -25,9 +25,8 @@ def load_config(argv: Sequence[str], check_environment: bool = True, task: str =
 
 
 def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task: str = "sft") -> int:
-    """Run the recipe ``task`` of :mod:`.tasks` with ``argv`` (default ``sys.argv[1:]``): parse and check, the
-    machine's defaults, the run line, then the recipe's ``run``; returns the exit code. ``callbacks``: extra
-    Trainer callbacks for the run."""
+    """Run the recipe ``task`` of :mod:`.tasks` on ``argv`` (parse and check, the machine's defaults, the run line,
+    the recipe's ``run``, with extra Trainer ``callbacks``); returns the exit code."""
     from ..threads import torch_threads
     from .console import print_error, quiet_progress, quiet_replicas, say
     from .defaults import apply_defaults

@@ -15,11 +15,9 @@ from transformers import TrainerCallback
 from .distributed import gather, in_process_group
 from .resume import CHECKPOINT_MARKER, write_json
 
-__all__ = ["CheckpointMarker", "GracefulStop", "NothingToTrain"]
-
 
 class GracefulStop(TrainerCallback):
-    """Around ``trainer.train()``: save a checkpoint and stop at the end of the step during which SIGTERM or SIGINT
+    """Around ``trainer.train()``: save a checkpoint and stop at the end of the step in which SIGTERM or SIGINT
     arrived (every rank at the same step); a second signal acts as if this were not there."""
 
     def __init__(self, announce: Any = None) -> None:
@@ -60,15 +58,13 @@ class GracefulStop(TrainerCallback):
 
 
 class NothingToTrain(Exception):
-    """Raised by :class:`CheckpointMarker` when training resumes at its last step (``trainer.train()`` would train a
-    step past it): the checkpoint's weights and state are loaded by then."""
+    """Training resumed at its last step (``trainer.train()`` would train a step past it), weights loaded."""
 
 
 class CheckpointMarker(TrainerCallback):
-    """Mark ``checkpoint-N`` complete once every process has saved its part: the run id, the step and the size of
-    every file, synced to disk (see :mod:`.resume`). It also logs the training loss at every checkpoint and at the
-    last step, so that the log history a checkpoint carries covers every step; ``first_step``: the global step this
-    process started from (> 0 after a resume). Training resumed at its last step raises :class:`NothingToTrain`."""
+    """Mark ``checkpoint-N`` complete once every process saved its part: the run id, the step and each file's size,
+    synced (:mod:`.resume`). Logs the loss at every checkpoint and the last step (a checkpoint's log history covers
+    every step); ``first_step``: the step this process started from. Raises :class:`NothingToTrain`."""
 
     def __init__(self, run_id: str | None = None) -> None:
         self.run_id, self.first_step = run_id, None

@@ -9,18 +9,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BUILTIN_CONFIGS", "DEMO_DIR", "builtin_config", "package_path", "resolve_package_paths"]
-
-#: The demo assets inside the installed package.
 DEMO_DIR = Path(__file__).resolve().parent.parent / "demo"
-#: Config names ``--config`` accepts without a file: the demo configs shipped in the package.
 BUILTIN_CONFIGS = {name: DEMO_DIR / "configs" / f"{name}.yaml" for name in ("demo", "demo-chat", "demo-dpo")}
 _PREFIX = "trl_padfree/demo/"
 
 
 def builtin_config(argv: Sequence[str]) -> list[str]:
-    """``argv`` with ``--config NAME`` of a built-in config replaced by its packaged file's path (a file NAME here
-    wins).
+    """``argv`` with ``--config NAME`` of a built-in config replaced by its packaged file's path (a file NAME wins).
 
     >>> builtin_config(["--config", "demo", "--max_steps", "3"])[1] == str(BUILTIN_CONFIGS["demo"])
     True
@@ -33,8 +28,7 @@ def builtin_config(argv: Sequence[str]) -> list[str]:
 
 
 def package_path(value: Any) -> Any:
-    """``value``, or the installed package's file when it is a relative ``trl_padfree/demo/...`` path missing from
-    here (``trl-padfree check --model trl_padfree/demo/model`` from any directory)."""
+    """``value``, or the installed package's file for a relative ``trl_padfree/demo/...`` path missing here."""
     if not isinstance(value, str) or os.path.isabs(value) or glob.glob(value):
         return value
     posix = value.replace(os.sep, "/")
@@ -43,7 +37,6 @@ def package_path(value: Any) -> Any:
 
 
 def resolve_package_paths(cfg: Any) -> Any:
-    """``cfg`` with its ``trl_padfree/demo/...`` paths that are missing from here pointed at the installed package."""
     for section, name in (("model", "model_name_or_path"), ("launch", "train_file"), ("launch", "eval_file"),
                           ("launch", "dataset_name"), ("training", "chat_template_path"),
                           ("launch", "chat_template_path")):

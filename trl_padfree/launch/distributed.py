@@ -11,9 +11,6 @@ from typing import Any
 
 from .config import ConfigError
 
-__all__ = ["any_process", "check_process_group", "describe_distribution", "finish", "gather", "in_process_group",
-           "plan_nodes", "restart_attempt"]
-
 
 def in_process_group() -> bool:
     import torch.distributed as dist
@@ -22,7 +19,6 @@ def in_process_group() -> bool:
 
 
 def restart_attempt() -> int:
-    """torchrun's ``TORCHELASTIC_RESTART_COUNT`` on this node (0 outside torchrun or on the first attempt)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
 
 
@@ -38,7 +34,6 @@ def gather(value: Any) -> list[Any]:
 
 
 def any_process(flag: bool) -> bool:
-    """Whether ``flag`` is set on any process (every process must call it), so that all take the same path."""
     return any(gather(bool(flag)))
 
 
@@ -56,7 +51,6 @@ def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
 
 
 def describe_distribution(training: Any) -> dict[str, Any]:
-    """``world_size``, ``distributed_type`` (accelerate's) and ``backend`` of the run, for the summary."""
     world_size = int(training.world_size)  # (sets up training.distributed_state)
     state = training.distributed_state
     return {"world_size": world_size, "distributed_type": state.distributed_type.value, "backend": state.backend}

@@ -1,30 +1,23 @@
-"""``trl-padfree preview --config x.yaml [-n 3] [--field value ...]``: the first examples as the trainer sees them
-(the config's task's ``preview``), trained tokens marked (colour on a terminal, ``[[ ]]`` otherwise), then the counts
-over the training set; no model is loaded and nothing is written."""
+"""``trl-padfree preview --config x.yaml [-n 3] [--task NAME] [--field value ...]``: the first N (default 3) training
+examples as the trainer sees them, trained tokens marked (colour on a terminal, ``[[ ]]`` otherwise), then the counts
+over the training set. Takes the config and ``--field`` overrides of the trainer (``--task``: which one, else told
+from the config's fields); loads no model, writes nothing. Exit status: 0 done, 2 bad input."""
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["main", "marked_text", "token_marker"]
-
 IGNORE_INDEX = -100
-OPEN, CLOSE = "[[", "]]"
 _GREEN, _DIM, _RESET = "\033[1;32m", "\033[2m", "\033[0m"
-_USAGE = """usage: trl-padfree preview --config configs/NAME.yaml [-n 3] [--task TASK] [--field value ...]
-
-Show the first N (default 3) training examples as trl-padfree train prepares them, trained tokens marked (colour on
-a terminal, [[ ]] otherwise), and how many tokens are trained. Takes the same config and --field overrides as train
-(trl-padfree train --help lists them); loads no model, writes nothing. Exit status: 0 done, 2 bad input."""
 
 
 def marked_text(data: bytes, starts: Sequence[int], labels: Sequence[int], color: bool = False) -> str:
-    """The text of one example (its bytes, token ``i`` at ``data[starts[i]:starts[i+1]]``), each run of trained
-    tokens marked (``color``: trained in green, the rest dim).
+    """The text of one example (token ``i`` is ``data[starts[i]:starts[i+1]]``), each run of trained tokens marked.
 
     >>> marked_text(b"Q: hi A: yes<eos>", [0, 2, 5, 8, 12, 17], [-100, -100, -100, 7, 8])
     'Q: hi A:[[ yes<eos>]]'
@@ -36,10 +29,8 @@ def marked_text(data: bytes, starts: Sequence[int], labels: Sequence[int], color
         end = start + len(list(run))
         text = data[starts[start] : starts[end]].decode("utf-8", errors="replace")
         start = end
-        if color:
-            out.append(f"{_GREEN if trained else _DIM}{text}{_RESET}")
-        else:
-            out.append(f"{OPEN}{text}{CLOSE}" if trained else text)
+        out.append(f"{_GREEN if trained else _DIM}{text}{_RESET}" if color else
+                    f"[[{text}]]" if trained else text)
     return "".join(out)
 
 
@@ -58,14 +49,26 @@ def token_marker(tokenizer: Any, color: bool = False) -> Callable[[Sequence[int]
     return mark
 
 
+def scored(mark: Callable[..., str], prompt: list[int], response: list[int]) -> str:
+    """The text of ``prompt + response``, ``response`` marked as scored."""
+    return mark(prompt + response, [IGNORE_INDEX] * len(prompt) + response)
+
+
+def percent(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole if whole else 0.0:.1f}%"
+
+
+def dropped_line(unit: str, max_length: Any, dropped: int, total: int) -> str:
+    """DPO's and KTO's last line: the records TRL drops because the prompt alone fills ``max_length``."""
+    return f"{unit} dropped before training (prompt alone fills max_length={max_length}): {dropped:,} of {total:,}"
+
+
 def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
-    """``(n, task or None, the rest of argv)``: ``-n N`` and ``--task NAME`` taken out.
+    """``(n, task or None, the rest of argv)``.
 
     >>> _options(["--config", "x.yaml", "--task", "kto", "-n", "2", "--max_steps", "-1"])
     (2, 'kto', ['--config', 'x.yaml', '--max_steps', '-1'])
     """
-    import argparse
-
     from .config import ConfigError
     from .tasks import task_names
 
@@ -84,12 +87,12 @@ def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
     return options.num_examples, options.task, rest
 
 
-def guess_task(argv: Sequence[str]) -> str:
-    """The trainer a config is for: the task with the most of its fields that ``train`` lacks (first on a tie; none:
-    SFT), unless ``--task NAME`` says it.
+def guess_task(argv: Sequence[str]) -> tuple[str, list[str]]:
+    """``(the trainer a config is for, the others its fields fit as well)``: the task with the most of its fields
+    that ``train`` lacks (the first of a tie; none: SFT).
 
-    >>> guess_task(["--prompt_once", "true"]), guess_task(["--max_steps", "3"]), guess_task(["--num_generations", "4"])
-    ('dpo', 'sft', 'grpo')
+    >>> guess_task(["--max_steps", "3"]), guess_task(["--num_generations", "4"]), guess_task(["--desirable_weight", "1"])
+    (('sft', []), ('grpo', ['rloo']), ('kto', []))
     """
     import dataclasses
 
@@ -109,40 +112,37 @@ def guess_task(argv: Sequence[str]) -> str:
     fields = {name: {f.name for cls in argument_classes(name) for f in dataclasses.fields(cls)}
               for name in task_names()}
     scores = {name: len(keys & (own - fields["sft"])) for name, own in fields.items() if name != "sft"}
-    best = max(scores, key=scores.__getitem__, default="sft")
-    return best if scores.get(best) else "sft"
+    best = max(scores.values(), default=0)
+    tied = [name for name, score in scores.items() if best and score == best]
+    return (tied[0], tied[1:]) if tied else ("sft", [])
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the preview; 0 done, 2 bad input (one line on stderr)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or {"-h", "--help"} & set(argv):
-        print(_USAGE)
+        print("usage: " + __doc__.replace("``", ""))
         return 0
     from . import load_config
     from .config import ConfigError
     from .console import quiet_progress
     from .demo import builtin_config
-    from .tasks import get_task
+    from .tasks import get_task, prog
     from .tokenizer import load_tokenizer
 
-    guessed = None
     try:
         n, task, args = _options(argv)
         args = builtin_config(args)  # --config demo / demo-chat / demo-dpo: the configs shipped in the package
         if task is None:  # a DPO config (trl-padfree dpo) shows its pairs, a GRPO one its groups
-            task = guessed = guess_task(args)
+            task, others = guess_task(args)
+            if others:
+                print(f"trl-padfree preview: note: previewed as a config of {prog(task)} (its fields fit "
+                      f"{', '.join(others)} too; --task <name> picks another)", file=sys.stderr)
         cfg = load_config(args, check_environment=False, task=task)
         with quiet_progress():
             lines = get_task(task).preview(cfg, load_tokenizer(cfg), n, sys.stdout.isatty())
     except ConfigError as exc:
-        hint = ""
-        if guessed not in (None, "sft"):  # told from fields that several trainers have: say how, and the way out
-            from .tasks import prog
-
-            hint = (f" (previewed as a config of {prog(guessed)}, told from its fields; for another trainer's "
-                    "config add --task, e.g. --task kto)")
-        print(f"trl-padfree preview: error: {exc}{hint}", file=sys.stderr)
+        print(f"trl-padfree preview: error: {exc}", file=sys.stderr)
         return 2
     print("\n".join(lines))
     return 0

@@ -1,6 +1,6 @@
 """Which checkpoint a run resumes: the newest one of the run (:data:`RUN_FILE`) with a completion marker
-(:data:`CHECKPOINT_MARKER`, :class:`~.callbacks.CheckpointMarker`); ``auto`` and torchrun's restarts: the same, or a
-new run where there is none."""
+(:data:`CHECKPOINT_MARKER`, written by :class:`~.callbacks.CheckpointMarker`); ``auto`` and torchrun's restarts: the
+same, or a new run where there is none."""
 
 from __future__ import annotations
 
@@ -12,11 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import ConfigError
-
-__all__ = ["CHECKPOINT_MARKER", "RUN_FILE", "ResumeChoice", "checkpoint_problem", "choose_resume",
-           "last_complete_checkpoint", "list_checkpoints", "new_run_id", "read_json", "read_run",
-           "resolve_auto_resume", "run_contents", "write_json", "write_run"]
-
 
 RUN_FILE = "trl_padfree_run.json"
 CHECKPOINT_MARKER = "trl_padfree_checkpoint.json"
@@ -94,7 +89,6 @@ def checkpoint_problem(path: str, run_id: str | None = None) -> str | None:
 
 
 def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
-    """The newest checkpoint of run ``run_id`` in ``output_dir`` with its completion marker, or None."""
     return next((path for _, path in reversed(list_checkpoints(output_dir))
                  if run_id is not None and checkpoint_problem(path, run_id) is None), None)
 
@@ -102,8 +96,8 @@ def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
 def run_contents(output_dir: str) -> list[str]:
     """The entries of ``output_dir`` that show a training run wrote there."""
     names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    marks = (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS)
-    return [n for n in names if n in marks or CHECKPOINT_NAME.match(n)]
+    return [n for n in names if n in (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS)
+            or CHECKPOINT_NAME.match(n)]
 
 
 @dataclass

@@ -1,8 +1,6 @@
-"""The steps the recipes of :mod:`.tasks` share, in the order a recipe calls them: :func:`load_data` (tokenizer
-and records), :func:`load_policy`, :func:`probe_model` (the packing probe), :func:`load_reference`,
-:func:`make_trainer` and :func:`fit` (train, save the model, evaluate, the summary). Bad input raises
-:class:`~.config.ConfigError` (exit 2) before anything is written; a failure of the run itself a :class:`RunError`
-(exit 1). The run's record is :data:`~.resume.RUN_FILE`."""
+"""The steps the recipes of :mod:`.tasks` share, in order: :func:`load_data`, :func:`load_policy`,
+:func:`probe_model`, :func:`load_reference`, :func:`make_trainer`, :func:`fit`. Bad input raises
+:class:`~.config.ConfigError` (exit 2) before anything is written, a failure of the run a :class:`RunError` (exit 1)."""
 
 from __future__ import annotations
 
@@ -12,7 +10,6 @@ import shutil
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from ..exception_text import one_line
@@ -24,9 +21,6 @@ from .model import load_model, materialized, sharded_launch
 from .resume import last_complete_checkpoint, write_json, write_run
 from .summary import run_summary, summary_lines
 from .tokenizer import load_tokenizer
-
-__all__ = ["Records", "RunError", "check_prompt_once", "dropped_line", "eval_summary", "fit", "load_data", "load_policy",
-           "load_reference", "make_trainer", "percent", "probe_model", "prompt_once_settings", "say_data", "scored"]
 
 
 class RunError(RuntimeError):
@@ -44,20 +38,11 @@ class Records:
     paired: bool = False  # KTO: preference pairs, which TRL unpairs
 
 
-def say_data(data: Any, unit: str, extra: str = "", eval_unit: str | None = None) -> None:
-    """The run's line about its data: ``data: N training <unit>, M eval <unit> (format: ...<extra>)``."""
-    say(f"data: {len(data.train)} training {unit}" + (f", {len(data.eval)} eval {eval_unit or unit}"
-                                                      if data.eval is not None else "")
-        + f" (format: {data.text_format}{extra})")
-
-
 def eval_summary(title: str, main: dict[str, str], extra: dict[str, str]) -> Callable[..., list[str]]:
-    """A recipe's summary lines (``fit``'s ``lines``): the shared lines plus ``"<title>: <main> (<extra>; N
-    evaluations)"``, each key of ``main`` / ``extra`` named by its value and shown first -> last evaluation (left out
-    where TRL did not log it: it logs a figure only when an evaluation batch had what it needs).
+    """A recipe's summary lines for :func:`fit`: the shared ones plus ``"<title>: <main> (<extra>; N evaluations)"``,
+    each logged key named by its value, first -> last evaluation (left out where TRL did not log it).
 
-    >>> kto = eval_summary("eval rewards", {"eval_rewards/chosen": "desirable ", "eval_rewards/rejected":
-    ...     "undesirable "}, {"eval_rewards/margins": "margin ", "eval_kl": "KL "})
+    >>> kto = eval_summary("eval rewards", {"eval_rewards/chosen": "desirable "}, {"eval_kl": "KL "})
     >>> kto(["steps: 2/2"], [{"eval_rewards/chosen": 0.0, "eval_kl": 0.0}, {"eval_rewards/chosen": 0.5, "eval_kl": 0.1}])
     ['steps: 2/2', 'eval rewards: desirable 0.000 -> 0.500 (KL 0.000 -> 0.100; 2 evaluations)']
     >>> eval_summary("eval accuracy", {"eval_accuracy": ""}, {})([], [{"eval_accuracy": 0.5}])
@@ -76,25 +61,9 @@ def eval_summary(title: str, main: dict[str, str], extra: dict[str, str]) -> Cal
     return lines
 
 
-def scored(mark: Callable[..., str], prompt: list[int], response: list[int]) -> str:
-    """``preview``'s text of ``prompt + response`` with the ``response`` tokens marked as scored (``mark``: a
-    :func:`~.preview.token_marker`)."""
-    return mark(prompt + response, [-100] * len(prompt) + response)
-
-
-def dropped_line(unit: str, max_length: Any, dropped: int, total: int) -> str:
-    """``preview``'s last line for DPO and KTO: the records TRL drops because the prompt alone fills ``max_length``."""
-    return f"{unit} dropped before training (prompt alone fills max_length={max_length}): {dropped:,} of {total:,}"
-
-
-def percent(part: float, whole: float) -> str:
-    """``part`` as a share of ``whole``: ``"12.5%"`` (``"0.0%"`` of nothing)."""
-    return f"{100.0 * part / whole if whole else 0.0:.1f}%"
-
-
 def check_prompt_once(cfg: LaunchConfig) -> None:
     """``prompt_once: true`` needs the ``"padfree"`` attention (it alone reads the shared prompt keys): refuse
-    another, pin ``auto`` to it. (Its need of ``padding_free`` is the config class's own check.)"""
+    another, pin ``auto`` to it."""
     if not cfg.training.prompt_once:
         return
     if cfg.attn_implementation not in ("auto", "padfree"):
@@ -105,50 +74,57 @@ def check_prompt_once(cfg: LaunchConfig) -> None:
 
 
 def prompt_once_settings(cfg: LaunchConfig) -> dict[str, Any]:
-    """The run line's and the summary's own fields of DPO, KTO and reward: ``prompt_once``."""
+    """The run line's and the summary's own fields of DPO, KTO and reward."""
     return {"prompt_once": bool(cfg.training.prompt_once)}
 
 
-def load_data(cfg: LaunchConfig, loader: Callable[[LaunchConfig, Any], Any]) -> tuple[Any, Any]:
-    """``(tokenizer, loader(cfg, tokenizer))``, prepared by the first process of each node before the others."""
+def load_data(cfg: LaunchConfig, loader: Callable[[LaunchConfig, Any], Any], unit: str | None = None) -> tuple[Any, Any]:
+    """``(tokenizer, loader(cfg, tokenizer))``, prepared by the first process of each node before the others; with
+    ``unit``, the run's ``data: N training <unit>, M eval <unit> (format: ...)`` line."""
     say(f"preparing data (tokenizer of {cfg.model.model_name_or_path})")
     with cfg.training.main_process_first(desc="loading the tokenizer"):
         tokenizer = load_tokenizer(cfg)
     with cfg.training.main_process_first(desc="preparing the data"):
-        return tokenizer, loader(cfg, tokenizer)
+        data = loader(cfg, tokenizer)
+    if unit:
+        say_data(data, unit)
+    return tokenizer, data
 
 
-def load_policy(cfg: LaunchConfig, auto_class: Any = None) -> tuple[Any, LaunchConfig]:
-    """``(the model to train, cfg with the attention it was loaded with)`` (:func:`~.model.load_model`)."""
+def say_data(data: Any, unit: str, extra: str = "", eval_unit: str | None = None) -> None:
+    say(f"data: {len(data.train)} training {unit}" + (f", {len(data.eval)} eval {eval_unit or unit}"
+                                                      if data.eval is not None else "")
+        + f" (format: {data.text_format}{extra})")
+
+
+def load_policy(cfg: LaunchConfig, layout: str | None = "sft", auto_class: Any = None) -> tuple[Any, LaunchConfig]:
+    """``(the model to train, cfg with the attention it was loaded with)``, probed in ``layout`` (None: not yet)."""
     say(f"loading model {cfg.model.model_name_or_path} (attn_implementation={cfg.attn_implementation!r}, "
         f"dtype={cfg.model.dtype})")
-    return load_model(cfg, auto_class)
+    model, cfg = load_model(cfg, auto_class)
+    if layout is not None:
+        probe_model(cfg, model, layout)
+    return model, cfg
 
 
-def probe_model(cfg: LaunchConfig, model: Any, layout: str | None = None) -> None:
-    """With ``padding_free`` and ``check_packing``: raise :class:`ConfigError` on every process if packed examples
-    leak on any, judged at the training precision on the training device (``layout``: the probe's layout of
-    :func:`trl_padfree.probe.assert_layout_packing_safe`, with ``prompt_once``; None: SFT's). A process without
-    real weights (FSDP, ZeRO-3) skips it."""
-    from trl_padfree.probe import (
-        PackingLeakError,
-        assert_layout_packing_safe,
-        assert_packing_safe,
-        training_rtol,
-    )
+def probe_model(cfg: LaunchConfig, model: Any, layout: str = "sft") -> None:
+    """With ``padding_free`` and ``check_packing``: a :class:`ConfigError` on every process if packed examples leak
+    on any, at the training precision on the training device (``layout``: ``"sft"`` or one of
+    :func:`trl_padfree.probe.assert_layout_packing_safe`). A process without real weights (FSDP, ZeRO-3) skips it."""
+    from trl_padfree import probe
 
     training, failure = cfg.training, None
     if not (cfg.padding_free and training.check_packing):
         return
-    check = assert_packing_safe if layout is None else partial(
-        assert_layout_packing_safe, layout=layout, prompt_once=bool(training.prompt_once))
     if materialized(model):
         quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
         if training.device.type != "cpu" and not quantized and not sharded_launch(training):
             model.to(training.device)
+        rtol = probe.training_rtol(training)
         try:
-            report = check(model, rtol=training_rtol(training))
-        except PackingLeakError as exc:
+            report = (probe.assert_packing_safe(model, rtol=rtol) if layout == "sft" else probe.assert_layout_packing_safe(
+                model, layout=layout, prompt_once=bool(training.prompt_once), rtol=rtol))
+        except probe.PackingLeakError as exc:
             headline = str(exc.report).splitlines()[0]
             failure = f"padding-free training is unsafe for this model: {headline} {exc.report.advice}"
         else:
@@ -175,9 +151,9 @@ def load_reference(cfg: LaunchConfig) -> Any:
 
 def make_trainer(cfg: LaunchConfig, trainer_class: type, tokenizer: Any, model: Any, data: Any,
                  callbacks: Sequence[Any], check: Callable[[Any], None] | None = None, **own: Any) -> Any:
-    """``trainer_class`` built from the run (``own``: its own arguments), then ``check(trainer)`` (e.g. the records
-    TRL dropped); TRL's and transformers' refusals at construction are a :class:`ConfigError` and no empty
-    output_dir is left. The launch probed already and set the threads: the trainer does neither."""
+    """``trainer_class`` built from the run (``own``: its own arguments), then ``check(trainer)``; TRL's and
+    transformers' refusals are a :class:`ConfigError` and leave no empty output_dir. The launch probed already and
+    set the threads: the trainer does neither."""
     from trl import get_peft_config
 
     cfg.training.check_packing, cfg.training.torch_num_threads = False, None
@@ -186,8 +162,7 @@ def make_trainer(cfg: LaunchConfig, trainer_class: type, tokenizer: Any, model: 
     # loss at the stop's checkpoint)
     callbacks = [*callbacks, GracefulStop(announce=say), CheckpointMarker(cfg.run_id)]
     try:
-        with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing` when it
-            # wraps the model (use_peft: a FutureWarning no setting can avoid)
+        with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing` (use_peft)
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
             trainer = trainer_class(model=model, args=cfg.training, train_dataset=data.train, eval_dataset=data.eval,
                                     processing_class=tokenizer, peft_config=get_peft_config(cfg.model),
@@ -207,8 +182,7 @@ def make_trainer(cfg: LaunchConfig, trainer_class: type, tokenizer: Any, model: 
 def fit(cfg: LaunchConfig, trainer: Any, data: Any, settings: dict[str, Any],
         lines: Callable[[list[str], list[dict[str, Any]]], list[str]] | None = None) -> dict[str, Any]:
     """Train (SIGTERM / Ctrl-C: stop with a checkpoint), save the model, evaluate where the last step did not, and
-    write the summary (``settings``: the recipe's own fields of it; ``lines(shared lines, log history)``: its
-    lines). Returns the summary."""
+    write and print the summary (``settings``: the recipe's fields of it; ``lines``: an :func:`eval_summary`)."""
     training, output_dir, run_id = trainer.args, cfg.training.output_dir, cfg.run_id
     stop, marker = (next(c for c in trainer.callback_handler.callbacks if isinstance(c, kind))
                     for kind in (GracefulStop, CheckpointMarker))
@@ -273,8 +247,7 @@ def scored_head(cfg: LaunchConfig) -> dict[str, Any]:
 
 def _save_final_model(trainer: Any, output_dir: str, run_id: str | None) -> None:
     """``trainer.save_model`` into a staging directory moved into ``output_dir`` once all is written: a failed save
-    (a full disk) leaves nothing partial, records the run as failed and raises a :class:`RunError` naming the last
-    complete checkpoint."""
+    (a full disk) leaves nothing partial, records the run as failed and raises a :class:`RunError`."""
     staging, main = os.path.join(output_dir, ".trl_padfree_final"), trainer.args.should_save
     error: BaseException | None = None
     try:
@@ -301,7 +274,7 @@ def _save_final_model(trainer: Any, output_dir: str, run_id: str | None) -> None
 
 
 def _end_run(trainer: Any, status: str, **fields: Any) -> None:
-    """Record how the run ended (``finished``, ``interrupted``; ``failed``: best effort, the disk may be full)."""
+    """Record how the run ended (``failed``: best effort, the disk may be full)."""
     if trainer.args.should_save:
         try:
             write_run(trainer.args.output_dir, status=status, global_step=trainer.state.global_step,

@@ -6,14 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["eval_loss_line", "run_summary", "run_train_loss", "summary_lines"]
-
 
 def run_summary(state: Any, metrics: dict[str, Any], first_step: int | None, **outcome: Any) -> dict[str, Any]:
-    """``launch_summary.json``'s content from the Trainer's ``state``: ``train_loss`` is the whole run's mean
-    (:func:`run_train_loss`); transformers' own (this process's steps) is ``train_loss_this_process``, not repeated
-    under ``metrics``. ``first_step``: the step this process started from; ``outcome``: ``interrupted``,
-    ``checkpoint``, ``saved_to`` and the run's settings."""
+    """``launch_summary.json``: ``train_loss`` is the whole run's mean (:func:`run_train_loss`), transformers' own
+    (this process's steps) ``train_loss_this_process``; ``first_step``: the step this process started from."""
     history, metrics = state.log_history, dict(metrics)
     evals = [e for e in history if "eval_loss" in e] or [{}]
     train_loss, steps = run_train_loss(history)
@@ -32,8 +28,7 @@ def _fmt(value: float | None) -> str:
 
 
 def run_train_loss(history: list[dict[str, Any]]) -> tuple[float | None, int]:
-    """``(mean training loss over the steps the log history covers, how many steps)``: each logged ``loss`` is the
-    mean since the previous log, so it weighs by those steps.
+    """``(mean training loss over the steps the log history covers, how many steps)``, each logged mean weighed.
 
     >>> run_train_loss([{"loss": 4.0, "step": 10}, {"eval_loss": 3.0, "step": 10}, {"loss": 1.0, "step": 15}])
     (3.0, 15)
@@ -47,7 +42,6 @@ def run_train_loss(history: list[dict[str, Any]]) -> tuple[float | None, int]:
 
 
 def summary_lines(summary: dict[str, Any], padding_free: bool) -> list[str]:
-    """The end-of-run summary (a few lines) of a :func:`run_summary`."""
     m, ran, step = summary["metrics"], summary.get("steps_this_process"), summary["global_step"]
     resumed = ran is not None and ran < step
     stopped = f" (stopped by {summary['interrupted']})" if summary.get("interrupted") else ""
@@ -55,6 +49,9 @@ def summary_lines(summary: dict[str, Any], padding_free: bool) -> list[str]:
     tokens = m.get("train_real_tokens_per_second")
     lines = [f"steps: {step}/{summary['max_steps']}{here} in {m.get('train_runtime', 0.0):.1f} s{stopped}",
              f"real tokens/s: {'n/a' if tokens is None else f'{tokens:,.0f}'}" + (" (this process's steps)" * resumed)]
+    if m.get("train_generation_seconds") is not None:  # GRPO / RLOO
+        lines.append(f"generation: {m['train_generation_seconds']:.1f} s, "
+                     f"{100 * m['train_generation_share']:.1f}% of the training time")
     if m.get("train_padding_share") is not None:
         lines.append(f"{'padding avoided' if padding_free else 'padding spent'}: "
                      f"{100 * m['train_padding_share']:.1f}% of the tokens a padded batch would have had")

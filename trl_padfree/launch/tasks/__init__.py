@@ -1,10 +1,8 @@
-"""The trainers of the launch: one recipe module each, read top to bottom as TRL's ``trl/scripts`` are.
-
-A recipe holds ``ARGUMENTS`` (its :class:`~..config.LaunchArguments`), ``CONFIG`` (this package's config class of
-its trainer), ``TRAINER``, ``check(cfg)`` (its own refusals and settings, before anything is loaded),
-``settings(cfg)`` (its fields of the run line), ``run(cfg, callbacks)`` (data, model, probe, trainer, train, save:
-the steps of :mod:`..steps`; returns the summary) and ``preview(cfg, tokenizer, n, color)``. A new trainer is one
-module here and one line in :data:`COMMANDS`.
+"""The launch's trainers, one recipe module each, read top to bottom as TRL's ``trl/scripts``: ``ARGUMENTS`` (its
+:class:`~..config.LaunchArguments`), ``CONFIG``, ``TRAINER``, ``check(cfg)`` (its refusals, before anything loads),
+``settings(cfg)`` (its fields of the run line), ``run(cfg, callbacks)`` (the steps of :mod:`..steps`; returns the
+summary) and ``preview(cfg, tokenizer, n, color)``. A new trainer is one module here and one line in
+:data:`COMMANDS`.
 
 >>> get_task("dpo").TRAINER.__name__, prog("sft"), task_names()
 ('DPOTrainer', 'trl-padfree train', ['sft', 'dpo', 'grpo', 'rloo', 'reward', 'kto'])
@@ -15,24 +13,20 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["COMMANDS", "get_task", "prog", "task_names"]
-
 #: Recipe (a module of this package) -> its ``trl-padfree`` sub-command.
 COMMANDS = {"sft": "train", "dpo": "dpo", "grpo": "grpo", "rloo": "rloo", "reward": "reward", "kto": "kto"}
 
 
 def get_task(name: str) -> ModuleType:
-    """The recipe module ``name`` (imported on first use: ``trl-padfree --help`` stays fast)."""
+    """The recipe module ``name``, imported on first use (``trl-padfree --help`` stays fast)."""
     if name not in COMMANDS:
         raise ValueError(f"unknown launch recipe {name!r}; known: {', '.join(COMMANDS)}")
     return importlib.import_module(f"{__name__}.{name}")
 
 
 def task_names() -> list[str]:
-    """The recipe names, in the order of :data:`COMMANDS`."""
     return list(COMMANDS)
 
 
 def prog(name: str) -> str:
-    """The command line of recipe ``name``: ``"trl-padfree train"`` for ``"sft"``."""
     return f"trl-padfree {COMMANDS[name]}"

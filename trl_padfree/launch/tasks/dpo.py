@@ -1,6 +1,5 @@
-"""``trl-padfree dpo``: preference training with :class:`trl_padfree.DPOTrainer` (TRL's, padding-free) on
-``prompt`` / ``chosen`` / ``rejected`` records checked by :mod:`.preference_data`; a reference model (none with
-``use_peft``)."""
+"""``trl-padfree dpo``: :class:`trl_padfree.DPOTrainer` on ``prompt`` / ``chosen`` / ``rejected`` records checked by
+:mod:`.preference_data`; a reference model (none with ``use_peft``)."""
 
 from __future__ import annotations
 
@@ -17,13 +16,14 @@ from ..config import ChatArguments as ARGUMENTS
 from ..config import ConfigError
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 
-__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "load_preference_data", "preference_summary", "preview",
-           "run", "settings"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
+
+settings = steps.prompt_once_settings
 
 
 def check(cfg: Any) -> None:
-    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL accepts an unknown ``f_divergence_type`` and
-    fails at the first step); ``prompt_once``."""
+    """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL fails at the first step on an unknown
+    ``f_divergence_type``); ``prompt_once``."""
     from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
 
     training = cfg.training
@@ -39,45 +39,34 @@ def check(cfg: Any) -> None:
     steps.check_prompt_once(cfg)
 
 
-settings = steps.prompt_once_settings
-
-
-def load_preference_data(cfg: Any, tokenizer: Any) -> steps.Records:
-    """The training and eval pairs, checked (TRL's ``DPOTrainer`` tokenizes them when it is built)."""
+def load_pairs(cfg: Any, tokenizer: Any) -> steps.Records:
     train, eval_ds, conversational = load_checked(cfg, tokenizer, check_preference_records)
     return steps.Records(train, eval_ds, "conversational" if conversational else "prompt/chosen/rejected")
 
 
 def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Pairs, policy, probe, reference model, trainer (the pairs TRL dropped said), train, save."""
-    tokenizer, data = steps.load_data(cfg, load_preference_data)
-    steps.say_data(data, "pairs")
-    model, cfg = steps.load_policy(cfg)
-    steps.probe_model(cfg, model, layout="preference")
+    tokenizer, data = steps.load_data(cfg, load_pairs, "pairs")
+    model, cfg = steps.load_policy(cfg, "preference")
     ref_model = steps.load_reference(cfg)
     # with disable_tqdm, no "Computing reference log probs" bar (TRL shows it while the trainer is built)
     with mock.patch.dict(os.environ, {"TQDM_DISABLE": "1"} if cfg.training.disable_tqdm else {}):
         trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks, ref_model=ref_model,
-                               check=lambda trainer: dropped_by_trainer(cfg, trainer, data))
-    return steps.fit(cfg, trainer, data, settings(cfg), preference_summary)
-
-
-#: The summary's line of a DPO run (at the start the policy is the reference: every reward is 0, so no pair is won)
-preference_summary = steps.eval_summary("eval reward accuracy", {"eval_rewards/accuracies": ""},
-                                        {"eval_rewards/margins": "margin "})
+                                     check=lambda trainer: dropped_by_trainer(cfg, trainer, data))
+    # (at the start the policy is the reference: every reward is 0, so no pair is won)
+    return steps.fit(cfg, trainer, data, settings(cfg), steps.eval_summary(
+        "eval reward accuracy", {"eval_rewards/accuracies": ""}, {"eval_rewards/margins": "margin "}))
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
-    """``trl-padfree preview`` of a DPO config: ``n`` pairs tokenized by TRL's own ``DPOTrainer`` preparation and
-    cut by the preference collator, the scored tokens of the chosen and of the rejected response marked, then the
-    counts over the training set (and what ``prompt_once`` saves)."""
+    """``n`` pairs as TRL's ``DPOTrainer`` tokenizes them and the preference collator cuts them, the scored tokens
+    of each response marked, then the counts (and what ``prompt_once`` saves)."""
     import trl
 
     from trl_padfree.preference import truncate_pair
 
-    from ..preview import token_marker
+    from ..preview import dropped_line, percent, scored, token_marker
 
-    training, data = cfg.training, load_preference_data(cfg, tokenizer)
+    training, data = cfg.training, load_pairs(cfg, tokenizer)
     pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training)
     mark, lines = token_marker(tokenizer, color), []
     tokens = chosen_total = rejected_total = once = 0
@@ -89,9 +78,9 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
         once += len(p_c) + len(chosen) + (1 + len(rejected) if p_c == p_r and p_c else len(p_r) + len(rejected))
         if index < n:
             lines += [f"--- pair {index} (prompt {len(p_c)} tokens; scored: chosen {len(chosen)}, rejected "
-                      f"{len(rejected)}) ---", "chosen:   " + steps.scored(mark, p_c, chosen),
-                      "rejected: " + steps.scored(mark, p_r, rejected)]
-    return [*lines, "---", f"scored tokens: chosen {chosen_total:,}, rejected {rejected_total:,} of {tokens:,} tokens in "
-            f"{len(pairs):,} pairs (format: {data.text_format})",
-            f"prompt_once forwards {once:,} tokens instead of {tokens:,} ({steps.percent(tokens - once, tokens)} fewer)",
-            steps.dropped_line("pairs", training.max_length, len(data.train) - len(pairs), len(data.train))]
+                      f"{len(rejected)}) ---", "chosen:   " + scored(mark, p_c, chosen),
+                      "rejected: " + scored(mark, p_r, rejected)]
+    return [*lines, "---", f"scored tokens: chosen {chosen_total:,}, rejected {rejected_total:,} of {tokens:,} tokens "
+            f"in {len(pairs):,} pairs (format: {data.text_format})",
+            f"prompt_once forwards {once:,} tokens instead of {tokens:,} ({percent(tokens - once, tokens)} fewer)",
+            dropped_line("pairs", training.max_length, len(data.train) - len(pairs), len(data.train))]

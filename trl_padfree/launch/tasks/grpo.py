@@ -19,14 +19,12 @@ from ..config import RewardFunctionArguments as ARGUMENTS
 from ..validate import Range
 from .preference_data import check_kinds
 
-__all__ = ["ARGUMENTS", "CONFIG", "RANGES", "TRAINER", "TRL_REWARDS", "check", "preview", "resolve_reward", "run",
-           "settings"]
+__all__ = ["ARGUMENTS", "CONFIG", "RANGES", "TRAINER", "check", "preview", "resolve_reward", "run", "settings"]
 
 RANGES = {"beta": Range(0, hint="0 (TRL's default) loads no reference model")}
 
 
 def check(cfg: Any) -> None:
-    """At least one reward, each importable; ``prompt_once``."""
     names = cfg.launch.reward_funcs or []
     if not names:
         raise ConfigError("reward_funcs is empty: name at least one reward, e.g. reward_funcs: [answer_prefix] "
@@ -36,16 +34,13 @@ def check(cfg: Any) -> None:
     steps.check_prompt_once(cfg)
 
 
-def settings(cfg: Any) -> dict[str, Any]:
-    """The run line's own fields (the summary has ``reward_funcs`` as a list)."""
+def settings(cfg: Any) -> dict[str, Any]:  # (the summary has reward_funcs as a list)
     return {"prompt_once": prompt_once(cfg), "reward_funcs": ",".join(cfg.launch.reward_funcs or [])}
 
 
 def run(cfg: Any, callbacks: Sequence[Any] = (), trainer_class: type = TRAINER) -> dict[str, Any]:
-    """Prompts, policy, ``prompt_once`` (unset: on where it can run), probe, trainer with the rewards, train, save."""
-    tokenizer, data = steps.load_data(cfg, load_prompts)
-    steps.say_data(data, "prompts")
-    model, cfg = steps.load_policy(cfg)
+    tokenizer, data = steps.load_data(cfg, load_prompts, "prompts")
+    model, cfg = steps.load_policy(cfg, layout=None)  # probed once prompt_once is known (unset: on where it can run)
     cfg.training.prompt_once, cfg.explicit = prompt_once(cfg), cfg.explicit | {"prompt_once"}
     steps.probe_model(cfg, model, layout="group")
     trainer = steps.make_trainer(cfg, trainer_class, tokenizer, model, data, callbacks,
@@ -54,7 +49,6 @@ def run(cfg: Any, callbacks: Sequence[Any] = (), trainer_class: type = TRAINER) 
                      reward_summary)
 
 
-#: TRL's built-in rewards as ``trl grpo`` names them (imported on use: some need optional packages).
 TRL_REWARDS = ("accuracy_reward", "get_soft_overlong_punishment", "reasoning_accuracy_reward", "think_format_reward")
 
 
@@ -98,7 +92,6 @@ def resolve_reward(name: str) -> Callable[..., Any]:
 
 
 def check_prompt_records(dataset: Any, source: str) -> None:
-    """Every record has a ``prompt``: a non-empty string or list of chat messages, all of one kind."""
     columns = list(dataset.column_names)
     if "prompt" not in columns:
         raise ConfigError(f"{source}: RL records need a 'prompt' (plus any columns the rewards read, e.g. "
@@ -107,8 +100,7 @@ def check_prompt_records(dataset: Any, source: str) -> None:
 
 
 def load_prompts(cfg: Any, tokenizer: Any) -> steps.Records:
-    """The training and eval prompt records, checked (TRL's trainer tokenizes them as it generates), with the answer
-    column this package's rewards read (else the first step would fail inside the reward)."""
+    """The prompt records, with the answer column this package's rewards read (else step 1 fails in the reward)."""
     from trl_padfree.rewards import ANSWER_COLUMNS, REWARDS
 
     from ..data import load_splits
@@ -129,36 +121,25 @@ def load_prompts(cfg: Any, tokenizer: Any) -> steps.Records:
 
 
 def prompt_once(cfg: Any) -> bool:
-    """``prompt_once`` as the run uses it: the config's, else on where the attention is ``"padfree"`` (or still
-    ``"auto"``, which picks it where prompt_once can run) and the rows are padding-free."""
+    """The config's ``prompt_once``, else on where rows are padding-free and the attention ``padfree`` (or ``auto``)."""
     if "prompt_once" in cfg.explicit:
         return bool(cfg.training.prompt_once)
     return bool(cfg.padding_free) and cfg.attn_implementation in ("padfree", "auto")
 
 
 def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines of an RL run: the share of training spent generating (the end-of-training
-    ``train_generation_seconds`` / ``train_generation_share`` of :mod:`trl_padfree.throughput`), the mean reward first and last.
+    """The summary lines and the mean reward, first and last.
 
-    >>> reward_summary(["steps: 2/2", "real tokens/s: 1,234", "model saved to out"], [{"reward": 0.1}, {"reward": 0.25},
-    ...                {"train_runtime": 9.0, "train_generation_seconds": 4.5, "train_generation_share": 0.52}])
-    ['steps: 2/2', 'real tokens/s: 1,234', 'generation: 4.5 s, 52.0% of the training time', 'model saved to out', 'mean reward: 0.100 first logged step -> 0.250 last (2 logged steps)']
+    >>> reward_summary(["steps: 2/2"], [{"reward": 0.1}, {"reward": 0.25}, {"train_runtime": 9.0}])
+    ['steps: 2/2', 'mean reward: 0.100 first logged step -> 0.250 last (2 logged steps)']
     """
-    out = list(lines)
-    end = next((e for e in reversed(history) if "train_generation_seconds" in e), None)
-    if end is not None:  # after the tokens/s line
-        at = next((i + 1 for i, line in enumerate(out) if line.startswith("real tokens/s")), len(out))
-        out.insert(at, f"generation: {end['train_generation_seconds']:.1f} s, "
-                       f"{100 * end['train_generation_share']:.1f}% of the training time")
     rewards = [e["reward"] for e in history if "reward" in e]
-    if rewards:
-        out.append(f"mean reward: {rewards[0]:.3f} first logged step -> {rewards[-1]:.3f} last "
-                   f"({len(rewards)} logged steps)")
-    return out
+    return lines + [f"mean reward: {rewards[0]:.3f} first logged step -> {rewards[-1]:.3f} last "
+                    f"({len(rewards)} logged steps)"] * bool(rewards)
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
-    """``preview``'s lines: for the first ``n`` prompts, what one group forwards (shared) and scores."""
+    """For the first ``n`` prompts, what one group forwards (shared) and scores."""
     training, data = cfg.training, load_prompts(cfg, tokenizer)
     g, c = training.num_generations, training.max_completion_length
     once = prompt_once(cfg)
@@ -166,15 +147,10 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
              f"(padding_free={cfg.padding_free}, prompt_once={once})"]
     for index in range(min(n, len(data.train))):
         prompt = data.train[index]["prompt"]
-        # tokenized as TRL's GRPOTrainer tokenizes prompts (_tokenize_prompts): return_dict=True, since transformers 5
-        # returns a BatchEncoding (not a dict, not a list) from tokenize=True alone
-        if isinstance(prompt, list):
-            ids = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                return_dict=True)["input_ids"]
-            text = str(prompt[-1]["content"])
-        else:
-            ids, text = tokenizer(text=prompt)["input_ids"], prompt
-        p = len(ids)
+        chat = isinstance(prompt, list)  # tokenized as TRL's GRPOTrainer does (return_dict: transformers 5)
+        p = len((tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True)
+                 if chat else tokenizer(text=prompt))["input_ids"])
+        text = str(prompt[-1]["content"]) if chat else prompt
         forwarded = p + g * c if once else g * (p + c)
         shown = text if len(text) <= 80 else text[:77] + "..."
         lines += [f"--- prompt {index} ({p} tokens): {shown!r}",

@@ -1,6 +1,5 @@
-"""``trl-padfree train``: SFT with :class:`trl_padfree.SFTTrainer` and this package's completion-only collator; the
-data tokenized and labelled once by :mod:`.sft_data`, the collator only flattens those labels. The training logs
-add ``padding_share`` (``count_padding`` of :class:`trl_padfree.throughput.RealTokensLog`)."""
+"""``trl-padfree train``: SFT with :class:`trl_padfree.SFTTrainer` on the data tokenized and labelled once by
+:mod:`.sft_data` (the collator only flattens those labels); the logs add ``padding_share``."""
 
 from __future__ import annotations
 
@@ -22,8 +21,7 @@ _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
 
 def check(cfg: Any) -> None:
-    """TRL's ``packing`` and ``assistant_only_loss`` do not apply; ``--response_template null`` (text on the command
-    line) means None."""
+    """TRL's ``packing`` and ``assistant_only_loss`` do not apply; ``--response_template null`` means None."""
     training = cfg.training
     if training.packing:
         raise ConfigError("packing is not supported by trl-padfree train: padding_free: true already removes padding "
@@ -39,26 +37,22 @@ def check(cfg: Any) -> None:
 
 
 def settings(cfg: Any) -> dict[str, Any]:
-    """No fields of its own on the run line."""
     return {}
 
 
 def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
-    """Data (tokenized and labelled), model, probe, trainer with the collator that flattens, train, save."""
-    tokenizer, data = steps.load_data(cfg, prepare_data)
-    steps.say_data(data, "examples")
+    training = cfg.training
+    tokenizer, data = steps.load_data(cfg, prepare_data, "examples")
     if data.template_missing_in_check:
         say(f"warning: {data.template_missing_in_check} of the first {data.checked} examples have no response "
-            f"template {cfg.training.response_template!r}")
+            f"template {training.response_template!r}")
     for split, count in data.dropped.items():
         if count:
             say(f"dropped {count} of {data.loaded[split]} {split} examples with no trained token left (response "
-                f"template missing, or the completion cut off by max_length={cfg.training.max_length})")
+                f"template missing, or the completion cut off by max_length={training.max_length})")
     model, cfg = steps.load_policy(cfg)
-    steps.probe_model(cfg, model)
     collator = training_collator(cfg, tokenizer)  # the labels are the data's: it flattens (or pads) them
-    # the templates labelled the data already (the trainer would build a collator from them), TRL's preparation too
-    training = cfg.training
+    # the data is labelled and prepared already: the trainer builds no collator from the templates, prepares nothing
     training.response_template = training.instruction_template = None
     training.dataset_kwargs = {**(training.dataset_kwargs or {}), "skip_prepare_dataset": True}
     trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks, data_collator=collator)
@@ -67,13 +61,11 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
-    """``trl-padfree preview`` of an SFT config: ``n`` prepared examples, trained tokens marked, then the counts (with
-    a ``response_template``: how many of the examples checked for it lack it)."""
-    from ..preview import IGNORE_INDEX, token_marker
+    """``n`` prepared examples, trained tokens marked, then the counts."""
+    from ..preview import IGNORE_INDEX, percent, token_marker
 
     data = prepare_data(cfg, tokenizer)
-    mark, train = token_marker(tokenizer, color), data.train
-    lines: list[str] = []
+    mark, train, lines = token_marker(tokenizer, color), data.train, []
     total = trained = 0
     for index, labels in enumerate(train["labels"]):
         scored = sum(label != IGNORE_INDEX for label in labels)
@@ -82,11 +74,10 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
             lines += [f"--- example {index} ({len(labels)} tokens, {scored} trained) ---",
                       mark(train[index]["input_ids"], labels)]
     loaded, dropped = data.loaded.get("train", len(train)), data.dropped.get("train", 0)
-    lines += ["---", f"trained tokens: {trained:,} of {total:,} ({steps.percent(trained, total)}) in {len(train):,} training examples "
-              f"(format: {data.text_format})",
+    lines += ["---", f"trained tokens: {trained:,} of {total:,} ({percent(trained, total)}) in {len(train):,} "
+              f"training examples (format: {data.text_format})",
               f"examples without a trained token (dropped before training): {dropped:,} of {loaded:,}"]
     if cfg.training.response_template is not None and data.checked:
         lines.append(f"examples without the response template among the first {data.checked:,}: "
                      f"{data.template_missing_in_check:,}")
     return lines
-
