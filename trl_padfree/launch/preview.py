@@ -127,8 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .config import ConfigError
     from .console import quiet_progress
     from .demo import builtin_config
+    from .model import load_tokenizer
     from .tasks import get_task, prog
-    from .tokenizer import load_tokenizer
 
     try:
         n, task, args = _options(argv)

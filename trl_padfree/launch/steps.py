@@ -17,10 +17,9 @@ from .callbacks import CheckpointMarker, GracefulStop, NothingToTrain
 from .config import ConfigError, LaunchConfig
 from .console import is_main_process, say
 from .distributed import any_process, describe_distribution
-from .model import load_model, materialized, sharded_launch
+from .model import load_model, load_tokenizer, materialized, sharded_launch
 from .resume import last_complete_checkpoint, write_json, write_run
 from .summary import run_summary, summary_lines
-from .tokenizer import load_tokenizer
 
 
 class RunError(RuntimeError):
