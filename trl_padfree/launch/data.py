@@ -1,13 +1,13 @@
-"""The records of every launch task: :func:`load_splits` (local files or ``dataset_name``, an ``eval_fraction`` held
-out with the run's seed) and :func:`map_records`, a ``datasets.map`` whose failure on a record is one
-:class:`~.config.ConfigError` line naming the split, the record's index in file order and the fix
-(:func:`record_error`). What each task does with the records: :mod:`.tasks.sft_data`, :mod:`.tasks.preference_data`.
+"""The records of every launch task: :func:`load_splits` (local files or ``dataset_name``, ``eval_fraction`` held out
+with the run's seed) and :func:`map_records`, a ``datasets.map`` whose failure on a record is one line naming the split,
+the record's index in its file and the fix (:func:`record_error`).
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -138,18 +138,16 @@ def load_splits(data: LaunchArguments, seed: int, check: Callable[[Any, str], No
         loaded.append((_load_files("eval_file", data.eval_file), "eval_file"))
     for dataset, source in loaded:
         check(dataset, source)
-    picked = {"train": loaded[0], "eval": loaded[-1]} if len(loaded) > 1 else {"train": loaded[0]}
-    chosen = {name: (dataset, source, range(len(dataset))) for name, (dataset, source) in picked.items()}
+    chosen = {name: (*loaded[i], range(len(loaded[i][0]))) for name, i in (("train", 0), ("eval", -1))[: len(loaded)]}
     if data.eval_fraction is not None:  # held out by index, so that each record keeps its index in the file
         dataset, source, rows = chosen["train"]
         if len(rows) < 2:
             raise ConfigError(f"eval_fraction needs at least 2 training records, the data has {len(rows)}")
         parts = Dataset.from_dict({"row": list(rows)}).train_test_split(test_size=data.eval_fraction, seed=seed)
-        chosen = {name: (dataset, source, list(parts[part]["row"])) for name, part in (("train", "train"),
-                                                                                       ("eval", "test"))}
+        chosen = {name: (dataset, source, parts[part]["row"]) for name, part in (("train", "train"), ("eval", "test"))}
     out: dict[str, Any] = {"eval": None}
     for name, (dataset, source, rows) in chosen.items():
-        rows = rows[: data.max_train_examples if name == "train" else data.max_eval_examples]
+        rows = list(rows)[: data.max_train_examples if name == "train" else data.max_eval_examples]
         if not rows:
             raise ConfigError(f"the {'training' if name == 'train' else 'eval'} data has no records")
         out[name] = dataset.select(rows)
@@ -158,37 +156,28 @@ def load_splits(data: LaunchArguments, seed: int, check: Callable[[Any, str], No
     return out["train"], out["eval"]
 
 
-def _raised_in_a_template(error: BaseException) -> bool:
-    """Whether ``error`` comes from a chat template: a jinja error, or any exception raised by template code."""
-    from jinja2.exceptions import TemplateError
-
-    tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != "<template>":  # jinja's compiled template code
-        tb = tb.tb_next
-    return isinstance(error, TemplateError) or tb is not None
-
-
 def record_error(source: str, index: int, stage: str, error: BaseException, template: str | None = None) -> ConfigError:
-    """The one-line error for a record that cannot be prepared: the split, the record's index, the cause, the fix.
-
-    ``stage`` says what failed on it: ``format`` (the ``template`` format string, or the chat template), ``chat``
-    (labels from the chat template), ``tokenize`` or ``label`` (the collator).
+    """The one-line error for a record that cannot be prepared, naming the split, the record's index, the cause and the
+    fix; ``stage``: what failed on it, ``format`` (``template``, or the chat template), ``tokenize`` or ``label``.
 
     >>> str(record_error("train_file", 3, "format", IndexError("string index out of range"), "{a[9]}"))[:95]
     "train_file record 3 (counting from 0): template '{a[9]}' cannot format it (IndexError: string i"
     """
+    from jinja2.exceptions import TemplateError
+
     from ..chat_masks import ChatMaskError
 
     reason = f"{type(error).__name__}: {one_line(error)}"
+    frames = traceback.walk_tb(error.__traceback__)  # (jinja runs a template's compiled code as "<template>")
     if isinstance(error, ChatMaskError):
         what = "messages data without response_template: " + one_line(error, limit=None)  # ours: names the fix
-    elif _raised_in_a_template(error):
+    elif isinstance(error, TemplateError) or any(frame.f_code.co_filename == "<template>" for frame, _ in frames):
         what = (f"the chat template cannot render it ({reason}); change the record to what the template accepts, "
                 "or set chat_template_path to a template that accepts it")
     elif stage == "format" and template is not None:
         what = (f"template {template!r} cannot format it ({reason}); fix the template (fields as {{name}}, literal "
                 "braces as {{ and }}) or the record")
-    elif stage in ("format", "chat"):
+    elif stage == "format":
         what = f"it cannot be turned into text ({reason}); fix the record"
     elif stage == "tokenize":
         what = (f"the tokenizer fails on its text ({reason}); fix the record's text, or use a tokenizer that accepts "

@@ -197,30 +197,25 @@ def _tokenize(tokenizer: Any, formatter: Formatter) -> list[Step]:
     return [("format", format_texts), ("tokenize", tokenize)]
 
 
-def warn_untrained_turns(raw: Any, tokenized: Any, labelled: Any, collator: Any, tokenizer: Any, n: int) -> int:
-    """One line when the templates leave assistant turns of the first ``n`` ``messages`` records untrained (one that
-    truncation shortened judged on its untruncated labels); the number of such examples (0 also when the chat
-    template cannot be analysed turn by turn). ``raw``, ``tokenized``, ``labelled``: the same records, row for row."""
+def warn_untrained_turns(raw: Any, tokenized: Any, collator: Any, tokenizer: Any, n: int) -> None:
+    """One line when the templates (``collator``) leave assistant turns of the first ``n`` untruncated examples
+    untrained (none when the chat template cannot be analysed turn by turn); ``raw``: the same records as loaded."""
     from ...chat_masks import untrained_assistant_turns
 
     count = min(n, len(raw))
-    affected = turns = 0
     try:
-        rows = zip(raw.select(range(count))["messages"], tokenized.select(range(count))["input_ids"],
-                   labelled.select(range(count))["labels"], strict=True)
-        for messages, ids, labels in rows:
-            if len(labels) != len(ids):  # truncated: the untruncated labels
-                labels = collator([{"input_ids": ids}])["labels"].reshape(-1).tolist()
-            missing = untrained_assistant_turns(tokenizer, messages, ids, labels)
-            affected += bool(missing)
-            turns += missing
+        ids = [list(x) for x in tokenized.select(range(count))["input_ids"]]
+        out = collator([{"input_ids": x} for x in ids])
+        flat, cu = out["labels"].reshape(-1).tolist(), out["cu_seq_lens_q"].tolist()
+        missing = [untrained_assistant_turns(tokenizer, messages, x, flat[cu[k] : cu[k + 1]])
+                   for k, (messages, x) in enumerate(zip(raw.select(range(count))["messages"], ids, strict=True))]
     except Exception:  # noqa: BLE001  (no turn-by-turn analysis, no warning; a record's errors came up in tokenizing)
-        return 0
-    if affected:
-        say(f"warning: in {affected} of the first {count} examples, {turns} assistant turn(s) get no trained "
-            "token from response_template/instruction_template (without instruction_template only the last "
-            "assistant turn is trained); leave both unset to train every assistant turn from the chat template")
-    return affected
+        return
+    if any(missing):
+        say(f"warning: in {sum(map(bool, missing))} of the first {count} examples, {sum(missing)} assistant turn(s) "
+            "get no trained token from response_template/instruction_template (without instruction_template only "
+            "the last assistant turn is trained); leave both unset to train every assistant turn from the chat "
+            "template")
 
 
 def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int, source: str, index: Sequence[int]) -> int:
@@ -281,7 +276,7 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     if raw["eval"] is not None and (missing := sorted(set(needed) - set(raw["eval"].column_names))):
         raise ConfigError(f"the eval data lacks field(s) {', '.join(missing)} that the training data has")
     chat = text_format == "messages" and response is None  # labels from the chat template, every assistant turn
-    steps = [("chat", partial(label_chats, tokenizer=tokenizer))] if chat else _tokenize(tokenizer, formatter)
+    steps = [("format", partial(label_chats, tokenizer=tokenizer))] if chat else _tokenize(tokenizer, formatter)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
         tokenized = {name: map_records(split, steps, *where[name], template=None if chat else template,
@@ -294,9 +289,9 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
                                                         *where["train"])
     label = _labeller(collator, training.max_length, training.truncation_mode == "keep_end")
     for name, tok in tokenized.items():
-        labelled = map_records(tok, [("label", label)], *where[name], desc=f"Labelling {name} data")
         if name == "train" and response is not None and text_format == "messages":
-            warn_untrained_turns(raw["train"], tok, labelled, collator, tokenizer, n_check)
+            warn_untrained_turns(raw["train"], tok, collator, tokenizer, n_check)
+        labelled = map_records(tok, [("label", label)], *where[name], desc=f"Labelling {name} data")
         kept = labelled.filter(lambda flags: flags, input_columns="trained", batched=True,
                                desc=f"Filtering {name} data").remove_columns("trained")
         data.dropped[name], data.loaded[name] = len(labelled) - len(kept), len(tok)
