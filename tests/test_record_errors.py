@@ -93,10 +93,10 @@ CASES = {
         QA, ["--response_template", "### Answer:"], "cannot tell how to turn the data's fields (instruction, output) "
         "into text: set template", ""),
     "a positional template field": (QA, template("{} and {instruction}"), "template fields must be named", ""),
-    "record shape: messages prompt with a text completion": (
+    "record shape: a messages prompt with a text completion": (
         [{"prompt": [{"role": "user", "content": "hi"}], "completion": "yo"}], [],
-        "train_file record 0 (counting from 0): ", "it cannot be turned into text (TypeError: prompt and completion "
-        "must both be lists of messages (TRL's conversational prompt/completion) or both be text); fix the record"),
+        "train_file record 0 (counting from 0): ", "'completion' is plain text, but in record 0 'prompt' is chat "
+        "messages (conversational): the data mixes plain-text and conversational records"),
     "tokenizer raises on a word it cannot encode": (
         [{"prompt": "add one and one", "completion": " two"}, {"prompt": "add one and two", "completion": " three"}],
         ["--model_name_or_path", word_level_model], "train_file record 1 (counting from 0): ",

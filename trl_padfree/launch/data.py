@@ -8,17 +8,19 @@ from __future__ import annotations
 import glob
 import os
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .config import ConfigError, LaunchArguments
 from .console import one_line
 
-__all__ = ["DATA_EXTENSIONS", "Step", "check_data_files", "data_builder", "load_splits", "map_records", "record_error"]
+__all__ = ["DATA_EXTENSIONS", "Step", "check_data_files", "check_kinds", "data_builder", "load_splits", "map_records",
+           "record_error", "value_kind"]
 
 #: Local data formats and the ``datasets`` builder that reads each.
 DATA_EXTENSIONS: dict[str, str] = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 _FORMAT_WORDS = {".jsonl": "JSON Lines (one JSON object per line)", ".json": "JSON", ".csv": "CSV"}
+_KINDS = {"text": "plain text", "messages": "chat messages (conversational)"}
 
 
 def data_builder(path: str) -> str:
@@ -35,16 +37,8 @@ def data_builder(path: str) -> str:
 
 
 def check_data_files(key: str, pattern: str) -> None:
-    """Refuse directories, empty files and binary files posing as text, naming the file (``datasets``' own error on
-    a file that is no Parquet is clear: :func:`_load_files` makes it one line).
-
-    >>> import tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "train.jsonl")
-    >>> with open(path, "wb") as f: _ = f.write(b"\\x00\\x01")
-    >>> try: check_data_files("train_file", path)
-    ... except ConfigError as exc: print(str(exc).split(": ", 1)[1])
-    expected JSON Lines (one JSON object per line) in UTF-8
-    """
+    """Refuse directories, empty files and binary files posing as text, naming the file (``datasets``' own errors on
+    them name neither; on a file that is no Parquet it is clear: :func:`_load_files` makes it one line)."""
     import codecs
 
     for path in sorted(glob.glob(os.path.expanduser(pattern))):
@@ -72,6 +66,42 @@ def check_data_files(key: str, pattern: str) -> None:
         if bad >= 0:
             raise ConfigError(f"{key} file {path!r} is not text (byte 0x{head[bad]:02x} at offset {bad}): expected "
                               f"{_FORMAT_WORDS.get(ext, 'text')} in UTF-8")
+
+
+def value_kind(value: Any) -> str | None:
+    """``"text"``, ``"messages"`` (a list of ``{"role", "content"}`` dicts) or None (anything else)."""
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        return "messages"
+    return None
+
+
+def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], required: Sequence[str] = ()) -> None:
+    """Every record's ``fields`` (those it has) a string or a list of chat messages, all of one kind, the
+    ``required`` ones not empty; else a :class:`ConfigError` naming the record and the fix."""
+    first: tuple[int, str, str] | None = None  # (record, field, kind) of the first value
+    for index, record in enumerate(records):
+        for name in [name for name in fields if isinstance(record, dict) and name in record]:
+            value, where = record[name], f"{source} record {index} (counting from 0)"
+            kind = value_kind(value)
+            if kind is None:
+                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
+                                  f"'content'}}), got {_json_type(value)}; fix the record")
+            first = first or (index, name, kind)
+            if kind != first[2]:
+                raise ConfigError(
+                    f"{where}: {name!r} is {_KINDS[kind]}, but in record {first[0]} {first[1]!r} is {_KINDS[first[2]]}"
+                    ": the data mixes plain-text and conversational records, which TRL tokenizes differently (a chat "
+                    "template, EOS); use one kind: convert the records of one kind, or put them in separate files "
+                    "and runs")
+            if not value and name in required:
+                raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
+
+
+def _json_type(value: Any) -> str:
+    words = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+    return words.get(type(value), "a list of something else than messages")
 
 
 def _load_files(key: str, pattern: str) -> Any:

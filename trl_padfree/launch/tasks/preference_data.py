@@ -6,27 +6,17 @@ from __future__ import annotations
 import glob
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..config import ConfigError
 from ..console import say
-from ..data import load_splits, record_error
+from ..data import check_kinds, load_splits, record_error, value_kind
 
 __all__ = ["check_chat_renders", "check_kinds", "check_one_kind_in_files", "check_preference_records",
            "dropped_by_trainer", "load_checked", "prepared_by_trl", "value_kind"]
 
 FIELDS = ("prompt", "chosen", "rejected")
-_WORDS = {"text": "plain text", "messages": "chat messages (conversational)"}
-
-
-def value_kind(value: Any) -> str | None:
-    """``"text"``, ``"messages"`` (a list of ``{"role", "content"}`` dicts) or None (anything else)."""
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
-        return "messages"
-    return None
 
 
 def check_preference_records(dataset: Any, source: str) -> None:
@@ -37,39 +27,6 @@ def check_preference_records(dataset: Any, source: str) -> None:
                           f"{', '.join(map(repr, missing))} (columns: {', '.join(columns)})")
     fields = [c for c in FIELDS if c in columns]
     check_kinds(dataset.select_columns(fields), source, fields, ("chosen", "rejected"))
-
-
-def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], required: Sequence[str] = ()) -> None:
-    """Every record's ``fields`` (those it has) a string or a list of chat messages, all of one kind, the
-    ``required`` ones not empty; else a :class:`ConfigError` naming the record and the fix.
-
-    >>> check_kinds([{"prompt": "a", "chosen": " b"}, {"prompt": "c", "chosen": 47}], "train_file", FIELDS)
-    Traceback (most recent call last):
-    ...
-    trl_padfree.launch.config.ConfigError: train_file record 1 (counting from 0): 'chosen' must be a string or a list of chat messages ({'role', 'content'}), got a number; fix the record
-    """
-    first: tuple[int, str, str] | None = None  # (record, field, kind) of the first value
-    for index, record in enumerate(records):
-        for name in [name for name in fields if isinstance(record, dict) and name in record]:
-            value, where = record[name], f"{source} record {index} (counting from 0)"
-            kind = value_kind(value)
-            if kind is None:
-                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
-                                  f"'content'}}), got {_json_type(value)}; fix the record")
-            first = first or (index, name, kind)
-            if kind != first[2]:
-                raise ConfigError(
-                    f"{where}: {name!r} is {_WORDS[kind]}, but in record {first[0]} {first[1]!r} is {_WORDS[first[2]]}"
-                    ": the data mixes plain-text and conversational records, which TRL tokenizes differently (a chat "
-                    "template, EOS); use one kind: convert the records of one kind, or put them in separate files "
-                    "and runs")
-            if not value and name in required:
-                raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
-
-
-def _json_type(value: Any) -> str:
-    words = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
-    return words.get(type(value), "a list of something else than messages")
 
 
 def check_one_kind_in_files(key: str, pattern: str) -> None:

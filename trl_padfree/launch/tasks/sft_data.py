@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
-from ..data import Step, load_splits, map_records
+from ..data import Step, check_kinds, load_splits, map_records
 from ..steps import Records
 
 __all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"]
@@ -57,15 +57,9 @@ class PreparedData(Records):
 def check_records(dataset: Any, source: str, template: str | None, text_field: str, response: str | None) -> None:
     """Refuse, naming the record: a null or missing field of the format (it would be trained as the text ``None``),
     an empty completion (with ``template``: a field after ``response``), a chat that leaves no assistant reply to
-    train, a bare ``{field}`` of ``template`` holding lists or mappings (trained as their Python text).
+    train, a bare ``{field}`` of ``template`` holding lists or mappings (trained as their Python text),
 
-    >>> from datasets import Dataset
-    >>> turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    >>> check_records(Dataset.from_dict({"messages": [turns, turns[:1]]}), "train_file", None, "text", None)
-    Traceback (most recent call last):
-    ...
-    trl_padfree.launch.config.ConfigError: train_file record 1 (counting from 0): its messages have no assistant turn, so nothing of it would be trained; add the assistant's reply or remove the record
-    """
+    ``prompt`` / ``completion`` records of two kinds (text and chat messages)."""
     columns = dataset.column_names
     if template is not None:  # (a valid format string: prepare_data checked it)
         fields = [f for f in template_fields(template) if f in columns]
@@ -92,11 +86,12 @@ def check_records(dataset: Any, source: str, template: str | None, text_field: s
                     "but never trained)", "end the record with the assistant's reply or drop the last turn")
         return None
 
-    bad = [(i, what) for i, values in enumerate(zip(*(dataset[f] for f in fields), strict=True))
-           if (what := problem(dict(zip(fields, values, strict=True))))]
-    if bad:
+    records = [dict(zip(fields, values, strict=True)) for values in zip(*(dataset[f] for f in fields), strict=True)]
+    if bad := [(index, what) for index, record in enumerate(records) if (what := problem(record))]:
         (index, (what, fix)), more = bad[0], f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise ConfigError(f"{source} record {index} (counting from 0): {what}{more}; {fix}")
+    if template is None and fields == ["prompt", "completion"]:  # all text, or all chat messages (as TRL's)
+        check_kinds(records, source, fields)
     bare = {name for _, name, _, _ in string.Formatter().parse(template or "") if name and name.isidentifier()}
     for name in sorted(bare & set(columns)):  # ({field[0]} / {field.key} pick an element and are fine)
         if any(isinstance(value, (list, dict)) for value in dataset[name]):
@@ -140,10 +135,7 @@ def make_formatter(columns: Sequence[str], template: str | None, text_field: str
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def prompt_completion(record: dict[str, Any]) -> tuple[str, str | None, bool]:
-        prompt, completion = record["prompt"], record["completion"]
-        if isinstance(prompt, list) != isinstance(completion, list):
-            raise TypeError("prompt and completion must both be lists of messages (TRL's conversational "
-                            "prompt/completion) or both be text")
+        prompt, completion = record["prompt"], record["completion"]  # (of one kind: check_records)
         if isinstance(prompt, list):  # conversational prompt/completion
             return chat_text(prompt + completion), chat_text(prompt, True), True
         return str(prompt) + str(completion), str(prompt), False
@@ -175,22 +167,16 @@ def _tokenize(tokenizer: Any, formatter: Formatter) -> list[Step]:
     def format_texts(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         return {"rows": [formatter(dict(zip(batch, values, strict=True))) for values in zip(*batch.values(), strict=True)]}
 
-    def encode(texts: Sequence[str | None], chat: Sequence[bool]) -> dict[int, list[int]]:  # (two batched calls)
-        out: dict[int, list[int]] = {}
-        for flag in (False, True):
-            if rows := [i for i, text in enumerate(texts) if text is not None and chat[i] is flag]:
-                encoded = tokenizer([texts[i] for i in rows], add_special_tokens=not flag)["input_ids"]
-                out.update(zip(rows, map(list, encoded), strict=True))
-        return out
-
     def tokenize(formatted: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
         texts, prompts, chat = zip(*formatted["rows"], strict=True)
-        full, prompt_ids = encode(texts, chat), encode(prompts, chat)
-        input_ids, labels = [full[i] for i in range(len(texts))], []
+        special = not chat[0]  # (all records of a dataset are of one kind: check_records)
+        input_ids = [list(ids) for ids in tokenizer(list(texts), add_special_tokens=special)["input_ids"]]
+        prompt_ids = tokenizer(list(prompts), add_special_tokens=special)["input_ids"] if prompts[0] is not None else []
+        labels = []
         for i, ids in enumerate(input_ids):
-            if not chat[i] and eos is not None and (not ids or ids[-1] != eos):
+            if special and eos is not None and (not ids or ids[-1] != eos):
                 ids.append(eos)
-            n = len(os.path.commonprefix([prompt_ids[i], ids])) if i in prompt_ids else 0
+            n = len(os.path.commonprefix([prompt_ids[i], ids])) if prompt_ids else 0
             labels.append([IGNORE_INDEX] * n + ids[n:])
         return {"input_ids": input_ids, "labels": labels}
 
@@ -218,20 +204,15 @@ def warn_untrained_turns(raw: Any, tokenized: Any, collator: Any, tokenizer: Any
             "template")
 
 
-def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int, source: str, index: Sequence[int]) -> int:
+def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int) -> int:
     """Fail unless the response template occurs in one of the first ``n`` examples (untruncated); returns how many
-    of them lack it (they will be dropped). ``index``: each record's index in its file."""
-    head = dataset.select(range(min(n, len(dataset))))
-
-    def find(batch: dict[str, list[Any]]) -> dict[str, list[bool]]:
-        return {"found": collator.templates_found([{"input_ids": ids} for ids in batch["input_ids"]]).tolist()}
-
-    found = map_records(head, [("label", find)], source, index, keep_in_memory=True,
-                        remove_columns=head.column_names)["found"]
+    of them lack it (they will be dropped)."""
+    head = dataset.select(range(min(n, len(dataset))))["input_ids"]  # (ids of the tokenizer: no record fails)
+    found = collator.templates_found([{"input_ids": ids} for ids in head]).tolist()
     if not any(found):
         raise ConfigError(
             f"response_template {collator.response_template!r} was found in none of the first {len(head)} examples "
-            f"(the first one starts {tokenizer.decode(head[0]['input_ids'][:60])!r}); make it match the formatted text "
+            f"(the first one starts {tokenizer.decode(head[0][:60])!r}); make it match the formatted text "
             "exactly (spaces, newlines, case)")
     return len(found) - sum(found)
 
@@ -285,8 +266,7 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     n_check = cfg.launch.template_check_examples
     data = PreparedData(None, None, text_format, checked=min(n_check, len(tokenized["train"])))
     if response is not None:  # (prompt/completion without it: the prompt is masked already)
-        data.template_missing_in_check = check_template(tokenized["train"], collator, tokenizer, n_check,
-                                                        *where["train"])
+        data.template_missing_in_check = check_template(tokenized["train"], collator, tokenizer, n_check)
     label = _labeller(collator, training.max_length, training.truncation_mode == "keep_end")
     for name, tok in tokenized.items():
         if name == "train" and response is not None and text_format == "messages":
