@@ -86,8 +86,10 @@ def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], requ
             value, where = record[name], f"{source} record {index} (counting from 0)"
             kind = value_kind(value)
             if kind is None:
-                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
-                                  f"'content'}}), got {_json_type(value)}; fix the record")
+                got = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', 'content'}}"
+                                  f"), got {got.get(type(value), 'a list of something else than messages')}; fix the "
+                                  "record")
             first = first or (index, name, kind)
             if kind != first[2]:
                 raise ConfigError(
@@ -97,11 +99,6 @@ def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], requ
                     "and runs")
             if not value and name in required:
                 raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
-
-
-def _json_type(value: Any) -> str:
-    words = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
-    return words.get(type(value), "a list of something else than messages")
 
 
 def _load_files(key: str, pattern: str) -> Any:
@@ -239,11 +236,10 @@ def map_records(dataset: Any, steps: Sequence[Step], source: str, index: Sequenc
         out, failure = apply(batch)
         if failure is None:
             return out
-        at = positions[0]  # (when only the whole batch fails)
+        at = positions[0]  # (the batch's failure, where no record fails alone)
         for j, position in enumerate(positions):
-            _, alone = apply({key: values[j : j + 1] for key, values in batch.items()})
-            if alone is not None:
-                failure, at = alone, position
+            if (alone := apply({key: values[j : j + 1] for key, values in batch.items()})[1]) is not None:
+                at, failure = position, alone
                 break
         raise record_error(source, at if index is None else index[at], *failure, template)
 

@@ -1,7 +1,6 @@
 """SFT data for ``trl-padfree train`` and ``preview`` (:func:`prepare_data`), prepared once and handed to
 ``SFTTrainer`` final: records checked, made text, tokenized with the prompt masked (``messages`` without templates:
-labels from the chat template), then truncated and labelled by the run's collator; a record that fails is one line
-naming it (:func:`~..data.record_error`), examples left without a trained token are dropped and counted.
+labels from the chat template), truncated and labelled by the run's collator, examples without a trained token dropped.
 """
 
 from __future__ import annotations
@@ -30,8 +29,6 @@ def _collator(cfg: LaunchConfig, tokenizer: Any, response_template: str | None, 
     from trl_padfree.collator import DataCollatorForCompletionOnlyLM
 
     instruction = cfg.training.instruction_template if response_template is not None else None
-    if instruction is not None and len(instruction) == 1:
-        instruction = instruction[0]
     try:  # (pad_to_multiple_of: padded and padding-free alike, the padding a segment of its own)
         return DataCollatorForCompletionOnlyLM(response_template, instruction, tokenizer=tokenizer,
                                                padding_free=padding_free, on_template_not_found="ignore",
@@ -57,9 +54,7 @@ class PreparedData(Records):
 def check_records(dataset: Any, source: str, template: str | None, text_field: str, response: str | None) -> None:
     """Refuse, naming the record: a null or missing field of the format (it would be trained as the text ``None``),
     an empty completion (with ``template``: a field after ``response``), a chat that leaves no assistant reply to
-    train, a bare ``{field}`` of ``template`` holding lists or mappings (trained as their Python text),
-
-    ``prompt`` / ``completion`` records of two kinds (text and chat messages)."""
+    train, prompt/completion records of both kinds, a bare ``{field}`` of ``template`` holding lists or mappings."""
     columns = dataset.column_names
     if template is not None:  # (a valid format string: prepare_data checked it)
         fields = [f for f in template_fields(template) if f in columns]
@@ -127,7 +122,6 @@ _NO_CHAT_TEMPLATE = ("the data has messages but the tokenizer has no chat templa
 def make_formatter(columns: Sequence[str], template: str | None, text_field: str, tokenizer: Any) -> tuple[str, Formatter]:
     """How records become text, ``(format_name, formatter)``: ``template`` if set; else the ``text_field`` column;
     else ``prompt`` + ``completion``; else ``messages`` (the tokenizer's chat template)."""
-    columns = list(columns)
 
     def chat_text(messages: Any, add_generation_prompt: bool = False) -> str:
         if not getattr(tokenizer, "chat_template", None):
