@@ -5,6 +5,7 @@ labels from the chat template), truncated and labelled by the run's collator, ex
 
 from __future__ import annotations
 
+import contextlib
 import os
 import string
 import warnings
@@ -177,37 +178,32 @@ def _tokenize(tokenizer: Any, formatter: Formatter) -> list[Step]:
     return [("format", format_texts), ("tokenize", tokenize)]
 
 
-def warn_untrained_turns(raw: Any, tokenized: Any, collator: Any, tokenizer: Any, n: int) -> None:
-    """One line when the templates (``collator``) leave assistant turns of the first ``n`` untruncated examples
-    untrained (none when the chat template cannot be analysed turn by turn); ``raw``: the same records as loaded."""
+def check_templates(tokenized: Any, collator: Any, tokenizer: Any, n: int, chats: Any = None) -> int:
+    """Fail unless the response template occurs in one of the first ``n`` examples (untruncated); returns how many
+    of them lack it (they will be dropped). ``chats``: the ``messages`` records as loaded, if they are, to say in one
+    line when the templates leave assistant turns untrained (not when the chat template cannot be analysed)."""
     from ...chat_masks import untrained_assistant_turns
 
-    count = min(n, len(raw))
-    try:
-        ids = [list(x) for x in tokenized.select(range(count))["input_ids"]]
-        out = collator([{"input_ids": x} for x in ids])
-        flat, cu = out["labels"].reshape(-1).tolist(), out["cu_seq_lens_q"].tolist()
-        missing = [untrained_assistant_turns(tokenizer, messages, x, flat[cu[k] : cu[k + 1]])
-                   for k, (messages, x) in enumerate(zip(raw.select(range(count))["messages"], ids, strict=True))]
-    except Exception:  # noqa: BLE001  (no turn-by-turn analysis, no warning; a record's errors came up in tokenizing)
-        return
-    if any(missing):
-        say(f"warning: in {sum(map(bool, missing))} of the first {count} examples, {sum(missing)} assistant turn(s) "
-            "get no trained token from response_template/instruction_template (without instruction_template only "
-            "the last assistant turn is trained); leave both unset to train every assistant turn from the chat "
-            "template")
-
-
-def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int) -> int:
-    """Fail unless the response template occurs in one of the first ``n`` examples (untruncated); returns how many
-    of them lack it (they will be dropped)."""
-    head = dataset.select(range(min(n, len(dataset))))["input_ids"]  # (ids of the tokenizer: no record fails)
-    found = collator.templates_found([{"input_ids": ids} for ids in head]).tolist()
+    head = [list(ids) for ids in tokenized.select(range(min(n, len(tokenized))))["input_ids"]]
+    found = collator.templates_found([{"input_ids": ids} for ids in head]).tolist()  # (the tokenizer's ids: no error)
     if not any(found):
         raise ConfigError(
             f"response_template {collator.response_template!r} was found in none of the first {len(head)} examples "
             f"(the first one starts {tokenizer.decode(head[0][:60])!r}); make it match the formatted text "
             "exactly (spaces, newlines, case)")
+    missing: list[int] = []
+    with contextlib.suppress(Exception):  # (no turn-by-turn analysis, no warning; a record's errors came up before)
+        if chats is not None:
+            out = collator([{"input_ids": ids} for ids in head])
+            flat, cu = out["labels"].reshape(-1).tolist(), out["cu_seq_lens_q"].tolist()
+            chat_head = chats.select(range(len(head)))["messages"]
+            missing = [untrained_assistant_turns(tokenizer, messages, head[k], flat[cu[k] : cu[k + 1]])
+                       for k, messages in enumerate(chat_head)]
+    if any(missing):
+        say(f"warning: in {sum(map(bool, missing))} of the first {len(head)} examples, {sum(missing)} assistant "
+            "turn(s) get no trained token from response_template/instruction_template (without instruction_template "
+            "only the last assistant turn is trained); leave both unset to train every assistant turn from the chat "
+            "template")
     return len(found) - sum(found)
 
 
@@ -260,11 +256,10 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     n_check = cfg.launch.template_check_examples
     data = PreparedData(None, None, text_format, checked=min(n_check, len(tokenized["train"])))
     if response is not None:  # (prompt/completion without it: the prompt is masked already)
-        data.template_missing_in_check = check_template(tokenized["train"], collator, tokenizer, n_check)
+        chats = raw["train"] if text_format == "messages" else None
+        data.template_missing_in_check = check_templates(tokenized["train"], collator, tokenizer, n_check, chats)
     label = _labeller(collator, training.max_length, training.truncation_mode == "keep_end")
     for name, tok in tokenized.items():
-        if name == "train" and response is not None and text_format == "messages":
-            warn_untrained_turns(raw["train"], tok, collator, tokenizer, n_check)
         labelled = map_records(tok, [("label", label)], *where[name], desc=f"Labelling {name} data")
         kept = labelled.filter(lambda flags: flags, input_columns="trained", batched=True,
                                desc=f"Filtering {name} data").remove_columns("trained")
