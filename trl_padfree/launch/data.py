@@ -14,7 +14,7 @@ from typing import Any
 from .config import ConfigError, LaunchArguments
 from .console import one_line
 
-__all__ = ["DATA_EXTENSIONS", "Step", "check_data_files", "check_kinds", "data_builder", "load_splits", "map_records",
+__all__ = ["DATA_EXTENSIONS", "check_data_files", "check_kinds", "data_builder", "load_splits", "map_records",
            "record_error", "value_kind"]
 
 #: Local data formats and the ``datasets`` builder that reads each.
@@ -39,8 +39,6 @@ def data_builder(path: str) -> str:
 def check_data_files(key: str, pattern: str) -> None:
     """Refuse directories, empty files and binary files posing as text, naming the file (``datasets``' own errors on
     them name neither; on a file that is no Parquet it is clear: :func:`_load_files` makes it one line)."""
-    import codecs
-
     for path in sorted(glob.glob(os.path.expanduser(pattern))):
         ext = os.path.splitext(path)[1].lower()
         if os.path.isdir(path):
@@ -53,14 +51,13 @@ def check_data_files(key: str, pattern: str) -> None:
         except OSError as exc:
             raise ConfigError(f"cannot read {key} file {path!r}: {exc.strerror or exc}") from None
         if not more and not head.strip():
-            white = ", all whitespace" if head else ""
-            raise ConfigError(f"{key} file {path!r} is empty ({len(head)} bytes{white}): it holds no records")
+            raise ConfigError(f"{key} file {path!r} is empty ({len(head)} bytes{', all whitespace' if head else ''}): "
+                              "it holds no records")
         if ext == ".parquet":
             continue
-        bad = head.find(b"\x00")
         try:
-            if bad < 0:
-                codecs.getincrementaldecoder("utf-8")().decode(head, final=not more)
+            if (bad := head.find(b"\x00")) < 0:
+                head[: -3 if more else None].decode("utf-8")  # (a character cut at the end of the head is no error)
         except UnicodeDecodeError as exc:
             bad = exc.start
         if bad >= 0:
@@ -215,14 +212,10 @@ def record_error(source: str, index: int, stage: str, error: BaseException, temp
     return ConfigError(f"{source} record {index} (counting from 0): {what}")
 
 
-#: a step of :func:`map_records`: its stage (see :func:`record_error`) and a function of a batch of records
-Step = tuple[str, Callable[[dict[str, list[Any]]], dict[str, list[Any]]]]
-
-
-def map_records(dataset: Any, steps: Sequence[Step], source: str, index: Sequence[int] | None = None,
+def map_records(dataset: Any, steps: Sequence[tuple[str, Callable]], source: str, index: Sequence[int],
                 template: str | None = None, **map_kwargs: Any) -> Any:
-    """``dataset.map`` of ``steps`` in turn, in batches; the first record a step fails on is :func:`record_error`
-    (a failing batch is tried record by record). ``index``: each record's index in its file (default: its position)."""
+    """``dataset.map`` of ``steps`` (``(stage, function of a batch)``, :func:`record_error`'s stages) in turn, in
+    batches; the first record a step fails on is :func:`record_error` (``index``: each record's index in its file)."""
 
     def apply(batch: dict[str, list[Any]]) -> tuple[Any, tuple[str, Exception] | None]:
         for stage, fn in steps:
@@ -241,6 +234,6 @@ def map_records(dataset: Any, steps: Sequence[Step], source: str, index: Sequenc
             if (alone := apply({key: values[j : j + 1] for key, values in batch.items()})[1]) is not None:
                 at, failure = position, alone
                 break
-        raise record_error(source, at if index is None else index[at], *failure, template)
+        raise record_error(source, index[at], *failure, template)
 
     return dataset.map(per_batch, batched=True, batch_size=256, with_indices=True, **map_kwargs)

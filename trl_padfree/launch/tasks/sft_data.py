@@ -18,7 +18,7 @@ import numpy as np
 
 from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
-from ..data import Step, check_kinds, load_splits, map_records
+from ..data import check_kinds, load_splits, map_records
 from ..steps import Records
 
 __all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"]
@@ -154,7 +154,7 @@ def make_formatter(columns: Sequence[str], template: str | None, text_field: str
     )
 
 
-def _tokenize(tokenizer: Any, formatter: Formatter) -> list[Step]:
+def _tokenize(tokenizer: Any, formatter: Formatter) -> list[tuple[str, Callable]]:
     """:func:`~..data.map_records`' steps from records to ``input_ids`` + ``labels`` (the prompt masked). Plain text
     gets the tokenizer's special tokens and an EOS at the end (as TRL does); a chat template's text has them."""
     eos = tokenizer.eos_token_id
