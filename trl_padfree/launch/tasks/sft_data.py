@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import string
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -165,8 +164,9 @@ def _tokenize(tokenizer: Any, formatter: Formatter) -> list[tuple[str, Callable]
     def tokenize(formatted: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
         texts, prompts, chat = zip(*formatted["rows"], strict=True)
         special = not chat[0]  # (all records of a dataset are of one kind: check_records)
-        input_ids = [list(ids) for ids in tokenizer(list(texts), add_special_tokens=special)["input_ids"]]
-        prompt_ids = tokenizer(list(prompts), add_special_tokens=special)["input_ids"] if prompts[0] is not None else []
+        encode = partial(tokenizer, add_special_tokens=special, verbose=False)  # (no warning of long texts: we truncate)
+        input_ids = [list(ids) for ids in encode(list(texts))["input_ids"]]
+        prompt_ids = encode(list(prompts))["input_ids"] if prompts[0] is not None else []
         labels = []
         for i, ids in enumerate(input_ids):
             if special and eos is not None and (not ids or ids[-1] != eos):
@@ -248,11 +248,9 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
         raise ConfigError(f"the eval data lacks field(s) {', '.join(missing)} that the training data has")
     chat = text_format == "messages" and response is None  # labels from the chat template, every assistant turn
     steps = [("format", partial(label_chats, tokenizer=tokenizer))] if chat else _tokenize(tokenizer, formatter)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
-        tokenized = {name: map_records(split, steps, *where[name], template=None if chat else template,
-                                       remove_columns=split.column_names, desc=f"Tokenizing {name} data")
-                     .select_columns(["input_ids", "labels"]) for name, split in raw.items() if split is not None}
+    tokenized = {name: map_records(split, steps, *where[name], template=None if chat else template,
+                                   remove_columns=split.column_names, desc=f"Tokenizing {name} data")
+                 .select_columns(["input_ids", "labels"]) for name, split in raw.items() if split is not None}
     n_check = cfg.launch.template_check_examples
     data = PreparedData(None, None, text_format, checked=min(n_check, len(tokenized["train"])))
     if response is not None:  # (prompt/completion without it: the prompt is masked already)
