@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import string
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -81,18 +81,25 @@ def check_records(dataset: Any, source: str, template: str | None, text_field: s
                     "but never trained)", "end the record with the assistant's reply or drop the last turn")
         return None
 
-    records = [dict(zip(fields, values, strict=True)) for values in zip(*(dataset[f] for f in fields), strict=True)]
-    if bad := [(index, what) for index, record in enumerate(records) if (what := problem(record))]:
+    def records() -> Iterator[dict[str, Any]]:  # (in batches: a large dataset is not held as Python objects)
+        for batch in dataset.select_columns(fields).iter(batch_size=4096):
+            yield from ({f: batch[f][k] for f in fields} for k in range(len(batch[fields[0]])))
+
+    bare = {name for _, name, _, _ in string.Formatter().parse(template or "") if name and name.isidentifier()}
+    bad, nested = [], set()  # ({field[0]} / {field.key} pick an element of a field's lists or mappings, and are fine)
+    for index, record in enumerate(records() if fields else []):
+        if what := problem(record):
+            bad.append((index, what))
+        nested |= {name for name in bare & record.keys() if isinstance(record[name], (list, dict))}
+    if bad:
         (index, (what, fix)), more = bad[0], f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
         raise ConfigError(f"{source} record {index} (counting from 0): {what}{more}; {fix}")
     if template is None and fields == ["prompt", "completion"]:  # all text, or all chat messages (as TRL's)
-        check_kinds(records, source, fields)
-    bare = {name for _, name, _, _ in string.Formatter().parse(template or "") if name and name.isidentifier()}
-    for name in sorted(bare & set(columns)):  # ({field[0]} / {field.key} pick an element and are fine)
-        if any(isinstance(value, (list, dict)) for value in dataset[name]):
-            raise ConfigError(
-                f"{source}: template field {{{name}}} holds lists or mappings, which would be trained as their Python "
-                f"text; pick an element ({{{name}[0]}}, {{{name}.key}}) or make {name!r} text")
+        check_kinds(records(), source, fields)
+    if nested:
+        name = sorted(nested)[0]
+        raise ConfigError(f"{source}: template field {{{name}}} holds lists or mappings, which would be trained as "
+                          f"their Python text; pick an element ({{{name}[0]}}, {{{name}.key}}) or make {name!r} text")
 
 
 def template_fields(template: str) -> list[str]:
