@@ -25,21 +25,19 @@ __all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"
 IGNORE_INDEX = -100
 
 
-def _collator(cfg: LaunchConfig, tokenizer: Any, response_template: str | None, padding_free: bool) -> Any:
+def training_collator(cfg: LaunchConfig, tokenizer: Any, labelling: bool = False) -> Any:
+    """``SFTTrainer``'s collator: the labels of :func:`prepare_data` as they are, batches flattened (or padded);
+    ``labelling``: the padding-free one with the run's templates that makes those labels."""
     from trl_padfree.collator import DataCollatorForCompletionOnlyLM
 
-    instruction = cfg.training.instruction_template if response_template is not None else None
+    response = cfg.training.response_template if labelling else None
+    instruction = cfg.training.instruction_template if response is not None else None
     try:  # (pad_to_multiple_of: padded and padding-free alike, the padding a segment of its own)
-        return DataCollatorForCompletionOnlyLM(response_template, instruction, tokenizer=tokenizer,
-                                               padding_free=padding_free, on_template_not_found="ignore",
+        return DataCollatorForCompletionOnlyLM(response, instruction, tokenizer=tokenizer, on_template_not_found="ignore",
+                                               padding_free=labelling or cfg.padding_free,
                                                pad_to_multiple_of=cfg.training.pad_to_multiple_of)
     except ValueError as exc:
         raise ConfigError(f"collator settings rejected: {one_line(exc)}") from None
-
-
-def training_collator(cfg: LaunchConfig, tokenizer: Any) -> Any:
-    """``SFTTrainer``'s collator: the labels of :func:`prepare_data` as they are, batches flattened (or padded)."""
-    return _collator(cfg, tokenizer, None, padding_free=cfg.padding_free)
 
 
 @dataclass
@@ -240,7 +238,7 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     if template is not None:
         template_fields(template)  # a template that is not a format string: refused before any data is read
     if collator is None:  # the run's collator with its templates labels the records once, here
-        collator = _collator(cfg, tokenizer, response, padding_free=True)
+        collator = training_collator(cfg, tokenizer, labelling=True)
     where: dict[str, tuple[str, Sequence[int]]] = {}  # each split's source and its records' indices in the files
     check = partial(check_records, template=template, text_field=text_field, response=response)
     raw = dict(zip(("train", "eval"), load_splits(cfg.launch, training.seed, check, where), strict=True))
