@@ -22,17 +22,21 @@ def trained_text(tokenizer, example: dict) -> str:
 QA = [{"instruction": f"Copy the text exactly: cat {i}", "output": f"cat {i}"} for i in range(10)]
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "csv", "parquet", "json"])
-def test_template_format_labels_only_the_answer(demo_tokenizer, tmp_path, fmt):
+@pytest.mark.parametrize(("fmt", "text_format", "row"), [
+    *[(fmt, "template", dict) for fmt in ("jsonl", "csv", "parquet", "json")],
+    ("jsonl", "prompt+completion",
+     lambda r: {"prompt": f"### Question: {r['instruction']}\n### Answer:", "completion": " " + r["output"]}),
+    ("jsonl", "text", lambda r: {"text": f"### Question: {r['instruction']}\n### Answer: {r['output']}"}),
+])  # fmt: skip
+def test_each_format_labels_only_the_answer(demo_tokenizer, tmp_path, fmt, text_format, row):
     from datasets import Dataset
 
     train = tmp_path / f"train.{fmt}"
-    getattr(Dataset.from_list(QA), f"to_{fmt.replace('jsonl', 'json')}")(str(train))
-    _, data = prepare(demo_tokenizer, [
-        "--train_file", str(train), "--template", "### Question: {instruction}\n### Answer: {output}",
-        "--response_template", "### Answer:", "--eval_fraction", "0.2", "--seed", "0",
-    ])  # fmt: skip
-    assert data.text_format == "template"
+    getattr(Dataset.from_list([row(r) for r in QA]), f"to_{fmt.replace('jsonl', 'json')}")(str(train))
+    template = ["--template", "### Question: {instruction}\n### Answer: {output}"] if text_format == "template" else []
+    _, data = prepare(demo_tokenizer, ["--train_file", str(train), *template, "--response_template", "### Answer:",
+                                       "--eval_fraction", "0.2", "--seed", "0"])
+    assert data.text_format == text_format
     assert (len(data.train), len(data.eval)) == (8, 2)
     assert data.train.column_names == ["input_ids", "labels"]
     example = data.train[0]
@@ -40,18 +44,6 @@ def test_template_format_labels_only_the_answer(demo_tokenizer, tmp_path, fmt):
     assert text.startswith("### Question: Copy the text exactly: cat ") and text.endswith(demo_tokenizer.eos_token)
     number = text.split("cat ")[1].split("\n")[0]
     assert trained_text(demo_tokenizer, example) == f" cat {number}{demo_tokenizer.eos_token}"
-
-
-@pytest.mark.parametrize(("text_format", "row"), [
-    ("prompt+completion",
-     lambda r: {"prompt": f"### Question: {r['instruction']}\n### Answer:", "completion": " " + r["output"]}),
-    ("text", lambda r: {"text": f"### Question: {r['instruction']}\n### Answer: {r['output']}"}),
-])
-def test_prompt_completion_and_text_formats(demo_tokenizer, tmp_path, text_format, row):
-    train = write_jsonl(tmp_path / "train.jsonl", [row(r) for r in QA])
-    _, data = prepare(demo_tokenizer, ["--train_file", str(train), "--response_template", "### Answer:"])
-    assert data.text_format == text_format
-    assert trained_text(demo_tokenizer, data.train[3]) == f" cat 3{demo_tokenizer.eos_token}"
 
 
 def test_messages_format_trains_every_assistant_turn(demo_tokenizer, tmp_path):
@@ -94,13 +86,3 @@ def test_truncation_drops_examples_without_trained_tokens(demo_tokenizer, tmp_pa
     assert data.dropped == {"train": 1} and data.loaded == {"train": 6}
     assert len(data.train) == 5
     assert max(len(x) for x in data.train["input_ids"]) <= 32
-
-
-@pytest.mark.parametrize(("extra", "message"), [
-    ([], r"^cannot tell how to turn the data's fields \(instruction, output\) into text"),
-    (["--template", "{} and {instruction}"], "^template fields must be named"),
-])  # fmt: skip
-def test_records_that_cannot_become_text_are_refused(demo_tokenizer, tmp_path, extra, message):
-    train = write_jsonl(tmp_path / "train.jsonl", QA)
-    with pytest.raises(ConfigError, match=message):
-        prepare(demo_tokenizer, ["--train_file", str(train), "--response_template", "### Answer:", *extra])

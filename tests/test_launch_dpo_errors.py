@@ -26,46 +26,51 @@ def chat(pair: dict, system: bool = False) -> dict:
             "rejected": [{"role": "assistant", "content": pair["rejected"]}]}
 
 
-def write(path: Path, records: list[dict]) -> str:
-    return str(write_jsonl(path, records))
-
-
-def dpo_argv(tmp_path: Path, train_file: str, *extra: str, eval_file: str = "",
+def dpo_argv(tmp_path: Path, records: list[dict], *extra: str, evals: list[dict] = (),
              config: str = str(ROOT / "configs" / "demo-dpo.yaml")) -> list[str]:
-    return ["--config", config, "--model_name_or_path", str(DEMO_MODEL), "--train_file", train_file, "--eval_file",
-            eval_file, "--eval_strategy", "no", "--eval_on_start", "false", "--max_steps", "2",
+    """The demo DPO config for 2 steps on ``records`` (and ``evals``, loaded and checked, not evaluated)."""
+    files = [str(write_jsonl(tmp_path / f"{name}.jsonl", rows)) if rows else "" for name, rows in
+             (("t", records), ("e", evals))]
+    return ["--config", config, "--model_name_or_path", str(DEMO_MODEL), "--train_file", files[0], "--eval_file",
+            files[1], "--eval_strategy", "no", "--eval_on_start", "false", "--max_steps", "2",
             "--per_device_train_batch_size", "4", "--logging_steps", "1", "--output_dir", str(tmp_path / "out"), *extra]
 
 
-def run(tmp_path: Path, train_file: str, *extra: str, **kw: str) -> tuple[int, str, str, Path]:
-    return (*run_launch(dpo_argv(tmp_path, train_file, *extra, **kw), "dpo"), tmp_path / "out")
-
-
-def refused(tmp_path: Path, train_file: str, *extra: str, before_model: bool = True, **kw: str) -> str:
-    argv = dpo_argv(tmp_path, train_file, *extra, **kw)
+def refused(tmp_path: Path, records: list[dict], *extra: str, before_model: bool = True, **kw) -> str:
+    argv = dpo_argv(tmp_path, records, *extra, **kw)
     return assert_refused_in_one_line("dpo", argv, tmp_path / "out", before_model=before_model)
 
 
 def test_every_pair_dropped_by_truncation_is_refused_before_anything_is_written(tmp_path, pairs):
     """What TRL's DPOTrainer dropped is read from the trainer once built (``len(trainer.train_dataset)``)."""
-    line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_length", "2", before_model=False)
-    assert line == (
+    assert refused(tmp_path, pairs, "--max_length", "2", before_model=False) == (
         "train_file: all 16 training pairs would be dropped: TRL drops one whose prompt alone has max_length=2 "
         "tokens or more (no response token is left); raise max_length (or set max_length: null, no limit)"
     )
     long = [{**p, "prompt": p["prompt"] + " pad" * 60} for p in pairs[:4]]
-    line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_length", "40", before_model=False,
-                   eval_file=write(tmp_path / "e.jsonl", long))
+    line = refused(tmp_path, pairs, "--max_length", "40", before_model=False, evals=long)
     assert line.startswith("eval_file: all 4 eval pairs would be dropped: TRL drops one")
 
 
-def test_a_partial_drop_is_said_in_one_line_and_the_run_trains(tmp_path, pairs):
-    long = [{**p, "prompt": p["prompt"] + " pad" * 60} for p in pairs[:3]]
-    code, stdout, stderr, _ = run(tmp_path, write(tmp_path / "t.jsonl", long + pairs), "--max_length", "48")
+SYSTEM_TEMPLATE = (DEMO_MODEL / "chat_template.jinja").read_text(encoding="utf-8").replace(
+    "{% else %}", "{% elif message['role'] == 'system' %}### System: {{ message['content'] }}\n{% else %}")
+
+
+def test_a_partial_drop_is_one_line_and_chat_template_path_renders_the_other_splits_kind(tmp_path, pairs):
+    """One kind in each split is what TRL handles (it tokenizes each split by its own first record): text pairs to
+    train, chat pairs with a system turn (that only chat_template_path's template renders) to evaluate."""
+    (template := tmp_path / "with_system.jinja").write_text(SYSTEM_TEMPLATE, encoding="utf-8")
+    long, evals = [{**p, "prompt": p["prompt"] + " pad" * 60} for p in pairs[:3]], [chat(p, system=True) for p in pairs]
+    assert refused(tmp_path, pairs, evals=evals).startswith("eval_file record 0 (counting from 0): the chat template "
+                                                            "cannot render it (TemplateError: ")
+    argv = dpo_argv(tmp_path, long + pairs, "--max_length", "48", "--chat_template_path", str(template), evals=evals)
+    code, stdout, stderr = run_launch(argv, "dpo")
     assert code == 0, stderr[-2000:]
     assert ("dropped 3 of 19 train pairs whose prompt alone has max_length=48 tokens or more (no response token is "
             "left; TRL drops them)") in stdout
     assert "Token indices sequence length is longer" not in stdout + stderr
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert (tmp_path / "out" / "chat_template.jinja").read_text(encoding="utf-8") == SYSTEM_TEMPLATE
 
 
 @pytest.mark.parametrize("flag, value, expected", [
@@ -78,66 +83,38 @@ def test_a_partial_drop_is_said_in_one_line_and_the_run_trains(tmp_path, pairs):
     ("completion_only_loss", "true", SFT_LINE),
 ])
 def test_a_bad_or_sft_only_setting_is_one_line(tmp_path, pairs, flag, value, expected):
-    data = write(tmp_path / "t.jsonl", pairs)
-    assert expected in refused(tmp_path, data, f"--{flag}", value)
+    assert expected in refused(tmp_path, pairs, f"--{flag}", value)
     config = tmp_path / "c.yaml"  # the same in a config file
     config.write_text((ROOT / "configs" / "demo-dpo.yaml").read_text() + f"\n{flag}: {value!r}\n")
-    assert expected in refused(tmp_path, data, config=str(config))
+    assert expected in refused(tmp_path, pairs, config=str(config))
 
 
-SYSTEM_TEMPLATE = (DEMO_MODEL / "chat_template.jinja").read_text(encoding="utf-8").replace(
-    "{% else %}", "{% elif message['role'] == 'system' %}### System: {{ message['content'] }}\n{% else %}")
+MIX = (": the data mixes plain-text and conversational records, which TRL tokenizes differently (a chat template, "
+       "EOS); use one kind: convert the records of one kind, or put them in separate files and runs")
+TYPE = "must be a string or a list of chat messages ({'role', 'content'}), got "
 
 
-def test_a_turn_the_chat_template_cannot_render_is_one_line_naming_the_record(tmp_path, pairs):
-    records = [chat(p) for p in pairs[:5]] + [chat(p, system=True) for p in pairs[5:]]
-    line = refused(tmp_path, write(tmp_path / "t.jsonl", records))
-    assert line == (
-        "train_file record 5 (counting from 0): the chat template cannot render it (TemplateError: The demo chat "
-        "template supports only user and assistant roles, got system); change the record to what the template "
-        "accepts, or set chat_template_path to a template that accepts it"
-    )
-
-
-def test_chat_template_path_replaces_the_template_in_a_dpo_run(tmp_path, pairs):
-    template = tmp_path / "with_system.jinja"
-    template.write_text(SYSTEM_TEMPLATE, encoding="utf-8")
-    records = [chat(p, system=True) for p in pairs]
-    code, stdout, stderr, out = run(tmp_path, write(tmp_path / "t.jsonl", records), "--chat_template_path",
-                                    str(template))
-    assert code == 0, stderr[-2000:]
-    assert "(format: conversational)" in stdout and (out / "model.safetensors").is_file()
-    assert (out / "chat_template.jinja").read_text(encoding="utf-8") == SYSTEM_TEMPLATE
-
-
-def test_plain_and_conversational_records_mixed_are_refused_naming_the_mix(tmp_path, pairs):
-    line = refused(tmp_path, write(tmp_path / "t.jsonl", pairs[:8] + [chat(p) for p in pairs[8:]]))
-    assert line.startswith("train_file record 8 (counting from 0): 'prompt' is chat messages (conversational), but "
-                           "in record 0 it is plain text: the data mixes plain-text and conversational records")
-    assert line.endswith("use one kind: convert the records of one kind, or put them in separate files and runs")
-    line = refused(tmp_path, write(tmp_path / "t.jsonl", [chat(p) for p in pairs[:3]] + pairs[3:]))
-    assert line.startswith("train_file record 3 (counting from 0): 'prompt' is plain text, but in record 0 it is "
-                           "chat messages (conversational): the data mixes plain-text and conversational records")
-
-
-def test_a_mix_inside_one_record_is_refused_and_one_kind_per_split_trains(tmp_path, pairs):
-    one = [*pairs[:2], {**pairs[2], "chosen": [{"role": "assistant", "content": " 47"}]}]
-    line = refused(tmp_path, write(tmp_path / "t.jsonl", one))
-    assert line.startswith("train_file record 2 (counting from 0): 'chosen' is chat messages (conversational), but "
-                           "in record 0 it is plain text: the data mixes")
-    # one kind in each split is what TRL handles (it tokenizes each split by its own first record): no refusal
-    code, _, stderr, _ = run(tmp_path, write(tmp_path / "t.jsonl", pairs), "--max_steps", "1",
-                             eval_file=write(tmp_path / "e.jsonl", [chat(p) for p in pairs[:4]]))
-    assert code == 0, stderr[-2000:]
-
-
-def test_a_record_of_another_type_counts_from_0(tmp_path, pairs):
-    line = refused(tmp_path, write(tmp_path / "t.jsonl", [*pairs[:2], {**pairs[2], "chosen": {"text": "x"}}]))
-    assert line == ("train_file record 2 (counting from 0): 'chosen' must be a string or a list of chat messages "
-                    "({'role', 'content'}), got an object; fix the record")
-    line = refused(tmp_path, write(tmp_path / "t.jsonl", [*pairs[:2], {**pairs[2], "rejected": 47}]))
-    assert line.startswith("train_file record 2 (counting from 0): 'rejected' must be a string or a list of chat "
-                           "messages ({'role', 'content'}), got a number")
+@pytest.mark.parametrize(("records", "expected"), [
+    (lambda p: [chat(x) for x in p[:5]] + [chat(x, system=True) for x in p[5:]],
+     "record 5 (counting from 0): the chat template cannot render it (TemplateError: The demo chat template supports "
+     "only user and assistant roles, got system); change the record to what the template accepts, or set "
+     "chat_template_path to a template that accepts it"),
+    (lambda p: p[:8] + [chat(x) for x in p[8:]],
+     "record 8 (counting from 0): 'prompt' is chat messages (conversational), but in record 0 'prompt' is plain text"
+     + MIX),
+    (lambda p: [chat(x) for x in p[:3]] + p[3:],
+     "record 3 (counting from 0): 'prompt' is plain text, but in record 0 'prompt' is chat messages (conversational)"
+     + MIX),
+    (lambda p: [*p[:2], {**p[2], "chosen": [{"role": "assistant", "content": " 47"}]}],
+     "record 2 (counting from 0): 'chosen' is chat messages (conversational), but in record 0 'prompt' is plain text"
+     + MIX),
+    (lambda p: [*p[:2], {**p[2], "chosen": {"text": "x"}}], f"record 2 (counting from 0): 'chosen' {TYPE}an object; "
+                                                            "fix the record"),
+    (lambda p: [*p[:2], {**p[2], "rejected": 47}], f"record 2 (counting from 0): 'rejected' {TYPE}a number; fix the "
+                                                   "record"),
+])  # fmt: skip
+def test_a_bad_record_is_one_line_naming_it_and_the_fix(tmp_path, pairs, records, expected):
+    assert refused(tmp_path, records(pairs)) == f"train_file {expected}"
 
 
 @pytest.fixture(scope="module")

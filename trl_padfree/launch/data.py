@@ -1,24 +1,26 @@
-"""The records of every launch task: :func:`load_splits` (local files or ``dataset_name``, an ``eval_fraction`` held
-out with the run's seed) and :func:`map_records`, a ``datasets.map`` whose failure on a record is one
-:class:`~.config.ConfigError` line naming the split, the record's index in file order and the fix
-(:func:`record_error`). What each task does with the records: :mod:`.tasks.sft_data`, :mod:`.tasks.preference_data`.
+"""The records of every launch task: :func:`load_splits` (local files or ``dataset_name``, ``eval_fraction`` held out
+with the run's seed) and :func:`map_records`, a ``datasets.map`` whose failure on a record is one line naming the split,
+the record's index in its file and the fix (:func:`record_error`).
 """
 
 from __future__ import annotations
 
 import glob
 import os
-from collections.abc import Callable, Sequence
+import traceback
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .config import ConfigError, LaunchArguments
 from .console import one_line
 
-__all__ = ["DATA_EXTENSIONS", "Step", "check_data_files", "data_builder", "load_splits", "map_records", "record_error"]
+__all__ = ["DATA_EXTENSIONS", "check_data_files", "check_kinds", "data_builder", "load_splits", "map_records",
+           "record_error", "value_kind"]
 
 #: Local data formats and the ``datasets`` builder that reads each.
 DATA_EXTENSIONS: dict[str, str] = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
 _FORMAT_WORDS = {".jsonl": "JSON Lines (one JSON object per line)", ".json": "JSON", ".csv": "CSV"}
+_KINDS = {"text": "plain text", "messages": "chat messages (conversational)"}
 
 
 def data_builder(path: str) -> str:
@@ -35,18 +37,8 @@ def data_builder(path: str) -> str:
 
 
 def check_data_files(key: str, pattern: str) -> None:
-    """Refuse directories, empty files and binary files posing as text, naming the file (``datasets``' own error on
-    a file that is no Parquet is clear: :func:`_load_files` makes it one line).
-
-    >>> import tempfile, os
-    >>> path = os.path.join(tempfile.mkdtemp(), "train.jsonl")
-    >>> with open(path, "wb") as f: _ = f.write(b"\\x00\\x01")
-    >>> try: check_data_files("train_file", path)
-    ... except ConfigError as exc: print(str(exc).split(": ", 1)[1])
-    expected JSON Lines (one JSON object per line) in UTF-8
-    """
-    import codecs
-
+    """Refuse directories, empty files and binary files posing as text, naming the file (``datasets``' own errors on
+    them name neither; on a file that is no Parquet it is clear: :func:`_load_files` makes it one line)."""
     for path in sorted(glob.glob(os.path.expanduser(pattern))):
         ext = os.path.splitext(path)[1].lower()
         if os.path.isdir(path):
@@ -59,19 +51,51 @@ def check_data_files(key: str, pattern: str) -> None:
         except OSError as exc:
             raise ConfigError(f"cannot read {key} file {path!r}: {exc.strerror or exc}") from None
         if not more and not head.strip():
-            white = ", all whitespace" if head else ""
-            raise ConfigError(f"{key} file {path!r} is empty ({len(head)} bytes{white}): it holds no records")
+            raise ConfigError(f"{key} file {path!r} is empty ({len(head)} bytes{', all whitespace' if head else ''}): "
+                              "it holds no records")
         if ext == ".parquet":
             continue
-        bad = head.find(b"\x00")
         try:
-            if bad < 0:
-                codecs.getincrementaldecoder("utf-8")().decode(head, final=not more)
+            if (bad := head.find(b"\x00")) < 0:
+                head[: -3 if more else None].decode("utf-8")  # (a character cut at the end of the head is no error)
         except UnicodeDecodeError as exc:
             bad = exc.start
         if bad >= 0:
             raise ConfigError(f"{key} file {path!r} is not text (byte 0x{head[bad]:02x} at offset {bad}): expected "
                               f"{_FORMAT_WORDS.get(ext, 'text')} in UTF-8")
+
+
+def value_kind(value: Any) -> str | None:
+    """``"text"``, ``"messages"`` (a list of ``{"role", "content"}`` dicts) or None (anything else)."""
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
+        return "messages"
+    return None
+
+
+def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], required: Sequence[str] = ()) -> None:
+    """Every record's ``fields`` (those it has) a string or a list of chat messages, all of one kind, the
+    ``required`` ones not empty; else a :class:`ConfigError` naming the record and the fix."""
+    first: tuple[int, str, str] | None = None  # (record, field, kind) of the first value
+    for index, record in enumerate(records):
+        for name in [name for name in fields if isinstance(record, dict) and name in record]:
+            value, where = record[name], f"{source} record {index} (counting from 0)"
+            kind = value_kind(value)
+            if kind is None:
+                got = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
+                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', 'content'}}"
+                                  f"), got {got.get(type(value), 'a list of something else than messages')}; fix the "
+                                  "record")
+            first = first or (index, name, kind)
+            if kind != first[2]:
+                raise ConfigError(
+                    f"{where}: {name!r} is {_KINDS[kind]}, but in record {first[0]} {first[1]!r} is {_KINDS[first[2]]}"
+                    ": the data mixes plain-text and conversational records, which TRL tokenizes differently (a chat "
+                    "template, EOS); use one kind: convert the records of one kind, or put them in separate files "
+                    "and runs")
+            if not value and name in required:
+                raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
 
 
 def _load_files(key: str, pattern: str) -> Any:
@@ -138,18 +162,16 @@ def load_splits(data: LaunchArguments, seed: int, check: Callable[[Any, str], No
         loaded.append((_load_files("eval_file", data.eval_file), "eval_file"))
     for dataset, source in loaded:
         check(dataset, source)
-    picked = {"train": loaded[0], "eval": loaded[-1]} if len(loaded) > 1 else {"train": loaded[0]}
-    chosen = {name: (dataset, source, range(len(dataset))) for name, (dataset, source) in picked.items()}
+    chosen = {name: (*loaded[i], range(len(loaded[i][0]))) for name, i in (("train", 0), ("eval", -1))[: len(loaded)]}
     if data.eval_fraction is not None:  # held out by index, so that each record keeps its index in the file
         dataset, source, rows = chosen["train"]
         if len(rows) < 2:
             raise ConfigError(f"eval_fraction needs at least 2 training records, the data has {len(rows)}")
         parts = Dataset.from_dict({"row": list(rows)}).train_test_split(test_size=data.eval_fraction, seed=seed)
-        chosen = {name: (dataset, source, list(parts[part]["row"])) for name, part in (("train", "train"),
-                                                                                       ("eval", "test"))}
+        chosen = {name: (dataset, source, parts[part]["row"]) for name, part in (("train", "train"), ("eval", "test"))}
     out: dict[str, Any] = {"eval": None}
     for name, (dataset, source, rows) in chosen.items():
-        rows = rows[: data.max_train_examples if name == "train" else data.max_eval_examples]
+        rows = list(rows)[: data.max_train_examples if name == "train" else data.max_eval_examples]
         if not rows:
             raise ConfigError(f"the {'training' if name == 'train' else 'eval'} data has no records")
         out[name] = dataset.select(rows)
@@ -158,37 +180,28 @@ def load_splits(data: LaunchArguments, seed: int, check: Callable[[Any, str], No
     return out["train"], out["eval"]
 
 
-def _raised_in_a_template(error: BaseException) -> bool:
-    """Whether ``error`` comes from a chat template: a jinja error, or any exception raised by template code."""
-    from jinja2.exceptions import TemplateError
-
-    tb = error.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != "<template>":  # jinja's compiled template code
-        tb = tb.tb_next
-    return isinstance(error, TemplateError) or tb is not None
-
-
 def record_error(source: str, index: int, stage: str, error: BaseException, template: str | None = None) -> ConfigError:
-    """The one-line error for a record that cannot be prepared: the split, the record's index, the cause, the fix.
-
-    ``stage`` says what failed on it: ``format`` (the ``template`` format string, or the chat template), ``chat``
-    (labels from the chat template), ``tokenize`` or ``label`` (the collator).
+    """The one-line error for a record that cannot be prepared, naming the split, the record's index, the cause and the
+    fix; ``stage``: what failed on it, ``format`` (``template``, or the chat template), ``tokenize`` or ``label``.
 
     >>> str(record_error("train_file", 3, "format", IndexError("string index out of range"), "{a[9]}"))[:95]
     "train_file record 3 (counting from 0): template '{a[9]}' cannot format it (IndexError: string i"
     """
+    from jinja2.exceptions import TemplateError
+
     from ..chat_masks import ChatMaskError
 
     reason = f"{type(error).__name__}: {one_line(error)}"
+    frames = traceback.walk_tb(error.__traceback__)  # (jinja runs a template's compiled code as "<template>")
     if isinstance(error, ChatMaskError):
         what = "messages data without response_template: " + one_line(error, limit=None)  # ours: names the fix
-    elif _raised_in_a_template(error):
+    elif isinstance(error, TemplateError) or any(frame.f_code.co_filename == "<template>" for frame, _ in frames):
         what = (f"the chat template cannot render it ({reason}); change the record to what the template accepts, "
                 "or set chat_template_path to a template that accepts it")
     elif stage == "format" and template is not None:
         what = (f"template {template!r} cannot format it ({reason}); fix the template (fields as {{name}}, literal "
                 "braces as {{ and }}) or the record")
-    elif stage in ("format", "chat"):
+    elif stage == "format":
         what = f"it cannot be turned into text ({reason}); fix the record"
     elif stage == "tokenize":
         what = (f"the tokenizer fails on its text ({reason}); fix the record's text, or use a tokenizer that accepts "
@@ -199,14 +212,10 @@ def record_error(source: str, index: int, stage: str, error: BaseException, temp
     return ConfigError(f"{source} record {index} (counting from 0): {what}")
 
 
-#: a step of :func:`map_records`: its stage (see :func:`record_error`) and a function of a batch of records
-Step = tuple[str, Callable[[dict[str, list[Any]]], dict[str, list[Any]]]]
-
-
-def map_records(dataset: Any, steps: Sequence[Step], source: str, index: Sequence[int] | None = None,
+def map_records(dataset: Any, steps: Sequence[tuple[str, Callable]], source: str, index: Sequence[int],
                 template: str | None = None, **map_kwargs: Any) -> Any:
-    """``dataset.map`` of ``steps`` in turn, in batches; the first record a step fails on is :func:`record_error`
-    (a failing batch is tried record by record). ``index``: each record's index in its file (default: its position)."""
+    """``dataset.map`` of ``steps`` (``(stage, function of a batch)``, :func:`record_error`'s stages) in turn, in
+    batches; the first record a step fails on is :func:`record_error` (``index``: each record's index in its file)."""
 
     def apply(batch: dict[str, list[Any]]) -> tuple[Any, tuple[str, Exception] | None]:
         for stage, fn in steps:
@@ -220,12 +229,11 @@ def map_records(dataset: Any, steps: Sequence[Step], source: str, index: Sequenc
         out, failure = apply(batch)
         if failure is None:
             return out
-        at = positions[0]  # (when only the whole batch fails)
+        at = positions[0]  # (the batch's failure, where no record fails alone)
         for j, position in enumerate(positions):
-            _, alone = apply({key: values[j : j + 1] for key, values in batch.items()})
-            if alone is not None:
-                failure, at = alone, position
+            if (alone := apply({key: values[j : j + 1] for key, values in batch.items()})[1]) is not None:
+                at, failure = position, alone
                 break
-        raise record_error(source, at if index is None else index[at], *failure, template)
+        raise record_error(source, index[at], *failure, template)
 
     return dataset.map(per_batch, batched=True, batch_size=256, with_indices=True, **map_kwargs)

@@ -1,93 +1,37 @@
-"""The preference records of ``trl-padfree dpo``, also read by ``reward`` and ``kto``: checked before the model loads,
-record by record and in the files; what TRL's trainer drops, read from the trainer once built."""
+"""The preference records of ``trl-padfree dpo``, ``reward`` and ``kto``: checked before the model loads; what TRL's
+trainer drops, read from the trainer once built."""
 
 from __future__ import annotations
 
 import glob
 import json
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ..config import ConfigError
+from ..console import say
+from ..data import check_kinds, load_splits, record_error, value_kind
 
 __all__ = ["check_chat_renders", "check_kinds", "check_one_kind_in_files", "check_preference_records",
            "dropped_by_trainer", "load_checked", "prepared_by_trl", "value_kind"]
 
 FIELDS = ("prompt", "chosen", "rejected")
-_WORDS = {"text": "plain text", "messages": "chat messages (conversational)"}
-
-
-def value_kind(value: Any) -> str | None:
-    """``"text"``, ``"messages"`` (a list of ``{"role", "content"}`` dicts) or None (anything else).
-
-    >>> value_kind(" 47"), value_kind([{"role": "user", "content": "hi"}]), value_kind(47)
-    ('text', 'messages', None)
-    """
-    if isinstance(value, str):
-        return "text"
-    if isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value):
-        return "messages"
-    return None
 
 
 def check_preference_records(dataset: Any, source: str) -> None:
-    """Every record has ``chosen`` and ``rejected`` (and usually ``prompt``), all of one kind: text, or lists of chat
-    messages."""
-    columns = list(dataset.column_names)
-    missing = [c for c in ("chosen", "rejected") if c not in columns]
-    if missing:
-        raise ConfigError(
-            f"{source}: preference records need 'chosen' and 'rejected' (and usually 'prompt'); missing "
-            f"{', '.join(repr(m) for m in missing)} (columns: {', '.join(columns)})"
-        )
+    """Every record has ``chosen`` and ``rejected`` (and usually ``prompt``), all text or all chat messages."""
+    columns = dataset.column_names
+    if missing := [c for c in ("chosen", "rejected") if c not in columns]:
+        raise ConfigError(f"{source}: preference records need 'chosen' and 'rejected' (and usually 'prompt'); missing "
+                          f"{', '.join(map(repr, missing))} (columns: {', '.join(columns)})")
     fields = [c for c in FIELDS if c in columns]
     check_kinds(dataset.select_columns(fields), source, fields, ("chosen", "rejected"))
 
 
-def check_kinds(records: Iterable[Any], source: str, fields: Sequence[str], required: Sequence[str] = ()) -> None:
-    """Every record's ``fields`` (those it has) a string or a list of chat messages, all of one kind, the
-    ``required`` ones not empty; a bad record is a :class:`ConfigError` naming it and the fix.
-
-    >>> check_kinds([{"prompt": "a", "chosen": " b"}, {"prompt": "c", "chosen": 47}], "train_file", FIELDS)
-    Traceback (most recent call last):
-    ...
-    trl_padfree.launch.config.ConfigError: train_file record 1 (counting from 0): 'chosen' must be a string or a list of chat messages ({'role', 'content'}), got a number; fix the record
-    """
-    first: tuple[int, str] | None = None
-    for index, record in enumerate(records):
-        where, kinds = f"{source} record {index} (counting from 0)", set()
-        present = [name for name in fields if isinstance(record, dict) and name in record]
-        for name in present:
-            value = record[name]
-            kind = value_kind(value)
-            if kind is None:
-                raise ConfigError(f"{where}: {name!r} must be a string or a list of chat messages ({{'role', "
-                                  f"'content'}}), got {_json_type(value)}; fix the record")
-            if first is None:
-                first = (index, kind)
-            elif kind != first[1] and first[0] != index:
-                raise ConfigError(
-                    f"{where}: {name!r} is {_WORDS[kind]}, but in record {first[0]} it is {_WORDS[first[1]]}: the "
-                    "data mixes plain-text and conversational records, which TRL tokenizes differently (a chat "
-                    "template, EOS); use one kind: convert the records of one kind, or put them in separate files "
-                    "and runs")
-            kinds.add(kind)
-            if not value and name in required:
-                raise ConfigError(f"{where}: {name!r} is empty; drop the record or fill it in")
-        if len(kinds) > 1:
-            raise ConfigError(f"{where}: mixes text and chat messages across {', '.join(present)}; use one kind")
-
-
-def _json_type(value: Any) -> str:
-    words = {type(None): "null", bool: "a boolean", int: "a number", float: "a number", dict: "an object"}
-    return words.get(type(value), "a list of something else than messages")
-
-
 def check_one_kind_in_files(key: str, pattern: str) -> None:
-    """:func:`check_kinds` on the records of JSON / JSON Lines files read with the ``json`` module, before
-    ``datasets`` coerces a mixed column (the text ``" 47"`` as the number 47); unreadable files are left to the
-    loader's own error."""
+    """:func:`check_kinds` on the records of JSON / JSON Lines files as written, before ``datasets`` coerces a mixed
+    column (the text ``" 47"`` as the number 47); unreadable files are left to the loader's own error."""
     paths = sorted(glob.glob(os.path.expanduser(pattern))) or [os.path.expanduser(pattern)]
     if not all(path.endswith((".jsonl", ".json")) and os.path.isfile(path) for path in paths):
         return
@@ -98,9 +42,8 @@ def check_one_kind_in_files(key: str, pattern: str) -> None:
                 with open(path, encoding="utf-8") as handle:
                     if path.endswith(".jsonl"):
                         yield from (json.loads(line) for line in handle if line.strip())
-                    else:
-                        data = json.load(handle)
-                        yield from (data if isinstance(data, list) else [])
+                    elif isinstance(data := json.load(handle), list):
+                        yield from data
         except (ValueError, UnicodeDecodeError):
             return  # not valid JSON: the loader says so in its own line
 
@@ -108,13 +51,11 @@ def check_one_kind_in_files(key: str, pattern: str) -> None:
 
 
 def check_chat_renders(dataset: Any, tokenizer: Any, source: str, index: Sequence[int]) -> None:
-    """Each conversational record rendered by the chat template, so that one it cannot render is one line naming
-    it (``index``: each record's index in its file), not an error of TRL's while the trainer tokenizes the data."""
-    from ..data import record_error
-
+    """Each conversational record rendered by the chat template, so that one it cannot render is one line naming it
+    (``index``: each record's index in its file) rather than an error of TRL's while the trainer tokenizes."""
     for position, record in enumerate(dataset):
+        prompt = record["prompt"] if isinstance(record.get("prompt"), list) else []
         try:
-            prompt = record.get("prompt") if isinstance(record.get("prompt"), list) else []
             for name in ("chosen", "rejected", "completion"):
                 if isinstance(record.get(name), list):
                     tokenizer.apply_chat_template([*prompt, *record[name]], tokenize=False, **_chat_kwargs(record))
@@ -123,16 +64,16 @@ def check_chat_renders(dataset: Any, tokenizer: Any, source: str, index: Sequenc
 
 
 def _chat_kwargs(record: dict[str, Any]) -> dict[str, Any]:
-    """The chat template's arguments of a record, as TRL's trainers pass them: its ``tools`` (JSON text or not) and
-    its ``chat_template_kwargs``."""
+    """A record's chat template arguments as TRL's trainers pass them: ``tools`` (JSON text or not) and
+    ``chat_template_kwargs``."""
     tools = record.get("tools")
     return {"tools": json.loads(tools) if isinstance(tools, str) else tools, **(record.get("chat_template_kwargs") or {})}
 
 
 def prepared_by_trl(trainer_class: Any, dataset: Any, tokenizer: Any, training: Any) -> Any:
     """``dataset`` (or None) as TRL's ``trainer_class`` (``DPOTrainer``, ``KTOTrainer``, ``RewardTrainer``) prepares
-    it when it is built, with TRL's public data functions, for ``preview``, which builds no trainer (a run reads
-    ``trainer.train_dataset``; tests/test_preview.py compares the two)."""
+    it when built, with TRL's public data functions: for ``preview``, which builds no trainer (tests/test_preview.py
+    compares the two)."""
     import trl
 
     reward, kto = trainer_class.__name__ == "RewardTrainer", trainer_class.__name__ == "KTOTrainer"
@@ -172,31 +113,27 @@ def prepared_by_trl(trainer_class: Any, dataset: Any, tokenizer: Any, training: 
 
 def load_checked(cfg: Any, tokenizer: Any, check: Any) -> tuple[Any, Any | None, bool]:
     """``(train, eval or None, conversational)``: the splits, loaded and checked (``check(dataset, source)``)."""
-    from ..data import load_splits
-
     for key in ("train_file", "eval_file"):
         if getattr(cfg.launch, key, None):
             check_one_kind_in_files(key, getattr(cfg.launch, key))
     where: dict[str, Any] = {}
-    train, eval_ds = load_splits(cfg.launch, cfg.training.seed, check, where)
-    conversational = value_kind(train[0]["chosen" if "chosen" in train.column_names else "completion"]) == "messages"
-    if conversational and getattr(tokenizer, "chat_template", None) is None:
+    splits = dict(zip(("train", "eval"), load_splits(cfg.launch, cfg.training.seed, check, where), strict=True))
+    chat = {split: value_kind(data[0]["chosen" if "chosen" in data.column_names else "completion"]) == "messages"
+            for split, data in splits.items() if data is not None}  # (each split of one kind: TRL's own rule)
+    if any(chat.values()) and getattr(tokenizer, "chat_template", None) is None:
         raise ConfigError(f"the records are chat messages but the tokenizer of {cfg.model.model_name_or_path!r} has "
                           "no chat template; set chat_template_path to a .jinja file, or use text records")
-    for split, dataset in (("train", train), ("eval", eval_ds)):
-        if dataset is not None and conversational:
-            check_chat_renders(dataset, tokenizer, *where[split])
-    return train, eval_ds, conversational
+    for split in [split for split, is_chat in chat.items() if is_chat]:
+        check_chat_renders(splits[split], tokenizer, *where[split])
+    return splits["train"], splits["eval"], chat["train"]
 
 
 def dropped_by_trainer(cfg: Any, trainer: Any, data: Any, unit: str = "pairs", per_record: int = 1,
                        rule: str = "whose prompt alone has max_length={} tokens or more",
                        why: str = "no response token is left") -> None:
-    """Say how many records of each split TRL's ``trainer`` left out (``rule``: which, ``why``; a ``(train, eval)``
-    pair for the datasets as the trainer would prepare them), into ``data.dropped``; a split left empty is a
-    :class:`ConfigError`. ``per_record``: KTO unpairs a pair into 2."""
-    from ..console import say
-
+    """Say how many records of each split TRL's ``trainer`` (or a ``(train, eval)`` pair of datasets as it would
+    prepare them) left out, ``rule`` saying which and ``why``, into ``data.dropped``; a split left empty is a
+    :class:`ConfigError`. ``per_record``: 2 where KTO unpairs each pair."""
     rule = rule.format(cfg.training.max_length)
     kept = trainer if isinstance(trainer, tuple) else (trainer.train_dataset, trainer.eval_dataset)
     for split, before, after in zip(("train", "eval"), (data.train, data.eval), kept, strict=True):

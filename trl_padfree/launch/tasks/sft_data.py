@@ -1,9 +1,6 @@
-"""SFT data for ``trl-padfree train`` and ``preview`` (:func:`prepare_data`), prepared once before training and
-handed to ``SFTTrainer`` final (TRL's preparation skipped, the training collator only flattens): records checked
-(:func:`check_records`), made text (:func:`make_formatter`) and tokenized with the prompt masked (``messages`` without
-templates: labels from the chat template), the response template looked for (:func:`check_template`), then truncated
-and labelled by the run's collator, examples without a trained token dropped and counted. A record that fails is one
-:class:`~..config.ConfigError` line naming it (:func:`~..data.record_error`).
+"""SFT data for ``trl-padfree train`` and ``preview`` (:func:`prepare_data`), prepared once and handed to
+``SFTTrainer`` final: records checked, made text, tokenized with the prompt masked (``messages`` without templates:
+labels from the chat template), truncated and labelled by the run's collator, examples without a trained token dropped.
 """
 
 from __future__ import annotations
@@ -11,8 +8,7 @@ from __future__ import annotations
 import contextlib
 import os
 import string
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -21,7 +17,7 @@ import numpy as np
 
 from ..config import ConfigError, LaunchConfig
 from ..console import one_line, say
-from ..data import Step, load_splits, map_records
+from ..data import check_kinds, load_splits, map_records
 from ..steps import Records
 
 __all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"]
@@ -29,24 +25,19 @@ __all__ = ["PreparedData", "make_formatter", "prepare_data", "training_collator"
 IGNORE_INDEX = -100
 
 
-def _collator(cfg: LaunchConfig, tokenizer: Any, response_template: str | None, padding_free: bool) -> Any:
+def training_collator(cfg: LaunchConfig, tokenizer: Any, labelling: bool = False) -> Any:
+    """``SFTTrainer``'s collator: the labels of :func:`prepare_data` as they are, batches flattened (or padded);
+    ``labelling``: the padding-free one with the run's templates that makes those labels."""
     from trl_padfree.collator import DataCollatorForCompletionOnlyLM
 
-    instruction = cfg.training.instruction_template if response_template is not None else None
-    if instruction is not None and len(instruction) == 1:
-        instruction = instruction[0]
+    response = cfg.training.response_template if labelling else None
+    instruction = cfg.training.instruction_template if response is not None else None
     try:  # (pad_to_multiple_of: padded and padding-free alike, the padding a segment of its own)
-        return DataCollatorForCompletionOnlyLM(response_template, instruction, tokenizer=tokenizer,
-                                               padding_free=padding_free, on_template_not_found="ignore",
+        return DataCollatorForCompletionOnlyLM(response, instruction, tokenizer=tokenizer, on_template_not_found="ignore",
+                                               padding_free=labelling or cfg.padding_free,
                                                pad_to_multiple_of=cfg.training.pad_to_multiple_of)
     except ValueError as exc:
         raise ConfigError(f"collator settings rejected: {one_line(exc)}") from None
-
-
-def training_collator(cfg: LaunchConfig, tokenizer: Any) -> Any:
-    """The collator ``SFTTrainer`` gets: the labels of :func:`prepare_data` as they are, batches flattened (or
-    padded with ``padding_free: false``)."""
-    return _collator(cfg, tokenizer, None, padding_free=cfg.padding_free)
 
 
 @dataclass
@@ -61,19 +52,8 @@ class PreparedData(Records):
 def check_records(dataset: Any, source: str, template: str | None, text_field: str, response: str | None) -> None:
     """Refuse, naming the record: a null or missing field of the format (it would be trained as the text ``None``),
     an empty completion (with ``template``: a field after ``response``), a chat that leaves no assistant reply to
-    train, a bare ``{field}`` of ``template`` holding lists or mappings (trained as their Python text).
-
-    >>> from datasets import Dataset
-    >>> turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
-    >>> check_records(Dataset.from_dict({"messages": [turns, turns[:1]]}), "train_file", None, "text", None)
-    Traceback (most recent call last):
-    ...
-    trl_padfree.launch.config.ConfigError: train_file record 1 (counting from 0): its messages have no assistant turn, so nothing of it would be trained; add the assistant's reply or remove the record
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    columns, table = dataset.column_names, dataset.with_format("arrow")
+    train, prompt/completion records of both kinds, a bare ``{field}`` of ``template`` holding lists or mappings."""
+    columns = dataset.column_names
     if template is not None:  # (a valid format string: prepare_data checked it)
         fields = [f for f in template_fields(template) if f in columns]
         at = template.find(response) if response else -1
@@ -84,46 +64,40 @@ def check_records(dataset: Any, source: str, template: str | None, text_field: s
         fields = next((list(k) for k in (("prompt", "completion"), ("messages",)) if set(k) <= set(columns)), [])
         completion = fields[-1:]
 
-    def where(index: int) -> str:
-        return f"{source} record {index} (counting from 0)"
-
-    for name in fields:
-        column, kind = table[name], table[name].type
-        problems = [("is null or missing", pc.is_null(column))]
-        if name in completion and _is_text(kind):
-            problems.append(("is empty", pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(column)), 0)))
-        elif name in completion and (pa.types.is_list(kind) or pa.types.is_large_list(kind)):
-            problems.append(("is empty", pc.equal(pc.list_value_length(column), 0)))
-        for what, mask in problems:
-            bad = np.flatnonzero(pc.fill_null(mask, False).to_numpy(zero_copy_only=False))
-            if len(bad):
-                more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-                raise ConfigError(f"{where(bad[0])}: {name!r} {what}{more}; fill it in or remove the record")
-    for index, messages in enumerate(dataset["messages"] if fields == ["messages"] else []):
-        roles = [m.get("role") if isinstance(m, dict) else None for m in messages if isinstance(messages, list)]
+    def problem(record: dict[str, Any]) -> tuple[str, str] | None:
+        for name, value in record.items():
+            if value is None or (name in completion and isinstance(value, (str, list)) and not
+                                 (value.strip() if isinstance(value, str) else value)):
+                return f"{name!r} is {'null or missing' if value is None else 'empty'}", "fill it in or remove the record"
+        messages = record.get("messages") if fields == ["messages"] else None
+        roles = [m.get("role") if isinstance(m, dict) else None for m in messages] if isinstance(messages, list) else []
         if roles and "assistant" not in roles:
-            raise ConfigError(f"{where(index)}: its messages have no assistant turn, so nothing of it would be "
-                              "trained; add the assistant's reply or remove the record")
+            return ("its messages have no assistant turn, so nothing of it would be trained", "add the assistant's "
+                    "reply or remove the record")
         if roles and roles[-1] != "assistant":
-            raise ConfigError(f"{where(index)}: its messages end in a {roles[-1]!r} turn that no assistant turn answers"
-                              " (it would be forwarded but never trained); end the record with the assistant's reply "
-                              "or drop the last turn")
+            return (f"its messages end in a {roles[-1]!r} turn that no assistant turn answers (it would be forwarded "
+                    "but never trained)", "end the record with the assistant's reply or drop the last turn")
+        return None
+
+    def records() -> Iterator[dict[str, Any]]:  # (in batches: a large dataset is not held as Python objects)
+        for batch in dataset.select_columns(fields).iter(batch_size=4096):
+            yield from ({f: batch[f][k] for f in fields} for k in range(len(batch[fields[0]])))
+
     bare = {name for _, name, _, _ in string.Formatter().parse(template or "") if name and name.isidentifier()}
-    for name in sorted(bare & set(columns)):  # ({field[0]} / {field.key} pick an element and are fine)
-        nested = False
-        if not _is_text(table[name].type):  # (lists, mappings, or values of mixed types: datasets' Json feature)
-            with contextlib.suppress(Exception):  # (undecodable values are reported elsewhere)
-                nested = any(isinstance(v, (list, dict)) for v in dataset[name])
-        if nested:
-            raise ConfigError(
-                f"{source}: template field {{{name}}} holds lists or mappings, which would be trained as their Python "
-                f"text; pick an element ({{{name}[0]}}, {{{name}.key}}) or make {name!r} text")
-
-
-def _is_text(kind: Any) -> bool:
-    import pyarrow as pa
-
-    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    bad, nested = [], set()  # ({field[0]} / {field.key} pick an element of a field's lists or mappings, and are fine)
+    for index, record in enumerate(records() if fields else []):
+        if what := problem(record):
+            bad.append((index, what))
+        nested |= {name for name in bare & record.keys() if isinstance(record[name], (list, dict))}
+    if bad:
+        (index, (what, fix)), more = bad[0], f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise ConfigError(f"{source} record {index} (counting from 0): {what}{more}; {fix}")
+    if template is None and fields == ["prompt", "completion"]:  # all text, or all chat messages (as TRL's)
+        check_kinds(records(), source, fields)
+    if nested:
+        name = sorted(nested)[0]
+        raise ConfigError(f"{source}: template field {{{name}}} holds lists or mappings, which would be trained as "
+                          f"their Python text; pick an element ({{{name}[0]}}, {{{name}.key}}) or make {name!r} text")
 
 
 def template_fields(template: str) -> list[str]:
@@ -135,52 +109,38 @@ def template_fields(template: str) -> list[str]:
     ['a', 'b']
     """
     try:
-        parsed = list(string.Formatter().parse(template))
+        names = [name for _, name, _, _ in string.Formatter().parse(template) if name is not None]
     except ValueError as exc:
         raise ConfigError(f"template {template!r} is not a valid format string ({exc}); write each field as "
                           "{name} with its closing brace, and literal braces as {{ and }}") from None
-    names: list[str] = []
-    for _, name, _, _ in parsed:
-        if name is None:
-            continue
-        if name == "" or name.isdigit():
-            raise ConfigError("template fields must be named, e.g. {instruction}; positional {} is not allowed")
-        base = name.split(".", 1)[0].split("[", 1)[0]
-        if base not in names:
-            names.append(base)
-    return names
+    if any(name == "" or name.isdigit() for name in names):
+        raise ConfigError("template fields must be named, e.g. {instruction}; positional {} is not allowed")
+    return list(dict.fromkeys(name.split(".", 1)[0].split("[", 1)[0] for name in names))
 
 
 #: A formatter maps one record to ``(text, prompt_text_or_None, rendered_by_chat_template)``.
 Formatter = Callable[[dict[str, Any]], tuple[str, str | None, bool]]
+_NO_CHAT_TEMPLATE = ("the data has messages but the tokenizer has no chat template: set chat_template_path to a .jinja "
+                     "file or use template to format the records")
 
 
 def make_formatter(columns: Sequence[str], template: str | None, text_field: str, tokenizer: Any) -> tuple[str, Formatter]:
-    """Pick how records become text: ``(format_name, formatter)``. Order: ``template`` if set; else the
-    ``text_field`` column; else ``prompt`` + ``completion``; else ``messages`` (the tokenizer's chat template)."""
-    columns = list(columns)
-
-    def has_chat_template() -> None:
-        if not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("the data has messages but the tokenizer has no chat template: set chat_template_path "
-                              "to a .jinja file or use template to format the records")
+    """How records become text, ``(format_name, formatter)``: ``template`` if set; else the ``text_field`` column;
+    else ``prompt`` + ``completion``; else ``messages`` (the tokenizer's chat template)."""
 
     def chat_text(messages: Any, add_generation_prompt: bool = False) -> str:
-        has_chat_template()
+        if not getattr(tokenizer, "chat_template", None):
+            raise ConfigError(_NO_CHAT_TEMPLATE)
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
     def prompt_completion(record: dict[str, Any]) -> tuple[str, str | None, bool]:
-        prompt, completion = record["prompt"], record["completion"]
-        if isinstance(prompt, list) != isinstance(completion, list):
-            raise TypeError("prompt and completion must both be lists of messages (TRL's conversational "
-                            "prompt/completion) or both be text")
+        prompt, completion = record["prompt"], record["completion"]  # (of one kind: check_records)
         if isinstance(prompt, list):  # conversational prompt/completion
             return chat_text(prompt + completion), chat_text(prompt, True), True
         return str(prompt) + str(completion), str(prompt), False
 
     if template is not None:
-        missing = [name for name in template_fields(template) if name not in columns]
-        if missing:
+        if missing := [name for name in template_fields(template) if name not in columns]:
             raise ConfigError(f"template uses field(s) {', '.join(map(repr, missing))} that the data does not have; "
                               f"its fields are: {', '.join(columns)}")
         return "template", lambda record: (template.format(**record), None, False)
@@ -188,8 +148,9 @@ def make_formatter(columns: Sequence[str], template: str | None, text_field: str
         return text_field, lambda record: (str(record[text_field]), None, False)
     if "prompt" in columns and "completion" in columns:
         return "prompt+completion", prompt_completion
+    if "messages" in columns and not getattr(tokenizer, "chat_template", None):
+        raise ConfigError(_NO_CHAT_TEMPLATE)
     if "messages" in columns:
-        has_chat_template()
         return "messages", lambda record: (chat_text(record["messages"]), None, True)
     raise ConfigError(
         f"cannot tell how to turn the data's fields ({', '.join(columns)}) into text: set template, e.g. "
@@ -197,85 +158,62 @@ def make_formatter(columns: Sequence[str], template: str | None, text_field: str
     )
 
 
-def _tokenize(tokenizer: Any, formatter: Formatter) -> list[Step]:
-    """The steps of :func:`~..data.map_records` from records to ``input_ids`` + ``labels`` (the prompt masked). Plain
-    text gets the tokenizer's special tokens and an EOS at the end (as TRL does); a chat template's text has them."""
+def _tokenize(tokenizer: Any, formatter: Formatter) -> list[tuple[str, Callable]]:
+    """:func:`~..data.map_records`' steps from records to ``input_ids`` + ``labels`` (the prompt masked). Plain text
+    gets the tokenizer's special tokens and an EOS at the end (as TRL does); a chat template's text has them."""
     eos = tokenizer.eos_token_id
 
     def format_texts(batch: dict[str, list[Any]]) -> dict[str, list[Any]]:
         return {"rows": [formatter(dict(zip(batch, values, strict=True))) for values in zip(*batch.values(), strict=True)]}
 
-    def encode(texts: Sequence[str | None], chat: Sequence[bool]) -> dict[int, list[int]]:  # (two batched calls)
-        out: dict[int, list[int]] = {}
-        for flag in (False, True):
-            index = [i for i, text in enumerate(texts) if text is not None and chat[i] is flag]
-            if index:
-                encoded = tokenizer([texts[i] for i in index], add_special_tokens=not flag)["input_ids"]
-                out.update(zip(index, map(list, encoded), strict=True))
-        return out
-
     def tokenize(formatted: dict[str, list[Any]]) -> dict[str, list[list[int]]]:
         texts, prompts, chat = zip(*formatted["rows"], strict=True)
-        full, prompt_ids = encode(texts, chat), encode(prompts, chat)
-        input_ids, labels = [full[i] for i in range(len(texts))], []
+        special = not chat[0]  # (all records of a dataset are of one kind: check_records)
+        encode = partial(tokenizer, add_special_tokens=special, verbose=False)  # (no warning of long texts: we truncate)
+        input_ids = [list(ids) for ids in encode(list(texts))["input_ids"]]
+        prompt_ids = encode(list(prompts))["input_ids"] if prompts[0] is not None else []
+        labels = []
         for i, ids in enumerate(input_ids):
-            if not chat[i] and eos is not None and (not ids or ids[-1] != eos):
+            if special and eos is not None and (not ids or ids[-1] != eos):
                 ids.append(eos)
-            n = len(os.path.commonprefix([prompt_ids[i], ids])) if i in prompt_ids else 0
+            n = len(os.path.commonprefix([prompt_ids[i], ids])) if prompt_ids else 0
             labels.append([IGNORE_INDEX] * n + ids[n:])
         return {"input_ids": input_ids, "labels": labels}
 
     return [("format", format_texts), ("tokenize", tokenize)]
 
 
-def warn_untrained_turns(raw: Any, tokenized: Any, labelled: Any, collator: Any, tokenizer: Any, n: int) -> int:
-    """One line when the templates leave assistant turns of ``messages`` data untrained (first ``n`` examples of
-    ``labelled``; ``raw`` and ``tokenized``: row for row the same records, as loaded and untruncated). A record that
-    truncation shortened is judged on its untruncated labels (``collator``), as the templates label it. Returns
-    the number of affected examples (0 also when the chat template cannot be analysed turn by turn)."""
+def check_templates(tokenized: Any, collator: Any, tokenizer: Any, n: int, chats: Any = None) -> int:
+    """Fail unless the response template occurs in one of the first ``n`` examples (untruncated); returns how many
+    of them lack it (they will be dropped). ``chats``: the ``messages`` records as loaded, if they are, to say in one
+    line when the templates leave assistant turns untrained (not when the chat template cannot be analysed)."""
     from ...chat_masks import untrained_assistant_turns
 
-    count = min(n, len(raw))
-    affected = turns = 0
-    try:
-        rows = zip(raw.select(range(count))["messages"], tokenized.select(range(count))["input_ids"],
-                   labelled.select(range(count))["labels"], strict=True)
-        for messages, ids, labels in rows:
-            if len(labels) != len(ids):  # truncated: the untruncated labels
-                labels = collator([{"input_ids": ids}])["labels"].reshape(-1).tolist()
-            missing = untrained_assistant_turns(tokenizer, messages, ids, labels)
-            affected += bool(missing)
-            turns += missing
-    except Exception:  # noqa: BLE001  (no turn-by-turn analysis, no warning; a record's errors came up in tokenizing)
-        return 0
-    if affected:
-        say(f"warning: in {affected} of the first {count} examples, {turns} assistant turn(s) get no trained "
-            "token from response_template/instruction_template (without instruction_template only the last "
-            "assistant turn is trained); leave both unset to train every assistant turn from the chat template")
-    return affected
-
-
-def check_template(dataset: Any, collator: Any, tokenizer: Any, n: int, source: str, index: Sequence[int]) -> int:
-    """Fail unless the response template occurs in one of the first ``n`` examples (untruncated); returns how many
-    of them lack it (they will be dropped). ``index``: each record's index in its file."""
-    head = dataset.select(range(min(n, len(dataset))))
-
-    def find(batch: dict[str, list[Any]]) -> dict[str, list[bool]]:
-        return {"found": collator.templates_found([{"input_ids": ids} for ids in batch["input_ids"]]).tolist()}
-
-    found = map_records(head, [("label", find)], source, index, keep_in_memory=True,
-                        remove_columns=head.column_names)["found"]
+    head = [list(ids) for ids in tokenized.select(range(min(n, len(tokenized))))["input_ids"]]
+    found = collator.templates_found([{"input_ids": ids} for ids in head]).tolist()  # (the tokenizer's ids: no error)
     if not any(found):
         raise ConfigError(
             f"response_template {collator.response_template!r} was found in none of the first {len(head)} examples "
-            f"(the first one starts {tokenizer.decode(head[0]['input_ids'][:60])!r}); make it match the formatted text "
+            f"(the first one starts {tokenizer.decode(head[0][:60])!r}); make it match the formatted text "
             "exactly (spaces, newlines, case)")
+    missing: list[int] = []
+    with contextlib.suppress(Exception):  # (no turn-by-turn analysis, no warning; a record's errors came up before)
+        if chats is not None:
+            out = collator([{"input_ids": ids} for ids in head])
+            flat, cu = out["labels"].reshape(-1).tolist(), out["cu_seq_lens_q"].tolist()
+            chat_head = chats.select(range(len(head)))["messages"]
+            missing = [untrained_assistant_turns(tokenizer, messages, head[k], flat[cu[k] : cu[k + 1]])
+                       for k, messages in enumerate(chat_head)]
+    if any(missing):
+        say(f"warning: in {sum(map(bool, missing))} of the first {len(head)} examples, {sum(missing)} assistant "
+            "turn(s) get no trained token from response_template/instruction_template (without instruction_template "
+            "only the last assistant turn is trained); leave both unset to train every assistant turn from the chat "
+            "template")
     return len(found) - sum(found)
 
 
 def _labeller(collator: Any, max_length: int | None, keep_end: bool) -> Callable[[dict[str, list[Any]]], dict]:
-    """Batched ``datasets.map`` function: truncate, label with ``collator`` (the only time labels are made) and
-    flag the examples left with a trained token (``trained``)."""
+    """Batched: truncate, label with ``collator`` (labels are made only here), flag examples with a trained token."""
 
     def cut(seq: list[int]) -> list[int]:  # (a slice of a shorter sequence is all of it)
         return list(seq if max_length is None else seq[-max_length:] if keep_end else seq[:max_length])
@@ -292,8 +230,7 @@ def _labeller(collator: Any, max_length: int | None, keep_end: bool) -> Callable
 
 
 def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> PreparedData:
-    """Run the whole pipeline (see the module docstring) with ``collator`` (default: the run's, with its templates);
-    raises :class:`ConfigError` on bad data."""
+    """The whole pipeline (see the module docstring) with ``collator`` (default: the run's, with its templates)."""
     from ...chat_masks import label_chats
 
     training, template = cfg.training, cfg.launch.template
@@ -301,7 +238,7 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
     if template is not None:
         template_fields(template)  # a template that is not a format string: refused before any data is read
     if collator is None:  # the run's collator with its templates labels the records once, here
-        collator = _collator(cfg, tokenizer, response, padding_free=True)
+        collator = training_collator(cfg, tokenizer, labelling=True)
     where: dict[str, tuple[str, Sequence[int]]] = {}  # each split's source and its records' indices in the files
     check = partial(check_records, template=template, text_field=text_field, response=response)
     raw = dict(zip(("train", "eval"), load_splits(cfg.launch, training.seed, check, where), strict=True))
@@ -311,31 +248,22 @@ def prepare_data(cfg: LaunchConfig, tokenizer: Any, collator: Any = None) -> Pre
                                                      f"this data is formatted as {text_format!r})")
         raise ConfigError(f"response_template is missing: set the text that precedes every completion, e.g. "
                           f"'### Answer:'{only}")
+    needed = template_fields(template) if template is not None else raw["train"].column_names
+    if raw["eval"] is not None and (missing := sorted(set(needed) - set(raw["eval"].column_names))):
+        raise ConfigError(f"the eval data lacks field(s) {', '.join(missing)} that the training data has")
     chat = text_format == "messages" and response is None  # labels from the chat template, every assistant turn
-    if raw["eval"] is not None:
-        missing = sorted(set(raw["train"].column_names) - set(raw["eval"].column_names))
-        if text_format != "template" and missing:
-            raise ConfigError(f"the eval data lacks field(s) {', '.join(missing)} that the training data has")
-        make_formatter(raw["eval"].column_names, template, text_field, tokenizer)
-    steps = [("chat", partial(label_chats, tokenizer=tokenizer))] if chat else _tokenize(tokenizer, formatter)
-    tokenized = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # token-count warnings of long texts; truncation is ours
-        for name, split in raw.items():
-            if split is not None:
-                out = map_records(split, steps, *where[name], template=None if chat else template,
-                                  remove_columns=split.column_names, desc=f"Tokenizing {name} data")
-                tokenized[name] = out.remove_columns("completion_mask") if chat else out
-    n_check, missing_in_check = cfg.launch.template_check_examples, 0
+    steps = [("format", partial(label_chats, tokenizer=tokenizer))] if chat else _tokenize(tokenizer, formatter)
+    tokenized = {name: map_records(split, steps, *where[name], template=None if chat else template,
+                                   remove_columns=split.column_names, desc=f"Tokenizing {name} data")
+                 .select_columns(["input_ids", "labels"]) for name, split in raw.items() if split is not None}
+    n_check = cfg.launch.template_check_examples
+    data = PreparedData(None, None, text_format, checked=min(n_check, len(tokenized["train"])))
     if response is not None:  # (prompt/completion without it: the prompt is masked already)
-        missing_in_check = check_template(tokenized["train"], collator, tokenizer, n_check, *where["train"])
-    data = PreparedData(None, None, text_format, template_missing_in_check=missing_in_check,
-                        checked=min(n_check, len(tokenized["train"])))
+        chats = raw["train"] if text_format == "messages" else None
+        data.template_missing_in_check = check_templates(tokenized["train"], collator, tokenizer, n_check, chats)
     label = _labeller(collator, training.max_length, training.truncation_mode == "keep_end")
     for name, tok in tokenized.items():
         labelled = map_records(tok, [("label", label)], *where[name], desc=f"Labelling {name} data")
-        if name == "train" and response is not None and text_format == "messages":
-            warn_untrained_turns(raw["train"], tok, labelled, collator, tokenizer, n_check)
         kept = labelled.filter(lambda flags: flags, input_columns="trained", batched=True,
                                desc=f"Filtering {name} data").remove_columns("trained")
         data.dropped[name], data.loaded[name] = len(labelled) - len(kept), len(tok)
