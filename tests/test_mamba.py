@@ -19,7 +19,7 @@ from transformers import CONFIG_MAPPING
 from trl_padfree.families import EXACTNESS_LENGTHS, packed_vs_alone
 from trl_padfree.probe import packed_batch, random_sequences
 from trl_padfree.recurrent import conv as conv_module
-from trl_padfree.recurrent import hub_function, mamba, prepare_packed_layers
+from trl_padfree.recurrent import hub_function, mamba, prepare_packed_config, prepare_packed_layers
 
 LENGTHS = [7, 5, 9]  # with chunk_size 4: sequences that span chunks and start inside one
 SKEWED = [13, 1, 2, 1]  # two batches of sequences: the 13 with the 2, the two 1s (trl_padfree/recurrent/mamba.py)
@@ -197,10 +197,14 @@ def test_tiny_model_packed_equals_each_example_alone(case: str) -> None:
 
 @pytest.mark.parametrize("family", ["jamba", "mamba2"])
 def test_unpatched_jamba_and_mamba2_are_not_exact(family: str) -> None:
-    """Without patch_model these scan across a row's examples (or refuse the row); from transformers 5.25 on,
-    Mamba2ForCausalLM passes the collator's ``seq_idx`` down to its mixers, so its kernels alone suffice."""
+    """Kernels replaced but no patch_model: these scan across a row's examples (or refuse the row); from
+    transformers 5.25 on, Mamba2ForCausalLM passes the collator's ``seq_idx`` down to its mixers, so its kernels
+    alone suffice. The kernels are replaced here, as "padfree"'s mask builder does (Mamba-2 has no attention to call
+    it), not left to whether an earlier test prepared the modeling module (a module global, kept)."""
+    model = _tiny(family, prepare=False)
+    prepare_packed_config(model.config)
     try:
-        result = packed_vs_alone(_tiny(family, prepare=False))
+        result = packed_vs_alone(model)
     except ValueError as refused:
         assert "cannot tell its sequences apart" in str(refused)
     else:
