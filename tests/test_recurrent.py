@@ -16,7 +16,6 @@ from trl_padfree.recurrent import PackedRowError, hub_function, prepare_packed_l
 from trl_padfree.recurrent.conv import causal_conv1d_packed, varlen_causal_conv1d_fn
 from trl_padfree.recurrent.delta_rule import varlen_delta_rule
 from trl_padfree.testing import tiny_llama
-from trl_padfree.trainer import require_padfree_attention
 
 BOUNDS = [0, 5, 11, 14]  # three sequences in one row of 14 tokens
 LENS = [b - a for a, b in zip(BOUNDS, BOUNDS[1:], strict=False)]
@@ -218,16 +217,6 @@ def test_padfree_prepares_a_model_called_by_hand_and_check_packing_passes():
     assert hasattr(modeling.causal_conv1d_fn, "__trl_padfree_original__")
     report = check_packing(tiny_family("lfm2"))
     assert report.max_abs_diff <= report.tolerance
-
-
-def test_prompt_once_refused_for_recurrent_layers():
-    model = tiny_family("qwen3_5_text")
-    with pytest.raises(ValueError, match=r"^prompt_once=True cannot share a prompt with Qwen3_5GatedDeltaNet layers "
-                                         r"\(recurrent.*set prompt_once=False\.$"):
-        require_padfree_attention(model)
-    with pytest.raises(ValueError, match="with Lfm2ShortConv layers"):
-        require_padfree_attention(tiny_family("lfm2"))
-    require_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="padfree"))  # attention only: fine
 
 
 def test_launch_turns_an_unset_prompt_once_off_for_recurrent_layers():
