@@ -136,7 +136,7 @@ def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
 @pytest.mark.parametrize("name", ["dpo", "kto", "reward"])
 def test_a_leaking_attention_and_sdpa_with_prompt_once_are_refused(tmp_path, name):
     """DPO, KTO and reward (tests/tiny_*.py): a leak stops training before the first step; prompt-once needs an
-    attention that reads the shared prompt keys."""
+    attention that reads the shared prompt keys, and the config's padding_free."""
     S = importlib.import_module(f"tiny_{name}")
     tok, data = S.tokenizer(), (S.examples if name == "kto" else S.pairs)(8)
     leaky = {"attn_implementation": layout_runs.register_leaky_attention()}
@@ -146,6 +146,9 @@ def test_a_leaking_attention_and_sdpa_with_prompt_once_are_refused(tmp_path, nam
     assert trainer.state.global_step == 0  # refused before the first step
     with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
         S.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+    config = {"dpo": "DPO", "kto": "KTO", "reward": "Reward"}[name]
+    with pytest.raises(ValueError, match=rf"^prompt_once=True needs {config}Config\(padding_free=True\)"):
+        S.trainer("once", data, tok, str(tmp_path), padding_free=False)
 
 
 @pytest.mark.parametrize(("name", "shown"), [("kto", {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"}),
@@ -164,12 +167,6 @@ def test_evaluation_gives_trls_metrics(tmp_path, name, shown):
             layout_runs.same_preference_step(layout, results[layout], want, keys, prefix="eval_")
         else:
             S.same_step(layout, results[layout], want, keys, prefix="eval_")
-
-
-def test_prompt_once_needs_padding_free(tmp_path):
-    with pytest.raises(ValueError, match="needs DPOConfig\\(padding_free=True\\)"):
-        DPOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
-                   train_dataset=T.pairs(8), processing_class=T.tokenizer(), prompt_once=True)
 
 
 def test_padding_free_false_is_trl_unchanged(tmp_path):
