@@ -18,7 +18,6 @@ from trl_padfree.recurrent.delta_rule import varlen_delta_rule
 from trl_padfree.testing import tiny_llama
 
 BOUNDS = [0, 5, 11, 14]  # three sequences in one row of 14 tokens
-LENS = [b - a for a, b in zip(BOUNDS, BOUNDS[1:], strict=False)]
 
 
 def _modeling(name: str) -> types.ModuleType:
@@ -30,8 +29,9 @@ def _torch_fallback(fn):
     return hub_function(getattr(fn, "__trl_padfree_original__", fn))
 
 
-def _seq_idx() -> torch.Tensor:
-    return torch.repeat_interleave(torch.arange(len(LENS)), torch.tensor(LENS))[None]
+def _seq_idx(bounds: list[int] = BOUNDS) -> torch.Tensor:
+    lens = np.diff(bounds).tolist()
+    return torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))[None]
 
 
 def _grads(tensors, out) -> list[torch.Tensor]:
@@ -78,14 +78,15 @@ def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through_and_two_row
 
 
 DELTA_RULES = [
-    ("qwen3_5", "torch_chunk_gated_delta_rule", False),
-    ("qwen3_5", "torch_recurrent_gated_delta_rule", False),
-    ("kimi_linear", "chunk_kimi_delta_attention", True),
-    ("kimi_linear", "recurrent_kimi_delta_attention", True),
+    ("qwen3_5", "torch_chunk_gated_delta_rule", False, BOUNDS),
+    ("qwen3_5", "torch_recurrent_gated_delta_rule", False, BOUNDS),
+    ("kimi_linear", "chunk_kimi_delta_attention", True, BOUNDS),
+    ("kimi_linear", "recurrent_kimi_delta_attention", True, BOUNDS),
+    ("qwen3_next", "torch_chunk_gated_delta_rule", False, [0, 3, 70, 75]),  # chunks (64) never span two sequences
 ]
 
 
-def _delta_inputs(per_key_gate: bool, length: int = BOUNDS[-1]):
+def _delta_inputs(per_key_gate: bool, length: int):
     torch.manual_seed(3)
     heads, dim = 2, 4
     q, k, v = (torch.randn(1, length, heads, dim, requires_grad=True) for _ in range(3))
@@ -95,17 +96,17 @@ def _delta_inputs(per_key_gate: bool, length: int = BOUNDS[-1]):
     return q, k, v, g, beta
 
 
-@pytest.mark.parametrize(("family", "name", "per_key_gate"), DELTA_RULES)
-def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate):
+@pytest.mark.parametrize(("family", "name", "per_key_gate", "bounds"), DELTA_RULES)
+def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate, bounds):
     original = _torch_fallback(getattr(_modeling(family), name))
     replaced = varlen_delta_rule(original)
-    q, k, v, g, beta = inputs = _delta_inputs(per_key_gate)
-    state = torch.randn(len(LENS), 2, 4, 4)
+    q, k, v, g, beta = inputs = _delta_inputs(per_key_gate, bounds[-1])
+    state = torch.randn(len(bounds) - 1, 2, 4, 4)
     common = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
     packed, packed_state = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common,
-                                    cu_seqlens=torch.tensor(BOUNDS, dtype=torch.int32))
+                                    cu_seqlens=torch.tensor(bounds, dtype=torch.int32))
     outs, states = [], []
-    for i, (a, b) in enumerate(zip(BOUNDS, BOUNDS[1:], strict=False)):
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
         out, final = original(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
                               initial_state=state[i : i + 1], **common)
         outs.append(out)
@@ -116,24 +117,13 @@ def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate
     for g_packed, g_alone in zip(_grads(inputs, packed), _grads(inputs, alone), strict=True):
         torch.testing.assert_close(g_packed, g_alone, rtol=1e-5, atol=1e-6)
     # seq_idx alone (Kimi-Linear passes the batch's kwargs through) gives the same
-    by_seq_idx, _ = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common, seq_idx=_seq_idx())
+    by_seq_idx, _ = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common, seq_idx=_seq_idx(bounds))
     torch.testing.assert_close(by_seq_idx, packed, rtol=0, atol=0)
     # the whole-row reference carries the state across the boundary; without boundaries it is what runs
     whole, whole_state = original(q, k, v, g=g, beta=beta, initial_state=state[:1], **common)
-    assert (whole[:, BOUNDS[1]:] - alone[:, BOUNDS[1]:]).abs().max() > 1e-3
+    assert (whole[:, bounds[1]:] - alone[:, bounds[1]:]).abs().max() > 1e-3
     out, out_state = replaced(q, k, v, g=g, beta=beta, initial_state=state[:1], **common, cu_seqlens=None)
     assert torch.equal(out, whole) and torch.equal(out_state, whole_state)
-
-
-def test_delta_rule_chunks_of_a_long_sequence():
-    """A sequence longer than one chunk (64) next to short ones: chunks never span two sequences."""
-    original = _torch_fallback(_modeling("qwen3_next").torch_chunk_gated_delta_rule)
-    bounds = [0, 3, 70, 75]
-    q, k, v, g, beta = (t.detach() for t in _delta_inputs(False, length=bounds[-1]))
-    packed, _ = varlen_delta_rule(original)(q, k, v, g=g, beta=beta, cu_seqlens=torch.tensor(bounds))
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        alone, _ = original(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b])
-        torch.testing.assert_close(packed[:, a:b], alone, rtol=0, atol=1e-6)
 
 
 def test_prepare_replaces_only_torch_fallbacks_and_is_idempotent():
