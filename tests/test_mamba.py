@@ -79,16 +79,12 @@ def _chunk_inputs(lengths: list[int] = LENGTHS, heads: int = 4, head_dim: int = 
                          [("seq_idx", LENGTHS), ("cu_seqlens", LENGTHS), ("cu_seq_lens_q", LENGTHS), ("seq_idx", SKEWED)])
 def test_chunk_scan_packed_equals_each_sequence(packing: str, lengths: list[int]) -> None:
     _, scan = _kernel("bamba", "mamba2_chunk_scan")
-
-    def run(**kw: Any) -> torch.Tensor:
-        return scan(**kw, chunk_size=4, dt_softplus=True, dt_limit=(0.0, float("inf")))
-
     given = _seq_idx(lengths) if packing == "seq_idx" else torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
-    _compare(run, _chunk_inputs(lengths), {"hidden_states": 1, "dt": 1, "B": 1, "C": 1, "out": 1}, lengths,
-             **{packing: given})
+    _compare(lambda **kw: scan(**kw, chunk_size=4, dt_softplus=True, dt_limit=(0.0, float("inf"))),
+             _chunk_inputs(lengths), {"hidden_states": 1, "dt": 1, "B": 1, "C": 1, "out": 1}, lengths, **{packing: given})
 
 
-def test_chunk_scan_without_packing_is_transformers_torch_reference_which_refuses_packed_rows() -> None:
+def test_chunk_scan_without_packing_is_transformers_torch_reference_and_refuses_a_cache_or_other_boundaries() -> None:
     original, scan = _kernel("mamba2", "mamba2_chunk_scan")
     inputs = _chunk_inputs()
     kwargs = dict(chunk_size=4, dt_softplus=True, return_final_states=True)
@@ -100,10 +96,6 @@ def test_chunk_scan_without_packing_is_transformers_torch_reference_which_refuse
     packed, whole = scan(**inputs, chunk_size=4, seq_idx=_seq_idx(LENGTHS)), original(**inputs, chunk_size=4)
     torch.testing.assert_close(packed[:, : LENGTHS[0]], whole[:, : LENGTHS[0]])
     assert (packed[:, LENGTHS[0] :] - whole[:, LENGTHS[0] :]).abs().max() > 1e-2
-
-
-def test_chunk_scan_refuses_a_cache_and_boundaries_of_another_batch() -> None:
-    _, scan = _kernel("bamba", "mamba2_chunk_scan")
     with pytest.raises(ValueError, match="mamba2_chunk_scan: a packed row cannot continue or keep a recurrent "
                                          "cache; pass use_cache=False"):
         scan(**_chunk_inputs(), chunk_size=4, seq_idx=_seq_idx(LENGTHS), return_final_states=True)
@@ -130,31 +122,21 @@ def test_layout_groups_bound_the_padding() -> None:
     assert sorted(sequences) == list(zip(cu[:-1], cu[1:], strict=True))
 
 
-def test_selective_scan_packed_equals_each_sequence() -> None:
+def test_selective_scan_and_causal_conv1d_packed_equal_each_sequence() -> None:
     original, scan = _kernel("jamba", "mamba_selective_scan")
     g, t, channels, state = torch.Generator().manual_seed(1), sum(LENGTHS), 6, 4
     inputs = {"hidden_states": torch.randn(1, channels, t, generator=g), "dt": torch.randn(1, channels, t, generator=g),
               "A": -torch.rand(channels, state, generator=g) - 0.5, "B": torch.randn(1, state, t, generator=g),
               "C": torch.randn(1, state, t, generator=g), "D": torch.randn(channels, generator=g),
               "z": torch.randn(1, channels, t, generator=g), "delta_bias": torch.randn(channels, generator=g)}
-
-    def run(**kw: Any) -> torch.Tensor:
-        return scan(**kw, delta_softplus=True)
-
-    _compare(run, inputs, {"hidden_states": 2, "dt": 2, "B": 2, "C": 2, "z": 2, "out": 2}, seq_idx=_seq_idx(LENGTHS))
+    _compare(lambda **kw: scan(**kw, delta_softplus=True), inputs,
+             {"hidden_states": 2, "dt": 2, "B": 2, "C": 2, "z": 2, "out": 2}, seq_idx=_seq_idx(LENGTHS))
     assert torch.equal(scan(**inputs, delta_softplus=True), original(**inputs, delta_softplus=True))
-
-
-def test_causal_conv1d_packed_equals_each_sequence() -> None:
     _, conv = _kernel("bamba", "causal_conv1d_fn", conv_module.KERNELS)
     g = torch.Generator().manual_seed(2)
     inputs = {"hidden_states": torch.randn(1, 6, sum(LENGTHS), generator=g), "weight": torch.randn(6, 4, generator=g),
               "bias": torch.randn(6, generator=g)}
-
-    def run(**kw: Any) -> torch.Tensor:
-        return conv(**kw, activation="silu")
-
-    _compare(run, inputs, {"hidden_states": 2, "out": 2}, seq_idx=_seq_idx(LENGTHS))
+    _compare(lambda **kw: conv(**kw, activation="silu"), inputs, {"hidden_states": 2, "out": 2}, seq_idx=_seq_idx(LENGTHS))
 
 
 def test_fused_forms_fall_back_to_the_unfused_path_when_packed() -> None:
