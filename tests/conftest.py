@@ -3,8 +3,6 @@
 modules (``tiny_*.py``, ``layout_runs.py``, ...) are named by what they hold, and a test module imports its helpers
 from them, never from another ``test_*.py``."""
 
-from __future__ import annotations
-
 import os
 
 import pytest
