@@ -114,16 +114,10 @@ def anchors(path: Path) -> set[str]:
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
-def relative_links(path: Path) -> list[str]:
-    """Link targets outside code (fenced blocks and inline code spans), other than URLs."""
-    text = re.sub(r"`[^`\n]*`", "", FENCE.sub("", path.read_text(encoding="utf-8")))
-    return [m["target"] for m in LINK.finditer(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", m["target"], re.I)]
-
-
 @pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page: Path):
-    broken = []
-    for target in relative_links(page):
+    broken, text = [], re.sub(r"`[^`\n]*`", "", FENCE.sub("", page.read_text(encoding="utf-8")))  # outside code
+    for target in (m["target"] for m in LINK.finditer(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", m["target"], re.I)):
         file_part, _, fragment = target.partition("#")
         dest = (page.parent / file_part).resolve() if file_part else page
         if not dest.exists():
@@ -172,12 +166,6 @@ def run_shown(command: str, extra: str, tmp_path: Path, capfd: pytest.CaptureFix
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def output_matches(want: str, got: str) -> bool:
-    """doctest's comparison: ``...`` matches any text, runs of whitespace compare equal."""
-    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-    return doctest.OutputChecker().check_output(want.strip() + "\n", got.strip() + "\n", flags)
-
-
 @pytest.mark.parametrize("shown", [s for s in ALL_SHOWN if s.command in RUN], ids=str)
 def test_shown_command_runs_and_prints_what_the_page_shows(shown: Shown, tmp_path, capfd):
     extra, expected_code = RUN[shown.command]
@@ -186,7 +174,10 @@ def test_shown_command_runs_and_prints_what_the_page_shows(shown: Shown, tmp_pat
     if shown.output is not None:
         # the command's own lines (transformers' progress bars and warnings around them are not shown)
         own = "\n".join(line for line in output.splitlines() if not line.startswith(("Loading weights", "\r")))
-        assert output_matches(shown.output, own), f"{shown}: the page shows\n{shown.output}\nbut it printed\n{own}"
+        # doctest's comparison: "..." matches any text, runs of whitespace compare equal
+        assert doctest.OutputChecker().check_output(shown.output.strip() + "\n", own.strip() + "\n",
+                                                    doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE), (
+            f"{shown}: the page shows\n{shown.output}\nbut it printed\n{own}")
     if extra == FEW_STEPS and expected_code == 0:  # the run really trained and wrote its summary
         assert (tmp_path / "out" / "launch_summary.json").is_file(), output[-3000:]
     if shown.command == "trl-padfree train --help":

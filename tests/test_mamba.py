@@ -4,7 +4,6 @@ checkpointing, unpatched, a cache refused."""
 
 import importlib
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
@@ -23,15 +22,11 @@ LENGTHS = [7, 5, 9]  # with chunk_size 4: sequences that span chunks and start i
 SKEWED = [13, 1, 2, 1]  # two batches of sequences: the 13 with the 2, the two 1s (trl_padfree/recurrent/mamba.py)
 
 
-def _modeling(family: str) -> Any:
-    if family not in CONFIG_MAPPING:
-        pytest.skip(f"{family} is not in this transformers")
-    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-
-
 def _kernel(family: str, name: str, kernels: dict | None = None) -> tuple[Callable, Callable]:
     """(transformers' torch function, its packed replacement); skipped where a kernel package replaced it."""
-    function = getattr(_modeling(family), name)
+    if family not in CONFIG_MAPPING:
+        pytest.skip(f"{family} is not in this transformers")
+    function = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
     function = getattr(function, "__trl_padfree_original__", function)  # where an earlier test prepared the module
     function = hub_function(function)  # the function under a `kernels` layer, where that package is installed
     if function.__code__.co_filename.endswith("hub_kernels.py"):
