@@ -84,21 +84,15 @@ DELTA_RULES = [
 ]
 
 
-def _delta_inputs(per_key_gate: bool, length: int):
-    torch.manual_seed(3)
-    heads, dim = 2, 4
-    q, k, v = (torch.randn(1, length, heads, dim, requires_grad=True) for _ in range(3))
-    g_shape = (1, length, heads, dim) if per_key_gate else (1, length, heads)
-    g = (-torch.rand(g_shape) - 0.05).requires_grad_()
-    beta = torch.rand(1, length, heads).requires_grad_()
-    return q, k, v, g, beta
-
-
 @pytest.mark.parametrize(("family", "name", "per_key_gate", "bounds"), DELTA_RULES)
 def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate, bounds):
     original = _torch_fallback(getattr(_modeling(family), name))
     replaced = varlen_delta_rule(original)
-    q, k, v, g, beta = inputs = _delta_inputs(per_key_gate, bounds[-1])
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, bounds[-1], 2, 4, requires_grad=True) for _ in range(3))  # 2 heads of dimension 4
+    g = (-torch.rand((1, bounds[-1], 2, 4) if per_key_gate else (1, bounds[-1], 2)) - 0.05).requires_grad_()
+    beta = torch.rand(1, bounds[-1], 2).requires_grad_()
+    inputs = q, k, v, g, beta
     state = torch.randn(len(bounds) - 1, 2, 4, 4)
     common = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
     packed, packed_state = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common,
