@@ -1,9 +1,5 @@
-"""Test-suite settings: the ``slow`` marker (tests run only with ``TRL_PADFREE_SLOW=1``, as ``.ci/run`` does after
-``make test``), and the fixtures test modules share. Paths of the checkout are constants in ``tests/paths.py``; helper
-modules (``tiny_*.py``, ``layout_runs.py``, ...) are named by what they hold, and a test module imports its helpers
-from them, never from another ``test_*.py``."""
-
-from __future__ import annotations
+"""The ``slow`` marker (run with ``TRL_PADFREE_SLOW=1``, as ``.ci/run`` does) and the shared fixtures; paths are in
+``tests/paths.py``, helpers in modules named by what they hold (``tiny_*.py``, ...), never in a ``test_*.py``."""
 
 import os
 

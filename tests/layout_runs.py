@@ -2,8 +2,6 @@
 once) and comparing the runs on every metric, every gradient before each optimizer step (SGD) and the final weights:
 what the DPO, KTO and reward tests share; also a deliberately leaking attention."""
 
-from __future__ import annotations
-
 import json
 import random
 from collections.abc import Callable
@@ -133,9 +131,10 @@ def assert_same_training(runs: dict[str, Any], same_step: Callable[[str, dict, d
     """Every layout's run (of those in ``runs``) is the padded one's: ``same_step(layout, got, want)`` on each step's
     logs, gradients within ``grad_rtol(layout)`` (of each tensor's largest, or of ``grad_floor`` times the step's
     largest gradient where that is more), weights within ``RTOL``. ``runs``: :class:`Run` s, or the in-process runs of
-    :func:`train_layouts`, whose padded run must also have moved its weights (:func:`assert_training_moved`)."""
+    :func:`train_layouts`, whose padded run must also have moved its weights (not untouched models compared)."""
     if not isinstance(runs["padded"], Run):
-        assert_training_moved(runs)
+        padded, recorder = runs["padded"]
+        assert max_rel_diff(weights(padded), recorder.initial) > 1e-4
         runs = finished(runs)
     want = runs["padded"]
     assert len(want.logs) == len(want.grads) == STEPS and len(runs) > 1
@@ -148,12 +147,6 @@ def assert_same_training(runs: dict[str, Any], same_step: Callable[[str, dict, d
             floor = grad_floor * max(t.abs().max().item() for t in w.values())
             assert max_rel_diff(g, w, floor) <= grad_rtol(layout), (layout, step, max_rel_diff(g, w, floor))
         assert max_rel_diff(got.weights, want.weights) <= RTOL
-
-
-def assert_training_moved(runs: dict[str, tuple[Any, GradRecorder]]) -> None:
-    """Training moved the padded run's weights: the comparison is not between untouched models."""
-    padded, recorder = runs["padded"]
-    assert max_rel_diff(weights(padded), recorder.initial) > 1e-4
 
 
 def ddp_runs(trainer: str, out: Path) -> dict[str, Run]:

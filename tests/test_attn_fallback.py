@@ -1,7 +1,5 @@
 """attn_implementation auto's fall-back, one home for `trl-padfree check` and `trl-padfree train`."""
 
-from __future__ import annotations
-
 import pytest
 from tiny_models import GPT_NEO, MPT, save_tiny_model
 
@@ -25,7 +23,7 @@ def _recording(results: dict[str | None, object]):  # noqa: ANN202
     return load, calls
 
 
-def test_a_model_is_loaded_again_with_its_default_only_when_it_never_calls_padfree() -> None:
+def test_a_model_is_loaded_again_with_its_default_only_when_it_never_calls_padfree_or_fails_to_load() -> None:
     import trl_padfree.attention  # noqa: F401  (registers "padfree")
 
     calls_it, ignores_it, default = tiny_llama(attn_implementation="padfree"), tiny_llama(attn_implementation="sdpa"), object()
@@ -40,6 +38,11 @@ def test_a_model_is_loaded_again_with_its_default_only_when_it_never_calls_padfr
     # a process without the real weights (inspect false) keeps what it loaded
     load, calls = _recording({"padfree": ignores_it})
     assert load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append, inspect=lambda m: False) is ignores_it
+    # a failing second load is a ModelLoadError with its own reason
+    load, calls = _recording({"padfree": KeyError("padfree"), None: OSError("no\n config.json")})
+    with pytest.raises(ModelLoadError, match="^no config.json$"):
+        load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append)
+    assert calls == ["padfree", None] and whys[-1].startswith("it fails to load with it (its modeling code has no")
 
 
 @pytest.mark.parametrize(("attn", "auto"), [("padfree", False), ("sdpa", True), (None, True)])
@@ -49,14 +52,6 @@ def test_no_fall_back_unless_auto_picked_padfree(attn: str | None, auto: bool) -
     with pytest.raises(ModelLoadError, match="has no attention class" if attn == "padfree" else "'padfree'"):
         load_with_fallback(load, attn, auto=auto, on_fallback=whys.append)
     assert (calls, whys) == ([attn], [])
-
-
-def test_a_failing_second_load_is_a_model_load_error_with_its_own_reason() -> None:
-    load, calls = _recording({"padfree": KeyError("padfree"), None: OSError("no\n config.json")})
-    whys: list[str] = []
-    with pytest.raises(ModelLoadError, match="^no config.json$"):
-        load_with_fallback(load, "padfree", auto=True, on_fallback=whys.append)
-    assert calls == ["padfree", None] and whys[0].startswith("it fails to load with it (its modeling code has no")
 
 
 @pytest.mark.parametrize(("model_type", "sizes", "code", "why", "verdict"), [

@@ -1,7 +1,5 @@
 """TokenBudgetBatchSampler on its own: budget, whole examples, determinism, epochs, ranks (no model)."""
 
-from __future__ import annotations
-
 import random
 
 import pytest

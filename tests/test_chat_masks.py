@@ -1,8 +1,6 @@
 """Masks from the chat template itself (trl_padfree.chat_masks) on the real families' templates (``make
 real-tokenizers``), against character-span truth: an assistant turn is trained from its header's end to the next."""
 
-from __future__ import annotations
-
 import pytest
 import real_cases as rc
 from real_cases import real_tokenizers_built  # noqa: F401  (autouse: fails saying how to build them)
@@ -50,7 +48,7 @@ def test_spans_are_exactly_what_each_assistant_message_adds():
     # (the labels chat_labels makes of them: test_chat_template_masks_equal_character_span_truth[phi-3])
 
 
-def test_label_chats_for_datasets_map_and_a_collator_without_templates_keeps_the_labels():
+def test_label_chats_for_datasets_map_a_collator_keeps_the_labels_and_untrained_turns_are_counted():
     from datasets import Dataset
 
     tok = rc.load("qwen2")
@@ -61,6 +59,11 @@ def test_label_chats_for_datasets_map_and_a_collator_without_templates_keeps_the
     batch = DataCollatorForCompletionOnlyLM(None, tokenizer=tok, padding_free=True)(
         [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples])
     assert batch["labels"][0].tolist() == [lab for e in examples for lab in e["labels"]]
+    messages, ex = convs[1], examples[1]  # three exchanges, no system turn
+    single = DataCollatorForCompletionOnlyLM("<|im_start|>assistant\n", tokenizer=tok, padding_free=True)
+    labels = single([{"input_ids": ex["input_ids"]}])["labels"][0].tolist()
+    assert cm.untrained_assistant_turns(tok, messages, ex["input_ids"], labels) == 2  # only the last turn trained
+    assert cm.untrained_assistant_turns(tok, messages, ex["input_ids"], ex["labels"]) == 0
 
 
 def test_generation_blocks_are_used_and_a_template_that_rewrites_earlier_turns_is_refused():
@@ -78,16 +81,6 @@ def test_generation_blocks_are_used_and_a_template_that_rewrites_earlier_turns_i
     with pytest.raises(cm.ChatMaskError, match="renders assistant message 1 differently when later messages follow.*"
                                             "response_template/instruction_template"):
         cm.chat_labels(tok, rc.HI_BYE, chat_template=template)
-
-
-def test_untrained_assistant_turns_counts_turns_a_collator_left_out():
-    tok = rc.load("qwen2")
-    messages = rc.conversations(rc.CHAT["qwen2"])[1]  # three exchanges, no system turn
-    ex = cm.chat_labels(tok, messages)
-    single = DataCollatorForCompletionOnlyLM("<|im_start|>assistant\n", tokenizer=tok, padding_free=True)
-    labels = single([{"input_ids": ex["input_ids"]}])["labels"][0].tolist()
-    assert cm.untrained_assistant_turns(tok, messages, ex["input_ids"], labels) == 2  # only the last turn trained
-    assert cm.untrained_assistant_turns(tok, messages, ex["input_ids"], ex["labels"]) == 0
 
 
 def test_qwen35_turns_are_exact_where_located_and_refused_where_the_template_rewrites_them():

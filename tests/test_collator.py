@@ -1,8 +1,6 @@
 """Exact labels, positions and boundaries from DataCollatorForCompletionOnlyLM, and the inputs it accepts (those
 TRL 0.19.1, TRL 1.x and transformers' collators accept) and refuses, with the example's index and what to pass."""
 
-from __future__ import annotations
-
 import itertools
 import warnings
 
@@ -220,7 +218,10 @@ def test_seq_lengths_split_a_prepacked_row(byte_tok):
         assert prepacked[key].tolist() == separate[key].tolist()
 
 
-def test_bad_arguments_have_clear_errors(byte_tok):
+def test_tokenizer_positional_like_trl_0_19_and_bad_arguments_have_clear_errors(byte_tok):
+    collator = DataCollatorForCompletionOnlyLM("### Answer:", None, byte_tok)
+    assert collator.tokenizer is byte_tok and collator.padding_free is False
+    assert collator([byte_tok(TEXTS[0])])["attention_mask"].shape[0] == 1
     with pytest.raises(ValueError, match="String templates need the tokenizer"):
         DataCollatorForCompletionOnlyLM("### Answer:")
     with pytest.raises(ValueError, match="mlm=True is not supported"):
@@ -238,12 +239,6 @@ def test_bad_arguments_have_clear_errors(byte_tok):
         collator([{"text": "raw"}])
     with pytest.raises(ValueError, match="example 1 has no tokens; drop empty examples"):
         collator([{"input_ids": [1, 2]}, {"input_ids": []}])
-
-
-def test_positional_tokenizer_like_trl_0_19(byte_tok):
-    collator = DataCollatorForCompletionOnlyLM("### Answer:", None, byte_tok)
-    assert collator.tokenizer is byte_tok and collator.padding_free is False
-    assert collator([byte_tok(TEXTS[0])])["attention_mask"].shape[0] == 1
 
 
 def test_padding_free_pad_to_multiple_of_is_its_own_segment(byte_tok):

@@ -1,7 +1,5 @@
 """The supported TRL / transformers window: declared the same everywhere."""
 
-from __future__ import annotations
-
 import re
 
 from paths import ROOT

@@ -1,8 +1,6 @@
 """trl_padfree's config classes (trl_padfree/configs.py): TRL's configs with this package's fields, read by its
 trainers, parsed by ``trl.TrlParser``; the former trainer keywords as deprecated aliases."""
 
-from __future__ import annotations
-
 import dataclasses
 import warnings
 
@@ -117,7 +115,7 @@ def _batches(trainer):
             for batch in trainer.get_train_dataloader()]
 
 
-def test_sft_config_padding_free_builds_the_collator_the_old_call_built(sft_setup, tmp_path):
+def test_sft_config_builds_the_collator_the_old_call_built_and_the_trainer_reads_its_fields(sft_setup, tmp_path):
     tok, _ = sft_setup
     old_collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
     old = _sft(sft_setup, _sft_args(trl.SFTConfig, tmp_path, padding_free=False), data_collator=old_collator)
@@ -135,10 +133,7 @@ def test_sft_config_padding_free_builds_the_collator_the_old_call_built(sft_setu
     assert "cu_seq_lens_q" in got[0] and len(got[0]["input_ids"]) == 1
     for trainer in (old, new):
         assert sum(isinstance(c, PackingCheckCallback) for c in trainer.callback_handler.callbacks) == 1
-
-
-def test_sft_trainer_reads_the_config_fields(sft_setup, tmp_path):
-    tok, _ = sft_setup
+    # every field read from the config
     trainer = _sft(sft_setup, _sft_args(trl_padfree.SFTConfig, tmp_path, padding_free=True, scored_lm_head=False,
                                         response_template="### Answer:", max_tokens_per_batch=64, torch_num_threads=1,
                                         check_packing=False))
@@ -152,7 +147,7 @@ def test_sft_trainer_reads_the_config_fields(sft_setup, tmp_path):
     assert (plain.max_tokens_per_batch, plain.torch_num_threads, plain.scored_lm_head) == (None, "auto", True)
 
 
-def test_sft_deprecated_keyword_warns_and_still_works(sft_setup, tmp_path):
+def test_sft_deprecated_keyword_warns_and_still_works_and_conflicts_name_both(sft_setup, tmp_path):
     collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=sft_setup[0], padding_free=True)
     with pytest.warns(DeprecationWarning, match=r"SFTTrainer\(check_packing=\.\.\.\) is deprecated .* set "
                       r"check_packing in trl_padfree\.SFTConfig\(check_packing=\.\.\.\)") as record:
@@ -162,9 +157,7 @@ def test_sft_deprecated_keyword_warns_and_still_works(sft_setup, tmp_path):
     assert trainer.max_tokens_per_batch == 64
     deprecations = [w for w in record if issubclass(w.category, DeprecationWarning) and "deprecated" in str(w.message)]
     assert len(deprecations) == 2 and all(w.filename == __file__ for w in deprecations)  # shown at the caller's line
-
-
-def test_sft_conflicts_name_both(sft_setup, tmp_path):
+    # a keyword and the config both set: the conflict names both
     config = _sft_args(trl_padfree.SFTConfig, tmp_path, padding_free=True, response_template="### Answer:",
                        check_packing=False)
     with pytest.raises(ValueError) as info, warnings.catch_warnings():

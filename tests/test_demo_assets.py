@@ -1,8 +1,6 @@
 """The shipped demo assets (``trl_padfree/demo``) load through the ordinary APIs, as the demo config loads them, and
 are what ``scripts/make_demo_assets.py`` makes."""
 
-from __future__ import annotations
-
 import importlib.util
 import json
 import math
@@ -86,11 +84,13 @@ def _answer(instruction: str) -> tuple[str, str]:
     return next(((kind, answer()) for kind, (match, answer) in rules.items() if match), ("unknown", ""))
 
 
-def test_the_data_answers_every_instruction_correctly(demo_data) -> None:
-    """Every output is the right answer to its instruction, all 14 task kinds occur in train and eval, and eval
-    examples are not copies of training examples."""
+def test_the_data_answers_every_instruction_correctly_under_one_template(demo_tokenizer, demo_data) -> None:
+    """Every output is the right answer to its instruction, all 14 task kinds occur in train and eval, eval
+    examples are not copies of training examples; each formatted example holds the response template once, as text
+    and as its token ids."""
     assert (demo_data["train"].num_rows, demo_data["eval"].num_rows) == (gen.N_TRAIN, gen.N_EVAL)
     assert not set(demo_data["train"]["instruction"]).intersection(demo_data["eval"]["instruction"])
+    response_ids = demo_tokenizer(gen.RESPONSE_TEMPLATE, add_special_tokens=False)["input_ids"]
     for split in ("train", "eval"):
         assert demo_data[split].column_names == ["instruction", "output"]
         kinds = set()
@@ -98,19 +98,12 @@ def test_the_data_answers_every_instruction_correctly(demo_data) -> None:
             kind, answer = _answer(row["instruction"])
             assert row["output"] == answer, (kind, row)
             kinds.add(kind)
-        assert len(kinds) == 14 and "unknown" not in kinds, sorted(kinds)
-
-
-def test_template_occurs_in_every_formatted_example(demo_tokenizer, demo_data) -> None:
-    response_ids = demo_tokenizer(gen.RESPONSE_TEMPLATE, add_special_tokens=False)["input_ids"]
-    for split in ("train", "eval"):
-        for row in demo_data[split]:
             text = gen.format_example(row)
-            assert text.count(gen.RESPONSE_TEMPLATE) == 1
-            assert text.startswith(gen.INSTRUCTION_TEMPLATE)
+            assert text.count(gen.RESPONSE_TEMPLATE) == 1 and text.startswith(gen.INSTRUCTION_TEMPLATE)
             ids = demo_tokenizer(text, add_special_tokens=False)["input_ids"]
             windows = [ids[i : i + len(response_ids)] for i in range(len(ids) - len(response_ids) + 1)]
             assert windows.count(response_ids) == 1, text
+        assert len(kinds) == 14 and "unknown" not in kinds, sorted(kinds)
 
 
 def test_length_spread_is_flan_like(train_lengths) -> None:

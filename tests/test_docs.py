@@ -1,8 +1,6 @@
 """The README and docs stay true: relative links resolve, shown commands run (``RUN``) or are listed with a reason
 (``NOT_RUN``) and print what is shown, config and example excerpts match their files, headline figures their sources."""
 
-from __future__ import annotations
-
 import doctest
 import os
 import re
@@ -116,16 +114,10 @@ def anchors(path: Path) -> set[str]:
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 
 
-def relative_links(path: Path) -> list[str]:
-    """Link targets outside code (fenced blocks and inline code spans), other than URLs."""
-    text = re.sub(r"`[^`\n]*`", "", FENCE.sub("", path.read_text(encoding="utf-8")))
-    return [m["target"] for m in LINK.finditer(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", m["target"], re.I)]
-
-
 @pytest.mark.parametrize("page", LINKED_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page: Path):
-    broken = []
-    for target in relative_links(page):
+    broken, text = [], re.sub(r"`[^`\n]*`", "", FENCE.sub("", page.read_text(encoding="utf-8")))  # outside code
+    for target in (m["target"] for m in LINK.finditer(text) if not re.match(r"^[a-z][a-z0-9+.-]*:", m["target"], re.I)):
         file_part, _, fragment = target.partition("#")
         dest = (page.parent / file_part).resolve() if file_part else page
         if not dest.exists():
@@ -174,17 +166,6 @@ def run_shown(command: str, extra: str, tmp_path: Path, capfd: pytest.CaptureFix
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def output_matches(want: str, got: str) -> bool:
-    """doctest's comparison: ``...`` matches any text, runs of whitespace compare equal."""
-    flags = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
-    return doctest.OutputChecker().check_output(want.strip() + "\n", got.strip() + "\n", flags)
-
-
-def figures_masked(line: str) -> str:
-    """A probe-families table row with its rounding differences masked (their last digits vary by CPU)."""
-    return re.sub(r"\d\.\de[+-]\d\d", "N", line)
-
-
 @pytest.mark.parametrize("shown", [s for s in ALL_SHOWN if s.command in RUN], ids=str)
 def test_shown_command_runs_and_prints_what_the_page_shows(shown: Shown, tmp_path, capfd):
     extra, expected_code = RUN[shown.command]
@@ -193,16 +174,21 @@ def test_shown_command_runs_and_prints_what_the_page_shows(shown: Shown, tmp_pat
     if shown.output is not None:
         # the command's own lines (transformers' progress bars and warnings around them are not shown)
         own = "\n".join(line for line in output.splitlines() if not line.startswith(("Loading weights", "\r")))
-        assert output_matches(shown.output, own), f"{shown}: the page shows\n{shown.output}\nbut it printed\n{own}"
+        # doctest's comparison: "..." matches any text, runs of whitespace compare equal
+        assert doctest.OutputChecker().check_output(shown.output.strip() + "\n", own.strip() + "\n",
+                                                    doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE), (
+            f"{shown}: the page shows\n{shown.output}\nbut it printed\n{own}")
     if extra == FEW_STEPS and expected_code == 0:  # the run really trained and wrote its summary
         assert (tmp_path / "out" / "launch_summary.json").is_file(), output[-3000:]
     if shown.command == "trl-padfree train --help":
         assert output.startswith("usage: trl-padfree train"), output[:500]
     if shown.command == "python scripts/probe_families.py":
-        rows = [line for line in (tmp_path / "families.md").read_text().splitlines() if line.startswith("| ")]
-        page = [figures_masked(line) for line in (ROOT / "docs" / "probe-families.md").read_text().splitlines()]
-        # the two tables' headers, llama's group and each family's row, as on the page
-        assert len(rows) == 6 and all(figures_masked(row) in page for row in rows), rows
+        # the two tables' headers, llama's group and each family's row, as on the page, rounding differences (their
+        # last digits vary by CPU) masked
+        rows = [re.sub(r"\d\.\de[+-]\d\d", "N", line) for line in (tmp_path / "families.md").read_text().splitlines()
+                if line.startswith("| ")]
+        page = re.sub(r"\d\.\de[+-]\d\d", "N", (ROOT / "docs" / "probe-families.md").read_text()).splitlines()
+        assert len(rows) == 6 and all(row in page for row in rows), rows
 
 
 def config_blocks() -> list[tuple[str, str, dict]]:

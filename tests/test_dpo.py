@@ -2,8 +2,6 @@
 every gradient and the final weights (tests/layout_runs.py), every TRL loss type on one batch, leaks refused; with KTO
 and reward models: the refusals and evaluation."""
 
-from __future__ import annotations
-
 import importlib
 
 import layout_runs
@@ -16,10 +14,6 @@ from trl_padfree.dpo_loss import LOSS_TYPES
 from trl_padfree.probe import PackingLeakError
 
 RTOL = 1e-5
-
-
-def rel(a: float, b: float) -> float:
-    return abs(a - b) / max(abs(b), 1e-8)
 
 
 @pytest.mark.parametrize("case", [
@@ -63,7 +57,7 @@ def same_loss(trainers: dict, **attrs) -> None:
             losses[layout] = trainer.compute_loss(trainer.model, dict(batch)).item()
         for k, v in saved.items():
             setattr(trainer, k, v)
-    assert rel(losses["padfree"], losses["padded"]) <= RTOL and rel(losses["once"], losses["padded"]) <= RTOL, losses
+    assert [losses["padfree"], losses["once"]] == pytest.approx([losses["padded"]] * 2, rel=RTOL), losses
 
 
 @pytest.mark.parametrize("variant", [*({"loss_types": [t]} for t in LOSS_TYPES),
@@ -114,7 +108,7 @@ def test_padding_free_loss_and_every_gradient_are_the_padded_ones(tmp_path, requ
         loss = trainer.compute_loss(trainer.model, first_batch(trainer))
         loss.backward()
         results[layout] = (loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()})
-    assert rel(results["padfree"][0], results["padded"][0]) <= RTOL
+    assert results["padfree"][0] == pytest.approx(results["padded"][0], rel=RTOL)
     assert layout_runs.max_rel_diff(results["padfree"][1], results["padded"][1]) <= RTOL
     if flash:  # policy and reference: every layer took the varlen path
         assert len(calls) == 2 * trainer.model.config.num_hidden_layers
@@ -136,7 +130,7 @@ def test_pair_packed_with_others_has_its_logps_alone(tmp_path):
 @pytest.mark.parametrize("name", ["dpo", "kto", "reward"])
 def test_a_leaking_attention_and_sdpa_with_prompt_once_are_refused(tmp_path, name):
     """DPO, KTO and reward (tests/tiny_*.py): a leak stops training before the first step; prompt-once needs an
-    attention that reads the shared prompt keys."""
+    attention that reads the shared prompt keys, and the config's padding_free."""
     S = importlib.import_module(f"tiny_{name}")
     tok, data = S.tokenizer(), (S.examples if name == "kto" else S.pairs)(8)
     leaky = {"attn_implementation": layout_runs.register_leaky_attention()}
@@ -146,6 +140,9 @@ def test_a_leaking_attention_and_sdpa_with_prompt_once_are_refused(tmp_path, nam
     assert trainer.state.global_step == 0  # refused before the first step
     with pytest.raises(ValueError, match="prompt_once=True needs attn_implementation='padfree'"):
         S.trainer("once", data, tok, str(tmp_path), model_kwargs={"attn_implementation": "sdpa"})
+    config = {"dpo": "DPO", "kto": "KTO", "reward": "Reward"}[name]
+    with pytest.raises(ValueError, match=rf"^prompt_once=True needs {config}Config\(padding_free=True\)"):
+        S.trainer("once", data, tok, str(tmp_path), padding_free=False)
 
 
 @pytest.mark.parametrize(("name", "shown"), [("kto", {"eval_loss", "eval_kl", "eval_rewards/chosen", "eval_logps/rejected"}),
@@ -164,12 +161,6 @@ def test_evaluation_gives_trls_metrics(tmp_path, name, shown):
             layout_runs.same_preference_step(layout, results[layout], want, keys, prefix="eval_")
         else:
             S.same_step(layout, results[layout], want, keys, prefix="eval_")
-
-
-def test_prompt_once_needs_padding_free(tmp_path):
-    with pytest.raises(ValueError, match="needs DPOConfig\\(padding_free=True\\)"):
-        DPOTrainer(T.model("padded"), T.model("padded", seed=1), args=T.config("padded", str(tmp_path)),
-                   train_dataset=T.pairs(8), processing_class=T.tokenizer(), prompt_once=True)
 
 
 def test_padding_free_false_is_trl_unchanged(tmp_path):

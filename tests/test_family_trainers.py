@@ -3,14 +3,11 @@ Qwen3.5-like hybrid, GPT-OSS, Llama-4) as padding does: losses, metrics, gradien
 The hybrid refuses prompt_once; left padding is not exact for Llama-4 and the hybrid, so their GRPO prompts have
 one length."""
 
-from __future__ import annotations
-
 import layout_runs
 import pytest
 import tiny_dpo
 import tiny_rl
 import tiny_sft
-import torch
 from layout_runs import LAYOUTS, train_layouts
 from tiny_models import FAMILIES, family, family_model
 
@@ -38,48 +35,6 @@ def trl_head_backbone(trainer) -> None:
     for model in (trainer.model, getattr(trainer, "ref_model", None)):
         if model is not None and type(model).__name__ == "Llama4ForCausalLM":
             model.base_model_prefix = "model"
-
-
-def _grads(model) -> dict[str, torch.Tensor]:
-    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return grads
-
-
-@pytest.mark.parametrize("model_type", list(FAMILIES))
-def test_padded_rows_are_the_examples_alone(model_type):
-    """A padded batch vs each example alone, logits and every gradient: right padding exact; left padding not for
-    Llama-4 (chunks, temperature count from the row's first slot) nor the hybrid's gate gradients (~25%)."""
-    model = family_model(family(model_type), PADDED_ATTN[model_type])
-    gen = torch.Generator().manual_seed(0)
-    seqs = [torch.randint(3, 400, (n,), generator=gen) for n in (21, 9, 14)]  # beyond a chunk (8) and window (6)
-    width = max(len(s) for s in seqs)
-    weight = torch.randn(width, 400, generator=gen)
-    alone_logits = []
-    for s in seqs:
-        logits = model(input_ids=s[None], use_cache=False).logits[0]
-        (logits * weight[: len(s)]).sum().backward()
-        alone_logits.append(logits.detach())
-    alone = _grads(model)
-    logit_diff, grad_diff = {}, {}
-    for side in ("right", "left"):
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, s in enumerate(seqs):
-            span = slice(0, len(s)) if side == "right" else slice(width - len(s), width)
-            ids[i, span], mask[i, span] = s, 1
-        logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        rows = [logits[i][mask[i].bool()] for i in range(len(seqs))]
-        sum((row * weight[: len(row)]).sum() for row in rows).backward()
-        logit_diff[side] = max((r.detach() - a).abs().max().item() for r, a in zip(rows, alone_logits, strict=True))
-        grad_diff[side] = layout_runs.max_rel_diff(_grads(model), alone)
-    assert logit_diff["right"] <= 1e-5 and grad_diff["right"] <= 1e-4, (logit_diff, grad_diff)
-    if model_type == "gpt_oss":
-        assert logit_diff["left"] <= 1e-5 and grad_diff["left"] <= 1e-4, (logit_diff, grad_diff)
-    else:  # the traps above (measured: Llama-4 logits 1.8e-4, gradients 5e-2; Qwen3.5 gradients 0.25)
-        assert grad_diff["left"] > 1e-2, (logit_diff, grad_diff)
-        if model_type == "llama4_text":
-            assert logit_diff["left"] > 1e-4, logit_diff
 
 
 def test_llama4_chunks_with_shared_prompt_keys():

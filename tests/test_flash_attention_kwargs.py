@@ -1,24 +1,20 @@
 """The collator's padding-free batch against the installed transformers' flash-attention path: its boundary keyword
 names have changed before (transformers #45034, #47525), and a renamed one is silently ignored there."""
 
-from __future__ import annotations
-
-import inspect
 import typing
 
 import pytest
 import torch
 from layout_runs import loss_and_grads, max_rel_diff
 from transformers import DataCollatorWithFlattening
-from transformers.modeling_flash_attention_utils import FlashAttentionKwargs, _flash_attention_forward
+from transformers.modeling_flash_attention_utils import FlashAttentionKwargs
 from transformers.utils.generic import TransformersKwargs
 
 from trl_padfree import DataCollatorForCompletionOnlyLM
 from trl_padfree.testing import tiny_llama
 
-FA_HINTS = typing.get_type_hints(FlashAttentionKwargs, localns={"torch": torch})
 MODEL_KWARGS = typing.get_type_hints(TransformersKwargs, localns={"torch": torch})
-FA_KEYS = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+FA_KEYS = set(typing.get_type_hints(FlashAttentionKwargs, localns={"torch": torch}))
 TEXTS = [
     "### Question: what is the capital city of france?\n### Answer: paris.",
     "### Question: why?\n### Answer: because it is true.",
@@ -35,15 +31,6 @@ def features(tok):
 
 def batch_of(tok, features, name: str) -> dict:
     return DataCollatorForCompletionOnlyLM(tokenizer=tok, padding_free=True, **LAYOUTS[name])(features)
-
-
-def test_transformers_takes_the_four_boundary_names_by_name_and_forwards_them():
-    """On failure: transformers renamed its flash-attention kwargs; update collator and attention."""
-    assert set(FA_HINTS) == FA_KEYS and FA_KEYS <= set(MODEL_KWARGS)
-    params = inspect.signature(_flash_attention_forward).parameters
-    for key in FA_KEYS:  # optional keyword parameters: a missing key is silently a different code path
-        assert params[key].kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY), key
-        assert params[key].default is None, key
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))

@@ -2,11 +2,8 @@
 ``KERNELS`` vs each sequence alone (values, gradients); tiny models with fewer boundary keys, other lengths,
 checkpointing, unpatched, a cache refused."""
 
-from __future__ import annotations
-
 import importlib
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 import pytest
@@ -19,21 +16,17 @@ from transformers import CONFIG_MAPPING
 from trl_padfree.families import EXACTNESS_LENGTHS, packed_vs_alone
 from trl_padfree.probe import packed_batch, random_sequences
 from trl_padfree.recurrent import conv as conv_module
-from trl_padfree.recurrent import hub_function, mamba, prepare_packed_layers
+from trl_padfree.recurrent import hub_function, mamba, prepare_packed_config, prepare_packed_layers
 
 LENGTHS = [7, 5, 9]  # with chunk_size 4: sequences that span chunks and start inside one
 SKEWED = [13, 1, 2, 1]  # two batches of sequences: the 13 with the 2, the two 1s (trl_padfree/recurrent/mamba.py)
 
 
-def _modeling(family: str) -> Any:
-    if family not in CONFIG_MAPPING:
-        pytest.skip(f"{family} is not in this transformers")
-    return importlib.import_module(f"transformers.models.{family}.modeling_{family}")
-
-
 def _kernel(family: str, name: str, kernels: dict | None = None) -> tuple[Callable, Callable]:
     """(transformers' torch function, its packed replacement); skipped where a kernel package replaced it."""
-    function = getattr(_modeling(family), name)
+    if family not in CONFIG_MAPPING:
+        pytest.skip(f"{family} is not in this transformers")
+    function = getattr(importlib.import_module(f"transformers.models.{family}.modeling_{family}"), name)
     function = getattr(function, "__trl_padfree_original__", function)  # where an earlier test prepared the module
     function = hub_function(function)  # the function under a `kernels` layer, where that package is installed
     if function.__code__.co_filename.endswith("hub_kernels.py"):
@@ -79,16 +72,12 @@ def _chunk_inputs(lengths: list[int] = LENGTHS, heads: int = 4, head_dim: int = 
                          [("seq_idx", LENGTHS), ("cu_seqlens", LENGTHS), ("cu_seq_lens_q", LENGTHS), ("seq_idx", SKEWED)])
 def test_chunk_scan_packed_equals_each_sequence(packing: str, lengths: list[int]) -> None:
     _, scan = _kernel("bamba", "mamba2_chunk_scan")
-
-    def run(**kw: Any) -> torch.Tensor:
-        return scan(**kw, chunk_size=4, dt_softplus=True, dt_limit=(0.0, float("inf")))
-
     given = _seq_idx(lengths) if packing == "seq_idx" else torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
-    _compare(run, _chunk_inputs(lengths), {"hidden_states": 1, "dt": 1, "B": 1, "C": 1, "out": 1}, lengths,
-             **{packing: given})
+    _compare(lambda **kw: scan(**kw, chunk_size=4, dt_softplus=True, dt_limit=(0.0, float("inf"))),
+             _chunk_inputs(lengths), {"hidden_states": 1, "dt": 1, "B": 1, "C": 1, "out": 1}, lengths, **{packing: given})
 
 
-def test_chunk_scan_without_packing_is_transformers_torch_reference_which_refuses_packed_rows() -> None:
+def test_chunk_scan_without_packing_is_transformers_torch_reference_and_refuses_a_cache_or_other_boundaries() -> None:
     original, scan = _kernel("mamba2", "mamba2_chunk_scan")
     inputs = _chunk_inputs()
     kwargs = dict(chunk_size=4, dt_softplus=True, return_final_states=True)
@@ -100,10 +89,6 @@ def test_chunk_scan_without_packing_is_transformers_torch_reference_which_refuse
     packed, whole = scan(**inputs, chunk_size=4, seq_idx=_seq_idx(LENGTHS)), original(**inputs, chunk_size=4)
     torch.testing.assert_close(packed[:, : LENGTHS[0]], whole[:, : LENGTHS[0]])
     assert (packed[:, LENGTHS[0] :] - whole[:, LENGTHS[0] :]).abs().max() > 1e-2
-
-
-def test_chunk_scan_refuses_a_cache_and_boundaries_of_another_batch() -> None:
-    _, scan = _kernel("bamba", "mamba2_chunk_scan")
     with pytest.raises(ValueError, match="mamba2_chunk_scan: a packed row cannot continue or keep a recurrent "
                                          "cache; pass use_cache=False"):
         scan(**_chunk_inputs(), chunk_size=4, seq_idx=_seq_idx(LENGTHS), return_final_states=True)
@@ -130,31 +115,21 @@ def test_layout_groups_bound_the_padding() -> None:
     assert sorted(sequences) == list(zip(cu[:-1], cu[1:], strict=True))
 
 
-def test_selective_scan_packed_equals_each_sequence() -> None:
+def test_selective_scan_and_causal_conv1d_packed_equal_each_sequence() -> None:
     original, scan = _kernel("jamba", "mamba_selective_scan")
     g, t, channels, state = torch.Generator().manual_seed(1), sum(LENGTHS), 6, 4
     inputs = {"hidden_states": torch.randn(1, channels, t, generator=g), "dt": torch.randn(1, channels, t, generator=g),
               "A": -torch.rand(channels, state, generator=g) - 0.5, "B": torch.randn(1, state, t, generator=g),
               "C": torch.randn(1, state, t, generator=g), "D": torch.randn(channels, generator=g),
               "z": torch.randn(1, channels, t, generator=g), "delta_bias": torch.randn(channels, generator=g)}
-
-    def run(**kw: Any) -> torch.Tensor:
-        return scan(**kw, delta_softplus=True)
-
-    _compare(run, inputs, {"hidden_states": 2, "dt": 2, "B": 2, "C": 2, "z": 2, "out": 2}, seq_idx=_seq_idx(LENGTHS))
+    _compare(lambda **kw: scan(**kw, delta_softplus=True), inputs,
+             {"hidden_states": 2, "dt": 2, "B": 2, "C": 2, "z": 2, "out": 2}, seq_idx=_seq_idx(LENGTHS))
     assert torch.equal(scan(**inputs, delta_softplus=True), original(**inputs, delta_softplus=True))
-
-
-def test_causal_conv1d_packed_equals_each_sequence() -> None:
     _, conv = _kernel("bamba", "causal_conv1d_fn", conv_module.KERNELS)
     g = torch.Generator().manual_seed(2)
     inputs = {"hidden_states": torch.randn(1, 6, sum(LENGTHS), generator=g), "weight": torch.randn(6, 4, generator=g),
               "bias": torch.randn(6, generator=g)}
-
-    def run(**kw: Any) -> torch.Tensor:
-        return conv(**kw, activation="silu")
-
-    _compare(run, inputs, {"hidden_states": 2, "out": 2}, seq_idx=_seq_idx(LENGTHS))
+    _compare(lambda **kw: conv(**kw, activation="silu"), inputs, {"hidden_states": 2, "out": 2}, seq_idx=_seq_idx(LENGTHS))
 
 
 def test_fused_forms_fall_back_to_the_unfused_path_when_packed() -> None:
@@ -197,10 +172,14 @@ def test_tiny_model_packed_equals_each_example_alone(case: str) -> None:
 
 @pytest.mark.parametrize("family", ["jamba", "mamba2"])
 def test_unpatched_jamba_and_mamba2_are_not_exact(family: str) -> None:
-    """Without patch_model these scan across a row's examples (or refuse the row); from transformers 5.25 on,
-    Mamba2ForCausalLM passes the collator's ``seq_idx`` down to its mixers, so its kernels alone suffice."""
+    """Kernels replaced but no patch_model: these scan across a row's examples (or refuse the row); from
+    transformers 5.25 on, Mamba2ForCausalLM passes the collator's ``seq_idx`` down to its mixers, so its kernels
+    alone suffice. The kernels are replaced here, as "padfree"'s mask builder does (Mamba-2 has no attention to call
+    it), not left to whether an earlier test prepared the modeling module (a module global, kept)."""
+    model = _tiny(family, prepare=False)
+    prepare_packed_config(model.config)
     try:
-        result = packed_vs_alone(_tiny(family, prepare=False))
+        result = packed_vs_alone(model)
     except ValueError as refused:
         assert "cannot tell its sequences apart" in str(refused)
     else:

@@ -1,8 +1,6 @@
 """The package as a user installs it: the licence, the demo from an installed wheel outside the repository, the core
 without the launch and without matplotlib."""
 
-from __future__ import annotations
-
 import os
 import re
 import shutil
@@ -38,21 +36,16 @@ def test_the_packaged_demo_configs_are_the_repository_ones(name):
         f"configs/{name}.yaml changed: copy it to trl_padfree/demo/configs/{name}.yaml (the installed demo)")
 
 
-def build_wheel(out: Path) -> Path:
-    """``pip wheel --no-deps`` of a copy of the package (the repository itself gets no build/ or egg-info)."""
-    src = out / "src"
+def test_the_installed_wheel_runs_the_demo_from_any_directory(tmp_path):
+    # `pip wheel --no-deps` of a copy of the package (the repository itself gets no build/ or egg-info)
+    src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, src / name)
     shutil.copytree(ROOT / "trl_padfree", src / "trl_padfree", ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-                    "--wheel-dir", str(out / "dist"), str(src)], check=True, timeout=300)  # fmt: skip
-    (wheel,) = (out / "dist").glob("trl_padfree-*.whl")
-    return wheel
-
-
-def test_the_installed_wheel_runs_the_demo_from_any_directory(tmp_path):
-    wheel = build_wheel(tmp_path)
+                    "--wheel-dir", str(tmp_path / "dist"), str(src)], check=True, timeout=300)  # fmt: skip
+    (wheel,) = (tmp_path / "dist").glob("trl_padfree-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     assert {"trl_padfree/demo/configs/demo.yaml", "trl_padfree/demo/model/model.safetensors",

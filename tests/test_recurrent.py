@@ -1,8 +1,6 @@
 """trl_padfree.recurrent: short convolutions and gated-delta-rule / KDA layers restart at every boundary of a packed
 row (kernels vs each sequence alone; tiny hybrids; prompt_once refused; a trainer)."""
 
-from __future__ import annotations
-
 import sys
 import types
 
@@ -16,10 +14,8 @@ from trl_padfree.recurrent import PackedRowError, hub_function, prepare_packed_l
 from trl_padfree.recurrent.conv import causal_conv1d_packed, varlen_causal_conv1d_fn
 from trl_padfree.recurrent.delta_rule import varlen_delta_rule
 from trl_padfree.testing import tiny_llama
-from trl_padfree.trainer import require_padfree_attention
 
 BOUNDS = [0, 5, 11, 14]  # three sequences in one row of 14 tokens
-LENS = [b - a for a, b in zip(BOUNDS, BOUNDS[1:], strict=False)]
 
 
 def _modeling(name: str) -> types.ModuleType:
@@ -31,8 +27,9 @@ def _torch_fallback(fn):
     return hub_function(getattr(fn, "__trl_padfree_original__", fn))
 
 
-def _seq_idx() -> torch.Tensor:
-    return torch.repeat_interleave(torch.arange(len(LENS)), torch.tensor(LENS))[None]
+def _seq_idx(bounds: list[int] = BOUNDS) -> torch.Tensor:
+    lens = np.diff(bounds).tolist()
+    return torch.repeat_interleave(torch.arange(len(lens)), torch.tensor(lens))[None]
 
 
 def _grads(tensors, out) -> list[torch.Tensor]:
@@ -79,34 +76,29 @@ def test_conv_replacement_reads_seq_idx_cu_seqlens_and_falls_through_and_two_row
 
 
 DELTA_RULES = [
-    ("qwen3_5", "torch_chunk_gated_delta_rule", False),
-    ("qwen3_5", "torch_recurrent_gated_delta_rule", False),
-    ("kimi_linear", "chunk_kimi_delta_attention", True),
-    ("kimi_linear", "recurrent_kimi_delta_attention", True),
+    ("qwen3_5", "torch_chunk_gated_delta_rule", False, BOUNDS),
+    ("qwen3_5", "torch_recurrent_gated_delta_rule", False, BOUNDS),
+    ("kimi_linear", "chunk_kimi_delta_attention", True, BOUNDS),
+    ("kimi_linear", "recurrent_kimi_delta_attention", True, BOUNDS),
+    ("qwen3_next", "torch_chunk_gated_delta_rule", False, [0, 3, 70, 75]),  # chunks (64) never span two sequences
 ]
 
 
-def _delta_inputs(per_key_gate: bool, length: int = BOUNDS[-1]):
-    torch.manual_seed(3)
-    heads, dim = 2, 4
-    q, k, v = (torch.randn(1, length, heads, dim, requires_grad=True) for _ in range(3))
-    g_shape = (1, length, heads, dim) if per_key_gate else (1, length, heads)
-    g = (-torch.rand(g_shape) - 0.05).requires_grad_()
-    beta = torch.rand(1, length, heads).requires_grad_()
-    return q, k, v, g, beta
-
-
-@pytest.mark.parametrize(("family", "name", "per_key_gate"), DELTA_RULES)
-def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate):
+@pytest.mark.parametrize(("family", "name", "per_key_gate", "bounds"), DELTA_RULES)
+def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate, bounds):
     original = _torch_fallback(getattr(_modeling(family), name))
     replaced = varlen_delta_rule(original)
-    q, k, v, g, beta = inputs = _delta_inputs(per_key_gate)
-    state = torch.randn(len(LENS), 2, 4, 4)
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(1, bounds[-1], 2, 4, requires_grad=True) for _ in range(3))  # 2 heads of dimension 4
+    g = (-torch.rand((1, bounds[-1], 2, 4) if per_key_gate else (1, bounds[-1], 2)) - 0.05).requires_grad_()
+    beta = torch.rand(1, bounds[-1], 2).requires_grad_()
+    inputs = q, k, v, g, beta
+    state = torch.randn(len(bounds) - 1, 2, 4, 4)
     common = dict(output_final_state=True, use_qk_l2norm_in_kernel=True)
     packed, packed_state = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common,
-                                    cu_seqlens=torch.tensor(BOUNDS, dtype=torch.int32))
+                                    cu_seqlens=torch.tensor(bounds, dtype=torch.int32))
     outs, states = [], []
-    for i, (a, b) in enumerate(zip(BOUNDS, BOUNDS[1:], strict=False)):
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
         out, final = original(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b],
                               initial_state=state[i : i + 1], **common)
         outs.append(out)
@@ -117,24 +109,13 @@ def test_delta_rule_packed_equals_each_sequence_alone(family, name, per_key_gate
     for g_packed, g_alone in zip(_grads(inputs, packed), _grads(inputs, alone), strict=True):
         torch.testing.assert_close(g_packed, g_alone, rtol=1e-5, atol=1e-6)
     # seq_idx alone (Kimi-Linear passes the batch's kwargs through) gives the same
-    by_seq_idx, _ = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common, seq_idx=_seq_idx())
+    by_seq_idx, _ = replaced(q, k, v, g=g, beta=beta, initial_state=state, **common, seq_idx=_seq_idx(bounds))
     torch.testing.assert_close(by_seq_idx, packed, rtol=0, atol=0)
     # the whole-row reference carries the state across the boundary; without boundaries it is what runs
     whole, whole_state = original(q, k, v, g=g, beta=beta, initial_state=state[:1], **common)
-    assert (whole[:, BOUNDS[1]:] - alone[:, BOUNDS[1]:]).abs().max() > 1e-3
+    assert (whole[:, bounds[1]:] - alone[:, bounds[1]:]).abs().max() > 1e-3
     out, out_state = replaced(q, k, v, g=g, beta=beta, initial_state=state[:1], **common, cu_seqlens=None)
     assert torch.equal(out, whole) and torch.equal(out_state, whole_state)
-
-
-def test_delta_rule_chunks_of_a_long_sequence():
-    """A sequence longer than one chunk (64) next to short ones: chunks never span two sequences."""
-    original = _torch_fallback(_modeling("qwen3_next").torch_chunk_gated_delta_rule)
-    bounds = [0, 3, 70, 75]
-    q, k, v, g, beta = (t.detach() for t in _delta_inputs(False, length=bounds[-1]))
-    packed, _ = varlen_delta_rule(original)(q, k, v, g=g, beta=beta, cu_seqlens=torch.tensor(bounds))
-    for a, b in zip(bounds, bounds[1:], strict=False):
-        alone, _ = original(q[:, a:b], k[:, a:b], v[:, a:b], g=g[:, a:b], beta=beta[:, a:b])
-        torch.testing.assert_close(packed[:, a:b], alone, rtol=0, atol=1e-6)
 
 
 def test_prepare_replaces_only_torch_fallbacks_and_is_idempotent():
@@ -218,16 +199,6 @@ def test_padfree_prepares_a_model_called_by_hand_and_check_packing_passes():
     assert hasattr(modeling.causal_conv1d_fn, "__trl_padfree_original__")
     report = check_packing(tiny_family("lfm2"))
     assert report.max_abs_diff <= report.tolerance
-
-
-def test_prompt_once_refused_for_recurrent_layers():
-    model = tiny_family("qwen3_5_text")
-    with pytest.raises(ValueError, match=r"^prompt_once=True cannot share a prompt with Qwen3_5GatedDeltaNet layers "
-                                         r"\(recurrent.*set prompt_once=False\.$"):
-        require_padfree_attention(model)
-    with pytest.raises(ValueError, match="with Lfm2ShortConv layers"):
-        require_padfree_attention(tiny_family("lfm2"))
-    require_padfree_attention(tiny_llama(vocab_size=64, attn_implementation="padfree"))  # attention only: fine
 
 
 def test_launch_turns_an_unset_prompt_once_off_for_recurrent_layers():

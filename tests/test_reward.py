@@ -2,8 +2,6 @@
 metric, gradient and final weight over 3 SGD steps (tests/layout_runs.py), with margin, centering, implicit prompts,
 pad == EOS; a pair packed with others gets its rewards alone."""
 
-from __future__ import annotations
-
 import layout_runs
 import pytest
 import tiny_reward as T
@@ -85,21 +83,14 @@ def test_scores_are_read_where_trl_pools():
         DataCollatorForRewardPairs(pad_token_id=1)([{"chosen_ids": [5], "rejected_ids": []}])
 
 
-def test_bad_settings_are_refused(tmp_path):
-    """(A leak, and prompt-once under sdpa: tests/test_dpo.py, for reward models too.)"""
-    tok, data = T.tokenizer(), T.pairs(8)
-    with pytest.raises(ValueError, match=r"needs RewardConfig\(padding_free=True\)"):
-        RewardTrainer(T.model("padded", tok), args=T.config("padded", str(tmp_path)), train_dataset=data,
-                      processing_class=tok, prompt_once=True)
-    with pytest.raises(ValueError, match="do not pass a data_collator"):
-        RewardTrainer(T.model("padfree", tok), args=T.config("padfree", str(tmp_path)), train_dataset=data,
-                      processing_class=tok, data_collator=DataCollatorForRewardPairs(pad_token_id=0))
-
-
-def test_padding_free_false_is_trl_unchanged(tmp_path):
+def test_padding_free_false_is_trl_unchanged_and_a_data_collator_is_refused(tmp_path):
+    """(A leak, prompt-once under sdpa or without padding_free: tests/test_dpo.py, for reward models too.)"""
     import trl
 
     tok, data = T.tokenizer(), T.pairs(8)
+    with pytest.raises(ValueError, match="do not pass a data_collator"):
+        RewardTrainer(T.model("padfree", tok), args=T.config("padfree", str(tmp_path)), train_dataset=data,
+                      processing_class=tok, data_collator=DataCollatorForRewardPairs(pad_token_id=0))
     ours = T.trainer("padded", data, tok, str(tmp_path / "ours"))
     assert type(ours.data_collator) is trl.trainer.reward_trainer.DataCollatorForPreference
     assert isinstance(ours.args, RewardConfig) and not ours.args.padding_free

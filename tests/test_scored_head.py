@@ -1,8 +1,6 @@
 """The scored-positions LM head (:mod:`trl_padfree.scored_head`) against TRL 1.16's fused head: the kernel, a model
 call, SFT and DPO through the trainers (relative 1e-5), and the fallback for softcapped logits."""
 
-from __future__ import annotations
-
 import pytest
 import tiny_dpo as T
 import torch
@@ -168,22 +166,14 @@ def _sft_run(tok, tmp_path, scored: bool):
 
 
 def test_sft_trainer_equals_trls_head(tok, tmp_path):
-    """SFT (accumulation 2, 3 steps): logs, every gradient and the weights equal TRL's head."""
+    """SFT (accumulation 2, 3 steps): logs, every gradient and the weights equal TRL's head; the head removed."""
     runs = {"padded": _sft_run(tok, tmp_path, False), "padfree": _sft_run(tok, tmp_path, True)}  # TRL's head, the scored one
     (trl_head, _), (scored, _) = runs["padded"], runs["padfree"]
     assert trl_head.lm_head_state == "trl: scored_lm_head=False" and scored.lm_head_state == "scored"
     assert sh.scored_head_state(scored.model) == "scored" and sh.scored_head_state(trl_head.model) is None
     assert_same_training(runs, same_logs("loss", "entropy", "mean_token_accuracy", "num_tokens"))
-
-
-def test_sft_switch_is_checked_and_removes_an_earlier_head(tok, tmp_path):
-    data = tokenized_dataset(tok, 4)
-    with pytest.raises(ValueError, match="scored_lm_head must be True or False, got 'no'"):
-        make_trainer(True, data, tok, str(tmp_path / "a"), scored_lm_head="no")
-    trainer = make_trainer(True, data, tok, str(tmp_path / "b"))
-    assert trainer.use_scored_lm_head() == "scored"
-    assert sh.remove_scored_head(trainer.model) and sh.scored_head_state(trainer.model) is None
-    assert not sh.remove_scored_head(trainer.model)
+    assert sh.remove_scored_head(scored.model) and sh.scored_head_state(scored.model) is None
+    assert not sh.remove_scored_head(scored.model)  # (the switch's bad values: tests/test_rl_scored_head.py)
 
 
 @pytest.mark.parametrize("once", [False, True], ids=["padfree", "prompt-once"])

@@ -1,7 +1,5 @@
 """Whitespace that tokenizers insert or swallow around added tokens, measured on the tokenizer (no real cache)."""
 
-from __future__ import annotations
-
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 from transformers import PreTrainedTokenizerFast
@@ -29,17 +27,14 @@ def _spm(rstrip: bool = False, lowercase: bool = False) -> PreTrainedTokenizerFa
     return PreTrainedTokenizerFast(tokenizer_object=raw, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
 
-def test_quirks_are_measured_on_the_tokenizer_and_template_bytes_leave_out_whitespace_a_header_swallows():
+def test_quirks_are_measured_and_template_bytes_leave_out_whitespace_a_header_swallows_or_a_tokenizer_inserts():
     tok = _spm(rstrip=True)
     text = TokenText.from_tokenizer(tok)
     assert measure_quirks(tok, text.table) == TextQuirks(space_after_added=True, strip_right=("<|assistant|>", "<|user|>"))
     assert text.pattern("<|assistant|>\n") == b"<|assistant|>"
     assert text.pattern("\n<|assistant|>\n") == b"\n<|assistant|>"
     assert TokenText.from_tokenizer(_spm()).pattern("<|assistant|>\n") == b"<|assistant|>\n"
-
-
-def test_inserted_space_after_added_token_is_not_text():
-    tok = _spm()
+    tok = _spm()  # the space it inserts after an added token is not text
     text = TokenText.from_tokenizer(tok)
     ids = tok("</s><s>[INST] a", add_special_tokens=False)["input_ids"]
     assert tok.convert_ids_to_tokens(ids)[:3] == ["</s>", "<s>", "▁["]

@@ -1,8 +1,6 @@
 """``trl_padfree.SFTTrainer`` trains with the thread count the launch picks, unless the user chose one (torch's
 default 2 threads on a busy 2-core machine trained the demo 10-17x slower than 1)."""
 
-from __future__ import annotations
-
 import os
 from pathlib import Path
 
@@ -21,12 +19,8 @@ from trl_padfree.threads import torch_default_threads
 class Threads(TrainerCallback):
     """Records torch's thread count at every training step."""
 
-    def __init__(self) -> None:
-        self.seen: list[int] = []
-
     def on_step_begin(self, args, state, control, **kwargs):
         self.seen.append(torch.get_num_threads())
-        return control
 
 
 @pytest.fixture
@@ -53,6 +47,7 @@ def train(tmp_path: Path, model=None, **kwargs) -> list[int]:
                      dataloader_pin_memory=False)  # fmt: skip
     collator = DataCollatorForCompletionOnlyLM("### Answer:", tokenizer=tok, padding_free=True)
     threads = Threads()
+    threads.seen = []
     trainer = SFTTrainer(model, args=args, train_dataset=ds, processing_class=tok, data_collator=collator,
                          callbacks=[threads], **kwargs)  # fmt: skip
     trainer.train()
