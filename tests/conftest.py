@@ -1,6 +1,8 @@
 """The ``slow`` marker (run with ``TRL_PADFREE_SLOW=1``, as ``.ci/run`` does) and the shared fixtures; paths are in
 ``tests/paths.py``, helpers in modules named by what they hold (``tiny_*.py``, ...), never in a ``test_*.py``."""
 
+from __future__ import annotations
+
 import os
 
 import pytest

@@ -1,6 +1,8 @@
 """transformers' real ``flash_attention_2`` code path on a CPU, for tests: flash-attn's varlen kernel replaced by a
 plain-PyTorch reference that records every call (the ``flash_attention_2_on_cpu`` fixture of tests/conftest.py)."""
 
+from __future__ import annotations
+
 import torch
 import torch.nn.functional as F
 import transformers.modeling_flash_attention_utils as fa_utils

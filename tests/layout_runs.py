@@ -2,6 +2,8 @@
 once) and comparing the runs on every metric, every gradient before each optimizer step (SGD) and the final weights:
 what the DPO, KTO and reward tests share; also a deliberately leaking attention."""
 
+from __future__ import annotations
+
 import json
 import random
 from collections.abc import Callable

@@ -2,6 +2,8 @@
 plain string search (the rule of docs/templates.md) and the tokenizer's ``offset_mapping``: a token is trained iff
 its first character lies in a trained span. ``python tests/real_cases.py`` prints the exact-match counts."""
 
+from __future__ import annotations
+
 import json
 import re
 import warnings

@@ -1,6 +1,8 @@
 """The "padfree" attention (CPU, fp32, tiny models): packed == padded sdpa (loss, logits, every gradient), exactly sdpa
 without boundaries and in generation, the mask builder, the function vs a textbook, the kernel choice."""
 
+from __future__ import annotations
+
 import math
 import re
 import warnings

@@ -2,6 +2,8 @@
 chunks and temperature, Gemma-4's KV sharing: packed under "padfree" vs each example alone under "eager", loss
 within 1e-5, every gradient within 1e-4 relative."""
 
+from __future__ import annotations
+
 import math
 
 import numpy as np

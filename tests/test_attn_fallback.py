@@ -1,5 +1,7 @@
 """attn_implementation auto's fall-back, one home for `trl-padfree check` and `trl-padfree train`."""
 
+from __future__ import annotations
+
 import pytest
 from tiny_models import GPT_NEO, MPT, save_tiny_model
 

@@ -1,5 +1,7 @@
 """TokenBudgetBatchSampler on its own: budget, whole examples, determinism, epochs, ranks (no model)."""
 
+from __future__ import annotations
+
 import random
 
 import pytest

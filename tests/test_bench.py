@@ -1,6 +1,8 @@
 """``trl-padfree bench`` (benchmarks/): bad options exit 2 in one line; on tiny settings every task runs end to
 end, a process per variant, and its report holds the measured figures, the FLOP ratio and the batch check."""
 
+from __future__ import annotations
+
 import json
 import re
 import shlex

@@ -1,6 +1,8 @@
 """Masks from the chat template itself (trl_padfree.chat_masks) on the real families' templates (``make
 real-tokenizers``), against character-span truth: an assistant turn is trained from its header's end to the next."""
 
+from __future__ import annotations
+
 import pytest
 import real_cases as rc
 from real_cases import real_tokenizers_built  # noqa: F401  (autouse: fails saying how to build them)

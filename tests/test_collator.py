@@ -1,6 +1,8 @@
 """Exact labels, positions and boundaries from DataCollatorForCompletionOnlyLM, and the inputs it accepts (those
 TRL 0.19.1, TRL 1.x and transformers' collators accept) and refuses, with the example's index and what to pass."""
 
+from __future__ import annotations
+
 import itertools
 import warnings
 

@@ -1,5 +1,7 @@
 """The supported TRL / transformers window: declared the same everywhere."""
 
+from __future__ import annotations
+
 import re
 
 from paths import ROOT

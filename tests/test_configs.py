@@ -1,6 +1,8 @@
 """trl_padfree's config classes (trl_padfree/configs.py): TRL's configs with this package's fields, read by its
 trainers, parsed by ``trl.TrlParser``; the former trainer keywords as deprecated aliases."""
 
+from __future__ import annotations
+
 import dataclasses
 import warnings
 

@@ -1,6 +1,8 @@
 """CUDA bf16 checks of "padfree" on whole models (skipped without a GPU; scripts/gpu_check.sh): padding-free bf16 is
 about as close to an fp32 reference as padded bf16 is (flash-attn's test rule), loss and every gradient."""
 
+from __future__ import annotations
+
 import numpy as np
 import pytest
 import torch

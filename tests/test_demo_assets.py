@@ -1,6 +1,8 @@
 """The shipped demo assets (``trl_padfree/demo``) load through the ordinary APIs, as the demo config loads them, and
 are what ``scripts/make_demo_assets.py`` makes."""
 
+from __future__ import annotations
+
 import importlib.util
 import json
 import math

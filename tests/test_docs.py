@@ -1,6 +1,8 @@
 """The README and docs stay true: relative links resolve, shown commands run (``RUN``) or are listed with a reason
 (``NOT_RUN``) and print what is shown, config and example excerpts match their files, headline figures their sources."""
 
+from __future__ import annotations
+
 import doctest
 import os
 import re

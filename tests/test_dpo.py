@@ -2,6 +2,8 @@
 every gradient and the final weights (tests/layout_runs.py), every TRL loss type on one batch, leaks refused; with KTO
 and reward models: the refusals and evaluation."""
 
+from __future__ import annotations
+
 import importlib
 
 import layout_runs

@@ -1,6 +1,8 @@
 """Padding-free batches give the padded loss, gradients and logits on a real (tiny) Llama. (The batch carries
 use_cache=False: tests/test_collator.py; without it a cache skips the packed mask: tests/test_families.py.)"""
 
+from __future__ import annotations
+
 import pytest
 import torch
 from layout_runs import loss_and_grads, max_rel_diff

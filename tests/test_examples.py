@@ -1,5 +1,7 @@
 """The scripts in ``examples/`` run as a user runs them (their own process, the demo assets, a few steps)."""
 
+from __future__ import annotations
+
 import json
 import os
 import re

@@ -1,6 +1,8 @@
 """trl_padfree.families (tiny configs of today's decoder families, packed_vs_alone) and what the packing probe says
 about them: their layer kinds, and advice that never recommends a choice that fails the same way."""
 
+from __future__ import annotations
+
 import re
 
 import pytest

@@ -3,6 +3,8 @@ Qwen3.5-like hybrid, GPT-OSS, Llama-4) as padding does: losses, metrics, gradien
 The hybrid refuses prompt_once; left padding is not exact for Llama-4 and the hybrid, so their GRPO prompts have
 one length."""
 
+from __future__ import annotations
+
 import layout_runs
 import pytest
 import tiny_dpo

@@ -1,6 +1,8 @@
 """The collator's padding-free batch against the installed transformers' flash-attention path: its boundary keyword
 names have changed before (transformers #45034, #47525), and a renamed one is silently ignored there."""
 
+from __future__ import annotations
+
 import typing
 
 import pytest

@@ -3,6 +3,8 @@ TRL's seeded generation, 3 SGD steps, accumulation 2, ``num_iterations=2``, a re
 entropy TRL's loss gets, every logged metric, every gradient before each optimizer step. SGD, not Adam: Adam's
 ``lr * sign(g)`` first step would turn rounding-level gradient differences into ``lr``-sized weight differences."""
 
+from __future__ import annotations
+
 import pytest
 import torch
 import trl

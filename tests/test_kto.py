@@ -1,6 +1,8 @@
 """Padding-free KTO (and its prompt-once reference row) trains TRL's padded KTOTrainer's model (CPU, fp32): every
 metric (KL term included), gradient and final weight over 3 SGD steps (tests/layout_runs.py)."""
 
+from __future__ import annotations
+
 from itertools import pairwise
 
 import layout_runs

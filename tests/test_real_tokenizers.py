@@ -2,6 +2,8 @@
 on llama.cpp's test strings; without them these tests fail saying so), their chat templates and plain formats,
 against character-span truth (tests/real_cases.py)."""
 
+from __future__ import annotations
+
 import pytest
 import real_cases as rc
 from real_cases import real_tokenizers_built  # noqa: F401  (autouse: fails saying how to build them)

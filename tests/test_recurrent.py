@@ -1,6 +1,8 @@
 """trl_padfree.recurrent: short convolutions and gated-delta-rule / KDA layers restart at every boundary of a packed
 row (kernels vs each sequence alone; tiny hybrids; prompt_once refused; a trainer)."""
 
+from __future__ import annotations
+
 import sys
 import types
 

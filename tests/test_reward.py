@@ -2,6 +2,8 @@
 metric, gradient and final weight over 3 SGD steps (tests/layout_runs.py), with margin, centering, implicit prompts,
 pad == EOS; a pair packed with others gets its rewards alone."""
 
+from __future__ import annotations
+
 import layout_runs
 import pytest
 import tiny_reward as T

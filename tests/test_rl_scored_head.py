@@ -2,6 +2,8 @@
 same trainer with ``scored_lm_head`` True and False, every log-prob, entropy, metric and gradient; GRPO at temperatures
 other than 1, with the entropy mask and bonus (the entropy's gradient in the loss)."""
 
+from __future__ import annotations
+
 import pytest
 import tiny_kto as K
 import tiny_rl as R

@@ -1,6 +1,8 @@
 """The scored-positions LM head (:mod:`trl_padfree.scored_head`) against TRL 1.16's fused head: the kernel, a model
 call, SFT and DPO through the trainers (relative 1e-5), and the fallback for softcapped logits."""
 
+from __future__ import annotations
+
 import pytest
 import tiny_dpo as T
 import torch

@@ -1,5 +1,7 @@
 """The collator inside TRL 1.x's SFTTrainer and transformers' Trainer: runs, learns, and matches padding exactly."""
 
+from __future__ import annotations
+
 import pytest
 import torch
 from datasets import Dataset

@@ -1,5 +1,7 @@
 """Whitespace that tokenizers insert or swallow around added tokens, measured on the tokenizer (no real cache)."""
 
+from __future__ import annotations
+
 import pytest
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
 from transformers import PreTrainedTokenizerFast

@@ -1,5 +1,7 @@
 """The vectorised token -> bytes table and the anchored search agree with a plain search of the decoded text."""
 
+from __future__ import annotations
+
 import numpy as np
 import pytest
 

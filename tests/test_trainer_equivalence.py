@@ -1,6 +1,8 @@
 """Padding-free trains the same model as padding through the real ``SFTTrainer`` (CPU, fp32, AdamW): losses,
 final weights and ``num_items_in_batch``, with gradient accumulation and on 2 DDP ranks."""
 
+from __future__ import annotations
+
 import json
 
 import pytest

@@ -1,6 +1,8 @@
 """``trl_padfree.SFTTrainer`` trains with the thread count the launch picks, unless the user chose one (torch's
 default 2 threads on a busy 2-core machine trained the demo 10-17x slower than 1)."""
 
+from __future__ import annotations
+
 import os
 from pathlib import Path
 

@@ -1,5 +1,7 @@
 """docs/usage.md's minimal config, run as shown: it trains the demo model visibly, with the losses the page gives."""
 
+from __future__ import annotations
+
 import contextlib
 import io
 import json

@@ -1,6 +1,8 @@
 """Shared set-up of the DPO tests: a tiny tokenizer and Llama, preference pairs of uneven lengths, and trainers
 for the three layouts of tests/layout_runs.py (TRL's padded batch, this package's padding-free row, prompt-once)."""
 
+from __future__ import annotations
+
 from collections.abc import Callable
 from typing import Any
 

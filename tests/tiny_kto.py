@@ -1,6 +1,8 @@
 """Shared set-up of the KTO tests: a tiny Llama, unpaired uneven examples (more desirable than undesirable), and
 trainers of tests/layout_runs.py's layouts."""
 
+from __future__ import annotations
+
 from typing import Any
 
 import torch

@@ -2,6 +2,8 @@
 cannot use ``"padfree"`` (``save_tiny_model``), today's families for the trainer tests (``family_model``), and
 ``trl_padfree.families``' models skipped where transformers lacks them (``tiny_family``)."""
 
+from __future__ import annotations
+
 from pathlib import Path
 from typing import Any
 

@@ -1,6 +1,8 @@
 """Shared set-up of the reward tests: a tiny sequence-classification Llama, uneven preference pairs, and trainers of
 tests/layout_runs.py's layouts."""
 
+from __future__ import annotations
+
 from typing import Any
 
 import torch

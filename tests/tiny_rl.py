@@ -1,6 +1,8 @@
 """Shared set-up of the GRPO/RLOO tests: a tiny Llama that stops at every 9th token id (uneven completions), prompts,
 a reward, and recording trainers of TRL's padded and this package's padding-free and prompt-once layouts."""
 
+from __future__ import annotations
+
 import random
 import re
 import tempfile

@@ -1,6 +1,8 @@
 """Test-only helpers: a tiny SFT setup (tokenizer, tokenized dataset, model, trainer) trained through the real
 ``SFTTrainer`` on CPU in fp32, and a trainer that records what the Trainer passes to ``compute_loss``."""
 
+from __future__ import annotations
+
 import random
 from typing import Any
 
