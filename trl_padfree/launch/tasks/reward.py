@@ -4,7 +4,6 @@ fresh, seeded ``score`` head, as ``trl reward`` does)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +15,6 @@ from trl_padfree.reward import RewardTrainer as TRAINER
 from .. import steps
 from ..config import ConfigError
 from ..config import LaunchArguments as ARGUMENTS
-from ..console import say
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 
 __all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
@@ -49,33 +47,14 @@ def load_pairs(cfg: Any, tokenizer: Any) -> steps.Records:
 
 
 class SequenceClassifier:
-    """``AutoModelForSequenceClassification`` with one output, as TRL's ``RewardTrainer`` loads a model by name;
-    transformers' load report (a causal LM's ``lm_head`` unused, ``score`` missing) replaced by one line."""
+    """``AutoModelForSequenceClassification`` with one output, as TRL's ``RewardTrainer`` loads a model by name
+    (transformers' load report names the new ``score`` head and the unused ``lm_head``)."""
 
     @staticmethod
     def from_pretrained(*args: Any, **kwargs: Any) -> Any:
         from transformers import AutoModelForSequenceClassification
 
-        def no_warnings(record: logging.LogRecord) -> bool:
-            return record.levelno >= logging.ERROR
-
-        # a filter, not the logger's level: a level at WARNING or above makes transformers check the model's
-        # tensor-parallel plan, which warns "layers were not sharded" on every single-process run
-        report = logging.getLogger("transformers.modeling_utils")  # the logger of the load report
-        report.addFilter(no_warnings)
-        try:
-            model, info = AutoModelForSequenceClassification.from_pretrained(
-                *args, num_labels=1, output_loading_info=True, **kwargs)
-        finally:
-            report.removeFilter(no_warnings)
-        odd = [k for k in (*info["missing_keys"], *info["unexpected_keys"]) if not k.startswith(("score.", "lm_head."))]
-        if odd:
-            say(f"warning: weights missing from or unused in the checkpoint: {', '.join(sorted(odd)[:8])}")
-        source = [a for a in (getattr(model.config, "architectures", None) or []) if a != type(model).__name__]
-        if source:
-            say(f"reward model: {type(model).__name__} from a {source[0]} checkpoint, with a new score head "
-                "(drawn from the config's seed)")
-        return model
+        return AutoModelForSequenceClassification.from_pretrained(*args, num_labels=1, **kwargs)
 
 
 def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
