@@ -221,7 +221,7 @@ def test_real_model_configs_parse_and_resolve(name, attn, peft, data):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the CPU-only message does not apply")
 def test_real_model_config_fails_clearly_on_this_machine():
-    with pytest.raises(ConfigError, match=r"^invalid settings: bf16: true needs a GPU with bfloat16 support"):
+    with pytest.raises(ConfigError, match=r"^invalid settings: Your setup doesn't support bf16/gpu\. You need to assign use_cpu"):
         load_config(["--config", str(CONFIGS / "llama3-8b-flash.yaml")])
 
 

@@ -243,11 +243,7 @@ def parse_arguments(argv: Sequence[str], task: str = "sft") -> LaunchConfig:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(f"{config_path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
     except (ValueError, TypeError, AttributeError) as exc:  # a dataclass's __post_init__, or TRL's file checks
-        message = one_line(exc, limit=None)
-        if "bf16/gpu" in message:
-            message = ("bf16: true needs a GPU with bfloat16 support and this machine has none; set bf16: false "
-                       "(or use_cpu: true for bfloat16 autocast on the CPU)")
-        raise ConfigError(f"invalid settings: {message}") from None
+        raise ConfigError(f"invalid settings: {one_line(exc, limit=None)}") from None
     if remaining:
         first = remaining[0]
         if not first.startswith("--"):
