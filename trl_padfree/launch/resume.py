@@ -137,27 +137,37 @@ def choose_resume(output_dir: str) -> ResumeChoice:
                       "resume_from_checkpoint (with overwrite_output_dir: true) or pass a checkpoint path")
 
 
-def resolve_auto_resume(cfg: Any, restart: int) -> dict[str, Any] | None:
-    """The fields of ``cfg`` to change for ``resume_from_checkpoint: auto`` or a torchrun restart (``restart`` > 0):
-    what ``true`` would take, else a new run; None when ``resume_from_checkpoint`` asks for something else."""
+def resume_fields(cfg: Any, restart: int = 0) -> dict[str, Any]:
+    """The fields of ``cfg`` to set (the run id included) for ``resume_from_checkpoint`` false, true, a checkpoint
+    path or ``auto``, which a torchrun restart (``restart`` > 0) also means: what ``true`` takes, else a new run."""
     value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
-    if not (str(value).lower() == "auto" or (value is None and restart > 0)):
-        return None
-    why = "resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}"
-    run = read_run(output_dir)
-    if run is not None and run.get("run_id"):
+    word, run = str(value).lower(), read_run(output_dir)
+    auto = word == "auto" or (value is None and restart > 0)
+    why = ("resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}") + ": " if auto else ""
+    if word in {"true", "last", "latest"} or auto and (run or {}).get("run_id"):
         try:
             choice = choose_resume(output_dir)
             return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id,
-                    "notes": [*cfg.notes, f"{why}: {choice.note()}"]}
+                    "notes": [*cfg.notes, why + choice.note()]}
         except ConfigError:
-            if run.get("status") == "finished":
+            if not auto or run.get("status") == "finished":
                 raise
-    found = run_contents(output_dir)
-    if found and run is None and not getattr(cfg.launch, "overwrite_output_dir", False):
-        raise ConfigError(
-            f"{why}, but output_dir {output_dir!r} holds files of another tool ({', '.join(found[:4])}) and no "
-            "trl-padfree run; pass a checkpoint path, start over with overwrite_output_dir: true, or choose another "
-            "output_dir")
-    return {"resume_from_checkpoint": None, "run_id": new_run_id(), "notes": [
-        *cfg.notes, f"{why}: no complete checkpoint of an unfinished run in {output_dir}: starting a new run"]}
+    if auto or word in {"false", "none", "null", ""}:
+        found = run_contents(output_dir)
+        if found and not (auto and run) and not getattr(cfg.launch, "overwrite_output_dir", False):
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise ConfigError(
+                f"{why}output_dir {output_dir!r} already holds {'files of another tool' if auto else 'a run'} ({shown})"
+                f"; {'pass a checkpoint path' if auto else 'continue it with resume_from_checkpoint: true'}, start "
+                "over in it with overwrite_output_dir: true, or choose another output_dir")
+        note = [f"{why}no complete checkpoint of an unfinished run in {output_dir}: starting a new run"] * auto
+        return {"resume_from_checkpoint": None, "run_id": new_run_id(), "notes": [*cfg.notes, *note]}
+    if not os.path.isdir(value):
+        raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
+    problem = checkpoint_problem(value)
+    if problem is not None:
+        raise ConfigError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a "
+                          "checkpoint-N directory (or true for the newest complete one of the run in output_dir)")
+    marker = read_json(os.path.join(value, CHECKPOINT_MARKER)) or {}
+    return {"resume_from_checkpoint": str(value), "run_id": marker.get("run_id") or new_run_id(),
+            "notes": [*cfg.notes, f"resuming from {value}"]}

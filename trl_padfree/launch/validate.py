@@ -239,39 +239,12 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
     return requested
 
 
-def _resume_fields(cfg: LaunchConfig) -> dict[str, Any]:
-    """The fields to set for ``resume_from_checkpoint`` false, true or a checkpoint path (the run id included)."""
-    from . import resume
-
-    value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
-    if str(value).lower() in {"false", "none", "null", ""}:
-        found = resume.run_contents(output_dir)
-        if found and not getattr(cfg.launch, "overwrite_output_dir", False):
-            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-            raise ConfigError(f"output_dir {output_dir!r} already holds a run ({shown}); continue it with "
-                              "resume_from_checkpoint: true, start over in it with overwrite_output_dir: true, or "
-                              "choose another output_dir")
-        return {"resume_from_checkpoint": None, "run_id": resume.new_run_id()}
-    if str(value).lower() in {"true", "last", "latest"}:
-        choice = resume.choose_resume(output_dir)
-        return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id, "notes": [*cfg.notes, choice.note()]}
-    if not os.path.isdir(value):
-        raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
-    problem = resume.checkpoint_problem(value)
-    if problem is not None:
-        raise ConfigError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a "
-                          "checkpoint-N directory (or true for the newest complete one of the run in output_dir)")
-    marker = resume.read_json(os.path.join(value, resume.CHECKPOINT_MARKER)) or {}
-    return {"resume_from_checkpoint": str(value), "run_id": marker.get("run_id") or resume.new_run_id(),
-            "notes": [*cfg.notes, f"resuming from {value}"]}
-
-
 def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> LaunchConfig:
     """Check ``cfg`` without loading anything and resolve it in place (returned): the recipe's ``check``,
     ``model_init_kwargs`` moved to the launcher and, with ``check_environment``, ``attn_implementation: auto``,
     ``output_dir``, ``resume_from_checkpoint`` and the run id."""
     from .distributed import restart_attempt
-    from .resume import resolve_auto_resume
+    from .resume import resume_fields
     from .tasks import get_task
 
     _check_numbers(cfg)
@@ -290,8 +263,7 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
         cfg.attn_auto = cfg.attn_implementation == "auto"
         cfg.model.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, training_device(cfg))
         _check_output_dir(cfg.training.output_dir)
-        # auto, or a worker restarted by torchrun; else false, true or a path
-        for name, value in (resolve_auto_resume(cfg, restart_attempt()) or _resume_fields(cfg)).items():
+        for name, value in resume_fields(cfg, restart_attempt()).items():
             setattr(cfg, name, value)
     return cfg
 
