@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import trl
+from transformers import AutoModelForSequenceClassification
 
 from trl_padfree.configs import RewardConfig as CONFIG
 from trl_padfree.reward import RewardTrainer as TRAINER
@@ -46,20 +47,10 @@ def load_pairs(cfg: Any, tokenizer: Any) -> steps.Records:
                          + (", with margins" if "margin" in train.column_names else ""))
 
 
-class SequenceClassifier:
-    """``AutoModelForSequenceClassification`` with one output, as TRL's ``RewardTrainer`` loads a model by name
-    (transformers' load report names the new ``score`` head and the unused ``lm_head``)."""
-
-    @staticmethod
-    def from_pretrained(*args: Any, **kwargs: Any) -> Any:
-        from transformers import AutoModelForSequenceClassification
-
-        return AutoModelForSequenceClassification.from_pretrained(*args, num_labels=1, **kwargs)
-
-
 def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     tokenizer, data = steps.load_data(cfg, load_pairs, "pairs")
-    model, cfg = steps.load_policy(cfg, "reward", SequenceClassifier)
+    cfg.model_init_kwargs = {"num_labels": 1, **(cfg.model_init_kwargs or {})}  # one score, as TRL's RewardTrainer
+    model, cfg = steps.load_policy(cfg, "reward", AutoModelForSequenceClassification)
     trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks,
                                  check=lambda trainer: dropped_by_trainer(cfg, trainer, data, rule=TOO_LONG, why=WHY))
     return steps.fit(cfg, trainer, data, settings(cfg), steps.eval_summary(
