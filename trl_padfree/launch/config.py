@@ -129,9 +129,9 @@ _KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a nu
 
 def _unknown(name: str, task: str, known: Sequence[str]) -> str:
     """The hint after "unknown key/option": the trainer that takes ``name``, else a did-you-mean among ``known``."""
-    from .tasks import prog, task_names
+    from .tasks import COMMANDS, prog
 
-    for other in task_names():
+    for other in COMMANDS:
         if other != task and any(name in {f.name for f in dataclasses.fields(c)} for c in argument_classes(other)):
             return f" (a field of {prog(other)}, not of {prog(task)})"
     return did_you_mean(name, known)

@@ -18,10 +18,6 @@ def in_process_group() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def restart_attempt() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
-
-
 def gather(value: Any) -> list[Any]:
     """Every process's ``value`` in rank order (every process of the group must call it; outside one: ``[value]``)."""
     if not in_process_group():

@@ -70,20 +70,17 @@ def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
     (2, 'kto', ['--config', 'x.yaml', '--max_steps', '-1'])
     """
     from .config import ConfigError
-    from .tasks import task_names
+    from .tasks import COMMANDS
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     parser.add_argument("-n", "--num_examples", "--num-examples", type=int, default=3)
-    parser.add_argument("--task")
+    parser.add_argument("--task", choices=list(COMMANDS))
     try:
         options, rest = parser.parse_known_args(list(argv))
     except argparse.ArgumentError as exc:
-        raise ConfigError(f"{exc} (-n: a whole number of examples)") from None
+        raise ConfigError(str(exc)) from None
     if options.num_examples < 1:
         raise ConfigError(f"-n must be at least 1, got {options.num_examples}")
-    if options.task is not None and options.task not in task_names():
-        raise ConfigError(f"--task must be one of {', '.join(task_names())} (the trainer the config is for), got "
-                          f"{options.task!r}")
     return options.num_examples, options.task, rest
 
 
@@ -99,7 +96,7 @@ def guess_task(argv: Sequence[str]) -> tuple[str, list[str]]:
     import yaml
 
     from .config import argument_classes
-    from .tasks import task_names
+    from .tasks import COMMANDS
 
     keys = {a[2:].split("=", 1)[0].removeprefix("no_") for a in argv if a.startswith("--")}
     if "--config" in argv[:-1] and os.path.isfile(path := argv[argv.index("--config") + 1]):
@@ -110,7 +107,7 @@ def guess_task(argv: Sequence[str]) -> tuple[str, list[str]]:
             config = None  # (parsing says what is wrong with it)
         keys |= set(config) if isinstance(config, dict) else set()
     fields = {name: {f.name for cls in argument_classes(name) for f in dataclasses.fields(cls)}
-              for name in task_names()}
+              for name in COMMANDS}
     scores = {name: len(keys & (own - fields["sft"])) for name, own in fields.items() if name != "sft"}
     best = max(scores.values(), default=0)
     tied = [name for name, score in scores.items() if best and score == best]

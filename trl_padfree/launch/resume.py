@@ -20,10 +20,6 @@ _WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin
             "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
-def new_run_id() -> str:
-    return uuid.uuid4().hex
-
-
 def read_json(path: str) -> dict[str, Any] | None:
     """The JSON mapping in ``path``, or None if it is missing, unreadable or not a mapping."""
     try:
@@ -93,13 +89,6 @@ def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
                  if run_id is not None and checkpoint_problem(path, run_id) is None), None)
 
 
-def run_contents(output_dir: str) -> list[str]:
-    """The entries of ``output_dir`` that show a training run wrote there."""
-    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    return [n for n in names if n in (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS)
-            or CHECKPOINT_NAME.match(n)]
-
-
 @dataclass
 class ResumeChoice:
     path: str
@@ -153,7 +142,9 @@ def resume_fields(cfg: Any, restart: int = 0) -> dict[str, Any]:
             if not auto or run.get("status") == "finished":
                 raise
     if auto or word in {"false", "none", "null", ""}:
-        found = run_contents(output_dir)
+        names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []  # (those a run writes)
+        found = [n for n in names if n in (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS)
+                 or CHECKPOINT_NAME.match(n)]
         if found and not (auto and run) and not getattr(cfg.launch, "overwrite_output_dir", False):
             shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
             raise ConfigError(
@@ -161,7 +152,7 @@ def resume_fields(cfg: Any, restart: int = 0) -> dict[str, Any]:
                 f"; {'pass a checkpoint path' if auto else 'continue it with resume_from_checkpoint: true'}, start "
                 "over in it with overwrite_output_dir: true, or choose another output_dir")
         note = [f"{why}no complete checkpoint of an unfinished run in {output_dir}: starting a new run"] * auto
-        return {"resume_from_checkpoint": None, "run_id": new_run_id(), "notes": [*cfg.notes, *note]}
+        return {"resume_from_checkpoint": None, "run_id": uuid.uuid4().hex, "notes": [*cfg.notes, *note]}
     if not os.path.isdir(value):
         raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
     problem = checkpoint_problem(value)
@@ -169,5 +160,5 @@ def resume_fields(cfg: Any, restart: int = 0) -> dict[str, Any]:
         raise ConfigError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a "
                           "checkpoint-N directory (or true for the newest complete one of the run in output_dir)")
     marker = read_json(os.path.join(value, CHECKPOINT_MARKER)) or {}
-    return {"resume_from_checkpoint": str(value), "run_id": marker.get("run_id") or new_run_id(),
+    return {"resume_from_checkpoint": str(value), "run_id": marker.get("run_id") or uuid.uuid4().hex,
             "notes": [*cfg.notes, f"resuming from {value}"]}

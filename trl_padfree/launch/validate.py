@@ -243,7 +243,6 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     """Check ``cfg`` without loading anything and resolve it in place (returned): the recipe's ``check``,
     ``model_init_kwargs`` moved to the launcher and, with ``check_environment``, ``attn_implementation: auto``,
     ``output_dir``, ``resume_from_checkpoint`` and the run id."""
-    from .distributed import restart_attempt
     from .resume import resume_fields
     from .tasks import get_task
 
@@ -263,7 +262,7 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
         cfg.attn_auto = cfg.attn_implementation == "auto"
         cfg.model.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, training_device(cfg))
         _check_output_dir(cfg.training.output_dir)
-        for name, value in resume_fields(cfg, restart_attempt()).items():
+        for name, value in resume_fields(cfg, int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)).items():
             setattr(cfg, name, value)
     return cfg
 

@@ -4,8 +4,8 @@
 summary) and ``preview(cfg, tokenizer, n, color)``. A new trainer is one module here and one line in
 :data:`COMMANDS`.
 
->>> get_task("dpo").TRAINER.__name__, prog("sft"), task_names()
-('DPOTrainer', 'trl-padfree train', ['sft', 'dpo', 'grpo', 'rloo', 'reward', 'kto'])
+>>> get_task("dpo").TRAINER.__name__, prog("sft")
+('DPOTrainer', 'trl-padfree train')
 """
 
 from __future__ import annotations
@@ -22,10 +22,6 @@ def get_task(name: str) -> ModuleType:
     if name not in COMMANDS:
         raise ValueError(f"unknown launch recipe {name!r}; known: {', '.join(COMMANDS)}")
     return importlib.import_module(f"{__name__}.{name}")
-
-
-def task_names() -> list[str]:
-    return list(COMMANDS)
 
 
 def prog(name: str) -> str:
