@@ -8,8 +8,7 @@ import json
 import os
 import re
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .config import ConfigError
 
@@ -89,16 +88,11 @@ def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
                  if run_id is not None and checkpoint_problem(path, run_id) is None), None)
 
 
-@dataclass
-class ResumeChoice:
+class ResumeChoice(NamedTuple):
     path: str
     step: int
     run_id: str
-    skipped: list[str] = field(default_factory=list)
-
-    def note(self) -> str:
-        text = f"resuming from {self.path} (step {self.step}, the newest complete checkpoint of this run)"
-        return text + ("; passed over: " + "; ".join(self.skipped) if self.skipped else "")
+    skipped: list[str]  # the newer checkpoints passed over, each with why
 
 
 def choose_resume(output_dir: str) -> ResumeChoice:
@@ -119,7 +113,7 @@ def choose_resume(output_dir: str) -> ResumeChoice:
     skipped = []
     for step, path in reversed(checkpoints):
         if (problem := checkpoint_problem(path, run["run_id"])) is None:
-            return ResumeChoice(path=path, step=step, run_id=run["run_id"], skipped=skipped)
+            return ResumeChoice(path, step, run["run_id"], skipped)
         skipped.append(f"{os.path.basename(path)} ({problem})")
     detail = f" ({'; '.join(skipped)})" if skipped else ""
     raise ConfigError(f"{head} holds no complete checkpoint of its run{detail}; start again without "
@@ -136,8 +130,9 @@ def resume_fields(cfg: Any, restart: int = 0) -> dict[str, Any]:
     if word in {"true", "last", "latest"} or auto and (run or {}).get("run_id"):
         try:
             choice = choose_resume(output_dir)
-            return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id,
-                    "notes": [*cfg.notes, why + choice.note()]}
+            note = f"resuming from {choice.path} (step {choice.step}, the newest complete checkpoint of this run)"
+            note += "; passed over: " + "; ".join(choice.skipped) if choice.skipped else ""
+            return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id, "notes": [*cfg.notes, why + note]}
         except ConfigError:
             if not auto or run.get("status") == "finished":
                 raise

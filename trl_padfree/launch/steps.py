@@ -37,15 +37,18 @@ class Records:
     paired: bool = False  # KTO: preference pairs, which TRL unpairs
 
 
-def eval_summary(title: str, main: dict[str, str], extra: dict[str, str]) -> Callable[..., list[str]]:
-    """A recipe's summary lines for :func:`fit`: the shared ones plus ``"<title>: <main> (<extra>; N evaluations)"``,
-    each logged key named by its value, first -> last evaluation (left out where TRL did not log it).
+def eval_summary(title: str, main: dict[str, str], extra: dict[str, str], unit: str = "evaluation"
+                 ) -> Callable[..., list[str]]:
+    """A recipe's summary lines for :func:`fit`: the shared ones plus ``"<title>: <main> (<extra>; N <unit>s)"``,
+    each logged key named by its value, first -> last log entry with a ``main`` key (left out where TRL logged none).
 
     >>> kto = eval_summary("eval rewards", {"eval_rewards/chosen": "desirable "}, {"eval_kl": "KL "})
     >>> kto(["steps: 2/2"], [{"eval_rewards/chosen": 0.0, "eval_kl": 0.0}, {"eval_rewards/chosen": 0.5, "eval_kl": 0.1}])
     ['steps: 2/2', 'eval rewards: desirable 0.000 -> 0.500 (KL 0.000 -> 0.100; 2 evaluations)']
     >>> eval_summary("eval accuracy", {"eval_accuracy": ""}, {})([], [{"eval_accuracy": 0.5}])
     ['eval accuracy: 0.500 (1 evaluation)']
+    >>> eval_summary("mean reward", {"reward": ""}, {}, "logged step")([], [{"reward": 0.1}, {"reward": 0.25}])
+    ['mean reward: 0.100 -> 0.250 (2 logged steps)']
     """
     def lines(shared: list[str], history: list[dict[str, Any]]) -> list[str]:
         evals = [e for e in history if any(key in e for key in main)]
@@ -54,7 +57,7 @@ def eval_summary(title: str, main: dict[str, str], extra: dict[str, str]) -> Cal
         first, last = evals[0], evals[-1]
         shown = [[f"{name}{first[k]:.3f}" + (f" -> {last[k]:.3f}" if len(evals) > 1 else "")
                   for k, name in keys.items() if k in first and k in last] for keys in (main, extra)]
-        inside = "; ".join(filter(None, [", ".join(shown[1]), f"{len(evals)} evaluation{'s' * (len(evals) > 1)}"]))
+        inside = "; ".join(filter(None, [", ".join(shown[1]), f"{len(evals)} {unit}{'s' * (len(evals) > 1)}"]))
         return [*shared, f"{title}: {', '.join(shown[0])} ({inside})"]
 
     return lines
