@@ -190,9 +190,6 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
     if not os.path.exists(os.path.expanduser(name)) and _looks_local(name):
         raise ConfigError(f"model not found: model_name_or_path={name!r} is not an existing directory (relative paths "
                           f"start at {os.getcwd()})")
-    has_peft = importlib.util.find_spec("peft") is not None
-    if check_environment and model.use_peft and not has_peft:
-        raise ConfigError("use_peft: true needs the peft package: pip install peft")
     quantized = model.load_in_4bit or model.load_in_8bit
     if quantized and not model.use_peft:
         raise ConfigError("load_in_4bit/load_in_8bit train only LoRA adapters: also set use_peft: true")
@@ -203,10 +200,10 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
         # TRL turns a list of one name into a string, which peft reads as a regular expression over full module
         # names ("q_proj" then matches nothing); one name means what a list of names means: a module-name suffix
         model.lora_target_modules = [targets]
-    if model.use_peft and has_peft:
+    if model.use_peft:
         from trl import get_peft_config
 
-        try:  # peft's own checks of the LoRA settings, now rather than when the trainer is built
+        try:  # TRL's (peft installed) and peft's checks of the LoRA settings, now rather than when the trainer is built
             get_peft_config(cfg.model)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid LoRA settings (peft.LoraConfig): {one_line(exc, limit=None)}") from None
