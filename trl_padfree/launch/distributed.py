@@ -29,10 +29,6 @@ def gather(value: Any) -> list[Any]:
     return values
 
 
-def any_process(flag: bool) -> bool:
-    return any(gather(bool(flag)))
-
-
 def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
     """``(cfg with rank 0's run id, the layout in words)``; one process: ``(cfg, None)``."""
     if not in_process_group():

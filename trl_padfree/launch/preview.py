@@ -58,11 +58,6 @@ def percent(part: float, whole: float) -> str:
     return f"{100.0 * part / whole if whole else 0.0:.1f}%"
 
 
-def dropped_line(unit: str, max_length: Any, dropped: int, total: int) -> str:
-    """DPO's and KTO's last line: the records TRL drops because the prompt alone fills ``max_length``."""
-    return f"{unit} dropped before training (prompt alone fills max_length={max_length}): {dropped:,} of {total:,}"
-
-
 def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
     """``(n, task or None, the rest of argv)``.
 

@@ -16,7 +16,7 @@ from ..exception_text import one_line
 from .callbacks import CheckpointMarker, GracefulStop, NothingToTrain
 from .config import ConfigError, LaunchConfig
 from .console import is_main_process, say
-from .distributed import any_process, describe_distribution
+from .distributed import describe_distribution, gather
 from .model import load_model, load_tokenizer, materialized, sharded_launch
 from .resume import last_complete_checkpoint, write_json, write_run
 from .summary import run_summary, summary_lines
@@ -137,7 +137,7 @@ def probe_model(cfg: LaunchConfig, model: Any, layout: str = "sft") -> None:
     else:
         say("packing probe skipped: the weights are sharded at load time here (DeepSpeed ZeRO-3 / FSDP); check the "
             "model once with `trl-padfree check --model NAME`")
-    if any_process(failure is not None):  # every rank stops (none waits in a collective)
+    if any(gather(failure is not None)):  # every rank stops (none waits in a collective)
         raise ConfigError(failure or "padding-free training is unsafe for this model (the packing probe failed on "
                           "another process)")
 
@@ -258,7 +258,7 @@ def _save_final_model(trainer: Any, output_dir: str, run_id: str | None) -> None
         trainer.save_model(staging)
     except Exception as exc:  # OSError, or the safetensors writer's own error type  # noqa: BLE001
         error = exc
-    if any_process(error is not None):
+    if any(gather(error is not None)):
         if main:
             shutil.rmtree(staging, ignore_errors=True)
         last = last_complete_checkpoint(output_dir, run_id)

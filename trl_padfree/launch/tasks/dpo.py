@@ -64,7 +64,7 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
 
     from trl_padfree.preference import truncate_pair
 
-    from ..preview import dropped_line, percent, scored, token_marker
+    from ..preview import percent, scored, token_marker
 
     training, data = cfg.training, load_pairs(cfg, tokenizer)
     pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training)
@@ -83,4 +83,5 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
     return [*lines, "---", f"scored tokens: chosen {chosen_total:,}, rejected {rejected_total:,} of {tokens:,} tokens "
             f"in {len(pairs):,} pairs (format: {data.text_format})",
             f"prompt_once forwards {once:,} tokens instead of {tokens:,} ({percent(tokens - once, tokens)} fewer)",
-            dropped_line("pairs", training.max_length, len(data.train) - len(pairs), len(data.train))]
+            f"pairs dropped before training (prompt alone fills max_length={training.max_length}): "
+            f"{len(data.train) - len(pairs):,} of {len(data.train):,}"]
