@@ -273,7 +273,7 @@ def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, 
         if step != 10:  # checkpoint-10 was never completed
             write_json(str(out / f"checkpoint-{step}" / CHECKPOINT_MARKER), {"run_id": "r1", "step": step})
     cfg = load_config(demo_argv(data_dir, out, "--resume_from_checkpoint", "true"))
-    assert cfg.resume_from_checkpoint == str(out / "checkpoint-4") and cfg.run_id == "r1"
+    assert cfg.training.resume_from_checkpoint == str(out / "checkpoint-4") and cfg.run_id == "r1"
     assert cfg.notes == [
         f"resuming from {out / 'checkpoint-4'} (step 4, the newest complete checkpoint of this run); passed over: "
         "checkpoint-10 (incomplete (no trl-padfree completion marker: the save was interrupted, or another tool "

@@ -94,14 +94,6 @@ class LaunchConfig:
     def attn_implementation(self) -> str:
         return self.model.attn_implementation or "auto"
 
-    @property
-    def resume_from_checkpoint(self) -> Any:
-        return self.training.resume_from_checkpoint
-
-    @resume_from_checkpoint.setter
-    def resume_from_checkpoint(self, value: Any) -> None:
-        self.training.resume_from_checkpoint = value
-
 
 def argument_classes(task: str = "sft") -> tuple[type, type, type]:
     """The recipe's ``ARGUMENTS`` and ``CONFIG``, and ``trl.ModelConfig``."""

@@ -120,10 +120,11 @@ def choose_resume(output_dir: str) -> ResumeChoice:
                       "resume_from_checkpoint (with overwrite_output_dir: true) or pass a checkpoint path")
 
 
-def resume_fields(cfg: Any, restart: int = 0) -> dict[str, Any]:
-    """The fields of ``cfg`` to set (the run id included) for ``resume_from_checkpoint`` false, true, a checkpoint
-    path or ``auto``, which a torchrun restart (``restart`` > 0) also means: what ``true`` takes, else a new run."""
-    value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
+def resolve_resume(cfg: Any, restart: int = 0) -> tuple[str | None, str, str | None]:
+    """``(the checkpoint to resume or None, the run id, a note for the run)`` for ``resume_from_checkpoint`` false,
+    true, a checkpoint path or ``auto``, which a torchrun restart (``restart`` > 0) also means: what ``true`` takes,
+    else a new run."""
+    value, output_dir = cfg.training.resume_from_checkpoint, cfg.training.output_dir
     word, run = str(value).lower(), read_run(output_dir)
     auto = word == "auto" or (value is None and restart > 0)
     why = ("resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}") + ": " if auto else ""
@@ -132,7 +133,7 @@ def resume_fields(cfg: Any, restart: int = 0) -> dict[str, Any]:
             choice = choose_resume(output_dir)
             note = f"resuming from {choice.path} (step {choice.step}, the newest complete checkpoint of this run)"
             note += "; passed over: " + "; ".join(choice.skipped) if choice.skipped else ""
-            return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id, "notes": [*cfg.notes, why + note]}
+            return choice.path, choice.run_id, why + note
         except ConfigError:
             if not auto or run.get("status") == "finished":
                 raise
@@ -146,8 +147,8 @@ def resume_fields(cfg: Any, restart: int = 0) -> dict[str, Any]:
                 f"{why}output_dir {output_dir!r} already holds {'files of another tool' if auto else 'a run'} ({shown})"
                 f"; {'pass a checkpoint path' if auto else 'continue it with resume_from_checkpoint: true'}, start "
                 "over in it with overwrite_output_dir: true, or choose another output_dir")
-        note = [f"{why}no complete checkpoint of an unfinished run in {output_dir}: starting a new run"] * auto
-        return {"resume_from_checkpoint": None, "run_id": uuid.uuid4().hex, "notes": [*cfg.notes, *note]}
+        note = f"{why}no complete checkpoint of an unfinished run in {output_dir}: starting a new run"
+        return None, uuid.uuid4().hex, note if auto else None
     if not os.path.isdir(value):
         raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
     problem = checkpoint_problem(value)
@@ -155,5 +156,4 @@ def resume_fields(cfg: Any, restart: int = 0) -> dict[str, Any]:
         raise ConfigError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a "
                           "checkpoint-N directory (or true for the newest complete one of the run in output_dir)")
     marker = read_json(os.path.join(value, CHECKPOINT_MARKER)) or {}
-    return {"resume_from_checkpoint": str(value), "run_id": marker.get("run_id") or uuid.uuid4().hex,
-            "notes": [*cfg.notes, f"resuming from {value}"]}
+    return str(value), marker.get("run_id") or uuid.uuid4().hex, f"resuming from {value}"

@@ -195,13 +195,13 @@ def fit(cfg: LaunchConfig, trainer: Any, data: Any, settings: dict[str, Any],
         unwrapped.should_save_on_this_rank = lambda is_main_process: bool(is_main_process)
     if training.should_save:
         os.makedirs(output_dir, exist_ok=True)
-        write_run(output_dir, run_id=run_id, status="training", resumed_from=cfg.resume_from_checkpoint)
+        write_run(output_dir, run_id=run_id, status="training", resumed_from=cfg.training.resume_from_checkpoint)
     metrics: dict[str, Any] = {}
     try:
         with stop:
-            metrics = dict(trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint).metrics)
+            metrics = dict(trainer.train(resume_from_checkpoint=cfg.training.resume_from_checkpoint).metrics)
     except NothingToTrain:
-        say(f"{cfg.resume_from_checkpoint} is at the last step ({trainer.state.global_step}): nothing left to "
+        say(f"{cfg.training.resume_from_checkpoint} is at the last step ({trainer.state.global_step}): nothing left to "
             "train; saving its model as the final model")
     except Exception:
         last = last_complete_checkpoint(output_dir, run_id)

@@ -240,7 +240,7 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     """Check ``cfg`` without loading anything and resolve it in place (returned): the recipe's ``check``,
     ``model_init_kwargs`` moved to the launcher and, with ``check_environment``, ``attn_implementation: auto``,
     ``output_dir``, ``resume_from_checkpoint`` and the run id."""
-    from .resume import resume_fields
+    from .resume import resolve_resume
     from .tasks import get_task
 
     _check_numbers(cfg)
@@ -259,8 +259,9 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
         cfg.attn_auto = cfg.attn_implementation == "auto"
         cfg.model.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, training_device(cfg))
         _check_output_dir(cfg.training.output_dir)
-        for name, value in resume_fields(cfg, int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)).items():
-            setattr(cfg, name, value)
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+        cfg.training.resume_from_checkpoint, cfg.run_id, note = resolve_resume(cfg, restart)
+        cfg.notes += [note] if note else []
     return cfg
 
 
