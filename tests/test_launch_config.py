@@ -147,7 +147,9 @@ TRAINER_REFUSALS = [
     ("grpo", ("--reward_func", "x"), "unknown option '--reward_func' on the command line; did you mean "
                                      "'reward_funcs'?"),
     ("grpo", ("--template", "{prompt}"), _ANOTHER.format("template", "train", "grpo")),
-    ("grpo", ("--reward_funcs", "no_such_reward"), "reward_funcs: 'no_such_reward' is not a known reward"),
+    ("grpo", ("--reward_funcs", "no_such_reward"), "reward_funcs: 'no_such_reward' is not a known reward "
+     "(answer_chars, answer_overlap, answer_prefix, exact_match, accuracy_reward, get_soft_overlong_punishment, "
+     "reasoning_accuracy_reward, think_format_reward) nor an import path 'module:function'"),
     ("grpo", ("--reward_funcs", "no_such_module:score"), "reward_funcs: cannot import 'no_such_module:score': No "
                                                          "module named 'no_such_module'"),
     ("rloo", ("--reward_funcs", "trl_padfree.rewards:nothing"), "module 'trl_padfree.rewards' has no attribute "

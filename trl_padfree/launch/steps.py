@@ -63,18 +63,6 @@ def eval_summary(title: str, main: dict[str, str], extra: dict[str, str], unit: 
     return lines
 
 
-def check_prompt_once(cfg: LaunchConfig) -> None:
-    """``prompt_once: true`` needs the ``"padfree"`` attention (it alone reads the shared prompt keys): refuse
-    another, pin ``auto`` to it."""
-    if not cfg.training.prompt_once:
-        return
-    if cfg.attn_implementation not in ("auto", "padfree"):
-        raise ConfigError(
-            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
-            f"{cfg.attn_implementation!r}: use auto or padfree")
-    cfg.model.attn_implementation = "padfree"
-
-
 def prompt_once_settings(cfg: LaunchConfig) -> dict[str, Any]:
     """The run line's and the summary's own fields of DPO, KTO and reward."""
     return {"prompt_once": bool(cfg.training.prompt_once)}

@@ -246,7 +246,12 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
     _check_numbers(cfg)
     _check_names(cfg)
     _check_data(cfg)
-    get_task(cfg.task).check(cfg)  # the trainer's own settings (launch.tasks)
+    getattr(get_task(cfg.task), "check", lambda cfg: None)(cfg)  # the trainer's own settings (launch.tasks)
+    if getattr(cfg.training, "prompt_once", False):  # (DPO, KTO, reward, GRPO): auto is pinned to padfree
+        if cfg.attn_implementation not in ("auto", "padfree"):
+            raise ConfigError(f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared "
+                              f"prompt keys), got {cfg.attn_implementation!r}: use auto or padfree")
+        cfg.model.attn_implementation = "padfree"
     _check_model(cfg, check_environment)
     _check_model_init_kwargs(cfg)
     if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():

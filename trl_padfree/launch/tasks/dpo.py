@@ -23,7 +23,7 @@ settings = steps.prompt_once_settings
 
 def check(cfg: Any) -> None:
     """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL fails at the first step on an unknown
-    ``f_divergence_type``); ``prompt_once``."""
+    ``f_divergence_type``)."""
     from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
 
     training = cfg.training
@@ -36,7 +36,6 @@ def check(cfg: Any) -> None:
     if unknown and training.padding_free:
         raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
                           f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
-    steps.check_prompt_once(cfg)
 
 
 def load_pairs(cfg: Any, tokenizer: Any) -> steps.Records:

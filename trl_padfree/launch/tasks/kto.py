@@ -22,9 +22,7 @@ from .preference_data import (
     prepared_by_trl,
 )
 
-__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
-
-check = steps.check_prompt_once
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "preview", "run", "settings"]
 
 
 def settings(cfg: Any) -> dict[str, Any]:

@@ -26,8 +26,7 @@ TOO_LONG, WHY = "whose chosen or rejected sequence has more than max_length={} t
 
 
 def check(cfg: Any) -> None:
-    """``prompt_once``; with ``use_peft`` LoRA's task type is ``SEQ_CLS`` (peft then also trains the new score head)."""
-    steps.check_prompt_once(cfg)
+    """With ``use_peft`` LoRA's task type is ``SEQ_CLS`` (peft then also trains the new score head)."""
     if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
         cfg.model.lora_task_type = "SEQ_CLS"
 
