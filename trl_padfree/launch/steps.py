@@ -64,8 +64,8 @@ def eval_summary(title: str, main: dict[str, str], extra: dict[str, str], unit: 
 
 
 def prompt_once_settings(cfg: LaunchConfig) -> dict[str, Any]:
-    """The run line's and the summary's own fields of DPO, KTO and reward."""
-    return {"prompt_once": bool(cfg.training.prompt_once)}
+    """A recipe's fields of the run line and the summary unless it has ``settings``: ``prompt_once``, if it has one."""
+    return {"prompt_once": bool(cfg.training.prompt_once)} if hasattr(cfg.training, "prompt_once") else {}
 
 
 def load_data(cfg: LaunchConfig, loader: Callable[[LaunchConfig, Any], Any], unit: str | None = None) -> tuple[Any, Any]:

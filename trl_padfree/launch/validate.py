@@ -272,7 +272,7 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
 
 def describe(cfg: LaunchConfig) -> dict[str, Any]:
     """The run line's fields (logged at start)."""
-    from .steps import scored_head
+    from .steps import prompt_once_settings, scored_head
     from .tasks import get_task
 
     threads = cfg.training.torch_num_threads
@@ -280,7 +280,7 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "model": cfg.model.model_name_or_path,
         **({"trust_remote_code": True} if cfg.training.trust_remote_code else {}),
         "attn_implementation": cfg.attn_implementation, "dtype": cfg.model.dtype, "padding_free": cfg.padding_free,
-        **get_task(cfg.task).settings(cfg),
+        **getattr(get_task(cfg.task), "settings", prompt_once_settings)(cfg),
         "peft": bool(cfg.model.use_peft), "device": training_device(cfg), "bf16": bool(cfg.training.bf16),
         "activation_checkpointing": bool(cfg.training.activation_checkpointing),
         "torch_num_threads": (threads if threads != "auto" else None) or os.environ.get("OMP_NUM_THREADS")

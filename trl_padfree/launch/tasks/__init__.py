@@ -1,8 +1,8 @@
 """The launch's trainers, one recipe module each, read top to bottom as TRL's ``trl/scripts``: ``ARGUMENTS`` (its
 :class:`~..config.LaunchArguments`), ``CONFIG``, ``TRAINER``, ``check(cfg)`` where it has refusals (before anything
-loads), ``settings(cfg)`` (its fields of the run line), ``run(cfg, callbacks)`` (the steps of :mod:`..steps`; returns
-the summary) and ``preview(cfg, tokenizer, n, color)``. A new trainer is one module here and one line in
-:data:`COMMANDS`.
+loads), ``settings(cfg)`` (its fields of the run line; default: ``prompt_once``), ``run(cfg, callbacks)`` (the steps
+of :mod:`..steps`; returns the summary) and ``preview(cfg, tokenizer, n, color)``. A new trainer is one module here
+and one line in :data:`COMMANDS`.
 
 >>> get_task("dpo").TRAINER.__name__, prog("sft")
 ('DPOTrainer', 'trl-padfree train')

@@ -16,9 +16,7 @@ from ..config import ChatArguments as ARGUMENTS
 from ..config import ConfigError
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 
-__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
-
-settings = steps.prompt_once_settings
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run"]
 
 
 def check(cfg: Any) -> None:
@@ -52,7 +50,7 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks, ref_model=ref_model,
                                      check=lambda trainer: dropped_by_trainer(cfg, trainer, data))
     # (at the start the policy is the reference: every reward is 0, so no pair is won)
-    return steps.fit(cfg, trainer, data, settings(cfg), steps.eval_summary(
+    return steps.fit(cfg, trainer, data, steps.prompt_once_settings(cfg), steps.eval_summary(
         "eval reward accuracy", {"eval_rewards/accuracies": ""}, {"eval_rewards/margins": "margin "}))
 
 

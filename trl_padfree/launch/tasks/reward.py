@@ -18,9 +18,8 @@ from ..config import ConfigError
 from ..config import LaunchArguments as ARGUMENTS
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 
-__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run"]
 
-settings = steps.prompt_once_settings
 #: which pairs TRL's RewardTrainer drops (dropped_by_trainer's rule), and why
 TOO_LONG, WHY = "whose chosen or rejected sequence has more than max_length={} tokens", "a reward is read at the end"
 
@@ -52,7 +51,7 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     model, cfg = steps.load_policy(cfg, "reward", AutoModelForSequenceClassification)
     trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks,
                                  check=lambda trainer: dropped_by_trainer(cfg, trainer, data, rule=TOO_LONG, why=WHY))
-    return steps.fit(cfg, trainer, data, settings(cfg), steps.eval_summary(
+    return steps.fit(cfg, trainer, data, steps.prompt_once_settings(cfg), steps.eval_summary(
         "eval accuracy", {"eval_accuracy": ""}, {"eval_margin": "reward margin "}))
 
 
