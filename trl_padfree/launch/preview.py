@@ -6,6 +6,7 @@ from the config's fields); loads no model, writes nothing. Exit status: 0 done, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import sys
@@ -95,12 +96,9 @@ def guess_task(argv: Sequence[str]) -> tuple[str, list[str]]:
 
     keys = {a[2:].split("=", 1)[0].removeprefix("no_") for a in argv if a.startswith("--")}
     if "--config" in argv[:-1] and os.path.isfile(path := argv[argv.index("--config") + 1]):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                config = yaml.safe_load(handle)
-        except (yaml.YAMLError, UnicodeDecodeError):
-            config = None  # (parsing says what is wrong with it)
-        keys |= set(config) if isinstance(config, dict) else set()
+        with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError), open(path, encoding="utf-8") as handle:
+            config = yaml.safe_load(handle)  # (a file that is no YAML mapping: parsing says what is wrong with it)
+            keys |= set(config) if isinstance(config, dict) else set()
     fields = {name: {f.name for cls in argument_classes(name) for f in dataclasses.fields(cls)}
               for name in COMMANDS}
     scores = {name: len(keys & (own - fields["sft"])) for name, own in fields.items() if name != "sft"}
