@@ -43,12 +43,9 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read_run(output_dir: str) -> dict[str, Any] | None:
-    return read_json(os.path.join(output_dir, RUN_FILE))
-
-
 def write_run(output_dir: str, **fields: Any) -> None:
-    write_json(os.path.join(output_dir, RUN_FILE), {**(read_run(output_dir) or {}), **fields})
+    path = os.path.join(output_dir, RUN_FILE)
+    write_json(path, {**(read_json(path) or {}), **fields})
 
 
 def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
@@ -97,7 +94,7 @@ class ResumeChoice(NamedTuple):
 
 def choose_resume(output_dir: str) -> ResumeChoice:
     """What ``resume_from_checkpoint: true`` means for ``output_dir``, or a :class:`ConfigError` why there is none."""
-    run, checkpoints = read_run(output_dir) or {}, list_checkpoints(output_dir)
+    run, checkpoints = read_json(os.path.join(output_dir, RUN_FILE)) or {}, list_checkpoints(output_dir)
     head = f"resume_from_checkpoint: true, but {output_dir!r}"
     if not run.get("run_id"):
         what = (f"its checkpoints ({', '.join(os.path.basename(p) for _, p in checkpoints)}) were not written by "
@@ -125,7 +122,7 @@ def resolve_resume(cfg: Any, restart: int = 0) -> tuple[str | None, str, str | N
     true, a checkpoint path or ``auto``, which a torchrun restart (``restart`` > 0) also means: what ``true`` takes,
     else a new run."""
     value, output_dir = cfg.training.resume_from_checkpoint, cfg.training.output_dir
-    word, run = str(value).lower(), read_run(output_dir)
+    word, run = str(value).lower(), read_json(os.path.join(output_dir, RUN_FILE))
     auto = word == "auto" or (value is None and restart > 0)
     why = ("resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}") + ": " if auto else ""
     if word in {"true", "last", "latest"} or auto and (run or {}).get("run_id"):

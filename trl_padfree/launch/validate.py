@@ -140,13 +140,11 @@ def _check_output_dir(out: str) -> None:
         what = "is a file, not a directory" if parent == path else f"cannot be created: {parent!r} is a file"
         raise ConfigError(f"output_dir {out!r} {what}; choose another output_dir")
     try:
-        fd, probe = tempfile.mkstemp(prefix=".trl-padfree-write-test-", dir=parent)
+        tempfile.TemporaryFile(dir=parent).close()  # (unnamed where the filesystem allows, gone once closed)
     except OSError as exc:
         where = "is not writable" if parent == path else f"cannot be created in {parent!r}"
         raise ConfigError(f"output_dir {out!r} {where} ({exc.strerror or exc}); choose a directory you can write to"
                           ) from None
-    os.close(fd)
-    os.unlink(probe)
 
 
 def _looks_local(name: str) -> bool:
