@@ -47,8 +47,6 @@ def eval_summary(title: str, main: dict[str, str], extra: dict[str, str], unit: 
     ['steps: 2/2', 'eval rewards: desirable 0.000 -> 0.500 (KL 0.000 -> 0.100; 2 evaluations)']
     >>> eval_summary("eval accuracy", {"eval_accuracy": ""}, {})([], [{"eval_accuracy": 0.5}])
     ['eval accuracy: 0.500 (1 evaluation)']
-    >>> eval_summary("mean reward", {"reward": ""}, {}, "logged step")([], [{"reward": 0.1}, {"reward": 0.25}])
-    ['mean reward: 0.100 -> 0.250 (2 logged steps)']
     """
     def lines(shared: list[str], history: list[dict[str, Any]]) -> list[str]:
         evals = [e for e in history if any(key in e for key in main)]
@@ -205,9 +203,8 @@ def fit(cfg: LaunchConfig, trainer: Any, data: Any, settings: dict[str, Any],
     else:
         _save_final_model(trainer, output_dir, run_id)  # before the final evaluation, which cannot lose the weights
         saved_to = output_dir
-        if data.eval is not None and not any(
-            "eval_loss" in e and e.get("step") == state.global_step for e in state.log_history
-        ):
+        evaluated = any("eval_loss" in e and e.get("step") == state.global_step for e in state.log_history)
+        if data.eval is not None and not evaluated:
             try:
                 trainer.evaluate()
             except Exception as exc:
