@@ -78,6 +78,7 @@ BAD_INPUT = [
     (None, ["--learning_rate", "nan"], "learning_rate must be at least 0, got nan"),
     (None, ["--seed", "-1"], "seed must be at least 0 and at most 4294967295, got -1"),
     (None, ["--adam_beta2", "1.0"], "adam_beta2 must be at least 0 and less than 1, got 1.0"),
+    (None, ["--eval_fraction", "1.0"], "eval_fraction must be greater than 0 and less than 1, got 1.0"),
     (None, ["--max_grad_norm", "-1"], "max_grad_norm must be at least 0 (0 turns gradient clipping off), got -1.0"),
     (None, ["--save_strategy", "steps", "--save_steps", "0"],
      "save_steps must be greater than 0 (a number of steps, or a fraction of the run below 1), got 0.0"),

@@ -43,8 +43,7 @@ def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
 
 
 def describe_distribution(training: Any) -> dict[str, Any]:
-    world_size = int(training.world_size)  # (sets up training.distributed_state)
-    state = training.distributed_state
+    world_size, state = int(training.world_size), training.distributed_state  # (world_size sets the state up)
     return {"world_size": world_size, "distributed_type": state.distributed_type.value, "backend": state.backend}
 
 
