@@ -78,6 +78,7 @@ BAD_INPUT = [
     (None, ["--learning_rate", "nan"], "learning_rate must be at least 0, got nan"),
     (None, ["--seed", "-1"], "seed must be at least 0 and at most 4294967295, got -1"),
     (None, ["--adam_beta2", "1.0"], "adam_beta2 must be at least 0 and less than 1, got 1.0"),
+    (None, ["--eval_fraction", "1.0"], "eval_fraction must be greater than 0 and less than 1, got 1.0"),
     (None, ["--max_grad_norm", "-1"], "max_grad_norm must be at least 0 (0 turns gradient clipping off), got -1.0"),
     (None, ["--save_strategy", "steps", "--save_steps", "0"],
      "save_steps must be greater than 0 (a number of steps, or a fraction of the run below 1), got 0.0"),
@@ -147,7 +148,9 @@ TRAINER_REFUSALS = [
     ("grpo", ("--reward_func", "x"), "unknown option '--reward_func' on the command line; did you mean "
                                      "'reward_funcs'?"),
     ("grpo", ("--template", "{prompt}"), _ANOTHER.format("template", "train", "grpo")),
-    ("grpo", ("--reward_funcs", "no_such_reward"), "reward_funcs: 'no_such_reward' is not a known reward"),
+    ("grpo", ("--reward_funcs", "no_such_reward"), "reward_funcs: 'no_such_reward' is not a known reward "
+     "(answer_chars, answer_overlap, answer_prefix, exact_match, accuracy_reward, get_soft_overlong_punishment, "
+     "reasoning_accuracy_reward, think_format_reward) nor an import path 'module:function'"),
     ("grpo", ("--reward_funcs", "no_such_module:score"), "reward_funcs: cannot import 'no_such_module:score': No "
                                                          "module named 'no_such_module'"),
     ("rloo", ("--reward_funcs", "trl_padfree.rewards:nothing"), "module 'trl_padfree.rewards' has no attribute "
@@ -221,7 +224,7 @@ def test_real_model_configs_parse_and_resolve(name, attn, peft, data):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the CPU-only message does not apply")
 def test_real_model_config_fails_clearly_on_this_machine():
-    with pytest.raises(ConfigError, match=r"^invalid settings: bf16: true needs a GPU with bfloat16 support"):
+    with pytest.raises(ConfigError, match=r"^invalid settings: Your setup doesn't support bf16/gpu\. You need to assign use_cpu"):
         load_config(["--config", str(CONFIGS / "llama3-8b-flash.yaml")])
 
 
@@ -273,7 +276,7 @@ def test_resume_true_means_the_newest_complete_checkpoint_of_this_run(tmp_path, 
         if step != 10:  # checkpoint-10 was never completed
             write_json(str(out / f"checkpoint-{step}" / CHECKPOINT_MARKER), {"run_id": "r1", "step": step})
     cfg = load_config(demo_argv(data_dir, out, "--resume_from_checkpoint", "true"))
-    assert cfg.resume_from_checkpoint == str(out / "checkpoint-4") and cfg.run_id == "r1"
+    assert cfg.training.resume_from_checkpoint == str(out / "checkpoint-4") and cfg.run_id == "r1"
     assert cfg.notes == [
         f"resuming from {out / 'checkpoint-4'} (step 4, the newest complete checkpoint of this run); passed over: "
         "checkpoint-10 (incomplete (no trl-padfree completion marker: the save was interrupted, or another tool "

@@ -65,8 +65,8 @@ def test_demo_config_trains_probes_and_summarises(full_run):
     assert_real_tokens_logged(out, stdout, generation=True)
     logged = steps(out)
     assert sorted(logged) == list(range(1, STEPS + 1))
-    assert (f"[trl-padfree] mean reward: {logged[1]['reward']:.3f} first logged step -> {logged[STEPS]['reward']:.3f} "
-            f"last ({STEPS} logged steps)") in stdout.splitlines()
+    assert (f"[trl-padfree] mean reward: {logged[1]['reward']:.3f} -> {logged[STEPS]['reward']:.3f} ({STEPS} logged "
+            "steps)") in stdout.splitlines()
     summary = json.loads((out / "launch_summary.json").read_text())
     assert summary["global_step"] == STEPS and summary["saved_to"] == str(out)
     assert summary["prompt_once"] is True and summary["reward_funcs"] == ["answer_chars"]

@@ -65,7 +65,7 @@ def test_an_unusable_output_dir_or_checkpoint_is_refused_and_left_as_it_was(tmp_
     assert sorted(tmp_path.rglob("*")) == before and (tmp_path / "file").read_text() == "x"
     if out == "run":  # overwrite_output_dir: true starts a new run there
         cfg = load_config(demo_argv(data_dir, tmp_path / "run", "--overwrite_output_dir", "true"))
-        assert cfg.resume_from_checkpoint is None and len(cfg.run_id) == 32
+        assert cfg.training.resume_from_checkpoint is None and len(cfg.run_id) == 32
 
 
 def test_output_dir_not_writable(tmp_path, data_dir):

@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
     """Run the recipe ``task`` of :mod:`.tasks` on ``argv`` (parse and check, the machine's defaults, the run line,
     the recipe's ``run``, with extra Trainer ``callbacks``); returns the exit code."""
     from ..threads import torch_threads
-    from .console import print_error, quiet_progress, quiet_replicas, say
+    from .console import is_main_process, quiet_progress, quiet_replicas, say
     from .defaults import apply_defaults
     from .distributed import check_process_group, finish, plan_nodes
     from .steps import RunError
@@ -49,12 +49,10 @@ def main(argv: Sequence[str] | None = None, callbacks: Sequence[Any] = (), task:
         threads = cfg.training.torch_num_threads
         with torch_threads(None if threads == "auto" else threads), quiet_progress():
             get_task(task).run(cfg, callbacks)  # (the Trainer's own bar follows disable_tqdm)
-    except ConfigError as exc:
-        print_error(str(exc), prog(task))
-        return finish(2)
-    except RunError as exc:  # a failure during the run, e.g. a final save on a full disk (launch.steps)
-        print_error(str(exc), prog(task))
-        return finish(1)
+    except (ConfigError, RunError) as exc:  # bad input (2), or a failure of the run, e.g. a final save on a full disk
+        if is_main_process():
+            print(f"{prog(task)}: error: {exc}", file=sys.stderr, flush=True)
+        return finish(2 if isinstance(exc, ConfigError) else 1)
     except SystemExit as exc:  # --help
         return finish(exc.code if isinstance(exc.code, int) else 0)
     except BaseException as exc:  # noqa: BLE001  (re-raised where there is no process group)

@@ -94,14 +94,6 @@ class LaunchConfig:
     def attn_implementation(self) -> str:
         return self.model.attn_implementation or "auto"
 
-    @property
-    def resume_from_checkpoint(self) -> Any:
-        return self.training.resume_from_checkpoint
-
-    @resume_from_checkpoint.setter
-    def resume_from_checkpoint(self, value: Any) -> None:
-        self.training.resume_from_checkpoint = value
-
 
 def argument_classes(task: str = "sft") -> tuple[type, type, type]:
     """The recipe's ``ARGUMENTS`` and ``CONFIG``, and ``trl.ModelConfig``."""
@@ -129,9 +121,9 @@ _KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a nu
 
 def _unknown(name: str, task: str, known: Sequence[str]) -> str:
     """The hint after "unknown key/option": the trainer that takes ``name``, else a did-you-mean among ``known``."""
-    from .tasks import prog, task_names
+    from .tasks import COMMANDS, prog
 
-    for other in task_names():
+    for other in COMMANDS:
         if other != task and any(name in {f.name for f in dataclasses.fields(c)} for c in argument_classes(other)):
             return f" (a field of {prog(other)}, not of {prog(task)})"
     return did_you_mean(name, known)
@@ -243,11 +235,7 @@ def parse_arguments(argv: Sequence[str], task: str = "sft") -> LaunchConfig:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise ConfigError(f"{config_path}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
     except (ValueError, TypeError, AttributeError) as exc:  # a dataclass's __post_init__, or TRL's file checks
-        message = one_line(exc, limit=None)
-        if "bf16/gpu" in message:
-            message = ("bf16: true needs a GPU with bfloat16 support and this machine has none; set bf16: false "
-                       "(or use_cpu: true for bfloat16 autocast on the CPU)")
-        raise ConfigError(f"invalid settings: {message}") from None
+        raise ConfigError(f"invalid settings: {one_line(exc, limit=None)}") from None
     if remaining:
         first = remaining[0]
         if not first.startswith("--"):

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import warnings
 from collections.abc import Iterator
 
 from ..exception_text import one_line  # the launch's one-line errors (defined there for the whole package)
 
-__all__ = ["is_main_process", "one_line", "print_error", "quiet_progress", "quiet_replicas", "say"]
+__all__ = ["is_main_process", "one_line", "quiet_progress", "quiet_replicas", "say"]
 
 
 def is_main_process() -> bool:
@@ -21,11 +20,6 @@ def is_main_process() -> bool:
 def say(message: str) -> None:
     if is_main_process():
         print(f"[trl-padfree] {message}", flush=True)
-
-
-def print_error(message: str, program: str = "trl-padfree train") -> None:
-    if is_main_process():
-        print(f"{program}: error: {message}", file=sys.stderr, flush=True)
 
 
 def quiet_replicas() -> None:

@@ -18,10 +18,6 @@ def in_process_group() -> bool:
     return dist.is_available() and dist.is_initialized()
 
 
-def restart_attempt() -> int:
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
-
-
 def gather(value: Any) -> list[Any]:
     """Every process's ``value`` in rank order (every process of the group must call it; outside one: ``[value]``)."""
     if not in_process_group():
@@ -31,10 +27,6 @@ def gather(value: Any) -> list[Any]:
     values: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(values, value)
     return values
-
-
-def any_process(flag: bool) -> bool:
-    return any(gather(bool(flag)))
 
 
 def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
@@ -51,8 +43,7 @@ def plan_nodes(cfg: Any) -> tuple[Any, str | None]:
 
 
 def describe_distribution(training: Any) -> dict[str, Any]:
-    world_size = int(training.world_size)  # (sets up training.distributed_state)
-    state = training.distributed_state
+    world_size, state = int(training.world_size), training.distributed_state  # (world_size sets the state up)
     return {"world_size": world_size, "distributed_type": state.distributed_type.value, "backend": state.backend}
 
 

@@ -6,6 +6,7 @@ from the config's fields); loads no model, writes nothing. Exit status: 0 done, 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import sys
@@ -58,11 +59,6 @@ def percent(part: float, whole: float) -> str:
     return f"{100.0 * part / whole if whole else 0.0:.1f}%"
 
 
-def dropped_line(unit: str, max_length: Any, dropped: int, total: int) -> str:
-    """DPO's and KTO's last line: the records TRL drops because the prompt alone fills ``max_length``."""
-    return f"{unit} dropped before training (prompt alone fills max_length={max_length}): {dropped:,} of {total:,}"
-
-
 def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
     """``(n, task or None, the rest of argv)``.
 
@@ -70,20 +66,17 @@ def _options(argv: Sequence[str]) -> tuple[int, str | None, list[str]]:
     (2, 'kto', ['--config', 'x.yaml', '--max_steps', '-1'])
     """
     from .config import ConfigError
-    from .tasks import task_names
+    from .tasks import COMMANDS
 
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     parser.add_argument("-n", "--num_examples", "--num-examples", type=int, default=3)
-    parser.add_argument("--task")
+    parser.add_argument("--task", choices=list(COMMANDS))
     try:
         options, rest = parser.parse_known_args(list(argv))
     except argparse.ArgumentError as exc:
-        raise ConfigError(f"{exc} (-n: a whole number of examples)") from None
+        raise ConfigError(str(exc)) from None
     if options.num_examples < 1:
         raise ConfigError(f"-n must be at least 1, got {options.num_examples}")
-    if options.task is not None and options.task not in task_names():
-        raise ConfigError(f"--task must be one of {', '.join(task_names())} (the trainer the config is for), got "
-                          f"{options.task!r}")
     return options.num_examples, options.task, rest
 
 
@@ -99,18 +92,15 @@ def guess_task(argv: Sequence[str]) -> tuple[str, list[str]]:
     import yaml
 
     from .config import argument_classes
-    from .tasks import task_names
+    from .tasks import COMMANDS
 
     keys = {a[2:].split("=", 1)[0].removeprefix("no_") for a in argv if a.startswith("--")}
     if "--config" in argv[:-1] and os.path.isfile(path := argv[argv.index("--config") + 1]):
-        try:
-            with open(path, encoding="utf-8") as handle:
-                config = yaml.safe_load(handle)
-        except (yaml.YAMLError, UnicodeDecodeError):
-            config = None  # (parsing says what is wrong with it)
-        keys |= set(config) if isinstance(config, dict) else set()
+        with contextlib.suppress(yaml.YAMLError, UnicodeDecodeError), open(path, encoding="utf-8") as handle:
+            config = yaml.safe_load(handle)  # (a file that is no YAML mapping: parsing says what is wrong with it)
+            keys |= set(config) if isinstance(config, dict) else set()
     fields = {name: {f.name for cls in argument_classes(name) for f in dataclasses.fields(cls)}
-              for name in task_names()}
+              for name in COMMANDS}
     scores = {name: len(keys & (own - fields["sft"])) for name, own in fields.items() if name != "sft"}
     best = max(scores.values(), default=0)
     tied = [name for name, score in scores.items() if best and score == best]

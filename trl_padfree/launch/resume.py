@@ -8,8 +8,7 @@ import json
 import os
 import re
 import uuid
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from .config import ConfigError
 
@@ -18,10 +17,6 @@ CHECKPOINT_MARKER = "trl_padfree_checkpoint.json"
 CHECKPOINT_NAME = re.compile(r"^checkpoint-(\d+)$")
 _WEIGHTS = ("model.safetensors", "adapter_model.safetensors", "pytorch_model.bin", "adapter_model.bin",
             "model.safetensors.index.json", "pytorch_model.bin.index.json")
-
-
-def new_run_id() -> str:
-    return uuid.uuid4().hex
 
 
 def read_json(path: str) -> dict[str, Any] | None:
@@ -48,12 +43,9 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def read_run(output_dir: str) -> dict[str, Any] | None:
-    return read_json(os.path.join(output_dir, RUN_FILE))
-
-
 def write_run(output_dir: str, **fields: Any) -> None:
-    write_json(os.path.join(output_dir, RUN_FILE), {**(read_run(output_dir) or {}), **fields})
+    path = os.path.join(output_dir, RUN_FILE)
+    write_json(path, {**(read_json(path) or {}), **fields})
 
 
 def list_checkpoints(output_dir: str) -> list[tuple[int, str]]:
@@ -93,28 +85,16 @@ def last_complete_checkpoint(output_dir: str, run_id: str | None) -> str | None:
                  if run_id is not None and checkpoint_problem(path, run_id) is None), None)
 
 
-def run_contents(output_dir: str) -> list[str]:
-    """The entries of ``output_dir`` that show a training run wrote there."""
-    names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []
-    return [n for n in names if n in (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS)
-            or CHECKPOINT_NAME.match(n)]
-
-
-@dataclass
-class ResumeChoice:
+class ResumeChoice(NamedTuple):
     path: str
     step: int
     run_id: str
-    skipped: list[str] = field(default_factory=list)
-
-    def note(self) -> str:
-        text = f"resuming from {self.path} (step {self.step}, the newest complete checkpoint of this run)"
-        return text + ("; passed over: " + "; ".join(self.skipped) if self.skipped else "")
+    skipped: list[str]  # the newer checkpoints passed over, each with why
 
 
 def choose_resume(output_dir: str) -> ResumeChoice:
     """What ``resume_from_checkpoint: true`` means for ``output_dir``, or a :class:`ConfigError` why there is none."""
-    run, checkpoints = read_run(output_dir) or {}, list_checkpoints(output_dir)
+    run, checkpoints = read_json(os.path.join(output_dir, RUN_FILE)) or {}, list_checkpoints(output_dir)
     head = f"resume_from_checkpoint: true, but {output_dir!r}"
     if not run.get("run_id"):
         what = (f"its checkpoints ({', '.join(os.path.basename(p) for _, p in checkpoints)}) were not written by "
@@ -130,34 +110,47 @@ def choose_resume(output_dir: str) -> ResumeChoice:
     skipped = []
     for step, path in reversed(checkpoints):
         if (problem := checkpoint_problem(path, run["run_id"])) is None:
-            return ResumeChoice(path=path, step=step, run_id=run["run_id"], skipped=skipped)
+            return ResumeChoice(path, step, run["run_id"], skipped)
         skipped.append(f"{os.path.basename(path)} ({problem})")
     detail = f" ({'; '.join(skipped)})" if skipped else ""
     raise ConfigError(f"{head} holds no complete checkpoint of its run{detail}; start again without "
                       "resume_from_checkpoint (with overwrite_output_dir: true) or pass a checkpoint path")
 
 
-def resolve_auto_resume(cfg: Any, restart: int) -> dict[str, Any] | None:
-    """The fields of ``cfg`` to change for ``resume_from_checkpoint: auto`` or a torchrun restart (``restart`` > 0):
-    what ``true`` would take, else a new run; None when ``resume_from_checkpoint`` asks for something else."""
-    value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
-    if not (str(value).lower() == "auto" or (value is None and restart > 0)):
-        return None
-    why = "resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}"
-    run = read_run(output_dir)
-    if run is not None and run.get("run_id"):
+def resolve_resume(cfg: Any, restart: int = 0) -> tuple[str | None, str, str | None]:
+    """``(the checkpoint to resume or None, the run id, a note for the run)`` for ``resume_from_checkpoint`` false,
+    true, a checkpoint path or ``auto``, which a torchrun restart (``restart`` > 0) also means: what ``true`` takes,
+    else a new run."""
+    value, output_dir = cfg.training.resume_from_checkpoint, cfg.training.output_dir
+    word, run = str(value).lower(), read_json(os.path.join(output_dir, RUN_FILE))
+    auto = word == "auto" or (value is None and restart > 0)
+    why = ("resume_from_checkpoint: auto" if value is not None else f"torchrun restart {restart}") + ": " if auto else ""
+    if word in {"true", "last", "latest"} or auto and (run or {}).get("run_id"):
         try:
             choice = choose_resume(output_dir)
-            return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id,
-                    "notes": [*cfg.notes, f"{why}: {choice.note()}"]}
+            note = f"resuming from {choice.path} (step {choice.step}, the newest complete checkpoint of this run)"
+            note += "; passed over: " + "; ".join(choice.skipped) if choice.skipped else ""
+            return choice.path, choice.run_id, why + note
         except ConfigError:
-            if run.get("status") == "finished":
+            if not auto or run.get("status") == "finished":
                 raise
-    found = run_contents(output_dir)
-    if found and run is None and not getattr(cfg.launch, "overwrite_output_dir", False):
-        raise ConfigError(
-            f"{why}, but output_dir {output_dir!r} holds files of another tool ({', '.join(found[:4])}) and no "
-            "trl-padfree run; pass a checkpoint path, start over with overwrite_output_dir: true, or choose another "
-            "output_dir")
-    return {"resume_from_checkpoint": None, "run_id": new_run_id(), "notes": [
-        *cfg.notes, f"{why}: no complete checkpoint of an unfinished run in {output_dir}: starting a new run"]}
+    if auto or word in {"false", "none", "null", ""}:
+        names = sorted(os.listdir(output_dir)) if os.path.isdir(output_dir) else []  # (those a run writes)
+        found = [n for n in names if n in (RUN_FILE, "trainer_state.json", "launch_summary.json", *_WEIGHTS)
+                 or CHECKPOINT_NAME.match(n)]
+        if found and not (auto and run) and not getattr(cfg.launch, "overwrite_output_dir", False):
+            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
+            raise ConfigError(
+                f"{why}output_dir {output_dir!r} already holds {'files of another tool' if auto else 'a run'} ({shown})"
+                f"; {'pass a checkpoint path' if auto else 'continue it with resume_from_checkpoint: true'}, start "
+                "over in it with overwrite_output_dir: true, or choose another output_dir")
+        note = f"{why}no complete checkpoint of an unfinished run in {output_dir}: starting a new run"
+        return None, uuid.uuid4().hex, note if auto else None
+    if not os.path.isdir(value):
+        raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
+    problem = checkpoint_problem(value)
+    if problem is not None:
+        raise ConfigError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a "
+                          "checkpoint-N directory (or true for the newest complete one of the run in output_dir)")
+    marker = read_json(os.path.join(value, CHECKPOINT_MARKER)) or {}
+    return str(value), marker.get("run_id") or uuid.uuid4().hex, f"resuming from {value}"

@@ -16,7 +16,7 @@ from ..exception_text import one_line
 from .callbacks import CheckpointMarker, GracefulStop, NothingToTrain
 from .config import ConfigError, LaunchConfig
 from .console import is_main_process, say
-from .distributed import any_process, describe_distribution
+from .distributed import describe_distribution, gather
 from .model import load_model, load_tokenizer, materialized, sharded_launch
 from .resume import last_complete_checkpoint, write_json, write_run
 from .summary import run_summary, summary_lines
@@ -37,9 +37,10 @@ class Records:
     paired: bool = False  # KTO: preference pairs, which TRL unpairs
 
 
-def eval_summary(title: str, main: dict[str, str], extra: dict[str, str]) -> Callable[..., list[str]]:
-    """A recipe's summary lines for :func:`fit`: the shared ones plus ``"<title>: <main> (<extra>; N evaluations)"``,
-    each logged key named by its value, first -> last evaluation (left out where TRL did not log it).
+def eval_summary(title: str, main: dict[str, str], extra: dict[str, str], unit: str = "evaluation"
+                 ) -> Callable[..., list[str]]:
+    """A recipe's summary lines for :func:`fit`: the shared ones plus ``"<title>: <main> (<extra>; N <unit>s)"``,
+    each logged key named by its value, first -> last log entry with a ``main`` key (left out where TRL logged none).
 
     >>> kto = eval_summary("eval rewards", {"eval_rewards/chosen": "desirable "}, {"eval_kl": "KL "})
     >>> kto(["steps: 2/2"], [{"eval_rewards/chosen": 0.0, "eval_kl": 0.0}, {"eval_rewards/chosen": 0.5, "eval_kl": 0.1}])
@@ -54,27 +55,15 @@ def eval_summary(title: str, main: dict[str, str], extra: dict[str, str]) -> Cal
         first, last = evals[0], evals[-1]
         shown = [[f"{name}{first[k]:.3f}" + (f" -> {last[k]:.3f}" if len(evals) > 1 else "")
                   for k, name in keys.items() if k in first and k in last] for keys in (main, extra)]
-        inside = "; ".join(filter(None, [", ".join(shown[1]), f"{len(evals)} evaluation{'s' * (len(evals) > 1)}"]))
+        inside = "; ".join(filter(None, [", ".join(shown[1]), f"{len(evals)} {unit}{'s' * (len(evals) > 1)}"]))
         return [*shared, f"{title}: {', '.join(shown[0])} ({inside})"]
 
     return lines
 
 
-def check_prompt_once(cfg: LaunchConfig) -> None:
-    """``prompt_once: true`` needs the ``"padfree"`` attention (it alone reads the shared prompt keys): refuse
-    another, pin ``auto`` to it."""
-    if not cfg.training.prompt_once:
-        return
-    if cfg.attn_implementation not in ("auto", "padfree"):
-        raise ConfigError(
-            f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared prompt keys), got "
-            f"{cfg.attn_implementation!r}: use auto or padfree")
-    cfg.model.attn_implementation = "padfree"
-
-
 def prompt_once_settings(cfg: LaunchConfig) -> dict[str, Any]:
-    """The run line's and the summary's own fields of DPO, KTO and reward."""
-    return {"prompt_once": bool(cfg.training.prompt_once)}
+    """A recipe's fields of the run line and the summary unless it has ``settings``: ``prompt_once``, if it has one."""
+    return {"prompt_once": bool(cfg.training.prompt_once)} if hasattr(cfg.training, "prompt_once") else {}
 
 
 def load_data(cfg: LaunchConfig, loader: Callable[[LaunchConfig, Any], Any], unit: str | None = None) -> tuple[Any, Any]:
@@ -134,7 +123,7 @@ def probe_model(cfg: LaunchConfig, model: Any, layout: str = "sft") -> None:
     else:
         say("packing probe skipped: the weights are sharded at load time here (DeepSpeed ZeRO-3 / FSDP); check the "
             "model once with `trl-padfree check --model NAME`")
-    if any_process(failure is not None):  # every rank stops (none waits in a collective)
+    if any(gather(failure is not None)):  # every rank stops (none waits in a collective)
         raise ConfigError(failure or "padding-free training is unsafe for this model (the packing probe failed on "
                           "another process)")
 
@@ -192,13 +181,13 @@ def fit(cfg: LaunchConfig, trainer: Any, data: Any, settings: dict[str, Any],
         unwrapped.should_save_on_this_rank = lambda is_main_process: bool(is_main_process)
     if training.should_save:
         os.makedirs(output_dir, exist_ok=True)
-        write_run(output_dir, run_id=run_id, status="training", resumed_from=cfg.resume_from_checkpoint)
+        write_run(output_dir, run_id=run_id, status="training", resumed_from=cfg.training.resume_from_checkpoint)
     metrics: dict[str, Any] = {}
     try:
         with stop:
-            metrics = dict(trainer.train(resume_from_checkpoint=cfg.resume_from_checkpoint).metrics)
+            metrics = dict(trainer.train(resume_from_checkpoint=cfg.training.resume_from_checkpoint).metrics)
     except NothingToTrain:
-        say(f"{cfg.resume_from_checkpoint} is at the last step ({trainer.state.global_step}): nothing left to "
+        say(f"{cfg.training.resume_from_checkpoint} is at the last step ({trainer.state.global_step}): nothing left to "
             "train; saving its model as the final model")
     except Exception:
         last = last_complete_checkpoint(output_dir, run_id)
@@ -214,9 +203,8 @@ def fit(cfg: LaunchConfig, trainer: Any, data: Any, settings: dict[str, Any],
     else:
         _save_final_model(trainer, output_dir, run_id)  # before the final evaluation, which cannot lose the weights
         saved_to = output_dir
-        if data.eval is not None and not any(
-            "eval_loss" in e and e.get("step") == state.global_step for e in state.log_history
-        ):
+        evaluated = any("eval_loss" in e and e.get("step") == state.global_step for e in state.log_history)
+        if data.eval is not None and not evaluated:
             try:
                 trainer.evaluate()
             except Exception as exc:
@@ -255,7 +243,7 @@ def _save_final_model(trainer: Any, output_dir: str, run_id: str | None) -> None
         trainer.save_model(staging)
     except Exception as exc:  # OSError, or the safetensors writer's own error type  # noqa: BLE001
         error = exc
-    if any_process(error is not None):
+    if any(gather(error is not None)):
         if main:
             shutil.rmtree(staging, ignore_errors=True)
         last = last_complete_checkpoint(output_dir, run_id)

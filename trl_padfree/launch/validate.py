@@ -21,11 +21,7 @@ __all__ = ["NUMERIC_RANGES", "Range", "describe", "resolve_attn_implementation",
 
 class Range(NamedTuple):
     """The legal values of a numeric field: ``low`` (``>`` when ``low_open``) up to ``high`` (``<`` when
-    ``high_open``); ``hint``: what else the field accepts.
-
-    >>> [Range(*r).text() for r in [(1,), (0, True), (0, False, 1, True), (0, True, 1, False), (0, False, 9)]]
-    ['at least 1', 'greater than 0', 'at least 0 and less than 1', 'greater than 0 and at most 1', 'at least 0 and at most 9']
-    """
+    ``high_open``); ``hint``: what else the field accepts (test_launch_config refuses one value of each kind)."""
 
     low: float
     low_open: bool = False
@@ -140,13 +136,11 @@ def _check_output_dir(out: str) -> None:
         what = "is a file, not a directory" if parent == path else f"cannot be created: {parent!r} is a file"
         raise ConfigError(f"output_dir {out!r} {what}; choose another output_dir")
     try:
-        fd, probe = tempfile.mkstemp(prefix=".trl-padfree-write-test-", dir=parent)
+        tempfile.TemporaryFile(dir=parent).close()  # (unnamed where the filesystem allows, gone once closed)
     except OSError as exc:
         where = "is not writable" if parent == path else f"cannot be created in {parent!r}"
         raise ConfigError(f"output_dir {out!r} {where} ({exc.strerror or exc}); choose a directory you can write to"
                           ) from None
-    os.close(fd)
-    os.unlink(probe)
 
 
 def _looks_local(name: str) -> bool:
@@ -190,9 +184,6 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
     if not os.path.exists(os.path.expanduser(name)) and _looks_local(name):
         raise ConfigError(f"model not found: model_name_or_path={name!r} is not an existing directory (relative paths "
                           f"start at {os.getcwd()})")
-    has_peft = importlib.util.find_spec("peft") is not None
-    if check_environment and model.use_peft and not has_peft:
-        raise ConfigError("use_peft: true needs the peft package: pip install peft")
     quantized = model.load_in_4bit or model.load_in_8bit
     if quantized and not model.use_peft:
         raise ConfigError("load_in_4bit/load_in_8bit train only LoRA adapters: also set use_peft: true")
@@ -203,10 +194,10 @@ def _check_model(cfg: LaunchConfig, check_environment: bool) -> None:
         # TRL turns a list of one name into a string, which peft reads as a regular expression over full module
         # names ("q_proj" then matches nothing); one name means what a list of names means: a module-name suffix
         model.lora_target_modules = [targets]
-    if model.use_peft and has_peft:
+    if model.use_peft:
         from trl import get_peft_config
 
-        try:  # peft's own checks of the LoRA settings, now rather than when the trainer is built
+        try:  # TRL's (peft installed) and peft's checks of the LoRA settings, now rather than when the trainer is built
             get_peft_config(cfg.model)
         except (ValueError, TypeError) as exc:
             raise ConfigError(f"invalid LoRA settings (peft.LoraConfig): {one_line(exc, limit=None)}") from None
@@ -239,45 +230,22 @@ def resolve_attn_implementation(requested: str, device: str) -> str:
     return requested
 
 
-def _resume_fields(cfg: LaunchConfig) -> dict[str, Any]:
-    """The fields to set for ``resume_from_checkpoint`` false, true or a checkpoint path (the run id included)."""
-    from . import resume
-
-    value, output_dir = cfg.resume_from_checkpoint, cfg.training.output_dir
-    if str(value).lower() in {"false", "none", "null", ""}:
-        found = resume.run_contents(output_dir)
-        if found and not getattr(cfg.launch, "overwrite_output_dir", False):
-            shown = ", ".join(found[:4]) + (", ..." if len(found) > 4 else "")
-            raise ConfigError(f"output_dir {output_dir!r} already holds a run ({shown}); continue it with "
-                              "resume_from_checkpoint: true, start over in it with overwrite_output_dir: true, or "
-                              "choose another output_dir")
-        return {"resume_from_checkpoint": None, "run_id": resume.new_run_id()}
-    if str(value).lower() in {"true", "last", "latest"}:
-        choice = resume.choose_resume(output_dir)
-        return {"resume_from_checkpoint": choice.path, "run_id": choice.run_id, "notes": [*cfg.notes, choice.note()]}
-    if not os.path.isdir(value):
-        raise ConfigError(f"checkpoint not found: resume_from_checkpoint={value!r} is not a directory")
-    problem = resume.checkpoint_problem(value)
-    if problem is not None:
-        raise ConfigError(f"resume_from_checkpoint={value!r} is not a complete checkpoint: {problem}; pass a "
-                          "checkpoint-N directory (or true for the newest complete one of the run in output_dir)")
-    marker = resume.read_json(os.path.join(value, resume.CHECKPOINT_MARKER)) or {}
-    return {"resume_from_checkpoint": str(value), "run_id": marker.get("run_id") or resume.new_run_id(),
-            "notes": [*cfg.notes, f"resuming from {value}"]}
-
-
 def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> LaunchConfig:
     """Check ``cfg`` without loading anything and resolve it in place (returned): the recipe's ``check``,
     ``model_init_kwargs`` moved to the launcher and, with ``check_environment``, ``attn_implementation: auto``,
     ``output_dir``, ``resume_from_checkpoint`` and the run id."""
-    from .distributed import restart_attempt
-    from .resume import resolve_auto_resume
+    from .resume import resolve_resume
     from .tasks import get_task
 
     _check_numbers(cfg)
     _check_names(cfg)
     _check_data(cfg)
-    get_task(cfg.task).check(cfg)  # the trainer's own settings (launch.tasks)
+    getattr(get_task(cfg.task), "check", lambda cfg: None)(cfg)  # the trainer's own settings (launch.tasks)
+    if getattr(cfg.training, "prompt_once", False):  # (DPO, KTO, reward, GRPO): auto is pinned to padfree
+        if cfg.attn_implementation not in ("auto", "padfree"):
+            raise ConfigError(f"prompt_once: true needs attn_implementation 'padfree' (it alone reads the shared "
+                              f"prompt keys), got {cfg.attn_implementation!r}: use auto or padfree")
+        cfg.model.attn_implementation = "padfree"
     _check_model(cfg, check_environment)
     _check_model_init_kwargs(cfg)
     if not isinstance(cfg.training.output_dir, str) or not cfg.training.output_dir.strip():
@@ -290,15 +258,15 @@ def validate_config(cfg: LaunchConfig, check_environment: bool = True) -> Launch
         cfg.attn_auto = cfg.attn_implementation == "auto"
         cfg.model.attn_implementation = resolve_attn_implementation(cfg.attn_implementation, training_device(cfg))
         _check_output_dir(cfg.training.output_dir)
-        # auto, or a worker restarted by torchrun; else false, true or a path
-        for name, value in (resolve_auto_resume(cfg, restart_attempt()) or _resume_fields(cfg)).items():
-            setattr(cfg, name, value)
+        restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT") or 0)
+        cfg.training.resume_from_checkpoint, cfg.run_id, note = resolve_resume(cfg, restart)
+        cfg.notes += [note] if note else []
     return cfg
 
 
 def describe(cfg: LaunchConfig) -> dict[str, Any]:
     """The run line's fields (logged at start)."""
-    from .steps import scored_head
+    from .steps import prompt_once_settings, scored_head
     from .tasks import get_task
 
     threads = cfg.training.torch_num_threads
@@ -306,7 +274,7 @@ def describe(cfg: LaunchConfig) -> dict[str, Any]:
         "model": cfg.model.model_name_or_path,
         **({"trust_remote_code": True} if cfg.training.trust_remote_code else {}),
         "attn_implementation": cfg.attn_implementation, "dtype": cfg.model.dtype, "padding_free": cfg.padding_free,
-        **get_task(cfg.task).settings(cfg),
+        **getattr(get_task(cfg.task), "settings", prompt_once_settings)(cfg),
         "peft": bool(cfg.model.use_peft), "device": training_device(cfg), "bf16": bool(cfg.training.bf16),
         "activation_checkpointing": bool(cfg.training.activation_checkpointing),
         "torch_num_threads": (threads if threads != "auto" else None) or os.environ.get("OMP_NUM_THREADS")

@@ -1,11 +1,11 @@
 """The launch's trainers, one recipe module each, read top to bottom as TRL's ``trl/scripts``: ``ARGUMENTS`` (its
-:class:`~..config.LaunchArguments`), ``CONFIG``, ``TRAINER``, ``check(cfg)`` (its refusals, before anything loads),
-``settings(cfg)`` (its fields of the run line), ``run(cfg, callbacks)`` (the steps of :mod:`..steps`; returns the
-summary) and ``preview(cfg, tokenizer, n, color)``. A new trainer is one module here and one line in
-:data:`COMMANDS`.
+:class:`~..config.LaunchArguments`), ``CONFIG``, ``TRAINER``, ``check(cfg)`` where it has refusals (before anything
+loads), ``settings(cfg)`` (its fields of the run line; default: ``prompt_once``), ``run(cfg, callbacks)`` (the steps
+of :mod:`..steps`; returns the summary) and ``preview(cfg, tokenizer, n, color)``. A new trainer is one module here
+and one line in :data:`COMMANDS`.
 
->>> get_task("dpo").TRAINER.__name__, prog("sft"), task_names()
-('DPOTrainer', 'trl-padfree train', ['sft', 'dpo', 'grpo', 'rloo', 'reward', 'kto'])
+>>> get_task("dpo").TRAINER.__name__, prog("sft")
+('DPOTrainer', 'trl-padfree train')
 """
 
 from __future__ import annotations
@@ -19,13 +19,7 @@ COMMANDS = {"sft": "train", "dpo": "dpo", "grpo": "grpo", "rloo": "rloo", "rewar
 
 def get_task(name: str) -> ModuleType:
     """The recipe module ``name``, imported on first use (``trl-padfree --help`` stays fast)."""
-    if name not in COMMANDS:
-        raise ValueError(f"unknown launch recipe {name!r}; known: {', '.join(COMMANDS)}")
     return importlib.import_module(f"{__name__}.{name}")
-
-
-def task_names() -> list[str]:
-    return list(COMMANDS)
 
 
 def prog(name: str) -> str:

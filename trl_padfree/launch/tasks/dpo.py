@@ -16,14 +16,12 @@ from ..config import ChatArguments as ARGUMENTS
 from ..config import ConfigError
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 
-__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
-
-settings = steps.prompt_once_settings
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run"]
 
 
 def check(cfg: Any) -> None:
     """``loss_type`` and ``f_divergence_type`` known to the trainer (TRL fails at the first step on an unknown
-    ``f_divergence_type``); ``prompt_once``."""
+    ``f_divergence_type``)."""
     from trl_padfree.dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES
 
     training = cfg.training
@@ -36,7 +34,6 @@ def check(cfg: Any) -> None:
     if unknown and training.padding_free:
         raise ConfigError(f"loss_type: {', '.join(map(repr, unknown))} is not a DPO loss type; use one of "
                           f"{', '.join(LOSS_TYPES)} (sigmoid is standard DPO)")
-    steps.check_prompt_once(cfg)
 
 
 def load_pairs(cfg: Any, tokenizer: Any) -> steps.Records:
@@ -53,7 +50,7 @@ def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
         trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks, ref_model=ref_model,
                                      check=lambda trainer: dropped_by_trainer(cfg, trainer, data))
     # (at the start the policy is the reference: every reward is 0, so no pair is won)
-    return steps.fit(cfg, trainer, data, settings(cfg), steps.eval_summary(
+    return steps.fit(cfg, trainer, data, steps.prompt_once_settings(cfg), steps.eval_summary(
         "eval reward accuracy", {"eval_rewards/accuracies": ""}, {"eval_rewards/margins": "margin "}))
 
 
@@ -64,7 +61,7 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
 
     from trl_padfree.preference import truncate_pair
 
-    from ..preview import dropped_line, percent, scored, token_marker
+    from ..preview import percent, scored, token_marker
 
     training, data = cfg.training, load_pairs(cfg, tokenizer)
     pairs = prepared_by_trl(trl.DPOTrainer, data.train, tokenizer, training)
@@ -83,4 +80,5 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool) -> list[str]:
     return [*lines, "---", f"scored tokens: chosen {chosen_total:,}, rejected {rejected_total:,} of {tokens:,} tokens "
             f"in {len(pairs):,} pairs (format: {data.text_format})",
             f"prompt_once forwards {once:,} tokens instead of {tokens:,} ({percent(tokens - once, tokens)} fewer)",
-            dropped_line("pairs", training.max_length, len(data.train) - len(pairs), len(data.train))]
+            f"pairs dropped before training (prompt alone fills max_length={training.max_length}): "
+            f"{len(data.train) - len(pairs):,} of {len(data.train):,}"]

@@ -31,7 +31,6 @@ def check(cfg: Any) -> None:
                           "or reward_funcs: ['my_rewards:score'] (a module beside the config)")
     for name in names:
         resolve_reward(name)
-    steps.check_prompt_once(cfg)
 
 
 def settings(cfg: Any) -> dict[str, Any]:  # (the summary has reward_funcs as a list)
@@ -46,7 +45,7 @@ def run(cfg: Any, callbacks: Sequence[Any] = (), trainer_class: type = TRAINER) 
     trainer = steps.make_trainer(cfg, trainer_class, tokenizer, model, data, callbacks,
                                  reward_funcs=[resolve_reward(name) for name in cfg.launch.reward_funcs])
     return steps.fit(cfg, trainer, data, {**settings(cfg), "reward_funcs": list(cfg.launch.reward_funcs)},
-                     reward_summary)
+                     steps.eval_summary("mean reward", {"reward": ""}, {}, "logged step"))
 
 
 TRL_REWARDS = ("accuracy_reward", "get_soft_overlong_punishment", "reasoning_accuracy_reward", "think_format_reward")
@@ -57,10 +56,6 @@ def resolve_reward(name: str) -> Callable[..., Any]:
 
     >>> resolve_reward("answer_prefix").__name__, resolve_reward("trl_padfree.rewards:exact_match").__name__
     ('answer_prefix', 'exact_match')
-    >>> resolve_reward("no_such_reward")
-    Traceback (most recent call last):
-    ...
-    trl_padfree.launch.config.ConfigError: reward_funcs: 'no_such_reward' is not a known reward (answer_chars, answer_overlap, answer_prefix, exact_match, accuracy_reward, get_soft_overlong_punishment, reasoning_accuracy_reward, think_format_reward) nor an import path 'module:function'
     """
     from trl_padfree.rewards import REWARDS
 
@@ -125,17 +120,6 @@ def prompt_once(cfg: Any) -> bool:
     if "prompt_once" in cfg.explicit:
         return bool(cfg.training.prompt_once)
     return bool(cfg.padding_free) and cfg.attn_implementation in ("padfree", "auto")
-
-
-def reward_summary(lines: list[str], history: list[dict[str, Any]]) -> list[str]:
-    """The summary lines and the mean reward, first and last.
-
-    >>> reward_summary(["steps: 2/2"], [{"reward": 0.1}, {"reward": 0.25}, {"train_runtime": 9.0}])
-    ['steps: 2/2', 'mean reward: 0.100 first logged step -> 0.250 last (2 logged steps)']
-    """
-    rewards = [e["reward"] for e in history if "reward" in e]
-    return lines + [f"mean reward: {rewards[0]:.3f} first logged step -> {rewards[-1]:.3f} last "
-                    f"({len(rewards)} logged steps)"] * bool(rewards)
 
 
 def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:

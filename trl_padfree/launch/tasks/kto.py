@@ -22,9 +22,7 @@ from .preference_data import (
     prepared_by_trl,
 )
 
-__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
-
-check = steps.check_prompt_once
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "preview", "run", "settings"]
 
 
 def settings(cfg: Any) -> dict[str, Any]:
@@ -78,7 +76,7 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     """``n`` examples as TRL's ``KTOTrainer`` tokenizes them (pairs unpaired), scored tokens marked, the totals."""
     from trl_padfree.preference import truncate_pair
 
-    from ..preview import dropped_line, percent, scored, token_marker
+    from ..preview import percent, scored, token_marker
 
     training, data = cfg.training, load_records(cfg, tokenizer)
     examples = prepared_by_trl(trl.KTOTrainer, data.train, tokenizer, training)
@@ -97,4 +95,5 @@ def preview(cfg: Any, tokenizer: Any, n: int, color: bool = False) -> list[str]:
     unpaired = 2 * len(data.train) if data.paired else len(data.train)
     return [*lines, "---", f"scored tokens: {scored_total:,} of {total:,} ({percent(scored_total, total)}) in "
             f"{len(examples):,} examples",
-            dropped_line("examples", training.max_length, unpaired - len(examples), unpaired)]
+            f"examples dropped before training (prompt alone fills max_length={training.max_length}): "
+            f"{unpaired - len(examples):,} of {unpaired:,}"]

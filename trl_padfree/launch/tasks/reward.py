@@ -4,11 +4,11 @@ fresh, seeded ``score`` head, as ``trl reward`` does)."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 import trl
+from transformers import AutoModelForSequenceClassification
 
 from trl_padfree.configs import RewardConfig as CONFIG
 from trl_padfree.reward import RewardTrainer as TRAINER
@@ -16,19 +16,16 @@ from trl_padfree.reward import RewardTrainer as TRAINER
 from .. import steps
 from ..config import ConfigError
 from ..config import LaunchArguments as ARGUMENTS
-from ..console import say
 from .preference_data import check_preference_records, dropped_by_trainer, load_checked, prepared_by_trl
 
-__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run"]
 
-settings = steps.prompt_once_settings
 #: which pairs TRL's RewardTrainer drops (dropped_by_trainer's rule), and why
 TOO_LONG, WHY = "whose chosen or rejected sequence has more than max_length={} tokens", "a reward is read at the end"
 
 
 def check(cfg: Any) -> None:
-    """``prompt_once``; with ``use_peft`` LoRA's task type is ``SEQ_CLS`` (peft then also trains the new score head)."""
-    steps.check_prompt_once(cfg)
+    """With ``use_peft`` LoRA's task type is ``SEQ_CLS`` (peft then also trains the new score head)."""
     if cfg.model.use_peft and "lora_task_type" not in cfg.explicit:
         cfg.model.lora_task_type = "SEQ_CLS"
 
@@ -48,42 +45,13 @@ def load_pairs(cfg: Any, tokenizer: Any) -> steps.Records:
                          + (", with margins" if "margin" in train.column_names else ""))
 
 
-class SequenceClassifier:
-    """``AutoModelForSequenceClassification`` with one output, as TRL's ``RewardTrainer`` loads a model by name;
-    transformers' load report (a causal LM's ``lm_head`` unused, ``score`` missing) replaced by one line."""
-
-    @staticmethod
-    def from_pretrained(*args: Any, **kwargs: Any) -> Any:
-        from transformers import AutoModelForSequenceClassification
-
-        def no_warnings(record: logging.LogRecord) -> bool:
-            return record.levelno >= logging.ERROR
-
-        # a filter, not the logger's level: a level at WARNING or above makes transformers check the model's
-        # tensor-parallel plan, which warns "layers were not sharded" on every single-process run
-        report = logging.getLogger("transformers.modeling_utils")  # the logger of the load report
-        report.addFilter(no_warnings)
-        try:
-            model, info = AutoModelForSequenceClassification.from_pretrained(
-                *args, num_labels=1, output_loading_info=True, **kwargs)
-        finally:
-            report.removeFilter(no_warnings)
-        odd = [k for k in (*info["missing_keys"], *info["unexpected_keys"]) if not k.startswith(("score.", "lm_head."))]
-        if odd:
-            say(f"warning: weights missing from or unused in the checkpoint: {', '.join(sorted(odd)[:8])}")
-        source = [a for a in (getattr(model.config, "architectures", None) or []) if a != type(model).__name__]
-        if source:
-            say(f"reward model: {type(model).__name__} from a {source[0]} checkpoint, with a new score head "
-                "(drawn from the config's seed)")
-        return model
-
-
 def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
     tokenizer, data = steps.load_data(cfg, load_pairs, "pairs")
-    model, cfg = steps.load_policy(cfg, "reward", SequenceClassifier)
+    cfg.model_init_kwargs = {"num_labels": 1, **(cfg.model_init_kwargs or {})}  # one score, as TRL's RewardTrainer
+    model, cfg = steps.load_policy(cfg, "reward", AutoModelForSequenceClassification)
     trainer = steps.make_trainer(cfg, TRAINER, tokenizer, model, data, callbacks,
                                  check=lambda trainer: dropped_by_trainer(cfg, trainer, data, rule=TOO_LONG, why=WHY))
-    return steps.fit(cfg, trainer, data, settings(cfg), steps.eval_summary(
+    return steps.fit(cfg, trainer, data, steps.prompt_once_settings(cfg), steps.eval_summary(
         "eval accuracy", {"eval_accuracy": ""}, {"eval_margin": "reward margin "}))
 
 

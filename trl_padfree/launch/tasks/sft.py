@@ -15,7 +15,7 @@ from ..config import SFTArguments as ARGUMENTS
 from ..console import say
 from .sft_data import prepare_data, training_collator
 
-__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run", "settings"]
+__all__ = ["ARGUMENTS", "CONFIG", "TRAINER", "check", "preview", "run"]
 
 _NULL_WORDS = frozenset({"null", "None", "none", "~"})
 
@@ -34,10 +34,6 @@ def check(cfg: Any) -> None:
         training.response_template = None
     if all(t in _NULL_WORDS for t in training.instruction_template or []):
         training.instruction_template = None
-
-
-def settings(cfg: Any) -> dict[str, Any]:
-    return {}
 
 
 def run(cfg: Any, callbacks: Sequence[Any] = ()) -> dict[str, Any]:
