@@ -17,8 +17,6 @@ from typing import Any
 
 from ..exception_text import one_line
 
-__all__ = ["ConfigError", "LaunchArguments", "LaunchConfig", "build_parser", "did_you_mean", "parse_arguments"]
-
 
 class ConfigError(ValueError):
     """Bad user input: ``main`` prints the message as one line and exits with code 2, before any work starts."""

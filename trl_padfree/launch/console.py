@@ -7,10 +7,6 @@ import os
 import warnings
 from collections.abc import Iterator
 
-from ..exception_text import one_line  # the launch's one-line errors (defined there for the whole package)
-
-__all__ = ["is_main_process", "one_line", "quiet_progress", "quiet_replicas", "say"]
-
 
 def is_main_process() -> bool:
     """True on the process that logs for its node (``LOCAL_RANK`` 0), also before distribution is set up."""

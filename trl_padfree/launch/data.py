@@ -11,11 +11,8 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..exception_text import one_line
 from .config import ConfigError, LaunchArguments
-from .console import one_line
-
-__all__ = ["DATA_EXTENSIONS", "check_data_files", "check_kinds", "data_builder", "load_splits", "map_records",
-           "record_error", "value_kind"]
 
 #: Local data formats and the ``datasets`` builder that reads each.
 DATA_EXTENSIONS: dict[str, str] = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}

@@ -14,8 +14,6 @@ import torch
 from ..threads import cores, processes_on_this_machine, threads_default
 from .config import ConfigError, LaunchConfig
 
-__all__ = ["LARGE_MODEL_PARAMETERS", "ModelShape", "apply_defaults", "model_shape"]
-
 LARGE_MODEL_PARAMETERS = 1_000_000_000  # from this size activation checkpointing is on by default on CUDA
 
 

@@ -7,10 +7,9 @@ import dataclasses
 import os
 from typing import Any
 
+from ..exception_text import one_line
 from .config import ConfigError, LaunchConfig
-from .console import one_line, say
-
-__all__ = ["check_lora_targets", "load_model", "load_pretrained", "load_tokenizer", "materialized", "sharded_launch"]
+from .console import say
 
 
 def load_pretrained(auto_class: Any, cfg: LaunchConfig, what: str) -> Any:

@@ -16,8 +16,6 @@ from ..exception_text import one_line
 from .config import ConfigError, LaunchConfig, did_you_mean
 from .data import data_builder
 
-__all__ = ["NUMERIC_RANGES", "Range", "describe", "resolve_attn_implementation", "validate_config"]
-
 
 class Range(NamedTuple):
     """The legal values of a numeric field: ``low`` (``>`` when ``low_open``) up to ``high`` (``<`` when

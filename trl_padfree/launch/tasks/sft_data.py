@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from ...exception_text import one_line
 from ..config import ConfigError, LaunchConfig
-from ..console import one_line, say
+from ..console import say
 from ..data import check_kinds, load_splits, map_records
 from ..steps import Records
 
