@@ -7,7 +7,9 @@ set -u
 out=${1:-${OUT:-gpu-check}}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# USE_HUB_KERNELS=NO: transformers 5.25 fetches hub kernels (rotary) for CUDA models, which an offline machine
+# cannot (docs/faults.md)
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 USE_HUB_KERNELS=NO PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 py=${PYTHON:-python3}
 
 {
