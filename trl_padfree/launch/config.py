@@ -117,13 +117,16 @@ _KINDS = {type(None): "null", bool: "a boolean", int: "an integer", float: "a nu
           dict: "a mapping"}
 
 
-def _unknown(name: str, task: str, known: Sequence[str]) -> str:
-    """The hint after "unknown key/option": the trainer that takes ``name``, else a did-you-mean among ``known``."""
+def _unknown(name: str, task: str, known: Sequence[str], keys: Sequence[str] = ()) -> str:
+    """The hint after "unknown key/option": the trainer that takes ``name`` (first one that takes all the file's
+    ``keys``), else a did-you-mean among ``known``."""
     from .tasks import COMMANDS, prog
 
-    for other in COMMANDS:
-        if other != task and any(name in {f.name for f in dataclasses.fields(c)} for c in argument_classes(other)):
-            return f" (a field of {prog(other)}, not of {prog(task)})"
+    fields = {other: {f.name for c in argument_classes(other) for f in dataclasses.fields(c)} for other in COMMANDS}
+    takers = [other for other in COMMANDS if other != task and name in fields[other]]
+    if takers:
+        best = next((other for other in takers if set(keys) <= fields[other]), takers[0])
+        return f" (a field of {prog(best)}, not of {prog(task)})"
     return did_you_mean(name, known)
 
 
@@ -147,7 +150,7 @@ def build_parser(task: str = "sft") -> Any:
             checked = {}
             for key, value in config.items():
                 if key not in actions:
-                    raise ConfigError(f"unknown key {key!r} in {self.source}{_unknown(key, task, sorted(actions))}")
+                    raise ConfigError(f"unknown key {key!r} in {self.source}{_unknown(key, task, sorted(actions), config)}")
                 checked[key] = _checked(key, value, actions[key], hints.get(key, Any))
             self.explicit.update(checked)
             return super().set_defaults_with_config(**checked)
