@@ -72,7 +72,7 @@ def test_checkpoints_are_marked_complete_and_a_finished_run_is_not_resumed_but_t
         assert {"model.safetensors", "optimizer.pt", "trainer_state.json"} <= set(marker["files"])
     weights = (finished_run / "model.safetensors").read_bytes()
     code, _, err = run(fault_argv(data_dir, finished_run, "--resume_from_checkpoint", "true"))
-    assert code == 2 and "is finished (step 6 of 6; the model is saved there): nothing to resume" in error_line(err)
+    assert code == 2 and "is finished (step 6 of 6; the model is saved there): nothing to resume; to train further, start a new run from its model" in error_line(err)
     assert (finished_run / "model.safetensors").read_bytes() == weights
     # trained further from a checkpoint path with more steps
     out = tmp_path / "out"

@@ -92,6 +92,8 @@ CASES = {
     "fields that no format turns into text": (
         QA, ["--response_template", "### Answer:"], "cannot tell how to turn the data's fields (instruction, output) "
         "into text: set template", ""),
+    "preference pairs given to train": ([{"prompt": "a", "chosen": "b", "rejected": "c"}], [], "cannot tell how to "
+                                        "turn", "; these are preference pairs: train them with trl-padfree dpo or reward"),
     "a positional template field": (QA, template("{} and {instruction}"), "template fields must be named", ""),
     "record shape: a messages prompt with a text completion": (
         [{"prompt": [{"role": "user", "content": "hi"}], "completion": "yo"}], [],

@@ -89,6 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         return bad(f"--device {args.device!r} is not a device; use cpu, cuda or cuda:N.")
     if device.startswith("cuda") and not torch.cuda.is_available():
         return bad(f"--device {args.device!r} asked for, but CUDA is not available here; use --device cpu.")
+    from .launch.validate import check_attn_implementation
+
+    try:
+        check_attn_implementation(args.attn_implementation, own=("auto", "default"))
+    except ValueError as exc:
+        return bad(str(exc))
     auto = args.attn_implementation == "auto"  # as `trl-padfree train` resolves it; "default": the model's own
     attn = {"auto": pick_attn_implementation(device), "default": None}.get(args.attn_implementation,
                                                                            args.attn_implementation)

@@ -104,9 +104,9 @@ def choose_resume(output_dir: str) -> ResumeChoice:
     if run.get("status") == "finished":
         raise ConfigError(
             f"resume_from_checkpoint: true, but the run in {output_dir!r} is finished (step {run.get('global_step')} "
-            f"of {run.get('max_steps')}; the model is saved there): nothing to resume; to train further, resume one "
-            "of its checkpoints by path with a larger max_steps, or start a new run from the model "
-            "(model_name_or_path) in another output_dir")
+            f"of {run.get('max_steps')}; the model is saved there): nothing to resume; to train further, start a new run "
+            f"from its model (model_name_or_path: {output_dir}) in another output_dir (a checkpoint resumed by path "
+            "keeps its finished learning-rate schedule)")
     skipped = []
     for step, path in reversed(checkpoints):
         if (problem := checkpoint_problem(path, run["run_id"])) is None:

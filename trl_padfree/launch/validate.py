@@ -10,6 +10,7 @@ import math
 import os
 import re
 import tempfile
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from ..exception_text import one_line
@@ -88,18 +89,24 @@ def _check_numbers(cfg: LaunchConfig) -> None:
                           f"{epochs}")
 
 
-def _check_names(cfg: LaunchConfig) -> None:
-    """``attn_implementation`` and ``report_to``, which fail only when the model loads or the trainer is built."""
-    from transformers.integrations import INTEGRATION_TO_CALLBACK
+def check_attn_implementation(attn: str, own: Sequence[str] = ("auto",)) -> None:
+    """A :class:`ConfigError` with a did-you-mean unless transformers knows ``attn`` (``padfree`` included), it is one
+    of ``own`` or a hub kernel ``owner/repo`` (transformers refuses a misspelt name only when the model loads)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     import trl_padfree.attention  # noqa: F401  (registers "padfree")
 
-    attn, known = cfg.attn_implementation, ["auto", "eager", *sorted(ALL_ATTENTION_FUNCTIONS.valid_keys())]
-    known = [name for name in known if "|" not in name]  # ("paged|eager": eager's, for generation)
-    if attn.removeprefix("paged|") not in known and "/" not in attn:  # (or a hub kernel, "owner/repo")
+    known = [*own, "eager", *sorted(k for k in ALL_ATTENTION_FUNCTIONS.valid_keys() if "|" not in k)]  # (paged|eager)
+    if attn.removeprefix("paged|") not in known and "/" not in attn:
         raise ConfigError(f"attn_implementation {attn!r} is not one of {', '.join(known)} (or a hub kernel "
                           f"'owner/repo'){did_you_mean(attn, known)}")
+
+
+def _check_names(cfg: LaunchConfig) -> None:
+    """``attn_implementation`` and ``report_to``, which fail only when the model loads or the trainer is built."""
+    from transformers.integrations import INTEGRATION_TO_CALLBACK
+
+    check_attn_implementation(cfg.attn_implementation)
     report, known = cfg.training.report_to, [*INTEGRATION_TO_CALLBACK, "all", "none"]
     for name in [report] if isinstance(report, str) else report or []:
         if name not in known:

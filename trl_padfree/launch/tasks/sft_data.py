@@ -156,7 +156,8 @@ def make_formatter(columns: Sequence[str], template: str | None, text_field: str
     raise ConfigError(
         f"cannot tell how to turn the data's fields ({', '.join(columns)}) into text: set template, e.g. "
         "'### Question: {instruction}\\n### Answer: {output}', or provide a text, prompt+completion or messages field"
-    )
+        + ("; these are preference pairs: train them with trl-padfree dpo or reward (preview: --task dpo)"
+           if {"chosen", "rejected"} <= set(columns) else ""))
 
 
 def _tokenize(tokenizer: Any, formatter: Formatter) -> list[tuple[str, Callable]]:
