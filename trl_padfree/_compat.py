@@ -12,6 +12,9 @@ first with ``activation_checkpointing`` (the name the configs, the example and t
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from importlib.metadata import version
 
 from packaging.version import Version
@@ -21,3 +24,12 @@ MIN_TRANSFORMERS = "5.23"
 
 TRL_VERSION = Version(version("trl"))
 TRANSFORMERS_VERSION = Version(version("transformers"))
+
+
+@contextlib.contextmanager
+def quiet_gradient_checkpointing_warning() -> Iterator[None]:
+    """Inside the block, transformers' FutureWarning that ``is_gradient_checkpointing`` is deprecated is not shown:
+    TRL's DPO helper and generation and peft's model wrapping still read it, and no setting avoids it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield

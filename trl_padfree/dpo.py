@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +17,7 @@ import torch
 import trl
 from accelerate.utils import is_peft_model
 
+from ._compat import quiet_gradient_checkpointing_warning
 from .dpo_loss import F_DIVERGENCE_TYPES, LOSS_TYPES, PairStats, f_divergence_scores, pair_loss
 from .preference import MODEL_KEYS, DataCollatorForPreference, segment_sum
 from .trainer import PadfreeTrainerMixin, tokenizer_of
@@ -105,9 +105,7 @@ def reference_forward(trainer: Any, model: Any = None) -> Iterator[Any]:
     if model is trainer.model and is_peft_model(trainer.model) and trainer.ref_model is None:
         unwrapped = trainer.accelerator.unwrap_model(trainer.model)
         adapter = use_adapter(unwrapped, adapter_name="ref" if "ref" in unwrapped.peft_config else None)
-    with torch.no_grad(), warnings.catch_warnings(), adapter:
-        # TRL's helper reads transformers' deprecated `is_gradient_checkpointing` (a FutureWarning every step)
-        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+    with torch.no_grad(), quiet_gradient_checkpointing_warning(), adapter:
         with disable_gradient_checkpointing(trainer.model, trainer.args.gradient_checkpointing_kwargs):
             yield model
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import warnings
 from collections import Counter
 from typing import Any
 
 import torch
 import trl
 
+from ._compat import quiet_gradient_checkpointing_warning
 from .configs import PADFREE_CONFIGS, UNSET, trainer_keywords
 from .preference import MODEL_KEYS
 from .rl_packing import pack_completion_rows, scatter_scores
@@ -75,8 +75,7 @@ class PaddingFreeRLMixin(PadfreeTrainerMixin):
                             temperature=float(self.temperature), cast_lm_head_to_fp32=cast)
 
     def train(self, *args: Any, **kwargs: Any) -> Any:
-        with warnings.catch_warnings():  # TRL's generation reads transformers' deprecated is_gradient_checkpointing
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with quiet_gradient_checkpointing_warning():  # (TRL's generation)
             return super().train(*args, **kwargs)
 
     def packed_scores(self, model: Any, packed: dict[str, Any], compute_aux_loss: bool = False) -> Any:

@@ -7,11 +7,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .._compat import quiet_gradient_checkpointing_warning
 from ..exception_text import one_line
 from .callbacks import CheckpointMarker, GracefulStop, NothingToTrain
 from .config import ConfigError, LaunchConfig
@@ -150,8 +150,7 @@ def make_trainer(cfg: LaunchConfig, trainer_class: type, tokenizer: Any, model: 
     # loss at the stop's checkpoint)
     callbacks = [*callbacks, GracefulStop(announce=say), CheckpointMarker(cfg.run_id)]
     try:
-        with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing` (use_peft)
-            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        with quiet_gradient_checkpointing_warning():  # (peft's wrapping, with use_peft)
             trainer = trainer_class(model=model, args=cfg.training, train_dataset=data.train, eval_dataset=data.eval,
                                     processing_class=tokenizer, peft_config=get_peft_config(cfg.model),
                                     callbacks=callbacks, **own)
